@@ -1,0 +1,36 @@
+# Two commands work on a fresh machine: `make demo` and `make test` (each creates .venv first).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Dev/test installs pin the local CPU wheel; the package itself only asks for a range.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench install pillow-simd clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,demo]'
+	touch $@
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/feedpipe demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench_convert.py
+	$(BIN)/python benchmarks/bench_loader.py
+
+# pillow-simd: a faster drop-in for Pillow, built from source (needs Debian's
+# libjpeg62-turbo-dev and zlib1g-dev). `feedpipe decoders` says which one is active.
+pillow-simd: $(STAMP)
+	$(BIN)/pip uninstall -y -q pillow
+	CC="cc -mavx2" $(BIN)/pip install -q --no-binary :all: pillow-simd
+
+clean:
+	rm -rf $(VENV) demo-data bench-data .pytest_cache

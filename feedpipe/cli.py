@@ -1,0 +1,162 @@
+"""The ``feedpipe`` command: convert, info, verify. Progress bars live here, not in the library."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .errors import FeedpipeError
+from .formats import open_dataset
+from .imaging import decoder_info
+from .manifest import Manifest
+
+
+def _size(text: str) -> int:
+    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+    t = text.strip().lower().rstrip("b")
+    mult = units.get(t[-1:], 1)
+    return int(float(t[:-1] if t[-1:] in units else t) * mult)
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from converters import convert, parse_resize
+
+    writer_options: dict[str, object] = {}
+    if args.to == "wds":
+        writer_options = {"shard_size": _size(args.shard_size), "shard_count": args.shard_count}
+    elif args.to == "hdf5" and args.compression:
+        writer_options = {"compression": args.compression}
+    bar = tqdm(total=None, unit="img", disable=args.quiet or None, dynamic_ncols=True)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        res = convert(args.src, args.out, to=args.to, workers=args.workers, store=args.store,
+                      resize=parse_resize(args.resize), codec=args.codec, quality=args.quality,
+                      check=args.check, strict=args.strict, val_fraction=args.val_fraction,
+                      seed=args.seed, overwrite=args.overwrite, writer_options=writer_options,
+                      progress=progress)
+    finally:
+        bar.close()
+    splits = ", ".join(f"{k} {v}" for k, v in res.splits.items())
+    print(f"wrote {res.written} samples ({splits}) to {res.out} as {args.to} in {res.seconds:.1f} s "
+          f"({res.rate:.0f} images/s)")
+    print(f"  stored unchanged: {res.passthrough}, re-encoded: {res.reencoded}, "
+          f"skipped: {len(res.skipped)}, non-image files ignored: {res.ignored}")
+    print(f"  input {_human(res.bytes_in)} -> output {_human(res.bytes_out)}"
+          + (f" ({res.bytes_out / res.bytes_in:.3f}x)" if res.bytes_in else ""))
+    for s in res.skipped[:20]:
+        print(f"  skipped {s['path']}: {s['reason']}")
+    if len(res.skipped) > 20:
+        print(f"  ... and {len(res.skipped) - 20} more (all listed in the manifest)")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    m = Manifest.read(args.path)
+    if args.json:
+        print(json.dumps(m.to_json(), indent=1))
+        return 0
+    total = sum(f.size for f in m.files)
+    print(f"{args.path}: {m.format} (format v{m.format_version}), {m.num_samples} samples, "
+          f"{len(m.files)} files, {_human(total)}")
+    print("fields: " + ", ".join(
+        f"{f.name} ({', '.join(f'{k}={v}' for k, v in f.to_json().items() if k != 'name')})"
+        for f in m.schema))
+    if m.classes:
+        shown = ", ".join(m.classes[:10]) + (" ..." if len(m.classes) > 10 else "")
+        print(f"classes ({len(m.classes)}): {shown}")
+    conv = {k: v for k, v in m.conversion.items() if v not in (None, "", 0, 0.0)}
+    print("conversion: " + ", ".join(f"{k}={v}" for k, v in conv.items()))
+    print(f"skipped inputs: {len(m.skipped)}")
+    for s in m.skipped[:10]:
+        print(f"  {s.get('path')}: {s.get('reason')}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify
+
+    report = verify(args.path, decode=not args.no_decode)
+    for line in report.problems:
+        print(f"DAMAGED {line}")
+    status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+    print(f"{args.path}: checked {report.files_checked} files and {report.records_checked} "
+          f"records: {status}")
+    return 0 if report.ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="feedpipe", description=__doc__)
+    p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("convert", help="pack images into LMDB, HDF5 or WebDataset shards")
+    c.add_argument("src", help="image folder, ImageFolder tree, or .csv/.jsonl manifest")
+    c.add_argument("--to", required=True, choices=["lmdb", "hdf5", "wds"])
+    c.add_argument("-o", "--out", required=True, type=Path)
+    c.add_argument("--workers", type=int, default=None, help="processes (default: usable cores)")
+    c.add_argument("--store", default="passthrough", choices=["passthrough", "reencode", "raw"],
+                   help="passthrough keeps JPEG bytes unchanged; raw stores decoded uint8 RGB")
+    c.add_argument("--resize", help="shorter side (256) or WxH (320x240); raw crops to square")
+    c.add_argument("--codec", default="jpeg", choices=["jpeg", "png", "webp"])
+    c.add_argument("--quality", type=int, default=90)
+    c.add_argument("--check", default="header", choices=["header", "decode"],
+                   help="header: markers + end-of-image (fast); decode: full decode")
+    c.add_argument("--strict", action="store_true", help="fail on the first bad input")
+    c.add_argument("--val-fraction", type=float, default=0.0)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--overwrite", action="store_true")
+    c.add_argument("--shard-size", default="256MB", help="wds: max bytes per shard")
+    c.add_argument("--shard-count", type=int, default=10_000, help="wds: max samples per shard")
+    c.add_argument("--compression", choices=["lzf", "gzip"], help="hdf5 chunk compression")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(func=cmd_convert)
+
+    i = sub.add_parser("info", help="print a dataset's manifest summary")
+    i.add_argument("path", type=Path)
+    i.add_argument("--json", action="store_true", help="print the whole manifest")
+    i.set_defaults(func=cmd_info)
+
+    v = sub.add_parser("verify", help="re-read every record; non-zero exit on damage")
+    v.add_argument("path", type=Path)
+    v.add_argument("--no-decode", action="store_true", help="skip decoding images")
+    v.set_defaults(func=cmd_verify)
+
+    d = sub.add_parser("decoders", help="print which image decoders are active")
+    d.set_defaults(func=lambda a: print(json.dumps(decoder_info(), indent=1)) or 0)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except (FeedpipeError, FileNotFoundError, FileExistsError, ValueError) as exc:
+        print(f"feedpipe {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted; nothing was left that reads as a dataset", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""Typed errors: every failure a user can act on has its own class and names the file or key."""
+
+from __future__ import annotations
+
+
+class FeedpipeError(Exception):
+    """Base class for all errors raised by feedpipe."""
+
+
+class ConfigError(FeedpipeError, ValueError):
+    """An option has a bad value; the message says how to fix it."""
+
+
+class IncompleteDatasetError(FeedpipeError):
+    """A dataset directory has no complete manifest: its conversion did not finish."""
+
+
+class ManifestError(FeedpipeError):
+    """The manifest exists but is malformed or from an unsupported version."""
+
+
+class UnsafeDataError(FeedpipeError):
+    """Stored data would need code execution (pickle) or object dtypes to read; refused."""
+
+
+class CorruptRecordError(FeedpipeError):
+    """A stored record cannot be read or decoded; the message names the dataset and key."""
+
+
+class BadInputError(FeedpipeError):
+    """A source file cannot be converted (empty, truncated, not an image, unreadable)."""
+
+
+class MissingDependencyError(FeedpipeError, ImportError):
+    """An optional dependency is needed for this feature; the message names the pip package."""

@@ -1,0 +1,28 @@
+"""Format registry: the manifest's ``format`` key picks the reader; writers by name."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..manifest import Manifest
+from .base import DatasetReader, DatasetWriter, sample_key
+from .hdf5 import Hdf5Reader, Hdf5Writer
+from .lmdb import LmdbReader, LmdbWriter
+from .wds import WdsReader, WdsWriter
+
+READERS: dict[str, type[DatasetReader]] = {"lmdb": LmdbReader, "hdf5": Hdf5Reader, "wds": WdsReader}
+WRITERS: dict[str, type[DatasetWriter]] = {"lmdb": LmdbWriter, "hdf5": Hdf5Writer, "wds": WdsWriter}
+
+
+def open_dataset(path: str | os.PathLike[str], **options: Any) -> DatasetReader:
+    """Open a packed dataset directory; the format comes from its manifest.
+
+    Raises IncompleteDatasetError when the directory has no complete manifest (an unfinished
+    conversion). ``options`` go to the format's reader (e.g. ``readahead=False`` for LMDB).
+    """
+    manifest = Manifest.read(path)
+    return READERS[manifest.format](path, manifest, **options)
+
+
+__all__ = ["DatasetReader", "DatasetWriter", "READERS", "WRITERS", "open_dataset", "sample_key"]

@@ -1,0 +1,171 @@
+"""The thin template every format fills in: a writer that appends samples, a lazy reader.
+
+Readers implement one primitive, :meth:`DatasetReader._visit`, which hands each requested sample's
+*stored* values to a callback inside one transaction / read call. Values may be zero-copy views
+valid only during the callback; everything else (``ds[i]``, ``get_batch``, ``read_raw``,
+iteration, the loader's batched decode) is built on it here, once.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator, Sequence
+
+from ..errors import CorruptRecordError
+from ..manifest import Manifest
+from ..schema import Schema
+
+KEY_DIGITS = 9
+Visitor = Callable[[int, dict[str, Any]], None]
+
+
+def sample_key(index: int) -> str:
+    """The zero-padded key of sample ``index`` (sorts in index order)."""
+    return f"{index:0{KEY_DIGITS}d}"
+
+
+class DatasetWriter(ABC):
+    """Appends samples to a new dataset under ``root`` (a temporary directory owned by the caller)."""
+
+    format_name: ClassVar[str]
+
+    def __init__(self, root: Path, schema: Schema) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.schema = schema
+        self.count = 0
+
+    def write(self, sample: dict[str, Any]) -> None:
+        """Validate and append one sample (a dict with every schema field)."""
+        missing = [n for n in self.schema.names if n not in sample]
+        if missing:
+            raise KeyError(f"sample {self.count} lacks fields {missing}")
+        values = [f.validate(sample[f.name]) for f in self.schema]
+        self._write(self.count, values)
+        self.count += 1
+
+    @abstractmethod
+    def _write(self, index: int, values: list[Any]) -> None:
+        """Append validated stored values (in schema order) as sample ``index``."""
+
+    @abstractmethod
+    def close(self) -> tuple[list[str], dict[str, Any]]:
+        """Flush everything; return the data file names and format extras for the manifest."""
+
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DatasetReader(ABC):
+    """Random-access reader over a finished dataset; opens its files lazily in each process."""
+
+    format_name: ClassVar[str]
+    _handles: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None) -> None:
+        self.root = Path(root)
+        self.manifest = manifest or Manifest.read(self.root)
+        self.schema: Schema = self.manifest.schema
+        self.classes: tuple[str, ...] = self.manifest.classes
+        self._pid: int | None = None
+        for name in self._handles:
+            setattr(self, name, None)
+
+    # -- process-local handles -------------------------------------------------------------------
+    def _ensure_open(self) -> None:
+        if self._pid != os.getpid():
+            self._open()
+            self._pid = os.getpid()
+
+    @abstractmethod
+    def _open(self) -> None:
+        """Open file handles in the current process."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in self._handles:
+            state[name] = None
+        state["_pid"] = None
+        return state
+
+    # -- the one primitive -----------------------------------------------------------------------
+    @abstractmethod
+    def _visit(self, indices: Sequence[int], fn: Visitor) -> None:
+        """Call ``fn(position, stored_values)`` for each index, in order, in one read pass."""
+
+    # -- everything else -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def describe(self, index: int) -> str:
+        """Where sample ``index`` lives, for error messages."""
+        return f"{self.root} ({self.format_name}) key {sample_key(index)}"
+
+    def check_indices(self, indices: Sequence[int]) -> list[int]:
+        """Normalize negative indices and reject out-of-range ones with IndexError."""
+        n = len(self)
+        out = []
+        for i in indices:
+            j = int(i) + n if int(i) < 0 else int(i)
+            if not 0 <= j < n:
+                raise IndexError(f"index {i} out of range for dataset of {n} samples ({self.root})")
+            out.append(j)
+        return out
+
+    def visit(self, indices: Sequence[int], fn: Visitor) -> None:
+        """Public form of :meth:`_visit` with index checks and error context."""
+        idx = self.check_indices(indices)
+        self._ensure_open()
+        self._visit(idx, fn)
+
+    def read_raw_batch(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Stored values (image bytes undecoded), copied out of the read buffers."""
+        out: list[dict[str, Any]] = [{} for _ in indices]
+        fields = list(self.schema)
+
+        def keep(pos: int, stored: dict[str, Any]) -> None:
+            out[pos] = {f.name: f.materialize(stored[f.name]) for f in fields}
+
+        self.visit(indices, keep)
+        return out
+
+    def get_batch(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Decoded samples for ``indices`` (one transaction / read call for the whole batch)."""
+        out: list[dict[str, Any]] = [{} for _ in indices]
+        fields = list(self.schema)
+        idx = self.check_indices(indices)
+
+        def decode(pos: int, stored: dict[str, Any]) -> None:
+            what = self.describe(idx[pos])
+            out[pos] = {f.name: f.to_user(stored[f.name], what) for f in fields}
+
+        self.visit(idx, decode)
+        return out
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.get_batch([index])[0]
+
+    def read_raw(self, index: int) -> dict[str, Any]:
+        """The stored, undecoded values of one sample."""
+        return self.read_raw_batch([index])[0]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for start in range(0, len(self), 256):
+            yield from self.get_batch(range(start, min(start + 256, len(self))))
+
+    def corrupt(self, index: int, detail: str) -> CorruptRecordError:
+        """A CorruptRecordError naming this dataset and key."""
+        return CorruptRecordError(f"{self.describe(index)}: {detail}")
+
+    def close(self) -> None:
+        """Close handles held by this process (reopened lazily on next use)."""
+        self._pid = None
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({str(self.root)!r}, samples={len(self)}, "
+                f"fields={self.schema.names})")

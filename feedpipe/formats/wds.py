@@ -1,0 +1,218 @@
+"""WebDataset tar shards (``prefix-000000.tar``…) plus a random-access index.
+
+Members are ``<key>.<suffix>`` (``key.jpg``, ``key.cls``, ``key.path.json``, ``key.mask.npy``…), so
+the ``webdataset`` library and DALI's ``readers.webdataset`` read the shards unchanged. Beside the
+shards, ``index-offsets.npy`` (N×fields×[offset, size] int64), ``index-shards.npy`` (N int32) and
+``index-keys.npy`` (N fixed-width bytes) give O(1) random access with ``os.pread``; sequential
+reading streams each tar as a chain of generators (members → samples → stored values).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tarfile
+from pathlib import Path
+from typing import Any, BinaryIO, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import CorruptRecordError
+from ..manifest import Manifest
+from ..schema import Schema
+from .base import DatasetReader, DatasetWriter, Visitor, sample_key
+
+_BAD_KEY = re.compile(r"[./\\\x00\s]")
+INDEX_FILES = ("index-offsets.npy", "index-shards.npy", "index-keys.npy")
+
+
+def check_key(key: str) -> str:
+    """Reject keys that would break WebDataset grouping (dots, slashes, '..', whitespace)."""
+    if not key or _BAD_KEY.search(key):
+        raise ValueError(f"WebDataset key {key!r} must be non-empty and contain no '.', '/', "
+                         "'\\', whitespace or NUL (the first '.' separates key and suffix)")
+    return key
+
+
+class WdsWriter(DatasetWriter):
+    """Streams samples into shards bounded by ``shard_size`` bytes and ``shard_count`` samples."""
+
+    format_name = "wds"
+
+    def __init__(self, root: Path, schema: Schema, *, prefix: str = "shard",
+                 shard_size: int = 256 << 20, shard_count: int = 10_000) -> None:
+        super().__init__(root, schema)
+        check_key(prefix)
+        if shard_size <= 0 or shard_count <= 0:
+            raise ValueError("shard_size and shard_count must be positive")
+        self.prefix, self.shard_size, self.shard_count = prefix, shard_size, shard_count
+        self.shards: list[str] = []
+        self._tar: tarfile.TarFile | None = None
+        self._in_shard = 0
+        self._offsets: list[list[tuple[int, int]]] = []
+        self._shard_of: list[int] = []
+        self._keys: list[bytes] = []
+        self._next_key: str | None = None
+
+    def write(self, sample: dict[str, Any], key: str | None = None) -> None:
+        """Append a sample; ``key`` defaults to the zero-padded sample index."""
+        self._next_key = check_key(key) if key is not None else None
+        super().write(sample)
+
+    def _start_shard(self) -> None:
+        self._close_shard()
+        name = f"{self.prefix}-{len(self.shards):06d}.tar"
+        self.shards.append(name)
+        self._tar = tarfile.open(self.root / name, "w", format=tarfile.USTAR_FORMAT)
+        self._in_shard = 0
+
+    def _close_shard(self) -> None:
+        if self._tar is not None:
+            self._tar.close()
+            self._tar = None
+
+    def _write(self, index: int, values: list[Any]) -> None:
+        key = self._next_key or sample_key(index)
+        payloads = [f.encode(v) for f, v in zip(self.schema, values)]
+        size = sum(len(p) + 1024 for p in payloads)
+        if (self._tar is None or self._in_shard >= self.shard_count
+                or (self._in_shard and self._tar.offset + size > self.shard_size)):
+            self._start_shard()
+        assert self._tar is not None
+        spans = []
+        for f, data in zip(self.schema, payloads):
+            info = tarfile.TarInfo(f"{key}.{f.wds_suffix}")
+            info.size, info.mode, info.mtime = len(data), 0o444, 0
+            self._tar.addfile(info, io.BytesIO(data))
+            spans.append((self._tar.offset - _padded(len(data)), len(data)))
+        self._offsets.append(spans)
+        self._shard_of.append(len(self.shards) - 1)
+        self._keys.append(key.encode())
+        self._in_shard += 1
+
+    def close(self) -> tuple[list[str], dict[str, Any]]:
+        self._close_shard()
+        if not self.shards:  # an empty dataset still has one (empty) shard
+            self._start_shard()
+            self._close_shard()
+        nf = len(self.schema)
+        offsets = np.asarray(self._offsets, dtype=np.int64).reshape(len(self._offsets), nf, 2)
+        np.save(self.root / INDEX_FILES[0], offsets, allow_pickle=False)
+        np.save(self.root / INDEX_FILES[1], np.asarray(self._shard_of, np.int32), allow_pickle=False)
+        np.save(self.root / INDEX_FILES[2], np.asarray(self._keys, dtype="S").reshape(-1)
+                if self._keys else np.zeros(0, "S1"), allow_pickle=False)
+        return [*self.shards, *INDEX_FILES], {"shards": list(self.shards)}
+
+
+def _padded(n: int) -> int:
+    return (n + 511) // 512 * 512
+
+
+class WdsReader(DatasetReader):
+    """Random access through the index (``os.pread``) and sequential streaming per shard."""
+
+    format_name = "wds"
+    _handles = ("_fds",)
+
+    def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None) -> None:
+        super().__init__(root, manifest)
+        self.shards: list[str] = list(self.manifest.extra.get("shards", []))
+        load = lambda name: np.load(self.root / name, mmap_mode="r", allow_pickle=False)  # noqa: E731
+        self._offsets, self._shard_of, self._keys = (load(n) for n in INDEX_FILES)
+        if len(self._offsets) != len(self) or len(self._shard_of) != len(self):
+            raise CorruptRecordError(f"{self.root}: index has {len(self._offsets)} entries, "
+                                     f"manifest says {len(self)}")
+        self._fields = list(self.schema)
+
+    def key(self, index: int) -> str:
+        """The sample's WebDataset key (``__key__``)."""
+        return self._keys[index].decode()
+
+    def describe(self, index: int) -> str:
+        shard = self.shards[int(self._shard_of[index])]
+        return f"{self.root} (wds) shard {shard} key {self.key(index)}"
+
+    def shard_ranges(self) -> list[range]:
+        """The sample indices held by each shard, in shard order."""
+        bounds = np.searchsorted(self._shard_of, np.arange(len(self.shards) + 1))
+        return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def _open(self) -> None:
+        self._fds = {}
+
+    def _fd(self, shard: int) -> int:
+        fd = self._fds.get(shard)
+        if fd is None:
+            fd = self._fds[shard] = os.open(self.root / self.shards[shard], os.O_RDONLY)
+        return fd
+
+    def _visit(self, indices: Sequence[int], fn: Visitor) -> None:
+        for pos, i in enumerate(indices):
+            fd = self._fd(int(self._shard_of[i]))
+            what = self.describe(i)
+            stored = {}
+            for f, (off, size) in zip(self._fields, self._offsets[i].tolist()):
+                data = os.pread(fd, size, off)
+                if len(data) != size:
+                    raise self.corrupt(i, f"member {f.wds_suffix} truncated "
+                                          f"({len(data)} of {size} bytes)")
+                try:
+                    stored[f.name] = f.decode(data, what)
+                except CorruptRecordError:
+                    raise
+                except Exception as exc:
+                    raise self.corrupt(i, f"undecodable {f.wds_suffix}: {exc!r}") from exc
+            fn(pos, stored)
+
+    def iter_shard(self, shard: int) -> Iterator[tuple[str, dict[str, Any]]]:
+        """Stream one shard sequentially: ``(key, stored values)`` in tar order."""
+        path = self.root / self.shards[shard]
+        with open(path, "rb") as fh:
+            yield from decode_samples(group_by_key(tar_members(fh, path)), self.schema, path)
+
+    def close(self) -> None:
+        if self._fds and self._pid == os.getpid():
+            for fd in self._fds.values():
+                os.close(fd)
+        self._fds = None
+        super().close()
+
+
+def tar_members(fh: BinaryIO, path: Path) -> Iterator[tuple[str, bytes]]:
+    """Yield ``(member name, data)`` for the regular files of a tar stream."""
+    try:
+        with tarfile.open(fileobj=fh, mode="r|") as tar:
+            for info in tar:
+                if info.isfile():
+                    data = tar.extractfile(info)
+                    yield info.name, data.read() if data else b""
+    except tarfile.TarError as exc:
+        raise CorruptRecordError(f"{path}: damaged tar shard: {exc}") from exc
+
+
+def group_by_key(members: Iterator[tuple[str, bytes]]) -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Group consecutive members sharing a key (the name before the first '.')."""
+    key, group = None, {}
+    for name, data in members:
+        base = name.rsplit("/", 1)[-1]
+        k, _, suffix = base.partition(".")
+        if k != key and group:
+            yield key, group  # type: ignore[misc]
+            group = {}
+        key = k
+        group[suffix] = data
+    if group:
+        yield key, group  # type: ignore[misc]
+
+
+def decode_samples(groups: Iterator[tuple[str, dict[str, bytes]]], schema: Schema,
+                   path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Map member groups onto schema fields, refusing samples with missing members."""
+    for key, group in groups:
+        stored = {}
+        for f in schema:
+            if f.wds_suffix not in group:
+                raise CorruptRecordError(f"{path} key {key}: member .{f.wds_suffix} missing")
+            stored[f.name] = f.decode(group[f.wds_suffix], f"{path} key {key}")
+        yield key, stored
