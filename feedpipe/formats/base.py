@@ -15,7 +15,7 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 from ..errors import CorruptRecordError
 from ..manifest import Manifest
-from ..schema import Schema
+from ..schema import Field, Schema
 
 KEY_DIGITS = 9
 Visitor = Callable[[int, dict[str, Any]], None]
@@ -95,8 +95,9 @@ class DatasetReader(ABC):
 
     # -- the one primitive -----------------------------------------------------------------------
     @abstractmethod
-    def _visit(self, indices: Sequence[int], fn: Visitor) -> None:
-        """Call ``fn(position, stored_values)`` for each index, in order, in one read pass."""
+    def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
+        """Call ``fn(position, stored_values)`` for each index, in order, in one read pass,
+        reading and decoding only ``fields``."""
 
     # -- everything else -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -117,11 +118,13 @@ class DatasetReader(ABC):
             out.append(j)
         return out
 
-    def visit(self, indices: Sequence[int], fn: Visitor) -> None:
-        """Public form of :meth:`_visit` with index checks and error context."""
+    def visit(self, indices: Sequence[int], fn: Visitor,
+              fields: Sequence[str] | None = None) -> None:
+        """Public form of :meth:`_visit` with index checks; ``fields`` limits what is read."""
         idx = self.check_indices(indices)
         self._ensure_open()
-        self._visit(idx, fn)
+        self._visit(idx, fn, list(self.schema) if fields is None
+                    else [self.schema[name] for name in fields])
 
     def read_raw_batch(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Stored values (image bytes undecoded), copied out of the read buffers."""

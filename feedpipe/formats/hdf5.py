@@ -149,13 +149,13 @@ class Hdf5Reader(DatasetReader):
             return ds[int(uniq[0]): int(uniq[-1]) + 1]
         return ds[uniq]
 
-    def _visit(self, indices: Sequence[int], fn: Visitor) -> None:
+    def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         idx = np.asarray(indices, dtype=np.int64)
         uniq, inverse = np.unique(idx, return_inverse=True)
         cols: dict[str, Any] = {}
         shapes: dict[str, Any] = {}
         try:
-            for f in self.schema:
+            for f in fields:
                 cols[f.name] = self._read(f.name, uniq)
                 if f"{f.name}__shape" in self._file:
                     shapes[f.name] = self._read(f"{f.name}__shape", uniq)
@@ -163,7 +163,7 @@ class Hdf5Reader(DatasetReader):
             raise self.corrupt(int(idx[0]), f"HDF5 read failed: {exc!r}") from exc
         for pos, (i, u) in enumerate(zip(idx.tolist(), inverse.tolist())):
             stored = {}
-            for f in self.schema:
+            for f in fields:
                 v = cols[f.name][u]
                 if isinstance(f, LabelField):
                     v = int(v)

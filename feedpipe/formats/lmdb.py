@@ -9,9 +9,8 @@ from typing import Any, Sequence
 import lmdb
 
 from ..codecs import pack_record, unpack_record
-from ..errors import CorruptRecordError
 from ..manifest import Manifest
-from ..schema import Schema
+from ..schema import Field, Schema
 from .base import DatasetReader, DatasetWriter, Visitor, sample_key
 
 _FLUSH_BYTES = 64 << 20
@@ -78,22 +77,19 @@ class LmdbReader(DatasetReader):
         self._env = lmdb.open(str(self.root), subdir=True, readonly=True, lock=False,
                               readahead=self.readahead, meminit=False, max_readers=512)
 
-    def _visit(self, indices: Sequence[int], fn: Visitor) -> None:
-        fields = self._fields
-        nfields = len(fields)
+    def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
+        nfields = len(self._fields)
+        wanted = [(self._fields.index(f), f) for f in fields]
         with self._env.begin(buffers=True) as txn:
             for pos, i in enumerate(indices):
                 buf = txn.get(sample_key(i).encode())
                 if buf is None:
                     raise self.corrupt(i, "record missing from LMDB")
-                what = self.describe(i)
-                try:
-                    payloads = unpack_record(buf, nfields, what)
-                    stored = {f.name: f.decode(p, what) for f, p in zip(fields, payloads)}
-                except CorruptRecordError:
-                    raise
+                try:  # error context is formatted only on failure: this loop is the hot path
+                    payloads = unpack_record(buf, nfields, "record")
+                    stored = {f.name: f.decode(payloads[j], f.name) for j, f in wanted}
                 except Exception as exc:
-                    raise self.corrupt(i, f"undecodable record: {exc!r}") from exc
+                    raise self.corrupt(i, f"undecodable record: {exc}") from exc
                 fn(pos, stored)
 
     def num_entries(self) -> int:

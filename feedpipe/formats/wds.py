@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import CorruptRecordError
 from ..manifest import Manifest
-from ..schema import Schema
+from ..schema import Field, Schema
 from .base import DatasetReader, DatasetWriter, Visitor, sample_key
 
 _BAD_KEY = re.compile(r"[./\\\x00\s]")
@@ -147,22 +147,21 @@ class WdsReader(DatasetReader):
             fd = self._fds[shard] = os.open(self.root / self.shards[shard], os.O_RDONLY)
         return fd
 
-    def _visit(self, indices: Sequence[int], fn: Visitor) -> None:
+    def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
+        cols = [self._fields.index(f) for f in fields]
         for pos, i in enumerate(indices):
             fd = self._fd(int(self._shard_of[i]))
-            what = self.describe(i)
             stored = {}
-            for f, (off, size) in zip(self._fields, self._offsets[i].tolist()):
+            spans = self._offsets[i].tolist()
+            for f, (off, size) in zip(fields, (spans[c] for c in cols)):
                 data = os.pread(fd, size, off)
                 if len(data) != size:
                     raise self.corrupt(i, f"member {f.wds_suffix} truncated "
                                           f"({len(data)} of {size} bytes)")
                 try:
-                    stored[f.name] = f.decode(data, what)
-                except CorruptRecordError:
-                    raise
+                    stored[f.name] = f.decode(data, f.wds_suffix)
                 except Exception as exc:
-                    raise self.corrupt(i, f"undecodable {f.wds_suffix}: {exc!r}") from exc
+                    raise self.corrupt(i, f"undecodable member: {exc}") from exc
             fn(pos, stored)
 
     def iter_shard(self, shard: int) -> Iterator[tuple[str, dict[str, Any]]]:

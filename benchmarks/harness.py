@@ -1,0 +1,68 @@
+"""A small benchmark harness: warm-up, median of repeats, one table, JSON out, machine info."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+
+@dataclass
+class Result:
+    """One configuration's figures: ``items`` per run, the per-run seconds, and notes."""
+
+    name: str
+    items: int
+    seconds: list[float] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return self.items / statistics.median(self.seconds)
+
+
+def measure(name: str, run: Callable[[], int], *, repeats: int = 3, warmup: int = 1,
+            note: str = "") -> Result:
+    """Call ``run`` (returns items processed) ``warmup`` times, then time ``repeats`` calls."""
+    for _ in range(warmup):
+        run()
+    res = Result(name, 0, note=note)
+    for _ in range(repeats):
+        t = time.perf_counter()
+        res.items = run()
+        res.seconds.append(time.perf_counter() - t)
+    print(f"  {name:<44} {res.rate:>10,.0f} /s   {note}", flush=True)
+    return res
+
+
+def machine() -> dict[str, object]:
+    """CPU model, usable cores and library versions, recorded with every result."""
+    import numpy
+    import torch
+
+    from feedpipe.imaging import decoder_info
+
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "usable_cores": len(os.sched_getaffinity(0)),
+            "python": platform.python_version(), "torch": torch.__version__,
+            "numpy": numpy.__version__, **decoder_info()}
+
+
+def save(path: Path, results: list[Result], extra: dict[str, object]) -> None:
+    """Write every figure plus the machine description as JSON."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"machine": machine(), **extra,
+                                "results": [{**asdict(r), "rate": r.rate} for r in results]},
+                               indent=1))

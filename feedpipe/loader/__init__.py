@@ -1,0 +1,58 @@
+"""``make_loader``: the call that replaces ``DataLoader(...)`` in training code."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, MissingDependencyError
+from ..formats import DatasetReader, open_dataset
+from ..imaging import decoder_info
+from ..schema import ImageField
+from ..sharding import World
+from .config import LoaderConfig, auto_workers, usable_cores
+from .torch_backend import TorchLoader
+
+log = logging.getLogger("feedpipe.loader")
+
+
+def _device(spec: str | torch.device) -> torch.device:
+    if str(spec) == "auto":
+        return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+            else torch.device("cpu")
+    dev = torch.device(spec)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={spec!r} but CUDA is not available; use device='auto' or 'cpu'")
+    return dev
+
+
+def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
+                **options: Any) -> TorchLoader:
+    """Open ``source`` (a packed dataset path or an opened dataset) and return a batch loader.
+
+    Yields dicts of tensors on the target device — ``image`` as N×C×H×W (normalized ``dtype``,
+    channels_last by default), ``label`` as N int64 — plus any other requested ``fields``. Every
+    option is a :class:`~feedpipe.loader.config.LoaderConfig` field; "auto" values are tuned to the
+    machine. The loader supports ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict``.
+    """
+    world = options.pop("world", None) or World.detect()
+    cfg = LoaderConfig(batch_size=batch_size, **options)
+    if cfg.backend == "dali":
+        raise MissingDependencyError("backend='dali' is not available yet in this version of "
+                                     "feedpipe; use backend='torch' (or 'auto')")
+    reader = source if isinstance(source, DatasetReader) else open_dataset(source)
+    device = _device(cfg.device)
+    fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
+    decodes = any(isinstance(reader.schema[n], ImageField) and reader.schema[n].codec != "raw"
+                  for n in fields if n in reader.schema)
+    cfg = cfg.resolve(cuda=device.type == "cuda", decodes=decodes)
+    log.info("feedpipe loader: %s (%s), %d samples, rank %d/%d, device %s, workers %s, "
+             "jpeg decoder %s", reader.root, reader.format_name, len(reader), world.rank,
+             world.size, device, cfg.num_workers, decoder_info()["jpeg_decoder"])
+    return TorchLoader(reader, cfg, world, device)
+
+
+__all__ = ["LoaderConfig", "TorchLoader", "auto_workers", "make_loader", "usable_cores"]

@@ -1,0 +1,194 @@
+"""The torch backend: a tuned DataLoader plus a device stage that prefetches on a side CUDA stream.
+
+Workers produce uint8 NHWC batches; the main process pins them (DataLoader's pin thread), copies
+them with ``non_blocking=True`` on a side stream one batch ahead, and converts / normalizes /
+lays out on the device. On CPU the same code runs without streams.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Sampler
+
+from ..formats import DatasetReader
+from ..formats.wds import WdsReader
+from ..sharding import World, plan_batches, rank_streams
+from .config import LoaderConfig
+from .dataset import SKIPPED_KEY, BatchDataset, BatchRequest
+from .transforms import ImageOp
+
+log = logging.getLogger("feedpipe.loader")
+
+
+class PlanSampler(Sampler[BatchRequest]):
+    """Yields this rank's batches for the current epoch, starting at ``start`` (for resume)."""
+
+    def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World) -> None:
+        self.reader, self.cfg, self.world = reader, cfg, world
+        self.shards = reader.shard_ranges() if isinstance(reader, WdsReader) else None
+        self.epoch, self.start = 0, 0
+        self._cache: tuple[int, list[np.ndarray]] | None = None
+
+    def plan(self, epoch: int) -> list[np.ndarray]:
+        """All of this rank's batches (index arrays) for ``epoch``."""
+        if self._cache is None or self._cache[0] != epoch:
+            with warnings.catch_warnings():
+                warnings.simplefilter("always" if epoch == 0 else "ignore")
+                streams = rank_streams(len(self.reader), self.world, seed=self.cfg.seed,
+                                       epoch=epoch, shuffle=self.cfg.shuffle, shards=self.shards,
+                                       buffer=self.cfg.shuffle_buffer)
+            self._cache = (epoch, plan_batches(streams, self.world.rank, self.cfg.batch_size,
+                                               drop_last=self.cfg.drop_last,
+                                               uneven=self.cfg.uneven))
+        return self._cache[1]
+
+    def __iter__(self) -> Iterator[BatchRequest]:
+        plan = self.plan(self.epoch)
+        for b in range(self.start, len(plan)):
+            yield BatchRequest(plan[b], self.epoch, b, self.world.rank)
+
+    def __len__(self) -> int:
+        return len(self.plan(self.epoch)) - self.start
+
+
+def _worker_init(_: int) -> None:
+    """One thread per worker: the workers are the parallelism, nested threads only contend."""
+    torch.set_num_threads(1)
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def _identity(batch: dict[str, Any]) -> dict[str, Any]:
+    return batch
+
+
+class DeviceStage:
+    """Moves uint8 batches to the device and converts them there; one batch ahead on CUDA."""
+
+    def __init__(self, cfg: LoaderConfig, device: torch.device) -> None:
+        self.cfg, self.device = cfg, device
+        self.image_fields: tuple[str, ...] = ()
+        self.dtype = getattr(torch, cfg.dtype)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._mean = self._std = None
+        if cfg.mean is not None and cfg.dtype != "uint8":
+            self._mean = torch.tensor(cfg.mean, device=device).mul(255).view(1, 3, 1, 1)
+            self._std = torch.tensor(cfg.std, device=device).mul(255).reciprocal().view(1, 3, 1, 1)
+
+    def convert(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Copy (non_blocking from pinned memory) and convert one batch; runs on self.stream."""
+        out = {}
+        for k, v in batch.items():
+            if isinstance(v, torch.Tensor):
+                v = v.to(self.device, non_blocking=True)
+                if k in self.image_fields:
+                    v = self._image(v)
+            out[k] = v
+        return out
+
+    def _image(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last for free
+        if self.cfg.dtype != "uint8":
+            x = x.to(self.dtype)
+            if self._mean is not None:
+                x = x.sub_(self._mean.to(self.dtype)).mul_(self._std.to(self.dtype))
+            else:
+                x = x.mul_(1 / 255)
+        return x if self.cfg.channels_last else x.contiguous()
+
+    def __call__(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+        if self.stream is None:
+            for b in batches:
+                yield self.convert(b)
+            return
+        current = torch.cuda.current_stream(self.device)
+        pending = None
+        for b in batches:
+            with torch.cuda.stream(self.stream):
+                nxt = self.convert(b)
+            if pending is not None:
+                yield pending
+            current.wait_stream(self.stream)
+            for v in nxt.values():  # tensors made on the side stream are used on the current one
+                if isinstance(v, torch.Tensor) and v.is_cuda:
+                    v.record_stream(current)
+            pending = nxt
+        if pending is not None:
+            yield pending
+
+
+class TorchLoader:
+    """What ``make_loader`` returns for the torch backend: iterate it once per epoch."""
+
+    def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World,
+                 device: torch.device) -> None:
+        fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
+        if not fields:
+            raise ValueError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
+                             f"from {reader.schema.names}")
+        self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
+        op = ImageOp(cfg.size, cfg.crop, cfg.scale, cfg.ratio, cfg.flip)
+        self.dataset = BatchDataset(reader, fields, op, seed=cfg.seed, on_error=cfg.on_error)
+        self.sampler = PlanSampler(reader, cfg, world)
+        self.stage = DeviceStage(cfg, device)
+        self.stage.image_fields = tuple(c.field.name for c in self.dataset.columns
+                                        if c.field.kind == "image")
+        kwargs: dict[str, Any] = {}
+        if cfg.num_workers:
+            kwargs = dict(prefetch_factor=cfg.prefetch_factor,
+                          persistent_workers=cfg.persistent_workers,
+                          multiprocessing_context=cfg.multiprocessing_context)
+        self._dl = DataLoader(self.dataset, batch_sampler=self.sampler,
+                              num_workers=cfg.num_workers, collate_fn=_identity,
+                              pin_memory=bool(cfg.pin_memory) and device.type == "cuda",
+                              worker_init_fn=_worker_init, **kwargs)
+        self._epoch = 0
+        self._consumed = 0
+        self.skipped: list[str] = []
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (the same on every rank)."""
+        return len(self.sampler.plan(self._epoch))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch (and so the order) of the next iteration."""
+        if epoch != self._epoch:
+            self._epoch, self._consumed = int(epoch), 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position to resume from: epoch and batches already yielded in it."""
+        return {"epoch": self._epoch, "batches": self._consumed, "seed": self.cfg.seed,
+                "rank": self.world.rank, "world_size": self.world.size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly after the last batch the saved loader yielded."""
+        if state.get("seed") != self.cfg.seed or state.get("world_size") != self.world.size:
+            raise ValueError(f"state is for seed={state.get('seed')}, world_size="
+                             f"{state.get('world_size')}; this loader has seed={self.cfg.seed}, "
+                             f"world_size={self.world.size}")
+        self._epoch, self._consumed = int(state["epoch"]), int(state["batches"])
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.sampler.epoch, self.sampler.start = self._epoch, self._consumed
+        skipped_before = len(self.skipped)
+        for batch in self.stage(self._batches()):
+            self._consumed += 1
+            yield batch
+        n = len(self.skipped) - skipped_before
+        if n:
+            warnings.warn(f"{self.reader.root}: skipped {n} corrupt record(s) in epoch "
+                          f"{self._epoch} (on_error='skip'); first: {self.skipped[skipped_before]}",
+                          stacklevel=2)
+        self._epoch, self._consumed = self._epoch + 1, 0
+
+    def _batches(self) -> Iterator[dict[str, Any]]:
+        for batch in self._dl:
+            skipped = batch.pop(SKIPPED_KEY, None)
+            if skipped:
+                self.skipped.extend(skipped)
+            yield batch
