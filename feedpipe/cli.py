@@ -102,6 +102,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _demo(out: Path, images: int) -> int:
+    from .demo import run_demo
+
+    run_demo(out, images)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="feedpipe", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -138,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("path", type=Path)
     v.add_argument("--no-decode", action="store_true", help="skip decoding images")
     v.set_defaults(func=cmd_verify)
+
+    m = sub.add_parser("demo", help="pack generated sample photos in every format and load them")
+    m.add_argument("--out", type=Path, default=Path("demo-data"))
+    m.add_argument("--images", type=int, default=600)
+    m.set_defaults(func=lambda a: _demo(a.out, a.images))
 
     d = sub.add_parser("decoders", help="print which image decoders are active")
     d.set_defaults(func=lambda a: print(json.dumps(decoder_info(), indent=1)) or 0)

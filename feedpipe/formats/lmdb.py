@@ -15,6 +15,7 @@ from .base import DatasetReader, DatasetWriter, Visitor, sample_key
 
 _FLUSH_BYTES = 64 << 20
 _FLUSH_RECORDS = 2048
+_ENVS: dict[tuple[int, str, bool], lmdb.Environment] = {}
 
 
 class LmdbWriter(DatasetWriter):
@@ -74,8 +75,15 @@ class LmdbReader(DatasetReader):
         self._fields = list(self.schema)
 
     def _open(self) -> None:
-        self._env = lmdb.open(str(self.root), subdir=True, readonly=True, lock=False,
-                              readahead=self.readahead, meminit=False, max_readers=512)
+        # py-lmdb allows one handle per environment and process: readers of the same path share it
+        key = (os.getpid(), str(self.root.resolve()), self.readahead)
+        for stale in [k for k in _ENVS if k[0] != key[0]]:  # inherited through fork: unusable
+            _ENVS.pop(stale).close()
+        env = _ENVS.get(key)
+        if env is None:
+            env = _ENVS[key] = lmdb.open(str(self.root), subdir=True, readonly=True, lock=False,
+                                         readahead=self.readahead, meminit=False, max_readers=512)
+        self._env = env
 
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         nfields = len(self._fields)
@@ -98,7 +106,5 @@ class LmdbReader(DatasetReader):
         return int(self._env.stat()["entries"])
 
     def close(self) -> None:
-        if self._env is not None and self._pid == os.getpid():
-            self._env.close()
-        self._env = None
+        self._env = None  # the shared handle stays open for other readers of this path
         super().close()
