@@ -138,3 +138,56 @@ def test_normalized_float_output(packed):
     assert b["image"].dtype == torch.float32 and b["image"].shape == (8, 3, 48, 48)
     assert b["image"].is_contiguous(memory_format=torch.channels_last)
     assert -3 < b["image"].mean().item() < 3
+
+
+def test_webdataset_library_reads_our_shards(tmp_path, photos):
+    import webdataset as wds
+
+    out = tmp_path / "w"
+    convert(photos, out, to="wds", workers=0, writer_options={"shard_count": 40})
+    ds = feedpipe.open_dataset(out)
+    shards = sorted(str(p) for p in out.glob("shard-*.tar"))
+    assert len(shards) == 3
+    samples = list(wds.WebDataset(shards, shardshuffle=False, empty_check=False))
+    assert len(samples) == len(ds)
+    for k in (0, 45, 95):
+        raw = ds.read_raw(k)
+        assert samples[k]["jpg"] == raw["image"]
+        assert int(samples[k]["cls"]) == raw["label"]
+        assert samples[k]["__key__"] == ds.key(k)
+
+
+class _Boom:
+    def __reduce__(self):
+        import pathlib
+        return (pathlib.Path.touch, (pathlib.Path(_Boom.marker),))
+
+
+def test_pickle_payload_is_refused_without_running(tmp_path):
+    import lmdb
+
+    from feedpipe.codecs import pack_record
+    from feedpipe.errors import UnsafeDataError
+    from feedpipe.formats import WRITERS
+    from feedpipe.manifest import FileEntry, Manifest
+    from feedpipe.schema import ArrayField, Schema
+
+    schema = Schema((ArrayField("x", "float32", (2,)),))
+    with pytest.raises(UnsafeDataError):
+        ArrayField("y", "O")
+    root = tmp_path / "evil"
+    w = WRITERS["lmdb"](root, schema)
+    w.write({"x": np.zeros(2, np.float32)})
+    files, extra = w.close()
+    _Boom.marker = str(tmp_path / "pwned")
+    evil = io.BytesIO()
+    np.save(evil, np.array([_Boom()], dtype=object), allow_pickle=True)
+    env = lmdb.open(str(root), subdir=True)
+    with env.begin(write=True) as txn:
+        txn.put(b"000000000", pack_record([evil.getvalue()]))
+    env.close()
+    Manifest("lmdb", 1, schema, files=tuple(FileEntry.of(root, f) for f in files)).write(root)
+    ds = feedpipe.open_dataset(root)
+    with pytest.raises(UnsafeDataError, match="object dtype"):
+        ds[0]
+    assert not (tmp_path / "pwned").exists()

@@ -151,6 +151,8 @@ class Hdf5Reader(DatasetReader):
 
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         idx = np.asarray(indices, dtype=np.int64)
+        if not len(idx):  # an empty batch reads nothing
+            return
         uniq, inverse = np.unique(idx, return_inverse=True)
         cols: dict[str, Any] = {}
         shapes: dict[str, Any] = {}

@@ -9,6 +9,7 @@ from typing import Any, Sequence
 import lmdb
 
 from ..codecs import pack_record, unpack_record
+from ..errors import UnsafeDataError
 from ..manifest import Manifest
 from ..schema import Field, Schema
 from .base import DatasetReader, DatasetWriter, Visitor, sample_key
@@ -25,8 +26,9 @@ class LmdbWriter(DatasetWriter):
 
     def __init__(self, root: Path, schema: Schema, map_size: int = 1 << 30) -> None:
         super().__init__(root, schema)
+        # meminit: unused page space is zeroed, not stale heap bytes (reproducible data.mdb)
         self._env = lmdb.open(str(self.root), subdir=True, map_size=map_size, sync=False,
-                              metasync=False, meminit=False, max_dbs=0)
+                              metasync=False, meminit=True, max_dbs=0)
         self._pending: list[tuple[bytes, bytes]] = []
         self._pending_bytes = 0
 
@@ -96,6 +98,8 @@ class LmdbReader(DatasetReader):
                 try:  # error context is formatted only on failure: this loop is the hot path
                     payloads = unpack_record(buf, nfields, "record")
                     stored = {f.name: f.decode(payloads[j], f.name) for j, f in wanted}
+                except UnsafeDataError as exc:  # keep the type: callers refuse, not skip
+                    raise UnsafeDataError(f"{self.describe(i)}: {exc}") from exc
                 except Exception as exc:
                     raise self.corrupt(i, f"undecodable record: {exc}") from exc
                 fn(pos, stored)

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import CorruptRecordError
+from ..errors import CorruptRecordError, UnsafeDataError
 from ..manifest import Manifest
 from ..schema import Field, Schema
 from .base import DatasetReader, DatasetWriter, Visitor, sample_key
@@ -160,6 +160,8 @@ class WdsReader(DatasetReader):
                                           f"({len(data)} of {size} bytes)")
                 try:
                     stored[f.name] = f.decode(data, f.wds_suffix)
+                except UnsafeDataError as exc:  # keep the type: callers refuse, not skip
+                    raise UnsafeDataError(f"{self.describe(i)}: {exc}") from exc
                 except Exception as exc:
                     raise self.corrupt(i, f"undecodable member: {exc}") from exc
             fn(pos, stored)
