@@ -32,7 +32,7 @@ def npy_encode(array: np.ndarray) -> bytes:
     array = np.asarray(array)
     check_dtype(array.dtype, "npy_encode")
     out = io.BytesIO()
-    np.lib.format.write_array(out, np.ascontiguousarray(array), allow_pickle=False)
+    np.lib.format.write_array(out, np.asarray(array, order="C"), allow_pickle=False)  # keeps 0-d
     return out.getvalue()
 
 
@@ -108,6 +108,8 @@ def unpack_record(buf: Buffer, nfields: int, what: str = "record") -> list[memor
     mv = memoryview(buf)
     if bytes(mv[:4]) != RECORD_MAGIC:
         raise CorruptRecordError(f"{what}: bad record magic")
+    if len(mv) < 8 + 4 * nfields:
+        raise CorruptRecordError(f"{what}: record of {len(mv)} bytes is shorter than its header")
     (n,) = _U32.unpack_from(mv, 4)
     if n != nfields:
         raise CorruptRecordError(f"{what}: record has {n} fields, schema has {nfields}")

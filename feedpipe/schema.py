@@ -193,7 +193,7 @@ class ArrayField(Field):
                 raise TypeError(f"field {self.name!r}: dtype {arr.dtype} does not fit {self.dtype}")
             arr = arr.astype(self.dtype)
         self._check_shape(arr.shape, f"field {self.name!r}", ValueError)
-        return np.ascontiguousarray(arr)
+        return np.asarray(arr, order="C")  # not ascontiguousarray: that turns 0-d into 1-d
 
     def _check_shape(self, shape: tuple[int, ...], what: str, exc: type[Exception]) -> None:
         if self.shape is None:

@@ -75,6 +75,12 @@ class WdsWriter(DatasetWriter):
     def _write(self, index: int, values: list[Any]) -> None:
         key = self._next_key or sample_key(index)
         payloads = [f.encode(v) for f, v in zip(self.schema, values)]
+        for f in self.schema:  # fail before any member is written: half a sample breaks grouping
+            try:
+                tarfile.TarInfo(f"{key}.{f.wds_suffix}").tobuf(tarfile.USTAR_FORMAT)
+            except ValueError as exc:
+                raise ValueError(f"WebDataset member {key}.{f.wds_suffix}: {exc} (ustar names "
+                                 "hold at most 100 bytes)") from exc
         size = sum(len(p) + 1024 for p in payloads)
         if (self._tar is None or self._in_shard >= self.shard_count
                 or (self._in_shard and self._tar.offset + size > self.shard_size)):

@@ -69,9 +69,6 @@ class LoaderConfig:
             object.__setattr__(self, "size", size)
         if self.crop not in ("resize", "center_crop", "random_resized_crop", "none"):
             bad(f"crop={self.crop!r}: use 'resize', 'center_crop', 'random_resized_crop' or 'none'")
-        if self.crop != "none" and self.size is None:
-            bad(f"crop={self.crop!r} needs an output size: pass size=224 (or crop='none' for "
-                "images that already share one size)")
         lo, hi = self.scale
         if not 0 < lo <= hi <= 1:
             bad(f"scale={self.scale!r}: use 0 < min <= max <= 1 (fractions of the image area)")

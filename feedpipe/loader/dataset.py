@@ -26,14 +26,24 @@ _MAX_REFILL = 16
 
 
 class BatchRequest(list):
-    """The indices of one batch plus what makes its augmentation deterministic."""
+    """The indices of one batch, what makes its augmentation deterministic, and the ring slot
+    (-1: none free) its images are written into."""
 
-    def __init__(self, indices: Sequence[int], epoch: int, number: int, rank: int) -> None:
+    def __init__(self, indices: Sequence[int], epoch: int, number: int, rank: int,
+                 slot: int = -1) -> None:
         super().__init__(int(i) for i in indices)
-        self.epoch, self.number, self.rank = epoch, number, rank
+        self.epoch, self.number, self.rank, self.slot = epoch, number, rank, slot
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return BatchRequest, (list(self), self.epoch, self.number, self.rank)
+        return BatchRequest, (list(self), self.epoch, self.number, self.rank, self.slot)
+
+
+@dataclass(frozen=True)
+class SlotRef:
+    """Stands in for an image tensor written into slot ``index`` of the shared ring (n rows)."""
+
+    index: int
+    rows: int
 
 
 @dataclass(frozen=True)
@@ -70,6 +80,9 @@ class BatchDataset(torch.utils.data.Dataset):
                 shape = None
             self.columns.append(_Column(f, shape))
         self.names = [c.field.name for c in self.columns]
+        # shared-memory output ring (set by the torch backend when workers run): reusing these
+        # pages avoids faulting in a fresh shared-memory segment for every batch
+        self.slots: dict[str, torch.Tensor] = {}
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -84,6 +97,8 @@ class BatchDataset(torch.utils.data.Dataset):
         for col in self.columns:
             if col.shape is None:
                 out[col.field.name] = [None] * n
+            elif req.slot >= 0 and col.field.name in self.slots:
+                out[col.field.name] = self.slots[col.field.name][req.slot, :n]
             elif isinstance(col.field, LabelField):
                 out[col.field.name] = torch.empty(n, dtype=torch.int64)
             else:
@@ -116,6 +131,10 @@ class BatchDataset(torch.utils.data.Dataset):
             if col.shape is None and isinstance(col.field, ArrayField):
                 out[col.field.name] = [torch.from_numpy(np.ascontiguousarray(a))
                                        for a in out[col.field.name]]
+        if req.slot >= 0:
+            for name in self.slots:
+                if name in out:
+                    out[name] = SlotRef(req.slot, n)
         if skipped:
             out[SKIPPED_KEY] = skipped
         return out
