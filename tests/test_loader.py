@@ -256,3 +256,31 @@ def test_wds_fewer_shards_than_ranks_warns(tmp_path, photo_dir):
                                   num_workers=0, **U8)
         assert len(ld) == 6
     shutil.rmtree(out)
+
+
+def test_dct_downscale_stays_close_to_full_resolution(tmp_path):
+    """Large sources take the DCT 1/2-1/8 path: the simplejpeg and Pillow(-SIMD) paths agree, and
+    neither strays further from a full-resolution resize than Pillow's own draft+resize."""
+    from converters import convert
+    from converters.synth import make_photos
+    from feedpipe.loader.transforms import ImageOp
+
+    make_photos(tmp_path / "big", 6, size=(640, 480), classes=2, seed=3)
+    convert(tmp_path / "big", tmp_path / "ds", to="lmdb", workers=0)
+    ds = feedpipe.open_dataset(tmp_path / "ds")
+    op = ImageOp((48, 48), "center_crop")
+    for i in range(len(ds)):
+        data = ds.read_raw(i)["image"]
+        img = Image.open(io.BytesIO(data)).convert("RGB")
+        w, h = img.size
+        assert op._dct_factor(h, h, (48, 48)) >= 2
+        c = min(w, h)
+        ref = np.asarray(img.resize((48, 48), Image.BILINEAR, box=((w - c) // 2, (h - c) // 2,
+                                                                   (w - c) // 2 + c,
+                                                                   (h - c) // 2 + c)))
+        a, b = np.empty((48, 48, 3), np.uint8), np.empty((48, 48, 3), np.uint8)
+        op.apply(data, "jpeg", a, None, "t")
+        op._apply_pil(data, b, None)
+        # as close to the full-resolution resize as Pillow's own draft+resize (reducing_gap=2)
+        assert np.abs(a.astype(int) - ref).mean() <= np.abs(b.astype(int) - ref).mean() + 0.5
+        assert np.abs(a.astype(int) - b).mean() < 1

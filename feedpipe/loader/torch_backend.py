@@ -148,11 +148,13 @@ class DeviceStage:
     def _image(self, x: torch.Tensor) -> torch.Tensor:
         x = x.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last for free
         if self.cfg.dtype != "uint8":
-            x = x.to(self.dtype)
+            x = x.float()  # normalize in float32, then narrow: fp16/bf16 keep their precision
             if self._mean is not None:
-                x = x.sub_(self._mean.to(self.dtype)).mul_(self._std.to(self.dtype))
+                x = x.sub_(self._mean).mul_(self._std)
             else:
                 x = x.mul_(1 / 255)
+            if self.dtype != torch.float32:
+                x = x.to(self.dtype)
         return x if self.cfg.channels_last else x.contiguous()
 
     def __call__(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:

@@ -1,22 +1,27 @@
 """Decode and geometric augmentation of one image straight into its slot of the batch buffer.
 
-JPEG goes through simplejpeg (libjpeg-turbo) with DCT-domain downscaling by 1/2, 1/4 or 1/8 when
-the crop is at least that much larger than the output (libjpeg-turbo's other M/8 factors decode
-slower than full size, so they are not used), then torch's uint8 antialiased bilinear resize,
-which matches Pillow's BILINEAR and runs several times faster than stock Pillow's resize.
+The fastest JPEG path installed is used (``imaging.jpeg_path``): with pillow-simd, Pillow's
+``draft`` (DCT-domain 1/2-1/4-1/8 downscale) plus its SIMD resize of the crop box; otherwise
+simplejpeg (libjpeg-turbo) with the same power-of-two DCT downscale (libjpeg-turbo's other M/8
+factors decode slower than full size) followed by torch's uint8 antialiased bilinear resize, which
+matches Pillow's BILINEAR and runs several times faster than stock Pillow's resize.
 """
 
 from __future__ import annotations
 
+import io
 import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from PIL import Image
 
-from ..imaging import decode_rgb, simplejpeg
+from ..imaging import decode_rgb, jpeg_path, simplejpeg
 from .config import Crop
+
+JPEG_PATH = jpeg_path()
 
 Box = tuple[int, int, int, int]  # top, left, height, width
 
@@ -74,16 +79,17 @@ class ImageOp:
                 np.copyto(out, src)
                 return
             top, left, ch, cw = self.box(src.shape[0], src.shape[1], rng)
+        elif codec == "jpeg" and JPEG_PATH == "pillow-simd":
+            self._apply_pil(stored, out, rng)
+            return
         elif codec == "jpeg" and simplejpeg is not None:
             h, w = simplejpeg.decode_jpeg_header(stored)[:2]
             top, left, ch, cw = self.box(h, w, rng)
             f = self._dct_factor(ch, cw, out.shape[:2])
-            if f > 1:
+            if f > 1:  # scaled pixel i covers source pixels [i*f, (i+1)*f): the box snaps to it
                 src = simplejpeg.decode_jpeg(stored, colorspace="RGB", min_factor=f,
                                              min_height=-(-h // f), min_width=-(-w // f))
-                sh, sw = src.shape[:2]
-                top, left = top * sh // h, left * sw // w
-                ch, cw = max(1, ch * sh // h), max(1, cw * sw // w)
+                top, left, ch, cw = top // f, left // f, ch // f, cw // f
             else:
                 src = simplejpeg.decode_jpeg(stored, colorspace="RGB")
         else:
@@ -101,10 +107,31 @@ class ImageOp:
             region = y[0].permute(1, 2, 0).numpy()
         np.copyto(out, region[:, ::-1] if flip else region)
 
+    def _apply_pil(self, stored: object, out: np.ndarray, rng: np.random.Generator | None) -> None:
+        """Pillow(-SIMD): ``draft`` for the DCT downscale, then one resize of the crop box."""
+        with Image.open(io.BytesIO(stored)) as im:  # type: ignore[arg-type]
+            w, h = im.size
+            top, left, ch, cw = self.box(h, w, rng)
+            f = self._dct_factor(ch, cw, out.shape[:2])
+            if f > 1:
+                im.draft("RGB", (w // f, h // f))
+                f = round(w / im.size[0])  # the scale Pillow chose; snap the box as above
+                top, left, ch, cw = top // f, left // f, ch // f, cw // f
+            img = im.convert("RGB").resize((out.shape[1], out.shape[0]), Image.BILINEAR,
+                                           box=(left, top, left + cw, top + ch))
+        if self.flip and rng is not None and rng.random() < 0.5:
+            img = img.transpose(Image.FLIP_LEFT_RIGHT)
+        np.copyto(out, np.asarray(img))
+
     @staticmethod
     def _dct_factor(ch: int, cw: int, out_hw: tuple[int, ...]) -> int:
-        """Largest power-of-two DCT downscale that keeps the crop at least the output size."""
+        """Largest power-of-two DCT downscale that keeps the crop at least twice the output.
+
+        The 2× margin is Pillow's ``reducing_gap=2`` (``Image.thumbnail``): DCT scaling alone is
+        a cruder filter, so the final antialiased resize still does a real reduction and the
+        result stays within ~1 level of a full-resolution resize.
+        """
         f = 1
-        while f < 8 and ch // (2 * f) >= out_hw[0] and cw // (2 * f) >= out_hw[1]:
+        while f < 8 and ch // (2 * f) >= 2 * out_hw[0] and cw // (2 * f) >= 2 * out_hw[1]:
             f *= 2
         return f
