@@ -42,22 +42,22 @@ def verify(path: str | os.PathLike[str], *, decode: bool = True, chunk: int = 25
             report.problems.append(f"{root / entry.name}: checksum mismatch")
     try:
         ds = open_dataset(root)
-    except FeedpipeError as exc:
+        if hasattr(ds, "num_entries") and ds.num_entries() != len(ds):
+            report.problems.append(f"{root}: {ds.num_entries()} records, manifest says {len(ds)}")
+    except (FeedpipeError, OSError) as exc:  # OSError: a data file is missing or unreadable
         report.problems.append(str(exc))
         return report
-    if hasattr(ds, "num_entries") and ds.num_entries() != len(ds):
-        report.problems.append(f"{root}: {ds.num_entries()} records, manifest says {len(ds)}")
     read = ds.get_batch if decode else ds.read_raw_batch
     for start in range(0, len(ds), chunk):
         idx = range(start, min(start + chunk, len(ds)))
         try:
             read(idx)
             report.records_checked += len(idx)
-        except FeedpipeError:  # find each damaged record of the chunk
+        except (FeedpipeError, OSError):  # find each damaged record of the chunk
             for i in idx:
                 try:
                     read([i])
                     report.records_checked += 1
-                except FeedpipeError as exc:
+                except (FeedpipeError, OSError) as exc:
                     report.problems.append(str(exc))
     return report

@@ -16,7 +16,7 @@ from .base import DatasetReader, DatasetWriter, Visitor, sample_key
 
 _FLUSH_BYTES = 64 << 20
 _FLUSH_RECORDS = 2048
-_ENVS: dict[tuple[int, str, bool, int, int], lmdb.Environment] = {}
+_ENVS: dict[tuple[int, int, int], lmdb.Environment] = {}
 
 
 class LmdbWriter(DatasetWriter):
@@ -77,10 +77,11 @@ class LmdbReader(DatasetReader):
         self._fields = list(self.schema)
 
     def _open(self) -> None:
-        # py-lmdb allows one handle per environment and process: readers of the same path share it
-        # the file's identity is part of the key: a re-converted directory is a new environment
+        # py-lmdb allows one handle per data file and process: readers of the same file share it
+        # (the first one's readahead applies). Keyed by the file's identity, not its path, so a
+        # re-converted directory is a new environment.
         st = os.stat(self.root / "data.mdb")
-        key = (os.getpid(), str(self.root.resolve()), self.readahead, st.st_dev, st.st_ino)
+        key = (os.getpid(), st.st_dev, st.st_ino)
         for stale in [k for k in _ENVS if k[0] != key[0]]:  # inherited through fork: unusable
             _ENVS.pop(stale).close()
         env = _ENVS.get(key)

@@ -1,0 +1,87 @@
+"""Helpers shared by the test modules; module-level so that spawn-started workers can import them."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
+
+from feedpipe.formats import DatasetReader
+
+CLI = [sys.executable, "-m", "feedpipe.cli"]
+
+
+class ReaderDataset(Dataset):
+    """A minimal map-style torch Dataset over an opened feedpipe reader (picklable with it)."""
+
+    def __init__(self, reader: DatasetReader) -> None:
+        self.reader = reader
+
+    def __len__(self) -> int:
+        return len(self.reader)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        s = self.reader[i]
+        return {"index": i, "label": int(s["label"]), "sum": int(s["image"].astype(np.int64).sum()),
+                "path": s["path"], "pid": os.getpid(),
+                "opened_in": self.reader._pid}  # the process whose handles served the read
+
+
+def collate_list(batch: list[Any]) -> list[Any]:
+    """Keep samples as they are (the default collate would tensorize the path strings)."""
+    return batch
+
+
+def jpeg_bytes(arr: np.ndarray, **save: Any) -> bytes:
+    """Encode an array (or PIL mode conversion of it) as JPEG with Pillow."""
+    out = io.BytesIO()
+    Image.fromarray(arr).save(out, "JPEG", **save)
+    return out.getvalue()
+
+
+def pil_rgb(path_or_bytes: Path | bytes) -> np.ndarray:
+    """Reference decode: Pillow, converted to RGB (no EXIF handling)."""
+    src = io.BytesIO(path_or_bytes) if isinstance(path_or_bytes, bytes) else path_or_bytes
+    with Image.open(src) as img:
+        return np.asarray(img.convert("RGB"))
+
+
+def mean_abs_diff(a: np.ndarray, b: np.ndarray) -> float:
+    assert a.shape == b.shape, (a.shape, b.shape)
+    return float(np.abs(a.astype(np.int32) - b.astype(np.int32)).mean())
+
+
+def flip_byte(path: Path, offset: int) -> None:
+    """XOR one byte of a file in place."""
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        b = fh.read(1)
+        fh.seek(offset)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+def cli_main(capsys, *args: str | os.PathLike[str]) -> tuple[int, str, str]:
+    """Run the CLI's ``main`` in this process (no interpreter start-up); (exit code, out, err)."""
+    from feedpipe.cli import main
+
+    capsys.readouterr()
+    rc = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def run_cli(*args: str | os.PathLike[str], timeout: float = 120,
+            check: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m feedpipe.cli ARGS`` and capture its output."""
+    proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout)
+    if check:
+        assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc

@@ -1,0 +1,156 @@
+"""WebDataset specifics: key rules, shard bounds, random access across shards, and compatibility with
+the ``webdataset`` library reading our shards unchanged."""
+
+from __future__ import annotations
+
+import json
+import tarfile
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import feedpipe
+from feedpipe.formats import sample_key
+from feedpipe.formats.wds import WdsWriter
+from feedpipe.manifest import FileEntry, Manifest
+from feedpipe.schema import ArrayField, BytesField, LabelField, Schema
+
+from conftest import N_PHOTOS, WDS_SHARD_COUNT
+
+SCHEMA = Schema((BytesField("blob"), LabelField("label"), ArrayField("vec", "int32", (3,))))
+
+
+def finish(writer: WdsWriter) -> Path:
+    files, extra = writer.close()
+    root = writer.root
+    Manifest("wds", writer.count, writer.schema, (), tuple(FileEntry.of(root, f) for f in files),
+             {}, (), extra).write(root)
+    return root
+
+
+def sample(i: int, size: int = 100) -> dict:
+    return {"blob": bytes([i % 256]) * size, "label": i, "vec": np.array([i, -i, 7], np.int32)}
+
+
+@pytest.mark.parametrize("key", ["a/b", "..", ".", "a.b", "x.jpg", "", "with space", "back\\slash",
+                                 "nul\x00"])
+def test_writer_rejects_bad_keys(tmp_path, key):
+    w = WdsWriter(tmp_path / "k", SCHEMA)
+    with pytest.raises(ValueError):
+        w.write(sample(0), key=key)
+    assert w.count == 0
+    w.close()
+
+
+def test_writer_rejects_bad_prefix_and_bounds(tmp_path):
+    with pytest.raises(ValueError):
+        WdsWriter(tmp_path / "p", SCHEMA, prefix="my.shards")
+    with pytest.raises(ValueError):
+        WdsWriter(tmp_path / "q", SCHEMA, shard_count=0)
+    with pytest.raises(ValueError):
+        WdsWriter(tmp_path / "r", SCHEMA, shard_size=0)
+
+
+def test_too_long_key_is_rejected_before_any_member_is_written(tmp_path):
+    # ustar member names hold 100 bytes: "<92 chars>.cls" fits, "<92 chars>.blob.bin" does not
+    schema = Schema((LabelField("label"), BytesField("blob")))
+    w = WdsWriter(tmp_path / "long", schema)
+    w.write({"label": 1, "blob": b"x"}, key="a")
+    with pytest.raises(ValueError):
+        w.write({"label": 2, "blob": b"y"}, key="k" * 92)
+    w.write({"label": 3, "blob": b"z"}, key="c")
+    root = finish(w)
+    ds = feedpipe.open_dataset(root)
+    assert len(ds) == 2
+    streamed = list(ds.iter_shard(0))  # no orphan "kkk….cls" member breaking the grouping
+    assert [(k, v["label"]) for k, v in streamed] == [("a", 1), ("c", 3)]
+    with tarfile.open(root / "shard-000000.tar") as tar:
+        assert tar.getnames() == ["a.cls", "a.blob.bin", "c.cls", "c.blob.bin"]
+
+
+def test_custom_keys_name_the_members(tmp_path):
+    w = WdsWriter(tmp_path / "keys", SCHEMA, prefix="train")
+    keys = ["img_001", "IMG-002", "ü_3"]
+    for i, k in enumerate(keys):
+        w.write(sample(i), key=k)
+    root = finish(w)
+    assert sorted(p.name for p in root.glob("*.tar")) == ["train-000000.tar"]
+    with tarfile.open(root / "train-000000.tar") as tar:
+        names = tar.getnames()
+    assert names == [f"{k}.{s}" for k in keys for s in ("blob.bin", "cls", "vec.npy")]
+    ds = feedpipe.open_dataset(root)
+    assert [ds.key(i) for i in range(3)] == keys
+    assert ds[2]["blob"] == sample(2)["blob"] and ds[2]["label"] == 2
+
+
+def test_shards_split_by_count(tmp_path):
+    w = WdsWriter(tmp_path / "c", SCHEMA, shard_count=7)
+    for i in range(30):
+        w.write(sample(i))
+    root = finish(w)
+    ds = feedpipe.open_dataset(root)
+    assert ds.shards == [f"shard-{k:06d}.tar" for k in range(5)]
+    assert [len(r) for r in ds.shard_ranges()] == [7, 7, 7, 7, 2]
+    assert sorted(p.name for p in root.glob("*.tar")) == ds.shards
+    # random access in an order that jumps between shards, back and forth
+    order = [29, 0, 14, 6, 7, 28, 13, 21, 1, 22, 29]
+    for i, s in zip(order, ds.get_batch(order)):
+        assert s["blob"] == sample(i)["blob"] and s["label"] == i
+        assert np.array_equal(s["vec"], sample(i)["vec"])
+    for shard, rng in enumerate(ds.shard_ranges()):
+        streamed = list(ds.iter_shard(shard))
+        assert [k for k, _ in streamed] == [sample_key(i) for i in rng]
+        assert [v["label"] for _, v in streamed] == list(rng)
+
+
+def test_shards_split_by_size(tmp_path):
+    limit = 20_000
+    w = WdsWriter(tmp_path / "s", SCHEMA, shard_size=limit)
+    for i in range(40):
+        w.write(sample(i, size=3000))
+    root = finish(w)
+    ds = feedpipe.open_dataset(root)
+    assert len(ds.shards) >= 6
+    assert sum(len(r) for r in ds.shard_ranges()) == 40
+    for name in ds.shards:
+        # members stay within the bound; tarfile pads the closed archive to a 10 KiB record
+        assert (root / name).stat().st_size <= limit + 10240
+    for i in (39, 0, 20, 5):
+        assert ds[i]["blob"] == sample(i, size=3000)["blob"]
+
+
+def test_oversized_sample_gets_its_own_shard(tmp_path):
+    w = WdsWriter(tmp_path / "o", SCHEMA, shard_size=1)
+    for i in range(3):
+        w.write(sample(i, size=5000))
+    root = finish(w)
+    ds = feedpipe.open_dataset(root)
+    assert len(ds.shards) == 3
+    assert [ds[i]["blob"] for i in range(3)] == [sample(i, size=5000)["blob"] for i in range(3)]
+
+
+def test_session_dataset_spans_shards(packed):
+    ds = feedpipe.open_dataset(packed["wds"])
+    assert len(ds.shards) == -(-N_PHOTOS // WDS_SHARD_COUNT)
+    assert [r.start for r in ds.shard_ranges()] == list(range(0, N_PHOTOS, WDS_SHARD_COUNT))
+
+
+def test_webdataset_library_reads_our_shards(packed, photos):
+    import webdataset
+
+    root = packed["wds"]
+    ds = feedpipe.open_dataset(root)
+    urls = [str(root / s) for s in ds.shards]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = list(webdataset.WebDataset(urls, shardshuffle=False))
+    assert len(got) == N_PHOTOS
+    for i, (s, ph) in enumerate(zip(got, photos)):
+        assert {"__key__", "jpg", "cls", "path.json"} <= set(s)
+        assert s["__key__"] == ds.key(i) == sample_key(i)
+        assert s["jpg"] == ph.path.read_bytes() == ds.read_raw(i)["image"]
+        assert s["cls"] == str(ph.label).encode()
+        assert json.loads(s["path.json"]) == ph.rel
+        assert s["path.json"] == json.dumps(ph.rel, ensure_ascii=False).encode()
