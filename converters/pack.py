@@ -14,23 +14,27 @@ import os
 import re
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
+from dataclasses import fields as dc_fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal
+from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 from feedpipe.codecs import jpeg_complete, jpeg_info
 from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.formats import WRITERS
 from feedpipe.imaging import decode_rgb, encode_rgb, pil_to_rgb
 from feedpipe.manifest import FileEntry, Manifest
-from feedpipe.schema import Field, ImageField, JsonField, LabelField, Schema
+from feedpipe.schema import (Field, ImageField, JsonField, LabelField, MaskField, Schema,
+                             encode_mask_png)
 
-from .sources import Source, SourceItem, scan
+from .sources import Source, SourceItem, attach_masks, scan
+from .targets import BUILTINS, Target, user_target
 
 Store = Literal["passthrough", "reencode", "raw"]
+MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
 Progress = Callable[[int, int], None]
 
 
@@ -43,6 +47,11 @@ class PackOptions:
     codec: Literal["jpeg", "png", "webp"] = "jpeg"
     quality: int = 90
     check: Literal["header", "decode"] = "header"
+    masks: bool = False
+    mask_store: Literal["png", "raw"] = "raw"
+    mask_dtype: Literal["uint8", "uint16"] = "uint8"
+    num_classes: int | None = None
+    targets: tuple[Target, ...] = ()
 
     def __post_init__(self) -> None:
         if self.store not in ("passthrough", "reencode", "raw"):
@@ -59,6 +68,19 @@ class PackOptions:
         sizes = [self.resize] if isinstance(self.resize, int) else list(self.resize or [])
         if any(int(s) <= 0 for s in sizes):
             raise ConfigError(f"resize={self.resize!r}: sizes must be positive")
+        if self.mask_store not in ("png", "raw"):
+            raise ConfigError(f"mask_store={self.mask_store!r}: masks are stored lossless, use "
+                              "'png' or 'raw'")
+        if self.mask_dtype not in ("uint8", "uint16"):
+            raise ConfigError(f"mask_dtype={self.mask_dtype!r}: use 'uint8' or 'uint16'")
+        if self.targets and not self.masks:
+            raise ConfigError("targets are computed from masks: pass masks=DIR (--masks) or a "
+                              "manifest with a 'mask' column")
+        names = [t.name for t in self.targets]
+        clash = set(names) & {"image", "label", "path", "meta", "mask"}
+        if clash or len(set(names)) != len(names):
+            raise ConfigError(f"target names {names} must be unique and not image/label/path/"
+                              "meta/mask")
 
     @property
     def raw_shape(self) -> tuple[int, int, int] | None:
@@ -92,6 +114,7 @@ class ConvertResult:
     bytes_out: int = 0
     seconds: float = 0.0
     splits: dict[str, int] = field(default_factory=dict)
+    unmatched_masks: list[str] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -100,26 +123,80 @@ class ConvertResult:
 
 # --- per-image work (runs in worker processes) --------------------------------------------------
 
-def _resized(img: Image.Image, opts: PackOptions) -> np.ndarray:
-    arr = pil_to_rgb(img)
+def _geometry(w: int, h: int, opts: PackOptions) -> tuple[tuple[int, int], tuple[float, ...]] | None:
+    """Output (W, H) and source box for ``opts.resize``, shared by an image and its mask."""
     if opts.resize is None:
-        return arr
-    h, w = arr.shape[:2]
-    im = Image.fromarray(arr)
+        return None
     if isinstance(opts.resize, tuple):
-        return np.asarray(im.resize(opts.resize, Image.BILINEAR))
+        return opts.resize, (0, 0, w, h)
     s = opts.resize
-    scale = s / min(w, h)
-    nw, nh = max(s, round(w * scale)), max(s, round(h * scale))
     if opts.store == "raw":  # fixed size: shorter side to s, then the center s×s crop
         left, top = (w - min(w, h)) / 2, (h - min(w, h)) / 2
-        return np.asarray(im.resize((s, s), Image.BILINEAR,
-                                    box=(left, top, left + min(w, h), top + min(w, h))))
-    return np.asarray(im.resize((nw, nh), Image.BILINEAR))
+        return (s, s), (left, top, left + min(w, h), top + min(w, h))
+    scale = s / min(w, h)
+    return (max(s, round(w * scale)), max(s, round(h * scale))), (0, 0, w, h)
+
+
+def _resized(img: Image.Image, opts: PackOptions) -> np.ndarray:
+    arr = pil_to_rgb(img)
+    geo = _geometry(arr.shape[1], arr.shape[0], opts)
+    if geo is None:
+        return arr
+    return np.asarray(Image.fromarray(arr).resize(geo[0], Image.BILINEAR, box=geo[1]))
+
+
+def read_mask(path: Path, dtype: str) -> np.ndarray:
+    """A mask file → H×W index array (L/P/1 → uint8 indices, I;16/I → uint16); no colour masks."""
+    with Image.open(path) as im:
+        if im.mode in ("L", "P", "1"):
+            arr = np.asarray(im.convert("L") if im.mode == "1" else im, dtype=np.uint8)
+            if im.mode == "1":
+                arr = (arr > 0).astype(np.uint8)
+        elif im.mode in ("I;16", "I;16B", "I;16L", "I"):
+            arr = np.asarray(im)
+            if arr.size and (arr.min() < 0 or arr.max() > 0xFFFF):
+                raise ValueError("mask indices outside 0..65535")
+        else:
+            raise ValueError(f"mode {im.mode} is not an index mask (colour masks need a palette "
+                             "→ index mapping first; use L, P or 16-bit grey PNGs)")
+    if arr.size and int(arr.max()) > np.iinfo(dtype).max:
+        raise ValueError(f"mask index {int(arr.max())} does not fit {dtype}; pass "
+                         "mask_dtype='uint16' (--mask-dtype uint16)")
+    return np.ascontiguousarray(arr.astype(dtype))
+
+
+def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
+               opts: PackOptions) -> str | None:
+    """Add the mask (and the targets computed from it) to ``values``; a reason if it fails.
+
+    ``size`` is the upright image's (W, H) before any resize; the mask must match it and is then
+    resized like the image (nearest-neighbour), so targets are computed at the stored resolution.
+    """
+    if item.mask is None:
+        return "no mask file matches this image"
+    try:
+        mask = read_mask(item.mask, opts.mask_dtype)
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+        return f"mask {item.mask.name}: {exc}"
+    if (mask.shape[1], mask.shape[0]) != size:
+        return (f"mask {item.mask.name} is {mask.shape[1]}x{mask.shape[0]}, image is "
+                f"{size[0]}x{size[1]}")
+    geo = _geometry(size[0], size[1], opts)
+    if geo is not None:
+        mask = np.asarray(Image.fromarray(mask).resize(geo[0], Image.NEAREST, box=geo[1]),
+                          dtype=mask.dtype)
+    if opts.num_classes is not None and mask.size and int(mask.max()) >= opts.num_classes:
+        return f"mask {item.mask.name}: index {int(mask.max())} >= num_classes {opts.num_classes}"
+    for t in opts.targets:
+        values[t.name] = t.compute(mask, item.rel)  # a failing user target is a bug: it raises
+    values["mask"] = encode_mask_png(mask) if opts.mask_store == "png" else mask
+    values[MASK_MAX_KEY] = int(mask.max()) if mask.size else 0
+    return None
 
 
 def prepare(item: SourceItem, opts: PackOptions) -> tuple[dict[str, Any] | None, str, int]:
-    """Read and check one image; returns (stored values or None, reason or how, input bytes)."""
+    """Read and check one image (and its mask and targets); (stored values or None, reason or
+    how, input bytes)."""
     try:
         data = item.path.read_bytes()
     except OSError as exc:
@@ -128,6 +205,7 @@ def prepare(item: SourceItem, opts: PackOptions) -> tuple[dict[str, Any] | None,
         return None, "empty file", 0
     passthrough = opts.store == "passthrough" and opts.resize is None and opts.codec == "jpeg"
     info = jpeg_info(data) if passthrough else None
+    values: dict[str, Any]
     # plain RGB/grayscale JPEGs in upright orientation are stored byte for byte
     if info is not None and info[2] in (1, 3) and info[3] in (0, 1):
         if not jpeg_complete(data):
@@ -137,18 +215,27 @@ def prepare(item: SourceItem, opts: PackOptions) -> tuple[dict[str, Any] | None,
                 decode_rgb(data, "jpeg")
             except BadInputError as exc:
                 return None, f"corrupt image: {exc.__cause__ or exc}", len(data)
-        return {"image": data}, "passthrough", len(data)
-    try:
-        with Image.open(io.BytesIO(data)) as img:
-            img.load()
-            arr = _resized(img, opts)
-    except UnidentifiedImageError:
-        return None, "not an image (unrecognized format)", len(data)
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        return None, f"corrupt image: {exc}", len(data)
-    if opts.store == "raw":
-        return {"image": np.ascontiguousarray(arr)}, "raw", len(data)
-    return {"image": encode_rgb(arr, opts.codec, opts.quality)}, "reencoded", len(data)
+        values, how, size = {"image": data}, "passthrough", (info[0], info[1])
+    else:
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                img.load()
+                upright = ImageOps.exif_transpose(img)
+                size = upright.size
+                arr = _resized(upright, opts)
+        except UnidentifiedImageError:
+            return None, "not an image (unrecognized format)", len(data)
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+            return None, f"corrupt image: {exc}", len(data)
+        if opts.store == "raw":
+            values, how = {"image": np.ascontiguousarray(arr)}, "raw"
+        else:
+            values, how = {"image": encode_rgb(arr, opts.codec, opts.quality)}, "reencoded"
+    if opts.masks:
+        reason = _with_mask(item, values, size, opts)
+        if reason is not None:
+            return None, reason, len(data)
+    return values, how, len(data)
 
 
 def _prepare_star(args: tuple[SourceItem, PackOptions]) -> tuple[dict[str, Any] | None, str, int]:
@@ -162,15 +249,43 @@ def _worker_init() -> None:
 # --- orchestration ------------------------------------------------------------------------------
 
 def build_schema(source: Source, opts: PackOptions) -> Schema:
-    """image (+ label for labeled sources) + path (+ meta for manifest extras)."""
+    """image (+ label for labeled sources) (+ mask and targets) + path (+ meta for extras)."""
     codec = "raw" if opts.store == "raw" else opts.codec
     fields: list[Field] = [ImageField("image", codec, opts.raw_shape)]
     if source.labeled:
         fields.append(LabelField("label"))
+    if opts.masks:
+        hw = opts.raw_shape[:2] if opts.raw_shape else None
+        fields.append(MaskField("mask", opts.mask_store, opts.mask_dtype, opts.num_classes, hw))
+        for t in opts.targets:
+            f = t.field()
+            if hw is not None:
+                f = replace(f, shape=(*hw, *f.shape[2:]))
+            fields.append(f)
     fields.append(JsonField("path"))
     if source.has_extra:
         fields.append(JsonField("meta"))
     return Schema(tuple(fields))
+
+
+def resolve_targets(targets: Sequence[str | Target] | Mapping[str, Any] | None) -> tuple[Target, ...]:
+    """Built-in names (default parameters), :class:`Target` objects, or {name: function | Target |
+    "module:function"} → the targets to compute."""
+    if not targets:
+        return ()
+    if isinstance(targets, Mapping):
+        return tuple(BUILTINS[v]() if isinstance(v, str) and v in BUILTINS and k == v
+                     else user_target(k, v) for k, v in targets.items())
+    out = []
+    for t in targets:
+        if isinstance(t, Target):
+            out.append(t)
+        elif t in BUILTINS:
+            out.append(BUILTINS[t]())
+        else:
+            raise ConfigError(f"target {t!r}: built-ins are {sorted(BUILTINS)}; pass your own as "
+                              "{name: function} or name=package.module:function")
+    return tuple(out)
 
 
 def split_indices(n: int, val_fraction: float, seed: int) -> np.ndarray:
@@ -186,7 +301,7 @@ def _results(items: list[SourceItem], opts: PackOptions, workers: int
     # Passthrough with header checks is I/O-bound (~6000 images/s in one process here); shipping
     # the bytes through worker pipes costs more than it saves, so only decoding work fans out.
     decodes = opts.store != "passthrough" or opts.resize is not None or opts.codec != "jpeg" \
-        or opts.check == "decode"
+        or opts.check == "decode" or opts.masks
     if workers <= 1 or len(items) < 64 or not decodes:
         yield from (prepare(it, opts) for it in items)
         return
@@ -202,22 +317,31 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
             check: Literal["header", "decode"] = "header", strict: bool = False,
             val_fraction: float = 0.0, seed: int = 0, overwrite: bool = False,
             writer_options: dict[str, Any] | None = None,
-            progress: Progress | None = None) -> ConvertResult:
+            progress: Progress | None = None, masks: str | Path | None = None,
+            mask_store: Literal["png", "raw"] = "raw",
+            mask_dtype: Literal["uint8", "uint16"] = "uint8", num_classes: int | None = None,
+            targets: Sequence[str | Target] | Mapping[str, Any] | None = None) -> ConvertResult:
     """Pack a source (folder, ImageFolder tree or CSV/JSONL manifest) into ``out`` as ``to``.
 
     Bad inputs are skipped and listed (``strict=True`` raises on the first). With
     ``val_fraction`` > 0, ``out/train`` and ``out/val`` are written from a seeded split.
+    Segmentation: ``masks`` (a folder matched by file name, or a manifest's ``mask`` column)
+    adds a lossless ``mask`` field, and ``targets`` (e.g. ``["distance_map", "boundary"]``) are
+    computed from each mask in the workers and stored as fields of the same names.
     """
     t0 = time.perf_counter()
     if to not in WRITERS:
         raise ConfigError(f"to={to!r}: use one of {sorted(WRITERS)}")
     if not 0.0 <= val_fraction < 1.0:
         raise ConfigError(f"val_fraction={val_fraction}: use a fraction in [0, 1)")
-    opts = PackOptions(store, resize, codec, quality, check)
     workers = workers if workers is not None else len(os.sched_getaffinity(0))
     if workers < 0:
         raise ConfigError(f"workers={workers}: use 0 or 1 for in-process, or a positive count")
     source = src if isinstance(src, Source) else scan(src)
+    if masks is not None:
+        source = attach_masks(source, masks)
+    opts = PackOptions(store, resize, codec, quality, check, source.masked, mask_store,
+                       mask_dtype, num_classes, resolve_targets(targets))
     out = Path(out)
     if out.exists() and not overwrite:
         raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
@@ -234,7 +358,9 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
                for name, path in splits.items()}
     skipped: dict[str, list[dict[str, str]]] = {name: [] for name in splits}
     labeled, has_extra = source.labeled, source.has_extra
-    result = ConvertResult(out, ignored=len(source.ignored))
+    result = ConvertResult(out, ignored=len(source.ignored),
+                           unmatched_masks=list(source.unmatched_masks))
+    mask_max = -1
     try:
         for k, (values, how, nbytes) in enumerate(_results(items, opts, workers)):
             item = items[k]
@@ -245,6 +371,7 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
                     raise BadInputError(f"{item.path}: {how}")
                 skipped[split].append({"path": item.rel, "reason": how})
             else:
+                mask_max = max(mask_max, values.pop(MASK_MAX_KEY, -1))
                 if labeled:
                     values["label"] = item.label
                 values["path"] = item.rel
@@ -257,7 +384,17 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
                 progress(k + 1, len(items))
         conversion = {"source": str(source.root), "source_kind": source.kind,
                       "inputs": len(items), "ignored_non_images": len(source.ignored),
-                      "val_fraction": val_fraction, "seed": seed, **asdict(opts)}
+                      "val_fraction": val_fraction, "seed": seed,
+                      **{f.name: getattr(opts, f.name) for f in dc_fields(opts)
+                         if f.name != "targets"},
+                      "targets": {t.name: {"target": t.spec or t.name, **t.params}
+                                  for t in opts.targets}}
+        if source.masked:
+            conversion["masks"] = str(masks) if masks is not None else "manifest column 'mask'"
+            conversion["masks_without_images"] = list(source.unmatched_masks)
+            if num_classes is None and mask_max >= 0:  # record what the masks hold
+                schema = Schema(tuple(replace(f, num_classes=mask_max + 1)
+                                      if isinstance(f, MaskField) else f for f in schema))
         for name, writer in writers.items():
             files, extra = writer.close()
             root = splits[name]

@@ -17,12 +17,14 @@ IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".webp", ".bmp", ".tif"
 
 @dataclass(frozen=True)
 class SourceItem:
-    """One input image: where it is, its path relative to the source root, its label, extras."""
+    """One input image: where it is, its path relative to the source root, its label, extras,
+    and its mask file (segmentation sources)."""
 
     path: Path
     rel: str
     label: int = -1
     extra: dict[str, Any] | None = None
+    mask: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,8 @@ class Source:
     items: tuple[SourceItem, ...]
     classes: tuple[str, ...] = ()
     ignored: tuple[str, ...] = field(default_factory=tuple)
+    masked: bool = False  # a segmentation source: every item should have a mask
+    unmatched_masks: tuple[str, ...] = ()  # mask files that no image matched
 
     @property
     def labeled(self) -> bool:
@@ -115,11 +119,45 @@ def _scan_manifest(path: Path) -> Source:
         else:
             classes = tuple(sorted({str(lab) for lab in present}))
             to_int = {lab: classes.index(str(lab)) for lab in present}
+    masked = any(r.get("mask") not in (None, "") for r in rows)
     items = []
     for r in rows:
         rel = str(r["path"])
-        extra = {k: v for k, v in r.items() if k not in ("path", "label")}
+        extra = {k: v for k, v in r.items() if k not in ("path", "label", "mask")}
         lab = r.get("label")
+        mask = path.parent / str(r["mask"]) if r.get("mask") not in (None, "") else None
         items.append(SourceItem((path.parent / rel), rel,
-                                to_int[lab] if lab not in (None, "") else -1, extra or None))
-    return Source(path.parent, "manifest", tuple(items), classes, ())
+                                to_int[lab] if lab not in (None, "") else -1, extra or None, mask))
+    return Source(path.parent, "manifest", tuple(items), classes, (), masked)
+
+
+def attach_masks(source: Source, masks: str | Path) -> Source:
+    """Pair each image with the mask file of the same name in ``masks`` (any image extension).
+
+    A mask matches by its path relative to ``masks`` without extension (``cls/a.jpg`` ↔
+    ``cls/a.png``), else by file stem when exactly one mask has that stem (a flat mask folder for
+    an ImageFolder tree). Images without a mask are kept and later skipped with that reason;
+    masks without an image are listed in ``unmatched_masks``.
+    """
+    root = Path(masks)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{root}: mask folder does not exist")
+    files = [p for p in _files(root) if p.suffix.lower() in IMAGE_EXTS
+             and not any(part.startswith(".") for part in p.relative_to(root).parts)]
+    by_rel: dict[str, Path] = {}
+    by_stem: dict[str, list[Path]] = {}
+    for p in files:
+        by_rel[p.relative_to(root).with_suffix("").as_posix()] = p
+        by_stem.setdefault(p.stem, []).append(p)
+    used: set[Path] = set()
+    items = []
+    for it in source.items:
+        rel = Path(it.rel).with_suffix("").as_posix()
+        stem = by_stem.get(Path(it.rel).stem, [])
+        m = by_rel.get(rel) or (stem[0] if len(stem) == 1 else None)
+        if m is not None:
+            used.add(m)
+        items.append(SourceItem(it.path, it.rel, it.label, it.extra, m))
+    unmatched = tuple(p.relative_to(root).as_posix() for p in files if p not in used)
+    return Source(source.root, source.kind, tuple(items), source.classes, source.ignored, True,
+                  unmatched)

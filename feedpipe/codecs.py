@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import io
+import re
 import struct
 from typing import Sequence
 
@@ -45,6 +46,10 @@ def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, np.dtype
     return out.getvalue(), np.dtype(dtype), tuple(shape)
 
 
+_NPY_HEADER = re.compile(r"\{'descr': '([<>|=][a-zA-Z]\d*)', 'fortran_order': (False|True), "
+                         r"'shape': \(([\d, ]*)\), \}\s*\Z")
+
+
 def npy_decode(buf: Buffer, what: str = "array",
                expected: tuple[bytes, np.dtype, tuple[int, ...]] | None = None) -> np.ndarray:
     """Parse npy bytes into an array that views ``buf`` (zero-copy, read-only).
@@ -70,8 +75,13 @@ def npy_decode(buf: Buffer, what: str = "array",
             raise CorruptRecordError(f"{what}: unsupported npy version {major}")
         try:
             text = bytes(mv[offset - hlen: offset]).decode("latin1")
-            d = ast.literal_eval(text)  # literals only: never executes code
-            hdr = (tuple(d["shape"]), bool(d["fortran_order"]), np.dtype(d["descr"]))
+            m = _NPY_HEADER.match(text)  # the canonical header numpy writes: no literal parsing
+            if m is not None:
+                hdr = (tuple(int(d) for d in m[3].split(",") if d.strip()), m[2] == "True",
+                       np.dtype(m[1]))
+            else:
+                d = ast.literal_eval(text)  # literals only: never executes code
+                hdr = (tuple(d["shape"]), bool(d["fortran_order"]), np.dtype(d["descr"]))
         except UnsafeDataError:
             raise
         except Exception as exc:

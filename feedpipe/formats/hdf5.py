@@ -18,7 +18,8 @@ import h5py
 import numpy as np
 
 from ..manifest import Manifest
-from ..schema import ArrayField, BytesField, Field, ImageField, JsonField, LabelField, Schema
+from ..schema import (ArrayField, BytesField, Field, ImageField, JsonField, LabelField, MaskField,
+                      Schema)
 from .base import DatasetReader, DatasetWriter, Visitor
 
 FILE_NAME = "data.h5"
@@ -27,7 +28,7 @@ Compression = Literal["lzf", "gzip"] | None
 
 
 def _fixed_shape(f: Field) -> tuple[int, ...] | None:
-    if isinstance(f, ImageField) and f.codec == "raw":
+    if isinstance(f, (ImageField, MaskField)) and f.codec == "raw":
         return f.shape
     if isinstance(f, ArrayField) and f.fixed:
         return f.shape  # type: ignore[return-value]
@@ -35,7 +36,15 @@ def _fixed_shape(f: Field) -> tuple[int, ...] | None:
 
 
 def _vlen_base(f: Field) -> np.dtype:
-    return np.dtype(f.dtype) if isinstance(f, ArrayField) else np.dtype(np.uint8)
+    if isinstance(f, ArrayField) or (isinstance(f, MaskField) and f.codec == "raw"):
+        return np.dtype(f.dtype)
+    return np.dtype(np.uint8)
+
+
+def _encoded(f: Field) -> bool:
+    """Fields stored as opaque encoded bytes (no shape companion)."""
+    return isinstance(f, BytesField) or (isinstance(f, (ImageField, MaskField))
+                                         and f.codec != "raw")
 
 
 _MAX_NDIM = 8
@@ -77,9 +86,8 @@ class Hdf5Writer(DatasetWriter):
         else:  # encoded image, bytes, variable-shape array or raw image
             self._file.create_dataset(f.name, shape=(0,), maxshape=(None,), chunks=(256,),
                                       dtype=h5py.vlen_dtype(_vlen_base(f)))
-            if not isinstance(f, BytesField) and not (isinstance(f, ImageField)
-                                                      and f.codec != "raw"):
-                w = 3 if isinstance(f, ImageField) else _shape_width(f)
+            if not _encoded(f):
+                w = {ImageField: 3, MaskField: 2}.get(type(f)) or _shape_width(f)
                 self._file.create_dataset(f"{f.name}__shape", shape=(0, w), maxshape=(None, w),
                                           chunks=(1024, w), dtype=np.int64)
 

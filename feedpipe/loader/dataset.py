@@ -16,9 +16,10 @@ import torch
 
 from ..errors import ConfigError, CorruptRecordError
 from ..formats import DatasetReader
-from ..schema import ArrayField, Field, ImageField, LabelField
+from ..schema import ArrayField, Field, ImageField, LabelField, MaskField, TargetField, \
+    decode_mask_png
 from ..sharding import rng_for
-from .transforms import ImageOp
+from .transforms import Geometry, ImageOp
 
 log = logging.getLogger(__name__)
 SKIPPED_KEY = "_feedpipe_skipped"
@@ -50,6 +51,26 @@ class SlotRef:
 class _Column:
     field: Field
     shape: tuple[int, ...] | None  # per-sample shape when the column stacks into one array
+    dtype: np.dtype | None = None  # batch dtype of a stacked column
+
+    @property
+    def spatial(self) -> bool:
+        """Follows the image's geometry (crop, resize, flip)."""
+        return isinstance(self.field, (MaskField, TargetField))
+
+
+def _torch_int(dt: np.dtype) -> np.dtype:
+    """uint8 stays; wider unsigned ints become int32 (torch has no general uint16 before 2.3)."""
+    return dt if dt == np.uint8 or dt.kind == "i" else np.dtype(np.int32)
+
+
+def target_batch_dtype(f: TargetField) -> np.dtype:
+    """Batch dtype of a target: label-like integer targets keep theirs (uint16 → int32);
+    resampled values travel as float16 when stored float16 (half the bytes between processes),
+    else float32."""
+    if f.interp == "nearest" and not f.quantized and np.dtype(f.dtype).kind in "ui":
+        return _torch_int(np.dtype(f.dtype))
+    return np.dtype(np.float16) if np.dtype(f.dtype) == np.float16 else np.dtype(np.float32)
 
 
 class BatchDataset(torch.utils.data.Dataset):
@@ -64,6 +85,7 @@ class BatchDataset(torch.utils.data.Dataset):
                 raise ConfigError(f"fields: {name!r} is not in the dataset; it has "
                                   f"{reader.schema.names}")
             f = reader.schema[name]
+            dtype: np.dtype | None = None
             if isinstance(f, ImageField):
                 shape = (*op.size, 3) if op.size else f.shape
                 if shape is None:
@@ -72,13 +94,26 @@ class BatchDataset(torch.utils.data.Dataset):
                 if op.crop == "none" and f.shape and op.size and f.shape[:2] != op.size:
                     raise ConfigError(f"crop='none' but stored images are {f.shape[:2]}, not "
                                       f"size={op.size}; choose crop='resize' or 'center_crop'")
+                dtype = np.dtype(np.uint8)
+            elif isinstance(f, (MaskField, TargetField)):
+                hw = op.size or (tuple(f.shape[:2]) if f.shape and None not in f.shape[:2]
+                                 else None)
+                if hw is None:
+                    raise ConfigError(f"field {name!r} varies in size with the images: pass "
+                                      "size=(H, W) (or an int) to batch it")
+                extra = f.shape[2:] if isinstance(f, TargetField) else ()
+                shape = (*hw, *extra)  # type: ignore[arg-type]
+                dtype = _torch_int(np.dtype(f.dtype)) if isinstance(f, MaskField) \
+                    else target_batch_dtype(f)
             elif isinstance(f, LabelField):
-                shape = ()
+                shape, dtype = (), np.dtype(np.int64)
             elif isinstance(f, ArrayField) and f.fixed:
-                shape = f.shape  # type: ignore[assignment]
+                shape, dtype = f.shape, np.dtype(f.dtype)  # type: ignore[assignment]
             else:
                 shape = None
-            self.columns.append(_Column(f, shape))
+            self.columns.append(_Column(f, shape, dtype))
+        # the image goes first: its decode fixes the geometry the masks and targets follow
+        self.columns.sort(key=lambda c: not isinstance(c.field, ImageField))
         self.names = [c.field.name for c in self.columns]
         # shared-memory output ring (set by the torch backend when workers run): reusing these
         # pages avoids faulting in a fresh shared-memory segment for every batch
@@ -99,21 +134,27 @@ class BatchDataset(torch.utils.data.Dataset):
                 out[col.field.name] = [None] * n
             elif req.slot >= 0 and col.field.name in self.slots:
                 out[col.field.name] = self.slots[col.field.name][req.slot, :n]
-            elif isinstance(col.field, LabelField):
-                out[col.field.name] = torch.empty(n, dtype=torch.int64)
             else:
-                dt = torch.uint8 if isinstance(col.field, ImageField) else \
-                    torch.from_numpy(np.empty(0, col.field.dtype)).dtype  # type: ignore[attr-defined]
-                out[col.field.name] = torch.empty((n, *col.shape), dtype=dt)
+                out[col.field.name] = torch.from_numpy(np.empty((n, *col.shape), col.dtype))
         views = {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
         rng = rng_for(self.seed, req.epoch, req.rank, req.number) if self.op.random else None
 
         def fill(pos: int, stored: dict[str, Any], index: int) -> None:
+            geo: Geometry | None = None
             for col in self.columns:  # the hot loop: error context is built only on failure
                 name, f = col.field.name, col.field
                 try:
                     if isinstance(f, ImageField):
-                        self.op.apply(stored[name], f.codec, views[name][pos], rng, name)
+                        geo = self.op.apply(stored[name], f.codec, views[name][pos], rng, name)
+                    elif isinstance(f, MaskField):
+                        m = stored[name]
+                        m = decode_mask_png(m, name) if f.codec == "png" else m
+                        geo = geo or self.op.plan(m.shape[0], m.shape[1], rng)
+                        self.op.apply_mask(m, geo, views[name][pos], name)
+                    elif isinstance(f, TargetField):
+                        t = stored[name]
+                        geo = geo or self.op.plan(t.shape[0], t.shape[1], rng)
+                        self.op.apply_target(t, f, geo, views[name][pos], name)
                     elif name in views:
                         views[name][pos] = stored[name]
                     else:

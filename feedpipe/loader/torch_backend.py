@@ -40,15 +40,15 @@ class SlotRing:
     releases it once the batch has been copied out (pinned/device memory, or a new tensor).
     """
 
-    def __init__(self, shapes: dict[str, tuple[int, ...]], count: int) -> None:
+    def __init__(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]], count: int) -> None:
         self.count = count
-        self.tensors = {name: torch.empty((count, *shape), dtype=torch.uint8).share_memory_()
-                        for name, shape in shapes.items()}
+        self.tensors = {name: torch.from_numpy(np.empty((count, *shape), dtype)).share_memory_()
+                        for name, (shape, dtype) in shapes.items()}
         self._free: deque[int] = deque(range(count))
 
     @staticmethod
-    def nbytes(shapes: dict[str, tuple[int, ...]], count: int) -> int:
-        return count * sum(int(np.prod(s)) for s in shapes.values())
+    def nbytes(shapes: dict[str, tuple[tuple[int, ...], np.dtype]], count: int) -> int:
+        return count * sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes.values())
 
     def acquire(self) -> int:
         """A free slot, or -1 when all are in flight (the worker then allocates a fresh buffer)."""
@@ -114,6 +114,7 @@ class DeviceStage:
     def __init__(self, cfg: LoaderConfig, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
         self.image_fields: tuple[str, ...] = ()
+        self.float_fields: tuple[str, ...] = ()  # targets resampled as values: float32 out
         self.release: Callable[[int], None] = lambda slot: None
         self.dtype = getattr(torch, cfg.dtype)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -125,25 +126,37 @@ class DeviceStage:
     def convert(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Copy (non_blocking from pinned memory) and convert one batch; runs on self.stream.
 
-        Ring-slot images are copied out first (into cached pinned memory for CUDA, into a new
-        tensor for uint8 on CPU) so the slot can be recycled right away.
+        Ring-slot tensors are copied out first (into cached pinned memory for CUDA, into a new
+        tensor on CPU unless the conversion makes one anyway) so the slot can be recycled right
+        away. Float targets become float32; masks arrive as batched (uint8, or int32 for uint16
+        masks: call ``.long()`` for ``cross_entropy``, as with DALI or torchvision).
         """
         slot = batch.pop(SLOT_KEY, -1)
         out = {}
         for k, v in batch.items():
             if isinstance(v, torch.Tensor):
-                if slot >= 0 and k in self.image_fields:
+                if slot >= 0 and k in self.ring_fields:
                     if self.device.type == "cuda":
                         v = v.pin_memory()
-                    elif self.cfg.dtype == "uint8":
+                    elif not self._converts(k, v):
                         v = v.clone()
                 v = v.to(self.device, non_blocking=True)
                 if k in self.image_fields:
                     v = self._image(v)
+                elif k in self.float_fields:
+                    v = v.float()
             out[k] = v
         if slot >= 0:
             self.release(slot)
         return out
+
+    ring_fields: tuple[str, ...] = ()
+
+    def _converts(self, name: str, v: torch.Tensor) -> bool:
+        """Whether converting ``name`` on this device already yields a new tensor."""
+        if name in self.image_fields:
+            return self.cfg.dtype != "uint8"
+        return name in self.float_fields and v.dtype != torch.float32
 
     def _image(self, x: torch.Tensor) -> torch.Tensor:
         x = x.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last for free
@@ -193,8 +206,10 @@ class TorchLoader:
         self.sampler = PlanSampler(reader, cfg, world)
         self.stage = DeviceStage(cfg, device)
         self.ring: SlotRing | None = None
-        self.stage.image_fields = tuple(c.field.name for c in self.dataset.columns
-                                        if c.field.kind == "image")
+        cols = self.dataset.columns
+        self.stage.image_fields = tuple(c.field.name for c in cols if c.field.kind == "image")
+        self.stage.float_fields = tuple(c.field.name for c in cols if c.field.kind == "target"
+                                        and c.dtype is not None and c.dtype.kind == "f")
         kwargs: dict[str, Any] = {}
         if cfg.num_workers:
             kwargs = dict(prefetch_factor=cfg.prefetch_factor,
@@ -211,8 +226,8 @@ class TorchLoader:
         self.skipped: list[str] = []
 
     def _attach_ring(self, cfg: LoaderConfig) -> None:
-        shapes = {c.field.name: (cfg.batch_size, *c.shape) for c in self.dataset.columns
-                  if c.field.kind == "image" and c.shape is not None}
+        shapes = {c.field.name: ((cfg.batch_size, *c.shape), c.dtype) for c in self.dataset.columns
+                  if (c.field.kind == "image" or c.spatial) and c.shape is not None}
         count = int(cfg.num_workers) * int(cfg.prefetch_factor) + 2
         need = SlotRing.nbytes(shapes, count)
         try:
@@ -228,6 +243,7 @@ class TorchLoader:
         self.dataset.slots = self.ring.tensors
         self.sampler.ring = self.ring
         self.stage.release = self.ring.release
+        self.stage.ring_fields = tuple(shapes)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
