@@ -24,7 +24,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Result, measure, save  # noqa: E402
+from harness import Result, drain, measure, one_thread, save  # noqa: E402
 
 import feedpipe  # noqa: E402
 from converters import convert, scan  # noqa: E402
@@ -60,17 +60,6 @@ class ImageFolderDataset(Dataset):
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         path, label = self.items[i]
         return torch.from_numpy(pil_center_crop(path)).permute(2, 0, 1), label
-
-
-def _one_thread(_: int) -> None:
-    torch.set_num_threads(1)
-
-
-def drain(loader: object) -> int:
-    n = 0
-    for batch in loader:
-        n += len(batch["image"] if isinstance(batch, dict) else batch[0])
-    return n
 
 
 def single_core_rate(blobs: list[bytes], fn: object) -> Result:
@@ -155,7 +144,7 @@ def main() -> None:
     results.append(measure("naive DataLoader (workers=0), loose JPEG",
                            lambda: drain(naive)))
     tuned = DataLoader(folder, batch_size=BATCH, shuffle=True, num_workers=cores,
-                       persistent_workers=True, prefetch_factor=4, worker_init_fn=_one_thread)
+                       persistent_workers=True, prefetch_factor=4, worker_init_fn=one_thread)
     results.append(measure(f"hand-tuned DataLoader (workers={cores}), loose JPEG",
                            lambda: drain(tuned)))
     for name, path in packed.items():

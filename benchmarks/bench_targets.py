@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Result, measure, save  # noqa: E402
+from harness import Result, drain, measure, one_thread, save  # noqa: E402
 
 import feedpipe  # noqa: E402
 from converters import convert, make_distance_map  # noqa: E402
@@ -54,17 +54,6 @@ class OnTheFly(Dataset):
         self.op.apply_mask(self.ds.schema["mask"].to_user(raw["mask"], "mask"), geo, mask, "mask")
         dist = distance_map(mask, signed=True, truncate=TRUNCATE)
         return torch.from_numpy(img), torch.from_numpy(mask), torch.from_numpy(dist)
-
-
-def _one_thread(_: int) -> None:
-    torch.set_num_threads(1)
-
-
-def drain(loader: object) -> int:
-    n = 0
-    for batch in loader:
-        n += len(batch["image"] if isinstance(batch, dict) else batch[0])
-    return n
 
 
 def main() -> None:
@@ -124,7 +113,7 @@ def main() -> None:
     seg = feedpipe.make_loader(packed, BATCH, size=SIZE, fields=["image", "mask", "distance_map"],
                                dtype="uint8", device="cpu", num_workers=cores)
     fly = DataLoader(OnTheFly(packed), batch_size=BATCH, shuffle=True, num_workers=cores,
-                     persistent_workers=True, prefetch_factor=4, worker_init_fn=_one_thread)
+                     persistent_workers=True, prefetch_factor=4, worker_init_fn=one_thread)
     results.append(measure("make_loader image only", lambda: drain(only)))
     results.append(measure("make_loader image+mask+distance_map (precomputed)",
                            lambda: drain(seg)))

@@ -40,6 +40,21 @@ def measure(name: str, run: Callable[[], int], *, repeats: int = 3, warmup: int 
     return res
 
 
+def one_thread(_: int = 0) -> None:
+    """DataLoader ``worker_init_fn``: one torch thread per worker, as feedpipe's own workers."""
+    import torch
+
+    torch.set_num_threads(1)
+
+
+def drain(loader: object) -> int:
+    """Iterate one epoch of a loader yielding dicts or tuples; returns the samples seen."""
+    n = 0
+    for batch in loader:  # type: ignore[attr-defined]
+        n += len(batch["image"] if isinstance(batch, dict) else batch[0])
+    return n
+
+
 def machine() -> dict[str, object]:
     """CPU model, usable cores and library versions, recorded with every result."""
     import numpy
