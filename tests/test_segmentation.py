@@ -13,7 +13,6 @@ import json
 import math
 import os
 import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from feedpipe.schema import MaskField, TargetField
 import seg_helpers
 from conftest import FORMATS
 from fp_helpers import CLI, cli_main
-from seg_helpers import (PALETTE, PID_DIR_ENV, nearest_class, nearest_matches, paint,
+from seg_helpers import (PID_DIR_ENV, nearest_class, nearest_matches, paint,
                          read_mask_file, uniform_within, user_target_expected, write_shapes)
 
 TESTS = Path(__file__).resolve().parent
@@ -137,8 +136,6 @@ def test_masks_and_targets_stored(jpg_packed, shapes_jpg, fmt):
     assert seen == sorted(p.name for p in images.iterdir())
 
 
-
-
 @pytest.mark.parametrize("mask_store,mask_dtype", [
     ("raw", "uint8"), ("png", "uint8"), ("raw", "uint16"), ("png", "uint16"),
 ])
@@ -187,7 +184,9 @@ def test_mask_storage_is_lossless(tmp_path, fmt, mask_store, mask_dtype):
     ld = feedpipe.make_loader(tmp_path / "o", 5, size=(12, 20), crop="resize", shuffle=False,
                               fields=["mask", "path"], num_workers=0, **U8)
     (b,) = list(ld)
-    assert not torch.is_floating_point(b["mask"]) and b["mask"].shape == (5, 12, 20)
+    # documented batch dtypes: uint8 masks stay uint8, uint16 masks travel as int32
+    assert b["mask"].dtype == {"uint8": torch.uint8, "uint16": torch.int32}[mask_dtype]
+    assert b["mask"].shape == (5, 12, 20)
     assert int(b["mask"].max()) == top
     for k, p in enumerate(b["path"]):
         m = want[p]
@@ -346,6 +345,7 @@ def test_resize_keeps_image_mask_and_targets_aligned(tmp_path, shapes_jpg, fmt, 
 
 
 def test_resize_uint16_masks(tmp_path):
+    """uint16 masks (indices > 255) are resized nearest with the image, values kept."""
     images, masks = tmp_path / "im", tmp_path / "mk"
     images.mkdir()
     masks.mkdir()
@@ -357,6 +357,8 @@ def test_resize_uint16_masks(tmp_path):
             mask_dtype="uint16", store="raw", resize=16)
     got = feedpipe.open_dataset(tmp_path / "o")[0]["mask"]
     assert got.dtype == np.uint16 and got.shape == (16, 16) and set(np.unique(got)) == {0, 1000}
+    side = Fraction(30)  # the centre 30×30 square of the 40×30 mask
+    assert nearest_matches(got, m, ((40 - side) / 2, Fraction(0), side, side)).all()
 
 
 def test_exif_rotated_image_pairs_with_its_upright_mask(tmp_path):
@@ -504,7 +506,7 @@ def test_random_crops_keep_image_mask_and_targets_aligned(jpg_packed, fmt, worke
     batches = list(ld) + list(ld)  # two epochs: 24 different crops
     b0 = batches[0]
     assert b0["image"].shape == (5, 3, 24, 24) and b0["image"].dtype == torch.uint8
-    assert b0["mask"].shape == (5, 24, 24) and not torch.is_floating_point(b0["mask"])
+    assert b0["mask"].shape == (5, 24, 24) and b0["mask"].dtype == torch.uint8
     assert b0["distance_map"].shape == (5, 24, 24) and b0["distance_map"].dtype == torch.float32
     assert b0["dm_s"].dtype == torch.float32
     assert b0["dm_pc"].shape == (5, 24, 24, 3) and b0["dm_pc"].dtype == torch.float32

@@ -1,6 +1,6 @@
-"""Targets computed from masks (converters.targets): distance maps and boundaries against brute-force
-references written from the module's definitions, their storage (float16 / quantized uint8/uint16)
-round trips, and parameter validation."""
+"""Targets computed from masks (converters.targets): distance maps and boundaries against
+brute-force references written from the module's definitions, their storage (float16 / quantized
+uint8/uint16) round trips, and parameter validation."""
 
 from __future__ import annotations
 
@@ -166,7 +166,8 @@ def test_float16_storage_round_trip(mask, signed, per_class, truncate, normalize
     stored = t.compute(mask, "m")
     assert stored.dtype == np.float16
     f = t.field()
-    assert isinstance(f, TargetField) and not f.quantized and f.channels == (3 if per_class else None)
+    assert isinstance(f, TargetField) and not f.quantized
+    assert f.channels == (3 if per_class else None)
     f = field_from_json(f.to_json())  # as a reader sees it
     got = f.to_user(stored, "m")
     assert got.dtype == np.float32 and got.shape == stored.shape
@@ -274,7 +275,8 @@ def test_bad_parameters_are_config_errors(make):
 
 
 def test_bounded_quantized_configurations_are_accepted():
-    assert make_distance_map(dtype="uint8", truncate=5.0).scale_offset == pytest.approx((5 / 255, 0))
+    assert make_distance_map(dtype="uint8", truncate=5.0).scale_offset == \
+        pytest.approx((5 / 255, 0))
     assert make_distance_map(dtype="uint16", normalize=True, signed=True).scale_offset == \
         pytest.approx((2 / 65535, -1.0))
     t = make_distance_map(per_class=True, num_classes=3, truncate=4.0, signed=True)
