@@ -135,8 +135,8 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
     """Pair each image with the mask file of the same name in ``masks`` (any image extension).
 
     A mask matches by its path relative to ``masks`` without extension (``cls/a.jpg`` ↔
-    ``cls/a.png``), else by file stem when exactly one mask has that stem (a flat mask folder for
-    an ImageFolder tree). Images without a mask are kept and later skipped with that reason;
+    ``cls/a.png``), else by file stem when exactly one mask and one image have that stem (a flat
+    mask folder for an ImageFolder tree). Images without a mask are kept and later skipped with that reason;
     masks without an image are listed in ``unmatched_masks``.
     """
     root = Path(masks)
@@ -149,12 +149,17 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
     for p in files:
         by_rel[p.relative_to(root).with_suffix("").as_posix()] = p
         by_stem.setdefault(p.stem, []).append(p)
+    image_stems: dict[str, int] = {}
+    for it in source.items:
+        image_stems[Path(it.rel).stem] = image_stems.get(Path(it.rel).stem, 0) + 1
     used: set[Path] = set()
     items = []
     for it in source.items:
         rel = Path(it.rel).with_suffix("").as_posix()
-        stem = by_stem.get(Path(it.rel).stem, [])
-        m = by_rel.get(rel) or (stem[0] if len(stem) == 1 else None)
+        name = Path(it.rel).stem
+        stem = by_stem.get(name, [])
+        # by stem only when it is unique on both sides: one mask must never serve two images
+        m = by_rel.get(rel) or (stem[0] if len(stem) == 1 and image_stems[name] == 1 else None)
         if m is not None:
             used.add(m)
         items.append(SourceItem(it.path, it.rel, it.label, it.extra, m))

@@ -231,6 +231,23 @@ def test_pairing_by_relative_path_then_unique_stem(tmp_path, capsys):
     assert "mask: raw, uint8, 3 classes" in out or "mask: png, uint8, 3 classes" in out
 
 
+def test_one_mask_never_serves_two_images_by_stem(tmp_path):
+    """a/1.jpg and b/1.jpg beside a flat masks/1.png: the stem is ambiguous on the image side, so
+    neither image gets it (both skipped), and the mask is reported unmatched."""
+    images, masks = tmp_path / "images", tmp_path / "masks"
+    for rel in ("a/1.jpg", "b/1.jpg", "b/2.jpg"):
+        (images / rel).parent.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(paint(np.zeros((20, 30), np.uint8))).save(images / rel, quality=95)
+    masks.mkdir()
+    for name in ("1.png", "2.png"):
+        Image.fromarray(np.ones((20, 30), np.uint8)).save(masks / name)
+    res = convert(images, tmp_path / "o", to="lmdb", workers=0, masks=masks)
+    assert res.written == 1
+    assert sorted(s["path"] for s in res.skipped) == ["a/1.jpg", "b/1.jpg"]
+    assert res.unmatched_masks == ["1.png"]
+    assert feedpipe.open_dataset(tmp_path / "o")[0]["path"] == "b/2.jpg"
+
+
 @pytest.mark.parametrize("kind", ["csv", "jsonl"])
 def test_manifest_mask_column(tmp_path, shapes_jpg, kind):
     images, masks = shapes_jpg
