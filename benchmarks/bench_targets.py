@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Result, drain, measure, one_thread, save  # noqa: E402
+from harness import Result, drain, measure, measure_side_by_side, one_thread, save  # noqa: E402
 
 import feedpipe  # noqa: E402
 from converters import convert, make_distance_map  # noqa: E402
@@ -114,10 +114,10 @@ def main() -> None:
                                dtype="uint8", device="cpu", num_workers=cores)
     fly = DataLoader(OnTheFly(packed), batch_size=BATCH, shuffle=True, num_workers=cores,
                      persistent_workers=True, prefetch_factor=4, worker_init_fn=one_thread)
-    results.append(measure("make_loader image only", lambda: drain(only)))
-    results.append(measure("make_loader image+mask+distance_map (precomputed)",
-                           lambda: drain(seg)))
-    results.append(measure("DataLoader image+mask, distance map on the fly", lambda: drain(fly)))
+    results += measure_side_by_side({
+        "make_loader image only": lambda: drain(only),
+        "make_loader image+mask+distance_map (precomputed)": lambda: drain(seg),
+        "DataLoader image+mask, distance map on the fly": lambda: drain(fly)})
     r_only, r_seg, r_fly = (r.rate for r in results[2:])
     cost = 1 - r_seg / r_only
     print(f"\n  precomputed targets cost {100 * cost:.1f}% of image-only throughput (aim < 20%)")

@@ -40,6 +40,26 @@ def measure(name: str, run: Callable[[], int], *, repeats: int = 3, warmup: int 
     return res
 
 
+def measure_side_by_side(runs: dict[str, Callable[[], int]], *, repeats: int = 5,
+                         warmup: int = 1) -> list[Result]:
+    """Time several configurations in interleaved rounds (A B C A B C ...), median per one.
+
+    On a noisy machine a slow spell then hits every configuration alike, so their ratios hold
+    where back-to-back blocks of repeats would credit the noise to whichever ran during it."""
+    for run in runs.values():
+        for _ in range(warmup):
+            run()
+    results = {name: Result(name, 0) for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            t = time.perf_counter()
+            results[name].items = run()
+            results[name].seconds.append(time.perf_counter() - t)
+    for r in results.values():
+        print(f"  {r.name:<44} {r.rate:>10,.0f} /s", flush=True)
+    return list(results.values())
+
+
 def one_thread(_: int = 0) -> None:
     """DataLoader ``worker_init_fn``: one torch thread per worker, as feedpipe's own workers."""
     import torch

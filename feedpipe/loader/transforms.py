@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple
 
 import numpy as np
@@ -223,12 +224,19 @@ def _axis(n_out: int, n_in: int) -> np.ndarray:
     return (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
 
 
+@lru_cache(maxsize=1024)
+def _nearest_index(n_out: int, n_in: int) -> np.ndarray:
+    """Source index of each output pixel for nearest sampling at pixel centres (cached: crops
+    repeat their sizes, and building the index costs as much as using it)."""
+    idx = np.clip(np.floor(_axis(n_out, n_in) + 0.5), 0, n_in - 1).astype(np.intp)
+    idx.flags.writeable = False
+    return idx
+
+
 def _nearest(region: np.ndarray, hw: tuple[int, ...]) -> np.ndarray:
     """Nearest-neighbour resize sampling at pixel centres (the image's geometry, no blending)."""
     h, w = region.shape[:2]
-    rows = np.clip(np.floor(_axis(hw[0], h) + 0.5), 0, h - 1).astype(np.intp)
-    cols = np.clip(np.floor(_axis(hw[1], w) + 0.5), 0, w - 1).astype(np.intp)
-    return region.take(rows, axis=0).take(cols, axis=1)
+    return region.take(_nearest_index(hw[0], h), axis=0).take(_nearest_index(hw[1], w), axis=1)
 
 
 def _as_float(region: np.ndarray) -> torch.Tensor:
