@@ -12,7 +12,6 @@ from typing import Sequence
 import numpy as np
 
 from .errors import ConfigError, FeedpipeError
-from .formats import open_dataset
 from .imaging import decoder_info
 from .manifest import Manifest
 from .schema import MaskField, TargetField
@@ -220,6 +219,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("decoders", help="print which image decoders are active")
     d.set_defaults(func=lambda a: print(json.dumps(decoder_info(), indent=1)) or 0)
+    from . import bench, doctor, monitor
+    monitor.register(sub)
+    bench.register(sub)
+    doctor.register(sub)
+    from . import tune
+    tune.register(sub)
     return p
 
 

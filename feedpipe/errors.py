@@ -33,3 +33,7 @@ class BadInputError(FeedpipeError):
 
 class MissingDependencyError(FeedpipeError, ImportError):
     """An optional dependency is needed for this feature; the message names the pip package."""
+
+
+class GpuUnavailableError(FeedpipeError):
+    """A GPU feature found no usable GPU (no NVIDIA driver loaded, or no device visible)."""

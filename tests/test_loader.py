@@ -17,7 +17,7 @@ import torch
 from PIL import Image
 
 import feedpipe
-from feedpipe.errors import ConfigError, CorruptRecordError, MissingDependencyError
+from feedpipe.errors import ConfigError, CorruptRecordError
 from feedpipe.formats import WRITERS
 from feedpipe.loader.config import auto_workers
 from feedpipe.manifest import FileEntry, Manifest
@@ -221,8 +221,6 @@ def test_config_errors(packed):
             if "size" in kwargs or kwargs.get("crop") == "resize":
                 kw.pop("size", None)
             feedpipe.make_loader(p, **kw)
-    with pytest.raises(MissingDependencyError, match="dali"):
-        feedpipe.make_loader(p, 4, size=32, backend="dali")
 
 
 def test_auto_workers_heuristic(monkeypatch):

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from ..errors import ConfigError, MissingDependencyError
+from ..errors import ConfigError
 from ..formats import DatasetReader, open_dataset
 from ..imaging import decoder_info
 from ..schema import ImageField
 from ..sharding import World
 from .config import LoaderConfig, auto_workers, usable_cores
+from .dali_backend import DaliLoader, choose_backend, dali_loader
+from .device_decode import choose as choose_decoder
 from .torch_backend import TorchLoader
 
 log = logging.getLogger("feedpipe.loader")
@@ -30,7 +33,7 @@ def _device(spec: str | torch.device) -> torch.device:
 
 
 def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
-                **options: Any) -> TorchLoader:
+                **options: Any) -> TorchLoader | DaliLoader:
     """Open ``source`` (a packed dataset path or an opened dataset) and return a batch loader.
 
     Yields dicts of tensors on the target device — ``image`` as N×C×H×W (normalized ``dtype``,
@@ -40,19 +43,31 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
     """
     world = options.pop("world", None) or World.detect()
     cfg = LoaderConfig(batch_size=batch_size, **options)
-    if cfg.backend == "dali":
-        raise MissingDependencyError("backend='dali' is not available yet in this version of "
-                                     "feedpipe; use backend='torch' (or 'auto')")
     reader = source if isinstance(source, DatasetReader) else open_dataset(source)
     device = _device(cfg.device)
     fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
     decodes = any(isinstance(reader.schema[n], ImageField) and reader.schema[n].codec != "raw"
                   for n in fields if n in reader.schema)
+    if cfg.num_workers == "tune":
+        if choose_backend(reader, cfg, device) == "dali":
+            raise ConfigError("num_workers='tune' measures the torch backend's DataLoader "
+                              "workers; with backend 'dali' pass an int or 'auto', or choose "
+                              "backend='torch'")
+        from ..tune import autotune  # a measurement leaf, imported only when asked for
+
+        tuned = autotune(reader, batch_size, world=world,
+                         **{k: v for k, v in options.items() if k != "num_workers"})
+        cfg = replace(cfg, **tuned.loader_options())
+    if choose_backend(reader, cfg, device) == "dali":
+        return dali_loader(reader, cfg, world, device)  # resolves its own "auto" values
     cfg = cfg.resolve(cuda=device.type == "cuda", decodes=decodes)
     log.info("feedpipe loader: %s (%s), %d samples, rank %d/%d, device %s, workers %s, "
              "jpeg decoder %s", reader.root, reader.format_name, len(reader), world.rank,
              world.size, device, cfg.num_workers, decoder_info()["jpeg_decoder"])
-    return TorchLoader(reader, cfg, world, device)
+    jpeg = any(isinstance(reader.schema[n], ImageField) and reader.schema[n].codec == "jpeg"
+               for n in fields if n in reader.schema)
+    return TorchLoader(reader, cfg, world, device, choose_decoder(cfg.decode_on, device, jpeg))
 
 
-__all__ = ["LoaderConfig", "TorchLoader", "auto_workers", "make_loader", "usable_cores"]
+__all__ = ["DaliLoader", "LoaderConfig", "TorchLoader", "auto_workers", "make_loader",
+           "usable_cores"]

@@ -14,8 +14,11 @@ from ..errors import ConfigError
 
 Crop = Literal["resize", "center_crop", "random_resized_crop", "none"]
 Backend = Literal["auto", "torch", "dali"]
+DaliReader = Literal["plan", "webdataset"]
 OnError = Literal["raise", "skip"]
+DecodeOn = Literal["auto", "cpu", "device"]
 Auto = Literal["auto"]
+Tune = Literal["tune"]  # measured by make_loader through feedpipe.tune.autotune
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -43,7 +46,10 @@ class LoaderConfig:
     std: tuple[float, float, float] | None = IMAGENET_STD
     channels_last: bool = True
     backend: Backend = "auto"
-    num_workers: int | Auto = "auto"
+    dali_reader: DaliReader = "plan"   # "webdataset": DALI's own tar reader (its order; opt-in)
+    dali_hw_decoder_load: float = 0.65  # share of JPEGs for the A100/H100 hardware decoder
+    decode_on: DecodeOn = "auto"
+    num_workers: int | Auto | Tune = "auto"
     prefetch_factor: int | Auto = "auto"
     pin_memory: bool | Auto = "auto"
     persistent_workers: bool | Auto = "auto"
@@ -89,10 +95,18 @@ class LoaderConfig:
             bad(f"std={self.std!r}: values must be positive")
         if self.backend not in ("auto", "torch", "dali"):
             bad(f"backend={self.backend!r}: use 'auto', 'torch' or 'dali'")
-        if self.num_workers != "auto" and (not isinstance(self.num_workers, int)
-                                           or self.num_workers < 0):
-            bad(f"num_workers={self.num_workers!r}: use 'auto' or an int >= 0 (0 loads in the "
-                "main process)")
+        if self.dali_reader not in ("plan", "webdataset"):
+            bad(f"dali_reader={self.dali_reader!r}: use 'plan' (feedpipe's order, every format) "
+                "or 'webdataset' (DALI's native tar reader and order, WebDataset only)")
+        if not 0.0 <= self.dali_hw_decoder_load <= 1.0:
+            bad(f"dali_hw_decoder_load={self.dali_hw_decoder_load!r}: use a fraction in [0, 1]")
+        if self.decode_on not in ("auto", "cpu", "device"):
+            bad(f"decode_on={self.decode_on!r}: use 'cpu' (workers decode), 'device' (nvJPEG on "
+                "the CUDA device through torchvision) or 'auto' (device when it can)")
+        if self.num_workers not in ("auto", "tune") and (not isinstance(self.num_workers, int)
+                                                         or self.num_workers < 0):
+            bad(f"num_workers={self.num_workers!r}: use 'auto', 'tune' (measured trials, cached) "
+                "or an int >= 0 (0 loads in the main process)")
         if self.prefetch_factor != "auto" and (not isinstance(self.prefetch_factor, int)
                                                or self.prefetch_factor < 1):
             bad(f"prefetch_factor={self.prefetch_factor!r}: use 'auto' or an int >= 1")
@@ -108,6 +122,9 @@ class LoaderConfig:
 
     def resolve(self, *, cuda: bool, decodes: bool) -> "LoaderConfig":
         """Replace every "auto" with a concrete value (see :func:`auto_workers`)."""
+        if self.num_workers == "tune":
+            raise ConfigError("num_workers='tune' is measured by make_loader (feedpipe.tune."
+                              "autotune) before resolve(); call make_loader, or autotune first")
         workers = auto_workers(decodes) if self.num_workers == "auto" else self.num_workers
         return replace(
             self,

@@ -18,7 +18,9 @@ from ..errors import ConfigError, CorruptRecordError
 from ..formats import DatasetReader
 from ..schema import ArrayField, Field, ImageField, LabelField, MaskField, TargetField, \
     decode_mask_png
+from ..codecs import jpeg_complete, jpeg_info
 from ..sharding import rng_for
+from .device_decode import EncodedBatch
 from .transforms import Geometry, ImageOp
 
 log = logging.getLogger(__name__)
@@ -77,8 +79,10 @@ class BatchDataset(torch.utils.data.Dataset):
     """Reads, decodes and collates whole batches (``__getitems__``) from a format reader."""
 
     def __init__(self, reader: DatasetReader, fields: Sequence[str], op: ImageOp, *, seed: int,
-                 on_error: str) -> None:
+                 on_error: str, encoded_images: bool = False) -> None:
         self.reader, self.op, self.seed, self.on_error = reader, op, seed, on_error
+        # decode on the device: images leave the worker still encoded (see device_decode.py)
+        self.encoded_images = encoded_images
         self.columns: list[_Column] = []
         for name in fields:
             if name not in reader.schema:
@@ -95,6 +99,8 @@ class BatchDataset(torch.utils.data.Dataset):
                     raise ConfigError(f"crop='none' but stored images are {f.shape[:2]}, not "
                                       f"size={op.size}; choose crop='resize' or 'center_crop'")
                 dtype = np.dtype(np.uint8)
+                if encoded_images:
+                    shape = dtype = None
             elif isinstance(f, (MaskField, TargetField)):
                 hw = op.size or (tuple(f.shape[:2]) if f.shape and None not in f.shape[:2]
                                  else None)
@@ -144,7 +150,11 @@ class BatchDataset(torch.utils.data.Dataset):
             for col in self.columns:  # the hot loop: error context is built only on failure
                 name, f = col.field.name, col.field
                 try:
-                    if isinstance(f, ImageField):
+                    if isinstance(f, ImageField) and self.encoded_images:
+                        data = bytes(stored[name])
+                        geo = self._plan_encoded(data, rng, name)
+                        out[name][pos] = (np.frombuffer(data, np.uint8), geo, index)
+                    elif isinstance(f, ImageField):
                         geo = self.op.apply(stored[name], f.codec, views[name][pos], rng, name)
                     elif isinstance(f, MaskField):
                         m = stored[name]
@@ -169,7 +179,11 @@ class BatchDataset(torch.utils.data.Dataset):
         else:
             self._fill_skipping(req, fill, skipped)
         for col in self.columns:  # variable-shape arrays travel as a list of tensors
-            if col.shape is None and isinstance(col.field, ArrayField):
+            if col.shape is None and isinstance(col.field, ImageField):
+                files, geos, idx = zip(*out[col.field.name]) if n else ((), (), ())
+                out[col.field.name] = EncodedBatch.pack(files, [g[:4] for g in geos],
+                                                        [g.flip for g in geos], idx)
+            elif col.shape is None and isinstance(col.field, ArrayField):
                 out[col.field.name] = [torch.from_numpy(np.ascontiguousarray(a))
                                        for a in out[col.field.name]]
         if req.slot >= 0:
@@ -179,6 +193,21 @@ class BatchDataset(torch.utils.data.Dataset):
         if skipped:
             out[SKIPPED_KEY] = skipped
         return out
+
+    def _plan_encoded(self, data: bytes, rng: np.random.Generator | None, what: str) -> Geometry:
+        """The crop box and flip of a still-encoded JPEG, from its header (same random draws as
+        :meth:`ImageOp.apply`, without the DCT-grid snap: the device decodes at full size)."""
+        info = jpeg_info(data)
+        if info is None:
+            raise ValueError(f"{what}: damaged JPEG header")
+        if not jpeg_complete(data):
+            raise ValueError(f"{what}: truncated JPEG (no end-of-image marker)")
+        w, h = info[:2]
+        size = self.op.size
+        if self.op.crop == "none" and size is not None and (h, w) != tuple(size):
+            raise ValueError(f"{what}: image is {w}x{h}, batch is {size[1]}x{size[0]}; pass "
+                             "size=... to resize")
+        return self.op.plan(h, w, rng)
 
     def _fill_skipping(self, req: BatchRequest, fill: Any, skipped: list[str]) -> None:
         """on_error="skip": replace each corrupt sample by a seeded substitute, keeping the size."""

@@ -23,6 +23,7 @@ from ..formats.wds import WdsReader
 from ..sharding import World, plan_batches, rank_streams
 from .config import LoaderConfig
 from .dataset import SKIPPED_KEY, BatchDataset, BatchRequest, SlotRef
+from .device_decode import DeviceDecoder, EncodedBatch
 from .transforms import ImageOp
 
 log = logging.getLogger("feedpipe.loader")
@@ -116,6 +117,8 @@ class DeviceStage:
         self.image_fields: tuple[str, ...] = ()
         self.float_fields: tuple[str, ...] = ()  # targets resampled as values: float32 out
         self.release: Callable[[int], None] = lambda slot: None
+        self.decoder: DeviceDecoder | None = None  # set when JPEGs are decoded on the device
+        self.size: tuple[int, int] | None = cfg.size
         self.dtype = getattr(torch, cfg.dtype)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._mean = self._std = None
@@ -134,7 +137,9 @@ class DeviceStage:
         slot = batch.pop(SLOT_KEY, -1)
         out = {}
         for k, v in batch.items():
-            if isinstance(v, torch.Tensor):
+            if isinstance(v, EncodedBatch):
+                v = self._image(self.decoder(v, self.size))  # type: ignore[misc,arg-type]
+            elif isinstance(v, torch.Tensor):
                 if slot >= 0 and k in self.ring_fields:
                     if self.device.type == "cuda":
                         v = v.pin_memory()
@@ -195,16 +200,22 @@ class TorchLoader:
     """What ``make_loader`` returns for the torch backend: iterate it once per epoch."""
 
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World,
-                 device: torch.device) -> None:
+                 device: torch.device, decoder: DeviceDecoder | None = None) -> None:
         fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
         if not fields:
             raise ValueError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
                              f"from {reader.schema.names}")
         self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
         op = ImageOp(cfg.size, cfg.crop, cfg.scale, cfg.ratio, cfg.flip)
-        self.dataset = BatchDataset(reader, fields, op, seed=cfg.seed, on_error=cfg.on_error)
+        self.dataset = BatchDataset(reader, fields, op, seed=cfg.seed, on_error=cfg.on_error,
+                                    encoded_images=decoder is not None)
         self.sampler = PlanSampler(reader, cfg, world)
         self.stage = DeviceStage(cfg, device)
+        if decoder is not None:
+            decoder.describe = reader.describe
+            self.stage.decoder = decoder
+            self.stage.size = self.stage.size or next(
+                tuple(c.field.shape[:2]) for c in self.dataset.columns if c.field.kind == "image")
         self.ring: SlotRing | None = None
         cols = self.dataset.columns
         self.stage.image_fields = tuple(c.field.name for c in cols if c.field.kind == "image")

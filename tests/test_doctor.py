@@ -1,0 +1,188 @@
+"""feedpipe doctor: checks on simulated bad setups, real dataset facts, a clean run, exit codes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from converters import convert
+from feedpipe import doctor, machine
+from feedpipe.doctor import (GiB, MiB, check_cores, check_dataset, check_decoder, check_gpu,
+                             check_pinned, check_shm, check_threads, dataset_facts, ring_bytes,
+                             run_doctor)
+from fp_helpers import cli_main
+
+N = 72  # conftest.N_PHOTOS
+
+
+def only(findings):
+    assert len(findings) == 1, findings
+    return findings[0]
+
+
+def test_shm_tiny_medium_and_enough():
+    batch = 64 * 224 * 224 * 3
+    tiny = only(check_shm(64 * MiB, batch_size=64, size=224, workers=2))
+    assert tiny.severity == "high" and "--shm-size=1g" in tiny.fix and "bus error" in tiny.title
+    ring = ring_bytes(64, 224, 2)
+    assert ring == 10 * batch
+    mid = only(check_shm(8 * batch + 1, batch_size=64, size=224, workers=2))  # < 2 × ring
+    assert mid.severity == "medium" and "slot ring" in mid.title and "shm-size" in mid.fix
+    assert only(check_shm(2 * ring, batch_size=64, size=224, workers=2)).severity == "ok"
+    assert only(check_shm(None, batch_size=64, size=224, workers=2)).severity == "high"
+    assert only(check_shm(0, batch_size=64, size=224, workers=0)).severity == "ok"
+    big = only(check_shm(MiB, batch_size=512, size=448, workers=16))
+    assert f"--shm-size={-(-2 * ring_bytes(512, 448, 16) // GiB)}g" in big.fix
+
+
+def test_cores_affinity_and_quota():
+    assert only(check_cores(1, 8, None)).severity == "high"
+    part = only(check_cores(4, 8, None))
+    assert part.severity == "medium" and "4 of the machine's 8" in part.title
+    assert "2.0x" in part.gain
+    quota = only(check_cores(8, 8, 2.0))
+    assert quota.severity == "medium" and "num_workers=2" in quota.fix
+    assert only(check_cores(8, 8, None)).severity == "ok"
+    assert only(check_cores(8, 8, 7.8)).severity == "ok"
+
+
+def test_cgroup_quota_and_fs_type_from_files(tmp_path):
+    v2, v1 = tmp_path / "v2", tmp_path / "v1"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("250000 100000\n")
+    assert machine.cgroup_cpu_limit(v2) == 2.5
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert machine.cgroup_cpu_limit(v2) is None
+    (v1 / "cpu").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("150000\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert machine.cgroup_cpu_limit(v1) == 1.5
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert machine.cgroup_cpu_limit(v1) is None
+    assert machine.cgroup_cpu_limit(tmp_path / "none") is None
+    mounts = tmp_path / "mounts"
+    mounts.write_text(f"/dev/a / ext4 rw 0 0\nsrv:/x {tmp_path} nfs4 rw 0 0\n"
+                      f"tmpfs {tmp_path}/ram tmpfs rw 0 0\n")
+    assert machine.fs_type(tmp_path / "data", mounts) == "nfs4"
+    assert machine.fs_type(tmp_path / "ram" / "x", mounts) == "tmpfs"
+    assert machine.fs_type("/usr", mounts) == "ext4"
+
+
+def test_decoder():
+    slow = only(check_decoder({"jpeg_loader_path": "pillow", "jpeg_decoder": "pillow",
+                               "pil": "pillow", "pil_version": "10.0"}))
+    assert slow.severity == "medium" and "simplejpeg" in slow.fix
+    fast = only(check_decoder({"jpeg_loader_path": "simplejpeg+torch",
+                               "jpeg_decoder": "simplejpeg"}))
+    assert fast.severity == "ok"
+
+
+def test_gpu_dali_and_pinned():
+    assert only(check_gpu(False, [], None)).severity == "info"
+    no_dali = only(check_gpu(True, ["H100"], None))
+    assert no_dali.severity == "low" and "nvidia-dali" in no_dali.fix
+    assert only(check_gpu(True, ["H100"], "2.4.0")).severity == "ok"
+    assert check_pinned(False, None) == []
+    bad = only(check_pinned(True, "CUDA error: out of memory"))
+    assert bad.severity == "high" and "memlock" in bad.fix and "out of memory" in bad.title
+    assert only(check_pinned(True, None)).severity == "ok"
+
+
+def test_threads_oversubscription():
+    omp = check_threads({"OMP_NUM_THREADS": "64"}, 1, 8, 7)
+    assert [f.severity for f in omp] == ["medium"] and "OMP_NUM_THREADS=1" in omp[0].fix
+    cpu = only(check_threads({}, 8, 8, 8))
+    assert cpu.severity == "low" and "set_num_threads(1)" in cpu.fix
+    assert only(check_threads({}, 8, 8, 8, cuda=True)).severity == "info"
+    assert only(check_threads({"OMP_NUM_THREADS": "1"}, 1, 8, 7)).severity == "ok"
+
+
+def test_loose_files_are_the_top_finding(photo_dir):
+    facts = dataset_facts(photo_dir)
+    assert (facts.kind, facts.samples, facts.files) == ("folder", N, N)
+    assert facts.total_bytes == sum(p.stat().st_size for p in photo_dir.rglob("*.jpg"))
+    f = only(check_dataset(facts))
+    assert f.severity == "high" and "loose image files" in f.title
+    assert f"feedpipe convert {photo_dir} --to lmdb" in f.fix
+
+
+def test_encoded_vs_raw(packed, photo_dir, tmp_path):
+    enc = dataset_facts(packed["lmdb"])
+    assert (enc.kind, enc.format, enc.codec, enc.samples) == ("packed", "lmdb", "jpeg", N)
+    fits = only(check_dataset(dataclasses.replace(enc, ram_bytes=16 * GiB)))
+    assert fits.severity == "low" and "--store raw --resize 224" in fits.fix
+    assert only(check_dataset(dataclasses.replace(enc, ram_bytes=MiB))).severity == "info"
+    convert(photo_dir, tmp_path / "raw", to="lmdb", store="raw", resize=32, workers=0)
+    raw = dataset_facts(tmp_path / "raw")
+    assert raw.codec == "raw"
+    assert only(check_dataset(dataclasses.replace(raw, ram_bytes=16 * GiB))).severity == "ok"
+    big = only(check_dataset(dataclasses.replace(raw, ram_bytes=raw.total_bytes)))
+    assert big.severity == "medium" and "RAM" in big.title
+
+
+def test_hdf5_compression_small_shards_network_fs(packed, photo_dir, tmp_path):
+    convert(photo_dir, tmp_path / "gz", to="hdf5", workers=0,
+            writer_options={"compression": "gzip"})
+    gz = check_dataset(dataset_facts(tmp_path / "gz"))
+    assert any(f.severity == "medium" and "gzip" in f.title for f in gz)
+    wds = check_dataset(dataset_facts(packed["wds"]))
+    shards = [f for f in wds if "shards" in f.title]
+    assert len(shards) == 1 and "--shard-size" in shards[0].fix
+    nfs = check_dataset(dataclasses.replace(dataset_facts(packed["lmdb"]), fs_type="nfs4"))
+    assert any(f.severity == "medium" and "nfs4" in f.title for f in nfs)
+
+
+def test_clean_run_on_a_packed_dataset(packed):
+    rep = run_doctor(packed["lmdb"], batches=2, batch_size=16, size=64, env={})
+    checks = {f.check for f in rep.findings}
+    assert {"cores", "shm", "decoder", "gpu", "threads", "dataset", "bench"} <= checks
+    assert rep.exit_code == 0 and not any(f.severity == "error" for f in rep.findings)
+    assert [doctor.RANK[f.severity] for f in rep.findings] == \
+        sorted(doctor.RANK[f.severity] for f in rep.findings)
+    assert only([f for f in rep.findings if f.check == "dataset"]).severity in ("low", "info")
+    bench = only([f for f in rep.findings if f.check == "bench"])
+    speedup = rep.bench["speedup_vs_baseline"]
+    assert f"{speedup:.1f}x a default DataLoader" in bench.title
+    assert rep.bench["trials"][0]["batches"] == 2
+
+
+def test_loose_folder_run_packs_a_sample(photo_dir):
+    rep = run_doctor(photo_dir, batches=2, batch_size=16, size=64, env={})
+    assert rep.findings[0].check == "dataset" and rep.findings[0].severity == "high"
+    assert rep.bench["dataset"]["samples"] == 32  # batches × batch size of the images
+    assert "temporary LMDB" in only([f for f in rep.findings if f.check == "bench"]).title
+
+
+def test_failing_check_is_reported_and_exits_1(packed, copy_dataset, capsys):
+    damaged = copy_dataset(packed["wds"], "damaged")
+    for shard in damaged.glob("shard-*.tar"):
+        shard.write_bytes(b"\0" * shard.stat().st_size)  # same size, contents gone
+    rep = run_doctor(damaged, batches=2, batch_size=16, size=64, env={})
+    err = only([f for f in rep.findings if f.severity == "error"])
+    assert err.check == "bench" and rep.exit_code == 1
+    assert rep.findings[0] is err and rep.bench is None
+    rc, out, _ = cli_main(capsys, "doctor", damaged, "--batches", "2", "--batch-size", "16",
+                          "--size", "64")
+    assert rc == 1 and "[ERROR] bench" in out
+
+
+def test_cli_json_and_exit_codes(tmp_path, capsys):
+    rc, out, _ = cli_main(capsys, "doctor", "--json")
+    d = json.loads(out)
+    assert rc == 0 == d["exit_code"] and d["schema_version"] == 1 and d["path"] is None
+    assert {f["check"] for f in d["findings"]} >= {"cores", "shm", "decoder", "gpu", "threads"}
+    assert d["machine"]["cores_usable"] == machine.usable_cores()
+    rc, _, err = cli_main(capsys, "doctor", tmp_path / "nope")
+    assert rc == 2 and "nope" in err
+    (tmp_path / "empty").mkdir()
+    rc, _, err = cli_main(capsys, "doctor", tmp_path / "empty", "--no-bench")
+    assert rc == 2 and "neither a packed feedpipe dataset" in err
+
+
+def test_cli_text_output(packed, capsys):
+    rc, out, _ = cli_main(capsys, "doctor", Path(packed["lmdb"]), "--no-bench")
+    assert rc == 0 and out.startswith("feedpipe doctor: ")
+    assert "[OK] decoder" in out or "[MEDIUM] decoder" in out
+    assert "bench" not in {line.split("]")[1].split(":")[0].strip()
+                           for line in out.splitlines() if line.startswith("[")}

@@ -1,0 +1,334 @@
+"""feedpipe.tune: measured loader autotune (real datasets, real DataLoader workers) and the
+batch-size finder (real models trained on CPU against a memory budget; real 2-rank torchrun)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+from torch import nn
+
+import feedpipe
+from converters import convert
+from feedpipe.cli import main
+from feedpipe.errors import ConfigError
+from feedpipe.loader.config import LoaderConfig, usable_cores
+from feedpipe.tune import BatchTrial, memory, Trial, autotune, choose, find_batch_size, measure, \
+    pick_size, search_batch_size, steady_rate
+
+autotune_mod = importlib.import_module("feedpipe.tune.autotune")  # the package exports the function
+
+OPTS = dict(size=64, device="cpu")
+SAMPLE_BYTES = 64 * 64 * 3 + 8  # a 64×64 uint8 RGB image and an int64 label
+
+
+@pytest.fixture(autouse=True)
+def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Every test gets its own $XDG_CACHE_HOME: nothing is read from or written to ~/.cache."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    return tmp_path / "xdg" / "feedpipe"
+
+
+# -- autotune --------------------------------------------------------------------------------------
+
+def test_steady_rate_excludes_startup_and_shrugs_off_a_disturbed_window():
+    waits = [1.0, 0.0, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1]  # start-up, then one batch decoded during it
+    steps = [0.05] * 8
+    rows = [8] * 8
+    # three windows of two batches after batch 1 arrives: 16 samples per 2 × (0.05 + 0.1) s
+    assert steady_rate(waits, steps, rows, warmup=2) == pytest.approx(16 / 0.3)
+    slow = waits[:4] + [2.0] + waits[5:]  # another process stalls the middle window
+    assert steady_rate(slow, steps, rows, warmup=2) == pytest.approx(16 / 0.3)
+    assert steady_rate(slow, steps, rows, warmup=2, windows=1) == pytest.approx(48 / 2.8)
+    with pytest.raises(ValueError, match="need 2 warm-up"):
+        steady_rate(waits[:4], steps, rows, warmup=2)
+
+
+def test_choose_takes_the_cheapest_within_tolerance():
+    trials = [Trial(0, None, 500.0, 0.1, 100), Trial(1, 2, 900.0, 0.1, 400),
+              Trial(2, 2, 1000.0, 0.1, 600), Trial(2, 1, 990.0, 0.1, 500),
+              Trial(2, 4, 1010.0, 0.1, 1000), Trial(3, 2, None, None, 10**9, "skipped")]
+
+    def pick(tol: float) -> tuple[int, int | None]:
+        chosen, best = choose(trials, tol)
+        assert (best.workers, best.prefetch) == (2, 4)
+        return chosen.workers, chosen.prefetch
+
+    assert pick(0.0) == (2, 4)    # only the best itself
+    assert pick(0.05) == (2, 1)   # same workers as the best, least memory
+    assert pick(0.15) == (1, 2)   # fewer workers wins
+    assert pick(0.6) == (0, None)
+    with pytest.raises(ConfigError, match="over the budget"):
+        choose([Trial(1, 2, None, None, 10, "skipped")], 0.05)
+
+
+def test_autotune_within_tolerance_of_exhaustive_sweep(packed):
+    path = packed["lmdb"]
+    res = autotune(path, 16, budget_cpus=2, trial_batches=24, repeats=3, cache=False, **OPTS)
+    assert not psutil.Process().children(recursive=True)  # every trial shut its workers down
+    configs = [(0, None)] + [(w, p) for w in (1, 2) for p in (1, 2, 4)]
+    sweep = dict.fromkeys(configs, 0.0)
+    for _ in range(3):  # interleaved rounds keeping each one's fastest, as autotune's repeats
+        for w, p in configs:
+            t = measure(path, 16, w, p, trial_batches=24, **OPTS)
+            assert t.first_batch_s is not None and t.first_batch_s > 0
+            sweep[(w, p)] = max(sweep[(w, p)], t.samples_per_s or 0.0)
+    best = max(sweep.values())
+    assert sweep[(res.num_workers, res.prefetch_factor)] >= 0.7 * best, (res.report(), sweep)
+    tried = {(t.workers, t.prefetch) for t in res.trials}
+    assert (0, None) in tried and any(w == 1 for w, _ in tried)
+    assert max(w for w, _ in tried) <= min(2, usable_cores())
+    chosen, top = choose(res.trials, 0.05)  # the result follows its own rule over its own trials
+    assert (chosen.workers, chosen.prefetch) == (res.num_workers, res.prefetch_factor)
+    assert res.best_samples_per_s == top.samples_per_s and chosen.label in res.reason
+    for t in res.trials:
+        slots = t.workers * t.prefetch + 2 if t.workers else 1
+        assert t.ram_bytes == SAMPLE_BYTES * 16 * slots
+
+
+def test_budgets_are_respected(packed):
+    path = packed["lmdb"]
+    budget = int(3.5 * SAMPLE_BYTES * 16)  # 1 worker × prefetch 1 (3 slots) fits, 4 slots do not
+    res = autotune(path, 16, budget_cpus=2, budget_ram=budget, trial_batches=6, cache=False,
+                   **OPTS)
+    for t in res.trials:
+        assert (t.samples_per_s is None) == (t.ram_bytes > budget), t
+        assert ("skipped" in t.note) == (t.samples_per_s is None)
+    assert any(t.workers == 2 and t.samples_per_s is None for t in res.trials)
+    assert next(t for t in res.trials if (t.workers, t.prefetch) ==
+                (res.num_workers, res.prefetch_factor)).ram_bytes <= budget
+    assert "skipped over the RAM budget" in res.reason
+    one = autotune(path, 16, budget_cpus=1, trial_batches=6, cache=False, **OPTS)
+    assert max(t.workers for t in one.trials) == 1 and one.num_workers <= 1
+
+
+def test_cache_hit_skips_trials_and_a_changed_dataset_invalidates_it(
+        photo_dir, tmp_path, cache_home, monkeypatch, caplog):
+    path = tmp_path / "ds"
+    convert(photo_dir, path, to="lmdb", workers=0)
+    kw = dict(budget_cpus=1, trial_batches=6, **OPTS)
+    first = autotune(path, 16, **kw)
+    assert not first.cached and first.trials
+    assert [f.name for f in cache_home.iterdir()] == [Path(first.cache_path).name]  # no temp left
+    stored = json.loads(Path(first.cache_path).read_text())
+    assert stored["key"]["dataset"] == str(path.resolve())
+    assert stored["result"]["num_workers"] == first.num_workers
+
+    def no_trial(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a trial ran")
+
+    real = autotune_mod.measure
+    monkeypatch.setattr(autotune_mod, "measure", no_trial)
+    hit = autotune(path, 16, **kw)
+    assert hit.cached and (hit.num_workers, hit.prefetch_factor) == (first.num_workers,
+                                                                     first.prefetch_factor)
+    assert hit.trials == first.trials and "(cached)" in hit.report()
+    with pytest.raises(AssertionError, match="a trial ran"):
+        autotune(path, 32, **kw)  # other settings: not this entry
+    monkeypatch.setattr(autotune_mod, "measure", real)
+
+    convert(photo_dir, path, to="lmdb", workers=0, store="raw", resize=64, overwrite=True)
+    again = autotune(path, 16, **kw)
+    assert not again.cached and again.cache_path != first.cache_path
+    assert json.loads(Path(again.cache_path).read_text())["key"]["manifest_sha256"] != \
+        stored["key"]["manifest_sha256"]
+
+    Path(again.cache_path).write_text("{half a file")
+    with caplog.at_level(logging.WARNING, logger="feedpipe.tune"):
+        redone = autotune(path, 16, **kw)
+    assert not redone.cached and "unreadable cache file" in caplog.text
+    assert json.loads(Path(redone.cache_path).read_text())["result"]["reason"] == redone.reason
+
+
+def test_make_loader_num_workers_tune(packed):
+    path = packed["lmdb"]
+    loader = feedpipe.make_loader(path, 16, num_workers="tune", **OPTS)
+    res = autotune(path, 16, **OPTS)  # the same settings: what make_loader cached
+    assert res.cached and loader.cfg.num_workers == res.num_workers
+    if res.num_workers:
+        assert loader.cfg.prefetch_factor == res.prefetch_factor
+    assert sum(len(b["label"]) for b in loader) == 72
+    fixed = feedpipe.make_loader(path, 16, num_workers="tune", prefetch_factor=2, **OPTS)
+    assert fixed.cfg.num_workers == 0 or fixed.cfg.prefetch_factor == 2
+    assert {t.prefetch for t in autotune(path, 16, prefetch_factor=2, **OPTS).trials} <= {None, 2}
+    with pytest.raises(ConfigError, match="measures the torch backend"):
+        feedpipe.make_loader(path, 16, num_workers="tune", backend="dali", **OPTS)
+    with pytest.raises(ConfigError, match="'tune'"):
+        LoaderConfig(batch_size=4, num_workers="tuned")
+    with pytest.raises(ConfigError, match="measured by make_loader"):
+        LoaderConfig(batch_size=4, num_workers="tune").resolve(cuda=False, decodes=True)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(num_workers=2), "leave it out"), (dict(budget_cpus=0), "budget_cpus"),
+    (dict(budget_ram=-1), "budget_ram"), (dict(tolerance=1.5), "tolerance"),
+    (dict(trial_batches=2), "trial_batches"), (dict(repeats=0), "repeats"),
+    (dict(prefetch_factor=0), "prefetch_factor"), (dict(crop="squash"), "crop"),
+])
+def test_autotune_rejects_bad_options(packed, bad, match):
+    with pytest.raises(ConfigError, match=match):
+        autotune(packed["lmdb"], 16, **{**OPTS, **bad})
+
+
+def test_cli_tune_prints_trials_and_choice(packed, capsys):
+    rc = main(["tune", str(packed["wds"]), "--batch-size", "16", "--size", "64", "--device",
+               "cpu", "--budget-cpus", "1", "--trial-batches", "6", "--no-cache"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "samples/s" in out and "chose workers=" in out
+    assert len([ln for ln in out.splitlines() if ln.split()[:1] in (["0"], ["1"])]) >= 2
+
+
+# -- batch-size finder -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("max_size", [1, 7, 64, 1000])
+@pytest.mark.parametrize("resolution", [0.0, 1 / 8])
+def test_search_against_an_oracle(max_size, resolution):
+    for limit in [0, 1, 2, 3, 5, 8, 13, 63, 64, 65, 100, 999, 5000]:
+        calls: list[int] = []
+
+        def fits(size: int) -> bool:
+            calls.append(size)
+            return size <= limit
+
+        got = search_batch_size(fits, max_size=max_size, resolution=resolution)
+        want = min(limit, max_size)
+        assert got <= want and want - got <= int(got * resolution), (limit, got, calls)
+        if resolution == 0:
+            assert got == want
+        assert max(calls) <= max_size and len(calls) <= 2 * math.ceil(math.log2(max_size)) + 2
+        for i, c in enumerate(calls):  # never tries a size above one that already failed
+            assert all(c < f for f in calls[:i] if f > limit), calls
+    assert search_batch_size(lambda s: s <= 10, max_size=1000, start=64) == 10
+
+
+def test_pick_size_margin_and_fastest():
+    trials = [BatchTrial(8, True, 10, 100.0), BatchTrial(16, True, 20, 300.0),
+              BatchTrial(32, True, 40, 250.0), BatchTrial(64, True, 80, 900.0),
+              BatchTrial(128, False, 160, None, "over budget"), BatchTrial(96, True, 120, 950.0)]
+    assert pick_size(trials, 96, "largest", 0.1)[0] == 86    # floor(96 × 0.9)
+    assert pick_size(trials, 96, "largest", 0.0)[0] == 96
+    assert pick_size(trials, 96, "fastest", 0.1)[0] == 64    # 96 is faster but above the cap
+    assert pick_size(trials, 96, "fastest", 0.0)[0] == 96
+    assert pick_size(trials[:1], 8, "fastest", 0.5)[0] == 4  # nothing measured under the cap
+    assert pick_size(trials, 1, "largest", 0.5)[0] == 1
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["VmHWM", "psutil-sampler"])
+def test_host_peak_sees_a_freed_allocation(kernel, monkeypatch):
+    monkeypatch.setattr(memory, "_kernel_peak_available", lambda: kernel)
+    meter = memory.HostPeak()
+    assert meter.kernel == kernel
+    with memory.exact_heap():
+        meter.reset()
+        base = meter.rss()
+        block = torch.ones(16 << 20)  # 64 MiB, every page touched
+        time.sleep(0.05)              # the sampler reads every millisecond
+        del block
+        peak = meter.peak()
+    meter.stop()
+    assert peak - base >= 60 << 20 and meter.rss() - base < 16 << 20  # seen, and given back
+
+
+def tiny_cnn() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 4))
+
+
+def images(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(n, 3, 24, 24), torch.randint(0, 4, (n,))
+
+
+def test_find_batch_size_on_cpu_within_a_memory_budget():
+    model = tiny_cnn()
+    opt = torch.optim.Adam(model.parameters())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    budget = 24 << 20
+    res = find_batch_size(model, images, optimizer=opt, memory_budget=budget, start=16,
+                          max_size=4096, steps=1, resolution=1 / 16)
+    assert any(not t.ok for t in res.trials)  # the search went past the budget ...
+    for t in res.trials:  # ... and every trial's verdict matches its measured peak
+        assert t.peak_bytes is not None and (t.peak_bytes <= budget) == t.ok, t
+        assert t.ok == (t.samples_per_s is not None) and (t.ok or "budget" in t.note)
+    assert res.largest_fit == max(t.size for t in res.trials if t.ok)
+    assert res.batch_size == math.floor(res.largest_fit * 0.9)
+    sizes = [t.size for t in res.trials]
+    assert sizes[:2] == [16, 32] and len(sizes) == len(set(sizes))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # restored
+    assert not opt.state and model.training
+    check = find_batch_size(model, images, optimizer=opt, memory_budget=budget, margin=0,
+                            start=res.batch_size, max_size=res.batch_size, steps=1)
+    assert check.trials[0].ok and check.trials[0].peak_bytes <= budget  # the answer fits
+    assert "oom" in res.report() and "less 10% margin" in res.report()
+
+
+def test_find_batch_size_from_a_dataset_fastest_and_loader_ram(packed):
+    model = tiny_cnn()
+    res = find_batch_size(model, packed["lmdb"], mode="fastest", memory_budget=48 << 20,
+                          start=8, max_size=256, steps=2, loader_workers=2, loader_prefetch=3,
+                          size=32, device="cpu")
+    cap = math.floor(res.largest_fit * 0.9)
+    measured = [t for t in res.trials if t.ok and t.size <= cap]
+    assert res.batch_size == max(measured, key=lambda t: t.samples_per_s).size
+    per_sample = 32 * 32 * 3 + 8
+    assert res.loader_ram_bytes == per_sample * res.batch_size * (2 * 3 + 2)
+
+
+def test_find_batch_size_caps_by_the_loaders_host_ram(packed):
+    with pytest.warns(UserWarning, match="capped to 1: the loader would hold"):
+        res = find_batch_size(tiny_cnn(), packed["lmdb"], memory_budget=48 << 20, start=8,
+                              max_size=16, steps=1, loader_workers=2, loader_prefetch=10**9,
+                              size=32, device="cpu")
+    assert res.largest_fit == 16 and res.batch_size == 1 and "capped" in res.reason
+
+
+def test_allocation_failures_are_ooms_and_other_errors_propagate():
+    model = tiny_cnn()
+
+    def step(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        if len(batch[0]) > 12:
+            torch.empty(1 << 62, dtype=torch.uint8)  # the real allocator refuses: RuntimeError
+        return m(batch[0]).mean()
+
+    res = find_batch_size(model, images, step=step, max_size=64, steps=1, margin=0)
+    assert res.largest_fit == res.batch_size == 12
+    assert all("allocate" in t.note for t in res.trials if not t.ok)
+
+    def broken(m: nn.Module, batch: object) -> torch.Tensor:
+        raise ValueError("bug in the step")
+
+    with pytest.raises(ValueError, match="bug in the step"):
+        find_batch_size(model, images, step=broken, max_size=8)
+    with pytest.raises(ConfigError, match="does not fit"):
+        find_batch_size(model, images, memory_budget=1, max_size=8, steps=1)
+    for bad, match in [(dict(margin=1.0), "margin"), (dict(mode="big"), "mode"),
+                       (dict(start=9, max_size=8), "start"), (dict(memory_budget=0), "budget")]:
+        with pytest.raises(ConfigError, match=match):
+            find_batch_size(model, images, **bad)
+
+
+def test_ddp_ranks_agree_on_the_minimum(tmp_path):
+    """Real torchrun, 2 processes, gloo: rank 1 has the smaller budget; both take its answer."""
+    budgets = [96 << 20, 24 << 20]
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-port", str(29600 + os.getpid() % 1000),
+                        str(Path(__file__).with_name("tune_ddp_probe.py")), str(tmp_path),
+                        ",".join(map(str, budgets))],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ranks = [json.loads((tmp_path / f"rank{k}.json").read_text()) for k in range(2)]
+    assert ranks[0]["batch_size"] == ranks[1]["batch_size"] > 0
+    assert [t["ok"] for t in ranks[0]["trials"]] == [t["ok"] for t in ranks[1]["trials"]]
+    assert all(t["peak_bytes"] <= budgets[1] for t in ranks[1]["trials"] if t["ok"])
+    assert any("another rank" in t["note"] for t in ranks[0]["trials"])  # rank 0 alone fits more
+    assert ranks[0]["batch_size"] == math.floor(ranks[1]["largest_fit"] * 0.9)
