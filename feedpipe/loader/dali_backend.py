@@ -28,6 +28,7 @@ from .config import LoaderConfig, auto_workers
 from .dali_pipeline import PlanSource, dali_fields, dali_installed, define_graph, graph_spec, \
     import_dali
 from .dataset import BatchDataset, BatchRequest
+from .position import EpochPosition
 from .torch_backend import PlanSampler
 from .transforms import ImageOp
 
@@ -58,7 +59,7 @@ def choose_backend(reader: DatasetReader, cfg: LoaderConfig,
     return "torch" if why else "dali"
 
 
-class DaliLoader:
+class DaliLoader(EpochPosition):
     """What ``make_loader(..., backend="dali")`` returns: iterate it once per epoch."""
 
     outputs: tuple[str, ...] = ("image",)
@@ -93,27 +94,10 @@ class DaliLoader:
         """Batches per epoch on this rank (the same on every rank)."""
         return self._count(self._epoch)
 
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (and so the order) of the next iteration."""
-        if epoch != self._epoch:
-            self._epoch, self._consumed = int(epoch), 0
-
-    def state_dict(self) -> dict[str, Any]:
-        """Position to resume from: epoch and batches already yielded in it (the torch backend's
-        state, so either backend resumes the other's)."""
-        return {"epoch": self._epoch, "batches": self._consumed, "seed": self.cfg.seed,
-                "rank": self.world.rank, "world_size": self.world.size}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly after the last batch the saved loader yielded."""
-        if state.get("seed") != self.cfg.seed or state.get("world_size") != self.world.size:
-            raise ValueError(f"state is for seed={state.get('seed')}, world_size="
-                             f"{state.get('world_size')}; this loader has seed={self.cfg.seed}, "
-                             f"world_size={self.world.size}")
+    def _check_state(self, state: dict[str, Any]) -> None:
         if state.get("dali_reader", "plan") != self.cfg.dali_reader:
             raise ValueError(f"state was saved with dali_reader={state.get('dali_reader')!r}, "
                              f"whose order differs from this loader's {self.cfg.dali_reader!r}")
-        self._epoch, self._consumed = int(state["epoch"]), int(state["batches"])
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         epoch, start = self._epoch, self._consumed

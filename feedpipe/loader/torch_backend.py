@@ -24,6 +24,7 @@ from ..sharding import World, plan_batches, rank_streams
 from .config import LoaderConfig
 from .dataset import SKIPPED_KEY, BatchDataset, BatchRequest, SlotRef
 from .device_decode import DeviceDecoder, EncodedBatch
+from .position import EpochPosition
 from .transforms import ImageOp
 
 log = logging.getLogger("feedpipe.loader")
@@ -196,7 +197,7 @@ class DeviceStage:
             yield pending
 
 
-class TorchLoader:
+class TorchLoader(EpochPosition):
     """What ``make_loader`` returns for the torch backend: iterate it once per epoch."""
 
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World,
@@ -259,24 +260,6 @@ class TorchLoader:
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
         return len(self.sampler.plan(self._epoch))
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (and so the order) of the next iteration."""
-        if epoch != self._epoch:
-            self._epoch, self._consumed = int(epoch), 0
-
-    def state_dict(self) -> dict[str, Any]:
-        """Position to resume from: epoch and batches already yielded in it."""
-        return {"epoch": self._epoch, "batches": self._consumed, "seed": self.cfg.seed,
-                "rank": self.world.rank, "world_size": self.world.size}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Continue exactly after the last batch the saved loader yielded."""
-        if state.get("seed") != self.cfg.seed or state.get("world_size") != self.world.size:
-            raise ValueError(f"state is for seed={state.get('seed')}, world_size="
-                             f"{state.get('world_size')}; this loader has seed={self.cfg.seed}, "
-                             f"world_size={self.world.size}")
-        self._epoch, self._consumed = int(state["epoch"]), int(state["batches"])
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self.sampler.epoch, self.sampler.start = self._epoch, self._consumed
