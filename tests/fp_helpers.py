@@ -85,3 +85,12 @@ def run_cli(*args: str | os.PathLike[str], timeout: float = 120,
     if check:
         assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     return proc
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for torchrun's rendezvous: fixed ports collide)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from feedpipe.loader.config import auto_workers
 from feedpipe.manifest import FileEntry, Manifest
 from feedpipe.schema import ImageField, JsonField, LabelField, Schema
 from feedpipe.sharding import World
+
+from fp_helpers import free_port
 
 FORMATS = ("lmdb", "hdf5", "wds")
 U8 = dict(dtype="uint8", device="cpu")
@@ -119,7 +120,7 @@ def test_torchrun_ddp_gloo(packed, tmp_path):
         out = tmp_path / fmt
         out.mkdir()
         r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
-                            "2", "--master-port", str(29500 + os.getpid() % 1000), str(script),
+                            "2", "--master-port", str(free_port()), str(script),
                             str(packed[fmt]), str(out)],
                            capture_output=True, text=True, timeout=180)
         assert r.returncode == 0, r.stdout + r.stderr

@@ -7,7 +7,6 @@ import importlib
 import json
 import logging
 import math
-import os
 import subprocess
 import sys
 import time
@@ -25,6 +24,8 @@ from feedpipe.errors import ConfigError
 from feedpipe.loader.config import LoaderConfig, usable_cores
 from feedpipe.tune import BatchTrial, memory, Trial, autotune, choose, find_batch_size, measure, \
     pick_size, search_batch_size, steady_rate
+
+from fp_helpers import free_port
 
 autotune_mod = importlib.import_module("feedpipe.tune.autotune")  # the package exports the function
 
@@ -74,8 +75,11 @@ def test_choose_takes_the_cheapest_within_tolerance():
 
 def test_autotune_within_tolerance_of_exhaustive_sweep(packed):
     path = packed["lmdb"]
+    before = {c.pid for c in psutil.Process().children(recursive=True)}  # earlier tests' loaders
     res = autotune(path, 16, budget_cpus=2, trial_batches=24, repeats=3, cache=False, **OPTS)
-    assert not psutil.Process().children(recursive=True)  # every trial shut its workers down
+    new = [c for c in psutil.Process().children(recursive=True) if c.pid not in before]
+    _, alive = psutil.wait_procs(new, timeout=10)
+    assert not alive  # every trial shut its workers down
     configs = [(0, None)] + [(w, p) for w in (1, 2) for p in (1, 2, 4)]
     sweep = dict.fromkeys(configs, 0.0)
     for _ in range(3):  # interleaved rounds keeping each one's fastest, as autotune's repeats
@@ -321,7 +325,7 @@ def test_ddp_ranks_agree_on_the_minimum(tmp_path):
     """Real torchrun, 2 processes, gloo: rank 1 has the smaller budget; both take its answer."""
     budgets = [96 << 20, 24 << 20]
     r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                        "--master-port", str(29600 + os.getpid() % 1000),
+                        "--master-port", str(free_port()),
                         str(Path(__file__).with_name("tune_ddp_probe.py")), str(tmp_path),
                         ",".join(map(str, budgets))],
                        capture_output=True, text=True, timeout=180)
