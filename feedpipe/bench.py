@@ -199,7 +199,7 @@ def prepare(path: Path, cfg: BenchConfig, workdir: Path,
         res = convert(src, Path(root) / fmt, to=fmt, overwrite=True, progress=cb)
         packed[fmt] = res.out
         info[fmt] = {"path": str(res.out), "seconds": res.seconds, "images": res.written,
-                     "kept": cfg.pack_dir is not None}
+                     "skipped": res.skipped, "kept": cfg.pack_dir is not None}
     return packed, {"path": str(path), "kind": "folder", "format": None, "samples": len(src.items),
                     "codec": None, "packed": info}, src
 
@@ -327,6 +327,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         where = f"kept in {p['path']}" if p["kept"] else "temporary, removed; --pack-dir keeps it"
         print(f"packed {p['images']} images of {args.path} into {fmt} in {p['seconds']:.1f} s "
               f"({where}); the trials read that")
+        if p["skipped"]:
+            first = p["skipped"][0]
+            print(f"  skipped {len(p['skipped'])} unreadable input(s), not benchmarked; first: "
+                  f"{first['path']}: {first['reason']}")
     print(format_table(report))
     if args.json:
         args.json.write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")

@@ -207,3 +207,15 @@ def test_cli_bad_path_exit_2(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     rc, _, err = cli_main(capsys, "bench", tmp_path / "empty")
     assert rc == 2 and "neither a packed feedpipe dataset" in err
+
+
+def test_cli_reports_unreadable_images_of_a_folder(photo_dir, tmp_path, capsys):
+    src = tmp_path / "src"
+    shutil.copytree(photo_dir, src)
+    bad = sorted(src.rglob("*.jpg"))[3]
+    bad.write_bytes(bad.read_bytes()[:400])  # truncated: skipped at packing, and said so
+    code, out, _ = cli_main(capsys, "bench", src, "--workers", "0", "--batches", "2",
+                            "--batch-size", "4", "--size", "32", "--device", "cpu", "-q")
+    assert code == 0
+    rel = bad.relative_to(src).as_posix()
+    assert f"skipped 1 unreadable input(s), not benchmarked; first: {rel}: truncated JPEG" in out
