@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import platform
 import statistics
 import time
@@ -76,28 +75,24 @@ def drain(loader: object) -> int:
 
 
 def machine() -> dict[str, object]:
-    """CPU model, usable cores and library versions, recorded with every result."""
+    """CPU model, usable cores, CPU quota, GPUs and library versions, recorded with every result
+    (the keys of the first results, read through :mod:`feedpipe.machine`)."""
     import numpy
     import torch
 
-    from feedpipe.imaging import decoder_info
+    from feedpipe import machine as m
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "usable_cores": len(os.sched_getaffinity(0)),
+    return {"cpu": m.cpu_model(), "usable_cores": m.usable_cores(),
+            "cgroup_cpu_limit": m.cgroup_cpu_limit(), "gpus": [g["name"] for g in m.gpus()],
             "python": platform.python_version(), "torch": torch.__version__,
-            "numpy": numpy.__version__, **decoder_info()}
+            "numpy": numpy.__version__, **m.decoder_info()}
 
 
 def save(path: Path, results: list[Result], extra: dict[str, object]) -> None:
-    """Write every figure plus the machine description as JSON."""
+    """Write every figure plus the machine description as JSON (atomically)."""
+    from feedpipe.paths import write_atomic
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"machine": machine(), **extra,
-                                "results": [{**asdict(r), "rate": r.rate} for r in results]},
-                               indent=1))
+    write_atomic(path, json.dumps({"machine": machine(), **extra,
+                                   "results": [{**asdict(r), "rate": r.rate} for r in results]},
+                                  indent=1).encode())

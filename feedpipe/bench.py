@@ -36,6 +36,7 @@ from .benchreport import BenchReport, Trial
 from .errors import ConfigError, FeedpipeError
 from .formats import DatasetReader, open_dataset
 from .loader import make_loader
+from .loader.config import _DTYPES as DTYPES
 from .loader.config import auto_workers, usable_cores
 from .manifest import MANIFEST_NAME
 from .monitor import LoaderInfo, StallMeter
@@ -70,34 +71,42 @@ class BenchConfig:
         def bad(msg: str) -> None:
             raise ConfigError(msg)
 
+        for name in ("backends", "workers", "batch_sizes", "formats"):
+            if isinstance(getattr(self, name), str):
+                bad(f"{name}={getattr(self, name)!r}: pass a tuple, e.g. {name}=('a', 'b')")
         if (self.batches is None) == (self.epochs is None):
             bad("give either batches (per trial) or epochs, not both")
-        if self.batches is not None and self.batches < 2:
-            bad(f"batches={self.batches}: use at least 2 (the first batch is start-up)")
-        if self.epochs is not None and self.epochs < 1:
-            bad(f"epochs={self.epochs}: use a positive number")
+        for name, least, why, optional in (
+                ("batches", 2, " (the first batch is start-up)", True), ("epochs", 1, "", True),
+                ("size", 1, " (output pixels per side)", False), ("seed", 0, "", False),
+                ("limit", 1, " (images to pack)", True),
+                ("threads", 1, " (None keeps torch's setting)", True)):
+            v = getattr(self, name)
+            if not (v is None and optional) and (isinstance(v, bool) or not isinstance(v, int)
+                                                 or v < least):
+                bad(f"{name}={v!r}: use an integer of at least {least}{why}")
         for b in self.backends:
             if b not in ("torch", "dali"):
                 bad(f"backend {b!r}: use torch and/or dali")
         for w in self.workers or ():
-            if w != "auto" and (not isinstance(w, int) or w < 0):
+            if w != "auto" and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
                 bad(f"workers {w!r}: use integers >= 0 or 'auto'")
-        if not self.batch_sizes or any(not isinstance(b, int) or b < 1 for b in self.batch_sizes):
+        if not self.batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
+                                       for b in self.batch_sizes):
             bad(f"batch_sizes={self.batch_sizes}: use positive integers")
         if self.device not in ("cpu", "cuda"):
             bad(f"device={self.device!r}: use 'cpu' or 'cuda'")
         if self.device == "cuda" and not torch.cuda.is_available():
             bad("device='cuda' but torch sees no CUDA device here; use device='cpu'")
-        if self.size < 1 or self.step_ms < 0:
-            bad(f"size={self.size}, step_ms={self.step_ms}: use size >= 1 and step_ms >= 0")
+        if self.dtype not in DTYPES:
+            bad(f"dtype={self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if isinstance(self.step_ms, bool) or not isinstance(self.step_ms, (int, float)) \
+                or not self.step_ms >= 0:
+            bad(f"step_ms={self.step_ms!r}: use a number of milliseconds >= 0")
         if self.step_kind not in ("sleep", "busy"):
             bad(f"step_kind={self.step_kind!r}: use 'sleep' (GPU-like) or 'busy' (CPU-bound)")
         if not self.formats or any(f not in ("lmdb", "hdf5", "wds") for f in self.formats):
             bad(f"formats={self.formats}: use lmdb, hdf5 and/or wds")
-        if self.limit is not None and self.limit < 1:
-            bad(f"limit={self.limit}: use a positive image count")
-        if self.threads is not None and self.threads < 1:
-            bad(f"threads={self.threads}: use a positive count (None keeps torch's setting)")
 
 
 def sweep_workers(cores: int) -> tuple[int, ...]:
@@ -207,6 +216,8 @@ def prepare(path: Path, cfg: BenchConfig, workdir: Path,
 def run_bench(path: str | Path, cfg: BenchConfig = BenchConfig(),
               progress: Progress | None = None) -> BenchReport:
     """Measure every configuration of ``cfg`` on PATH; see the module docstring for the figures."""
+    if not isinstance(cfg, BenchConfig):
+        raise ConfigError(f"cfg={cfg!r}: pass a feedpipe.bench.BenchConfig(...)")
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such dataset or image folder")
@@ -295,8 +306,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Run the sweep with a progress bar (stderr); print the table; write --json / --plot."""
     from tqdm import tqdm
 
-    from .benchreport import format_table, plot_report
+    from .benchreport import check_output_path, figure_class, format_table, plot_report
+    from .paths import write_atomic
 
+    for option, out in (("--json", args.json), ("--plot", args.plot)):
+        if out is not None:  # before the run, not after minutes of it
+            check_output_path(out, option)
+    if args.plot:
+        figure_class()
     cfg = BenchConfig(
         backends=tuple(args.backend.split(",")),  # type: ignore[arg-type]
         batch_sizes=_list(args.batch_size, int, "--batch-size"),
@@ -333,7 +350,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                   f"{first['path']}: {first['reason']}")
     print(format_table(report))
     if args.json:
-        args.json.write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")
+        write_atomic(args.json, json.dumps(report.to_json(), indent=1) + "\n")
         print(f"wrote {args.json}")
     if args.plot:
         print(f"wrote {plot_report(report, args.plot)}")
@@ -354,8 +371,7 @@ def register(sub: Any) -> None:
     n.add_argument("--epochs", type=int, help="whole epochs per trial instead of --batches")
     b.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     b.add_argument("--size", type=int, default=224, help="output HxW (center crop)")
-    b.add_argument("--dtype", default="float32",
-                   choices=["float32", "float16", "bfloat16", "uint8"])
+    b.add_argument("--dtype", default="float32", choices=DTYPES)
     b.add_argument("--step-ms", type=float, default=0.0,
                    help="simulated training step per batch; reports the share of time waiting")
     b.add_argument("--step-kind", default="sleep", choices=["sleep", "busy"],

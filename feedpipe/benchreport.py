@@ -1,22 +1,26 @@
-"""What ``feedpipe bench`` measured: per-trial figures, the JSON report, the table and the plot.
+"""What ``feedpipe bench`` measured: per-trial figures, the JSON report, the table and the plot;
+and the up-front check and atomic write of the diagnostic commands' output files.
 
 JSON (:meth:`BenchReport.to_json`, ``schema_version`` 1) holds ``feedpipe_version``, ``created``
 (ISO time, UTC), ``machine`` (:func:`feedpipe.machine.describe`), ``config`` (the BenchConfig),
 ``dataset`` (path, kind "packed"|"folder", format, codec, samples; for folders ``packed``:
-{format: {path, seconds, images, kept}}), ``trials`` and ``baseline`` (null unless asked for),
-``best`` (index into trials, null if none ran) and ``speedup_vs_baseline`` (null without one).
+{format: {path, seconds, images, skipped, kept}}), ``trials`` and ``baseline`` (null unless
+asked for), ``best`` (index into trials, null if none ran) and ``speedup_vs_baseline`` (null
+without one).
 Each trial holds every :class:`Trial` field below.
 """
 
 from __future__ import annotations
 
+import io
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import __version__
-from .errors import MissingDependencyError
+from .errors import ConfigError, MissingDependencyError
 from .machine import summary_line
+from .paths import write_atomic
 
 if TYPE_CHECKING:
     from .bench import BenchConfig
@@ -144,14 +148,30 @@ def format_table(r: BenchReport) -> str:
     return "\n".join(lines)
 
 
-def plot_report(r: BenchReport, path: str | Path) -> Path:
-    """Samples/s vs workers, one line per format/backend/batch size, baseline and best marked."""
+def check_output_path(path: Path, option: str) -> None:
+    """Fail before a long run rather than after it: ``path``'s folder must exist, ``path`` must
+    not be a folder."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; give a file name inside it")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{option} {path}: the folder {path.parent} does not exist; create it "
+                          "or write elsewhere")
+
+
+def figure_class() -> type:
+    """matplotlib's ``Figure``, or a MissingDependencyError with the install hint."""
     try:
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise MissingDependencyError("--plot needs matplotlib: pip install 'feedpipe[plot]'"
                                      ) from exc
-    fig = Figure(figsize=(8, 5), dpi=120)
+    return Figure
+
+
+def plot_report(r: BenchReport, path: str | Path) -> Path:
+    """Samples/s vs workers, one line per format/backend/batch size, baseline and best marked;
+    written atomically as a PNG."""
+    fig = figure_class()(figsize=(8, 5), dpi=120)
     ax = fig.add_subplot()
     lines: dict[str, list[Trial]] = {}
     for t in r.trials:
@@ -186,6 +206,8 @@ def plot_report(r: BenchReport, path: str | Path) -> Path:
     ax.set_title(f"feedpipe bench: {name} ({ds['samples']} samples, {cfg.size}x{cfg.size} "
                  f"{cfg.dtype} on {cfg.device})\n{summary_line(r.machine)}", fontsize=10)
     fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     out = Path(path)
-    fig.savefig(out, format="png")
+    write_atomic(out, buf.getvalue())
     return out

@@ -110,15 +110,20 @@ def check_decoder(info: Mapping[str, Any]) -> list[Finding]:
                     "~1.5x faster decode and ~3x faster resize per core (README, 2-core VM)")]
 
 
-def check_gpu(cuda: bool, gpu_names: list[str], dali_version: str | None) -> list[Finding]:
-    """CUDA visible to torch, and DALI for decoding JPEG on the GPU."""
+def check_gpu(cuda: bool, gpu_names: list[str], dali_version: str | None,
+              cuda_version: str | None = None) -> list[Finding]:
+    """CUDA visible to torch, and DALI for decoding JPEG on the GPU (the wheel for
+    ``cuda_version``, torch's CUDA build; None: the driver's, via nvidia-smi)."""
     if not cuda:
         return [Finding("gpu", "info", "no CUDA GPU visible to torch: batches stay on the CPU; "
                         "pinned memory and DALI do not apply")]
     if dali_version is None:
+        from .loader.dali_pipeline import dali_package
+
+        pkg, how = dali_package(cuda_version)
         return [Finding("gpu", "low", f"CUDA GPU(s) {', '.join(gpu_names)}; NVIDIA DALI is not "
-                        "installed", "pip install nvidia-dali-cuda120 (match your CUDA major) "
-                        "and make_loader(..., backend='dali')",
+                        "installed", f"pip install {pkg} and make_loader(..., backend='dali') "
+                        f"(the wheel for {how})",
                         "JPEG decode moves to the GPU when the CPU cores are the limit")]
     return [Finding("gpu", "ok", f"CUDA GPU(s) {', '.join(gpu_names)}; DALI {dali_version}")]
 
@@ -299,9 +304,14 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
                env: Mapping[str, str] | None = None) -> DoctorReport:
     """Run every check on this machine (and PATH, with a short bench unless ``bench=False``).
 
-    A bad PATH raises (FileNotFoundError / ConfigError); a check that fails becomes an "error"
-    finding and the others still run.
+    A bad PATH or option raises (FileNotFoundError / ConfigError); a check that fails becomes an
+    "error" finding and the others still run.
     """
+    for name, value, least in (("batches", batches, 2), ("batch_size", batch_size, 1),
+                               ("size", size, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"{name}={value!r} (--{name.replace('_', '-')}): use an integer of "
+                              f"at least {least}")
     m = machine.describe()
     usable, cuda = m["cores_usable"], m["cuda_available"]
     workers = auto_workers(True, usable)
@@ -311,7 +321,8 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
         ("shm", lambda: check_shm((m["shm"] or {}).get("free"), batch_size=batch_size, size=size,
                                   workers=workers)),
         ("decoder", lambda: check_decoder(m["decoders"])),
-        ("gpu", lambda: check_gpu(cuda, [g["name"] for g in m["gpus"]], m["libraries"]["dali"])),
+        ("gpu", lambda: check_gpu(cuda, [g["name"] for g in m["gpus"]], m["libraries"]["dali"],
+                                  m["cuda_version"])),
         ("pinned", lambda: check_pinned(cuda, probe_pinned() if cuda else None)),
         ("threads", lambda: check_threads(os.environ if env is None else env, m["torch_threads"],
                                           usable, workers, cuda)),

@@ -145,8 +145,12 @@ class GpuMonitor:
     def __init__(self, interval: float = 1.0, sampler: Sampler | None = None,
                  on_sample: Callable[[float, list[GpuSample]], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if not interval > 0:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
+                or not interval > 0:
             raise ConfigError(f"interval={interval!r}: use a positive number of seconds")
+        for name, fn in (("sampler", sampler), ("on_sample", on_sample), ("clock", clock)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{name}={fn!r}: pass a function (see the GpuMonitor docstring)")
         self.interval = float(interval)
         self.sampler = sampler if sampler is not None else nvml_sampler()
         self.on_sample, self.clock = on_sample, clock
@@ -227,8 +231,13 @@ def _live_line(t0: float) -> Callable[[float, list[GpuSample]], None]:
 
 def cmd_monitor(args: argparse.Namespace, sampler: Sampler | None = None) -> int:
     """``feedpipe monitor``: live line per interval, then the summary (and ``--json``)."""
-    if args.duration is not None and args.duration <= 0:
+    from .benchreport import check_output_path
+    from .paths import write_atomic
+
+    if args.duration is not None and not args.duration > 0:  # also NaN
         raise ConfigError(f"--duration {args.duration}: use a positive number of seconds")
+    if args.json:
+        check_output_path(args.json, "--json")
     mon = GpuMonitor(args.interval, sampler=sampler, on_sample=_live_line(time.monotonic()))
     mon.start()
     try:
@@ -238,7 +247,7 @@ def cmd_monitor(args: argparse.Namespace, sampler: Sampler | None = None) -> int
     summary = mon.stop()
     print(summary)
     if args.json:
-        Path(args.json).write_text(json.dumps(summary.to_dict(), indent=1) + "\n")
+        write_atomic(args.json, json.dumps(summary.to_dict(), indent=1) + "\n")
     return 0
 
 

@@ -10,7 +10,6 @@ Overhead: ~0.5 µs per batch over a bare loop (two clock reads, two list appends
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, TypeVar
@@ -121,6 +120,12 @@ class StallMeter:
 
     def __init__(self, cuda_sync: bool = False, clock: Callable[[], float] = time.perf_counter,
                  loader_info: LoaderInfo | None = None) -> None:
+        if not callable(clock):
+            raise ConfigError(f"clock={clock!r}: pass a function returning seconds, such as "
+                              "time.perf_counter")
+        if loader_info is not None and not isinstance(loader_info, LoaderInfo):
+            raise ConfigError(f"loader_info={loader_info!r}: pass a feedpipe.monitor.LoaderInfo "
+                              "(LoaderInfo.from_loader(loader)) or None")
         self._sync: Callable[[], None] | None = None
         if cuda_sync:
             import torch
@@ -235,10 +240,13 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
         out.append("skip decoding at load time: `feedpipe convert ... --store raw --resize 224` "
                    "stores decoded uint8 images (several times the disk, almost no CPU)")
         if i.device in ("cuda", None):
-            have = importlib.util.find_spec("nvidia.dali") is not None
+            import torch
+
+            from .loader.dali_pipeline import dali_installed, dali_package
+
             out.append("decode JPEG on the GPU with NVIDIA DALI (make_loader(backend='dali'); "
-                       + ("nvidia-dali is installed here)" if have
-                          else "pip install nvidia-dali-cuda120)"))
+                       + ("nvidia-dali is installed here)" if dali_installed()
+                          else f"pip install {dali_package(torch.version.cuda)[0]})"))
     if i.device == "cuda" and i.pin_memory is False:
         out.append("pin_memory=True: host-to-GPU copies from pinned memory are faster and "
                    "overlap with compute")

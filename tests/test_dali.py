@@ -14,11 +14,8 @@ import psutil
 import pytest
 import torch
 
-try:
-    import nvidia.dali  # noqa: F401
-except ImportError as exc:  # pragma: no cover - CI installs nvidia-dali-cuda130 with [test]
-    pytest.skip(f"NVIDIA DALI cannot be imported ({exc}); pip install 'feedpipe[test]'",
-                allow_module_level=True)
+pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported; pip install "
+                    "'feedpipe[test]'")  # CI installs nvidia-dali-cuda130 with [test]
 
 import feedpipe
 from converters import convert
@@ -250,6 +247,9 @@ def test_requests_dali_cannot_serve(packed, tmp_path):
         dali(tmp_path / "seg.lmdb", 2, size=16, fields=["image", "mask"], **U8)
     with pytest.raises(ConfigError, match="dali_hw_decoder_load"):
         LoaderConfig(batch_size=2, dali_hw_decoder_load=1.5)
+    with pytest.raises(ConfigError, match="'fork' or 'spawn': use one of those"):
+        dali(packed["lmdb"], 8, size=32, num_workers=1, multiprocessing_context="forkserver",
+             **U8)
 
 
 def test_missing_dali_names_the_wheel(packed, monkeypatch):
@@ -286,8 +286,9 @@ def test_auto_backend_choice(packed, raw48):
     assert choose_backend(jpeg, LoaderConfig(batch_size=8, backend="dali"), CPU) == "dali"
 
 
-def test_dali_index_files(wds_copy):
-    """One index per shard, byte for byte what DALI's own wds2idx writes, reused while fresh."""
+def test_dali_index_files(wds_copy, tmp_path, monkeypatch, caplog):
+    """One index per shard, byte for byte what DALI's own wds2idx writes, reused while fresh,
+    rewritten (with a warning) when damaged, kept in the user's cache when the dataset refuses."""
     from wds2idx import IndexCreator  # installed with DALI: the reference implementation
 
     reader = feedpipe.open_dataset(wds_copy)
@@ -301,9 +302,20 @@ def test_dali_index_files(wds_copy):
     assert not list(wds_copy.glob(".*.idx.*"))  # no temporary files left behind
     stamp = idx[0].stat().st_mtime_ns
     assert DaliIndex(reader).paths() == idx and idx[0].stat().st_mtime_ns == stamp
-    idx[1].write_text("v1.2 3\n")  # stale: wrong sample count
-    DaliIndex(reader).paths()
-    assert idx[1].read_text().startswith(f"v1.2 {len(reader.shard_ranges()[1])}\n")
+    good = idx[1].read_text()
+    for damaged in ("v1.2 3\n", good[:len(good) // 2]):  # another count; cut short
+        idx[1].write_text(damaged)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="feedpipe.formats"):
+            assert DaliIndex(reader).paths() == idx
+        assert idx[1].read_text() == good and "is damaged" in caplog.text
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    idx[0].unlink()
+    idx[0].mkdir()  # the index cannot be written next to its shard
+    moved = DaliIndex(reader).paths()
+    assert moved[1:] == idx[1:] and moved[0].parent == tmp_path / "xdg" / "feedpipe" / "dali-index"
+    assert moved[0].read_text() == (wds_copy / f"ref-{idx[0].name}").read_text()
+    assert DaliIndex(reader).paths() == moved and not list(wds_copy.glob(".*.tmp"))
 
 
 def test_native_webdataset_reader(wds_copy):

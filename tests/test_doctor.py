@@ -6,8 +6,12 @@ import dataclasses
 import json
 from pathlib import Path
 
+import pytest
+
 from converters import convert
 from feedpipe import doctor, machine
+from feedpipe.errors import ConfigError
+from feedpipe.imaging import decoder_info
 from feedpipe.doctor import (GiB, MiB, check_cores, check_dataset, check_decoder, check_gpu,
                              check_pinned, check_shm, check_threads, dataset_facts, ring_bytes,
                              run_doctor)
@@ -82,6 +86,10 @@ def test_gpu_dali_and_pinned():
     assert only(check_gpu(False, [], None)).severity == "info"
     no_dali = only(check_gpu(True, ["H100"], None))
     assert no_dali.severity == "low" and "nvidia-dali" in no_dali.fix
+    for cuda, wheel in (("11.8", "nvidia-dali-cuda120"), ("12.4", "nvidia-dali-cuda120"),
+                        ("13.0", "nvidia-dali-cuda130")):  # the wheel of torch's CUDA build
+        fix = only(check_gpu(True, ["H100"], None, cuda)).fix
+        assert f"pip install {wheel} " in fix and f"for CUDA {cuda} (torch.version.cuda)" in fix
     assert only(check_gpu(True, ["H100"], "2.4.0")).severity == "ok"
     assert check_pinned(False, None) == []
     bad = only(check_pinned(True, "CUDA error: out of memory"))
@@ -180,9 +188,18 @@ def test_cli_json_and_exit_codes(tmp_path, capsys):
     assert rc == 2 and "neither a packed feedpipe dataset" in err
 
 
+def test_bad_options_exit_2_before_any_check(packed, capsys):
+    with pytest.raises(ConfigError, match=r"batches=1 \(--batches\): use an integer of at least 2"):
+        run_doctor(packed["lmdb"], batches=1)
+    with pytest.raises(ConfigError, match=r"batch_size='64' \(--batch-size\)"):
+        run_doctor(None, batch_size="64")  # type: ignore[arg-type]
+    rc, out, err = cli_main(capsys, "doctor", packed["lmdb"], "--size", "0")
+    assert rc == 2 and "size=0 (--size)" in err and out == ""
+
+
 def test_cli_text_output(packed, capsys):
     rc, out, _ = cli_main(capsys, "doctor", Path(packed["lmdb"]), "--no-bench")
     assert rc == 0 and out.startswith("feedpipe doctor: ")
-    assert "[OK] decoder" in out or "[MEDIUM] decoder" in out
+    assert str(only(check_decoder(decoder_info()))) in out  # this machine's decoder verdict
     assert "bench" not in {line.split("]")[1].split(":")[0].strip()
                            for line in out.splitlines() if line.startswith("[")}

@@ -16,6 +16,7 @@ import feedpipe
 from feedpipe.cli import build_parser, main
 from feedpipe.errors import ConfigError, FeedpipeError, GpuUnavailableError, MissingDependencyError
 from feedpipe.gpumon import GpuMonitor, GpuSample, cmd_monitor, nvml_sampler
+from feedpipe.loader import dali_pipeline
 from feedpipe.loader.config import usable_cores
 from feedpipe.monitor import LoaderInfo, StallMeter, StallSummary, advise
 
@@ -182,6 +183,28 @@ def test_advice_follows_the_loader() -> None:
     assert len(ok) == 1 and "speed up the step" in ok[0]
 
 
+@pytest.mark.parametrize("cuda, wheel", [("12.4", "nvidia-dali-cuda120"),
+                                         ("13.0", "nvidia-dali-cuda130")])
+def test_dali_advice_names_the_wheel_for_torchs_cuda(monkeypatch: pytest.MonkeyPatch,
+                                                     cuda: str, wheel: str) -> None:
+    monkeypatch.setattr(dali_pipeline, "DALI_MODULE", "nvidia.no_such_dali")  # not installed
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    text = "\n".join(advise(_summary(0.6, "input-bound"), LoaderInfo(
+        num_workers=8, usable_cores=8, codec="jpeg", format="lmdb", device="cuda")))
+    assert f"pip install {wheel})" in text
+
+
+def test_bad_arguments_name_the_parameter() -> None:
+    with pytest.raises(ConfigError, match="clock=5: pass a function"):
+        StallMeter(clock=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="loader_info=.*LoaderInfo.from_loader"):
+        StallMeter(loader_info={"num_workers": 2})  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="interval='1': use a positive number"):
+        GpuMonitor(interval="1", sampler=list)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="sampler=5: pass a function"):
+        GpuMonitor(sampler=5)  # type: ignore[arg-type]
+
+
 def _feed(series: dict[int, list[float]], mem: list[int] | None = None) -> GpuMonitor:
     """A monitor fed ``series`` (GPU index -> utilisation per reading) through the sampler seam."""
     n = len(next(iter(series.values())))
@@ -293,6 +316,13 @@ def test_cli_monitor_with_sampler(tmp_path: Path, capsys: pytest.CaptureFixture[
     data = json.loads(out.read_text())
     assert [g["util_mean"] for g in data["gpus"]] == [40.0, 100.0]
     assert data["gpus"][0]["mem_used_peak"] == 3 << 30 and data["interval_s"] == 0.01
+    assert [p.name for p in tmp_path.iterdir()] == ["gpu.json"]  # written atomically
+    calls: list[int] = []
+    args = build_parser().parse_args(["monitor", "--duration", "0.05", "--json",
+                                      str(tmp_path / "missing" / "gpu.json")])
+    with pytest.raises(ConfigError, match="--json .*missing does not exist"):
+        cmd_monitor(args, sampler=lambda: calls.append(1) or sample)
+    assert calls == []  # refused before sampling started
     args = build_parser().parse_args(["monitor", "--duration", "-1"])
     with pytest.raises(ConfigError, match="--duration -1"):
         cmd_monitor(args, sampler=lambda: sample)

@@ -153,6 +153,17 @@ def test_cache_hit_skips_trials_and_a_changed_dataset_invalidates_it(
     assert not redone.cached and "unreadable cache file" in caplog.text
     assert json.loads(Path(redone.cache_path).read_text())["result"]["reason"] == redone.reason
 
+    wrong = json.loads(Path(redone.cache_path).read_text())  # valid JSON, right key, bad choice
+    wrong["result"]["num_workers"] = "two"
+    Path(redone.cache_path).write_text(json.dumps(wrong))
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="feedpipe.tune"):
+        fixed = autotune(path, 16, **kw)
+    assert not fixed.cached and isinstance(fixed.num_workers, int)
+    assert "another layout" in caplog.text
+    assert json.loads(Path(fixed.cache_path).read_text())["result"]["num_workers"] == \
+        fixed.num_workers
+
 
 def test_make_loader_num_workers_tune(packed):
     path = packed["lmdb"]
@@ -178,6 +189,7 @@ def test_make_loader_num_workers_tune(packed):
     (dict(budget_ram=-1), "budget_ram"), (dict(tolerance=1.5), "tolerance"),
     (dict(trial_batches=2), "trial_batches"), (dict(repeats=0), "repeats"),
     (dict(prefetch_factor=0), "prefetch_factor"), (dict(crop="squash"), "crop"),
+    (dict(budget_ram="2G"), "budget_ram"), (dict(tolerance="0.05"), "tolerance"),
 ])
 def test_autotune_rejects_bad_options(packed, bad, match):
     with pytest.raises(ConfigError, match=match):
@@ -316,7 +328,10 @@ def test_allocation_failures_are_ooms_and_other_errors_propagate():
     with pytest.raises(ConfigError, match="does not fit"):
         find_batch_size(model, images, memory_budget=1, max_size=8, steps=1)
     for bad, match in [(dict(margin=1.0), "margin"), (dict(mode="big"), "mode"),
-                       (dict(start=9, max_size=8), "start"), (dict(memory_budget=0), "budget")]:
+                       (dict(start=9, max_size=8), "start"), (dict(memory_budget=0), "budget"),
+                       (dict(memory_budget="1G"), "memory_budget"), (dict(steps="3"), "steps"),
+                       (dict(loader_workers=-1), "loader_workers"),
+                       (dict(resolution="1/32"), "resolution")]:
         with pytest.raises(ConfigError, match=match):
             find_batch_size(model, images, **bad)
 

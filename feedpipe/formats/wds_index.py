@@ -4,28 +4,24 @@ DALI's ``readers.webdataset`` needs one index per shard (the ``wds2idx`` text fo
 1.2: a ``v1.2 <samples>`` line, then per sample ``<ext> <data offset> <size> <member name>`` for
 each member). feedpipe already records every member's offset and size (``index-offsets.npy``), so
 the files are written from that without scanning the tars, on first use, next to the shards
-(``shard-000000.idx``), each atomically (temporary file, then rename). A read-only dataset gets
-them in a per-user cache directory instead.
+(``shard-000000.idx``), each atomically (:func:`write_atomic`). A read-only dataset gets them in
+the per-user :func:`cache_dir` instead. A damaged index is rewritten, with a warning.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
-import tempfile
+import logging
 from pathlib import Path
 
 import numpy as np
 
 from ..errors import CorruptRecordError
+from ..paths import cache_dir, write_atomic
 from .wds import INDEX_FILES, WdsReader
 
 VERSION = "v1.2"
-
-
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "feedpipe" / "dali-index"
+log = logging.getLogger("feedpipe.formats")
 
 
 class DaliIndex:
@@ -53,44 +49,43 @@ class DaliIndex:
 
     def paths(self) -> list[Path]:
         """One index file per shard, in shard order: next to the shards when that directory is
-        writable, else in ``$XDG_CACHE_HOME/feedpipe/dali-index``; written when missing or
-        older than its shard."""
+        writable, else in ``cache_dir() / "dali-index"``; written when missing, older than its
+        shard or damaged."""
         out = []
         for s, name in enumerate(self.reader.shards):
             tar = self.reader.root / name
             idx = tar.with_suffix(".idx")
             if not self._fresh(idx, tar, s):
+                text = self.text(s)
                 try:
-                    self._write(idx, s)
+                    write_atomic(idx, text)
                 except OSError:  # a read-only dataset: cache per user, keyed by the shard's path
                     tag = hashlib.sha1(str(tar.resolve()).encode()).hexdigest()[:16]
-                    idx = _cache_dir() / f"{tag}-{idx.name}"
+                    idx = cache_dir() / "dali-index" / f"{tag}-{idx.name}"
                     if not self._fresh(idx, tar, s):
                         idx.parent.mkdir(parents=True, exist_ok=True)
-                        self._write(idx, s)
+                        write_atomic(idx, text)
             out.append(idx)
         return out
 
     def _fresh(self, idx: Path, tar: Path, shard: int) -> bool:
-        """An existing index of this shard's sample count, no older than the shard."""
+        """An existing index no older than the shard, with its header and one line per sample;
+        a damaged one (the index of another shard, cut short, not text) is logged."""
+        n = len(self.ranges[shard])
         try:
             if idx.stat().st_mtime < tar.stat().st_mtime:
                 return False
-            with open(idx, encoding="ascii") as fh:
-                return fh.readline().split() == [VERSION, str(len(self.ranges[shard]))]
-        except (OSError, UnicodeDecodeError):
+            lines = idx.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
             return False
-
-    def _write(self, idx: Path, shard: int) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{idx.name}.", dir=idx.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="ascii") as fh:
-                fh.write(self.text(shard))
-            os.chmod(tmp, 0o644)  # mkstemp makes it private; the shards are shared
-            os.replace(tmp, idx)
-        except BaseException:
-            os.unlink(tmp)
-            raise
+        except (OSError, UnicodeDecodeError) as exc:
+            why = str(exc)
+        else:
+            if lines[:1] and lines[0].split() == [VERSION, str(n)] and len(lines) == n + 1:
+                return True
+            why = f"expected a {VERSION!r} header for {n} samples and {n} sample lines"
+        log.warning("DALI index %s is damaged (%s); writing it again", idx, why)
+        return False
 
     def locate(self, source_info: str, field: int = 0) -> int:
         """Our sample index of a DALI sample, from its ``source_info``

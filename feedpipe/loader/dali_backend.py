@@ -71,8 +71,10 @@ class DaliLoader(EpochPosition):
         self.image, host = dali_fields(reader, cfg)
         self.op = ImageOp(cfg.size, cfg.crop, cfg.scale, cfg.ratio, cfg.flip)
         self.spec = graph_spec(reader, cfg, self.image, device)
-        self.host = BatchDataset(reader, host, self.op, seed=cfg.seed, on_error="raise") \
-            if host else None
+        # host fields (labels, paths, arrays) have no geometry: a fixed op spares the per-batch
+        # random generator the image's windows already drew in PlanSource
+        self.host = BatchDataset(reader, host, ImageOp(cfg.size), seed=cfg.seed,
+                                 on_error="raise") if host else None
         self.sampler = PlanSampler(reader, cfg, world)
         # DALI's CPU threads decode (CPU mode) and assist nvJPEG (GPU mode): this rank's cores;
         # num_workers > 0 adds processes that read and plan batches (parallel external_source)
@@ -80,7 +82,8 @@ class DaliLoader(EpochPosition):
         self.py_workers = cfg.num_workers if isinstance(cfg.num_workers, int) else 0
         if self.py_workers and cfg.multiprocessing_context not in (None, "fork", "spawn"):
             raise ConfigError(f"multiprocessing_context={cfg.multiprocessing_context!r}: DALI "
-                              "starts its reader workers with 'fork' or 'spawn'")
+                              "starts its reader workers with 'fork' or 'spawn': use one of "
+                              "those, or None (fork unless CUDA is initialized)")
         log.info("feedpipe loader: %s (%s), %d samples, rank %d/%d, DALI %s on %s (%s), %d "
                  "threads, %d reader processes", reader.root, reader.format_name, len(reader),
                  world.rank, world.size, self.dali.__version__, device, cfg.dali_reader,

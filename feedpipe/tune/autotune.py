@@ -19,7 +19,7 @@ from typing import Any, Iterator, Sequence
 
 from ..errors import ConfigError
 from ..formats import DatasetReader, open_dataset
-from ..loader.config import usable_cores
+from ..loader.config import auto_workers
 from ..monitor import StallMeter
 from .cache import cache_file, cache_key, read_cache, write_cache
 from .memory import host_available_bytes, loader_ram_bytes, sample_bytes
@@ -70,7 +70,13 @@ class TuneResult:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "TuneResult":
-        return cls(**{**d, "trials": tuple(Trial(**t) for t in d["trials"])})
+        """The inverse of :meth:`to_dict`; a TypeError when the choice is not a valid setting."""
+        res = cls(**{**d, "trials": tuple(Trial(**t) for t in d["trials"])})
+        if not (isinstance(res.num_workers, int) and res.num_workers >= 0
+                and (res.prefetch_factor is None or isinstance(res.prefetch_factor, int))):
+            raise TypeError(f"num_workers={res.num_workers!r}, prefetch_factor="
+                            f"{res.prefetch_factor!r} are not loader settings")
+        return res
 
     def report(self) -> str:
         """The trials as a table, then the choice and why."""
@@ -242,9 +248,10 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
         raise ConfigError("autotune chooses num_workers: leave it out of the loader options")
     if budget_cpus is not None and (not isinstance(budget_cpus, int) or budget_cpus < 1):
         raise ConfigError(f"budget_cpus={budget_cpus!r}: use an int >= 1 (most workers to try)")
-    if budget_ram is not None and budget_ram <= 0:
-        raise ConfigError(f"budget_ram={budget_ram!r}: use a positive number of bytes")
-    if not 0 <= tolerance < 1 or not isinstance(trial_batches, int) or trial_batches < 3:
+    if budget_ram is not None and (not isinstance(budget_ram, int) or budget_ram <= 0):
+        raise ConfigError(f"budget_ram={budget_ram!r}: use a positive int number of bytes")
+    if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1 \
+            or not isinstance(trial_batches, int) or trial_batches < 3:
         raise ConfigError(f"tolerance={tolerance!r}, trial_batches={trial_batches!r}: use "
                           "0 <= tolerance < 1 and trial_batches >= 3 (three timed windows)")
     if not isinstance(repeats, int) or repeats < 1:
@@ -253,8 +260,7 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
     if fixed != "auto" and (not isinstance(fixed, int) or fixed < 1):
         raise ConfigError(f"prefetch_factor={fixed!r}: use 'auto' (tuned) or an int >= 1")
     depths = PREFETCH_DEPTHS if fixed == "auto" else (fixed,)
-    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    max_workers = budget_cpus or max(1, usable_cores() // max(1, local))
+    max_workers = budget_cpus or auto_workers(True)  # this rank's share of the usable cores
     reader = source if isinstance(source, DatasetReader) else open_dataset(source)
     settings = {"budget_cpus": max_workers, "budget_ram": budget_ram, "depths": depths,
                 "tolerance": tolerance, "trial_batches": trial_batches, "repeats": repeats,

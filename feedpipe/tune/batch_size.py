@@ -253,16 +253,23 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
     """
     if mode not in ("largest", "fastest"):
         raise ConfigError(f"mode={mode!r}: use 'largest' or 'fastest'")
-    if not 0 <= margin < 1:
+    def fraction(x: Any) -> bool:
+        return isinstance(x, (int, float)) and 0 <= x < 1
+
+    if not fraction(margin):
         raise ConfigError(f"margin={margin!r}: use a fraction in [0, 1), e.g. 0.1 for 10% headroom")
-    if not isinstance(max_size, int) or not 1 <= start <= max_size:
-        raise ConfigError(f"start={start!r}, max_size={max_size!r}: use 1 <= start <= max_size")
-    if steps < 1 or loader_prefetch < 1:
-        raise ConfigError(f"steps={steps}, loader_prefetch={loader_prefetch}: use ints >= 1")
-    if not 0 <= resolution < 1:
+    if not (isinstance(max_size, int) and isinstance(start, int) and 1 <= start <= max_size):
+        raise ConfigError(f"start={start!r}, max_size={max_size!r}: use ints with "
+                          "1 <= start <= max_size")
+    if not all(isinstance(v, int) and v >= 1 for v in (steps, loader_prefetch)):
+        raise ConfigError(f"steps={steps!r}, loader_prefetch={loader_prefetch!r}: use ints >= 1")
+    if loader_workers is not None and (not isinstance(loader_workers, int) or loader_workers < 0):
+        raise ConfigError(f"loader_workers={loader_workers!r}: use an int >= 0, or None for the "
+                          "loader's default")
+    if not fraction(resolution):
         raise ConfigError(f"resolution={resolution!r}: use a fraction in [0, 1), e.g. 1/32")
-    if memory_budget is not None and memory_budget <= 0:
-        raise ConfigError(f"memory_budget={memory_budget!r}: use a positive number of bytes")
+    if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
+        raise ConfigError(f"memory_budget={memory_budget!r}: use a positive int number of bytes")
     params = list(model.parameters())
     dev = torch.device(device) if device is not None else \
         (params[0].device if params else torch.device("cpu"))

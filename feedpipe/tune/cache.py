@@ -1,4 +1,4 @@
-"""The autotune cache: one JSON file per (dataset, machine, settings) under the user's cache dir.
+"""The autotune cache: one JSON file per (dataset, machine, settings) in feedpipe's cache dir.
 
 A result is reused only when everything it depends on matches (stored with it and compared on
 read); files are written to a temporary name and renamed, so a reader never sees half a file.
@@ -9,8 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,16 +16,12 @@ import torch
 
 from .. import __version__
 from ..formats import DatasetReader
+from ..paths import cache_dir, write_atomic
 from ..loader.config import usable_cores
 from ..machine import cpu_model
 from ..manifest import MANIFEST_NAME
 
 log = logging.getLogger("feedpipe.tune")
-
-
-def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/feedpipe`` (default ``~/.cache/feedpipe``)."""
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "feedpipe"
 
 
 def cache_key(reader: DatasetReader, batch_size: int, settings: dict[str, Any]) -> dict[str, Any]:
@@ -63,20 +57,11 @@ def read_cache(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def write_cache(path: Path, key: dict[str, Any], result: dict[str, Any]) -> None:
-    """Write atomically (a temporary file in the same folder, then a rename); a cache that
-    cannot be written is logged, not raised: the next run simply tunes again."""
-    tmp: str | None = None
+    """Write atomically (:func:`write_atomic`); a cache that cannot be written is logged, not
+    raised: the next run simply tunes again."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".tune-", suffix=".tmp",
-                                         delete=False) as fh:
-            tmp = fh.name
-            json.dump({"key": key, "result": result}, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps({"key": key, "result": result}, indent=1))
     except OSError as exc:
         log.warning("autotune: could not write the cache %s (%s); the next run tunes again",
                     path, exc)
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
