@@ -68,8 +68,10 @@ def check_cores(usable: int, total: int, quota: float | None) -> list[Finding]:
 
 
 def ring_bytes(batch_size: int, size: int, workers: int, prefetch: int = 4) -> int:
-    """Bytes of the loader's shared-memory slot ring (workers × prefetch + 2 uint8 batches)."""
-    return (workers * prefetch + 2) * batch_size * size * size * 3
+    """Bytes of the loader's shared-memory slot ring of uint8 batches."""
+    from .loader.torch_backend import SlotRing
+
+    return SlotRing.slots(workers, prefetch) * batch_size * size * size * 3
 
 
 def check_shm(free: int | None, *, batch_size: int, size: int, workers: int,

@@ -49,6 +49,11 @@ class SlotRing:
         self._free: deque[int] = deque(range(count))
 
     @staticmethod
+    def slots(workers: int, prefetch: int) -> int:
+        """Ring size: the prefetched batches, plus the one being copied out and the one in use."""
+        return workers * prefetch + 2
+
+    @staticmethod
     def nbytes(shapes: dict[str, tuple[tuple[int, ...], np.dtype]], count: int) -> int:
         return count * sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes.values())
 
@@ -240,7 +245,7 @@ class TorchLoader(EpochPosition):
     def _attach_ring(self, cfg: LoaderConfig) -> None:
         shapes = {c.field.name: ((cfg.batch_size, *c.shape), c.dtype) for c in self.dataset.columns
                   if (c.field.kind == "image" or c.spatial) and c.shape is not None}
-        count = int(cfg.num_workers) * int(cfg.prefetch_factor) + 2
+        count = SlotRing.slots(int(cfg.num_workers), int(cfg.prefetch_factor))
         need = SlotRing.nbytes(shapes, count)
         try:
             free = shutil.disk_usage("/dev/shm").free

@@ -156,11 +156,13 @@ def sample_bytes(loader: Any) -> int:
 def loader_ram_bytes(per_sample: int, batch_size: int, workers: int, prefetch: int) -> int:
     """Host bytes of batches a loader holds at once.
 
-    With workers, the torch backend keeps ``workers × prefetch + 2`` batch slots (its ring: the
-    prefetched batches plus the one being copied out and the one in use); without workers one
-    batch is built at a time. Worker processes' own memory (interpreter, decoder) is not counted.
+    With workers, the torch backend keeps its ring of :meth:`SlotRing.slots` batches; without
+    workers one batch is built at a time. Worker processes' own memory (interpreter, decoder) is
+    not counted.
     """
-    slots = workers * prefetch + 2 if workers else 1
+    from ..loader.torch_backend import SlotRing
+
+    slots = SlotRing.slots(workers, prefetch) if workers else 1
     return per_sample * batch_size * slots
 
 
