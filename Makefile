@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench install pillow-simd clean
+.PHONY: demo test test-faults bench install pillow-simd clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -20,7 +20,11 @@ demo: $(STAMP)
 	$(BIN)/feedpipe demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -m "not heavy" tests
+
+# The heavy fault, abuse and soak tests (tests/faults/, marked `heavy`); CI runs them after `make test`.
+test-faults: $(STAMP)
+	$(BIN)/python -m pytest -q -m heavy tests
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_convert.py
