@@ -37,3 +37,8 @@ class MissingDependencyError(FeedpipeError, ImportError):
 
 class GpuUnavailableError(FeedpipeError):
     """A GPU feature found no usable GPU (no NVIDIA driver loaded, or no device visible)."""
+
+
+class UnsafePathError(ManifestError):
+    """A manifest names a file outside its dataset (an absolute path, '..', a path separator or a
+    symlink that leads out); refused before anything is opened or written."""

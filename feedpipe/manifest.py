@@ -13,12 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import IncompleteDatasetError, ManifestError
+from .errors import IncompleteDatasetError, ManifestError, UnsafePathError
 from .schema import Schema
 
 MANIFEST_NAME = "feedpipe.json"
 MANIFEST_VERSION = 1
 FORMAT_VERSIONS = {"lmdb": 1, "hdf5": 1, "wds": 1}
+#: files each format's reader opens by a fixed name, checked like the ones the manifest names
+FORMAT_FILES = {"lmdb": ("data.mdb",), "hdf5": ("data.h5",),
+                "wds": ("index-offsets.npy", "index-shards.npy", "index-keys.npy")}
 
 
 @dataclass(frozen=True)
@@ -121,7 +124,7 @@ class Manifest:
             raise ManifestError(f"{path}: {fmt} format version {d.get('format_version')!r} is not "
                                 f"supported (expected {FORMAT_VERSIONS[fmt]})")
         try:
-            return cls(
+            manifest = cls(
                 format=fmt,
                 num_samples=int(d["num_samples"]),
                 schema=Schema.from_json(d["schema"]),
@@ -135,3 +138,33 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"{path}: malformed manifest: {exc!r}") from exc
+        manifest.check_paths(root)
+        return manifest
+
+    def check_paths(self, root: Path) -> None:
+        """Refuse every file name this manifest makes a reader open (or a DALI index be written
+        beside) unless it is a plain name of a file inside ``root``: a manifest must never lead
+        feedpipe outside its dataset."""
+        path = root / MANIFEST_NAME
+        names = [(f"files[{i}].name", f.name) for i, f in enumerate(self.files)]
+        shards = self.extra.get("shards", [])
+        if not isinstance(shards, list):
+            raise ManifestError(f"{path}: extra.shards is {type(shards).__name__}, not a list of "
+                                "shard file names")
+        names += [(f"extra.shards[{i}]", s) for i, s in enumerate(shards)]
+        names += [(f"{self.format} data file", n) for n in FORMAT_FILES[self.format]]
+        inside = root.resolve()
+        for what, name in names:
+            if not isinstance(name, str) or name in ("", ".", "..") or os.path.isabs(name) \
+                    or any(c in name for c in ("/", "\\", "\0")):
+                raise UnsafePathError(f"{path}: {what} is {name!r}: a dataset file must be a plain "
+                                      "name inside the dataset directory (no absolute path, no "
+                                      "'..', no path separator); refusing to open it")
+            try:
+                real = (root / name).resolve()
+            except (OSError, RuntimeError) as exc:  # a symlink loop
+                raise UnsafePathError(f"{path}: {what} {name!r} cannot be resolved: {exc}") \
+                    from exc
+            if not real.is_relative_to(inside):
+                raise UnsafePathError(f"{path}: {what} {name!r} is a symlink to {real}, outside "
+                                      f"the dataset directory {inside}; refusing to open it")
