@@ -10,9 +10,10 @@ Overhead: ~0.5 µs per batch over a bare loop (two clock reads, two list appends
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Callable, Iterable, Iterator, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
 import numpy as np
 
@@ -37,25 +38,20 @@ class LoaderInfo:
     pin_memory: bool | None = None
     device: str | None = None         # "cuda" or "cpu"
     prefetch_factor: int | None = None
+    backend: str | None = None        # "torch", "dali"; None for a plain DataLoader / unknown
 
     @classmethod
     def from_loader(cls, loader: object) -> "LoaderInfo | None":
-        """Read a feedpipe ``TorchLoader`` (resolved config, dataset) or a torch DataLoader."""
-        from .loader.config import LoaderConfig, usable_cores
+        """Read a feedpipe loader of either backend (its ``describe()``, the loader protocol) or
+        a torch DataLoader; None for anything else."""
+        from .loader.config import usable_cores
+        from .loader.protocol import Loader
 
-        cfg = getattr(loader, "cfg", None)
-        if isinstance(cfg, LoaderConfig):
-            reader = getattr(loader, "reader", None)
-            schema = getattr(reader, "schema", None)
-            image = schema["image"] if schema is not None and "image" in schema else None
-            device = getattr(loader, "device", None)
-            return cls(num_workers=cfg.num_workers if isinstance(cfg.num_workers, int) else None,
-                       usable_cores=usable_cores(), codec=getattr(image, "codec", None),
-                       format=getattr(reader, "format_name", None), batch_size=cfg.batch_size,
-                       pin_memory=cfg.pin_memory if isinstance(cfg.pin_memory, bool) else None,
-                       device=getattr(device, "type", None),
-                       prefetch_factor=cfg.prefetch_factor
-                       if isinstance(cfg.prefetch_factor, int) else None)
+        if isinstance(loader, Loader):
+            v = loader.describe()
+            return cls(num_workers=v.num_workers, usable_cores=usable_cores(), codec=v.codec,
+                       format=v.format, batch_size=v.batch_size, pin_memory=v.pin_memory,
+                       device=v.device, prefetch_factor=v.prefetch_factor, backend=v.backend)
         if all(hasattr(loader, a) for a in ("num_workers", "batch_size", "pin_memory", "dataset")):
             return cls(num_workers=loader.num_workers, usable_cores=usable_cores(),  # type: ignore
                        batch_size=loader.batch_size, pin_memory=loader.pin_memory,  # type: ignore
@@ -110,15 +106,27 @@ def _count(batch: object) -> int:
     return 1
 
 
+def _cuda_in_use() -> Callable[[], None] | None:
+    """``torch.cuda.synchronize`` when this process has initialized CUDA, else None (without
+    importing torch: a process that never imported it uses no CUDA through it)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.synchronize
+
+
 class StallMeter:
     """Per-batch data wait vs step timer around any iterable of batches.
 
     ``for batch in meter.wrap(loader): step(batch)`` then ``meter.summary()``; also a context
-    manager, whose enter/exit bound ``wall_s``. ``cuda_sync=True`` synchronizes CUDA before
-    stopping each step timer, so asynchronous GPU work is charged to the step that queued it.
+    manager, whose enter/exit bound ``wall_s``. ``cuda_sync`` synchronizes CUDA before stopping
+    each step timer, so asynchronous GPU work is charged to the step that queued it: ``"auto"``
+    (the default) does so when CUDA is available and in use by the time the first step ends;
+    ``True`` insists (a ConfigError without CUDA), ``False`` never does.
     """
 
-    def __init__(self, cuda_sync: bool = False, clock: Callable[[], float] = time.perf_counter,
+    def __init__(self, cuda_sync: bool | Literal["auto"] = "auto",
+                 clock: Callable[[], float] = time.perf_counter,
                  loader_info: LoaderInfo | None = None) -> None:
         if not callable(clock):
             raise ConfigError(f"clock={clock!r}: pass a function returning seconds, such as "
@@ -126,13 +134,18 @@ class StallMeter:
         if loader_info is not None and not isinstance(loader_info, LoaderInfo):
             raise ConfigError(f"loader_info={loader_info!r}: pass a feedpipe.monitor.LoaderInfo "
                               "(LoaderInfo.from_loader(loader)) or None")
+        if cuda_sync not in (True, False, "auto"):
+            raise ConfigError(f"cuda_sync={cuda_sync!r}: use 'auto' (sync when CUDA is in use), "
+                              "True or False")
         self._sync: Callable[[], None] | None = None
-        if cuda_sync:
+        self._auto = cuda_sync == "auto"
+        if cuda_sync is True:
             import torch
 
             if not torch.cuda.is_available():
                 raise ConfigError("StallMeter(cuda_sync=True) but CUDA is not available here; "
-                                  "use cuda_sync=False (the default) on CPU-only machines")
+                                  "use cuda_sync='auto' (the default), which syncs only when "
+                                  "CUDA is in use")
             self._sync = torch.cuda.synchronize
         self.clock = clock
         self.loader_info = loader_info
@@ -159,6 +172,7 @@ class StallMeter:
         if self.loader_info is None:
             self.loader_info = LoaderInfo.from_loader(loader)
         clock, waits, steps, sync = self.clock, self.waits, self.steps, self._sync
+        auto = self._auto and sync is None
         t0 = clock()
         if self._start is None:
             self._start = t0
@@ -173,6 +187,8 @@ class StallMeter:
                 self._last = t0 = clock()
                 steps.append(t0 - t1)
                 raise
+            if auto:  # decided once, after the first step: has it put CUDA to use?
+                sync, auto = _cuda_in_use(), False
             if sync is not None:
                 sync()
             self._last = t0 = clock()
@@ -217,7 +233,14 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
         out.append("pack the dataset once (`feedpipe convert imgs/ --to lmdb -o packed/`) and "
                    "load it with feedpipe.make_loader: batched reads instead of a file open and "
                    "a decode setup per sample")
-    if encoded and n is not None and cores:
+    dali = i.backend == "dali"
+    if dali and encoded:
+        out.append("the DALI pipeline decodes in its own threads, one per usable core"
+                   + (f" ({cores} here)" if cores else "")
+                   + (": on CPU that is the limit; run it on a GPU (device='cuda') so nvJPEG "
+                      "decodes" if i.device == "cpu" else
+                      f"; more reader processes (num_workers, now {n}) feed it faster"))
+    elif encoded and n is not None and cores:
         if n == 0:
             out.append(f"num_workers=0 decodes in the training process: use num_workers='auto' "
                        f"(one worker per usable core, {cores} here)")
@@ -228,7 +251,7 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
             out.append(f"{n} workers already use all {cores} usable cores: decoding is the "
                        "limit, more workers will not help; give the job more cores or skip "
                        "decoding")
-    if not encoded and n:
+    if not encoded and n and not dali:
         out.append(f"raw data loads fastest in the training process: num_workers=0 (what 'auto' "
                    f"picks for raw data) instead of {n}, which ships every batch through shared "
                    "memory")
@@ -239,7 +262,7 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
     else:
         out.append("skip decoding at load time: `feedpipe convert ... --store raw --resize 224` "
                    "stores decoded uint8 images (several times the disk, almost no CPU)")
-        if i.device in ("cuda", None):
+        if i.device in ("cuda", None) and not dali:
             import torch
 
             from .loader.dali_pipeline import dali_installed, dali_package

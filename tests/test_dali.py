@@ -184,8 +184,9 @@ def test_set_epoch_reshuffles_deterministically(packed):
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_resume_mid_epoch(packed, workers):
-    """A new loader given state_dict() after 3 batches yields exactly the uninterrupted tail;
-    so does the torch backend (same order), and an iteration resumed after ``break``."""
+    """A new loader given state_dict() after 3 batches (taken after ``break``) yields exactly
+    the uninterrupted tail; so does the torch backend (same order). The same loader iterated
+    again after ``break`` starts the epoch over, as a torch DataLoader does."""
     kw = dict(size=32, crop="random_resized_crop", flip=True, seed=4, num_workers=workers,
               fields=["image", "label", "path"], **U8)
     ld = dali(packed["lmdb"], 8, **kw)
@@ -199,14 +200,14 @@ def test_resume_mid_epoch(packed, workers):
             break
     state = ld.state_dict()
     assert state["epoch"] == 3 and state["batches"] == 3
-    rest = list(ld)  # same loader, after break: goes on from batch 3
+    again = list(ld)  # same loader, after break: the whole epoch 3 again
+    assert paths(again) == paths(full) and ld.state_dict()["epoch"] == 4
     fresh = dali(packed["lmdb"], 8, **kw)
     fresh.load_state_dict(state)
     resumed = list(fresh)
-    for tail in (rest, resumed):
-        assert len(tail) == len(full) - 3
-        for a, b in zip(tail, full[3:]):
-            assert a["path"] == b["path"] and torch.equal(a["image"], b["image"])
+    assert len(resumed) == len(full) - 3
+    for a, b in zip(resumed, full[3:]):
+        assert a["path"] == b["path"] and torch.equal(a["image"], b["image"])
     other = torch_ld(packed["lmdb"], 8, **{k: v for k, v in kw.items() if k != "num_workers"})
     other.load_state_dict(state)
     assert paths(list(other)) == paths(full[3:])
@@ -220,10 +221,11 @@ def test_parallel_readers_match_main_thread(packed):
     ref = list(dali(packed["wds"], 10, num_workers=0, **kw))
     before = {p.pid for p in psutil.Process().children()}
     ld = dali(packed["wds"], 10, num_workers=2, multiprocessing_context="fork", **kw)
-    got = [next(iter(ld))]
+    peek = next(iter(ld))
     assert len({p.pid for p in psutil.Process().children()} - before) == 2  # the reader workers
-    got += list(ld)
+    got = list(ld)  # a new iteration: the epoch from its first batch again
     assert len(got) == len(ref) == 8
+    assert torch.equal(peek["image"], ref[0]["image"])
     for a, b in zip(got, ref):
         assert torch.equal(a["label"], b["label"]) and torch.equal(a["image"], b["image"])
 

@@ -116,15 +116,34 @@ def test_sample_counting_tuple_and_bare_tensor() -> None:
     assert meter.summary().samples == 5 + 7 + 3
 
 
-def test_cuda_sync_needs_cuda() -> None:
+def test_cuda_sync_true_needs_cuda_auto_does_not() -> None:
     if torch.cuda.is_available():
         clock = FakeClock()
         meter = StallMeter(cuda_sync=True, clock=clock)
         run(meter, clock, [1.0] * 3, [1.0] * 3)
         assert meter.summary().batches == 3
     else:
-        with pytest.raises(ConfigError, match="cuda_sync=True.*CUDA is not available"):
+        with pytest.raises(ConfigError, match="cuda_sync=True.*CUDA is not available.*'auto'"):
             StallMeter(cuda_sync=True)
+    with pytest.raises(ConfigError, match="cuda_sync='yes'"):
+        StallMeter(cuda_sync="yes")  # type: ignore[arg-type]
+    clock = FakeClock()
+    meter = StallMeter(clock=clock)  # "auto", the default: runs anywhere
+    run(meter, clock, [1.0] * 3, [2.0] * 3)
+    assert meter.summary().step_s == 6.0
+
+
+def test_readme_stall_example_runs_on_this_machine(packed: dict[str, Path]) -> None:
+    """The README's first StallMeter example, executed as written (CPU-only here)."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("## Is my job input-bound?")[1].split("```python\n")[1].split("```")[0]
+    assert "StallMeter(" in block and "cuda_sync=True" not in block
+    loader = feedpipe.make_loader(packed["lmdb"], 16, size=32, device="cpu", num_workers=0)
+    steps: list[int] = []
+    scope = {"loader": loader, "train_step": lambda b: steps.append(len(b["label"])),
+             "print": lambda *a: steps.append(-1)}
+    exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - our own README's code
+    assert sum(s for s in steps if s > 0) == N_PHOTOS and steps[-1] == -1
 
 
 def test_wraps_real_loader(packed: dict[str, Path]) -> None:
@@ -140,7 +159,8 @@ def test_wraps_real_loader(packed: dict[str, Path]) -> None:
     assert s.wall_s >= s.first_batch_s + s.wait_s and 0.0 <= s.input_bound <= 1.0
     assert meter.loader_info == LoaderInfo(num_workers=1, usable_cores=usable_cores(),
                                            codec="jpeg", format="lmdb", batch_size=16,
-                                           pin_memory=False, device="cpu", prefetch_factor=4)
+                                           pin_memory=False, device="cpu", prefetch_factor=4,
+                                           backend="torch")
     # the torch DataLoader it wraps is understood too
     assert LoaderInfo.from_loader(loader._dl).num_workers == 1
     assert LoaderInfo.from_loader(range(3)) is None

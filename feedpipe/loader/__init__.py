@@ -17,6 +17,7 @@ from ..sharding import World
 from .config import LoaderConfig, auto_workers, usable_cores
 from .dali_backend import DaliLoader, choose_backend, dali_loader
 from .device_decode import choose as choose_decoder
+from .protocol import Loader, LoaderView
 from .torch_backend import TorchLoader
 
 log = logging.getLogger("feedpipe.loader")
@@ -33,13 +34,16 @@ def _device(spec: str | torch.device) -> torch.device:
 
 
 def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
-                **options: Any) -> TorchLoader | DaliLoader:
+                **options: Any) -> Loader:
     """Open ``source`` (a packed dataset path or an opened dataset) and return a batch loader.
 
     Yields dicts of tensors on the target device — ``image`` as N×C×H×W (normalized ``dtype``,
     channels_last by default), ``label`` as N int64 — plus any other requested ``fields``. Every
     option is a :class:`~feedpipe.loader.config.LoaderConfig` field; "auto" values are tuned to the
-    machine. The loader supports ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict``.
+    machine. Either backend returns a :class:`Loader`: ``len()``, ``set_epoch``,
+    ``state_dict``/``load_state_dict``, ``classes`` (the manifest's class names) and
+    ``describe()``. Every new ``iter()`` starts its epoch at the first batch; only
+    ``load_state_dict`` resumes mid-epoch.
     """
     world = options.pop("world", None) or World.detect()
     cfg = LoaderConfig(batch_size=batch_size, **options)
@@ -69,5 +73,5 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
     return TorchLoader(reader, cfg, world, device, choose_decoder(cfg.decode_on, device, jpeg))
 
 
-__all__ = ["DaliLoader", "LoaderConfig", "TorchLoader", "auto_workers", "make_loader",
-           "usable_cores"]
+__all__ = ["DaliLoader", "Loader", "LoaderConfig", "LoaderView", "TorchLoader", "auto_workers",
+           "make_loader", "usable_cores"]

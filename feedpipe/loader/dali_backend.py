@@ -29,6 +29,7 @@ from .dali_pipeline import PlanSource, dali_fields, dali_installed, define_graph
     import_dali
 from .dataset import BatchDataset, BatchRequest
 from .position import EpochPosition
+from .protocol import LoaderView
 from .torch_backend import PlanSampler
 from .transforms import ImageOp
 
@@ -60,7 +61,8 @@ def choose_backend(reader: DatasetReader, cfg: LoaderConfig,
 
 
 class DaliLoader(EpochPosition):
-    """What ``make_loader(..., backend="dali")`` returns: iterate it once per epoch."""
+    """What ``make_loader(..., backend="dali")`` returns: iterate it once per epoch (a
+    :class:`~feedpipe.loader.protocol.Loader`, as the torch backend's)."""
 
     outputs: tuple[str, ...] = ("image",)
 
@@ -92,6 +94,24 @@ class DaliLoader(EpochPosition):
         self._it: Any = None                       # the DALIGenericIterator being drained
         self._next: tuple[int, int] | None = None  # the (epoch, batch) it yields next
         self._ended = False                         # it raised StopIteration: reset() goes on
+        self.skipped: list[str] = []                # always empty: DALI raises, never skips
+        self.classes: tuple[str, ...] = reader.classes
+
+    def describe(self) -> LoaderView:
+        """The resolved settings (see :class:`~feedpipe.loader.protocol.LoaderView`); a sample's
+        bytes are its output image (DALI's prefetched buffers) plus the host fields."""
+        cfg, spec = self.cfg, self.spec
+        itemsize = {"float32": 4, "float16": 2, "uint8": 1}[spec.dtype]
+        host = sum(int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize for c in self.host.columns
+                   if c.shape is not None and c.dtype is not None) if self.host else 0
+        return LoaderView(
+            backend="dali", root=str(self.reader.root), format=self.reader.format_name,
+            codec=getattr(self.reader.schema[self.image], "codec", None),
+            num_samples=len(self.reader), batch_size=cfg.batch_size,
+            num_workers=self.py_workers, prefetch_factor=spec.depth if self.py_workers else None,
+            pin_memory=self.device.type == "cuda", device=self.device.type,
+            decode_threads=self.threads,
+            sample_bytes=spec.size[0] * spec.size[1] * 3 * itemsize + host)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
@@ -103,7 +123,8 @@ class DaliLoader(EpochPosition):
                              f"whose order differs from this loader's {self.cfg.dali_reader!r}")
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        epoch, start = self._epoch, self._consumed
+        """One epoch from its first batch (or, once, from where ``load_state_dict`` says)."""
+        epoch, start = self._begin()
         count = self._count(epoch)
         it = self._iterator(epoch, start)
         for number in range(start, count):

@@ -25,6 +25,7 @@ from .config import LoaderConfig
 from .dataset import SKIPPED_KEY, BatchDataset, BatchRequest, SlotRef
 from .device_decode import DeviceDecoder, EncodedBatch
 from .position import EpochPosition
+from .protocol import LoaderView
 from .transforms import ImageOp
 
 log = logging.getLogger("feedpipe.loader")
@@ -203,7 +204,8 @@ class DeviceStage:
 
 
 class TorchLoader(EpochPosition):
-    """What ``make_loader`` returns for the torch backend: iterate it once per epoch."""
+    """What ``make_loader`` returns for the torch backend: iterate it once per epoch (a
+    :class:`~feedpipe.loader.protocol.Loader`)."""
 
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World,
                  device: torch.device, decoder: DeviceDecoder | None = None) -> None:
@@ -241,6 +243,23 @@ class TorchLoader(EpochPosition):
         self._epoch = 0
         self._consumed = 0
         self.skipped: list[str] = []
+        self.classes: tuple[str, ...] = reader.classes
+
+    def describe(self) -> LoaderView:
+        """The resolved settings (see :class:`~feedpipe.loader.protocol.LoaderView`)."""
+        cfg, image = self.cfg, next((c.field for c in self.dataset.columns
+                                     if c.field.kind == "image"), None)
+        workers = int(cfg.num_workers)  # type: ignore[arg-type]
+        return LoaderView(
+            backend="torch", root=str(self.reader.root), format=self.reader.format_name,
+            codec=getattr(image, "codec", None), num_samples=len(self.reader),
+            batch_size=cfg.batch_size, num_workers=workers,
+            prefetch_factor=cfg.prefetch_factor if workers else None,  # type: ignore[arg-type]
+            pin_memory=bool(cfg.pin_memory) and self.device.type == "cuda",
+            device=self.device.type, decode_threads=0,
+            sample_bytes=sum(int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize
+                             for c in self.dataset.columns
+                             if c.shape is not None and c.dtype is not None))
 
     def _attach_ring(self, cfg: LoaderConfig) -> None:
         shapes = {c.field.name: ((cfg.batch_size, *c.shape), c.dtype) for c in self.dataset.columns
@@ -267,7 +286,8 @@ class TorchLoader(EpochPosition):
         return len(self.sampler.plan(self._epoch))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        self.sampler.epoch, self.sampler.start = self._epoch, self._consumed
+        """One epoch from its first batch (or, once, from where ``load_state_dict`` says)."""
+        self.sampler.epoch, self.sampler.start = self._begin()
         if self.ring is not None:
             self.ring.reset()
         skipped_before = len(self.skipped)

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Sequence
 from ..errors import ConfigError
 from ..formats import DatasetReader, open_dataset
 from ..loader.config import auto_workers
+from ..loader.protocol import Loader
 from ..monitor import StallMeter
 from .cache import cache_file, cache_key, read_cache, write_cache
 from .memory import host_available_bytes, loader_ram_bytes, sample_bytes
@@ -112,7 +113,7 @@ def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[i
     return statistics.median(rates)
 
 
-def _epochs(loader: Any, rows: list[int]) -> Iterator[Any]:
+def _epochs(loader: Loader, rows: list[int]) -> Iterator[Any]:
     """The loader's batches epoch after epoch, recording each batch's sample count."""
     epoch = 0
     while True:

@@ -23,9 +23,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-import numpy as np
-
 from ..errors import MissingDependencyError
+from ..loader.protocol import Loader
 from ..machine import memory
 
 _STATUS = Path("/proc/self/status")
@@ -146,11 +145,11 @@ def host_available_bytes() -> int:
         "SC_PAGE_SIZE")
 
 
-def sample_bytes(loader: Any) -> int:
-    """Bytes one sample occupies in a batch as the loader's workers write it (uint8 images,
-    masks, targets, labels): the unit of its shared-memory ring and prefetch queue."""
-    return sum(int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize
-               for c in loader.dataset.columns if c.shape is not None and c.dtype is not None)
+def sample_bytes(loader: Loader) -> int:
+    """Bytes one sample occupies in a batch as the loader holds it before the device (uint8
+    images, masks, targets, labels; DALI's output image): the unit of its ring and prefetch
+    queue. Any backend: read from the loader protocol's ``describe()``."""
+    return loader.describe().sample_bytes
 
 
 def loader_ram_bytes(per_sample: int, batch_size: int, workers: int, prefetch: int) -> int:

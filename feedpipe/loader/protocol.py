@@ -1,0 +1,49 @@
+"""The loader protocol: what every backend's loader offers, and all that tune, bench and monitor
+may use of one. ``make_loader`` returns a :class:`Loader` whichever backend it picks, so code
+written against this protocol runs unchanged on the torch and the DALI backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class LoaderView:
+    """A loader's resolved settings, for measurement and advice (read-only)."""
+
+    backend: str                   # "torch" or "dali"
+    root: str                      # the dataset directory
+    format: str                    # "lmdb", "hdf5", "wds"
+    codec: str | None              # the stored image codec ("jpeg", "png", "raw"...); None: no image
+    num_samples: int               # samples in the dataset (all ranks)
+    batch_size: int
+    num_workers: int               # worker processes (torch) / reader processes (DALI)
+    prefetch_factor: int | None    # batches each worker prepares ahead; None without workers
+    pin_memory: bool
+    device: str                    # "cpu" or "cuda"
+    decode_threads: int            # threads decoding in this process (DALI); 0 for torch
+    sample_bytes: int              # host bytes one sample occupies in a batch before the device
+
+
+@runtime_checkable
+class Loader(Protocol):
+    """Iterate once per epoch; every new ``iter()`` starts its epoch at the first batch, only
+    ``load_state_dict()`` resumes mid-epoch (once). A fully consumed epoch moves on to the next.
+    """
+
+    classes: tuple[str, ...]       # class names from the manifest; () for unlabeled data
+    skipped: list[str]             # records skipped under on_error="skip", by name
+
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+    def __len__(self) -> int: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+    def describe(self) -> LoaderView: ...
