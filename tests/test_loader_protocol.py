@@ -145,6 +145,17 @@ def test_autotune_and_find_batch_size_on_either_backend(packed, backend):
     assert bs.largest_fit == 16 and bs.loader_ram_bytes > 0
 
 
+@needs_dali
+def test_make_loader_tunes_the_dali_backend(packed):
+    """num_workers="tune" with backend="dali": autotune measures DALI's reader processes."""
+    opts = dict(backend="dali", size=32, dtype="uint8", device="cpu")
+    ld = feedpipe.make_loader(packed["lmdb"], 8, num_workers="tune", **opts)
+    res = autotune(packed["lmdb"], 8, **opts)  # the same settings: what make_loader cached
+    assert isinstance(ld, DaliLoader) and res.cached
+    assert ld.describe().num_workers == res.num_workers
+    assert sum(len(b["label"]) for b in ld) == N_PHOTOS
+
+
 @pytest.mark.parametrize("backend", [pytest.param("torch"),
                                      pytest.param("dali", marks=needs_dali)])
 def test_bench_and_monitor_on_either_backend(packed, backend):

@@ -176,8 +176,6 @@ def test_make_loader_num_workers_tune(packed):
     fixed = feedpipe.make_loader(path, 16, num_workers="tune", prefetch_factor=2, **OPTS)
     assert fixed.cfg.num_workers == 0 or fixed.cfg.prefetch_factor == 2
     assert {t.prefetch for t in autotune(path, 16, prefetch_factor=2, **OPTS).trials} <= {None, 2}
-    with pytest.raises(ConfigError, match="measures the torch backend"):
-        feedpipe.make_loader(path, 16, num_workers="tune", backend="dali", **OPTS)
     with pytest.raises(ConfigError, match="'tune'"):
         LoaderConfig(batch_size=4, num_workers="tuned")
     with pytest.raises(ConfigError, match="measured by make_loader"):

@@ -52,11 +52,7 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
     fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
     decodes = any(isinstance(reader.schema[n], ImageField) and reader.schema[n].codec != "raw"
                   for n in fields if n in reader.schema)
-    if cfg.num_workers == "tune":
-        if choose_backend(reader, cfg, device) == "dali":
-            raise ConfigError("num_workers='tune' measures the torch backend's DataLoader "
-                              "workers; with backend 'dali' pass an int or 'auto', or choose "
-                              "backend='torch'")
+    if cfg.num_workers == "tune":  # either backend: autotune measures the one chosen here
         from ..tune import autotune  # a measurement leaf, imported only when asked for
 
         tuned = autotune(reader, batch_size, world=world,
