@@ -351,6 +351,7 @@ def test_native_webdataset_reader(wds_copy):
             break
     state = ld.state_dict()
     assert state["dali_reader"] == "webdataset" and state["dali_checkpoint"]
+    assert paths(list(ld)) == paths(e1)  # after break, a new iteration starts epoch 1 over
     fresh = dali(wds_copy, 8, **kw)
     fresh.load_state_dict(state)
     tail = list(fresh)
