@@ -16,7 +16,7 @@ class LoaderView:
     backend: str                   # "torch" or "dali"
     root: str                      # the dataset directory
     format: str                    # "lmdb", "hdf5", "wds"
-    codec: str | None              # the stored image codec ("jpeg", "png", "raw"...); None: no image
+    codec: str | None              # stored image codec ("jpeg", "png", "raw"...); None: no image
     num_samples: int               # samples in the dataset (all ranks)
     batch_size: int
     num_workers: int               # worker processes (torch) / reader processes (DALI)
