@@ -29,7 +29,7 @@ _TOUCHED: list[str] = []
 def _audit(event: str, args: tuple) -> None:
     if event == "open" and _WATCHED and isinstance(args[0], (str, bytes, os.PathLike)):
         path = os.fsdecode(args[0])
-        if os.path.abspath(path) in _WATCHED:
+        if os.path.realpath(path) in _WATCHED:  # through any symlink
             _TOUCHED.append(path)
 
 
@@ -78,7 +78,7 @@ def test_bad_shard_names_are_refused_before_any_open(packed, copy_dataset, watch
     name = str(outside / "outside.tar") if bad == "ABS" else bad
     if bad.startswith("../"):
         name = os.path.relpath(outside / "outside.tar", root)
-    _WATCHED.add(str(outside / "outside.tar"))
+    _WATCHED.add(os.path.realpath(outside / "outside.tar"))
 
     def change(d):
         d["files"][0]["name"] = name
@@ -97,7 +97,7 @@ def test_shard_list_alone_is_checked(packed, copy_dataset, watched):
     shutil.copy(packed["wds"] / "shard-000001.tar", outside / "outside.tar")
     root = copy_dataset(packed["wds"])
     name = os.path.relpath(outside / "outside.tar", root)
-    _WATCHED.add(str(outside / "outside.tar"))
+    _WATCHED.add(os.path.realpath(outside / "outside.tar"))
     _edit(root, lambda d: d["extra"]["shards"].__setitem__(1, name))
     for msg in _everything(root):
         assert "extra.shards[1]" in msg
@@ -113,7 +113,7 @@ def test_escaping_symlink_is_refused(packed, copy_dataset, watched, fmt):
     name = {"lmdb": "data.mdb", "hdf5": "data.h5", "wds": "index-keys.npy"}[fmt]
     shutil.move(root / name, outside / name)
     (root / name).symlink_to(outside / name)
-    _WATCHED.add(str(outside / name))
+    _WATCHED.add(os.path.realpath(outside / name))
     for msg in _everything(root):
         assert "symlink" in msg and repr(name) in msg and str(outside / name) in msg
     assert touched == []
@@ -140,3 +140,20 @@ def test_symlink_loop_and_non_list_shards_are_typed(packed, copy_dataset):
     _edit(root2, lambda d: d["extra"].__setitem__("shards", "shard-000000.tar"))
     with pytest.raises(ManifestError, match="extra.shards"):
         feedpipe.open_dataset(root2)
+
+
+def test_planted_dali_index_symlink_is_replaced_not_followed(packed, copy_dataset, watched):
+    """An index file planted as a symlink to an outside file is neither read nor written
+    through: a regular index takes its place."""
+    outside, touched = watched
+    target = outside / "victim.txt"
+    target.write_text("keep me\n")
+    root = copy_dataset(packed["wds"])
+    (root / "shard-000000.idx").symlink_to(target)
+    _WATCHED.add(os.path.realpath(target))
+    paths = DaliIndex(WdsReader(root)).paths()
+    assert touched == []
+    _WATCHED.clear()  # the checks below read it themselves
+    assert paths[0] == root / "shard-000000.idx" and not paths[0].is_symlink()
+    assert paths[0].read_text().startswith("v1.2 ")
+    assert target.read_text() == "keep me\n"

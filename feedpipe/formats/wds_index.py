@@ -72,6 +72,9 @@ class DaliIndex:
         """An existing index no older than the shard, with its header and one line per sample;
         a damaged one (the index of another shard, cut short, not text) is logged."""
         n = len(self.ranges[shard])
+        if idx.is_symlink():  # never read through a link (it may lead outside); rewrite it
+            log.warning("DALI index %s is a symlink; writing a regular file in its place", idx)
+            return False
         try:
             if idx.stat().st_mtime < tar.stat().st_mtime:
                 return False
