@@ -29,13 +29,14 @@ from typing import Any, Callable, Iterator, Literal
 
 import numpy as np
 import torch
+from torch.utils.data import DataLoader
 
 from . import machine
 from .baseline import naive_loader, stored_bytes_per_sample
 from .benchreport import BenchReport, Trial
 from .errors import ConfigError, FeedpipeError
 from .formats import DatasetReader, open_dataset
-from .loader import make_loader
+from .loader import Loader, make_loader
 from .loader.config import _DTYPES as DTYPES
 from .loader.config import auto_workers, usable_cores
 from .manifest import MANIFEST_NAME
@@ -115,8 +116,10 @@ def sweep_workers(cores: int) -> tuple[int, ...]:
     return tuple(sorted({0, cores} | powers))
 
 
-def _stream(loader: Any, batches: int | None, epochs: int | None) -> Iterator[Any]:
-    """``batches`` batches (epoch after epoch), or ``epochs`` whole epochs."""
+def _stream(loader: Loader | DataLoader, batches: int | None,
+            epochs: int | None) -> Iterator[Any]:
+    """``batches`` batches (epoch after epoch), or ``epochs`` whole epochs, of a feedpipe loader
+    (either backend, through the loader protocol) or the naive baseline's DataLoader."""
     def epochs_forever() -> Iterator[Any]:
         for epoch in itertools.count() if epochs is None else range(epochs):
             if hasattr(loader, "set_epoch"):
@@ -143,7 +146,7 @@ def _step(cfg: BenchConfig, device: torch.device) -> Callable[[Any], None]:
     return step
 
 
-def measure(loader: Any, cfg: BenchConfig, base: Trial, bytes_per_sample: float,
+def measure(loader: Loader | DataLoader, cfg: BenchConfig, base: Trial, bytes_per_sample: float,
             info: LoaderInfo | None, progress: Progress | None = None) -> Trial:
     """Run one trial: the loader through the meter and the step, resources sampled meanwhile."""
     device = torch.device(cfg.device)
