@@ -37,3 +37,23 @@ class MissingDependencyError(FeedpipeError, ImportError):
 
 class GpuUnavailableError(FeedpipeError):
     """A GPU feature found no usable GPU (no NVIDIA driver loaded, or no device visible)."""
+
+
+class OutputRefusedError(FeedpipeError):
+    """A conversion output would destroy data feedpipe did not make (the source, a user's folder)."""
+
+
+class OutputBusyError(FeedpipeError):
+    """Another conversion holds the lock on this output path; the message names it."""
+
+
+class NothingConvertedError(BadInputError):
+    """A conversion wrote zero samples (or an empty split); the message says why."""
+
+
+class DiskFullError(FeedpipeError, OSError):
+    """The output's filesystem ran out of space (or a size limit was hit); nothing was kept."""
+
+
+class DatasetReplacedError(FeedpipeError):
+    """The dataset directory was replaced (re-converted) after its manifest was read; reopen it."""
