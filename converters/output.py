@@ -14,6 +14,7 @@ import errno
 import fcntl
 import json
 import os
+import resource
 import shutil
 from pathlib import Path
 from typing import Any
@@ -245,17 +246,39 @@ def _fsync_dir(path: Path) -> None:
 
 # --- failures worth a clear message -------------------------------------------------------------
 
-def disk_full(exc: BaseException, out: Path) -> DiskFullError | None:
-    """A typed error if ``exc`` (or what caused it) is a full disk, quota or file-size limit."""
+def disk_full(exc: BaseException, out: Path, partial: Path) -> DiskFullError | None:
+    """A typed error if ``exc`` comes from a full disk, quota or file-size limit.
+
+    Call it before removing ``partial``: LMDB reports a failed page write as EIO, so when the error
+    carries no errno of its own, the partial output's filesystem and sizes are checked instead.
+    """
     seen: BaseException | None = exc
     while seen is not None:
         if (isinstance(seen, OSError) and seen.errno in _FULL) or \
                 any(t in str(seen) for t in _FULL_TEXT):
-            return DiskFullError(f"{out}: the output's filesystem is full ({seen}); the partial "
-                                 "output was removed and nothing else was changed. Free space "
-                                 "or choose another -o.")
+            break
         seen = seen.__cause__ or seen.__context__
-    return None
+    if seen is None and (isinstance(exc, OSError) or type(exc).__module__ == "lmdb") \
+            and _exhausted(partial):
+        seen = exc
+    if seen is None:
+        return None
+    return DiskFullError(f"{out}: the output's filesystem is full or a file size limit was hit "
+                         f"({seen}); the partial output was removed and nothing else was "
+                         "changed. Free space or choose another -o.")
+
+
+def _exhausted(partial: Path) -> bool:
+    """Less than 1 MiB free where ``partial`` lives, or a file in it at the RLIMIT_FSIZE limit."""
+    try:
+        st = os.statvfs(partial)
+        if st.f_bavail * st.f_frsize < 1 << 20:
+            return True
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        return limit != resource.RLIM_INFINITY and any(
+            p.stat().st_size >= limit - (64 << 10) for p in partial.rglob("*") if p.is_file())
+    except OSError:
+        return False
 
 
 def empty_result(source: Source, counts: dict[str, int],

@@ -416,8 +416,8 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
                 writer.close()
             except Exception:  # the original error matters more than a failed cleanup
                 pass
+        full = disk_full(exc, out, tmp)
         output.abort()
-        full = disk_full(exc, out)
         if full is not None:
             raise full from exc
         raise
