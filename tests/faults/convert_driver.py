@@ -5,7 +5,8 @@ Usage: python convert_driver.py PHASE SRC OUT FORMAT [--overwrite] [--workers N]
 PHASE: scan (after scanning, before any output), write (after some samples reached the writer,
 with worker processes running), manifest (the manifest's temp file written, not renamed),
 swap (the finished output complete, not yet swapped into place), swapped (swapped in, the old
-dataset not yet removed), none (no kill). The process kills itself with os.kill(getpid(), SIGKILL):
+dataset not yet removed), none (no kill), pause (no kill: wait mid-write, holding the output,
+until the file named by $PAUSE_FILE exists). The process kills itself with os.kill(getpid(), SIGKILL):
 no handler, no cleanup, exactly as a kill -9 or the OOM killer would.
 """
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import time
 from functools import wraps
 from pathlib import Path
 from typing import Any, Callable
@@ -65,6 +67,14 @@ def arm(phase: str, fmt: str) -> None:
         wrap = before if phase == "swap" else after
         converters.output.exchange = wrap(converters.output.exchange, partial)
         os.rename = wrap(os.rename, partial)  # the first conversion into a new path renames
+    elif phase == "pause":  # hold the output (and its lock) mid-write until PAUSE_FILE exists
+        cls = WRITERS[fmt]
+
+        def hold(self: Any, index: int, values: Any) -> bool:
+            while index == 40 and not Path(os.environ["PAUSE_FILE"]).exists():
+                time.sleep(0.01)
+            return False
+        cls._write = before(cls._write, hold)
     elif phase != "none":
         raise SystemExit(f"unknown phase {phase}")
 
