@@ -56,7 +56,7 @@ def foreign_entries(path: Path) -> list[str] | None:
 
 
 def _manifest_files(path: Path) -> set[str] | None:
-    """The file names a feedpipe manifest (finished or its temp file) lists; None if there is none."""
+    """The file names a feedpipe manifest (finished or its temp file) lists; None without one."""
     for name in (MANIFEST_NAME, MANIFEST_NAME + ".tmp"):
         try:
             d = json.loads((path / name).read_text(encoding="utf-8"))
@@ -75,10 +75,10 @@ def _refuse_unless_ours(path: Path, what: str) -> None:
                                  "replace it. Choose another -o or remove it yourself.")
     foreign = foreign_entries(path)
     if foreign is None:
+        held = _shown(sorted(os.listdir(path)))
         raise OutputRefusedError(
-            f"{path}: {what} is not a feedpipe dataset (it holds {_shown(sorted(os.listdir(path)))});"
-            " --overwrite only replaces a dataset feedpipe wrote. Choose another -o or remove it "
-            "yourself.")
+            f"{path}: {what} is not a feedpipe dataset (it holds {held}); --overwrite only "
+            "replaces a dataset feedpipe wrote. Choose another -o or remove it yourself.")
     if foreign:
         raise OutputRefusedError(f"{path}: {what} is a feedpipe dataset but also holds files "
                                  f"feedpipe did not make ({_shown(foreign)}); move them out first.")

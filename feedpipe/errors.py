@@ -40,7 +40,7 @@ class GpuUnavailableError(FeedpipeError):
 
 
 class OutputRefusedError(FeedpipeError):
-    """A conversion output would destroy data feedpipe did not make (the source, a user's folder)."""
+    """A conversion output would destroy data feedpipe did not make (the source, a user folder)."""
 
 
 class OutputBusyError(FeedpipeError):

@@ -6,7 +6,8 @@ PHASE: scan (after scanning, before any output), write (after some samples reach
 with worker processes running), manifest (the manifest's temp file written, not renamed),
 swap (the finished output complete, not yet swapped into place), swapped (swapped in, the old
 dataset not yet removed), none (no kill), pause (no kill: wait mid-write, holding the output,
-until the file named by $PAUSE_FILE exists). The process kills itself with os.kill(getpid(), SIGKILL):
+until the file named by $PAUSE_FILE exists). The process kills itself with
+os.kill(getpid(), SIGKILL):
 no handler, no cleanup, exactly as a kill -9 or the OOM killer would.
 """
 

@@ -47,7 +47,7 @@ def wait_no_orphans(tag: str, timeout: float = 30) -> None:
 
 
 def datasets_are_honest(parent: Path) -> dict[str, str]:
-    """Every folder under ``parent`` that opens as a dataset verifies clean; name → its 'store'."""
+    """Every folder under ``parent`` that opens as a dataset verifies clean; name → 'store'."""
     found = {}
     for d in sorted(parent.iterdir()):
         if not d.is_dir():
