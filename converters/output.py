@@ -231,7 +231,7 @@ def exchange(a: Path, b: Path) -> bool:
     if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
         return True
     err = ctypes.get_errno()
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EXDEV):
         return False
     raise OSError(err, os.strerror(err), str(a), None, str(b))
 
@@ -258,8 +258,9 @@ def disk_full(exc: BaseException, out: Path, partial: Path) -> DiskFullError | N
                 any(t in str(seen) for t in _FULL_TEXT):
             break
         seen = seen.__cause__ or seen.__context__
-    if seen is None and (isinstance(exc, OSError) or type(exc).__module__ == "lmdb") \
-            and _exhausted(partial):
+    vague = type(exc).__module__ == "lmdb" or (isinstance(exc, OSError) and
+                                                exc.errno in (None, errno.EIO))
+    if seen is None and vague and _exhausted(partial):
         seen = exc
     if seen is None:
         return None
