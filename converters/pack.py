@@ -12,7 +12,7 @@ import io
 import multiprocessing as mp
 import os
 import re
-import shutil
+import signal
 import time
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dc_fields
@@ -24,12 +24,13 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 
 from feedpipe.codecs import jpeg_complete, jpeg_info
 from feedpipe.errors import BadInputError, ConfigError
-from feedpipe.formats import WRITERS
+from feedpipe.formats import WRITERS, DatasetWriter
 from feedpipe.imaging import decode_rgb, encode_rgb, pil_to_rgb
 from feedpipe.manifest import FileEntry, Manifest
 from feedpipe.schema import (Field, ImageField, JsonField, LabelField, MaskField, Schema,
                              encode_mask_png)
 
+from .output import Output, disk_full, empty_result
 from .sources import Source, SourceItem, attach_masks, scan
 from .targets import BUILTINS, Target, user_target
 
@@ -244,6 +245,9 @@ def _prepare_star(args: tuple[SourceItem, PackOptions]) -> tuple[dict[str, Any] 
 
 def _worker_init() -> None:
     os.environ["OMP_NUM_THREADS"] = "1"
+    # Ctrl-C reaches the whole process group; the main process handles it (ends the pool, removes
+    # the partial output), so workers must not each print a KeyboardInterrupt traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 # --- orchestration ------------------------------------------------------------------------------
@@ -343,25 +347,21 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
     opts = PackOptions(store, resize, codec, quality, check, source.masked, mask_store,
                        mask_dtype, num_classes, resolve_targets(targets))
     out = Path(out)
-    if out.exists() and not overwrite:
-        raise FileExistsError(f"{out} exists; pass overwrite=True (--overwrite) to replace it")
-    tmp = out.parent / f".{out.name}.partial"
-    if tmp.exists():  # left by an interrupted run
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-
     schema = build_schema(source, opts)
     items = list(source.items)
     val_mask = split_indices(len(items), val_fraction, seed) if val_fraction else None
+    output = Output(out, overwrite)
+    tmp = output.claim(source)  # checks, locks and clears leftovers; see converters/output.py
     splits = {"train": tmp / "train", "val": tmp / "val"} if val_mask is not None else {"": tmp}
-    writers = {name: WRITERS[to](path, schema, **(writer_options or {}))
-               for name, path in splits.items()}
+    writers: dict[str, DatasetWriter] = {}
     skipped: dict[str, list[dict[str, str]]] = {name: [] for name in splits}
     labeled, has_extra = source.labeled, source.has_extra
     result = ConvertResult(out, ignored=len(source.ignored),
                            unmatched_masks=list(source.unmatched_masks))
     mask_max = -1
     try:
+        writers = {name: WRITERS[to](path, schema, **(writer_options or {}))
+                   for name, path in splits.items()}
         for k, (values, how, nbytes) in enumerate(_results(items, opts, workers)):
             item = items[k]
             split = "" if val_mask is None else ("val" if val_mask[k] else "train")
@@ -382,6 +382,10 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
                 result.reencoded += how != "passthrough"
             if progress is not None:
                 progress(k + 1, len(items))
+        empty = empty_result(source, {n: w.count for n, w in writers.items()},
+                             [s for name in splits for s in skipped[name]])
+        if empty is not None:
+            raise empty
         conversion = {"source": str(source.root), "source_kind": source.kind,
                       "inputs": len(items), "ignored_non_images": len(source.ignored),
                       "val_fraction": val_fraction, "seed": seed,
@@ -406,31 +410,17 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
             result.written += writer.count
             result.bytes_out += sum((root / f).stat().st_size for f in files)
         result.skipped = [s for name in splits for s in skipped[name]]
-    except BaseException:
+    except BaseException as exc:
         for writer in writers.values():
             try:
                 writer.close()
             except Exception:  # the original error matters more than a failed cleanup
                 pass
-        shutil.rmtree(tmp, ignore_errors=True)
+        full = disk_full(exc, out, tmp)
+        output.abort()
+        if full is not None:
+            raise full from exc
         raise
-    _fsync_dir(tmp)
-    if out.exists():
-        old = out.parent / f".{out.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(out, old)
-        os.rename(tmp, out)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, out)
-    _fsync_dir(out.parent)
+    output.commit()
     result.seconds = time.perf_counter() - t0
     return result
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

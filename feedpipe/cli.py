@@ -56,6 +56,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
                       progress=progress, masks=args.masks, mask_store=args.mask_store,
                       mask_dtype=args.mask_dtype, num_classes=args.num_classes,
                       targets=_targets(args))
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"feedpipe convert: interrupted; the partial output was removed and {args.out} was "
+              "left as it was", file=sys.stderr)
+        return 130
     finally:
         bar.close()
     splits = ", ".join(f"{k} {v}" for k, v in res.splits.items())

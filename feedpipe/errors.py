@@ -42,3 +42,23 @@ class GpuUnavailableError(FeedpipeError):
 class UnsafePathError(ManifestError):
     """A manifest names a file outside its dataset (an absolute path, '..', a path separator or a
     symlink that leads out); refused before anything is opened or written."""
+
+
+class OutputRefusedError(FeedpipeError):
+    """A conversion output would destroy data feedpipe did not make (the source, a user folder)."""
+
+
+class OutputBusyError(FeedpipeError):
+    """Another conversion holds the lock on this output path; the message names it."""
+
+
+class NothingConvertedError(BadInputError):
+    """A conversion wrote zero samples (or an empty split); the message says why."""
+
+
+class DiskFullError(FeedpipeError, OSError):
+    """The output's filesystem ran out of space (or a size limit was hit); nothing was kept."""
+
+
+class DatasetReplacedError(FeedpipeError):
+    """The dataset directory was replaced (re-converted) after its manifest was read; reopen it."""

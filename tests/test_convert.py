@@ -13,7 +13,7 @@ import pytest
 
 import feedpipe
 from converters import convert, scan
-from feedpipe.errors import ConfigError, IncompleteDatasetError
+from feedpipe.errors import ConfigError, IncompleteDatasetError, NothingConvertedError
 from feedpipe.manifest import Manifest
 from feedpipe.verify import verify
 
@@ -216,12 +216,10 @@ def test_reencode_and_resize_options(tmp_path, photo_dir, photos):
 
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "wds"])
 def test_empty_source_and_empty_split(tmp_path, photo_dir, fmt):
+    # zero samples written is an error that says why, and leaves nothing on disk
     (tmp_path / "empty").mkdir()
-    res = convert(tmp_path / "empty", tmp_path / "o", to=fmt, workers=0)
-    assert res.written == 0
-    ds = feedpipe.open_dataset(tmp_path / "o")
-    assert len(ds) == 0 and list(ds) == [] and verify(tmp_path / "o").ok
-    res = convert(photo_dir, tmp_path / "s", to=fmt, workers=0, val_fraction=0.001)
-    assert res.splits == {"train": N_PHOTOS, "val": 0}
-    assert len(feedpipe.open_dataset(tmp_path / "s" / "val")) == 0
-    assert verify(tmp_path / "s" / "val").ok
+    with pytest.raises(NothingConvertedError, match="wrote 0 samples: the source holds no files"):
+        convert(tmp_path / "empty", tmp_path / "o", to=fmt, workers=0)
+    with pytest.raises(NothingConvertedError, match="val split got 0 of"):
+        convert(photo_dir, tmp_path / "s", to=fmt, workers=0, val_fraction=0.001)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]

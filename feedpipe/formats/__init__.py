@@ -5,8 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..errors import DatasetReplacedError
 from ..manifest import Manifest
-from .base import DatasetReader, DatasetWriter, sample_key
+from .base import DatasetReader, DatasetWriter, root_identity, sample_key
 from .hdf5 import Hdf5Reader, Hdf5Writer
 from .lmdb import LmdbReader, LmdbWriter
 from .wds import WdsReader, WdsWriter
@@ -21,8 +22,18 @@ def open_dataset(path: str | os.PathLike[str], **options: Any) -> DatasetReader:
     Raises IncompleteDatasetError when the directory has no complete manifest (an unfinished
     conversion). ``options`` go to the format's reader (e.g. ``readahead=False`` for LMDB).
     """
-    manifest = Manifest.read(path)
-    return READERS[manifest.format](path, manifest, **options)
+    for _ in range(3):  # a re-conversion may swap the directory between these steps
+        before = root_identity(path)
+        manifest = Manifest.read(path)
+        try:
+            reader = READERS[manifest.format](path, manifest, **options)
+        except DatasetReplacedError:
+            continue
+        if reader._root_id == before:
+            return reader
+        reader.close()
+    raise DatasetReplacedError(f"{path}: replaced by a re-conversion each time it was opened; "
+                               "open it again when the conversion has finished")
 
 
 __all__ = ["DatasetReader", "DatasetWriter", "READERS", "WRITERS", "open_dataset", "sample_key"]

@@ -13,12 +13,21 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
-from ..errors import CorruptRecordError
+from ..errors import CorruptRecordError, DatasetReplacedError
 from ..manifest import Manifest
 from ..schema import Field, Schema
 
 KEY_DIGITS = 9
 Visitor = Callable[[int, dict[str, Any]], None]
+
+
+def root_identity(root: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(device, inode) of a dataset directory: a re-conversion swaps in a new directory."""
+    try:
+        st = os.stat(root)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 def sample_key(index: int) -> str:
@@ -69,6 +78,7 @@ class DatasetReader(ABC):
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None) -> None:
         self.root = Path(root)
+        self._root_id = root_identity(self.root)  # before the manifest: see check_root
         self.manifest = manifest or Manifest.read(self.root)
         self.schema: Schema = self.manifest.schema
         self.classes: tuple[str, ...] = self.manifest.classes
@@ -79,8 +89,17 @@ class DatasetReader(ABC):
     # -- process-local handles -------------------------------------------------------------------
     def _ensure_open(self) -> None:
         if self._pid != os.getpid():
+            self.check_root()
             self._open()
+            self.check_root()
             self._pid = os.getpid()
+
+    def check_root(self) -> None:
+        """Refuse to read files of a directory swapped in by a re-conversion since the manifest
+        was read: old manifest + new data files would be a silent mix of two datasets."""
+        if root_identity(self.root) != self._root_id:
+            raise DatasetReplacedError(f"{self.root} was replaced (re-converted) after its "
+                                       "manifest was read; open the dataset again")
 
     @abstractmethod
     def _open(self) -> None:

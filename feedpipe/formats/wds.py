@@ -126,6 +126,7 @@ class WdsReader(DatasetReader):
         self.shards: list[str] = list(self.manifest.extra.get("shards", []))
         load = lambda name: np.load(self.root / name, mmap_mode="r", allow_pickle=False)  # noqa: E731
         self._offsets, self._shard_of, self._keys = (load(n) for n in INDEX_FILES)
+        self.check_root()  # the index came from the manifest's directory
         if len(self._offsets) != len(self) or len(self._shard_of) != len(self):
             raise CorruptRecordError(f"{self.root}: index has {len(self._offsets)} entries, "
                                      f"manifest says {len(self)}")
@@ -150,7 +151,13 @@ class WdsReader(DatasetReader):
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
         if fd is None:
-            fd = self._fds[shard] = os.open(self.root / self.shards[shard], os.O_RDONLY)
+            fd = os.open(self.root / self.shards[shard], os.O_RDONLY)
+            try:
+                self.check_root()  # shards open lazily: maybe after a re-conversion's swap
+            except BaseException:
+                os.close(fd)
+                raise
+            self._fds[shard] = fd
         return fd
 
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
@@ -176,6 +183,7 @@ class WdsReader(DatasetReader):
         """Stream one shard sequentially: ``(key, stored values)`` in tar order."""
         path = self.root / self.shards[shard]
         with open(path, "rb") as fh:
+            self.check_root()
             yield from decode_samples(group_by_key(tar_members(fh, path)), self.schema, path)
 
     def close(self) -> None:
