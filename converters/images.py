@@ -13,6 +13,7 @@ loader's 8-bit RGB cannot hold, are refused by name unless ``extra_channels="dro
 from __future__ import annotations
 
 import io
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -157,6 +158,8 @@ def store_image(data: bytes, opts: PackOptions) -> Stored:
             return Stored(data, "jpeg unchanged", "jpeg", (info[0], info[1]),
                           slow_jpeg=not jpeg_fast_decodable(data))
     keep = keep and kind != "jpeg"  # a JPEG that gets here needs rotation or colour conversion
+    if kind == "png" and len(data) >= 24 and data[12:16] == b"IHDR":  # Pillow: only at 2^31
+        _too_big(*struct.unpack(">II", data[16:24]), opts)
     try:
         with Image.open(io.BytesIO(data)) as img:
             _too_big(img.size[0], img.size[1], opts)
