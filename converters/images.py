@@ -16,7 +16,7 @@ import io
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 from PIL import Image, ImageOps
@@ -28,6 +28,7 @@ from feedpipe.imaging import (decode_rgb, encode_rgb, jpeg_fast_decodable, pil_t
 
 if TYPE_CHECKING:
     from .pack import PackOptions
+    from .sources import SourceItem
 
 _PNG_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA", "I;16"})
 _DEEP = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
@@ -74,6 +75,20 @@ def planned_codec(path: Path, opts: PackOptions) -> str | None:
     except (OSError, ValueError, SyntaxError):  # skipped later with the reason
         return None
     return output_codec(kind, kind == "webp" and webp_lossless(head), opts)
+
+
+def image_codec(items: Sequence[SourceItem], opts: PackOptions) -> str:
+    """The image field's codec: the one codec every input is stored as, else "mixed".
+
+    With ``codec="auto"`` each input's first bytes are read to tell (a PNG named .jpg counts as
+    PNG); inputs that cannot be read are skipped later and do not count.
+    """
+    if opts.store == "raw":
+        return "raw"
+    if opts.codec != "auto":
+        return opts.codec
+    codecs = {planned_codec(it.path, opts) for it in items} - {None}
+    return codecs.pop() if len(codecs) == 1 else "mixed" if codecs else "jpeg"
 
 
 def geometry(w: int, h: int, opts: PackOptions) -> tuple[tuple[int, int], tuple[float, ...]] | None:

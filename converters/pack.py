@@ -8,7 +8,6 @@ that reads as a dataset, and a re-run clears the leftover by itself.
 
 from __future__ import annotations
 
-import logging
 import multiprocessing as mp
 import os
 import re
@@ -29,7 +28,8 @@ from feedpipe.manifest import FileEntry, Manifest
 from feedpipe.schema import (Field, ImageField, JsonField, LabelField, MaskField, Schema,
                              encode_mask_png)
 
-from .images import Refused, Stored, geometry, planned_codec, store_image
+from .images import Refused, geometry, image_codec, store_image
+from .report import account, tally
 from .sources import Layout, Source, SourceItem, attach_masks, scan
 from .targets import BUILTINS, Target, user_target
 
@@ -38,7 +38,6 @@ Codec = Literal["auto", "jpeg", "png", "webp"]
 MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
 INFO_KEY = "_info"  # a prepared sample's stored codec and notes for the summary, not stored
 Progress = Callable[[int, int], None]
-log = logging.getLogger("feedpipe.convert")
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,7 @@ class ConvertResult:
     passthrough: int = 0
     reencoded: int = 0
     ignored: int = 0
-    stored: dict[str, int] = field(default_factory=dict)  # "jpeg unchanged", "tiff→png", ... → count
+    stored: dict[str, int] = field(default_factory=dict)  # "jpeg unchanged", "tiff→png"... → count
     ignored_files: list[dict[str, str]] = field(default_factory=list)  # {"path", "reason"}
     slow_jpegs: list[str] = field(default_factory=list)  # need the Pillow fallback decoder
     channels_dropped: list[str] = field(default_factory=list)  # extra_channels="drop" did this
@@ -218,20 +217,6 @@ def _worker_init() -> None:
 
 
 # --- orchestration ------------------------------------------------------------------------------
-
-def image_codec(items: Sequence[SourceItem], opts: PackOptions) -> str:
-    """The image field's codec: the one codec every input is stored as, else "mixed".
-
-    With ``codec="auto"`` each input's first bytes are read to tell (a PNG named .jpg counts as
-    PNG); inputs that cannot be read are skipped later and do not count.
-    """
-    if opts.store == "raw":
-        return "raw"
-    if opts.codec != "auto":
-        return opts.codec
-    codecs = {planned_codec(it.path, opts) for it in items} - {None}
-    return codecs.pop() if len(codecs) == 1 else "mixed" if codecs else "jpeg"
-
 
 def build_schema(source: Source, opts: PackOptions, codec: str | None = None) -> Schema:
     """image (+ label for labeled sources) (+ mask and targets) + path (+ meta for extras);
@@ -368,7 +353,7 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
                     raise BadInputError(f"{item.path}: {how}")
                 skipped[split].append({"path": item.rel, "reason": how})
             else:
-                _tally(result, values.pop(INFO_KEY), item.rel)
+                tally(result, values.pop(INFO_KEY), item.rel)
                 mask_max = max(mask_max, values.pop(MASK_MAX_KEY, -1))
                 if labeled:
                     values["label"] = item.label
@@ -385,7 +370,7 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
                          if f.name != "targets"},
                       "targets": {t.name: {"target": t.spec or t.name, **t.params}
                                   for t in opts.targets},
-                      **_report(source, result, items, skipped, strict)}
+                      **account(source, result, items, skipped, strict)}
         if source.masked:
             conversion["masks"] = str(masks) if masks is not None else "manifest column 'mask'"
             conversion["masks_without_images"] = list(source.unmatched_masks)
@@ -423,37 +408,6 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
     _fsync_dir(out.parent)
     result.seconds = time.perf_counter() - t0
     return result
-
-
-def _tally(result: ConvertResult, stored: Stored, rel: str) -> None:
-    """Count how one image was stored, for the summary and the manifest."""
-    result.stored[stored.how] = result.stored.get(stored.how, 0) + 1
-    unchanged = stored.how.endswith(" unchanged")
-    result.passthrough += unchanged
-    result.reencoded += not unchanged
-    if stored.slow_jpeg:
-        result.slow_jpegs.append(rel)
-    if stored.dropped:
-        result.channels_dropped.append(rel)
-
-
-def _report(source: Source, result: ConvertResult, items: list[SourceItem],
-            skipped: dict[str, list[dict[str, str]]], strict: bool) -> dict[str, Any]:
-    """The manifest's account of what was stored and what was not; classes left with no samples
-    are a warning (an error under ``strict``)."""
-    gone = {s["path"] for v in skipped.values() for s in v}
-    have = {it.label for it in items if it.rel not in gone}
-    result.empty_classes = [c for k, c in enumerate(source.classes) if k not in have]
-    if result.empty_classes:
-        msg = (f"{source.root}: class(es) with no samples: {', '.join(result.empty_classes)} "
-               "(their files were skipped or not images; see the manifest)")
-        if strict:
-            raise BadInputError(msg)
-        log.warning(msg)
-    return {"stored": result.stored,
-            "ignored": result.ignored_files, "empty_classes": result.empty_classes,
-            "jpegs_needing_fallback_decoder": result.slow_jpegs,
-            "channels_dropped": result.channels_dropped}
 
 
 def _fsync_dir(path: Path) -> None:
