@@ -28,8 +28,8 @@ from feedpipe.manifest import FileEntry, Manifest
 from feedpipe.schema import (Field, ImageField, JsonField, LabelField, MaskField, Schema,
                              encode_mask_png)
 
-from .images import Refused, geometry, image_codec, store_image
-from .report import account, tally
+from .images import Refused, geometry, image_codec, likely_jpeg, store_image
+from .report import account, settle_codec, tally
 from .sources import Layout, Source, SourceItem, attach_masks, scan
 from .targets import BUILTINS, Target, user_target
 
@@ -329,8 +329,10 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
 
-    schema = build_schema(source, opts)
+    sniff = to == "wds"  # WebDataset member names carry the codec: it is decided before writing
+    schema = build_schema(source, opts, image_codec(source.items, opts, sniff))
     codec = schema["image"].codec  # type: ignore[attr-defined]
+    guess = "jpeg" if codec == "mixed" and not sniff and likely_jpeg(source.items) else codec
     items = list(source.items)
     val_mask = split_indices(len(items), val_fraction, seed) if val_fraction else None
     splits = {"train": tmp / "train", "val": tmp / "val"} if val_mask is not None else {"": tmp}
@@ -342,7 +344,7 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
                            unmatched_masks=list(source.unmatched_masks), image_codec=codec)
     mask_max = -1
     try:
-        for k, (values, how, nbytes) in enumerate(_results(items, opts, workers, codec)):
+        for k, (values, how, nbytes) in enumerate(_results(items, opts, workers, guess)):
             item = items[k]
             split = "" if val_mask is None else ("val" if val_mask[k] else "train")
             result.bytes_in += nbytes
@@ -377,6 +379,8 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
             if num_classes is None and mask_max >= 0:  # record what the masks hold
                 schema = Schema(tuple(replace(f, num_classes=mask_max + 1)
                                       if isinstance(f, MaskField) else f for f in schema))
+        if not sniff:
+            schema = settle_codec(schema, result)
         for name, writer in writers.items():
             files, extra = writer.close()
             root = splits[name]

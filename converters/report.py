@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from feedpipe.errors import BadInputError
+from feedpipe.schema import Schema
 
 from .images import Stored
 from .sources import Source, SourceItem
@@ -46,3 +48,16 @@ def account(source: Source, result: ConvertResult, items: list[SourceItem],
             "empty_classes": result.empty_classes,
             "jpegs_needing_fallback_decoder": result.slow_jpegs,
             "channels_dropped": result.channels_dropped}
+
+
+def settle_codec(schema: Schema, result: ConvertResult) -> Schema:
+    """Narrow a provisional "mixed" image codec to the one codec every written record has."""
+    image = schema["image"]
+    if getattr(image, "codec", None) != "mixed":
+        return schema
+    codecs = {how.split()[0] if how.endswith(" unchanged") else how.split("→")[1]
+              for how in result.stored}
+    if len(codecs) > 1:
+        return schema
+    result.image_codec = codecs.pop() if codecs else "jpeg"
+    return Schema(tuple(replace(f, codec=result.image_codec) if f is image else f for f in schema))

@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
+import torch
 import pytest
 from PIL import Image
 
@@ -200,3 +201,37 @@ def test_cli_summary_names_slow_jpegs(tmp_path, odd_sampling, capsys):
     out = capsys.readouterr().out
     assert "3 JPEGs need the slower fallback decoder" in out and "s410.jpg" in out
     assert main(["verify", str(tmp_path / "o")]) == 0
+
+
+def test_auto_backend_keeps_non_jpeg_data_on_torch(tmp_path, photo_dir, base, packed, caplog):
+    from feedpipe.loader.config import LoaderConfig
+    from feedpipe.loader.dali_backend import choose_backend
+    from feedpipe.loader.dali_pipeline import dali_installed
+
+    if not dali_installed():
+        pytest.skip("DALI is not installed: 'auto' never picks it")
+    src = tmp_path / "src"
+    shutil.copytree(photo_dir, src)
+    Image.fromarray(base).save(src / "astronaut" / "zz.png")
+    convert(src, tmp_path / "o", to="wds", workers=0)
+    cfg, cuda = LoaderConfig(batch_size=8, size=32), torch.device("cuda")  # no CUDA call is made
+    assert choose_backend(feedpipe.open_dataset(packed["wds"]), cfg, cuda) == "dali"
+    with caplog.at_level("INFO", logger="feedpipe.loader"):
+        assert choose_backend(feedpipe.open_dataset(tmp_path / "o"), cfg, cuda) == "torch"
+    assert "stored as mixed, not JPEG" in caplog.text
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "wds"])
+def test_codec_follows_content_not_names(tmp_path, photos, base, fmt):
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(photos[0].path, src / "a.jpg")
+    Image.fromarray(base).save(src / "disguised.jpg", "PNG")  # as in ImageNet: a PNG named .jpg
+    res = convert(src, tmp_path / "o", to=fmt, workers=0)
+    assert res.stored == {"jpeg unchanged": 1, "png unchanged": 1}
+    ds = feedpipe.open_dataset(tmp_path / "o")
+    assert ds.schema["image"].codec == "mixed"
+    assert np.array_equal(ds[1]["image"], base)
+    (src / "a.jpg").unlink()
+    convert(src, tmp_path / "p", to=fmt, workers=0)
+    assert feedpipe.open_dataset(tmp_path / "p").schema["image"].codec == "png"
