@@ -119,6 +119,14 @@ def _walk(folder: Path, base: Path, tree: _Tree, seen: frozenset[tuple[int, int]
             tree.ignored.append((rel, "not an image (file extension)"))
 
 
+def _walk_root(root: Path) -> _Tree:
+    """Everything under ``root``, files sorted by relative path."""
+    tree, st = _Tree(), os.stat(root)
+    _walk(root, root, tree, frozenset({(st.st_dev, st.st_ino)}))
+    tree.files.sort(key=lambda f: f[1])
+    return tree
+
+
 def scan(src: str | Path, layout: Layout = "auto") -> Source:
     """Detect the source kind and list its images.
 
@@ -137,10 +145,7 @@ def scan(src: str | Path, layout: Layout = "auto") -> Source:
         if src.suffix.lower() in (".csv", ".jsonl"):
             return _scan_manifest(src)
         raise ConfigError(f"{src}: a source file must be a .csv or .jsonl manifest")
-    tree = _Tree()
-    root_st = os.stat(src)
-    _walk(src, src, tree, frozenset({(root_st.st_dev, root_st.st_ino)}))
-    tree.files.sort(key=lambda f: f[1])
+    tree = _walk_root(src)
     in_dirs = any("/" in rel for _, rel in tree.files)
     if layout == "flat" or (layout == "auto" and not in_dirs):
         items = tuple(SourceItem(p, rel) for p, rel in tree.files)
@@ -218,9 +223,7 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
     root = Path(masks)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: mask folder does not exist")
-    tree = _Tree()
-    _walk(root, root, tree, frozenset())
-    files = [p for p, _ in tree.files]
+    files = [p for p, _ in _walk_root(root).files]
     by_rel: dict[str, Path] = {}
     by_stem: dict[str, list[Path]] = {}
     for p in files:
