@@ -191,5 +191,5 @@ def encode_rgb(array: np.ndarray, codec: str, quality: int) -> bytes:
     elif codec == "webp":
         img.save(out, "WEBP", quality=quality)
     else:
-        raise ValueError(f"unknown image codec {codec!r}; use one of {sorted(CODEC_EXT)}")
+        raise ValueError(f"unknown image codec {codec!r}; use jpeg, png or webp")
     return out.getvalue()

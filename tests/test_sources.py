@@ -48,9 +48,11 @@ def test_stray_root_image_under_strict_or_flat(tmp_path, tree_with_stray):
     with pytest.raises(BadInputError, match=STRAY):
         convert(tree_with_stray, tmp_path / "o", to="wds", workers=0, strict=True)
     assert not (tmp_path / "o").exists()
-    res = convert(tree_with_stray, tmp_path / "f", to="wds", workers=0, layout="flat")
-    assert res.written == N_PHOTOS + 1 and not res.ignored_files
-    assert feedpipe.open_dataset(tmp_path / "f").schema.names == ["image", "path"]
+    assert main(["convert", str(tree_with_stray), "--to", "wds", "-o", str(tmp_path / "f"), "-q",
+                 "--workers", "0", "--layout", "flat", "--max-pixels", "100000"]) == 0
+    ds = feedpipe.open_dataset(tmp_path / "f")
+    assert len(ds) == N_PHOTOS + 1 and not ds.manifest.conversion["ignored"]
+    assert ds.schema.names == ["image", "path"] and ds.manifest.conversion["max_pixels"] == 100_000
 
 
 def test_cli_summary_names_files_not_taken(tmp_path, tree_with_stray, capsys):
