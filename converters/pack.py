@@ -8,7 +8,6 @@ that reads as a dataset, and a re-run clears the leftover by itself.
 
 from __future__ import annotations
 
-import io
 import multiprocessing as mp
 import os
 import re
@@ -20,22 +19,25 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image
 
-from feedpipe.codecs import jpeg_complete, jpeg_info
 from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.formats import WRITERS, DatasetWriter
-from feedpipe.imaging import decode_rgb, encode_rgb, pil_to_rgb
+from feedpipe.imaging import DEFAULT_MAX_PIXELS
 from feedpipe.manifest import FileEntry, Manifest
 from feedpipe.schema import (Field, ImageField, JsonField, LabelField, MaskField, Schema,
                              encode_mask_png)
 
+from .images import Refused, geometry, image_codec, likely_jpeg, store_image
 from .output import Output, disk_full, empty_result
-from .sources import Source, SourceItem, attach_masks, scan
+from .report import account, settle_codec, tally
+from .sources import Layout, Source, SourceItem, attach_masks, scan
 from .targets import BUILTINS, Target, user_target
 
 Store = Literal["passthrough", "reencode", "raw"]
+Codec = Literal["auto", "jpeg", "png", "webp"]
 MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
+INFO_KEY = "_info"  # a prepared sample's stored codec and notes for the summary, not stored
 Progress = Callable[[int, int], None]
 
 
@@ -45,20 +47,27 @@ class PackOptions:
 
     store: Store = "passthrough"
     resize: tuple[int, int] | int | None = None
-    codec: Literal["jpeg", "png", "webp"] = "jpeg"
-    quality: int = 90
+    codec: Codec = "auto"  # auto: JPEG and lossy WebP as they are, every lossless format as PNG
+    quality: int = 90  # for lossy (re-)encoding only
     check: Literal["header", "decode"] = "header"
     masks: bool = False
     mask_store: Literal["png", "raw"] = "raw"
     mask_dtype: Literal["uint8", "uint16"] = "uint8"
     num_classes: int | None = None
     targets: tuple[Target, ...] = ()
+    extra_channels: Literal["refuse", "drop"] = "refuse"  # alpha, channels beyond RGB, 16-bit RGB
+    max_pixels: int | None = DEFAULT_MAX_PIXELS  # decompression-bomb limit (width × height)
 
     def __post_init__(self) -> None:
         if self.store not in ("passthrough", "reencode", "raw"):
             raise ConfigError(f"store={self.store!r}: use 'passthrough', 'reencode' or 'raw'")
-        if self.codec not in ("jpeg", "png", "webp"):
-            raise ConfigError(f"codec={self.codec!r}: use 'jpeg', 'png' or 'webp'")
+        if self.codec not in ("auto", "jpeg", "png", "webp"):
+            raise ConfigError(f"codec={self.codec!r}: use 'auto' (lossless stays lossless), "
+                              "'jpeg', 'png' or 'webp'")
+        if self.extra_channels not in ("refuse", "drop"):
+            raise ConfigError(f"extra_channels={self.extra_channels!r}: use 'refuse' or 'drop'")
+        if self.max_pixels is not None and self.max_pixels <= 0:
+            raise ConfigError(f"max_pixels={self.max_pixels}: use a positive pixel count")
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"quality={self.quality}: use an integer in 1..100")
         if self.check not in ("header", "decode"):
@@ -111,6 +120,12 @@ class ConvertResult:
     passthrough: int = 0
     reencoded: int = 0
     ignored: int = 0
+    stored: dict[str, int] = field(default_factory=dict)  # "jpeg unchanged", "tiff→png"... → count
+    ignored_files: list[dict[str, str]] = field(default_factory=list)  # {"path", "reason"}
+    slow_jpegs: list[str] = field(default_factory=list)  # need the Pillow fallback decoder
+    channels_dropped: list[str] = field(default_factory=list)  # extra_channels="drop" did this
+    empty_classes: list[str] = field(default_factory=list)
+    image_codec: str = ""
     bytes_in: int = 0
     bytes_out: int = 0
     seconds: float = 0.0
@@ -123,28 +138,6 @@ class ConvertResult:
 
 
 # --- per-image work (runs in worker processes) --------------------------------------------------
-
-def _geometry(w: int, h: int, opts: PackOptions) -> tuple[tuple[int, int], tuple[float, ...]] | None:
-    """Output (W, H) and source box for ``opts.resize``, shared by an image and its mask."""
-    if opts.resize is None:
-        return None
-    if isinstance(opts.resize, tuple):
-        return opts.resize, (0, 0, w, h)
-    s = opts.resize
-    if opts.store == "raw":  # fixed size: shorter side to s, then the center s×s crop
-        left, top = (w - min(w, h)) / 2, (h - min(w, h)) / 2
-        return (s, s), (left, top, left + min(w, h), top + min(w, h))
-    scale = s / min(w, h)
-    return (max(s, round(w * scale)), max(s, round(h * scale))), (0, 0, w, h)
-
-
-def _resized(img: Image.Image, opts: PackOptions) -> np.ndarray:
-    arr = pil_to_rgb(img)
-    geo = _geometry(arr.shape[1], arr.shape[0], opts)
-    if geo is None:
-        return arr
-    return np.asarray(Image.fromarray(arr).resize(geo[0], Image.BILINEAR, box=geo[1]))
-
 
 def read_mask(path: Path, dtype: str) -> np.ndarray:
     """A mask file → H×W index array (L/P/1 → uint8 indices, I;16/I → uint16); no colour masks."""
@@ -182,7 +175,7 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
     if (mask.shape[1], mask.shape[0]) != size:
         return (f"mask {item.mask.name} is {mask.shape[1]}x{mask.shape[0]}, image is "
                 f"{size[0]}x{size[1]}")
-    geo = _geometry(size[0], size[1], opts)
+    geo = geometry(size[0], size[1], opts)
     if geo is not None:
         mask = np.asarray(Image.fromarray(mask).resize(geo[0], Image.NEAREST, box=geo[1]),
                           dtype=mask.dtype)
@@ -197,46 +190,23 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
 
 def prepare(item: SourceItem, opts: PackOptions) -> tuple[dict[str, Any] | None, str, int]:
     """Read and check one image (and its mask and targets); (stored values or None, reason or
-    how, input bytes)."""
+    how it was stored, input bytes). ``values[INFO_KEY]`` carries notes for the summary."""
     try:
         data = item.path.read_bytes()
     except OSError as exc:
         return None, f"unreadable: {exc.strerror or exc}", 0
     if not data:
         return None, "empty file", 0
-    passthrough = opts.store == "passthrough" and opts.resize is None and opts.codec == "jpeg"
-    info = jpeg_info(data) if passthrough else None
-    values: dict[str, Any]
-    # plain RGB/grayscale JPEGs in upright orientation are stored byte for byte
-    if info is not None and info[2] in (1, 3) and info[3] in (0, 1):
-        if not jpeg_complete(data):
-            return None, "truncated JPEG (no end-of-image marker)", len(data)
-        if opts.check == "decode":
-            try:
-                decode_rgb(data, "jpeg")
-            except BadInputError as exc:
-                return None, f"corrupt image: {exc.__cause__ or exc}", len(data)
-        values, how, size = {"image": data}, "passthrough", (info[0], info[1])
-    else:
-        try:
-            with Image.open(io.BytesIO(data)) as img:
-                img.load()
-                upright = ImageOps.exif_transpose(img)
-                size = upright.size
-                arr = _resized(upright, opts)
-        except UnidentifiedImageError:
-            return None, "not an image (unrecognized format)", len(data)
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-            return None, f"corrupt image: {exc}", len(data)
-        if opts.store == "raw":
-            values, how = {"image": np.ascontiguousarray(arr)}, "raw"
-        else:
-            values, how = {"image": encode_rgb(arr, opts.codec, opts.quality)}, "reencoded"
+    try:
+        stored = store_image(data, opts)
+    except Refused as exc:
+        return None, str(exc), len(data)
+    values: dict[str, Any] = {"image": stored.value, INFO_KEY: stored}
     if opts.masks:
-        reason = _with_mask(item, values, size, opts)
+        reason = _with_mask(item, values, stored.size, opts)
         if reason is not None:
             return None, reason, len(data)
-    return values, how, len(data)
+    return values, stored.how, len(data)
 
 
 def _prepare_star(args: tuple[SourceItem, PackOptions]) -> tuple[dict[str, Any] | None, str, int]:
@@ -252,9 +222,10 @@ def _worker_init() -> None:
 
 # --- orchestration ------------------------------------------------------------------------------
 
-def build_schema(source: Source, opts: PackOptions) -> Schema:
-    """image (+ label for labeled sources) (+ mask and targets) + path (+ meta for extras)."""
-    codec = "raw" if opts.store == "raw" else opts.codec
+def build_schema(source: Source, opts: PackOptions, codec: str | None = None) -> Schema:
+    """image (+ label for labeled sources) (+ mask and targets) + path (+ meta for extras);
+    ``codec`` defaults to :func:`image_codec` of the source's items."""
+    codec = codec or image_codec(source.items, opts)
     fields: list[Field] = [ImageField("image", codec, opts.raw_shape)]
     if source.labeled:
         fields.append(LabelField("label"))
@@ -300,11 +271,12 @@ def split_indices(n: int, val_fraction: float, seed: int) -> np.ndarray:
     return mask
 
 
-def _results(items: list[SourceItem], opts: PackOptions, workers: int
+def _results(items: list[SourceItem], opts: PackOptions, workers: int, codec: str
              ) -> Iterator[tuple[dict[str, Any] | None, str, int]]:
     # Passthrough with header checks is I/O-bound (~6000 images/s in one process here); shipping
-    # the bytes through worker pipes costs more than it saves, so only decoding work fans out.
-    decodes = opts.store != "passthrough" or opts.resize is not None or opts.codec != "jpeg" \
+    # the bytes through worker pipes costs more than it saves, so only decoding work fans out
+    # (any non-JPEG input is decoded in full to check it).
+    decodes = opts.store != "passthrough" or opts.resize is not None or codec != "jpeg" \
         or opts.check == "decode" or opts.masks
     if workers <= 1 or len(items) < 64 or not decodes:
         yield from (prepare(it, opts) for it in items)
@@ -317,17 +289,21 @@ def _results(items: list[SourceItem], opts: PackOptions, workers: int
 
 def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int | None = None,
             store: Store = "passthrough", resize: tuple[int, int] | int | None = None,
-            codec: Literal["jpeg", "png", "webp"] = "jpeg", quality: int = 90,
+            codec: Codec = "auto", quality: int = 90,
             check: Literal["header", "decode"] = "header", strict: bool = False,
             val_fraction: float = 0.0, seed: int = 0, overwrite: bool = False,
             writer_options: dict[str, Any] | None = None,
             progress: Progress | None = None, masks: str | Path | None = None,
             mask_store: Literal["png", "raw"] = "raw",
             mask_dtype: Literal["uint8", "uint16"] = "uint8", num_classes: int | None = None,
-            targets: Sequence[str | Target] | Mapping[str, Any] | None = None) -> ConvertResult:
+            targets: Sequence[str | Target] | Mapping[str, Any] | None = None,
+            extra_channels: Literal["refuse", "drop"] = "refuse",
+            max_pixels: int | None = DEFAULT_MAX_PIXELS, layout: Layout = "auto") -> ConvertResult:
     """Pack a source (folder, ImageFolder tree or CSV/JSONL manifest) into ``out`` as ``to``.
 
-    Bad inputs are skipped and listed (``strict=True`` raises on the first). With
+    Lossless inputs stay lossless unless ``codec`` asks otherwise (see :mod:`converters.images`).
+    Bad inputs are skipped and listed, and files not taken are listed with the reason
+    (``strict=True`` raises on the first bad or refused input, and on a class left empty). With
     ``val_fraction`` > 0, ``out/train`` and ``out/val`` are written from a seeded split.
     Segmentation: ``masks`` (a folder matched by file name, or a manifest's ``mask`` column)
     adds a lossless ``mask`` field, and ``targets`` (e.g. ``["distance_map", "boundary"]``) are
@@ -341,13 +317,19 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
     workers = workers if workers is not None else len(os.sched_getaffinity(0))
     if workers < 0:
         raise ConfigError(f"workers={workers}: use 0 or 1 for in-process, or a positive count")
-    source = src if isinstance(src, Source) else scan(src)
+    source = src if isinstance(src, Source) else scan(src, layout)
     if masks is not None:
         source = attach_masks(source, masks)
     opts = PackOptions(store, resize, codec, quality, check, source.masked, mask_store,
-                       mask_dtype, num_classes, resolve_targets(targets))
+                       mask_dtype, num_classes, resolve_targets(targets), extra_channels,
+                       max_pixels)
+    if strict and source.refused:
+        raise BadInputError(f"{source.root / source.refused[0][0]}: {source.refused[0][1]}")
     out = Path(out)
-    schema = build_schema(source, opts)
+    sniff = to == "wds"  # WebDataset member names carry the codec: it is decided before writing
+    schema = build_schema(source, opts, image_codec(source.items, opts, sniff))
+    codec = schema["image"].codec  # type: ignore[attr-defined]
+    guess = "jpeg" if codec == "mixed" and not sniff and likely_jpeg(source.items) else codec
     items = list(source.items)
     val_mask = split_indices(len(items), val_fraction, seed) if val_fraction else None
     output = Output(out, overwrite)
@@ -356,21 +338,24 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
     writers: dict[str, DatasetWriter] = {}
     skipped: dict[str, list[dict[str, str]]] = {name: [] for name in splits}
     labeled, has_extra = source.labeled, source.has_extra
-    result = ConvertResult(out, ignored=len(source.ignored),
-                           unmatched_masks=list(source.unmatched_masks))
+    result = ConvertResult(out, ignored=len(source.not_taken), ignored_files=source.not_taken,
+                           unmatched_masks=list(source.unmatched_masks), image_codec=codec)
     mask_max = -1
     try:
         writers = {name: WRITERS[to](path, schema, **(writer_options or {}))
                    for name, path in splits.items()}
-        for k, (values, how, nbytes) in enumerate(_results(items, opts, workers)):
+        for k, (values, how, nbytes) in enumerate(_results(items, opts, workers, guess)):
             item = items[k]
             split = "" if val_mask is None else ("val" if val_mask[k] else "train")
             result.bytes_in += nbytes
+            if values is not None and codec not in ("mixed", values[INFO_KEY].codec):
+                values, how = None, f"changed while converting (now {values[INFO_KEY].codec})"
             if values is None:
                 if strict:
                     raise BadInputError(f"{item.path}: {how}")
                 skipped[split].append({"path": item.rel, "reason": how})
             else:
+                tally(result, values.pop(INFO_KEY), item.rel)
                 mask_max = max(mask_max, values.pop(MASK_MAX_KEY, -1))
                 if labeled:
                     values["label"] = item.label
@@ -378,8 +363,6 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
                 if has_extra:
                     values["meta"] = item.extra or {}
                 writers[split].write(values)
-                result.passthrough += how == "passthrough"
-                result.reencoded += how != "passthrough"
             if progress is not None:
                 progress(k + 1, len(items))
         empty = empty_result(source, {n: w.count for n, w in writers.items()},
@@ -392,13 +375,16 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
                       **{f.name: getattr(opts, f.name) for f in dc_fields(opts)
                          if f.name != "targets"},
                       "targets": {t.name: {"target": t.spec or t.name, **t.params}
-                                  for t in opts.targets}}
+                                  for t in opts.targets},
+                      **account(source, result, items, skipped, strict)}
         if source.masked:
             conversion["masks"] = str(masks) if masks is not None else "manifest column 'mask'"
             conversion["masks_without_images"] = list(source.unmatched_masks)
             if num_classes is None and mask_max >= 0:  # record what the masks hold
                 schema = Schema(tuple(replace(f, num_classes=mask_max + 1)
                                       if isinstance(f, MaskField) else f for f in schema))
+        if not sniff:
+            schema = settle_codec(schema, result)
         for name, writer in writers.items():
             files, extra = writer.close()
             root = splits[name]

@@ -1,18 +1,27 @@
 """Conversion sources: an ImageFolder tree, a flat folder, or a CSV/JSONL manifest.
 
-Every source becomes a sorted, deterministic list of :class:`SourceItem` plus the class names.
+Every source becomes a sorted, deterministic list of :class:`SourceItem` plus the class names, and
+every file it does not take is listed with the reason (nothing is dropped without a word).
 """
 
 from __future__ import annotations
 
 import csv
+import errno
 import json
-from dataclasses import dataclass, field
+import os
+import stat
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".jpe", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif",
-                        ".ppm", ".pgm", ".pbm"})
+from feedpipe.errors import ConfigError
+
+IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".dib", ".tif",
+                        ".tiff", ".gif", ".ppm", ".pgm", ".pbm", ".pnm", ".jp2", ".j2k", ".j2c",
+                        ".jpx", ".jpf"})
+Layout = Literal["auto", "imagefolder", "flat"]
+Entry = tuple[str, str]  # (path relative to the source root, why it was not taken)
 
 
 @dataclass(frozen=True)
@@ -29,15 +38,21 @@ class SourceItem:
 
 @dataclass(frozen=True)
 class Source:
-    """A scanned source: items in deterministic order, class names, and ignored non-image files."""
+    """A scanned source: items in deterministic order, class names, and the files not taken.
+
+    ``ignored`` holds files that are not images (by extension) or hidden; ``refused`` holds
+    entries that may be images but cannot be taken (symlink loops, broken links, names that are
+    not UTF-8, unreadable folders, images outside the class folders of an ImageFolder tree).
+    """
 
     root: Path
     kind: str
     items: tuple[SourceItem, ...]
     classes: tuple[str, ...] = ()
-    ignored: tuple[str, ...] = field(default_factory=tuple)
+    ignored: tuple[Entry, ...] = field(default_factory=tuple)
     masked: bool = False  # a segmentation source: every item should have a mask
     unmatched_masks: tuple[str, ...] = ()  # mask files that no image matched
+    refused: tuple[Entry, ...] = ()
 
     @property
     def labeled(self) -> bool:
@@ -47,49 +62,115 @@ class Source:
     def has_extra(self) -> bool:
         return any(i.extra for i in self.items)
 
+    @property
+    def not_taken(self) -> list[dict[str, str]]:
+        """Every file not taken, refused first: ``{"path", "reason"}`` (for the manifest)."""
+        return [{"path": p, "reason": r} for p, r in (*self.refused, *self.ignored)]
 
-def _files(root: Path) -> list[Path]:
-    return sorted((p for p in root.rglob("*") if p.is_file()), key=lambda p: p.as_posix())
+
+def display_name(rel: str) -> str:
+    """A path as it can be printed and stored in JSON: bytes that are not UTF-8 become \\xNN."""
+    return os.fsencode(rel).decode("utf-8", "backslashreplace")
 
 
-def scan(src: str | Path) -> Source:
+@dataclass
+class _Tree:
+    files: list[tuple[Path, str]] = field(default_factory=list)
+    ignored: list[Entry] = field(default_factory=list)
+    refused: list[Entry] = field(default_factory=list)
+
+
+def _walk(folder: Path, base: Path, tree: _Tree, seen: frozenset[tuple[int, int]]) -> None:
+    """List ``folder`` recursively (symlinks followed, loops and unreadable entries reported)."""
+    try:
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: os.fsencode(e.name))
+    except OSError as exc:
+        tree.refused.append((display_name(folder.relative_to(base).as_posix()) + "/",
+                             f"unreadable folder: {exc.strerror or exc}"))
+        return
+    for e in entries:
+        path = Path(e.path)
+        rel = path.relative_to(base).as_posix()
+        shown = display_name(rel)
+        if e.name.startswith("."):
+            tree.ignored.append((shown, "hidden (name starts with '.')"))
+            continue
+        try:
+            st = os.stat(path)  # follows symlinks
+        except OSError as exc:
+            why = ("symlink loop" if exc.errno == errno.ELOOP else
+                   f"broken symlink ({exc.strerror})" if e.is_symlink() else
+                   f"cannot stat: {exc.strerror or exc}")
+            tree.refused.append((shown, why))
+            continue
+        if stat.S_ISDIR(st.st_mode):
+            if (st.st_dev, st.st_ino) in seen:
+                tree.refused.append((shown + "/", "symlink loop (links to a folder that holds it)"))
+            else:
+                _walk(path, base, tree, seen | {(st.st_dev, st.st_ino)})
+        elif not stat.S_ISREG(st.st_mode):
+            tree.ignored.append((shown, "not a regular file"))
+        elif shown != rel:
+            tree.refused.append((shown, "file name is not valid UTF-8: rename it to convert it"))
+        elif path.suffix.lower() in IMAGE_EXTS:
+            tree.files.append((path, rel))
+        else:
+            tree.ignored.append((rel, "not an image (file extension)"))
+
+
+def _walk_root(root: Path) -> _Tree:
+    """Everything under ``root``, files sorted by relative path."""
+    tree, st = _Tree(), os.stat(root)
+    _walk(root, root, tree, frozenset({(st.st_dev, st.st_ino)}))
+    tree.files.sort(key=lambda f: f[1])
+    return tree
+
+
+def scan(src: str | Path, layout: Layout = "auto") -> Source:
     """Detect the source kind and list its images.
 
-    A directory whose top level holds only sub-directories is an ImageFolder tree (sorted class
-    folder names → labels 0..K-1); any other directory is a flat folder (no labels, searched
-    recursively); a ``.csv``/``.jsonl`` file is a manifest.
+    A directory is an ImageFolder tree when a top-level sub-directory holds an image (sorted class
+    folder names → labels 0..K-1; a class folder may be empty): class folders win, and images at
+    the top level are refused by name, never turned into unlabeled samples. Otherwise it is a flat
+    folder (no labels, searched recursively). ``layout`` forces either reading. A ``.csv`` or
+    ``.jsonl`` file is a manifest.
     """
+    if layout not in ("auto", "imagefolder", "flat"):
+        raise ConfigError(f"layout={layout!r}: use 'auto', 'imagefolder' or 'flat'")
     src = Path(src)
     if not src.exists():
         raise FileNotFoundError(f"{src}: source does not exist")
     if src.is_file():
         if src.suffix.lower() in (".csv", ".jsonl"):
             return _scan_manifest(src)
-        raise ValueError(f"{src}: a source file must be a .csv or .jsonl manifest")
-    top = sorted(src.iterdir(), key=lambda p: p.name)
-    dirs = [p for p in top if p.is_dir() and not p.name.startswith(".")]
-    top_images = [p for p in top if p.is_file() and p.suffix.lower() in IMAGE_EXTS]
-    if dirs and not top_images:
-        classes = tuple(d.name for d in dirs)
-        items, ignored = [], []
-        for label, d in enumerate(dirs):
-            for p in _files(d):
-                rel = p.relative_to(src).as_posix()
-                if p.suffix.lower() in IMAGE_EXTS:
-                    items.append(SourceItem(p, rel, label))
-                else:
-                    ignored.append(rel)
-        return Source(src, "imagefolder", tuple(items), classes, tuple(ignored))
-    items, ignored = [], []
-    for p in _files(src):
-        rel = p.relative_to(src).as_posix()
-        if any(part.startswith(".") for part in Path(rel).parts):
-            continue
-        if p.suffix.lower() in IMAGE_EXTS:
-            items.append(SourceItem(p, rel))
+        raise ConfigError(f"{src}: a source file must be a .csv or .jsonl manifest")
+    tree = _walk_root(src)
+    in_dirs = any("/" in rel for _, rel in tree.files)
+    if layout == "flat" or (layout == "auto" and not in_dirs):
+        items = tuple(SourceItem(p, rel) for p, rel in tree.files)
+        return Source(src, "folder", items, (), tuple(tree.ignored), refused=tuple(tree.refused))
+    classes = sorted(display_name(e.name) for e in os.scandir(src)
+                     if not e.name.startswith(".") and _is_dir(Path(e.path)))
+    label = {c: k for k, c in enumerate(classes)}
+    items, refused = [], list(tree.refused)
+    for p, rel in tree.files:
+        top, sep, _ = rel.partition("/")
+        if sep and top in label:
+            items.append(SourceItem(p, rel, label[top]))
         else:
-            ignored.append(rel)
-    return Source(src, "folder", tuple(items), (), tuple(ignored))
+            refused.append((rel, "outside the class folders of an ImageFolder tree (labels come "
+                                 "from class folders; --layout flat reads the folder unlabeled)"))
+    items.sort(key=lambda i: i.label)  # stable: class order, then path order within a class
+    return Source(src, "imagefolder", tuple(items), tuple(classes), tuple(tree.ignored),
+                  refused=tuple(refused))
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a symlink loop: refused by the walk
+        return False
 
 
 def _scan_manifest(path: Path) -> Source:
@@ -142,8 +223,7 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
     root = Path(masks)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: mask folder does not exist")
-    files = [p for p in _files(root) if p.suffix.lower() in IMAGE_EXTS
-             and not any(part.startswith(".") for part in p.relative_to(root).parts)]
+    files = [p for p, _ in _walk_root(root).files]
     by_rel: dict[str, Path] = {}
     by_stem: dict[str, list[Path]] = {}
     for p in files:
@@ -164,5 +244,4 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
             used.add(m)
         items.append(SourceItem(it.path, it.rel, it.label, it.extra, m))
     unmatched = tuple(p.relative_to(root).as_posix() for p in files if p not in used)
-    return Source(source.root, source.kind, tuple(items), source.classes, source.ignored, True,
-                  unmatched)
+    return replace(source, items=tuple(items), masked=True, unmatched_masks=unmatched)

@@ -7,14 +7,17 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from .errors import ConfigError, FeedpipeError
-from .imaging import decoder_info
+from .imaging import DEFAULT_MAX_PIXELS, decoder_info
 from .manifest import Manifest
 from .schema import MaskField, TargetField
+
+if TYPE_CHECKING:
+    from converters import ConvertResult
 
 
 def _size(text: str) -> int:
@@ -55,7 +58,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
                       seed=args.seed, overwrite=args.overwrite, writer_options=writer_options,
                       progress=progress, masks=args.masks, mask_store=args.mask_store,
                       mask_dtype=args.mask_dtype, num_classes=args.num_classes,
-                      targets=_targets(args))
+                      targets=_targets(args), extra_channels=args.extra_channels,
+                      max_pixels=args.max_pixels, layout=args.layout)
     except KeyboardInterrupt:
         bar.close()
         print(f"feedpipe convert: interrupted; the partial output was removed and {args.out} was "
@@ -67,7 +71,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     print(f"wrote {res.written} samples ({splits}) to {res.out} as {args.to} in {res.seconds:.1f} s "
           f"({res.rate:.0f} images/s)")
     print(f"  stored unchanged: {res.passthrough}, re-encoded: {res.reencoded}, "
-          f"skipped: {len(res.skipped)}, non-image files ignored: {res.ignored}")
+          f"skipped: {len(res.skipped)}, files not taken: {res.ignored}; image codec "
+          f"{res.image_codec}")
+    _print_stored(res)
     print(f"  input {_human(res.bytes_in)} -> output {_human(res.bytes_out)}"
           + (f" ({res.bytes_out / res.bytes_in:.3f}x)" if res.bytes_in else ""))
     for s in res.skipped[:20]:
@@ -79,6 +85,26 @@ def cmd_convert(args: argparse.Namespace) -> int:
               + ", ".join(res.unmatched_masks[:5]) + (" ..." if len(res.unmatched_masks) > 5
                                                       else ""))
     return 0
+
+
+def _print_stored(res: ConvertResult) -> None:
+    """How each input was stored (from→to), files not taken, and what needs attention."""
+    if res.stored:
+        print("  stored: " + ", ".join(f"{k} {v}" for k, v in sorted(res.stored.items())))
+    for key, text in (("slow_jpegs", "JPEGs need the slower fallback decoder (simplejpeg refuses "
+                       "them; Pillow reads them)"),
+                      ("channels_dropped", "images had alpha or extra channels dropped "
+                       "(--extra-channels drop)"),
+                      ("empty_classes", "classes have no samples")):
+        names = getattr(res, key)
+        if names:
+            print(f"  {len(names)} {text}: " + ", ".join(names[:5])
+                  + (" ..." if len(names) > 5 else ""))
+    for f in res.ignored_files[:10]:
+        print(f"  not taken {f['path']}: {f['reason']}")
+    if len(res.ignored_files) > 10:
+        print(f"  ... and {len(res.ignored_files) - 10} more not taken (all listed in the "
+              "manifest)")
 
 
 def _targets(args: argparse.Namespace) -> list[object]:
@@ -129,12 +155,16 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"target {f.name}: {f.target}({params}); stored {store}; resampled "
                   f"{f.interp}" + ("; values rescale with the geometry" if f.rescale == "distance"
                                    else ""))
-    skip = ("targets", "masks_without_images")
+    lists = ("ignored", "jpegs_needing_fallback_decoder", "channels_dropped", "empty_classes")
+    skip = ("targets", "masks_without_images", *lists)
     conv = {k: v for k, v in m.conversion.items() if v not in (None, "", 0, 0.0, False)
             and k not in skip}
     print("conversion: " + ", ".join(f"{k}={v}" for k, v in conv.items()))
     if m.conversion.get("masks_without_images"):
         print(f"masks without an image: {len(m.conversion['masks_without_images'])}")
+    for key in lists:
+        if m.conversion.get(key):
+            print(f"{key.replace('_', ' ')}: {len(m.conversion[key])} (listed by --json)")
     print(f"skipped inputs: {len(m.skipped)}")
     for s in m.skipped[:10]:
         print(f"  {s.get('path')}: {s.get('reason')}")
@@ -173,11 +203,24 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--store", default="passthrough", choices=["passthrough", "reencode", "raw"],
                    help="passthrough keeps JPEG bytes unchanged; raw stores decoded uint8 RGB")
     c.add_argument("--resize", help="shorter side (256) or WxH (320x240); raw crops to square")
-    c.add_argument("--codec", default="jpeg", choices=["jpeg", "png", "webp"])
-    c.add_argument("--quality", type=int, default=90)
+    c.add_argument("--codec", default="auto", choices=["auto", "jpeg", "png", "webp"],
+                   help="auto (default): JPEG and lossy WebP kept as they are, PNG stored "
+                   "unchanged, other lossless formats (TIFF, BMP, PNM, lossless WebP, JPEG 2000) "
+                   "as lossless PNG; jpeg/png/webp: re-encode everything else to that codec")
+    c.add_argument("--quality", type=int, default=90, help="for lossy (re-)encoding only")
+    c.add_argument("--extra-channels", default="refuse", choices=["refuse", "drop"],
+                   help="images with transparent alpha, channels beyond RGB or 16-bit RGB: "
+                   "refuse (skip, by name; default) or drop what 8-bit RGB cannot hold")
+    c.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                   help="refuse images declaring more pixels (decompression bombs; default "
+                   f"{DEFAULT_MAX_PIXELS:,})")
+    c.add_argument("--layout", default="auto", choices=["auto", "imagefolder", "flat"],
+                   help="auto: an ImageFolder tree when a sub-folder holds images (class folders "
+                   "win; top-level images are skipped by name), else a flat folder")
     c.add_argument("--check", default="header", choices=["header", "decode"],
                    help="header: markers + end-of-image (fast); decode: full decode")
-    c.add_argument("--strict", action="store_true", help="fail on the first bad input")
+    c.add_argument("--strict", action="store_true", help="fail on the first bad or refused "
+                   "input, and on a class left with no samples")
     c.add_argument("--val-fraction", type=float, default=0.0)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--overwrite", action="store_true")

@@ -23,7 +23,8 @@ from .codecs import Buffer, check_dtype, npy_decode, npy_encode, npy_header
 from .errors import CorruptRecordError, ManifestError
 from .imaging import CODEC_EXT, decode_rgb
 
-ImageCodec = Literal["jpeg", "png", "webp", "raw"]
+ImageCodec = Literal["jpeg", "png", "webp", "mixed", "raw"]
+IMAGE_CODECS = ("jpeg", "png", "webp", "mixed", "raw")
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -71,7 +72,11 @@ class Field(ABC):
 
 @dataclass(frozen=True)
 class ImageField(Field):
-    """An image: encoded bytes (jpeg/png/webp) or raw H×W×3 uint8 (``shape`` fixed, or None)."""
+    """An image: encoded bytes (jpeg/png/webp) or raw H×W×3 uint8 (``shape`` fixed, or None).
+
+    ``codec="mixed"``: records hold different encodings (JPEG and PNG, say), told apart by their
+    magic bytes (:func:`~feedpipe.imaging.sniff_codec`); WebDataset members end in ``.img``.
+    """
 
     codec: ImageCodec = "jpeg"
     shape: tuple[int, int, int] | None = None
@@ -79,8 +84,8 @@ class ImageField(Field):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.codec not in ("jpeg", "png", "webp", "raw"):
-            raise ValueError(f"image codec {self.codec!r} is not one of jpeg, png, webp, raw")
+        if self.codec not in IMAGE_CODECS:
+            raise ValueError(f"image codec {self.codec!r} is not one of {', '.join(IMAGE_CODECS)}")
         if self.shape is not None:
             object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
             if len(self.shape) != 3 or self.shape[2] != 3:

@@ -11,7 +11,8 @@ from PIL import Image
 
 import feedpipe
 from converters import convert
-from converters.pack import PackOptions, _resized
+from converters.images import resized_rgb
+from converters.pack import PackOptions
 from feedpipe.formats import READERS
 from feedpipe.schema import ImageField, JsonField, LabelField
 
@@ -165,7 +166,7 @@ def test_store_raw_exact_pixels(raw_packed, fmt, photos):
     for i, ph in enumerate(photos):
         with Image.open(ph.path) as im:
             im.load()
-            ref = _resized(im, opts)
+            ref = resized_rgb(im, opts)
         assert ref.shape == (40, 48, 3)
         got = ds[i]["image"]
         assert got.dtype == np.uint8 and np.array_equal(got, ref), ph.rel
@@ -181,7 +182,7 @@ def test_store_raw_shorter_side_is_center_square(tmp_path, photo_dir, photos):
     for i in (0, 17, N_PHOTOS - 1):
         with Image.open(photos[i].path) as im:
             im.load()
-            ref = _resized(im, opts)
+            ref = resized_rgb(im, opts)
         assert np.array_equal(ds[i]["image"], ref)
 
 

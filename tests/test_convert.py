@@ -194,10 +194,13 @@ def test_flat_folder_has_no_labels(tmp_path, photos):
     (src / "nested").mkdir(parents=True)
     (src / "top.jpg").write_bytes(photos[0].path.read_bytes())
     (src / "nested" / "deep.jpg").write_bytes(photos[1].path.read_bytes())
-    assert scan(src).kind == "folder"
-    ds = feedpipe.open_dataset(convert(src, tmp_path / "o", to="lmdb", workers=0).out)
+    assert scan(src, layout="flat").kind == "folder"
+    ds = feedpipe.open_dataset(convert(src, tmp_path / "o", to="lmdb", workers=0,
+                                       layout="flat").out)
     assert ds.schema.names == ["image", "path"]
     assert [s["path"] for s in ds] == ["nested/deep.jpg", "top.jpg"]
+    (src / "nested" / "deep.jpg").unlink()  # no image below the top level: a flat folder
+    assert scan(src).kind == "folder" and [i.rel for i in scan(src).items] == ["top.jpg"]
 
 
 def test_reencode_and_resize_options(tmp_path, photo_dir, photos):

@@ -13,6 +13,7 @@ import feedpipe
 from converters import convert
 from feedpipe.codecs import jpeg_complete, jpeg_info
 from feedpipe.errors import BadInputError
+from feedpipe.imaging import sniff_codec
 from feedpipe.formats import sample_key
 from feedpipe.manifest import Manifest
 from feedpipe.verify import verify
@@ -74,25 +75,33 @@ def odd_dir(tmp_path_factory, base_rgb, photos) -> tuple[Path, dict[str, np.ndar
     return root, expect
 
 
-PASSTHROUGH = {"gray.jpg", *UNICODE_NAMES}
-REENCODED = {"cmyk.jpg", "rgba.png", "palette.png", "deep16.png", "rotated.jpg", "photo.webp"}
+PASSTHROUGH = {"gray.jpg", "palette.png", "deep16.png", *UNICODE_NAMES}
+REENCODED = {"cmyk.jpg", "rotated.jpg", "photo.webp"}
+LOSSLESS = {"palette.png", "deep16.png", "photo.webp"}
 
 
 @pytest.fixture(scope="module", params=["lmdb", "hdf5", "wds"])
 def odd_converted(request, odd_dir, tmp_path_factory):
     root, expect = odd_dir
     out = tmp_path_factory.mktemp("oddout") / request.param
-    res = convert(root, out, to=request.param, workers=0, quality=95)
-    return out, res, expect
+    # "sub dir/" would make it an ImageFolder tree (class folders win): read it flat
+    res = convert(root, out, to=request.param, workers=0, quality=95, layout="flat")
+    return out, res, {k: v for k, v in expect.items() if k != "rgba.png"}
 
 
 def test_odd_modes_all_converted(odd_converted):
     out, res, expect = odd_converted
-    assert res.written == len(expect) and not res.skipped
+    assert res.written == len(expect)
+    # transparent alpha is refused by name, with the option that keeps the RGB
+    assert [s["path"] for s in res.skipped] == ["rgba.png"]
+    assert "alpha" in res.skipped[0]["reason"] and "--extra-channels drop" in res.skipped[0]["reason"]
     assert res.passthrough == len(PASSTHROUGH) and res.reencoded == len(REENCODED)
+    assert res.stored == {"jpeg unchanged": 4, "png unchanged": 2, "jpeg→jpeg": 2, "webp→png": 1}
     ds = feedpipe.open_dataset(out)
     assert ds.schema.names == ["image", "path"]  # a flat folder has no labels
+    assert ds.schema["image"].codec == "mixed"  # JPEG and PNG records
     assert sorted(s["path"] for s in ds) == sorted(expect)
+    assert ds.manifest.conversion["stored"] == res.stored
 
 
 def test_odd_modes_decode_to_rgb_uint8(odd_converted):
@@ -102,7 +111,9 @@ def test_odd_modes_decode_to_rgb_uint8(odd_converted):
         img, ref = s["image"], expect[s["path"]]
         assert img.dtype == np.uint8 and img.ndim == 3 and img.shape[2] == 3, s["path"]
         assert img.shape == ref.shape, s["path"]
-        tol = 0.5 if s["path"] in PASSTHROUGH else 4.0  # re-encoded at quality 95
+        if s["path"] in LOSSLESS:
+            assert np.array_equal(img, ref), s["path"]
+        tol = 0.5 if s["path"] in PASSTHROUGH else 4.0  # JPEGs re-encoded at quality 95
         assert mean_abs_diff(img, ref) < tol, s["path"]
 
 
@@ -129,12 +140,34 @@ def test_exif_rotated_jpeg_is_reencoded_upright(odd_converted, odd_dir, base_rgb
     assert ds[i]["image"].shape == (base_rgb.shape[1], base_rgb.shape[0], 3)
 
 
-def test_reencoded_inputs_are_stored_as_jpeg(odd_converted):
+def test_lossless_inputs_stay_lossless(odd_converted, odd_dir):
     out, _, _ = odd_converted
+    root, _ = odd_dir
     ds = feedpipe.open_dataset(out)
     for i, s in enumerate(ds):
         raw = ds.read_raw(i)["image"]
-        assert jpeg_info(raw) is not None and jpeg_complete(raw), s["path"]
+        if s["path"].endswith((".png", ".webp")):
+            assert sniff_codec(raw) == "png", s["path"]
+            if s["path"].endswith(".png"):  # PNG bytes are stored unchanged
+                assert raw == (root / s["path"]).read_bytes()
+        else:
+            assert jpeg_info(raw) is not None and jpeg_complete(raw), s["path"]
+    i = [s["path"] for s in ds].index("deep16.png")
+    with Image.open(io.BytesIO(ds.read_raw(i)["image"])) as im:
+        assert im.mode in ("I;16", "I")  # 16 bits kept in the stored bytes
+
+
+def test_transparent_alpha_dropped_only_when_asked(tmp_path, odd_dir, base_rgb):
+    root, _ = odd_dir
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "rgba.png").write_bytes((root / "rgba.png").read_bytes())
+    res = convert(src, tmp_path / "o", to="lmdb", workers=0, extra_channels="drop")
+    assert res.written == 1 and res.channels_dropped == ["rgba.png"]
+    assert res.stored == {"png→png": 1}
+    ds = feedpipe.open_dataset(tmp_path / "o")
+    assert ds.manifest.conversion["channels_dropped"] == ["rgba.png"]
+    assert np.array_equal(ds[0]["image"], base_rgb)
 
 
 def test_unicode_and_spaces_in_names(odd_converted, odd_dir):

@@ -1,0 +1,216 @@
+"""What the converter stores for one input image: lossless in, lossless out.
+
+With ``codec="auto"`` (the default) a plain upright JPEG, a PNG and a lossy WebP are stored byte
+for byte; every other lossless format (TIFF, BMP, lossless WebP, PPM/PGM/PBM/PNM, GIF) is re-encoded
+losslessly as PNG keeping its mode (grayscale, palette, 16-bit). JPEG 2000 (often lossy-coded) is
+stored as a PNG of its decoded pixels: nothing is lost from there on. The only lossy step taken
+without being asked: a JPEG or lossy WebP whose pixels must change (EXIF rotation, CMYK, resize)
+is re-encoded in its own lossy codec at ``quality``. An explicit codec (jpeg, png, webp) re-encodes
+every other input to it. Transparent alpha, channels beyond RGB(A) and 16-bit RGB, which the
+loader's 8-bit RGB cannot hold, are refused by name unless ``extra_channels="drop"``.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from feedpipe.codecs import jpeg_complete, jpeg_info
+from feedpipe.errors import BadInputError
+from feedpipe.imaging import (decode_rgb, encode_rgb, jpeg_fast_decodable, pil_to_rgb, sniff_codec,
+                              webp_lossless)
+
+if TYPE_CHECKING:
+    from .pack import PackOptions
+    from .sources import SourceItem
+
+JPEG_EXTS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif"})
+_PNG_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA", "I;16"})
+_DEEP = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
+
+
+class Refused(Exception):
+    """This input cannot be stored as asked; the message is the skip reason."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One image as stored: the value, how it was made, and notes for the summary."""
+
+    value: bytes | np.ndarray
+    how: str                      # "jpeg unchanged", "tiff→png", "jpeg→jpeg", "png→raw", ...
+    codec: str                    # the stored codec: jpeg, png, webp or raw
+    size: tuple[int, int]         # the upright source's (W, H), before any resize
+    slow_jpeg: bool = False       # only the Pillow fallback decodes it (simplejpeg refuses it)
+    dropped: str | None = None    # what extra_channels="drop" removed
+
+
+def output_codec(kind: str, lossless_webp: bool, opts: PackOptions) -> str:
+    """The codec an input of format ``kind`` is stored as (the same for every such input)."""
+    if opts.store == "raw":
+        return "raw"
+    if opts.codec != "auto":
+        return opts.codec
+    if kind == "jpeg" or (kind == "webp" and not lossless_webp):
+        return kind
+    return "png"
+
+
+def planned_codec(path: Path, opts: PackOptions) -> str | None:
+    """The codec ``path`` will be stored as, from its first bytes; None when it cannot be read."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(64)
+            kind = sniff_codec(head)
+            if kind == "webp":
+                head += fh.read(1 << 20)  # the image chunk may follow ICC/EXIF chunks
+        if kind == "unknown":  # a format without magic bytes here (TGA, ...) or not an image
+            with Image.open(path):
+                pass
+    except (OSError, ValueError, SyntaxError):  # skipped later with the reason
+        return None
+    return output_codec(kind, kind == "webp" and webp_lossless(head), opts)
+
+
+def image_codec(items: Sequence[SourceItem], opts: PackOptions, sniff: bool = True) -> str:
+    """The image field's codec: the one codec every input is stored as, else "mixed".
+
+    With ``codec="auto"`` each input's first bytes are read to tell (a PNG named .jpg counts as
+    PNG; inputs that cannot be read are skipped later and do not count). ``sniff=False`` skips
+    that pass (~20 µs a file) and answers a provisional "mixed", for formats whose records do not
+    depend on the codec; :func:`converters.report.settle_codec` narrows it after writing.
+    """
+    if opts.store == "raw":
+        return "raw"
+    if opts.codec != "auto":
+        return opts.codec
+    if not sniff:
+        return "mixed"
+    codecs = {planned_codec(it.path, opts) for it in items} - {None}
+    return codecs.pop() if len(codecs) == 1 else "mixed" if codecs else "jpeg"
+
+
+def likely_jpeg(items: Sequence[SourceItem]) -> bool:
+    """Whether every input is named like a JPEG (the cheap guess that keeps passthrough in one
+    process); the stored codec is never decided by it."""
+    return all(it.path.suffix.lower() in JPEG_EXTS for it in items)
+
+
+def geometry(w: int, h: int, opts: PackOptions) -> tuple[tuple[int, int], tuple[float, ...]] | None:
+    """Output (W, H) and source box for ``opts.resize``, shared by an image and its mask."""
+    if opts.resize is None:
+        return None
+    if isinstance(opts.resize, tuple):
+        return opts.resize, (0, 0, w, h)
+    s = opts.resize
+    if opts.store == "raw":  # fixed size: shorter side to s, then the center s×s crop
+        left, top = (w - min(w, h)) / 2, (h - min(w, h)) / 2
+        return (s, s), (left, top, left + min(w, h), top + min(w, h))
+    scale = s / min(w, h)
+    return (max(s, round(w * scale)), max(s, round(h * scale))), (0, 0, w, h)
+
+
+def resized_rgb(img: Image.Image, opts: PackOptions) -> np.ndarray:
+    """8-bit RGB pixels, resized as ``opts.resize`` asks."""
+    arr = pil_to_rgb(img)
+    geo = geometry(arr.shape[1], arr.shape[0], opts)
+    if geo is None:
+        return arr
+    return np.asarray(Image.fromarray(arr).resize(geo[0], Image.BILINEAR, box=geo[1]))
+
+
+def _too_big(w: int, h: int, opts: PackOptions) -> None:
+    if opts.max_pixels is not None and w * h > opts.max_pixels:
+        raise Refused(f"declares {w}x{h} = {w * h:,} pixels, over the limit of "
+                      f"{opts.max_pixels:,} (a decompression bomb?); raise it with "
+                      "max_pixels= (--max-pixels)")
+
+
+def _extra(img: Image.Image) -> str | None:
+    """What 8-bit RGB storage would lose: transparency, unread channels, 16-bit colour."""
+    if img.format == "TIFF":
+        spp, bands = int(img.tag_v2.get(277, 1)), len(img.getbands())
+        if spp > bands:
+            return f"{spp} channels ({bands} fit an image field)"
+        bits = img.tag_v2.get(258, (8,))
+        bits = max(bits) if isinstance(bits, tuple) else int(bits)
+        if bits > 8 and img.mode not in _DEEP:
+            return f"{bits} bits per colour channel (read as 8)"
+    if img.has_transparency_data:
+        rgba = img if img.mode in ("RGBA", "LA", "PA") else img.convert("RGBA")
+        if rgba.getchannel("A").getextrema()[0] < 255:
+            return "an alpha channel with transparent pixels"
+    return None
+
+
+def _png(img: Image.Image, drop: bool) -> bytes:
+    """Lossless PNG of ``img`` in its own mode (alpha removed when ``drop``)."""
+    if drop and img.mode not in ("RGB", "L"):
+        img = img.convert("L" if img.mode in ("LA", "La", "L") else "RGB")
+    if img.mode in _DEEP - {"I;16"}:
+        arr = np.asarray(img)
+        if img.mode == "F" or arr.min(initial=0) < 0 or arr.max(initial=0) > 0xFFFF:
+            raise Refused(f"mode {img.mode} samples do not fit 16-bit PNG losslessly")
+        img = Image.fromarray(arr.astype(np.uint16))
+    elif img.mode not in _PNG_MODES:  # CMYK, YCbCr, LAB, PA...: the colour conversion loading does
+        img = img.convert("RGBA" if img.has_transparency_data else "RGB")
+    out = io.BytesIO()
+    img.save(out, "PNG", compress_level=6)
+    return out.getvalue()
+
+
+def store_image(data: bytes, opts: PackOptions) -> Stored:
+    """Check one input and make its stored value (see the module docstring); raises Refused."""
+    kind = sniff_codec(data)
+    target = output_codec(kind, kind == "webp" and webp_lossless(data), opts)
+    keep = opts.store == "passthrough" and opts.resize is None and target == kind
+    if kind == "jpeg" and (info := jpeg_info(data)) is not None:
+        _too_big(info[0], info[1], opts)
+        # plain RGB/grayscale JPEGs in upright orientation are stored byte for byte
+        if keep and info[2] in (1, 3) and info[3] in (0, 1):
+            if not jpeg_complete(data):
+                raise Refused("truncated JPEG (no end-of-image marker)")
+            if opts.check == "decode":
+                try:
+                    decode_rgb(data, "jpeg", max_pixels=opts.max_pixels)
+                except BadInputError as exc:
+                    raise Refused(f"corrupt image: {exc.__cause__ or exc}") from exc
+            return Stored(data, "jpeg unchanged", "jpeg", (info[0], info[1]),
+                          slow_jpeg=not jpeg_fast_decodable(data))
+    keep = keep and kind != "jpeg"  # a JPEG that gets here needs rotation or colour conversion
+    if kind == "png" and len(data) >= 24 and data[12:16] == b"IHDR":  # Pillow: only at 2^31
+        _too_big(*struct.unpack(">II", data[16:24]), opts)
+    try:
+        with Image.open(io.BytesIO(data)) as img:
+            _too_big(img.size[0], img.size[1], opts)
+            if getattr(img, "n_frames", 1) > 1:
+                raise Refused(f"{img.n_frames} frames (animated or multi-page): only still "
+                              "images are stored; extract the frames first")
+            img.load()
+            lost = _extra(img)
+            if lost and opts.extra_channels == "refuse":
+                raise Refused(f"{lost}: storing it would drop data; pass extra_channels='drop' "
+                              "(--extra-channels drop) to store its RGB only")
+            upright = ImageOps.exif_transpose(img)
+            if keep and not lost and upright.size == img.size and \
+                    img.getexif().get(0x0112, 1) in (0, 1):
+                return Stored(data, f"{kind} unchanged", kind, img.size)
+            size, how = upright.size, f"{kind}→{target}"
+            if target == "png" and opts.resize is None:
+                return Stored(_png(upright, bool(lost)), how, target, size, dropped=lost)
+            arr = resized_rgb(upright, opts)
+    except Image.DecompressionBombError as exc:
+        raise Refused(f"decompression bomb refused by Pillow: {exc}") from exc
+    except (OSError, ValueError, SyntaxError) as exc:
+        if kind == "unknown":
+            raise Refused("not an image (unrecognized format)") from exc
+        raise Refused(f"corrupt image: {exc}") from exc
+    if target == "raw":
+        return Stored(np.ascontiguousarray(arr), how, target, size, dropped=lost)
+    return Stored(encode_rgb(arr, target, opts.quality), how, target, size, dropped=lost)

@@ -1,0 +1,63 @@
+"""The converter's account of a run: how each input was stored, and what needs a user's attention
+(files not taken, JPEGs only the fallback decoder reads, channels dropped, classes left empty)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from feedpipe.errors import BadInputError
+from feedpipe.schema import Schema
+
+from .images import Stored
+from .sources import Source, SourceItem
+
+if TYPE_CHECKING:
+    from .pack import ConvertResult
+
+log = logging.getLogger("feedpipe.convert")
+
+
+def tally(result: ConvertResult, stored: Stored, rel: str) -> None:
+    """Count how one image was stored, for the summary and the manifest."""
+    result.stored[stored.how] = result.stored.get(stored.how, 0) + 1
+    unchanged = stored.how.endswith(" unchanged")
+    result.passthrough += unchanged
+    result.reencoded += not unchanged
+    if stored.slow_jpeg:
+        result.slow_jpegs.append(rel)
+    if stored.dropped:
+        result.channels_dropped.append(rel)
+
+
+def account(source: Source, result: ConvertResult, items: list[SourceItem],
+            skipped: dict[str, list[dict[str, str]]], strict: bool) -> dict[str, Any]:
+    """The manifest's account of what was stored and what was not; classes left with no samples
+    are a warning (an error under ``strict``)."""
+    gone = {s["path"] for v in skipped.values() for s in v}
+    have = {it.label for it in items if it.rel not in gone}
+    result.empty_classes = [c for k, c in enumerate(source.classes) if k not in have]
+    if result.empty_classes:
+        msg = (f"{source.root}: class(es) with no samples: {', '.join(result.empty_classes)} "
+               "(their files were skipped or not images; see the manifest)")
+        if strict:
+            raise BadInputError(msg)
+        log.warning(msg)
+    return {"stored": result.stored, "ignored": result.ignored_files,
+            "empty_classes": result.empty_classes,
+            "jpegs_needing_fallback_decoder": result.slow_jpegs,
+            "channels_dropped": result.channels_dropped}
+
+
+def settle_codec(schema: Schema, result: ConvertResult) -> Schema:
+    """Narrow a provisional "mixed" image codec to the one codec every written record has."""
+    image = schema["image"]
+    if getattr(image, "codec", None) != "mixed":
+        return schema
+    codecs = {how.split()[0] if how.endswith(" unchanged") else how.split("→")[1]
+              for how in result.stored}
+    if len(codecs) > 1:
+        return schema
+    result.image_codec = codecs.pop() if codecs else "jpeg"
+    return Schema(tuple(replace(f, codec=result.image_codec) if f is image else f for f in schema))
