@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import shutil
-import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -162,20 +161,11 @@ def test_mixed_dataset_loads_end_to_end(tmp_path, photo_dir, base):
 # --- JPEGs simplejpeg refuses (4:1:0 and other samplings libjpeg-turbo's header parser rejects) ---
 
 @pytest.fixture(scope="module")
-def odd_sampling(tmp_path_factory, base) -> Path:
-    cjpeg = shutil.which("cjpeg")
-    if cjpeg is None:
-        pytest.skip("needs cjpeg (Debian: apt-get install libjpeg-turbo-progs)")
-    root = tmp_path_factory.mktemp("sampling")
-    Image.fromarray(base).save(root / "base.ppm")
-    Image.fromarray(base[:4, :2]).save(root / "tiny.ppm")
-    src = root / "src"
-    src.mkdir()
-    for name, ppm, sample in (("s410.jpg", "base.ppm", "4x2"), ("s31.jpg", "base.ppm", "3x1"),
-                              ("tiny2x4.jpg", "tiny.ppm", "2x4"), ("plain.jpg", "base.ppm", "2x2")):
-        with open(src / name, "wb") as fh:
-            subprocess.run([cjpeg, "-sample", f"{sample},1x1,1x1", str(root / ppm)], stdout=fh,
-                           check=True)
+def odd_sampling(tmp_path_factory) -> Path:
+    """Committed cjpeg outputs (tests/data/README.md): 4:1:0, 3x1 and a 2×4-pixel image, plus
+    a plain 4:2:0 control."""
+    src = tmp_path_factory.mktemp("sampling") / "src"
+    shutil.copytree(Path(__file__).parent / "data" / "odd-sampling", src)
     return src
 
 
