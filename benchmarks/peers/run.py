@@ -44,6 +44,7 @@ CONTENDERS: dict[str, tuple[list[str], bool]] = {
     "feedpipe HDF5": (["c_feedpipe.py", "--format", "hdf5"], False),
 }
 BASELINE, FFCV = "hand-tuned DataLoader", "FFCV"
+GOAL_X_FFCV = 1.5
 PACKAGES = ("torch", "numpy", "pillow", "simplejpeg", "ffcv", "numba", "opencv-python",
             "webdataset", "litdata", "mosaicml-streaming", "feedpipe", "psutil")
 
@@ -221,6 +222,15 @@ def summarize(out: dict) -> None:
     for k, v in out["kernel"].items():
         print(f"  {'bare kernel ' + k:<22} {v['images_per_s']:>9,.0f} {'':>6} {'':>7} {'':>7} "
               f"{v['cpu_ms_per_image']:>10.2f}")
+    ffcv = out["contenders"].get(FFCV, {})
+    if "images_per_s" in ffcv:  # the goal: >= 1.5x FFCV at no more peak PSS than FFCV
+        for name, res in out["contenders"].items():
+            if name.startswith("feedpipe") and "images_per_s" in res:
+                res["goal_met"] = (res["x_ffcv"] >= GOAL_X_FFCV
+                                   and res["peak_pss_mib"] <= ffcv["peak_pss_mib"])
+                print(f"  goal {name}: {res['x_ffcv']:.2f}x FFCV (want >= {GOAL_X_FFCV}), PSS "
+                      f"{res['peak_pss_mib']:.0f} vs FFCV {ffcv['peak_pss_mib']:.0f} MiB: "
+                      f"{'met' if res['goal_met'] else 'not met'}")
 
 
 def versions() -> dict[str, str | None]:
