@@ -139,13 +139,15 @@ def run_set(label: str, photos: Path, args: argparse.Namespace) -> dict:
         print(f"  bare kernel, {k}: {v['images_per_s']:,.0f} images/s, "
               f"{v['cpu_ms_per_image']:.2f} CPU ms/image", flush=True)
     out: dict = {"images": len(items), "classes": classes, "label_counts": counts,
+                 "source_mib": sum(Path(f).stat().st_size for f in files) / 2 ** 20,
                  "kernel": kern, "reference_class_means": ref, "contenders": {}}
     procs: dict[str, Contender] = {}
     for name in args.contenders:  # pack one at a time: packing is timed too
         slug = name.lower().replace(" ", "-").replace("-dataloader", "")
         c = Contender(name, items_file, work / slug, classes, args, work / f"{slug}.log")
         try:
-            out["contenders"][name] = {"pack_s": c.reply()["pack_s"], "rounds": [], "errors": []}
+            out["contenders"][name] = {"pack_s": c.reply()["pack_s"], "rounds": [], "errors": [],
+                                       "packed_mib": _size(work / slug) / 2 ** 20}
             procs[name] = c
             print(f"  packed {name} in {out['contenders'][name]['pack_s']:.1f} s", flush=True)
         except RuntimeError as exc:
@@ -186,6 +188,11 @@ def run_set(label: str, photos: Path, args: argparse.Namespace) -> dict:
             c.close()
     summarize(out)
     return out
+
+
+def _size(path: Path) -> int:
+    """Bytes on disk under ``path`` (0 when the contender packs nothing)."""
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.exists() else 0
 
 
 def summarize(out: dict) -> None:
