@@ -43,7 +43,7 @@ def open_loader(work: Path, args: argparse.Namespace):
     urls = sorted(str(p) for p in work.glob("shard-*.tar"))
 
     def preproc(im):
-        return torch.from_numpy(pil_resize_center_crop(im.convert("RGB"), size)).permute(2, 0, 1)
+        return torch.from_numpy(pil_resize_center_crop(im, size)).permute(2, 0, 1)  # RGB already
 
     dataset = (wds.WebDataset(urls, shardshuffle=len(urls))
                .shuffle(1000)
