@@ -1,0 +1,213 @@
+"""feedpipe's hot path against the bare decode kernel, side by side in one run (issue 13).
+
+For ~500×375 and ≥1280 px photos × centre / random-resized crop, on the same files: the bare
+kernel (``simplejpeg.decode_jpeg`` + crop + torch's antialiased uint8 bilinear resize + copy into
+a batch slot; one process, and one process per core at once = the parallel ceiling) against
+``make_loader`` from LMDB, WebDataset and HDF5, in-process and with 2 workers; plus raw uint8
+data in-process against workers. The kernel is timed twice: at full decode size (the issue's
+definition) and at the DCT scale feedpipe picks for the same crop (the same work feedpipe does).
+Every configuration of a group runs in interleaved rounds (benchmarks/harness.py), so ratios
+hold on a busy machine. 224² uint8 output, batch 64, one epoch per round.
+
+    python benchmarks/bench_kernel.py [--images 256] [--large-images 96] [--rounds 5]
+                                      [--data bench-data] [--json results/kernel.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import simplejpeg
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import Result, drain, machine, measure_side_by_side, save  # noqa: E402
+
+import feedpipe  # noqa: E402
+from converters import convert  # noqa: E402
+from converters.synth import make_photos  # noqa: E402
+from feedpipe.loader.transforms import ImageOp  # noqa: E402
+
+SIZE, BATCH, WORKERS = 224, 64, 2
+PHOTOS = {"500x375": (500, 375), "1280x853": (1280, 853)}
+FORMATS = ("lmdb", "wds", "hdf5")
+
+
+def plan(blobs: list[bytes], crop: str, seed: int = 0) -> list[tuple[int, int, int, int, int]]:
+    """Per file: the crop box (feedpipe's own box policy, seeded) and the DCT factor feedpipe's
+    current margin picks for it — fixed up front so the kernel times only decode/crop/resize."""
+    op, rng = ImageOp((SIZE, SIZE), crop), np.random.default_rng(seed)  # type: ignore[arg-type]
+    out = []
+    for b in blobs:
+        h, w = simplejpeg.decode_jpeg_header(b)[:2]
+        top, left, ch, cw = op.box(h, w, rng)
+        out.append((top, left, ch, cw, op._dct_factor(ch, cw, (SIZE, SIZE))))
+    return out
+
+
+def kernel(blobs: list[bytes], boxes: list[tuple[int, ...]], scaled: bool) -> int:
+    """The bare kernel over every file: decode (full size, or at ``f`` when ``scaled``), crop,
+    channels-last antialiased uint8 resize, copy into one slot of an HWC batch."""
+    batch = torch.empty((BATCH, SIZE, SIZE, 3), dtype=torch.uint8)
+    for i, (b, (top, left, ch, cw, f)) in enumerate(zip(blobs, boxes)):
+        f = f if scaled else 1
+        img = simplejpeg.decode_jpeg(b, colorspace="RGB", min_factor=f) if f > 1 else \
+            simplejpeg.decode_jpeg(b, colorspace="RGB")
+        x = torch.from_numpy(img[top // f: (top + ch) // f, left // f: (left + cw) // f])
+        x = x.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
+        y = F.interpolate(x, size=(SIZE, SIZE), mode="bilinear", antialias=True,
+                          align_corners=False)
+        batch[i % BATCH].copy_(y[0].permute(1, 2, 0))
+    return len(blobs)
+
+
+_STATE: dict[str, object] = {}
+
+
+def _init(blobs: list[bytes], boxes: list[tuple[int, ...]]) -> None:
+    torch.set_num_threads(1)
+    _STATE.update(blobs=blobs, boxes=boxes)
+
+
+def _pool_kernel(scaled: bool) -> int:
+    return kernel(_STATE["blobs"], _STATE["boxes"], scaled)  # type: ignore[arg-type]
+
+
+class Timed:
+    """Wraps a run to also record the main process's CPU seconds per item."""
+
+    def __init__(self, run: Callable[[], int]) -> None:
+        self.run, self.cpu, self.items = run, 0.0, 0
+
+    def __call__(self) -> int:
+        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        n = self.run()
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        self.cpu += (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+        self.items += n
+        return n
+
+
+def packed(data: Path, label: str, n: int, store: str = "passthrough") -> dict[str, Path]:
+    """The photos and their LMDB / WebDataset / HDF5 packings (made once, reused)."""
+    photos = data / f"kernel-photos-{label}-{n}"
+    if not photos.exists():
+        print(f"generating {n} photos ({label}) in {photos}", flush=True)
+        make_photos(photos, n, size=PHOTOS[label], classes=7, seed=1)
+    out = {"photos": photos}
+    for fmt in FORMATS if store == "passthrough" else ("lmdb",):
+        dst = data / f"kernel-{fmt}-{store}-{label}-{n}"
+        if not dst.exists():
+            convert(photos, dst, to=fmt, store=store, workers=0,
+                    resize=SIZE if store == "raw" else None,
+                    writer_options={"shard_size": 32 << 20} if fmt == "wds" else None)
+        out[fmt] = dst
+    return out
+
+
+def loader(path: Path, crop: str, workers: int) -> object:
+    return feedpipe.make_loader(path, BATCH, size=SIZE, crop=crop, dtype="uint8", device="cpu",
+                                num_workers=workers, seed=0)
+
+
+def group(name: str, runs: dict[str, Callable[[], int]], rounds: int) -> dict[str, dict]:
+    print(f"\n{name}:", flush=True)
+    timed = {k: Timed(v) for k, v in runs.items()}
+    results = measure_side_by_side(timed, repeats=rounds)  # type: ignore[arg-type]
+    return {r.name: {"rate": r.rate, "seconds": r.seconds, "items": r.items,
+                     "main_cpu_ms_per_image": 1e3 * timed[r.name].cpu / timed[r.name].items}
+            for r in results}
+
+
+def photo_group(data: Path, label: str, n: int, crop: str, rounds: int) -> dict[str, dict]:
+    paths = packed(data, label, n)
+    blobs = [p.read_bytes() for p in sorted(paths["photos"].rglob("*.jpg"))]
+    boxes = plan(blobs, crop)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(WORKERS, initializer=_init, initargs=(blobs, boxes)) as pool:
+        runs: dict[str, Callable[[], int]] = {
+            "kernel full-decode 1p": lambda: kernel(blobs, boxes, False),
+            "kernel 1p": lambda: kernel(blobs, boxes, True),
+            f"kernel {WORKERS}p": lambda: sum(pool.map(_pool_kernel, [True] * WORKERS)),
+        }
+        loaders = {}
+        for fmt in FORMATS:
+            for w in (0, WORKERS):
+                ld = loaders[f"{fmt} w{w}"] = loader(paths[fmt], crop, w)
+                runs[f"feedpipe {fmt} workers={w}"] = lambda ld=ld: drain(ld)
+        res = group(f"{label} photos, {crop}, {n} images", runs, rounds)
+        del loaders
+    return res
+
+
+def raw_group(data: Path, n: int, rounds: int) -> dict[str, dict]:
+    paths = packed(data, "500x375", n, store="raw")
+    runs = {f"raw lmdb workers={w}": (lambda ld=loader(paths["lmdb"], "center_crop", w):
+                                      drain(ld)) for w in (0, WORKERS)}
+    auto = feedpipe.make_loader(paths["lmdb"], BATCH, size=SIZE, dtype="uint8", device="cpu")
+    res = group(f"raw uint8 LMDB (stored {SIZE}px), {n} images", runs, rounds)
+    res["auto_workers"] = {"num_workers": auto.cfg.num_workers}  # type: ignore[attr-defined]
+    return res
+
+
+def ratios(res: dict[str, dict]) -> dict[str, float]:
+    """Per-image cost of each loader over the kernel's, and the worker rate over the ceiling."""
+    k1, kf, kp = (res[f"kernel {s}"]["rate"] for s in ("1p", "full-decode 1p", f"{WORKERS}p"))
+    out = {}
+    for name, r in res.items():
+        if name.startswith("feedpipe") and name.endswith("workers=0"):
+            out[f"{name}: cost / kernel"] = k1 / r["rate"]
+            out[f"{name}: cost / full-decode kernel"] = kf / r["rate"]
+        elif name.startswith("feedpipe"):
+            out[f"{name}: share of {WORKERS}p ceiling"] = r["rate"] / kp
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--images", type=int, default=256, help="~500x375 photos")
+    ap.add_argument("--large-images", type=int, default=96, help="1280x853 photos")
+    ap.add_argument("--raw-images", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--data", type=Path, default=Path("bench-data"))
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/kernel.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # the bare kernel's setting; feedpipe must not need more
+    m = machine()
+    print(f"machine: {m['cpu']}, {m['usable_cores']} usable cores, torch {m['torch']}, "
+          f"simplejpeg {m['simplejpeg']}; {SIZE}² uint8, batch {BATCH}", flush=True)
+    groups: dict[str, dict] = {}
+    for label, n in (("500x375", args.images), ("1280x853", args.large_images)):
+        for crop in ("center_crop", "random_resized_crop"):
+            groups[f"{label} {crop}"] = photo_group(args.data, label, n, crop, args.rounds)
+    groups["raw"] = raw_group(args.data, args.raw_images, args.rounds)
+
+    print("\n| group | configuration | images/s | ratio | main CPU ms/img |\n|---|---|---|---|---|")
+    table = {}
+    for g, res in groups.items():
+        rat = ratios(res) if g != "raw" else {
+            f"raw lmdb workers={WORKERS}: in-process rate / workers rate":
+                res["raw lmdb workers=0"]["rate"] / res[f"raw lmdb workers={WORKERS}"]["rate"]}
+        table[g] = rat
+        for name, r in res.items():
+            if "rate" not in r:
+                continue
+            rs = [f"{k.split(': ')[1]} {v:.2f}" for k, v in rat.items() if k.startswith(name + ":")]
+            print(f"| {g} | {name} | {r['rate']:,.0f} | {'; '.join(rs)} | "
+                  f"{r['main_cpu_ms_per_image']:.3f} |")
+    print(f"\nraw: num_workers='auto' picks {groups['raw']['auto_workers']['num_workers']}")
+    save(args.json, [], {"groups": groups, "ratios": table, "args": {
+        k: str(v) for k, v in vars(args).items()}, "size": SIZE, "batch": BATCH})
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
