@@ -9,7 +9,7 @@ definition) and at the DCT scale feedpipe picks for the same crop (the same work
 Every configuration of a group runs in interleaved rounds (benchmarks/harness.py), so ratios
 hold on a busy machine. 224² uint8 output, batch 64, one epoch per round.
 
-    python benchmarks/bench_kernel.py [--images 256] [--large-images 96] [--rounds 5]
+    python benchmarks/bench_kernel.py [--images 512] [--large-images 256] [--rounds 5]
                                       [--data bench-data] [--json results/kernel.json]
 """
 
@@ -173,8 +173,8 @@ def ratios(res: dict[str, dict]) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--images", type=int, default=256, help="~500x375 photos")
-    ap.add_argument("--large-images", type=int, default=96, help="1280x853 photos")
+    ap.add_argument("--images", type=int, default=512, help="~500x375 photos")
+    ap.add_argument("--large-images", type=int, default=256, help="1280x853 photos")
     ap.add_argument("--raw-images", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--data", type=Path, default=Path("bench-data"))
