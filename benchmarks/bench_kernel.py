@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import resource
 import sys
 import time
 from pathlib import Path
 from typing import Callable
 
 import numpy as np
+import psutil
 import simplejpeg
 import torch
 import torch.nn.functional as F
@@ -81,17 +81,33 @@ def _pool_kernel(scaled: bool) -> int:
     return kernel(_STATE["blobs"], _STATE["boxes"], scaled)  # type: ignore[arg-type]
 
 
+def _cpu() -> tuple[float, float]:
+    """CPU seconds of this process, and of it plus all its live children (workers, pool)."""
+    me = psutil.Process()
+    own = sum(me.cpu_times()[:2])
+    kids = 0.0
+    for p in me.children(recursive=True):
+        try:
+            kids += sum(p.cpu_times()[:2])
+        except psutil.Error:  # exited meanwhile
+            pass
+    return own, own + kids
+
+
 class Timed:
-    """Wraps a run to also record the main process's CPU seconds per item."""
+    """Wraps a run to also record CPU seconds per item: the main process's, and all processes'
+    (main + workers / pool). On a loaded machine wall-clock rates move with the neighbours'
+    load; CPU per image is what the configuration itself costs."""
 
     def __init__(self, run: Callable[[], int]) -> None:
-        self.run, self.cpu, self.items = run, 0.0, 0
+        self.run, self.cpu, self.tree, self.items = run, 0.0, 0.0, 0
 
     def __call__(self) -> int:
-        r0 = resource.getrusage(resource.RUSAGE_SELF)
+        own0, tree0 = _cpu()
         n = self.run()
-        r1 = resource.getrusage(resource.RUSAGE_SELF)
-        self.cpu += (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+        own1, tree1 = _cpu()
+        self.cpu += own1 - own0
+        self.tree += tree1 - tree0
         self.items += n
         return n
 
@@ -123,7 +139,8 @@ def group(name: str, runs: dict[str, Callable[[], int]], rounds: int) -> dict[st
     timed = {k: Timed(v) for k, v in runs.items()}
     results = measure_side_by_side(timed, repeats=rounds)  # type: ignore[arg-type]
     return {r.name: {"rate": r.rate, "seconds": r.seconds, "items": r.items,
-                     "main_cpu_ms_per_image": 1e3 * timed[r.name].cpu / timed[r.name].items}
+                     "main_cpu_ms_per_image": 1e3 * timed[r.name].cpu / timed[r.name].items,
+                     "cpu_ms_per_image": 1e3 * timed[r.name].tree / timed[r.name].items}
             for r in results}
 
 
@@ -159,15 +176,20 @@ def raw_group(data: Path, n: int, rounds: int) -> dict[str, dict]:
 
 
 def ratios(res: dict[str, dict]) -> dict[str, float]:
-    """Per-image cost of each loader over the kernel's, and the worker rate over the ceiling."""
-    k1, kf, kp = (res[f"kernel {s}"]["rate"] for s in ("1p", "full-decode 1p", f"{WORKERS}p"))
+    """In-process: CPU per image over the kernel's (and wall-clock rate ratio); workers: rate
+    over the 2-process ceiling's, by wall clock and by CPU per image (all processes)."""
+    k1, kf, kp = (res[f"kernel {s}"] for s in ("1p", "full-decode 1p", f"{WORKERS}p"))
     out = {}
     for name, r in res.items():
         if name.startswith("feedpipe") and name.endswith("workers=0"):
-            out[f"{name}: cost / kernel"] = k1 / r["rate"]
-            out[f"{name}: cost / full-decode kernel"] = kf / r["rate"]
+            out[f"{name}: CPU/img vs kernel"] = r["cpu_ms_per_image"] / k1["cpu_ms_per_image"]
+            out[f"{name}: CPU/img vs full-decode kernel"] = \
+                r["cpu_ms_per_image"] / kf["cpu_ms_per_image"]
+            out[f"{name}: wall cost vs kernel"] = k1["rate"] / r["rate"]
         elif name.startswith("feedpipe"):
-            out[f"{name}: share of {WORKERS}p ceiling"] = r["rate"] / kp
+            out[f"{name}: wall share of {WORKERS}p ceiling"] = r["rate"] / kp["rate"]
+            out[f"{name}: CPU share of {WORKERS}p ceiling"] = \
+                kp["cpu_ms_per_image"] / r["cpu_ms_per_image"]
     return out
 
 
@@ -190,7 +212,8 @@ def main() -> None:
             groups[f"{label} {crop}"] = photo_group(args.data, label, n, crop, args.rounds)
     groups["raw"] = raw_group(args.data, args.raw_images, args.rounds)
 
-    print("\n| group | configuration | images/s | ratio | main CPU ms/img |\n|---|---|---|---|---|")
+    print("\n| group | configuration | images/s | CPU ms/img (all processes) | main CPU ms/img | "
+          "ratios |\n|---|---|---|---|---|---|")
     table = {}
     for g, res in groups.items():
         rat = ratios(res) if g != "raw" else {
@@ -201,8 +224,9 @@ def main() -> None:
             if "rate" not in r:
                 continue
             rs = [f"{k.split(': ')[1]} {v:.2f}" for k, v in rat.items() if k.startswith(name + ":")]
-            print(f"| {g} | {name} | {r['rate']:,.0f} | {'; '.join(rs)} | "
-                  f"{r['main_cpu_ms_per_image']:.3f} |")
+            print(f"| {g} | {name} | {r['rate']:,.0f} | {r['cpu_ms_per_image']:.3f} | "
+                  f"{r['main_cpu_ms_per_image']:.3f} | {'; '.join(rs)} |")
+    print(f"load average during the run (1/5/15 min): {psutil.getloadavg()}")
     print(f"\nraw: num_workers='auto' picks {groups['raw']['auto_workers']['num_workers']}")
     save(args.json, [], {"groups": groups, "ratios": table, "args": {
         k: str(v) for k, v in vars(args).items()}, "size": SIZE, "batch": BATCH})

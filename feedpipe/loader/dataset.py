@@ -214,7 +214,7 @@ class BatchDataset(torch.utils.data.Dataset):
         if not jpeg_complete(data):
             raise ValueError(f"{what}: truncated JPEG (no end-of-image marker)")
         w, h = info[:2]
-        self.op._check_pixels(h, w, what)
+        self.op.check_pixels(h, w, what)
         size = self.op.size
         if self.op.crop == "none" and size is not None and (h, w) != tuple(size):
             raise ValueError(f"{what}: image is {w}x{h}, batch is {size[1]}x{size[0]}; pass "

@@ -131,7 +131,7 @@ class ImageOp:
                 h, w = simplejpeg.decode_jpeg_header(stored)[:2]
             except ValueError:  # simplejpeg refuses the header: Pillow may still read it
                 return self._fallback(stored, out, rng, what)
-            self._check_pixels(h, w, what)
+            self.check_pixels(h, w, what)
             top, left, ch, cw = self.box(h, w, rng)
             f = self._dct_factor(ch, cw, out.shape[:2], self.dct_margin)
             try:
@@ -148,7 +148,7 @@ class ImageOp:
         fallback (the dataset counts them). Corrupt only when Pillow cannot read it either."""
         try:
             with Image.open(io.BytesIO(stored)) as im:  # type: ignore[arg-type]
-                self._check_pixels(im.size[1], im.size[0], what)
+                self.check_pixels(im.size[1], im.size[0], what)
                 src = pil_to_rgb(im)
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise BadInputError(f"{what}: neither simplejpeg nor Pillow can decode this JPEG: "
@@ -164,11 +164,11 @@ class ImageOp:
                 w, h = im.size  # lazy: only the header is parsed
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
             raise BadInputError(f"{what}: cannot decode {codec} image: {exc}") from exc
-        self._check_pixels(h, w, what)
+        self.check_pixels(h, w, what)
         src = decode_rgb(stored, codec, what)  # type: ignore[arg-type]
         return self._cut(src, out, rng, 1, *self.box(src.shape[0], src.shape[1], rng), what)
 
-    def _check_pixels(self, h: int, w: int, what: str) -> None:
+    def check_pixels(self, h: int, w: int, what: str) -> None:
         """Refuse an image whose header declares more than ``max_pixels`` (no decode, no OOM)."""
         if h * w > self.max_pixels:
             raise BadInputError(f"{what}: image declares {w}x{h} = {h * w:,} pixels, more than "
@@ -249,7 +249,7 @@ class ImageOp:
             raise BadInputError(f"{what}: cannot decode JPEG: {exc}") from exc
         with im:
             w, h = im.size
-            self._check_pixels(h, w, what)
+            self.check_pixels(h, w, what)
             top, left, ch, cw = self.box(h, w, rng)
             f = self._dct_factor(ch, cw, out.shape[:2], self.dct_margin)
             if f > 1:
