@@ -150,10 +150,12 @@ def _ring_ptrs(ld) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in ld.ring.tensors["image"]}
 
 
-def test_cpu_batches_are_the_ring_slots_and_slots_come_back(packed):
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_cpu_batches_are_the_ring_slots_and_slots_come_back(packed, context):
     """uint8 on CPU with workers: each batch is handed out as its ring slot (no copy), and a
     caller that lets go of each batch gets every slot back."""
-    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2, **U8)
+    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2,
+                              multiprocessing_context=context, **U8)
     ptrs, n = _ring_ptrs(ld), 0
     for batch in ld:
         assert batch["image"].untyped_storage().data_ptr() in ptrs

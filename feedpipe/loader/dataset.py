@@ -150,7 +150,7 @@ class BatchDataset(torch.utils.data.Dataset):
                 out[col.field.name] = torch.from_numpy(np.empty((n, *col.shape), col.dtype))
         views = {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
         rng = rng_for(self.seed, req.epoch, req.rank, req.number) if self.op.random else None
-        fallbacks: list[str] = []
+        fallbacks: dict[int, str] = {}  # by batch position: a retried or refilled one replaces
 
         def fill(pos: int, stored: dict[str, Any], index: int) -> None:
             geo: Geometry | None = None
@@ -164,7 +164,7 @@ class BatchDataset(torch.utils.data.Dataset):
                     elif isinstance(f, ImageField):
                         geo = self.op.apply(stored[name], f.codec, views[name][pos], rng, name)
                         if geo.fallback:
-                            fallbacks.append(self.reader.describe(index))
+                            fallbacks[pos] = self.reader.describe(index)
                     elif isinstance(f, MaskField):
                         m = stored[name]
                         m = decode_mask_png(m, name) if f.codec == "png" else m
@@ -202,7 +202,7 @@ class BatchDataset(torch.utils.data.Dataset):
         if skipped:
             out[SKIPPED_KEY] = skipped
         if fallbacks:
-            out[FALLBACK_KEY] = fallbacks
+            out[FALLBACK_KEY] = list(fallbacks.values())
         return out
 
     def _plan_encoded(self, data: bytes, rng: np.random.Generator | None, what: str) -> Geometry:
