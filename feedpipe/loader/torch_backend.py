@@ -31,6 +31,7 @@ log = logging.getLogger("feedpipe.loader")
 
 
 SLOT_KEY = "_feedpipe_slot"
+_LEND_MIN_BYTES = 1 << 12  # smaller ring columns are copied out, so keeping them pins no slot
 
 
 def _use_count(t: torch.Tensor) -> int:
@@ -198,9 +199,9 @@ class DeviceStage:
                     if self.device.type == "cuda":
                         v = v.pin_memory()
                     elif not self._converts(k, v):
-                        if ring.can_lend():
+                        if ring.can_lend() and v.nbytes >= _LEND_MIN_BYTES:
                             lend = True
-                        else:
+                        else:  # labels and other small columns: a copy costs less than a slot
                             v = v.clone()
                 v = v.to(self.device, non_blocking=True)
                 if k in self.image_fields:
@@ -308,8 +309,9 @@ class TorchLoader(EpochPosition):
         self.skipped: list[str] = []
 
     def _attach_ring(self, cfg: LoaderConfig) -> None:
+        # every stacked column, labels included: a batch then crosses as slot numbers only
         shapes = {c.field.name: ((cfg.batch_size, *c.shape), c.dtype) for c in self.dataset.columns
-                  if (c.field.kind == "image" or c.spatial) and c.shape is not None}
+                  if c.shape is not None and c.dtype is not None}
         count = SlotRing.slots(int(cfg.num_workers), int(cfg.prefetch_factor))
         need = SlotRing.nbytes(shapes, count)
         try:
