@@ -59,8 +59,12 @@ def kernel(blobs: list[bytes], boxes: list[tuple[int, ...]], scaled: bool) -> in
     batch = torch.empty((BATCH, SIZE, SIZE, 3), dtype=torch.uint8)
     for i, (b, (top, left, ch, cw, f)) in enumerate(zip(blobs, boxes)):
         f = f if scaled else 1
-        img = simplejpeg.decode_jpeg(b, colorspace="RGB", min_factor=f) if f > 1 else \
-            simplejpeg.decode_jpeg(b, colorspace="RGB")
+        if f > 1:  # min_factor alone does not scale: the minimum size must allow it too
+            h, w = simplejpeg.decode_jpeg_header(b)[:2]
+            img = simplejpeg.decode_jpeg(b, colorspace="RGB", min_factor=f,
+                                         min_height=-(-h // f), min_width=-(-w // f))
+        else:
+            img = simplejpeg.decode_jpeg(b, colorspace="RGB")
         x = torch.from_numpy(img[top // f: (top + ch) // f, left // f: (left + cw) // f])
         x = x.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
         y = F.interpolate(x, size=(SIZE, SIZE), mode="bilinear", antialias=True,
