@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import sys
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Result, drain, machine, measure_side_by_side, save  # noqa: E402
+from harness import drain, machine, measure_side_by_side, save  # noqa: E402
 
 import feedpipe  # noqa: E402
 from converters import convert  # noqa: E402

@@ -66,7 +66,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     report: dict[str, dict] = {}
-    print("| photos | crop | margin | mean abs (levels) | max abs | ms/image |\n|---|---|---|---|---|---|")
+    print("| photos | crop | margin | mean abs (levels) | max abs | ms/image |")
+    print("|---|---|---|---|---|---|")
     for label, size in (("500x375", (500, 375)), ("1280x853", (1280, 853)),
                         ("2000x1500", (2000, 1500))):
         photos = args.data / f"fidelity-{label}-{args.images}"

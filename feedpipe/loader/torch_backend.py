@@ -12,7 +12,7 @@ import os
 import shutil
 import warnings
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
