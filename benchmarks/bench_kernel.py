@@ -52,23 +52,29 @@ def plan(blobs: list[bytes], crop: str, seed: int = 0) -> list[tuple[int, int, i
     return out
 
 
+def kernel_one(blob: bytes, box: tuple[int, ...], scaled: bool) -> torch.Tensor:
+    """The bare kernel on one file: decode (full size, or at the planned 1/f when ``scaled``),
+    crop, channels-last antialiased uint8 resize; returns the 224² image as H×W×3 (a view)."""
+    top, left, ch, cw, f = box
+    f = f if scaled else 1
+    if f > 1:  # min_factor alone does not scale: the minimum size must allow it too
+        h, w = simplejpeg.decode_jpeg_header(blob)[:2]
+        img = simplejpeg.decode_jpeg(blob, colorspace="RGB", min_factor=f,
+                                     min_height=-(-h // f), min_width=-(-w // f))
+    else:
+        img = simplejpeg.decode_jpeg(blob, colorspace="RGB")
+    top, left = top // f, left // f  # the box snapped to the scaled grid, as feedpipe does
+    x = torch.from_numpy(img[top: top + ch // f, left: left + cw // f])
+    x = x.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    y = F.interpolate(x, size=(SIZE, SIZE), mode="bilinear", antialias=True, align_corners=False)
+    return y[0].permute(1, 2, 0)
+
+
 def kernel(blobs: list[bytes], boxes: list[tuple[int, ...]], scaled: bool) -> int:
-    """The bare kernel over every file: decode (full size, or at ``f`` when ``scaled``), crop,
-    channels-last antialiased uint8 resize, copy into one slot of an HWC batch."""
+    """:func:`kernel_one` over every file, each copied into a slot of one HWC batch."""
     batch = torch.empty((BATCH, SIZE, SIZE, 3), dtype=torch.uint8)
-    for i, (b, (top, left, ch, cw, f)) in enumerate(zip(blobs, boxes)):
-        f = f if scaled else 1
-        if f > 1:  # min_factor alone does not scale: the minimum size must allow it too
-            h, w = simplejpeg.decode_jpeg_header(b)[:2]
-            img = simplejpeg.decode_jpeg(b, colorspace="RGB", min_factor=f,
-                                         min_height=-(-h // f), min_width=-(-w // f))
-        else:
-            img = simplejpeg.decode_jpeg(b, colorspace="RGB")
-        x = torch.from_numpy(img[top // f: (top + ch) // f, left // f: (left + cw) // f])
-        x = x.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
-        y = F.interpolate(x, size=(SIZE, SIZE), mode="bilinear", antialias=True,
-                          align_corners=False)
-        batch[i % BATCH].copy_(y[0].permute(1, 2, 0))
+    for i, (b, box) in enumerate(zip(blobs, boxes)):
+        batch[i % BATCH].copy_(kernel_one(b, box, scaled))
     return len(blobs)
 
 

@@ -7,6 +7,7 @@ import io
 import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -144,6 +145,21 @@ def test_dct_downscale_error_against_float_reference(tmp_path):
         ref = F.interpolate(x, size=(224, 224), mode="bilinear", antialias=True)[0]
         errs.append(np.abs(out.astype(np.float64) - ref.permute(1, 2, 0).numpy()).mean())
     assert max(errs) <= 0.5, errs
+
+
+def test_bench_kernel_does_the_same_work(tmp_path):
+    """benchmarks/bench_kernel.py's bare kernel decodes at the DCT scale feedpipe picks and cuts
+    the same box: its pixels equal feedpipe's (a fair baseline, not a cheaper or dearer one)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_kernel
+
+    root = make_photos(tmp_path / "big", 3, size=(1280, 853), classes=1, seed=3)
+    blobs = [p.read_bytes() for p in sorted(root.rglob("*.jpg"))]
+    out = np.empty((224, 224, 3), np.uint8)
+    for blob, box in zip(blobs, bench_kernel.plan(blobs, "center_crop")):
+        assert box[4] == 2
+        ImageOp((224, 224)).apply(blob, "jpeg", out, None, "x")
+        assert np.array_equal(bench_kernel.kernel_one(blob, box, True).numpy(), out)
 
 
 def _ring_ptrs(ld) -> set[int]:
