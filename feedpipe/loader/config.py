@@ -23,9 +23,6 @@ Tune = Literal["tune"]  # measured by make_loader through feedpipe.tune.autotune
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 _DTYPES = ("float32", "float16", "bfloat16", "uint8")
-# encoded images declaring more pixels are refused before decoding (403 MB as RGB per worker):
-# above any camera's; a dataset's own limit (manifest "conversion" max_pixels) replaces it
-DEFAULT_MAX_PIXELS = 1 << 27
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from ..formats import DatasetReader
 from ..schema import ArrayField, Field, ImageField, LabelField, MaskField, TargetField, \
     decode_mask_png
 from ..codecs import jpeg_complete, jpeg_info
+from ..imaging import DEFAULT_MAX_PIXELS
 from ..sharding import rng_for
-from .config import DEFAULT_MAX_PIXELS
 from .device_decode import EncodedBatch
 from .transforms import Geometry, ImageOp
 

@@ -23,20 +23,10 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..errors import BadInputError
-from ..imaging import decode_rgb, jpeg_path, pil_to_rgb, simplejpeg
+from ..imaging import (DEFAULT_MAX_PIXELS, check_pixels, decode_rgb, decode_with_pillow,
+                       jpeg_path, simplejpeg, sniff_codec)
 from ..schema import TargetField
-from .config import DEFAULT_MAX_PIXELS, Crop
-
-try:
-    from ..imaging import sniff_codec
-except ImportError:  # until branch convin lands imaging.sniff_codec: the same magic-byte test
-    def sniff_codec(data: bytes | memoryview) -> str:  # type: ignore[misc]
-        head = bytes(data[:12])
-        if head.startswith(b"\xff\xd8\xff"):
-            return "jpeg"
-        if head.startswith(b"\x89PNG\r\n\x1a\n"):
-            return "png"
-        return "webp" if head[:4] == b"RIFF" and head[8:12] == b"WEBP" else "unknown"
+from .config import Crop
 
 JPEG_PATH = jpeg_path()
 # DCT-domain downscale margin: the scaled crop stays at least this many times the output (see
@@ -146,33 +136,19 @@ class ImageOp:
                   what: str) -> Geometry:
         """A JPEG simplejpeg refuses: Pillow decodes it, and the geometry is marked as a
         fallback (the dataset counts them). Corrupt only when Pillow cannot read it either."""
-        try:
-            with Image.open(io.BytesIO(stored)) as im:  # type: ignore[arg-type]
-                self.check_pixels(im.size[1], im.size[0], what)
-                src = pil_to_rgb(im)
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-            raise BadInputError(f"{what}: neither simplejpeg nor Pillow can decode this JPEG: "
-                                f"{exc}") from exc
+        src = decode_with_pillow(stored, what, self.max_pixels)  # type: ignore[arg-type]
         geo = self._cut(src, out, rng, 1, *self.box(src.shape[0], src.shape[1], rng), what)
         return geo._replace(fallback=True)
 
     def _decode_other(self, stored: object, codec: str, out: np.ndarray,
                       rng: np.random.Generator | None, what: str) -> Geometry:
-        """PNG, WebP, ...: the header is checked against ``max_pixels``, then ``decode_rgb``."""
-        try:
-            with Image.open(io.BytesIO(stored)) as im:  # type: ignore[arg-type]
-                w, h = im.size  # lazy: only the header is parsed
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
-            raise BadInputError(f"{what}: cannot decode {codec} image: {exc}") from exc
-        self.check_pixels(h, w, what)
-        src = decode_rgb(stored, codec, what)  # type: ignore[arg-type]
+        """PNG, WebP, ...: ``decode_rgb`` checks the header against ``max_pixels`` first."""
+        src = decode_rgb(stored, codec, what, self.max_pixels)  # type: ignore[arg-type]
         return self._cut(src, out, rng, 1, *self.box(src.shape[0], src.shape[1], rng), what)
 
     def check_pixels(self, h: int, w: int, what: str) -> None:
         """Refuse an image whose header declares more than ``max_pixels`` (no decode, no OOM)."""
-        if h * w > self.max_pixels:
-            raise BadInputError(f"{what}: image declares {w}x{h} = {h * w:,} pixels, more than "
-                                f"max_pixels={self.max_pixels:,}; raise max_pixels if it is real")
+        check_pixels(w, h, self.max_pixels, what)
 
     def _cut(self, src: np.ndarray, out: np.ndarray, rng: np.random.Generator | None, f: int,
              top: int, left: int, ch: int, cw: int, what: str) -> Geometry:
