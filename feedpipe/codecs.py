@@ -14,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import CorruptRecordError, UnsafeDataError
+from .errors import CorruptRecordError, SampleError, UnsafeDataError
 
 Buffer = bytes | bytearray | memoryview
 
@@ -108,7 +108,7 @@ def pack_record(payloads: Sequence[Buffer]) -> bytes:
     """Join field payloads into one record (see the layout above)."""
     lengths = [len(p) for p in payloads]
     if any(n >= 2**32 for n in lengths):
-        raise ValueError("a field payload exceeds 4 GiB; record lengths are stored as uint32")
+        raise SampleError("a field payload exceeds 4 GiB; record lengths are stored as uint32")
     head = RECORD_MAGIC + _U32.pack(len(payloads)) + struct.pack(f"<{len(payloads)}I", *lengths)
     return b"".join([head, *payloads])
 

@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
-from ..errors import CorruptRecordError
+from ..errors import CorruptRecordError, MissingFieldError
 from ..manifest import Manifest
 from ..schema import Field, Schema
 
@@ -41,7 +41,8 @@ class DatasetWriter(ABC):
         """Validate and append one sample (a dict with every schema field)."""
         missing = [n for n in self.schema.names if n not in sample]
         if missing:
-            raise KeyError(f"sample {self.count} lacks fields {missing}")
+            raise MissingFieldError(f"sample {self.count} lacks fields {missing}; the schema has "
+                                    f"{self.schema.names}", key=sample_key(self.count))
         values = [f.validate(sample[f.name]) for f in self.schema]
         self._write(self.count, values)
         self.count += 1

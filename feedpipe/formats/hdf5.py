@@ -17,6 +17,7 @@ from typing import Any, Literal, Sequence
 import h5py
 import numpy as np
 
+from ..errors import ConfigError
 from ..manifest import Manifest
 from ..schema import (ArrayField, BytesField, Field, ImageField, JsonField, LabelField, MaskField,
                       Schema)
@@ -64,7 +65,8 @@ class Hdf5Writer(DatasetWriter):
     def __init__(self, root: Path, schema: Schema, compression: Compression = None) -> None:
         super().__init__(root, schema)
         if compression not in (None, "lzf", "gzip"):
-            raise ValueError(f"HDF5 compression {compression!r}: use None, 'lzf' or 'gzip'")
+            raise ConfigError(f"compression={compression!r}: HDF5 compression is None, 'lzf' "
+                              "or 'gzip'")
         self.compression = compression
         self._file = h5py.File(self.root / FILE_NAME, "w")
         self._block: list[list[Any]] = []

@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import CorruptRecordError, UnsafeDataError
+from ..errors import ConfigError, CorruptRecordError, UnsafeDataError
 from ..manifest import Manifest
 from ..schema import Field, Schema
 from .base import DatasetReader, DatasetWriter, Visitor, sample_key
@@ -30,8 +30,8 @@ INDEX_FILES = ("index-offsets.npy", "index-shards.npy", "index-keys.npy")
 def check_key(key: str) -> str:
     """Reject keys that would break WebDataset grouping (dots, slashes, '..', whitespace)."""
     if not key or _BAD_KEY.search(key):
-        raise ValueError(f"WebDataset key {key!r} must be non-empty and contain no '.', '/', "
-                         "'\\', whitespace or NUL (the first '.' separates key and suffix)")
+        raise ConfigError(f"WebDataset key {key!r} must be non-empty and contain no '.', '/', "
+                          "'\\', whitespace or NUL (the first '.' separates key and suffix)")
     return key
 
 
@@ -45,7 +45,8 @@ class WdsWriter(DatasetWriter):
         super().__init__(root, schema)
         check_key(prefix)
         if shard_size <= 0 or shard_count <= 0:
-            raise ValueError("shard_size and shard_count must be positive")
+            raise ConfigError(f"shard_size={shard_size}, shard_count={shard_count}: both must be "
+                              "positive (bytes and samples per shard)")
         self.prefix, self.shard_size, self.shard_count = prefix, shard_size, shard_count
         self.shards: list[str] = []
         self._tar: tarfile.TarFile | None = None
@@ -79,8 +80,8 @@ class WdsWriter(DatasetWriter):
             try:
                 tarfile.TarInfo(f"{key}.{f.wds_suffix}").tobuf(tarfile.USTAR_FORMAT)
             except ValueError as exc:
-                raise ValueError(f"WebDataset member {key}.{f.wds_suffix}: {exc} (ustar names "
-                                 "hold at most 100 bytes)") from exc
+                raise ConfigError(f"WebDataset member {key}.{f.wds_suffix}: {exc} (ustar names "
+                                  "hold at most 100 bytes)") from exc
         size = sum(len(p) + 1024 for p in payloads)
         if (self._tar is None or self._in_shard >= self.shard_count
                 or (self._in_shard and self._tar.offset + size > self.shard_size)):

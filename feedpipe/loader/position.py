@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import ConfigError
 from ..sharding import World
 from .config import LoaderConfig
 
@@ -33,7 +34,7 @@ class EpochPosition:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue exactly after the last batch the saved loader yielded."""
         if state.get("seed") != self.cfg.seed or state.get("world_size") != self.world.size:
-            raise ValueError(f"state is for seed={state.get('seed')}, world_size="
+            raise ConfigError(f"state is for seed={state.get('seed')}, world_size="
                              f"{state.get('world_size')}; this loader has seed={self.cfg.seed}, "
                              f"world_size={self.world.size}")
         self._check_state(state)

@@ -100,7 +100,7 @@ def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[i
     """
     n = len(waits)
     if warmup < 1 or n - warmup < windows:
-        raise ValueError(f"need {warmup} warm-up + {windows} batches to measure, got {n}")
+        raise ConfigError(f"need {warmup} warm-up + {windows} batches to measure, got {n}")
     arrivals, t = [], 0.0
     for i, wait in enumerate(waits):
         t += wait

@@ -24,11 +24,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add the ``tune`` subcommand to the ``feedpipe`` CLI's subparsers."""
+    from ..cli import hw_size
+
     t = sub.add_parser("tune", help="measure num_workers/prefetch for a dataset and cache the "
                        "choice (make_loader(..., num_workers='tune') then starts tuned)")
     t.add_argument("path", help="a packed dataset directory")
     t.add_argument("--batch-size", type=int, required=True)
-    t.add_argument("--size", type=int, help="output side in pixels (as make_loader's size=)")
+    t.add_argument("--size", type=hw_size, help="output size: N (square) or HxW, e.g. 96x128 "
+                   "(as make_loader's size=)")
     t.add_argument("--crop", default="center_crop",
                    choices=["resize", "center_crop", "random_resized_crop", "none"])
     t.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16",
