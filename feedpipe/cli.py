@@ -124,6 +124,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     total = sum(f.size for f in m.files)
     print(f"{args.path}: {m.format} (format v{m.format_version}), {m.num_samples} samples, "
           f"{len(m.files)} files, {_human(total)}")
+    if m.format_version < 2:
+        print("record checksums: none (format v1); re-convert to add a crc32 per record, "
+              "checked on every read")
     print("fields: " + ", ".join(
         f"{f.name} ({', '.join(f'{k}={v}' for k, v in f.to_json().items() if k != 'name')})"
         for f in m.schema))
@@ -156,6 +159,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from .verify import verify
 
     report = verify(args.path, decode=not args.no_decode)
+    for line in report.notes:
+        print(f"NOTE {line}")
     for line in report.problems:
         print(f"DAMAGED {line}")
     status = "OK" if report.ok else f"{len(report.problems)} problem(s)"

@@ -18,7 +18,8 @@ from .schema import Schema
 
 MANIFEST_NAME = "feedpipe.json"
 MANIFEST_VERSION = 1
-FORMAT_VERSIONS = {"lmdb": 1, "hdf5": 1, "wds": 1}
+# Version 2 adds a crc32 per record and field, checked on every read; version 1 still reads.
+FORMAT_VERSIONS = {"lmdb": 2, "hdf5": 2, "wds": 2}
 
 
 @dataclass(frozen=True)
@@ -117,9 +118,9 @@ class Manifest:
         fmt = d.get("format")
         if fmt not in FORMAT_VERSIONS:
             raise ManifestError(f"{path}: unknown format {fmt!r}")
-        if d.get("format_version") != FORMAT_VERSIONS[fmt]:
+        if d.get("format_version") not in range(1, FORMAT_VERSIONS[fmt] + 1):
             raise ManifestError(f"{path}: {fmt} format version {d.get('format_version')!r} is not "
-                                f"supported (expected {FORMAT_VERSIONS[fmt]})")
+                                f"supported (expected 1 to {FORMAT_VERSIONS[fmt]})")
         try:
             return cls(
                 format=fmt,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import pathlib
+import zlib
 
 import lmdb
 import numpy as np
@@ -102,6 +103,9 @@ def test_wds_pickle_payload_refused(tmp_path):
         assert np.load(io.BytesIO(fh.read(size)), allow_pickle=False)[0] == 1.0
         fh.seek(off)
         fh.write(armed_npy(marker, size))
+    crcs = np.load(root / "index-crc32.npy")  # a forger fixes the checksum up as well
+    crcs[1, 0] = zlib.crc32(armed_npy(marker, size))
+    np.save(root / "index-crc32.npy", crcs)
     assert_refused(root, 1, marker)
     with pytest.raises(UnsafeDataError):  # the sequential stream refuses it too
         list(ds.iter_shard(0))

@@ -262,6 +262,7 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
     depths = PREFETCH_DEPTHS if fixed == "auto" else (fixed,)
     max_workers = budget_cpus or auto_workers(True)  # this rank's share of the usable cores
     reader = source if isinstance(source, DatasetReader) else open_dataset(source)
+    reader.require_samples("autotune")
     settings = {"budget_cpus": max_workers, "budget_ram": budget_ram, "depths": depths,
                 "tolerance": tolerance, "trial_batches": trial_batches, "repeats": repeats,
                 "options": {k: v for k, v in loader_options.items() if k != "world"}}
