@@ -66,6 +66,8 @@ def npy_decode(buf: Buffer, what: str = "array",
         if bytes(mv[:6]) != _NPY_MAGIC or len(mv) < 10:
             raise CorruptRecordError(f"{what}: not npy data (bad magic)")
         major = mv[6]
+        if major in (2, 3) and len(mv) < 12:
+            raise CorruptRecordError(f"{what}: npy header cut short")
         if major == 1:
             (hlen,) = struct.unpack_from("<H", mv, 8)
             offset = 10 + hlen
@@ -89,6 +91,8 @@ def npy_decode(buf: Buffer, what: str = "array",
             raise CorruptRecordError(f"{what}: malformed npy header") from exc
     shape, fortran, dtype = hdr
     check_dtype(dtype, what)
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise CorruptRecordError(f"{what}: npy shape {shape} is not a tuple of sizes")
     count = int(np.prod(shape, dtype=np.int64))
     if len(mv) - offset != count * dtype.itemsize:
         raise CorruptRecordError(f"{what}: npy payload has {len(mv) - offset} bytes, header says "

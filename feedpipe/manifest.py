@@ -116,7 +116,7 @@ class Manifest:
                                 f"supported (this feedpipe reads version {MANIFEST_VERSION}); "
                                 "upgrade feedpipe or re-convert")
         fmt = d.get("format")
-        if fmt not in FORMAT_VERSIONS:
+        if not isinstance(fmt, str) or fmt not in FORMAT_VERSIONS:
             raise ManifestError(f"{path}: unknown format {fmt!r}")
         if d.get("format_version") not in range(1, FORMAT_VERSIONS[fmt] + 1):
             raise ManifestError(f"{path}: {fmt} format version {d.get('format_version')!r} is not "
@@ -134,5 +134,5 @@ class Manifest:
                 extra=dict(d.get("extra", {})),
                 format_version=int(d["format_version"]),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ManifestError(f"{path}: malformed manifest: {exc!r}") from exc
