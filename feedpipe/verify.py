@@ -82,5 +82,6 @@ def verify(path: str | os.PathLike[str], *, decode: bool = True, chunk: int = 25
                     read([i])
                     report.records_checked += 1
                 except (FeedpipeError, OSError) as exc:
-                    report.problems.append(str(exc))
+                    if str(exc) not in report.problems:  # the shard stream may have named it
+                        report.problems.append(str(exc))
     return report

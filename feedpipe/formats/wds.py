@@ -216,7 +216,8 @@ class WdsReader(DatasetReader):
                 for c, suffix in enumerate(names):
                     if crcs is not None and suffix in group \
                             and zlib.crc32(group[suffix]) != crcs[c]:
-                        raise self.corrupt(i, f"member {suffix} fails its checksum")
+                        raise self.located(self.corrupt(i, f"member {suffix} fails its "
+                                                           "checksum"))
                 yield from decode_samples(iter([(key, group)]), self.schema, path)
                 i += 1
         if i != r.stop:
