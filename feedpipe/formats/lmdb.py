@@ -130,17 +130,24 @@ class LmdbReader(DatasetReader):
     def num_entries(self) -> int:
         """Entries actually in the environment (``feedpipe verify`` compares with the manifest)."""
         self._ensure_open()
-        return int(self._env.stat()["entries"])
+        try:
+            return int(self._env.stat()["entries"])
+        except lmdb.Error as exc:
+            raise CorruptRecordError(f"{self.root / 'data.mdb'}: damaged ({exc})",
+                                     dataset=self.root) from exc
 
     def stray_entries(self) -> list[str]:
         self._ensure_open()
         n, out = len(self), []
-        with self._env.begin() as txn:
-            for key in txn.cursor().iternext(values=False):
-                k = bytes(key).decode("latin1")
-                if not (len(k) == KEY_DIGITS and k.isdigit() and int(k) < n):
-                    out.append(f"{self.root} (lmdb): entry {k!r} belongs to no sample"
-                               + (" (a pickle: never read)" if unsafe_name(k) else ""))
+        try:
+            with self._env.begin() as txn:
+                for key in txn.cursor().iternext(values=False):
+                    k = bytes(key).decode("latin1")
+                    if not (len(k) == KEY_DIGITS and k.isdigit() and int(k) < n):
+                        out.append(f"{self.root} (lmdb): entry {k!r} belongs to no sample"
+                                   + (" (a pickle: never read)" if unsafe_name(k) else ""))
+        except lmdb.Error as exc:
+            out.append(f"{self.root / 'data.mdb'}: damaged B-tree ({exc})")
         return out
 
     def close(self) -> None:

@@ -148,11 +148,28 @@ class WdsReader(DatasetReader):
             raise CorruptRecordError(f"{self.root}: index has {len(self._offsets)} entries of "
                                      f"{self._offsets.shape[1:]}, manifest says {len(self)} "
                                      f"samples of {nf} fields", dataset=self.root)
+        self._check_index()
         self._fields = list(self.schema)
+
+    def _check_index(self) -> None:
+        """Shard numbers in range and in order, member spans inside their shard's recorded size:
+        a damaged index is refused before it can send a read astray."""
+        sizes = {f.name: f.size for f in self.manifest.files}
+        limit = np.asarray([sizes.get(s, 0) for s in self.shards] or [0], np.int64)
+        sh = np.asarray(self._shard_of, np.int64)
+        off = np.asarray(self._offsets, np.int64)
+        ok = not len(sh) or (
+            0 <= sh.min() and sh.max() < len(self.shards) and bool((np.diff(sh) >= 0).all())
+            and off.min() >= 0 and bool(((off[..., 0] + off[..., 1]).max(axis=1)
+                                         <= limit[sh]).all()))
+        if not ok:
+            raise CorruptRecordError(f"{self.root}: the WebDataset index points outside its "
+                                     "shards; it is damaged: re-convert the dataset",
+                                     dataset=self.root)
 
     def key(self, index: int) -> str:
         """The sample's WebDataset key (``__key__``)."""
-        return self._keys[index].decode()
+        return self._keys[index].decode("utf-8", "backslashreplace")  # a damaged index still names
 
     def key_of(self, index: int) -> str:
         return self.key(index)
