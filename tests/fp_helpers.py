@@ -111,7 +111,8 @@ def downgrade_to_v1(root: Path, fmt: str) -> Path:
     d = json.loads((root / MANIFEST_NAME).read_text())
     n = len(d["schema"])
     if fmt == "lmdb":
-        env = lmdb.open(str(root), subdir=True)
+        env = lmdb.open(str(root), subdir=True,
+                        map_size=4 * (root / "data.mdb").stat().st_size + (1 << 20))
         with env.begin(write=True) as txn:
             for key, value in list(txn.cursor()):
                 parts = [bytes(p) for p in unpack_record(value, n)]

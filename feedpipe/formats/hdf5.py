@@ -6,7 +6,7 @@ bytes and variable-shape arrays are variable-length uint8/dtype datasets (variab
 default (it costs decode time on the hot path); ``compression="lzf"|"gzip"`` is an option for the
 chunked datasets.
 
-Format version 2 adds ``_feedpipe.crc32`` (N × fields uint32): the zlib.crc32 of each stored
+Format version 2 adds ``_feedpipe.crc32`` (N × fields uint32): the crc32 of each stored
 value's bytes (a variable shape's companion row first), checked on every read.
 """
 
@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import h5py
 import numpy as np
 
+from ..codecs import crc32
 from ..errors import ConfigError, CorruptRecordError, UnsafeDataError
 from ..manifest import Manifest
 from ..schema import (ArrayField, BytesField, Field, ImageField, JsonField, LabelField, MaskField,
@@ -118,15 +118,15 @@ class Hdf5Writer(DatasetWriter):
             if _fixed_shape(f) is not None:
                 block = np.stack(col)
                 ds[n0:n1] = block
-                crcs[:, j] = [zlib.crc32(row) for row in block]
+                crcs[:, j] = [crc32(row) for row in block]
             elif isinstance(f, LabelField):
                 labels = np.asarray(col, dtype=np.int64)
                 ds[n0:n1] = labels
-                crcs[:, j] = [zlib.crc32(labels[k: k + 1]) for k in range(len(labels))]
+                crcs[:, j] = [crc32(labels[k: k + 1]) for k in range(len(labels))]
             elif isinstance(f, JsonField):
                 texts = [json.dumps(v, ensure_ascii=False) for v in col]
                 ds[n0:n1] = texts
-                crcs[:, j] = [zlib.crc32(s.encode()) for s in texts]
+                crcs[:, j] = [crc32(s.encode()) for s in texts]
             else:
                 shapes = None
                 if f"{f.name}__shape" in self._file:
@@ -141,7 +141,7 @@ class Hdf5Writer(DatasetWriter):
                     flat = np.ascontiguousarray(np.frombuffer(bytes(v), np.uint8) if isinstance(
                         v, (bytes, bytearray, memoryview)) else np.ravel(v))
                     ds[n0 + k] = flat
-                    crcs[k, j] = zlib.crc32(flat, 0 if shapes is None else zlib.crc32(shapes[k]))
+                    crcs[k, j] = crc32(flat, 0 if shapes is None else crc32(shapes[k]))
         cds = self._file[CRC_NAME]
         cds.resize((n1, len(self.schema)))
         cds[n0:n1] = crcs
@@ -243,7 +243,7 @@ class Hdf5Reader(DatasetReader):
                     shape = shapes[f.name][u] if f.name in shapes else None
                     if crcs is not None:
                         data = cols[f.name][u: u + 1] if isinstance(f, LabelField) else v
-                        crc = zlib.crc32(data, 0 if shape is None else zlib.crc32(shape))
+                        crc = crc32(data, 0 if shape is None else crc32(shape))
                         if crc != crcs[u, self._col[f.name]]:
                             raise CorruptRecordError(f"field {f.name!r} fails its checksum")
                     if isinstance(f, LabelField):

@@ -5,7 +5,7 @@ the ``webdataset`` library and DALI's ``readers.webdataset`` read the shards unc
 shards, ``index-offsets.npy`` (N×fields×[offset, size] int64), ``index-shards.npy`` (N int32) and
 ``index-keys.npy`` (N fixed-width bytes) give O(1) random access with ``os.pread``; sequential
 reading streams each tar as a chain of generators (members → samples → stored values).
-Format version 2 adds ``index-crc32.npy`` (N×fields uint32, the zlib.crc32 of each member's
+Format version 2 adds ``index-crc32.npy`` (N×fields uint32, the crc32 of each member's
 data), checked on every read, random or sequential. Members that would need unpickling
 (``.pickle``, ``.pkl``, ``.pyd``, ``.pth``) are refused, never opened.
 """
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import os
-import zlib
 import re
 import tarfile
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
+from ..codecs import crc32
 from ..errors import ConfigError, CorruptRecordError, UnsafeDataError
 from ..manifest import Manifest
 from ..schema import Field, Schema
@@ -100,7 +100,7 @@ class WdsWriter(DatasetWriter):
             self._tar.addfile(info, io.BytesIO(data))
             spans.append((self._tar.offset - _padded(len(data)), len(data)))
         self._offsets.append(spans)
-        self._crcs.append([zlib.crc32(p) for p in payloads])
+        self._crcs.append([crc32(p) for p in payloads])
         self._shard_of.append(len(self.shards) - 1)
         self._keys.append(key.encode())
         self._in_shard += 1
@@ -205,7 +205,7 @@ class WdsReader(DatasetReader):
                 if len(data) != size:
                     raise self.corrupt(i, f"member {f.wds_suffix} truncated "
                                           f"({len(data)} of {size} bytes)")
-                if crcs is not None and zlib.crc32(data) != crcs[c]:
+                if crcs is not None and crc32(data) != crcs[c]:
                     raise self.corrupt(i, f"member {f.wds_suffix} fails its checksum")
                 try:
                     stored[f.name] = f.decode(data, f.wds_suffix)
@@ -232,7 +232,7 @@ class WdsReader(DatasetReader):
                 crcs = self._crc[i].tolist() if self._crc is not None else None
                 for c, suffix in enumerate(names):
                     if crcs is not None and suffix in group \
-                            and zlib.crc32(group[suffix]) != crcs[c]:
+                            and crc32(group[suffix]) != crcs[c]:
                         raise self.located(self.corrupt(i, f"member {suffix} fails its "
                                                            "checksum"))
                 yield from decode_samples(iter([(key, group)]), self.schema, path)
