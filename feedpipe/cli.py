@@ -21,10 +21,28 @@ from .schema import MaskField, TargetField
 
 
 def _size(text: str) -> int:
+    """``256MB``, ``2G``, ``4096`` → bytes."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().rstrip("b")
     mult = units.get(t[-1:], 1)
-    return int(float(t[:-1] if t[-1:] in units else t) * mult)
+    try:
+        n = int(float(t[:-1] if t[-1:] in units else t) * mult)
+    except (ValueError, OverflowError):
+        n = 0
+    if n <= 0:
+        raise ConfigError(f"{text!r} is not a size: use a positive byte count with an optional "
+                          "k/m/g suffix, e.g. 256MB or 2G")
+    return n
+
+
+def size_arg(text: str) -> str:
+    """argparse ``type=`` for size options: checked at parse time (the flag is named), kept as
+    text for the command."""
+    try:
+        _size(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def hw_size(text: str) -> int | tuple[int, int]:
@@ -199,7 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--val-fraction", type=float, default=0.0)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--overwrite", action="store_true")
-    c.add_argument("--shard-size", default="256MB", help="wds: max bytes per shard")
+    c.add_argument("--shard-size", default="256MB", type=size_arg,
+                   help="wds: max bytes per shard")
     c.add_argument("--shard-count", type=int, default=10_000, help="wds: max samples per shard")
     c.add_argument("--compression", choices=["lzf", "gzip"], help="hdf5 chunk compression")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")

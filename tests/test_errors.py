@@ -120,6 +120,10 @@ def test_cli_messages_name_flags_not_python(tmp_path, capsys):
     with pytest.raises(SystemExit):  # argparse names the flag itself
         cli_main(capsys, "tune", root, "--batch-size", "4", "--size", "0x9")
     assert "argument --size" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # was a bare ValueError from float('abc') after parsing
+        cli_main(capsys, "convert", tmp_path, "--to", "wds", "-o", tmp_path / "o",
+                 "--shard-size", "abc")
+    assert "argument --shard-size: 'abc' is not a size" in capsys.readouterr().err
 
 
 def test_closed_stdout_pipe_ends_quietly(tmp_path):

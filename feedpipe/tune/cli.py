@@ -24,7 +24,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add the ``tune`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    from ..cli import hw_size
+    from ..cli import hw_size, size_arg
 
     t = sub.add_parser("tune", help="measure num_workers/prefetch for a dataset and cache the "
                        "choice (make_loader(..., num_workers='tune') then starts tuned)")
@@ -38,7 +38,8 @@ def register(sub: Any) -> None:
                                                           "uint8"])
     t.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     t.add_argument("--budget-cpus", type=int, help="most workers to try (default: usable cores)")
-    t.add_argument("--budget-ram", help="most bytes of batches the loader may hold, e.g. 2G")
+    t.add_argument("--budget-ram", type=size_arg,
+                   help="most bytes of batches the loader may hold, e.g. 2G")
     t.add_argument("--trial-batches", type=int, default=24, help="batches timed per trial")
     t.add_argument("--tolerance", type=float, default=0.05,
                    help="take the cheapest configuration within this fraction of the best")
