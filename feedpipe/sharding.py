@@ -110,7 +110,8 @@ def plan_batches(streams: list[np.ndarray], rank: int, batch_size: int, *, drop_
     mine = streams[rank]
     if target > len(mine):
         if len(mine) == 0:
-            raise EmptyDatasetError(f"rank {rank} has no samples to pad from; use fewer ranks or more data")
+            raise EmptyDatasetError(f"rank {rank} has no samples to pad from; use fewer ranks or "
+                                    "more data")
         mine = np.resize(mine, target)  # wrap-around repeat
     mine = mine[:target]
     count = target // batch_size if drop_last else -(-target // batch_size)

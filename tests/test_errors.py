@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import zlib
 from pathlib import Path
 
@@ -174,4 +173,4 @@ def test_every_feedpipe_error_names_where(tmp_path):
     located = ds.located(exc)
     assert located.file == "src/img2.jpg" and "src/img2.jpg" in str(located)
     assert json.loads((root / "feedpipe.json").read_text())["format_version"] == 2
-    assert sys.modules["feedpipe.errors"].ConfigError("size=3: x").option == "size"
+    assert ConfigError("size=3: x").option == "size"

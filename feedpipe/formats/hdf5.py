@@ -191,7 +191,8 @@ class Hdf5Reader(DatasetReader):
         if isinstance(f, JsonField):
             ok = h5py.check_string_dtype(dt) is not None
         elif _fixed_shape(f) is not None:
-            ok = dt == (np.uint8 if isinstance(f, ImageField) else np.dtype(f.dtype))  # type: ignore[attr-defined]
+            want = np.uint8 if isinstance(f, ImageField) else f.dtype  # type: ignore[attr-defined]
+            ok = dt == np.dtype(want)
         elif isinstance(f, LabelField):
             ok = dt == np.int64
         else:

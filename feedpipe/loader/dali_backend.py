@@ -100,7 +100,7 @@ class DaliLoader(EpochPosition):
     def _check_state(self, state: dict[str, Any]) -> None:
         if state.get("dali_reader", "plan") != self.cfg.dali_reader:
             raise ConfigError(f"state was saved with dali_reader={state.get('dali_reader')!r}, "
-                             f"whose order differs from this loader's {self.cfg.dali_reader!r}")
+                              f"whose order differs from this loader's {self.cfg.dali_reader!r}")
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         epoch, start = self._epoch, self._consumed
@@ -112,7 +112,7 @@ class DaliLoader(EpochPosition):
             except StopIteration:
                 self._close()
                 raise LoaderError(f"DALI ended epoch {epoch} after {number} of {count} "
-                                   "batches") from None
+                                  "batches") from None
             except Exception as exc:
                 self._close()
                 err = self._explain(exc, epoch, number)
@@ -271,7 +271,7 @@ class DaliWdsLoader(DaliLoader):
         cp = state.get("dali_checkpoint")
         if self._consumed and cp is None:
             raise ConfigError("a mid-epoch state of dali_reader='webdataset' needs its "
-                             "'dali_checkpoint'; save it with this loader's state_dict()")
+                              "'dali_checkpoint'; save it with this loader's state_dict()")
         self._resume = base64.b64decode(cp) if self._consumed else None
         self._close()
 
@@ -284,7 +284,7 @@ class DaliWdsLoader(DaliLoader):
         checkpoint = self._resume if start else None
         if start and checkpoint is None:
             raise ConfigError(f"cannot start epoch {epoch} at batch {start} without a DALI "
-                             "checkpoint (load_state_dict with one)")
+                              "checkpoint (load_state_dict with one)")
         self._resume = None
         w = self.world.size
         args = dict(paths=[str(self.reader.root / s) for s in self.reader.shards],

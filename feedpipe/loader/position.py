@@ -35,8 +35,8 @@ class EpochPosition:
         """Continue exactly after the last batch the saved loader yielded."""
         if state.get("seed") != self.cfg.seed or state.get("world_size") != self.world.size:
             raise ConfigError(f"state is for seed={state.get('seed')}, world_size="
-                             f"{state.get('world_size')}; this loader has seed={self.cfg.seed}, "
-                             f"world_size={self.world.size}")
+                              f"{state.get('world_size')}; this loader has seed="
+                              f"{self.cfg.seed}, world_size={self.world.size}")
         self._check_state(state)
         self._epoch, self._consumed = int(state["epoch"]), int(state["batches"])
 

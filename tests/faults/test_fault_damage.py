@@ -185,8 +185,8 @@ def flip_trials(src: str, fmt: str, seed: int, count: int, work: str) -> None:
 
 @pytest.mark.heavy
 def test_random_flips_never_give_a_wrong_record(fmt, packed, tmp_path):
-    code = (f"import sys; sys.path[:0] = {[str(Path(__file__).parent), str(Path(__file__).parents[1])]!r}; "
-            f"from test_fault_damage import flip_trials; "
+    paths = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
+    code = (f"import sys; sys.path[:0] = {paths!r}; from test_fault_damage import flip_trials; "
             f"flip_trials({str(packed[fmt])!r}, {fmt!r}, 0, 200, {str(tmp_path)!r})")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600)
