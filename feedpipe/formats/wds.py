@@ -195,7 +195,10 @@ class WdsReader(DatasetReader):
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         cols = [self._fields.index(f) for f in fields]
         for pos, i in enumerate(indices):
-            fd = self._fd(int(self._shard_of[i]))
+            try:
+                fd = self._fd(int(self._shard_of[i]))
+            except OSError as exc:  # a missing or unreadable shard: name the sample
+                raise self.corrupt(i, f"cannot open its shard: {exc}") from exc
             stored = {}
             spans = self._offsets[i].tolist()
             crcs = self._crc[i].tolist() if self._crc is not None else None
