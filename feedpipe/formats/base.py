@@ -196,8 +196,10 @@ class DatasetReader(ABC):
         idx = self.check_indices(indices)
 
         def decode(pos: int, stored: dict[str, Any]) -> None:
-            what = self.describe(idx[pos])
-            out[pos] = {f.name: f.to_user(stored[f.name], what) for f in fields}
+            try:
+                out[pos] = {f.name: f.to_user(stored[f.name], f.name) for f in fields}
+            except CorruptRecordError as exc:  # named by key, and (visit) by source file
+                raise self.corrupt(idx[pos], str(exc)) from exc
 
         self.visit(idx, decode)
         return out

@@ -191,3 +191,25 @@ def test_random_flips_never_give_a_wrong_record(fmt, packed, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_undecodable_image_is_named_by_key_and_source_file(packed, photos, copy_dataset):
+    """A record whose checksum matches but whose image no decoder reads (it was stored that
+    way): the error names the source file as well as the key, in verify and in the loader."""
+    import lmdb
+
+    from feedpipe.codecs import pack_record, unpack_record
+
+    root = copy_dataset(packed["lmdb"])
+    key, source = sample_key(BAD), photos[BAD].rel
+    env = lmdb.open(str(root), subdir=True)
+    with env.begin(write=True) as txn:
+        parts = [bytes(p) for p in unpack_record(txn.get(key.encode()), 3)]
+        parts[0] = b"\xff\xd8" + b"\x00" * 200  # a JPEG in name only
+        txn.put(key.encode(), pack_record(parts))
+    env.close()
+    problems = [p for p in verify(root).problems if key in p]
+    assert len(problems) == 1 and source in problems[0], problems
+    with pytest.raises(CorruptRecordError) as exc:
+        list(feedpipe.make_loader(root, 8, **KW))
+    assert key in str(exc.value) and source in str(exc.value)
