@@ -179,8 +179,7 @@ class BatchDataset(torch.utils.data.Dataset):
                     else:
                         out[name][pos] = f.to_user(stored[name], name)
                 except Exception as exc:
-                    raise CorruptRecordError(f"{self.reader.describe(index)}: cannot decode "
-                                             f"{name}: {exc}") from exc
+                    raise self.reader.corrupt(index, f"cannot decode {name}: {exc}") from exc
 
         skipped: list[str] = []
         if self.on_error == "raise":
@@ -224,26 +223,29 @@ class BatchDataset(torch.utils.data.Dataset):
     def _fill_skipping(self, req: BatchRequest, fill: Any, skipped: list[str]) -> None:
         """on_error="skip": replace each corrupt sample by a seeded substitute, keeping the size."""
         bad: list[int] = []
+        errors: list[CorruptRecordError] = []
 
         def guarded(pos: int, stored: dict[str, Any]) -> None:
             try:
                 fill(pos, stored, req[pos])
             except CorruptRecordError as exc:
                 bad.append(pos)
-                skipped.append(str(exc))
+                errors.append(exc)
 
         try:
             self.reader.visit(req, guarded, self.names)
         except CorruptRecordError:  # the read itself failed: go sample by sample
             bad.clear()
-            skipped.clear()
+            errors.clear()
             for pos in range(len(req)):
                 try:
                     self.reader.visit([req[pos]], lambda _, stored, p=pos: guarded(p, stored),
                                       self.names)
                 except CorruptRecordError as exc:
                     bad.append(pos)
-                    skipped.append(str(exc))
+                    errors.append(exc)
+        # named by key and source file, read after the batch's transaction has ended
+        skipped += [str(self.reader.located(exc)) for exc in errors]
         rng = rng_for(self.seed, req.epoch, req.rank, req.number, 1)
         for pos in bad:
             for _ in range(_MAX_REFILL):

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from ..errors import ConfigError
 from ..formats import DatasetReader
 from ..formats.wds import WdsReader
 from ..sharding import World, plan_batches, rank_streams
@@ -276,8 +277,8 @@ class TorchLoader(EpochPosition):
                  device: torch.device, decoder: DeviceDecoder | None = None) -> None:
         fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
         if not fields:
-            raise ValueError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
-                             f"from {reader.schema.names}")
+            raise ConfigError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
+                              f"from {reader.schema.names}")
         self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
         op = ImageOp(cfg.size, cfg.crop, cfg.scale, cfg.ratio, cfg.flip)
         self.dataset = BatchDataset(reader, fields, op, seed=cfg.seed, on_error=cfg.on_error,
