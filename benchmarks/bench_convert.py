@@ -1,48 +1,126 @@
-"""Conversion throughput and output size per format (passthrough JPEG), one run side by side.
+"""Whole-CLI conversion throughput and output size per format (passthrough JPEG), against the I/O
+ceiling timed in the same run.
 
-    python benchmarks/bench_convert.py [--images 3000] [--data bench-data]
+Each round runs the real command, process start to exit, for every format in turn (interleaved, so
+a slow spell on a shared machine hits all alike):
+
+    python -m feedpipe.cli convert SRC --to FMT -o OUT --store passthrough -q
+
+and, as the ceiling, two bare loops over the same files: open+read every file, and read + append
+the same bytes into one file (fsync'd once at the end, as the LMDB writer and the manifest are).
+
+    python benchmarks/bench_convert.py [--images 20000] [--size 500x375] [--rounds 3]
+
+The generated photos are cached in ``--data`` (``photos-<N>-<W>x<H>``), so reruns reuse them.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import measure, save  # noqa: E402
+from harness import measure_side_by_side, save  # noqa: E402
 
-from converters import convert  # noqa: E402
-from converters.synth import make_photos  # noqa: E402
+FORMATS = ("lmdb", "hdf5", "wds")
+
+
+def photos(data: Path, n: int, size: tuple[int, int]) -> Path:
+    """The cached folder of ``n`` photos, made once (in a temporary folder renamed into place)."""
+    from converters.synth import make_photos
+
+    out = data / f"photos-{n}-{size[0]}x{size[1]}"
+    if not out.exists():
+        tmp = data / f".{out.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        t = time.perf_counter()
+        make_photos(tmp, n, size=size, classes=7, seed=1)
+        tmp.rename(out)
+        print(f"  made {n} photos in {out} ({time.perf_counter() - t:.0f} s)")
+    return out
+
+
+def files_of(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file())
+
+
+def tree_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in files_of(folder))
+
+
+def cli(src: Path, fmt: str, out: Path, n: int, extra: list[str]):
+    """A run of the real CLI (a fresh process each time) converting ``src`` to ``out``."""
+    cmd = [sys.executable, "-m", "feedpipe.cli", "convert", str(src), "--to", fmt, "-o", str(out),
+           "--store", "passthrough", "-q", *extra]
+
+    def run() -> int:
+        shutil.rmtree(out, ignore_errors=True)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        return n
+
+    return run
+
+
+def read_all(files: list[Path]):
+    def run() -> int:
+        for p in files:
+            with open(p, "rb") as fh:
+                fh.read()
+        return len(files)
+
+    return run
+
+
+def read_write_all(files: list[Path], dest: Path):
+    def run() -> int:
+        with open(dest, "wb") as out:
+            for p in files:
+                with open(p, "rb") as fh:
+                    out.write(fh.read())
+            out.flush()
+            os.fsync(out.fileno())
+        return len(files)
+
+    return run
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--images", type=int, default=3000)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--images", type=int, default=20_000)
+    ap.add_argument("--size", default="500x375", help="photo size W×H (default 500x375)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
+    ap.add_argument("--cli-args", default="", help="extra convert options, e.g. '--workers 2'")
     ap.add_argument("--data", type=Path, default=Path("bench-data"))
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/convert.json"))
     args = ap.parse_args()
-    photos = args.data / f"photos-{args.images}"
-    if not photos.exists():
-        make_photos(photos, args.images, size=(500, 375), classes=7, seed=1)
-    results, sizes = [], {}
-    for fmt in ("lmdb", "hdf5", "wds"):
-        out = args.data / f"convert-{fmt}"
-        last = {}
-
-        def run(fmt: str = fmt, out: Path = out) -> int:
-            shutil.rmtree(out, ignore_errors=True)
-            last["res"] = convert(photos, out, to=fmt)
-            return last["res"].written
-
-        r = measure(f"convert {fmt} passthrough", run)
-        res = last["res"]
-        sizes[fmt] = res.bytes_out / res.bytes_in
-        r.note = f"output {sizes[fmt]:.3f}x input bytes"
-        print(f"    {r.note}")
-        results.append(r)
-    save(args.json, results, {"size_ratio": sizes, "images": args.images})
+    w, h = (int(v) for v in args.size.lower().split("x"))
+    src = photos(args.data, args.images, (w, h))
+    files = files_of(src)
+    bytes_in = sum(p.stat().st_size for p in files)
+    print(f"{len(files)} files, {bytes_in / len(files) / 1e3:.1f} kB mean, "
+          f"{bytes_in / 1e6:.0f} MB; {args.rounds} interleaved rounds")
+    runs = {"ceiling: open+read every file": read_all(files),
+            "ceiling: read + write into one file": read_write_all(files, args.data / "ceiling.bin")}
+    outs = {fmt: args.data / f"convert-{fmt}" for fmt in args.formats}
+    for fmt, out in outs.items():
+        runs[f"CLI convert --to {fmt}"] = cli(src, fmt, out, len(files), args.cli_args.split())
+    results = measure_side_by_side(runs, repeats=args.rounds)
+    (args.data / "ceiling.bin").unlink(missing_ok=True)
+    ratios = {fmt: tree_bytes(out) / bytes_in for fmt, out in outs.items()}
+    for r in results:
+        fmt = r.name.rsplit(" ", 1)[-1]
+        if fmt in ratios:
+            r.note = f"output {ratios[fmt]:.3f}x input bytes"
+            print(f"  {fmt:<5} output/input size {ratios[fmt]:.3f}")
+    save(args.json, results, {"size_ratio": ratios, "images": len(files), "photo_size": [w, h],
+                              "bytes_in": bytes_in, "rounds": args.rounds,
+                              "cli_args": args.cli_args, "command": " ".join(sys.argv)})
 
 
 if __name__ == "__main__":

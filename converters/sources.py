@@ -89,27 +89,33 @@ def _walk(folder: Path, base: Path, tree: _Tree, seen: frozenset[tuple[int, int]
         tree.refused.append((display_name(folder.relative_to(base).as_posix()) + "/",
                              f"unreadable folder: {exc.strerror or exc}"))
         return
+    prefix = folder.relative_to(base).as_posix()
+    prefix = "" if prefix == "." else prefix + "/"
     for e in entries:
         path = Path(e.path)
-        rel = path.relative_to(base).as_posix()
+        rel = prefix + e.name
         shown = display_name(rel)
         if e.name.startswith("."):
             tree.ignored.append((shown, "hidden (name starts with '.')"))
             continue
         try:
-            st = os.stat(path)  # follows symlinks
+            if not e.is_symlink() and e.is_file(follow_symlinks=False):
+                regular = True  # the directory entry's type says so: no stat call (~20k/s saved)
+            else:
+                st = os.stat(path)  # follows symlinks
+                regular = stat.S_ISREG(st.st_mode)
         except OSError as exc:
             why = ("symlink loop" if exc.errno == errno.ELOOP else
                    f"broken symlink ({exc.strerror})" if e.is_symlink() else
                    f"cannot stat: {exc.strerror or exc}")
             tree.refused.append((shown, why))
             continue
-        if stat.S_ISDIR(st.st_mode):
+        if not regular and stat.S_ISDIR(st.st_mode):
             if (st.st_dev, st.st_ino) in seen:
                 tree.refused.append((shown + "/", "symlink loop (links to a folder that holds it)"))
             else:
                 _walk(path, base, tree, seen | {(st.st_dev, st.st_ino)})
-        elif not stat.S_ISREG(st.st_mode):
+        elif not regular:
             tree.ignored.append((shown, "not a regular file"))
         elif shown != rel:
             tree.refused.append((shown, "file name is not valid UTF-8: rename it to convert it"))

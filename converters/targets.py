@@ -30,7 +30,6 @@ from functools import partial
 from typing import Any, Callable, Literal
 
 import numpy as np
-from scipy import ndimage
 
 from feedpipe.errors import ConfigError
 from feedpipe.schema import TargetField
@@ -117,6 +116,8 @@ def _signed_distance(obj: np.ndarray, cap: float) -> np.ndarray:
         return np.full(obj.shape, -cap, np.float32)
     if not obj.any():
         return np.full(obj.shape, cap, np.float32)
+    from scipy import ndimage  # here, not at the top: it costs every conversion ~0.25 s to import
+
     outside = ndimage.distance_transform_edt(~obj)
     inside = ndimage.distance_transform_edt(obj)
     return np.where(obj, 0.5 - inside, outside - 0.5).astype(np.float32)
@@ -151,6 +152,8 @@ def boundary(mask: np.ndarray, *, width: float = 1) -> np.ndarray:
     r = int(math.floor(width))
     yy, xx = np.mgrid[-r: r + 1, -r: r + 1]
     disk = (yy * yy + xx * xx) <= width * width
+    from scipy import ndimage
+
     hi = ndimage.grey_dilation(mask, footprint=disk, mode="nearest")
     lo = ndimage.grey_erosion(mask, footprint=disk, mode="nearest")
     return ((hi != lo) & (mask != 0)).astype(np.uint8)

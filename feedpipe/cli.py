@@ -229,7 +229,12 @@ def _demo(out: Path, images: int) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+CORE_COMMANDS = frozenset({"convert", "info", "verify", "demo", "decoders"})
+
+
+def build_parser(core_only: bool = False) -> argparse.ArgumentParser:
+    """The whole CLI; ``core_only`` leaves out bench, doctor, monitor and tune, whose modules
+    import torch (1-2 s), so a conversion starts without it."""
     p = argparse.ArgumentParser(prog="feedpipe", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     p.add_argument("--debug", action="store_true",
@@ -309,6 +314,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser("decoders", help="print which image decoders are active")
     d.set_defaults(func=lambda a: print(json.dumps(decoder_info(), indent=1)) or 0)
+    if core_only:
+        return p
     from . import bench, doctor, monitor
     monitor.register(sub)
     bench.register(sub)
@@ -365,7 +372,9 @@ def _broken_pipe() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(core_only=command in CORE_COMMANDS)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

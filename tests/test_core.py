@@ -191,3 +191,19 @@ def test_pickle_payload_is_refused_without_running(tmp_path):
     with pytest.raises(UnsafeDataError, match="object dtype"):
         ds[0]
     assert not (tmp_path / "pwned").exists()
+
+
+def test_import_and_convert_cli_do_not_import_torch(tmp_path, photos):
+    # torch costs 1-2 s at start-up: a conversion (and the codecs) must not pay for it, while
+    # the lazy top-level names keep working
+    code = ("import sys, feedpipe, feedpipe.codecs, feedpipe.formats, converters\n"
+            "from feedpipe.cli import main\n"
+            f"assert main(['convert', {str(photos)!r}, '--to', 'wds', '-o', "
+            f"{str(tmp_path / 'out')!r}, '-q']) == 0\n"
+            "assert 'torch' not in sys.modules and 'scipy' not in sys.modules, 'imported'\n"
+            "assert callable(feedpipe.make_loader) and 'torch' in sys.modules\n"
+            "assert 'make_loader' in dir(feedpipe) and feedpipe.Schema.__name__ == 'Schema'\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    with pytest.raises(AttributeError):
+        feedpipe.no_such_name  # noqa: B018

@@ -3,6 +3,7 @@ the ``webdataset`` library reading our shards unchanged."""
 
 from __future__ import annotations
 
+import io
 import json
 import tarfile
 import warnings
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import feedpipe
 from feedpipe.formats import sample_key
-from feedpipe.formats.wds import WdsWriter
+from feedpipe.formats.wds import WdsWriter, ustar_header
 from feedpipe.manifest import FileEntry, Manifest
 from feedpipe.schema import ArrayField, BytesField, LabelField, Schema
 
@@ -154,3 +157,39 @@ def test_webdataset_library_reads_our_shards(packed, photos):
         assert s["cls"] == str(ph.label).encode()
         assert json.loads(s["path.json"]) == ph.rel
         assert s["path.json"] == json.dumps(ph.rel, ensure_ascii=False).encode()
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(min_size=1, max_size=60).filter(lambda s: "\x00" not in s),
+       size=st.integers(0, 8 ** 11 - 1))
+def test_ustar_header_is_byte_for_byte_what_tarfile_writes(name, size):
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.mtime = size, 0o444, 0
+    try:
+        expected = info.tobuf(tarfile.USTAR_FORMAT)
+    except ValueError:  # more than 100 bytes once encoded: both refuse it
+        with pytest.raises(ValueError):
+            ustar_header(name, size)
+        return
+    assert ustar_header(name, size) == expected
+
+
+def test_shards_are_byte_for_byte_what_tarfile_writes(tmp_path):
+    # the writer builds ustar blocks itself (for speed); the shards must stay plain tar files
+    # identical to tarfile's, end-of-archive record padding included
+    w = WdsWriter(tmp_path / "w", SCHEMA, shard_count=7)
+    for i in range(10):
+        w.write(sample(i, size=i * 97))
+    finish(w)
+    members = []
+    for shard in ("shard-000000.tar", "shard-000001.tar"):
+        with tarfile.open(tmp_path / "w" / shard) as tar:
+            members.append([(m.name, tar.extractfile(m).read()) for m in tar])
+        ref = tmp_path / f"ref-{shard}"
+        with tarfile.open(ref, "w", format=tarfile.USTAR_FORMAT) as tar:
+            for name, data in members[-1]:
+                info = tarfile.TarInfo(name)
+                info.size, info.mode, info.mtime = len(data), 0o444, 0
+                tar.addfile(info, io.BytesIO(data))
+        assert (tmp_path / "w" / shard).read_bytes() == ref.read_bytes()
+    assert [len(m) for m in members] == [7 * 3, 3 * 3]

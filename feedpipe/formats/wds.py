@@ -12,7 +12,6 @@ data), checked on every read, random or sequential. Members that would need unpi
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import tarfile
@@ -54,7 +53,8 @@ class WdsWriter(DatasetWriter):
                               "positive (bytes and samples per shard)")
         self.prefix, self.shard_size, self.shard_count = prefix, shard_size, shard_count
         self.shards: list[str] = []
-        self._tar: tarfile.TarFile | None = None
+        self._tar: BinaryIO | None = None
+        self._offset = 0  # bytes written to the open shard
         self._in_shard = 0
         self._offsets: list[list[tuple[int, int]]] = []
         self._crcs: list[list[int]] = []
@@ -71,34 +71,38 @@ class WdsWriter(DatasetWriter):
         self._close_shard()
         name = f"{self.prefix}-{len(self.shards):06d}.tar"
         self.shards.append(name)
-        self._tar = tarfile.open(self.root / name, "w", format=tarfile.USTAR_FORMAT)
+        self._tar = open(self.root / name, "wb")
+        self._offset = 0
         self._in_shard = 0
 
     def _close_shard(self) -> None:
-        if self._tar is not None:
+        if self._tar is not None:  # the end-of-archive blocks, padded to whole records, as tarfile
+            end = self._offset + 2 * _BLOCK
+            self._tar.write(bytes(2 * _BLOCK + (-end) % _RECORD))
             self._tar.close()
             self._tar = None
 
     def _write(self, index: int, values: list[Any]) -> None:
         key = self._next_key or sample_key(index)
         payloads = [f.encode(v) for f, v in zip(self.schema, values)]
-        for f in self.schema:  # fail before any member is written: half a sample breaks grouping
-            try:
-                tarfile.TarInfo(f"{key}.{f.wds_suffix}").tobuf(tarfile.USTAR_FORMAT)
-            except ValueError as exc:
-                raise ConfigError(f"WebDataset member {key}.{f.wds_suffix}: {exc} (ustar names "
-                                  "hold at most 100 bytes)") from exc
+        # headers first: a bad name fails before any member is written (half a sample breaks
+        # grouping)
+        headers = [ustar_header(f"{key}.{f.wds_suffix}", len(p)) for f, p in zip(self.schema,
+                                                                                  payloads)]
         size = sum(len(p) + 1024 for p in payloads)
         if (self._tar is None or self._in_shard >= self.shard_count
-                or (self._in_shard and self._tar.offset + size > self.shard_size)):
+                or (self._in_shard and self._offset + size > self.shard_size)):
             self._start_shard()
         assert self._tar is not None
         spans = []
-        for f, data in zip(self.schema, payloads):
-            info = tarfile.TarInfo(f"{key}.{f.wds_suffix}")
-            info.size, info.mode, info.mtime = len(data), 0o444, 0
-            self._tar.addfile(info, io.BytesIO(data))
-            spans.append((self._tar.offset - _padded(len(data)), len(data)))
+        for head, data in zip(headers, payloads):
+            pad = (-len(data)) % _BLOCK
+            self._tar.write(head)
+            self._tar.write(data)
+            if pad:
+                self._tar.write(bytes(pad))
+            spans.append((self._offset + _BLOCK, len(data)))
+            self._offset += _BLOCK + len(data) + pad
         self._offsets.append(spans)
         self._crcs.append([crc32(p) for p in payloads])
         self._shard_of.append(len(self.shards) - 1)
@@ -121,8 +125,23 @@ class WdsWriter(DatasetWriter):
         return [*self.shards, *INDEX_FILES, CRC_FILE], {"shards": list(self.shards)}
 
 
-def _padded(n: int) -> int:
-    return (n + 511) // 512 * 512
+_BLOCK, _RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
+_USTAR_TAIL = (b"0" + bytes(100) + tarfile.POSIX_MAGIC + bytes(32 + 32 + 8 + 8 + 155 + 12))
+
+
+def ustar_header(name: str, size: int) -> bytes:
+    """The ustar header block ``tarfile`` writes for a regular file (mode 0444, uid/gid/mtime 0),
+    byte for byte, built directly: ``TarInfo.tobuf`` costs ~25 µs a member, half a conversion's
+    time for WebDataset."""
+    raw = name.encode(tarfile.ENCODING, "surrogateescape")
+    if len(raw) > 100:
+        raise ConfigError(f"WebDataset member {name}: name is too long (ustar names hold at most "
+                         "100 bytes)")
+    if not 0 <= size < 8 ** 11:
+        raise ConfigError(f"WebDataset member {name}: {size} bytes do not fit a ustar member")
+    head = b"%s0000444\x000000000\x000000000\x00%011o\x0000000000000\x00        %s" % (
+        raw.ljust(100, b"\x00"), size, _USTAR_TAIL)
+    return b"%s%06o\x00 %s" % (head[:148], sum(head), head[156:])
 
 
 class WdsReader(DatasetReader):
