@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 import feedpipe  # noqa: E402
 from converters import convert  # noqa: E402
-from feedpipe.codecs import crc32  # noqa: E402 - the one the readers use
+from feedpipe.schema.codecs import crc32  # noqa: E402 - the one the readers use
 from converters.synth import make_photos  # noqa: E402
 from fp_helpers import downgrade_to_v1  # noqa: E402
 

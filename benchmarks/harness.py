@@ -76,7 +76,7 @@ def drain(loader: object) -> int:
 
 def machine() -> dict[str, object]:
     """CPU model, usable cores, CPU quota, GPUs and library versions, recorded with every result
-    (the keys of the first results, read through :mod:`feedpipe.machine`)."""
+    (the keys of the first results, read through :mod:`feedpipe.tools.machine`)."""
     import numpy
     import torch
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from feedpipe.errors import (DiskFullError, NothingConvertedError, OutputBusyError,
                              OutputRefusedError)
-from feedpipe.manifest import MANIFEST_NAME
+from feedpipe.dataset.manifest import MANIFEST_NAME
 
 from .sources import Source
 

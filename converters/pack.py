@@ -22,10 +22,10 @@ import numpy as np
 from PIL import Image
 
 from feedpipe.errors import BadInputError, ConfigError
-from feedpipe.formats import WRITERS, DatasetWriter
-from feedpipe.imaging import DEFAULT_MAX_PIXELS
-from feedpipe.manifest import FileEntry, Manifest
-from feedpipe.schema import (Field, ImageField, JsonField, LabelField, MaskField, Schema,
+from feedpipe.dataset.registry import WRITERS, DatasetWriter
+from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
+from feedpipe.dataset.manifest import FileEntry, Manifest
+from feedpipe.schema.fields import (Field, ImageField, JsonField, LabelField, MaskField, Schema,
                              encode_mask_png)
 
 from .images import Refused, geometry, image_codec, likely_jpeg, store_image

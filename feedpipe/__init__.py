@@ -1,8 +1,8 @@
 """feedpipe: pack image datasets once, then feed PyTorch training at the speed of the hardware.
 
-The public names are imported on first use (PEP 562): ``import feedpipe.codecs`` or the
-``feedpipe convert`` command never pay for torch (1-2 s at start-up); ``feedpipe.make_loader``
-does.
+The public names are imported on first use (PEP 562): ``import feedpipe.schema.codecs``, a conversion
+worker or ``feedpipe convert/info/verify`` never pay for torch (1-2 s at start-up);
+``feedpipe.make_loader`` does. Layers: ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -12,24 +12,46 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-_EXPORTS = {
+_EXPORTS = {  # public name -> the module (under feedpipe) that defines it
     "BadInputError": "errors", "ConfigError": "errors", "CorruptRecordError": "errors",
-    "FeedpipeError": "errors", "IncompleteDatasetError": "errors", "ManifestError": "errors",
-    "UnsafeDataError": "errors", "DatasetReader": "formats", "open_dataset": "formats",
-    "LoaderConfig": "loader", "make_loader": "loader", "Manifest": "manifest",
+    "DatasetReplacedError": "errors", "DiskFullError": "errors", "EmptyDatasetError": "errors",
+    "FeedpipeError": "errors", "GpuUnavailableError": "errors", "IncompleteDatasetError": "errors",
+    "LoaderError": "errors", "ManifestError": "errors", "MissingDependencyError": "errors",
+    "MissingFieldError": "errors", "NothingConvertedError": "errors", "OutputBusyError": "errors",
+    "OutputRefusedError": "errors", "SampleError": "errors", "UnsafeDataError": "errors",
+    "UnsafePathError": "errors",
+    "DatasetReader": "dataset.registry", "DatasetWriter": "dataset.registry",
+    "open_dataset": "dataset.registry",
+    "Manifest": "dataset.manifest",
+    "verify": "dataset.verify",
+    "make_loader": "loader.api",
+    "LoaderConfig": "loader.config",
+    "Loader": "loader.protocol",
     "ArrayField": "schema", "BytesField": "schema", "ImageField": "schema", "JsonField": "schema",
-    "LabelField": "schema", "Schema": "schema",
+    "LabelField": "schema", "MaskField": "schema", "Schema": "schema", "TargetField": "schema",
+    "StallMeter": "tools.monitor",
+    "autotune": "tools.tune", "find_batch_size": "tools.tune",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .errors import (BadInputError, ConfigError, CorruptRecordError, FeedpipeError,
-                         IncompleteDatasetError, ManifestError, UnsafeDataError)
-    from .formats import DatasetReader, open_dataset
-    from .loader import LoaderConfig, make_loader
-    from .manifest import Manifest
-    from .schema import ArrayField, BytesField, ImageField, JsonField, LabelField, Schema
+    from .errors import (BadInputError, ConfigError, CorruptRecordError, DatasetReplacedError,
+                         DiskFullError, EmptyDatasetError, FeedpipeError, GpuUnavailableError,
+                         IncompleteDatasetError, LoaderError, ManifestError,
+                         MissingDependencyError, MissingFieldError, NothingConvertedError,
+                         OutputBusyError, OutputRefusedError, SampleError, UnsafeDataError,
+                         UnsafePathError)
+    from .dataset.registry import DatasetReader, DatasetWriter, open_dataset
+    from .dataset.manifest import Manifest
+    from .dataset.verify import verify
+    from .loader.api import make_loader
+    from .loader.config import LoaderConfig
+    from .loader.protocol import Loader
+    from .schema import (ArrayField, BytesField, ImageField, JsonField, LabelField, MaskField,
+                         Schema, TargetField)
+    from .tools.monitor import StallMeter
+    from .tools.tune import autotune, find_batch_size
 
 
 def __getattr__(name: str) -> Any:

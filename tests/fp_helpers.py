@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 from torch.utils.data import Dataset
 
-from feedpipe.formats import DatasetReader
+from feedpipe.dataset.registry import DatasetReader
 
 CLI = [sys.executable, "-m", "feedpipe.cli"]
 
@@ -105,8 +105,8 @@ def downgrade_to_v1(root: Path, fmt: str) -> Path:
     import h5py
     import lmdb
 
-    from feedpipe.codecs import unpack_record
-    from feedpipe.manifest import MANIFEST_NAME, FileEntry
+    from feedpipe.schema.codecs import unpack_record
+    from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
 
     d = json.loads((root / MANIFEST_NAME).read_text())
     n = len(d["schema"])

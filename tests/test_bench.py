@@ -12,12 +12,12 @@ import pytest
 from PIL import Image
 
 from converters import convert
-from feedpipe import machine
-from feedpipe.bench import BenchConfig, run_bench, sweep_workers
-from feedpipe.benchreport import SCHEMA_VERSION, format_table, plot_report
+from feedpipe.tools import machine
+from feedpipe.tools.bench import BenchConfig, run_bench, sweep_workers
+from feedpipe.tools.benchreport import SCHEMA_VERSION, format_table, plot_report
 from feedpipe.paths import write_atomic
 from feedpipe.errors import ConfigError, MissingDependencyError
-from feedpipe.formats import open_dataset
+from feedpipe.dataset.registry import open_dataset
 from feedpipe.loader.config import auto_workers, usable_cores
 from fp_helpers import cli_main
 

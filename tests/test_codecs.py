@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-from feedpipe.codecs import (jpeg_complete, jpeg_info, npy_decode, npy_encode, npy_header,
+from feedpipe.schema.codecs import (jpeg_complete, jpeg_info, npy_decode, npy_encode, npy_header,
                              pack_record, unpack_record)
 from feedpipe.errors import CorruptRecordError, UnsafeDataError
-from feedpipe.schema import (ArrayField, BytesField, ImageField, JsonField, LabelField, Schema,
+from feedpipe.schema.fields import (ArrayField, BytesField, ImageField, JsonField, LabelField, Schema,
                              field_from_json)
 
 # applied per test, so that this module does not change hypothesis settings for the session

@@ -13,8 +13,8 @@ import feedpipe
 from converters import convert
 from converters.images import resized_rgb
 from converters.pack import PackOptions
-from feedpipe.formats import READERS
-from feedpipe.schema import ImageField, JsonField, LabelField
+from feedpipe.dataset.registry import READERS
+from feedpipe.schema.fields import ImageField, JsonField, LabelField
 
 from conftest import FORMATS, N_PHOTOS
 from fp_helpers import mean_abs_diff, pil_rgb

@@ -14,8 +14,8 @@ import pytest
 import feedpipe
 from converters import convert, scan
 from feedpipe.errors import ConfigError, IncompleteDatasetError, NothingConvertedError
-from feedpipe.manifest import Manifest
-from feedpipe.verify import verify
+from feedpipe.dataset.manifest import Manifest
+from feedpipe.dataset.verify import verify
 
 from conftest import N_PHOTOS
 from fp_helpers import cli_main, run_cli

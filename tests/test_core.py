@@ -118,7 +118,7 @@ def test_resume_continues_exactly(packed):
 
 
 def test_ranks_disjoint_equal(packed):
-    from feedpipe.sharding import World
+    from feedpipe.loader.sampler import World
     out, _ = packed
     seen, counts = [], []
     for rank in range(3):
@@ -166,11 +166,11 @@ class _Boom:
 def test_pickle_payload_is_refused_without_running(tmp_path):
     import lmdb
 
-    from feedpipe.codecs import pack_record
+    from feedpipe.schema.codecs import pack_record
     from feedpipe.errors import UnsafeDataError
-    from feedpipe.formats import WRITERS
-    from feedpipe.manifest import FileEntry, Manifest
-    from feedpipe.schema import ArrayField, Schema
+    from feedpipe.dataset.registry import WRITERS
+    from feedpipe.dataset.manifest import FileEntry, Manifest
+    from feedpipe.schema.fields import ArrayField, Schema
 
     schema = Schema((ArrayField("x", "float32", (2,)),))
     with pytest.raises(UnsafeDataError):
@@ -196,7 +196,7 @@ def test_pickle_payload_is_refused_without_running(tmp_path):
 def test_import_and_convert_cli_do_not_import_torch(tmp_path, photos):
     # torch costs 1-2 s at start-up: a conversion (and the codecs) must not pay for it, while
     # the lazy top-level names keep working
-    code = ("import sys, feedpipe, feedpipe.codecs, feedpipe.formats, converters\n"
+    code = ("import sys, feedpipe, feedpipe.schema.codecs, feedpipe.dataset.registry, converters\n"
             "from feedpipe.cli import main\n"
             f"assert main(['convert', {str(photos)!r}, '--to', 'wds', '-o', "
             f"{str(tmp_path / 'out')!r}, '-q']) == 0\n"

@@ -20,12 +20,12 @@ pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported; pip i
 import feedpipe
 from converters import convert
 from feedpipe.errors import ConfigError, CorruptRecordError, MissingDependencyError
-from feedpipe.formats.wds_index import DaliIndex
-from feedpipe.loader import DaliLoader, LoaderConfig, TorchLoader
-from feedpipe.loader import dali_pipeline
+from feedpipe.loader.dali.index import DaliIndex
+from feedpipe.loader.api import DaliLoader, LoaderConfig, TorchLoader
+from feedpipe.loader.dali import pipeline as dali_pipeline
 from feedpipe.loader.config import IMAGENET_MEAN, IMAGENET_STD
-from feedpipe.loader.dali_backend import DaliWdsLoader, choose_backend
-from feedpipe.sharding import World
+from feedpipe.loader.dali.backend import DaliWdsLoader, choose_backend
+from feedpipe.loader.sampler import World
 
 from conftest import FORMATS, N_PHOTOS
 from seg_helpers import write_shapes

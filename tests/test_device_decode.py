@@ -19,11 +19,11 @@ import torch
 import feedpipe
 from converters import convert
 from feedpipe.errors import ConfigError, CorruptRecordError
-from feedpipe.loader import LoaderConfig, TorchLoader
+from feedpipe.loader.api import LoaderConfig, TorchLoader
 from feedpipe.loader.dataset import BatchDataset, BatchRequest
-from feedpipe.loader.device_decode import DeviceDecoder, EncodedBatch, choose, nvjpeg
+from feedpipe.loader.torch.device_decode import DeviceDecoder, EncodedBatch, choose, nvjpeg
 from feedpipe.loader.transforms import ImageOp
-from feedpipe.sharding import World
+from feedpipe.loader.sampler import World
 
 from conftest import FORMATS
 from seg_helpers import nearest_class, uniform_within, write_shapes
@@ -116,7 +116,7 @@ def test_workers_ship_the_stored_bytes_and_the_planned_geometry(packed):
     for f, i in zip(batch.files(), req):
         assert f.numpy().tobytes() == bytes(reader.read_raw(i)["image"])
     # the same random draws as the CPU path: plan() over a fresh rng for the same request
-    from feedpipe.sharding import rng_for
+    from feedpipe.loader.sampler import rng_for
     rng = rng_for(9, 1, 0, 2)
     for k, i in enumerate(req):
         w, h = simplejpeg.decode_jpeg_header(bytes(reader.read_raw(i)["image"]))[1::-1]
@@ -164,9 +164,9 @@ def _headerless(root: Path) -> Path:
 
     from PIL import Image
 
-    from feedpipe.formats import WRITERS
-    from feedpipe.manifest import FileEntry, Manifest
-    from feedpipe.schema import ImageField, Schema
+    from feedpipe.dataset.registry import WRITERS
+    from feedpipe.dataset.manifest import FileEntry, Manifest
+    from feedpipe.schema.fields import ImageField, Schema
 
     schema = Schema((ImageField("image", "jpeg"),))
     good = io.BytesIO()

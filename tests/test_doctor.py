@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from converters import convert
-from feedpipe import doctor, machine
+from feedpipe.tools import doctor, machine
 from feedpipe.errors import ConfigError
-from feedpipe.imaging import decoder_info
-from feedpipe.doctor import (GiB, MiB, check_cores, check_dataset, check_decoder, check_gpu,
+from feedpipe.schema.imaging import decoder_info
+from feedpipe.tools.doctor import (GiB, MiB, check_cores, check_dataset, check_decoder, check_gpu,
                              check_pinned, check_shm, check_threads, dataset_facts, ring_bytes,
                              run_doctor)
 from fp_helpers import cli_main

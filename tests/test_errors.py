@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 
 import feedpipe
-from feedpipe import cli
+from feedpipe.cli import app as cli
 from feedpipe.errors import (ConfigError, CorruptRecordError, EmptyDatasetError, FeedpipeError,
                              MissingFieldError)
-from feedpipe.formats import WRITERS
-from feedpipe.formats.hdf5 import CRC_NAME
-from feedpipe.formats.wds import check_key
-from feedpipe.manifest import FileEntry, Manifest
-from feedpipe.schema import ImageField, JsonField, LabelField, Schema
-from feedpipe.sharding import World, plan_batches
+from feedpipe.dataset.registry import WRITERS
+from feedpipe.dataset.formats.hdf5 import CRC_NAME
+from feedpipe.dataset.formats.wds import check_key
+from feedpipe.dataset.manifest import FileEntry, Manifest
+from feedpipe.schema.fields import ImageField, JsonField, LabelField, Schema
+from feedpipe.loader.sampler import World, plan_batches
 
 from fp_helpers import CLI, cli_main, jpeg_bytes, run_cli
 
@@ -142,7 +142,7 @@ def test_empty_dataset_is_refused_by_the_library(tmp_path, fmt):
     root = pack(fmt, tmp_path / fmt, 0)
     with pytest.raises(EmptyDatasetError, match="0 samples"):
         feedpipe.make_loader(root, 4, size=16, **U8)
-    from feedpipe.tune import autotune
+    from feedpipe.tools.tune import autotune
 
     with pytest.raises(EmptyDatasetError, match="0 samples"):
         autotune(root, 4, cache=False, size=16, **U8)
@@ -159,7 +159,7 @@ def test_empty_dataset_is_refused_by_every_tool_at_once(tmp_path, command, fmt):
 
 
 def test_bench_refuses_a_loader_that_yields_no_batch():
-    from feedpipe.bench import _stream
+    from feedpipe.tools.bench import _stream
 
     with pytest.raises(EmptyDatasetError, match="no batch"):
         next(_stream([], batches=5, epochs=None))

@@ -11,12 +11,12 @@ from PIL import Image, ImageOps
 
 import feedpipe
 from converters import convert
-from feedpipe.codecs import jpeg_complete, jpeg_info
+from feedpipe.schema.codecs import jpeg_complete, jpeg_info
 from feedpipe.errors import BadInputError
-from feedpipe.imaging import sniff_codec
-from feedpipe.formats import sample_key
-from feedpipe.manifest import Manifest
-from feedpipe.verify import verify
+from feedpipe.schema.imaging import sniff_codec
+from feedpipe.dataset.registry import sample_key
+from feedpipe.dataset.manifest import Manifest
+from feedpipe.dataset.verify import verify
 
 from fp_helpers import mean_abs_diff, pil_rgb
 

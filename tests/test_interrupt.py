@@ -14,8 +14,8 @@ import pytest
 
 import feedpipe
 from feedpipe.errors import IncompleteDatasetError, ManifestError
-from feedpipe.manifest import MANIFEST_NAME, Manifest
-from feedpipe.verify import verify
+from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest
+from feedpipe.dataset.verify import verify
 
 from fp_helpers import CLI
 

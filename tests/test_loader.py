@@ -17,11 +17,11 @@ from PIL import Image
 
 import feedpipe
 from feedpipe.errors import ConfigError, CorruptRecordError
-from feedpipe.formats import WRITERS
+from feedpipe.dataset.registry import WRITERS
 from feedpipe.loader.config import auto_workers
-from feedpipe.manifest import FileEntry, Manifest
-from feedpipe.schema import ImageField, JsonField, LabelField, Schema
-from feedpipe.sharding import World
+from feedpipe.dataset.manifest import FileEntry, Manifest
+from feedpipe.schema.fields import ImageField, JsonField, LabelField, Schema
+from feedpipe.loader.sampler import World
 
 from fp_helpers import free_port
 

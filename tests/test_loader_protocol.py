@@ -13,11 +13,11 @@ import torch
 
 import feedpipe
 from converters import convert
-from feedpipe.bench import BenchConfig, run_bench
-from feedpipe.loader import DaliLoader, Loader, LoaderView, TorchLoader
-from feedpipe.monitor import LoaderInfo, StallMeter, StallSummary, advise
-from feedpipe.tune import autotune, find_batch_size
-from feedpipe.tune.memory import sample_bytes
+from feedpipe.tools.bench import BenchConfig, run_bench
+from feedpipe.loader.api import DaliLoader, Loader, LoaderView, TorchLoader
+from feedpipe.tools.monitor import LoaderInfo, StallMeter, StallSummary, advise
+from feedpipe.tools.tune import autotune, find_batch_size
+from feedpipe.tools.tune.memory import sample_bytes
 
 from conftest import N_PHOTOS
 

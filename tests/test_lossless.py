@@ -15,9 +15,9 @@ import feedpipe
 from converters import convert
 from feedpipe.cli import main
 from feedpipe.errors import BadInputError, ManifestError
-from feedpipe.imaging import decode_rgb, jpeg_fast_decodable, pil_to_rgb, sniff_codec
-from feedpipe.schema import ImageField, field_from_json
-from feedpipe.verify import verify
+from feedpipe.schema.imaging import decode_rgb, jpeg_fast_decodable, pil_to_rgb, sniff_codec
+from feedpipe.schema.fields import ImageField, field_from_json
+from feedpipe.dataset.verify import verify
 
 from fp_helpers import pil_rgb
 
@@ -195,8 +195,8 @@ def test_cli_summary_names_slow_jpegs(tmp_path, odd_sampling, capsys):
 
 def test_auto_backend_keeps_non_jpeg_data_on_torch(tmp_path, photo_dir, base, packed, caplog):
     from feedpipe.loader.config import LoaderConfig
-    from feedpipe.loader.dali_backend import choose_backend
-    from feedpipe.loader.dali_pipeline import dali_installed
+    from feedpipe.loader.dali.backend import choose_backend
+    from feedpipe.loader.dali.pipeline import dali_installed
 
     if not dali_installed():
         pytest.skip("DALI is not installed: 'auto' never picks it")

@@ -17,10 +17,10 @@ import pytest
 
 import feedpipe
 from feedpipe.errors import ManifestError, UnsafePathError
-from feedpipe.formats.wds import WdsReader
-from feedpipe.formats.wds_index import DaliIndex
-from feedpipe.manifest import MANIFEST_NAME
-from feedpipe.verify import verify
+from feedpipe.dataset.formats.wds import WdsReader
+from feedpipe.loader.dali.index import DaliIndex
+from feedpipe.dataset.manifest import MANIFEST_NAME
+from feedpipe.dataset.verify import verify
 
 _WATCHED: set[str] = set()
 _TOUCHED: list[str] = []

@@ -15,10 +15,10 @@ import torch
 import feedpipe
 from feedpipe.cli import build_parser, main
 from feedpipe.errors import ConfigError, FeedpipeError, GpuUnavailableError, MissingDependencyError
-from feedpipe.gpumon import GpuMonitor, GpuSample, cmd_monitor, nvml_sampler
-from feedpipe.loader import dali_pipeline
+from feedpipe.tools.gpumon import GpuMonitor, GpuSample, cmd_monitor, nvml_sampler
+from feedpipe.loader.dali import pipeline as dali_pipeline
 from feedpipe.loader.config import usable_cores
-from feedpipe.monitor import LoaderInfo, StallMeter, StallSummary, advise
+from feedpipe.tools.monitor import LoaderInfo, StallMeter, StallSummary, advise
 
 from conftest import N_PHOTOS
 

@@ -26,8 +26,8 @@ from converters import convert, make_boundary, make_distance_map
 from converters.synth import make_segmentation
 from converters.targets import boundary, distance_map
 from feedpipe.errors import BadInputError, ConfigError
-from feedpipe.manifest import Manifest
-from feedpipe.schema import MaskField, TargetField
+from feedpipe.dataset.manifest import Manifest
+from feedpipe.schema.fields import MaskField, TargetField
 
 import seg_helpers
 from conftest import FORMATS

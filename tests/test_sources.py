@@ -14,7 +14,7 @@ import feedpipe
 from converters import convert, scan
 from feedpipe.cli import main
 from feedpipe.errors import BadInputError
-from feedpipe.manifest import Manifest
+from feedpipe.dataset.manifest import Manifest
 
 from conftest import N_PHOTOS
 from fp_helpers import pil_rgb

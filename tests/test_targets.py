@@ -15,7 +15,7 @@ from scipy import ndimage
 from converters.targets import (Target, boundary, distance_map, make_boundary, make_distance_map,
                                 user_target)
 from feedpipe.errors import ConfigError
-from feedpipe.schema import TargetField, field_from_json
+from feedpipe.schema.fields import TargetField, field_from_json
 
 import seg_helpers
 from seg_helpers import ref_boundary, ref_distance_map

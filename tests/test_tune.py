@@ -1,4 +1,4 @@
-"""feedpipe.tune: measured loader autotune (real datasets, real DataLoader workers) and the
+"""feedpipe.tools.tune: measured loader autotune (real datasets, real DataLoader workers) and the
 batch-size finder (real models trained on CPU against a memory budget; real 2-rank torchrun)."""
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ from converters import convert
 from feedpipe.cli import main
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import LoaderConfig, usable_cores
-from feedpipe.tune import BatchTrial, memory, Trial, autotune, choose, find_batch_size, measure, \
+from feedpipe.tools.tune import BatchTrial, memory, Trial, autotune, choose, find_batch_size, measure, \
     pick_size, search_batch_size, steady_rate
 
 from fp_helpers import free_port
 
-autotune_mod = importlib.import_module("feedpipe.tune.autotune")  # the package exports the function
+autotune_mod = importlib.import_module("feedpipe.tools.tune.autotune")  # the package exports the function
 
 OPTS = dict(size=64, device="cpu")
 SAMPLE_BYTES = 64 * 64 * 3 + 8  # a 64×64 uint8 RGB image and an int64 label

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 import feedpipe
-from feedpipe.formats import sample_key
-from feedpipe.manifest import Manifest
-from feedpipe.verify import verify
+from feedpipe.dataset.registry import sample_key
+from feedpipe.dataset.manifest import Manifest
+from feedpipe.dataset.verify import verify
 
 from conftest import N_PHOTOS
 from fp_helpers import cli_main, flip_byte, run_cli

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feedpipe
-from feedpipe.formats import sample_key
-from feedpipe.formats.wds import WdsWriter, ustar_header
-from feedpipe.manifest import FileEntry, Manifest
-from feedpipe.schema import ArrayField, BytesField, LabelField, Schema
+from feedpipe.dataset.registry import sample_key
+from feedpipe.dataset.formats.wds import WdsWriter, ustar_header
+from feedpipe.dataset.manifest import FileEntry, Manifest
+from feedpipe.schema.fields import ArrayField, BytesField, LabelField, Schema
 
 from conftest import N_PHOTOS, WDS_SHARD_COUNT
 

@@ -11,11 +11,11 @@ from PIL import Image
 
 import feedpipe
 from feedpipe.errors import UnsafeDataError
-from feedpipe.formats import WRITERS
-from feedpipe.formats.lmdb import LmdbWriter
-from feedpipe.manifest import FileEntry, Manifest
-from feedpipe.schema import (ArrayField, BytesField, ImageField, JsonField, LabelField, Schema)
-from feedpipe.verify import verify
+from feedpipe.dataset.registry import WRITERS
+from feedpipe.dataset.formats.lmdb import LmdbWriter
+from feedpipe.dataset.manifest import FileEntry, Manifest
+from feedpipe.schema.fields import (ArrayField, BytesField, ImageField, JsonField, LabelField, Schema)
+from feedpipe.dataset.verify import verify
 
 SCHEMA = Schema((
     ImageField("image", "raw", (12, 16, 3)),        # raw, fixed shape

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from feedpipe.tune import find_batch_size
+from feedpipe.tools.tune import find_batch_size
 
 dist.init_process_group("gloo")
 out, budgets = Path(sys.argv[1]), [int(b) for b in sys.argv[2].split(",")]

@@ -15,13 +15,13 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, CorruptRecordError
-from ..formats import DatasetReader
-from ..schema import ArrayField, Field, ImageField, LabelField, MaskField, TargetField, \
+from ..dataset.registry import DatasetReader
+from ..schema.fields import ArrayField, Field, ImageField, LabelField, MaskField, TargetField, \
     decode_mask_png
-from ..codecs import jpeg_complete, jpeg_info
-from ..imaging import DEFAULT_MAX_PIXELS
-from ..sharding import rng_for
-from .device_decode import EncodedBatch
+from ..schema.codecs import jpeg_complete, jpeg_info
+from ..schema.imaging import DEFAULT_MAX_PIXELS
+from .sampler import rng_for
+from .torch.device_decode import EncodedBatch
 from .transforms import Geometry, ImageOp
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from ..sharding import World
+from .sampler import World
 from .config import LoaderConfig
 
 

@@ -23,9 +23,9 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..errors import BadInputError
-from ..imaging import (DEFAULT_MAX_PIXELS, check_pixels, decode_rgb, decode_with_pillow,
+from ..schema.imaging import (DEFAULT_MAX_PIXELS, check_pixels, decode_rgb, decode_with_pillow,
                        jpeg_path, simplejpeg, sniff_codec)
-from ..schema import TargetField
+from ..schema.fields import TargetField
 from .config import Crop
 
 JPEG_PATH = jpeg_path()

@@ -14,7 +14,7 @@ import pytest
 import feedpipe
 from converters import convert
 from feedpipe.errors import DatasetReplacedError, FeedpipeError
-from feedpipe.verify import verify
+from feedpipe.dataset.verify import verify
 
 from conftest import N_PHOTOS
 from fp_helpers import CLI, run_cli

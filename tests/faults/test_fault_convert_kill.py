@@ -17,7 +17,7 @@ import pytest
 import feedpipe
 from converters import convert
 from feedpipe.errors import IncompleteDatasetError
-from feedpipe.verify import verify
+from feedpipe.dataset.verify import verify
 
 from conftest import N_PHOTOS
 from fp_helpers import CLI, cli_main, run_cli

@@ -14,7 +14,7 @@ import feedpipe
 from converters import convert
 from converters.output import MARKER
 from feedpipe.errors import NothingConvertedError, OutputRefusedError
-from feedpipe.verify import verify
+from feedpipe.dataset.verify import verify
 
 from conftest import N_PHOTOS
 from fp_helpers import run_cli

@@ -22,8 +22,8 @@ from PIL import Image
 
 import feedpipe
 from feedpipe.errors import CorruptRecordError, FeedpipeError
-from feedpipe.formats import sample_key
-from feedpipe.verify import verify
+from feedpipe.dataset.registry import sample_key
+from feedpipe.dataset.verify import verify
 
 from fp_helpers import cli_main, flip_byte
 
@@ -198,7 +198,7 @@ def test_undecodable_image_is_named_by_key_and_source_file(packed, photos, copy_
     way): the error names the source file as well as the key, in verify and in the loader."""
     import lmdb
 
-    from feedpipe.codecs import pack_record, unpack_record
+    from feedpipe.schema.codecs import pack_record, unpack_record
 
     root = copy_dataset(packed["lmdb"])
     key, source = sample_key(BAD), photos[BAD].rel

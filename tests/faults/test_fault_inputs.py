@@ -21,8 +21,8 @@ from PIL import Image
 import feedpipe
 from converters import convert
 from feedpipe.errors import BadInputError
-from feedpipe.imaging import decode_rgb
-from feedpipe.manifest import Manifest
+from feedpipe.schema.imaging import decode_rgb
+from feedpipe.dataset.manifest import Manifest
 
 BOMB_SIDE = 50_000  # 2.5 gigapixels: 7.5 GB as RGB
 
@@ -78,7 +78,7 @@ def test_decompression_bombs_refused_before_allocating(tmp_path, bombs):
     for reason in reasons.values():
         assert "50000x50000" in reason and "--max-pixels" in reason
     m = Manifest.read(tmp_path / "o")
-    assert m.conversion["max_pixels"] == feedpipe.imaging.DEFAULT_MAX_PIXELS
+    assert m.conversion["max_pixels"] == feedpipe.schema.imaging.DEFAULT_MAX_PIXELS
 
 
 def test_pixel_limit_is_the_users_to_set(tmp_path, bombs):

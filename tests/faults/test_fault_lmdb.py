@@ -25,7 +25,7 @@ import pytest
 import torch
 
 import feedpipe
-from feedpipe.verify import verify
+from feedpipe.dataset.verify import verify
 
 READERS = 140  # > 126, LMDB's default max_readers
 LMDB_DEFAULT_MAX_READERS = 126

@@ -1,0 +1,48 @@
+"""``feedpipe tune PATH``: measure and cache the loader settings for a dataset on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .app import _size
+    from ..tools.tune.autotune import autotune
+
+    options: dict[str, Any] = {"crop": args.crop, "dtype": args.dtype, "device": args.device}
+    if args.size:
+        options["size"] = args.size
+    res = autotune(args.path, args.batch_size, budget_cpus=args.budget_cpus,
+                   budget_ram=_size(args.budget_ram) if args.budget_ram else None,
+                   trial_batches=args.trial_batches, tolerance=args.tolerance,
+                   cache=not args.no_cache, **options)
+    print(json.dumps(res.to_dict(), indent=1) if args.json else res.report())
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add the ``tune`` subcommand to the ``feedpipe`` CLI's subparsers."""
+    from .app import hw_size, size_arg
+
+    t = sub.add_parser("tune", help="measure num_workers/prefetch for a dataset and cache the "
+                       "choice (make_loader(..., num_workers='tune') then starts tuned)")
+    t.add_argument("path", help="a packed dataset directory")
+    t.add_argument("--batch-size", type=int, required=True)
+    t.add_argument("--size", type=hw_size, help="output size: N (square) or HxW, e.g. 96x128 "
+                   "(as make_loader's size=)")
+    t.add_argument("--crop", default="center_crop",
+                   choices=["resize", "center_crop", "random_resized_crop", "none"])
+    t.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16",
+                                                          "uint8"])
+    t.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
+    t.add_argument("--budget-cpus", type=int, help="most workers to try (default: usable cores)")
+    t.add_argument("--budget-ram", type=size_arg,
+                   help="most bytes of batches the loader may hold, e.g. 2G")
+    t.add_argument("--trial-batches", type=int, default=24, help="batches timed per trial")
+    t.add_argument("--tolerance", type=float, default=0.05,
+                   help="take the cheapest configuration within this fraction of the best")
+    t.add_argument("--no-cache", action="store_true", help="measure even if a result is cached")
+    t.add_argument("--json", action="store_true", help="print the result as JSON")
+    t.set_defaults(func=cmd_tune)

@@ -1,0 +1,1 @@
+"""One module per on-disk format: a reader and a writer over :mod:`.base`."""

@@ -1,0 +1,265 @@
+"""The thin template every format fills in: a writer that appends samples, a lazy reader.
+
+Readers implement one primitive, :meth:`DatasetReader._visit`, which hands each requested sample's
+*stored* values to a callback inside one transaction / read call. Values may be zero-copy views
+valid only during the callback; everything else (``ds[i]``, ``get_batch``, ``read_raw``,
+iteration, the loader's batched decode) is built on it here, once.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator, Sequence
+
+from ...errors import (CorruptRecordError, DatasetReplacedError, EmptyDatasetError, FeedpipeError,
+                      MissingFieldError, UnsafeDataError)
+from ..manifest import Manifest
+from ...schema.fields import Field, Schema
+
+KEY_DIGITS = 9
+UNSAFE_SUFFIXES = frozenset({"pickle", "pkl", "pyd", "pth"})  # what pickle-based tools unpickle
+Visitor = Callable[[int, dict[str, Any]], None]
+
+
+def root_identity(root: str | os.PathLike[str]) -> tuple[int, int] | None:
+    """(device, inode) of a dataset directory: a re-conversion swaps in a new directory."""
+    try:
+        st = os.stat(root)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def unsafe_name(name: str) -> bool:
+    """A member or entry name whose extension says "unpickle me"; feedpipe never opens those."""
+    return name.rsplit(".", 1)[-1].lower() in UNSAFE_SUFFIXES if "." in name else False
+
+
+def sample_key(index: int) -> str:
+    """The zero-padded key of sample ``index`` (sorts in index order)."""
+    return f"{index:0{KEY_DIGITS}d}"
+
+
+class DatasetWriter(ABC):
+    """Appends samples to a new dataset under ``root`` (a temporary directory owned by the caller)."""
+
+    format_name: ClassVar[str]
+
+    def __init__(self, root: Path, schema: Schema) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.schema = schema
+        self.count = 0
+
+    def write(self, sample: dict[str, Any]) -> None:
+        """Validate and append one sample (a dict with every schema field)."""
+        missing = [n for n in self.schema.names if n not in sample]
+        if missing:
+            raise MissingFieldError(f"sample {self.count} lacks fields {missing}; the schema has "
+                                    f"{self.schema.names}", key=sample_key(self.count))
+        values = [f.validate(sample[f.name]) for f in self.schema]
+        self._write(self.count, values)
+        self.count += 1
+
+    @abstractmethod
+    def _write(self, index: int, values: list[Any]) -> None:
+        """Append validated stored values (in schema order) as sample ``index``."""
+
+    @abstractmethod
+    def close(self) -> tuple[list[str], dict[str, Any]]:
+        """Flush everything; return the data file names and format extras for the manifest."""
+
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class DatasetReader(ABC):
+    """Random-access reader over a finished dataset; opens its files lazily in each process."""
+
+    format_name: ClassVar[str]
+    _handles: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None) -> None:
+        self.root = Path(root)
+        self._root_id = root_identity(self.root)  # before the manifest: see check_root
+        self.manifest = manifest or Manifest.read(self.root)
+        self.schema: Schema = self.manifest.schema
+        self.classes: tuple[str, ...] = self.manifest.classes
+        self._pid: int | None = None
+        for name in self._handles:
+            setattr(self, name, None)
+
+    # -- process-local handles -------------------------------------------------------------------
+    def _ensure_open(self) -> None:
+        if self._pid != os.getpid():
+            self.check_root()
+            self._open()
+            self.check_root()
+            self._pid = os.getpid()
+
+    def check_root(self) -> None:
+        """Refuse to read files of a directory swapped in by a re-conversion since the manifest
+        was read: old manifest + new data files would be a silent mix of two datasets."""
+        if root_identity(self.root) != self._root_id:
+            raise DatasetReplacedError(f"{self.root} was replaced (re-converted) after its "
+                                       "manifest was read; open the dataset again")
+
+    @abstractmethod
+    def _open(self) -> None:
+        """Open file handles in the current process."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in self._handles:
+            state[name] = None
+        state["_pid"] = None
+        return state
+
+    # -- the one primitive -----------------------------------------------------------------------
+    @abstractmethod
+    def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
+        """Call ``fn(position, stored_values)`` for each index, in order, in one read pass,
+        reading and decoding only ``fields``."""
+
+    # -- everything else -------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def require_samples(self, tool: str) -> None:
+        """Refuse an empty dataset at once: a loader over it would never yield a batch."""
+        if len(self) == 0:
+            raise EmptyDatasetError(
+                f"{self.root}: the dataset holds 0 samples, so {tool} has nothing to read; its "
+                f"conversion wrote none (`feedpipe info {self.root}` lists skipped inputs). "
+                "Convert a source with readable images.", dataset=self.root)
+
+    def describe(self, index: int) -> str:
+        """Where sample ``index`` lives, for error messages."""
+        return f"{self.root} ({self.format_name}) key {sample_key(index)}"
+
+    def check_indices(self, indices: Sequence[int]) -> list[int]:
+        """Normalize negative indices and reject out-of-range ones with IndexError."""
+        n = len(self)
+        out = []
+        for i in indices:
+            j = int(i) + n if int(i) < 0 else int(i)
+            if not 0 <= j < n:
+                raise IndexError(f"index {i} out of range for dataset of {n} samples ({self.root})")
+            out.append(j)
+        return out
+
+    def visit(self, indices: Sequence[int], fn: Visitor,
+              fields: Sequence[str] | None = None) -> None:
+        """Public form of :meth:`_visit` with index checks; ``fields`` limits what is read.
+
+        A damaged or unsafe record raises with its key and, when its ``path`` field is still
+        readable, the source file it was converted from."""
+        idx = self.check_indices(indices)
+        self._ensure_open()
+        try:
+            self._visit(idx, fn, list(self.schema) if fields is None
+                        else [self.schema[name] for name in fields])
+        except (CorruptRecordError, UnsafeDataError) as exc:
+            raise self.located(exc)
+
+    @property
+    def checksums(self) -> bool:
+        """Whether every record carries a crc32 checked on each read (format version >= 2)."""
+        return self.manifest.format_version >= 2
+
+    def source_of(self, index: int) -> str | None:
+        """The source file of sample ``index`` (its stored ``path`` field), None if unreadable."""
+        if "path" not in self.schema or getattr(self, "_finding_source", False):
+            return None
+        found: list[Any] = []
+        self._finding_source = True
+        try:
+            self._ensure_open()
+            self._visit([index], lambda _, stored: found.append(stored["path"]),
+                        [self.schema["path"]])
+        except Exception:  # noqa: BLE001 - a damaged path field only leaves the source unnamed
+            return None
+        finally:
+            self._finding_source = False
+        return str(found[0]) if found else None
+
+    def located(self, exc: FeedpipeError) -> FeedpipeError:
+        """``exc`` (made by :meth:`corrupt` or :meth:`unsafe`) with the sample's source file added
+        to its message, once."""
+        index = getattr(exc, "index", None)
+        if index is not None and exc.file is None and "path" in self.schema:
+            exc.file = self.source_of(index) or "unknown (its path field is unreadable)"
+            exc.args = (f"{exc.args[0]} [source file: {exc.file}]", *exc.args[1:])
+        return exc
+
+    def read_raw_batch(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Stored values (image bytes undecoded), copied out of the read buffers."""
+        out: list[dict[str, Any]] = [{} for _ in indices]
+        fields = list(self.schema)
+
+        def keep(pos: int, stored: dict[str, Any]) -> None:
+            out[pos] = {f.name: f.materialize(stored[f.name]) for f in fields}
+
+        self.visit(indices, keep)
+        return out
+
+    def get_batch(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """Decoded samples for ``indices`` (one transaction / read call for the whole batch)."""
+        out: list[dict[str, Any]] = [{} for _ in indices]
+        fields = list(self.schema)
+        idx = self.check_indices(indices)
+
+        def decode(pos: int, stored: dict[str, Any]) -> None:
+            try:
+                out[pos] = {f.name: f.to_user(stored[f.name], f.name) for f in fields}
+            except CorruptRecordError as exc:  # named by key, and (visit) by source file
+                raise self.corrupt(idx[pos], str(exc)) from exc
+
+        self.visit(idx, decode)
+        return out
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.get_batch([index])[0]
+
+    def read_raw(self, index: int) -> dict[str, Any]:
+        """The stored, undecoded values of one sample."""
+        return self.read_raw_batch([index])[0]
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for start in range(0, len(self), 256):
+            yield from self.get_batch(range(start, min(start + 256, len(self))))
+
+    def key_of(self, index: int) -> str:
+        """The key sample ``index`` is stored under."""
+        return sample_key(index)
+
+    def corrupt(self, index: int, detail: str) -> CorruptRecordError:
+        """A CorruptRecordError naming this dataset and key (:meth:`visit` adds the source)."""
+        exc = CorruptRecordError(f"{self.describe(index)}: {detail}", dataset=self.root,
+                                 key=self.key_of(index))
+        exc.index = index  # type: ignore[attr-defined]
+        return exc
+
+    def unsafe(self, index: int, cause: Exception) -> UnsafeDataError:
+        """An UnsafeDataError naming this dataset and key: refused, never skipped."""
+        exc = UnsafeDataError(f"{self.describe(index)}: {cause}", dataset=self.root,
+                              key=self.key_of(index))
+        exc.index = index  # type: ignore[attr-defined]
+        return exc
+
+    def stray_entries(self) -> list[str]:
+        """Entries in the data files that no sample owns (``feedpipe verify`` reports them)."""
+        return []
+
+    def close(self) -> None:
+        """Close handles held by this process (reopened lazily on next use)."""
+        self._pid = None
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({str(self.root)!r}, samples={len(self)}, "
+                f"fields={self.schema.names})")

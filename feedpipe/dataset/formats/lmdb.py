@@ -1,0 +1,155 @@
+"""LMDB: one environment, zero-padded integer keys, one record per sample (see codecs.pack_record)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import lmdb
+
+from ...schema.codecs import pack_record, unpack_record
+from ...errors import CorruptRecordError, UnsafeDataError
+from ..manifest import Manifest
+from ...schema.fields import Field, Schema
+from .base import (KEY_DIGITS, DatasetReader, DatasetWriter, Visitor, sample_key,
+                   unsafe_name)
+
+_FLUSH_BYTES = 64 << 20
+_FLUSH_RECORDS = 2048
+_ENVS: dict[tuple[int, int, int], lmdb.Environment] = {}
+
+
+class LmdbWriter(DatasetWriter):
+    """Writes records in batched transactions and grows ``map_size`` itself on MDB_MAP_FULL."""
+
+    format_name = "lmdb"
+
+    def __init__(self, root: Path, schema: Schema, map_size: int = 1 << 30) -> None:
+        super().__init__(root, schema)
+        # meminit: unused page space is zeroed, not stale heap bytes (reproducible data.mdb)
+        self._env = lmdb.open(str(self.root), subdir=True, map_size=map_size, sync=False,
+                              metasync=False, meminit=True, max_dbs=0)
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+
+    def _write(self, index: int, values: list[Any]) -> None:
+        rec = pack_record([f.encode(v) for f, v in zip(self.schema, values)])
+        self._pending.append((sample_key(index).encode(), rec))
+        self._pending_bytes += len(rec)
+        if self._pending_bytes >= _FLUSH_BYTES or len(self._pending) >= _FLUSH_RECORDS:
+            self._flush()
+
+    def _flush(self) -> None:
+        while self._pending:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for key, value in self._pending:
+                        txn.put(key, value, append=True)
+                self._pending.clear()
+                self._pending_bytes = 0
+            except lmdb.MapFullError:
+                size = self._env.info()["map_size"]
+                self._env.set_mapsize(max(2 * size, size + 4 * self._pending_bytes))
+
+    def close(self) -> tuple[list[str], dict[str, Any]]:
+        if self._env is None:
+            return ["data.mdb"], {}
+        self._flush()
+        self._env.sync(True)
+        self._env.close()
+        self._env = None
+        lock = self.root / "lock.mdb"
+        if lock.exists():  # readers open with lock=False; the lock file is the writer's only
+            lock.unlink()
+        return ["data.mdb"], {}
+
+
+class LmdbReader(DatasetReader):
+    """Opens lazily per process (``readonly=True, lock=False``) and reads zero-copy buffers."""
+
+    format_name = "lmdb"
+    _handles = ("_env",)
+
+    def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None, *,
+                 readahead: bool = True) -> None:
+        super().__init__(root, manifest)
+        self.readahead = readahead
+        self._fields = list(self.schema)
+
+    def _open(self) -> None:
+        # py-lmdb allows one handle per data file and process: readers of the same file share it
+        # (the first one's readahead applies). Keyed by the file's identity, not its path, so a
+        # re-converted directory is a new environment.
+        st = os.stat(self.root / "data.mdb")
+        key = (os.getpid(), st.st_dev, st.st_ino)
+        for stale in [k for k in _ENVS if k[0] != key[0]]:  # inherited through fork: unusable
+            _ENVS.pop(stale).close()
+        env = _ENVS.get(key)
+        if env is None:
+            try:
+                env = lmdb.open(str(self.root), subdir=True, readonly=True, lock=False,
+                                readahead=self.readahead, meminit=False, max_readers=512)
+            except lmdb.Error as exc:
+                raise CorruptRecordError(f"{self.root / 'data.mdb'}: not a readable LMDB "
+                                         f"environment ({exc}); the dataset is damaged: "
+                                         "re-convert it", dataset=self.root) from exc
+            info, psize = env.info(), env.stat()["psize"]
+            need = (info["last_pgno"] + 1) * psize
+            if st.st_size < need:  # reading a page past the end would kill us with SIGBUS
+                env.close()
+                raise CorruptRecordError(f"{self.root / 'data.mdb'}: truncated ({st.st_size} "
+                                         f"bytes, its pages need {need}); the dataset is "
+                                         "damaged: re-convert it", dataset=self.root)
+            _ENVS[key] = env
+        self._env = env
+
+    def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
+        nfields, version = len(self._fields), self.manifest.format_version
+        wanted = [(self._fields.index(f), f) for f in fields]
+        check = [j for j, _ in wanted]  # crc32 of the fields read, not of the whole record
+        with self._env.begin(buffers=True) as txn:
+            for pos, i in enumerate(indices):
+                try:  # error context is formatted only on failure: this loop is the hot path
+                    buf = txn.get(sample_key(i).encode())
+                    if buf is None:
+                        raise self.corrupt(i, "record missing from LMDB")
+                    payloads = unpack_record(buf, nfields, "record", version=version,
+                                             check=check, names=self.schema.names)
+                    stored = {f.name: f.decode(payloads[j], f.name) for j, f in wanted}
+                except UnsafeDataError as exc:  # keep the type: callers refuse, not skip
+                    raise self.unsafe(i, exc) from exc
+                except CorruptRecordError as exc:
+                    if hasattr(exc, "index"):
+                        raise
+                    raise self.corrupt(i, str(exc)) from exc
+                except Exception as exc:  # lmdb.Error: a damaged page or tree
+                    raise self.corrupt(i, f"undecodable record: {exc!r}") from exc
+                fn(pos, stored)
+
+    def num_entries(self) -> int:
+        """Entries actually in the environment (``feedpipe verify`` compares with the manifest)."""
+        self._ensure_open()
+        try:
+            return int(self._env.stat()["entries"])
+        except lmdb.Error as exc:
+            raise CorruptRecordError(f"{self.root / 'data.mdb'}: damaged ({exc})",
+                                     dataset=self.root) from exc
+
+    def stray_entries(self) -> list[str]:
+        self._ensure_open()
+        n, out = len(self), []
+        try:
+            with self._env.begin() as txn:
+                for key in txn.cursor().iternext(values=False):
+                    k = bytes(key).decode("latin1")
+                    if not (len(k) == KEY_DIGITS and k.isdigit() and int(k) < n):
+                        out.append(f"{self.root} (lmdb): entry {k!r} belongs to no sample"
+                                   + (" (a pickle: never read)" if unsafe_name(k) else ""))
+        except lmdb.Error as exc:
+            out.append(f"{self.root / 'data.mdb'}: damaged B-tree ({exc})")
+        return out
+
+    def close(self) -> None:
+        self._env = None  # the shared handle stays open for other readers of this path
+        super().close()

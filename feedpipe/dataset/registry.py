@@ -1,0 +1,39 @@
+"""Format registry: the manifest's ``format`` key picks the reader; writers by name."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import DatasetReplacedError
+from .manifest import Manifest
+from .formats.base import DatasetReader, DatasetWriter, root_identity, sample_key
+from .formats.hdf5 import Hdf5Reader, Hdf5Writer
+from .formats.lmdb import LmdbReader, LmdbWriter
+from .formats.wds import WdsReader, WdsWriter
+
+READERS: dict[str, type[DatasetReader]] = {"lmdb": LmdbReader, "hdf5": Hdf5Reader, "wds": WdsReader}
+WRITERS: dict[str, type[DatasetWriter]] = {"lmdb": LmdbWriter, "hdf5": Hdf5Writer, "wds": WdsWriter}
+
+
+def open_dataset(path: str | os.PathLike[str], **options: Any) -> DatasetReader:
+    """Open a packed dataset directory; the format comes from its manifest.
+
+    Raises IncompleteDatasetError when the directory has no complete manifest (an unfinished
+    conversion). ``options`` go to the format's reader (e.g. ``readahead=False`` for LMDB).
+    """
+    for _ in range(3):  # a re-conversion may swap the directory between these steps
+        before = root_identity(path)
+        manifest = Manifest.read(path)
+        try:
+            reader = READERS[manifest.format](path, manifest, **options)
+        except DatasetReplacedError:
+            continue
+        if reader._root_id == before:
+            return reader
+        reader.close()
+    raise DatasetReplacedError(f"{path}: replaced by a re-conversion each time it was opened; "
+                               "open it again when the conversion has finished")
+
+
+__all__ = ["DatasetReader", "DatasetWriter", "READERS", "WRITERS", "open_dataset", "sample_key"]

@@ -1,0 +1,1 @@
+"""The NVIDIA DALI backend: the pipeline graph, the loader around it and the shard index."""

@@ -1,0 +1,285 @@
+"""The DALI half of the DALI backend: the lazy import with an install hint, the one pipeline graph,
+and the ``external_source`` callback that feeds it from feedpipe's own batch plan.
+
+One graph serves CPU and GPU: ``GraphSpec.device`` only moves the decoder to ``"mixed"`` (nvJPEG,
+plus the hardware JPEG decoder on A100/H100) and the rest onto the GPU, so CPU-mode tests run the
+GPU graph's structure. Crop windows and flips are drawn on the host with the torch backend's
+seeded draws (:meth:`ImageOp.plan`), so augmentation is reproducible without DALI checkpoints.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import io
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Literal
+
+import numpy as np
+import torch
+
+from ...schema.codecs import jpeg_info
+from ...errors import ConfigError, CorruptRecordError, MissingDependencyError
+from ...dataset.registry import DatasetReader
+from ...schema.fields import ImageField, MaskField, TargetField
+from ..sampler import World, rng_for
+from ..config import Crop, LoaderConfig
+from ..torch.backend import PlanSampler
+from ..transforms import ImageOp
+
+#: the module ``backend="dali"`` imports; a seam for tests, which point it at a missing module
+DALI_MODULE = "nvidia.dali"
+_SMI_CUDA = re.compile(r"CUDA Version:\s*(\d+)\.")
+
+
+def nvidia_smi_cuda() -> str | None:
+    """The CUDA version the installed driver supports (``nvidia-smi``), or None without one."""
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None
+    try:
+        out = subprocess.run([exe], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = _SMI_CUDA.search(out)
+    return f"{m[1]}.0" if m else None
+
+
+def dali_package(torch_cuda: str | None,
+                 driver_cuda: Callable[[], str | None] | None = None) -> tuple[str, str]:
+    """(pip package, how the CUDA major was found): torch's CUDA build first, then the driver
+    (``driver_cuda``, default ``nvidia-smi``), else CUDA 13 (DALI has wheels for CUDA 12 and 13)."""
+    found, how = torch_cuda, "torch.version.cuda"
+    if found is None:
+        found, how = (driver_cuda or nvidia_smi_cuda)(), "nvidia-smi"
+    if found is None:
+        return "nvidia-dali-cuda130", "no CUDA found; default"
+    pkg = "nvidia-dali-cuda120" if int(found.split(".")[0]) <= 12 else "nvidia-dali-cuda130"
+    return pkg, f"CUDA {found} ({how})"
+
+
+def dali_installed() -> bool:
+    """Whether DALI can be found, without importing it (importing costs ~0.5 s)."""
+    try:
+        return importlib.util.find_spec(DALI_MODULE) is not None
+    except ImportError:  # a missing parent package
+        return False
+
+
+def import_dali() -> ModuleType:
+    """``nvidia.dali`` with ``fn``, ``types`` and the PyTorch plugin loaded; a
+    MissingDependencyError naming the wheel for this machine's CUDA when it cannot import."""
+    try:
+        dali = importlib.import_module(DALI_MODULE)
+        for sub in ("fn", "types", "plugin.pytorch"):
+            importlib.import_module(f"{DALI_MODULE}.{sub}")
+    except ImportError as exc:
+        pkg, how = dali_package(torch.version.cuda)
+        extra = pkg.replace("nvidia-dali-", "dali-")
+        raise MissingDependencyError(
+            f"backend='dali' needs NVIDIA DALI ({exc}): pip install 'feedpipe[{extra}]' (the "
+            f"{pkg} wheel, for {how}); or use backend='torch'") from exc
+    return dali
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    """Everything the pipeline graph depends on; two equal specs build the same graph."""
+
+    device: Literal["cpu", "gpu"]
+    source: Literal["plan", "webdataset"]   # our external_source, or DALI's own tar reader
+    encoded: bool                           # False: raw H×W×3 arrays, no decode
+    size: tuple[int, int]                   # output H, W
+    crop: Crop
+    resize: bool                            # False: windows already have the output size
+    dtype: str                              # output dtype: float32, float16 or uint8
+    layout: Literal["HWC", "CHW"]
+    mean: tuple[float, ...]                 # in 0..255 units
+    std: tuple[float, ...]
+    flip: bool
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    hw_decoder_load: float = 0.65
+    depth: int = 2                          # batches each reader worker prepares ahead
+
+
+def define_graph(dali: ModuleType, spec: GraphSpec, source: Any) -> tuple[Any, ...]:
+    """The pipeline body: source → decode (+window) → resize → flip + normalize + layout.
+
+    ``source`` is a :class:`PlanSource` (feedpipe's order and crop windows) or, for
+    ``spec.source == "webdataset"``, the ``readers.webdataset`` arguments (DALI's order, windows
+    drawn by DALI's seeded random operators). Returns (images, extra outputs...).
+    """
+    fn, types = dali.fn, dali.types
+    gpu = spec.device == "gpu"
+    decode_args = dict(device="mixed" if gpu else "cpu", output_type=types.RGB,
+                       adjust_orientation=False,  # as the torch backend (EXIF applied at packing)
+                       hw_decoder_load=spec.hw_decoder_load)
+    extra: tuple[Any, ...] = ()
+    crop_args: dict[str, Any] = {}
+    if spec.source == "plan":
+        parallel = dict(parallel=True, prefetch_queue_depth=spec.depth) if source.parallel else {}
+        if source.windows:
+            data, mirror, anchor, shape = fn.external_source(
+                source, num_outputs=4, batch=True, batch_info=True, **parallel,
+                dtype=[types.UINT8, types.INT32, types.INT32, types.INT32],
+                ndim=[1 if spec.encoded else 3, 0, 1, 1])
+        else:  # fixed-size raw images: nothing to cut
+            data, mirror = fn.external_source(
+                source, num_outputs=2, batch=True, batch_info=True, **parallel,
+                dtype=[types.UINT8, types.INT32], ndim=[3, 0])
+        if spec.encoded:
+            x = fn.decoders.image_slice(data, anchor, shape, axis_names="HW", **decode_args)
+        else:
+            x = data.gpu() if gpu else data
+            x = fn.slice(x, anchor, shape, axis_names="HW") if source.windows else x
+    else:
+        data = fn.readers.webdataset(**source, name="reader")
+        extra = (fn.pad(fn.get_property(data, key="source_info"), fill_value=0),)
+        mirror = fn.random.coin_flip(probability=0.5, dtype=types.INT32) if spec.flip else 0
+        if spec.crop == "random_resized_crop":
+            x = fn.decoders.image_random_crop(data, random_area=list(spec.scale),
+                                              random_aspect_ratio=list(spec.ratio),
+                                              num_attempts=10, **decode_args)
+        else:
+            x = fn.decoders.image(data, **decode_args)
+        if spec.crop == "center_crop":  # cover the output, then crop its centre
+            x = fn.resize(x, size=list(spec.size), mode="not_smaller", antialias=True,
+                          interp_type=types.INTERP_LINEAR)
+            crop_args = dict(crop=list(spec.size), crop_pos_x=0.5, crop_pos_y=0.5)
+    if spec.resize and not crop_args:
+        x = fn.resize(x, resize_y=spec.size[0], resize_x=spec.size[1], antialias=True,
+                      interp_type=types.INTERP_LINEAR)
+    dtype = {"float32": types.FLOAT, "float16": types.FLOAT16, "uint8": types.UINT8}[spec.dtype]
+    x = fn.crop_mirror_normalize(x, dtype=dtype, output_layout=spec.layout, mean=list(spec.mean),
+                                 std=list(spec.std), mirror=mirror, **crop_args)
+    return (x, *extra)
+
+
+def dali_fields(reader: DatasetReader, cfg: LoaderConfig) -> tuple[str, tuple[str, ...]]:
+    """(the image field DALI decodes, the fields read on the host), or a ConfigError saying why
+    the DALI backend cannot serve this request."""
+    fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
+    for name in fields:
+        if name not in reader.schema:
+            raise ConfigError(f"fields: {name!r} is not in the dataset; it has "
+                              f"{reader.schema.names}")
+    images = [n for n in fields if isinstance(reader.schema[n], ImageField)]
+    spatial = [n for n in fields if isinstance(reader.schema[n], (MaskField, TargetField))]
+    if len(images) != 1:
+        raise ConfigError(f"backend='dali' decodes exactly one image field; fields={fields} has "
+                          f"{len(images)}: request one, or use backend='torch'")
+    if spatial:
+        raise ConfigError(f"backend='dali' does not load masks or targets ({spatial}); use "
+                          "backend='torch', which applies the image's geometry to them")
+    if cfg.on_error != "raise":
+        raise ConfigError("on_error='skip' needs backend='torch': a DALI pipeline cannot replace "
+                          "a sample that fails to decode")
+    return images[0], tuple(n for n in fields if n != images[0])
+
+
+def graph_spec(reader: DatasetReader, cfg: LoaderConfig, image: str,
+               device: torch.device) -> GraphSpec:
+    """The pipeline graph for this dataset and configuration (see :func:`define_graph`)."""
+    f = reader.schema[image]
+    assert isinstance(f, ImageField)
+    size = cfg.size or (f.shape[:2] if f.shape else None)
+    if size is None:
+        raise ConfigError(f"field {image!r} holds images of varying size: pass size=(H, W) "
+                          "(or an int) to batch them")
+    encoded = f.codec != "raw"
+    fixed = not encoded and f.shape is not None and tuple(f.shape[:2]) == tuple(size)
+    if cfg.crop == "none" and not encoded and f.shape and not fixed:
+        raise ConfigError(f"crop='none' but stored images are {f.shape[:2]}, not size={size}; "
+                          "choose crop='resize' or 'center_crop'")
+    resize = cfg.crop != "none" and not (fixed and cfg.crop != "random_resized_crop")
+    float_out = cfg.dtype != "uint8"
+    mean = tuple(255 * m for m in cfg.mean) if float_out and cfg.mean else (0.0,) * 3
+    std = tuple(255 * s for s in cfg.std) if float_out and cfg.std else \
+        ((255.0,) * 3 if float_out else (1.0,) * 3)
+    return GraphSpec(
+        device="gpu" if device.type == "cuda" else "cpu", source=(
+            "webdataset" if cfg.dali_reader == "webdataset" else "plan"),
+        encoded=encoded, size=tuple(size), crop=cfg.crop, resize=resize,  # type: ignore[arg-type]
+        dtype="float32" if cfg.dtype == "bfloat16" else cfg.dtype,
+        layout="HWC" if cfg.channels_last else "CHW", mean=mean, std=std, flip=cfg.flip,
+        scale=cfg.scale, ratio=cfg.ratio, hw_decoder_load=cfg.dali_hw_decoder_load,
+        depth=cfg.prefetch_factor if isinstance(cfg.prefetch_factor, int) else 2)
+
+
+class PlanSource:
+    """``external_source`` callback: batch ``info.iteration`` of epoch ``info.epoch_idx`` → the
+    stored image bytes (raw arrays as they are), crop windows and flips.
+
+    Stateless given the BatchInfo (so it also runs in DALI's parallel worker processes): DALI
+    epoch ``e`` is feedpipe epoch ``epoch + e``, starting at batch ``start`` when ``e == 0``
+    (resume). The order is the torch backend's :class:`PlanSampler` plan, and the windows use the
+    torch backend's draws (``rng_for(seed, epoch, rank, batch)``, box then flip per sample).
+    """
+
+    def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World, field: str,
+                 op: ImageOp, epoch: int, start: int, *, windows: bool,
+                 parallel: bool = False) -> None:
+        self.reader, self.cfg, self.world, self.field, self.op = reader, cfg, world, field, op
+        self.epoch, self.start, self.windows, self.parallel = epoch, start, windows, parallel
+        self.codec = reader.schema[field].codec  # type: ignore[attr-defined]
+        self.sampler = PlanSampler(reader, cfg, world)
+
+    def batch(self, epoch_idx: int, iteration: int) -> tuple[int, int]:
+        """(feedpipe epoch, batch number) of a DALI (epoch_idx, iteration)."""
+        return self.epoch + epoch_idx, iteration + (self.start if epoch_idx == 0 else 0)
+
+    def __call__(self, info: Any) -> tuple[list[np.ndarray] | np.ndarray, ...]:
+        epoch, number = self.batch(info.epoch_idx, info.iteration)
+        plan = self.sampler.plan(epoch)
+        if number >= len(plan):
+            raise StopIteration
+        indices = plan[number]
+        rng = rng_for(self.cfg.seed, epoch, self.world.rank, number) if self.op.random else None
+        n = len(indices)
+        data: list[np.ndarray] = [np.empty(0, np.uint8)] * n
+        anchors = np.zeros((n, 2), np.int32)
+        shapes = np.zeros((n, 2), np.int32)
+        flips = np.zeros(n, np.int32)
+
+        def keep(pos: int, stored: dict[str, Any]) -> None:
+            value = stored[self.field]
+            try:
+                if self.codec == "raw":
+                    arr = np.array(value)  # the stored view is valid only inside this call
+                    h, w = arr.shape[:2]
+                else:
+                    raw = bytes(value)
+                    arr = np.frombuffer(raw, np.uint8)
+                    h, w = self._dims(raw)
+                size = self.op.size or (h, w)
+                if self.op.crop == "none" and (h, w) != tuple(size):
+                    raise ValueError(f"image is {w}x{h}, batch is {size[1]}x{size[0]}; pass "
+                                     "crop='resize' or 'center_crop'")
+                geo = self.op.plan(h, w, rng)
+            except Exception as exc:
+                raise CorruptRecordError(f"{self.reader.describe(int(indices[pos]))}: cannot "
+                                         f"read {self.field}: {exc}") from exc
+            data[pos] = arr
+            anchors[pos] = geo.top, geo.left
+            shapes[pos] = geo.height, geo.width
+            flips[pos] = geo.flip
+
+        self.reader.visit(indices, keep, [self.field])
+        return (data, flips, anchors, shapes) if self.windows else (data, flips)
+
+    def _dims(self, data: bytes) -> tuple[int, int]:
+        """(height, width) from the image header, without decoding."""
+        if self.codec == "jpeg":
+            info = jpeg_info(data)
+            if info is None:
+                raise ValueError("damaged JPEG header")
+            return info[1], info[0]
+        from PIL import Image
+
+        with Image.open(io.BytesIO(data)) as im:
+            return im.height, im.width

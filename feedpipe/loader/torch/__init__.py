@@ -1,0 +1,1 @@
+"""The PyTorch DataLoader backend and its on-device JPEG decode."""

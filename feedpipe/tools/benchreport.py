@@ -1,0 +1,213 @@
+"""What ``feedpipe bench`` measured: per-trial figures, the JSON report, the table and the plot;
+and the up-front check and atomic write of the diagnostic commands' output files.
+
+JSON (:meth:`BenchReport.to_json`, ``schema_version`` 1) holds ``feedpipe_version``, ``created``
+(ISO time, UTC), ``machine`` (:func:`feedpipe.machine.describe`), ``config`` (the BenchConfig),
+``dataset`` (path, kind "packed"|"folder", format, codec, samples; for folders ``packed``:
+{format: {path, seconds, images, skipped, kept}}), ``trials`` and ``baseline`` (null unless
+asked for), ``best`` (index into trials, null if none ran) and ``speedup_vs_baseline`` (null
+without one).
+Each trial holds every :class:`Trial` field below.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from .. import __version__
+from ..errors import ConfigError, MissingDependencyError
+from .machine import summary_line
+from ..paths import write_atomic
+
+if TYPE_CHECKING:
+    from .bench import BenchConfig
+
+SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Trial:
+    """Figures of one configuration; rows with status 'unavailable' carry only ``reason``.
+
+    samples_per_s is the steady state (samples after the first batch over the time after it);
+    mb_per_s is stored bytes read per second (mean stored bytes per sample × samples_per_s, in
+    10⁶ B/s); wait_fraction is the share of steady-state time spent waiting for data; RSS peaks
+    are sampled every 50 ms, the workers' as the sum over worker processes (shared pages counted
+    in each); cpu_util is the process tree's CPU time / wall time / usable cores.
+    """
+
+    format: str
+    backend: str
+    batch_size: int
+    workers_requested: str
+    workers: int | None = None
+    status: Literal["ok", "unavailable"] = "ok"
+    reason: str = ""
+    samples: int = 0
+    batches: int = 0
+    wall_s: float = 0.0
+    first_batch_s: float = 0.0
+    samples_per_s: float = 0.0
+    bytes_per_sample: float = 0.0
+    mb_per_s: float = 0.0
+    wait_fraction: float = 0.0
+    wait_p50_ms: float = 0.0
+    wait_p95_ms: float = 0.0
+    wait_p99_ms: float = 0.0
+    peak_rss_main_mb: float = 0.0
+    peak_rss_workers_mb: float = 0.0
+    cpu_util: float = 0.0
+    stall: dict[str, Any] = field(default_factory=dict)
+    best: bool = False
+    source: str = ""  # the baseline's input: "loose files" or "packed bytes"
+
+    @property
+    def label(self) -> str:
+        """The plot line / progress stage this trial belongs to."""
+        return f"{self.format} {self.backend} batch {self.batch_size}"
+
+
+@dataclass(frozen=True)
+class BenchReport:
+    """Everything one ``run_bench`` measured, and where and how."""
+
+    dataset: dict[str, Any]
+    config: "BenchConfig"
+    machine: dict[str, Any]
+    trials: tuple[Trial, ...]
+    baseline: Trial | None
+    created: str
+
+    @property
+    def best(self) -> Trial | None:
+        return next((t for t in self.trials if t.best), None)
+
+    @property
+    def speedup(self) -> float | None:
+        """Best trial's samples/s over the baseline's, both from this run."""
+        b, base = self.best, self.baseline
+        return b.samples_per_s / base.samples_per_s if b and base and base.samples_per_s else None
+
+    def to_json(self) -> dict[str, Any]:
+        cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.config).items()}
+        best = self.best
+        return {"schema_version": SCHEMA_VERSION, "feedpipe_version": __version__,
+                "created": self.created, "machine": self.machine, "config": cfg,
+                "dataset": self.dataset, "trials": [asdict(t) for t in self.trials],
+                "baseline": asdict(self.baseline) if self.baseline else None,
+                "best": self.trials.index(best) if best else None,
+                "speedup_vs_baseline": self.speedup}
+
+
+COLUMNS = (f"  {'format':<7}{'backend':<11}{'batch':>5}  {'workers':<9}{'samples/s':>10}"
+           f"{'MB/s':>9}{'1st s':>7} {'wait p50/p95/p99 ms':>21}{'waiting':>8}"
+           f"{'RSS MiB main/wrk':>18}{'CPU':>6}")
+
+
+def _row(t: Trial) -> str:
+    head = f"{'*' if t.best else ' '} {t.format:<7}{t.backend:<11}{t.batch_size:>5}  " \
+           f"{t.workers_requested:<9}"
+    if t.status != "ok":
+        return f"{head}unavailable: {t.reason}"
+    waits = f"{t.wait_p50_ms:.1f}/{t.wait_p95_ms:.1f}/{t.wait_p99_ms:.1f}"
+    rss = f"{t.peak_rss_main_mb:,.0f}/{t.peak_rss_workers_mb:,.0f}"
+    return (f"{head}{t.samples_per_s:>10,.0f}{t.mb_per_s:>9,.1f}{t.first_batch_s:>7.2f} "
+            f"{waits:>21}{t.wait_fraction:>8.0%}{rss:>18}{t.cpu_util:>6.0%}")
+
+
+def format_table(r: BenchReport) -> str:
+    """The human report: context, one row per trial (best marked *), baseline, the verdict."""
+    cfg, ds = r.config, r.dataset
+    what = ", ".join(str(v) for v in (ds.get("format"), ds.get("codec")) if v)
+    steps = (f"{cfg.batches} batches" if cfg.batches else f"{cfg.epochs} epoch(s)") + " per trial"
+    if cfg.step_ms:
+        steps += f", a simulated {cfg.step_ms:g} ms training step ({cfg.step_kind}) per batch"
+    lines = [f"dataset: {ds['path']} ({what + ', ' if what else ''}{ds['samples']} samples)",
+             f"machine: {summary_line(r.machine)}",
+             f"output {cfg.size}x{cfg.size} {cfg.dtype} on {cfg.device}; {steps}", "", COLUMNS]
+    lines += [_row(t) for t in r.trials]
+    if r.baseline:
+        lines.append(_row(r.baseline) + f"   <- default DataLoader on {r.baseline.source}")
+    best = r.best
+    lines.append("")
+    if best:
+        lines.append(f"best: {best.format} {best.backend}, batch {best.batch_size}, workers "
+                     f"{best.workers_requested}: {best.samples_per_s:,.0f} samples/s")
+        if r.speedup:
+            lines.append(f"{r.speedup:.1f}x faster than a default DataLoader (workers=0, PIL, "
+                         f"{r.baseline.source}) in this run")  # type: ignore[union-attr]
+        if cfg.step_ms:
+            lines.append(f"with a {cfg.step_ms:g} ms step it waits for data "
+                         f"{best.wait_fraction:.0%} of the time ({best.stall.get('verdict')})")
+    lines.append("samples/s and waits: steady state after the first batch (1st s: time to first "
+                 "batch); MB/s: stored bytes read; waiting: share of time waiting for data; "
+                 f"CPU: process-tree CPU time / wall / {r.machine['cores_usable']} usable cores")
+    return "\n".join(lines)
+
+
+def check_output_path(path: Path, option: str) -> None:
+    """Fail before a long run rather than after it: ``path``'s folder must exist, ``path`` must
+    not be a folder."""
+    if path.is_dir():
+        raise ConfigError(f"{option} {path}: is a folder; give a file name inside it")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{option} {path}: the folder {path.parent} does not exist; create it "
+                          "or write elsewhere")
+
+
+def figure_class() -> type:
+    """matplotlib's ``Figure``, or a MissingDependencyError with the install hint."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError as exc:
+        raise MissingDependencyError("--plot needs matplotlib: pip install 'feedpipe[plot]'"
+                                     ) from exc
+    return Figure
+
+
+def plot_report(r: BenchReport, path: str | Path) -> Path:
+    """Samples/s vs workers, one line per format/backend/batch size, baseline and best marked;
+    written atomically as a PNG."""
+    fig = figure_class()(figsize=(8, 5), dpi=120)
+    ax = fig.add_subplot()
+    lines: dict[str, list[Trial]] = {}
+    for t in r.trials:
+        if t.status == "ok":
+            lines.setdefault(t.label, []).append(t)
+    for label, ts in lines.items():
+        ts.sort(key=lambda t: t.workers or 0)
+        ax.plot([t.workers for t in ts], [t.samples_per_s for t in ts], marker="o", label=label)
+    if r.baseline:
+        ax.axhline(r.baseline.samples_per_s, ls="--", color="0.4",
+                   label=f"default DataLoader, workers=0 ({r.baseline.samples_per_s:,.0f}/s)")
+    best = r.best
+    if best:
+        text = f"best: {best.samples_per_s:,.0f} samples/s"
+        text += f"\n{r.speedup:.1f}x the default DataLoader" if r.speedup else ""
+        rightmost = best.workers == max(t.workers or 0 for t in r.trials)
+        ax.annotate(text, (best.workers, best.samples_per_s),
+                    xytext=(-30 if rightmost else 30, -80),
+                    textcoords="offset points", ha="right" if rightmost else "left", fontsize=9,
+                    arrowprops={"arrowstyle": "->", "color": "0.3"},
+                    bbox={"boxstyle": "round", "fc": "white", "ec": "0.7"})
+    xs = sorted({t.workers for t in r.trials if t.workers is not None})
+    ax.set_xticks(xs or [0])
+    ax.set_ylim(bottom=0, top=max([t.samples_per_s for t in r.trials]
+                                  + [r.baseline.samples_per_s if r.baseline else 0, 1]) * 1.15)
+    ax.set_xlabel("DataLoader workers (num_workers)")
+    ax.set_ylabel("samples/s (steady state)")
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    cfg, ds = r.config, r.dataset
+    name = Path(ds["path"]).name or ds["path"]
+    ax.set_title(f"feedpipe bench: {name} ({ds['samples']} samples, {cfg.size}x{cfg.size} "
+                 f"{cfg.dtype} on {cfg.device})\n{summary_line(r.machine)}", fontsize=10)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    out = Path(path)
+    write_atomic(out, buf.getvalue())
+    return out

@@ -1,0 +1,260 @@
+"""``GpuMonitor``: GPU utilisation and memory sampled from NVML in a background thread.
+
+An input-bound job shows a GPU that swings 0% → 100% → 0% (it computes a batch, then waits for
+the next); a compute-bound one stays high. The summary gives per-GPU statistics and that verdict.
+NVML comes from ``nvidia-ml-py`` (import ``pynvml``), an optional dependency:
+``pip install 'feedpipe[gpu]'``. All NVML access goes through one sampler function, so any
+source of samples (a test series, another library) can stand in for it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import ConfigError, GpuUnavailableError, MissingDependencyError
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One reading of one GPU: utilisation in percent (0–100), memory in bytes."""
+
+    index: int
+    util: float
+    mem_used: int
+    mem_total: int
+
+
+Sampler = Callable[[], list[GpuSample]]
+
+LOW, HIGH = 20.0, 80.0  # utilisation (%) counted as "idle" / "busy" in the fluctuation verdict
+
+
+def nvml_sampler() -> Sampler:
+    """A sampler reading every GPU through NVML; raises a clear error without pynvml or a GPU."""
+    try:
+        import pynvml
+    except ImportError:
+        raise MissingDependencyError("GPU monitoring needs NVML bindings (the nvidia-ml-py "
+                                     "package): pip install 'feedpipe[gpu]'") from None
+    try:
+        pynvml.nvmlInit()
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
+                   for i in range(pynvml.nvmlDeviceGetCount())]
+    except pynvml.NVMLError as exc:
+        raise GpuUnavailableError(f"NVML is installed but cannot start ({exc}): no NVIDIA driver "
+                                  "is loaded or no GPU is visible on this machine") from None
+    if not handles:
+        raise GpuUnavailableError("NVML started but sees no GPU (check CUDA_VISIBLE_DEVICES "
+                                  "and the container's GPU access)")
+
+    def sample() -> list[GpuSample]:
+        out = []
+        for i, h in enumerate(handles):
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            out.append(GpuSample(i, float(pynvml.nvmlDeviceGetUtilizationRates(h).gpu),
+                                 int(mem.used), int(mem.total)))
+        return out
+
+    return sample
+
+
+@dataclass(frozen=True)
+class GpuStats:
+    """Utilisation statistics of one GPU over a monitoring run, with a verdict."""
+
+    index: int
+    samples: int
+    util_mean: float
+    util_std: float
+    util_p10: float
+    util_p90: float
+    frac_idle: float       # fraction of samples below LOW %
+    frac_busy: float       # fraction of samples at or above HIGH %
+    mem_used_mean: float   # bytes
+    mem_used_peak: int
+    mem_total: int
+    verdict: str
+
+
+@dataclass(frozen=True)
+class GpuSummary:
+    """Every GPU's statistics over ``duration_s`` seconds of sampling."""
+
+    duration_s: float
+    interval_s: float
+    gpus: tuple[GpuStats, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types."""
+        return {"duration_s": self.duration_s, "interval_s": self.interval_s,
+                "gpus": [asdict(g) for g in self.gpus]}
+
+    def __str__(self) -> str:
+        return "\n".join(
+            f"gpu{g.index}: {g.verdict}; util mean {g.util_mean:.0f}% (std {g.util_std:.0f}, "
+            f"p10 {g.util_p10:.0f}, p90 {g.util_p90:.0f}; {g.frac_idle:.0%} of samples below "
+            f"{LOW:.0f}%, {g.frac_busy:.0%} at {HIGH:.0f}%+), memory mean "
+            f"{g.mem_used_mean / 2**30:.1f} GiB, peak {g.mem_used_peak / 2**30:.1f} of "
+            f"{g.mem_total / 2**30:.1f} GiB ({g.samples} samples)" for g in self.gpus)
+
+
+def gpu_verdict(util: np.ndarray) -> str:
+    """Classify a utilisation series: fluctuating (input-bound pattern), busy, or underused."""
+    if util.size < 3:
+        return "too few samples"
+    idle, busy = float(np.mean(util < LOW)), float(np.mean(util >= HIGH))
+    if (idle >= 0.2 and busy >= 0.2) or float(util.std()) >= 30:
+        return "fluctuating: likely input-bound"
+    if float(util.mean()) >= HIGH:
+        return "busy"
+    if float(util.mean()) < 30:
+        return "idle/underused"
+    return "steady partial load: small batches or waits on the host"
+
+
+def gpu_stats(index: int, util: list[float], used: list[int], total: int) -> GpuStats:
+    """Statistics and verdict for one GPU's samples."""
+    u = np.asarray(util, dtype=np.float64)
+    m = np.asarray(used, dtype=np.float64)
+    p10, p90 = np.percentile(u, (10, 90)) if u.size else (0.0, 0.0)
+    return GpuStats(index=index, samples=int(u.size), util_mean=float(u.mean()) if u.size else 0.0,
+                    util_std=float(u.std()) if u.size else 0.0, util_p10=float(p10),
+                    util_p90=float(p90), frac_idle=float(np.mean(u < LOW)) if u.size else 0.0,
+                    frac_busy=float(np.mean(u >= HIGH)) if u.size else 0.0,
+                    mem_used_mean=float(m.mean()) if m.size else 0.0,
+                    mem_used_peak=int(m.max()) if m.size else 0, mem_total=total,
+                    verdict=gpu_verdict(u))
+
+
+class GpuMonitor:
+    """Samples every GPU each ``interval`` seconds in a daemon thread; ``summary()`` at any time.
+
+    ``with GpuMonitor(interval=0.5) as mon: train()`` then ``mon.summary()``. ``sampler`` defaults
+    to NVML (:func:`nvml_sampler`, which raises if NVML or a GPU is missing); ``on_sample`` is
+    called from the thread after each reading (the CLI prints a live line there).
+    """
+
+    def __init__(self, interval: float = 1.0, sampler: Sampler | None = None,
+                 on_sample: Callable[[float, list[GpuSample]], None] | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
+                or not interval > 0:
+            raise ConfigError(f"interval={interval!r}: use a positive number of seconds")
+        for name, fn in (("sampler", sampler), ("on_sample", on_sample), ("clock", clock)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"{name}={fn!r}: pass a function (see the GpuMonitor docstring)")
+        self.interval = float(interval)
+        self.sampler = sampler if sampler is not None else nvml_sampler()
+        self.on_sample, self.clock = on_sample, clock
+        self.records: list[tuple[float, list[GpuSample]]] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def sample_once(self) -> list[GpuSample]:
+        """Take one reading now and record it."""
+        t, samples = self.clock(), self.sampler()
+        self.records.append((t, samples))
+        if self.on_sample is not None:
+            self.on_sample(t, samples)
+        return samples
+
+    def _run(self) -> None:
+        deadline = self.clock()
+        try:
+            while not self._stop.is_set():
+                self.sample_once()
+                deadline += self.interval
+                self._stop.wait(max(0.0, deadline - self.clock()))
+        except Exception as exc:  # surfaced by stop(): the thread must not die silently
+            self.error = exc
+
+    def start(self) -> "GpuMonitor":
+        """Start sampling in a daemon thread (first reading immediately)."""
+        if self._thread is not None:
+            raise RuntimeError("GpuMonitor already started; stop() it first")
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="feedpipe-gpumon", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> GpuSummary:
+        """Stop sampling, re-raise a sampler error from the thread, and return the summary."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        if self.error is not None:
+            raise self.error
+        return self.summary()
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait up to ``timeout`` seconds (None: forever) while sampling; returns early on error."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "GpuMonitor":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def summary(self) -> GpuSummary:
+        """Per-GPU statistics over the readings so far."""
+        records = list(self.records)
+        per: dict[int, tuple[list[float], list[int], int]] = {}
+        for _, samples in records:
+            for s in samples:
+                util, used, _total = per.setdefault(s.index, ([], [], s.mem_total))
+                util.append(s.util)
+                used.append(s.mem_used)
+        duration = records[-1][0] - records[0][0] if records else 0.0
+        return GpuSummary(duration, self.interval,
+                          tuple(gpu_stats(i, u, m, t) for i, (u, m, t) in sorted(per.items())))
+
+
+def _live_line(t0: float) -> Callable[[float, list[GpuSample]], None]:
+    def show(t: float, samples: list[GpuSample]) -> None:
+        print(f"{t - t0:7.1f} s  " + "  ".join(
+            f"gpu{s.index} {s.util:3.0f}% {s.mem_used / 2**30:5.1f}/{s.mem_total / 2**30:.0f} GiB"
+            for s in samples), flush=True)
+    return show
+
+
+def cmd_monitor(args: argparse.Namespace, sampler: Sampler | None = None) -> int:
+    """``feedpipe monitor``: live line per interval, then the summary (and ``--json``)."""
+    from .benchreport import check_output_path
+    from ..paths import write_atomic
+
+    if args.duration is not None and not args.duration > 0:  # also NaN
+        raise ConfigError(f"--duration {args.duration}: use a positive number of seconds")
+    if args.json:
+        check_output_path(args.json, "--json")
+    mon = GpuMonitor(args.interval, sampler=sampler, on_sample=_live_line(time.monotonic()))
+    mon.start()
+    try:
+        mon.join(args.duration)  # None: until Ctrl-C
+    except KeyboardInterrupt:
+        pass
+    summary = mon.stop()
+    print(summary)
+    if args.json:
+        write_atomic(args.json, json.dumps(summary.to_dict(), indent=1) + "\n")
+    return 0
+
+
+def register(sub: Any) -> None:
+    """Add the ``monitor`` subcommand to the ``feedpipe`` CLI's subparsers."""
+    m = sub.add_parser("monitor", help="sample GPU utilisation and memory (NVML) next to a job")
+    m.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
+    m.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C)")
+    m.add_argument("--json", type=Path, help="write the summary here as JSON")
+    m.set_defaults(func=cmd_monitor)

@@ -1,0 +1,293 @@
+"""Where does training time go? ``StallMeter`` splits it into waiting for data versus stepping.
+
+Wrap the loader of a training loop; each batch records the time spent inside ``next(loader)``
+(the wait) and the time from handing the batch out to asking for the next one (the step). The
+summary says what fraction of the steady state was spent waiting, and what to change about it.
+Overhead: ~0.5 µs per batch over a bare loop (two clock reads, two list appends, a sample count;
+2-core reference VM), cheap enough to leave on; memory ~64 bytes per batch until ``reset()``.
+``GpuMonitor`` (``feedpipe.gpumon``) watches the GPU side from NVML.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
+
+import numpy as np
+
+from ..errors import ConfigError
+from .gpumon import GpuMonitor, GpuStats, GpuSummary, register
+
+T = TypeVar("T")
+
+INPUT_BOUND = 0.30   # waiting more than this fraction of the steady state: input-bound
+PARTLY_BOUND = 0.05  # more than this: partly input-bound; below: compute-bound
+
+
+@dataclass(frozen=True)
+class LoaderInfo:
+    """What the meter knows about the loader; every field optional. Makes the advice specific."""
+
+    num_workers: int | None = None
+    usable_cores: int | None = None
+    codec: str | None = None          # stored image codec: "jpeg", "png", "webp", "raw"
+    format: str | None = None         # "lmdb", "hdf5", "wds"; None for loose files / unknown
+    batch_size: int | None = None
+    pin_memory: bool | None = None
+    device: str | None = None         # "cuda" or "cpu"
+    prefetch_factor: int | None = None
+    backend: str | None = None        # "torch", "dali"; None for a plain DataLoader / unknown
+
+    @classmethod
+    def from_loader(cls, loader: object) -> "LoaderInfo | None":
+        """Read a feedpipe loader of either backend (its ``describe()``, the loader protocol) or
+        a torch DataLoader; None for anything else."""
+        from ..loader.config import usable_cores
+        from ..loader.protocol import Loader
+
+        if isinstance(loader, Loader):
+            v = loader.describe()
+            return cls(num_workers=v.num_workers, usable_cores=usable_cores(), codec=v.codec,
+                       format=v.format, batch_size=v.batch_size, pin_memory=v.pin_memory,
+                       device=v.device, prefetch_factor=v.prefetch_factor, backend=v.backend)
+        if all(hasattr(loader, a) for a in ("num_workers", "batch_size", "pin_memory", "dataset")):
+            return cls(num_workers=loader.num_workers, usable_cores=usable_cores(),  # type: ignore
+                       batch_size=loader.batch_size, pin_memory=loader.pin_memory,  # type: ignore
+                       prefetch_factor=getattr(loader, "prefetch_factor", None))
+        return None
+
+
+@dataclass(frozen=True)
+class StallSummary:
+    """Steady-state (after the first batch) split of training time into data wait and step."""
+
+    batches: int
+    samples: int
+    wall_s: float
+    first_batch_s: float
+    wait_s: float
+    step_s: float
+    input_bound: float
+    wait_p50_ms: float
+    wait_p95_ms: float
+    wait_p99_ms: float
+    samples_per_s: float
+    verdict: str
+    advice: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types (advice as a list)."""
+        d = asdict(self)
+        d["advice"] = list(self.advice)
+        return d
+
+    def __str__(self) -> str:
+        lines = [f"{self.verdict}: {self.input_bound:.0%} of steady-state time waiting for data "
+                 f"({self.batches} batches, {self.samples_per_s:,.0f} samples/s, first batch "
+                 f"{self.first_batch_s:.2f} s, wait p50/p95/p99 {self.wait_p50_ms:.1f}/"
+                 f"{self.wait_p95_ms:.1f}/{self.wait_p99_ms:.1f} ms)"]
+        return "\n".join(lines + [f"  - {a}" for a in self.advice])
+
+
+def _count(batch: object) -> int:
+    """Samples in a batch: first dimension of the first tensor/array value, else 1."""
+    if isinstance(batch, dict):
+        values: Iterable[object] = batch.values()
+    elif isinstance(batch, (tuple, list)):
+        values = batch
+    else:
+        values = (batch,)
+    for v in values:
+        shape = getattr(v, "shape", None)
+        if shape is not None and len(shape) >= 1:
+            return int(shape[0])
+    return 1
+
+
+def _cuda_in_use() -> Callable[[], None] | None:
+    """``torch.cuda.synchronize`` when this process has initialized CUDA, else None (without
+    importing torch: a process that never imported it uses no CUDA through it)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.synchronize
+
+
+class StallMeter:
+    """Per-batch data wait vs step timer around any iterable of batches.
+
+    ``for batch in meter.wrap(loader): step(batch)`` then ``meter.summary()``; also a context
+    manager, whose enter/exit bound ``wall_s``. ``cuda_sync`` synchronizes CUDA before stopping
+    each step timer, so asynchronous GPU work is charged to the step that queued it: ``"auto"``
+    (the default) does so when CUDA is available and in use by the time the first step ends;
+    ``True`` insists (a ConfigError without CUDA), ``False`` never does.
+    """
+
+    def __init__(self, cuda_sync: bool | Literal["auto"] = "auto",
+                 clock: Callable[[], float] = time.perf_counter,
+                 loader_info: LoaderInfo | None = None) -> None:
+        if not callable(clock):
+            raise ConfigError(f"clock={clock!r}: pass a function returning seconds, such as "
+                              "time.perf_counter")
+        if loader_info is not None and not isinstance(loader_info, LoaderInfo):
+            raise ConfigError(f"loader_info={loader_info!r}: pass a feedpipe.monitor.LoaderInfo "
+                              "(LoaderInfo.from_loader(loader)) or None")
+        if cuda_sync not in (True, False, "auto"):
+            raise ConfigError(f"cuda_sync={cuda_sync!r}: use 'auto' (sync when CUDA is in use), "
+                              "True or False")
+        self._sync: Callable[[], None] | None = None
+        self._auto = cuda_sync == "auto"
+        if cuda_sync is True:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ConfigError("StallMeter(cuda_sync=True) but CUDA is not available here; "
+                                  "use cuda_sync='auto' (the default), which syncs only when "
+                                  "CUDA is in use")
+            self._sync = torch.cuda.synchronize
+        self.clock = clock
+        self.loader_info = loader_info
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget every measurement (the loader info is kept)."""
+        self.waits: list[float] = []
+        self.steps: list[float] = []
+        self.samples = 0
+        self._start: float | None = None
+        self._last: float | None = None  # latest wait or step end
+        self._end: float | None = None
+
+    def __enter__(self) -> "StallMeter":
+        self._start = self.clock()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._end = self.clock()
+
+    def wrap(self, loader: Iterable[T]) -> Iterator[T]:
+        """Yield ``loader``'s batches, timing the wait for each and the step after it."""
+        if self.loader_info is None:
+            self.loader_info = LoaderInfo.from_loader(loader)
+        clock, waits, steps, sync = self.clock, self.waits, self.steps, self._sync
+        auto = self._auto and sync is None
+        t0 = clock()
+        if self._start is None:
+            self._start = t0
+        it = iter(loader)
+        for batch in it:
+            self._last = t1 = clock()
+            waits.append(t1 - t0)
+            self.samples += _count(batch)
+            try:
+                yield batch
+            except GeneratorExit:  # the loop broke out: this batch's step ended now
+                self._last = t0 = clock()
+                steps.append(t0 - t1)
+                raise
+            if auto:  # decided once, after the first step: has it put CUDA to use?
+                sync, auto = _cuda_in_use(), False
+            if sync is not None:
+                sync()
+            self._last = t0 = clock()
+            steps.append(t0 - t1)
+
+    def summary(self) -> StallSummary:
+        """Totals, wait percentiles, verdict and advice for everything measured so far."""
+        waits, steps = self.waits, self.steps
+        first = waits[0] if waits else 0.0
+        steady = np.asarray(waits[1:], dtype=np.float64)
+        wait_s = float(steady.sum())
+        step_s = float(sum(steps))
+        busy = wait_s + step_s
+        bound = wait_s / busy if busy > 0 else 0.0
+        p50, p95, p99 = (np.percentile(steady, (50, 95, 99)) * 1e3 if steady.size
+                         else (0.0, 0.0, 0.0))
+        end = self._end if self._end is not None else self._last
+        wall = (end - self._start) if end is not None and self._start is not None else 0.0
+        verdict = ("input-bound" if bound > INPUT_BOUND else
+                   "partly input-bound" if bound > PARTLY_BOUND else "compute-bound")
+        s = StallSummary(batches=len(waits), samples=self.samples, wall_s=wall,
+                         first_batch_s=first, wait_s=wait_s, step_s=step_s, input_bound=bound,
+                         wait_p50_ms=float(p50), wait_p95_ms=float(p95), wait_p99_ms=float(p99),
+                         samples_per_s=self.samples / wall if wall > 0 else 0.0,
+                         verdict=verdict, advice=())
+        return replace(s, advice=advise(s, self.loader_info))
+
+
+def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
+    """Concrete changes for a summary, most effective first, as specific as ``info`` allows."""
+    out = [] if s.batches >= 20 else [f"only {s.batches} batch(es) measured: measure at least "
+                                      "20 for a reliable verdict"]
+    if s.verdict == "compute-bound":
+        return (*out, "data keeps up: speed up the step itself (mixed precision, channels_last, "
+                "torch.compile, a larger batch per GPU)")
+    i = info or LoaderInfo()
+    cores, n, encoded = i.usable_cores, i.num_workers, i.codec != "raw"
+    if info is None:
+        out.append("more DataLoader workers (one per usable core), or feedpipe.make_loader with "
+                   "num_workers='auto'; pass StallMeter(loader_info=...) for specific advice")
+    if i.format is None:
+        out.append("pack the dataset once (`feedpipe convert imgs/ --to lmdb -o packed/`) and "
+                   "load it with feedpipe.make_loader: batched reads instead of a file open and "
+                   "a decode setup per sample")
+    dali = i.backend == "dali"
+    if dali and encoded:
+        out.append("the DALI pipeline decodes in its own threads, one per usable core"
+                   + (f" ({cores} here)" if cores else "")
+                   + (": on CPU that is the limit; run it on a GPU (device='cuda') so nvJPEG "
+                      "decodes" if i.device == "cpu" else
+                      f"; more reader processes (num_workers, now {n}) feed it faster"))
+    elif encoded and n is not None and cores:
+        if n == 0:
+            out.append(f"num_workers=0 decodes in the training process: use num_workers='auto' "
+                       f"(one worker per usable core, {cores} here)")
+        elif n < cores:
+            out.append(f"raise num_workers from {n} to {cores} (the usable cores), or use "
+                       "num_workers='auto'")
+        else:
+            out.append(f"{n} workers already use all {cores} usable cores: decoding is the "
+                       "limit, more workers will not help; give the job more cores or skip "
+                       "decoding")
+    if not encoded and n and not dali:
+        out.append(f"raw data loads fastest in the training process: num_workers=0 (what 'auto' "
+                   f"picks for raw data) instead of {n}, which ships every batch through shared "
+                   "memory")
+    if not encoded:
+        out.append("images are stored raw (no decode): reading and copying bytes is the limit: "
+                   "put the dataset on a faster disk or in RAM (page cache), pack it at the "
+                   "training resolution (--resize) so fewer bytes are read")
+    else:
+        out.append("skip decoding at load time: `feedpipe convert ... --store raw --resize 224` "
+                   "stores decoded uint8 images (several times the disk, almost no CPU)")
+        if i.device in ("cuda", None) and not dali:
+            import torch
+
+            from ..loader.dali.pipeline import dali_installed, dali_package
+
+            out.append("decode JPEG on the GPU with NVIDIA DALI (make_loader(backend='dali'); "
+                       + ("nvidia-dali is installed here)" if dali_installed()
+                          else f"pip install {dali_package(torch.version.cuda)[0]})"))
+    if i.device == "cuda" and i.pin_memory is False:
+        out.append("pin_memory=True: host-to-GPU copies from pinned memory are faster and "
+                   "overlap with compute")
+    step_ms = s.step_s / max(1, s.batches) * 1e3
+    if step_ms < 20:
+        now = f" (now {i.batch_size})" if i.batch_size else ""
+        out.append(f"steps are short ({step_ms:.1f} ms per batch): a larger batch_size{now} "
+                   "amortizes the loader's fixed cost per batch")
+    if s.wait_p95_ms > 1 and s.wait_p50_ms < 0.25 * s.wait_p95_ms:
+        now = f" (now {i.prefetch_factor})" if i.prefetch_factor else ""
+        out.append(f"waits are bursty (p50 {s.wait_p50_ms:.1f} ms, p95 {s.wait_p95_ms:.1f} ms): "
+                   f"buffer more batches ahead with a higher prefetch_factor{now}")
+    if s.wall_s > 0 and s.first_batch_s > 0.2 * s.wall_s:
+        out.append(f"start-up (first batch {s.first_batch_s:.1f} s) is "
+                   f"{s.first_batch_s / s.wall_s:.0%} of the run: keep workers across epochs "
+                   "(persistent_workers=True, the default with workers) and measure a longer run")
+    return tuple(out)
+
+
+__all__ = ["GpuMonitor", "GpuStats", "GpuSummary", "LoaderInfo", "StallMeter", "StallSummary",
+           "advise", "register"]

@@ -1,0 +1,305 @@
+"""``autotune``: choose ``num_workers`` and ``prefetch_factor`` by measuring, not by rule of thumb.
+
+Short trials through ``make_loader`` grow the worker count (0, 1, 2, … up to the CPU budget)
+until throughput stops improving, then try other prefetch depths for the worker counts near the
+best. The cheapest configuration within ``tolerance`` of the best wins: fewest workers, then least
+batch memory. The choice is cached per dataset and machine, so the next run starts tuned.
+(Workers read one whole batch per transaction, so there is no separate read batch size to tune.)
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import statistics
+from dataclasses import asdict, dataclass, field, replace
+from itertools import islice
+from typing import Any, Iterator, Sequence
+
+from ...errors import ConfigError
+from ...dataset.registry import DatasetReader, open_dataset
+from ...loader.config import auto_workers
+from ...loader.protocol import Loader
+from ..monitor import StallMeter
+from .cache import cache_file, cache_key, read_cache, write_cache
+from .memory import host_available_bytes, loader_ram_bytes, sample_bytes
+
+log = logging.getLogger("feedpipe.tune")
+PREFETCH_DEPTHS = (1, 2, 4)
+FIRST_PREFETCH = 2  # torch's default: the worker sweep runs at it, other depths come after
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One measured (or skipped) configuration. ``samples_per_s`` is the steady state after
+    start-up; ``first_batch_s`` the start-up itself; ``ram_bytes`` the batch memory estimate."""
+
+    workers: int
+    prefetch: int | None
+    samples_per_s: float | None
+    first_batch_s: float | None
+    ram_bytes: int
+    note: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"workers={self.workers}" + (f", prefetch={self.prefetch}" if self.workers else "")
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    """The chosen loader settings, every trial, and why; ``cached`` when read from the cache."""
+
+    num_workers: int
+    prefetch_factor: int | None
+    samples_per_s: float
+    best_samples_per_s: float
+    trials: tuple[Trial, ...]
+    reason: str
+    cached: bool = False
+    cache_path: str | None = None
+
+    def loader_options(self) -> dict[str, Any]:
+        """The ``make_loader`` options this result stands for."""
+        return {"num_workers": self.num_workers,
+                "prefetch_factor": self.prefetch_factor or "auto"}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "TuneResult":
+        """The inverse of :meth:`to_dict`; a TypeError when the choice is not a valid setting."""
+        res = cls(**{**d, "trials": tuple(Trial(**t) for t in d["trials"])})
+        if not (isinstance(res.num_workers, int) and res.num_workers >= 0
+                and (res.prefetch_factor is None or isinstance(res.prefetch_factor, int))):
+            raise TypeError(f"num_workers={res.num_workers!r}, prefetch_factor="
+                            f"{res.prefetch_factor!r} are not loader settings")
+        return res
+
+    def report(self) -> str:
+        """The trials as a table, then the choice and why."""
+        rows = [f"{'workers':>7} {'prefetch':>8} {'samples/s':>10} {'start s':>8} "
+                f"{'batch MiB':>9}  note"]
+        for t in self.trials:
+            sps = "-" if t.samples_per_s is None else f"{t.samples_per_s:.0f}"
+            first = "-" if t.first_batch_s is None else f"{t.first_batch_s:.2f}"
+            rows.append(f"{t.workers:>7} {t.prefetch or '-':>8} {sps:>10} {first:>8} "
+                        f"{t.ram_bytes / 2**20:>9.1f}  {t.note}".rstrip())
+        return "\n".join(rows + [self.reason + (" (cached)" if self.cached else "")])
+
+
+def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[int],
+                warmup: int, windows: int = 3) -> float:
+    """Median samples/s over ``windows`` equal runs of batches after the first ``warmup``.
+
+    Each window spans arrival to arrival, so start-up is excluded: the first batch carries it, and
+    with ``w`` workers the next ``w - 1`` were decoded during it and arrive almost at once
+    (``warmup = max(1, w)``). The median of windows shrugs off one disturbed by other processes.
+    """
+    n = len(waits)
+    if warmup < 1 or n - warmup < windows:
+        raise ConfigError(f"need {warmup} warm-up + {windows} batches to measure, got {n}")
+    arrivals, t = [], 0.0
+    for i, wait in enumerate(waits):
+        t += wait
+        arrivals.append(t)
+        t += steps[i] if i < len(steps) else 0.0
+    edges = [warmup - 1 + round(k * (n - warmup) / windows) for k in range(windows + 1)]
+    rates = sorted(sum(rows[a + 1:b + 1]) / max(arrivals[b] - arrivals[a], 1e-9)
+                   for a, b in zip(edges, edges[1:]))
+    return statistics.median(rates)
+
+
+def _epochs(loader: Loader, rows: list[int]) -> Iterator[Any]:
+    """The loader's batches epoch after epoch, recording each batch's sample count."""
+    epoch = 0
+    while True:
+        loader.set_epoch(epoch)
+        got = 0
+        for batch in loader:
+            got += 1
+            rows.append(len(next(iter(batch.values()))))
+            yield batch
+        if not got:
+            raise ConfigError("autotune: the loader yields no batches (dataset smaller than "
+                              "batch_size with drop_last=True?); lower batch_size")
+        epoch += 1
+
+
+def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, workers: int,
+            prefetch: int | None, *, trial_batches: int = 24, **loader_options: Any) -> Trial:
+    """Run one trial: ``trial_batches`` batches after start-up, timed by StallMeter, rated by
+    :func:`steady_rate`."""
+    from ...loader.api import make_loader
+
+    opts = {**loader_options, "num_workers": workers}
+    if workers:
+        opts["prefetch_factor"] = prefetch
+    loader = make_loader(source, batch_size, **opts)
+    warmup = max(1, workers)
+    rows: list[int] = []
+    meter = StallMeter()
+    batches = _epochs(loader, rows)
+    for _ in meter.wrap(islice(batches, warmup + trial_batches)):
+        pass
+    batches.close()
+    rate = steady_rate(meter.waits, meter.steps, rows, warmup)
+    ram = loader_ram_bytes(sample_bytes(loader), batch_size, workers, prefetch or 0)
+    del loader, batches  # shut the workers down before the next trial starts its own
+    gc.collect()
+    return Trial(workers, prefetch if workers else None, rate, meter.waits[0], ram)
+
+
+def choose(trials: Sequence[Trial], tolerance: float) -> tuple[Trial, Trial]:
+    """(chosen, best): the cheapest measured trial within ``tolerance`` of the fastest —
+    fewest workers, then least batch memory, then shallowest prefetch."""
+    ran = [t for t in trials if t.samples_per_s is not None]
+    if not ran:
+        raise ConfigError("autotune: every configuration was over the budget; raise budget_ram "
+                          "or lower batch_size")
+    best = max(ran, key=lambda t: t.samples_per_s or 0.0)
+    floor = (best.samples_per_s or 0.0) * (1 - tolerance)
+    near = [t for t in ran if (t.samples_per_s or 0.0) >= floor]
+    return min(near, key=lambda t: (t.workers, t.ram_bytes, t.prefetch or 0)), best
+
+
+@dataclass
+class _Search:
+    """The trials of one autotune run, respecting the budgets."""
+
+    source: DatasetReader
+    batch_size: int
+    per_sample: int
+    budget_ram: int
+    trial_batches: int
+    depths: tuple[int, ...]
+    options: dict[str, Any]
+    trials: list[Trial] = field(default_factory=list)
+
+    def ram(self, workers: int, prefetch: int) -> int:
+        return loader_ram_bytes(self.per_sample, self.batch_size, workers, prefetch)
+
+    def run(self, workers: int, prefetch: int | None) -> Trial:
+        ram = self.ram(workers, prefetch or 0)
+        if ram > self.budget_ram:
+            t = Trial(workers, prefetch, None, None, ram, f"skipped: ~{ram >> 20} MiB of "
+                      f"batches > the RAM budget of {self.budget_ram >> 20} MiB")
+        else:
+            t = measure(self.source, self.batch_size, workers, prefetch,
+                        trial_batches=self.trial_batches, **self.options)
+        log.info("autotune %s: %s", t.label, t.note or f"{t.samples_per_s:.0f} samples/s "
+                 f"(start-up {t.first_batch_s:.2f} s, ~{t.ram_bytes >> 20} MiB of batches)")
+        self.trials.append(t)
+        return t
+
+    def sweep_workers(self, max_workers: int, tolerance: float) -> None:
+        """0 and 1 always (in-process versus one worker); then grow while it still pays."""
+        first = FIRST_PREFETCH if FIRST_PREFETCH in self.depths else self.depths[0]
+        best = 0.0
+        for w in range(max_workers + 1):
+            fits = [p for p in self.depths if p <= first and self.ram(w, p) <= self.budget_ram]
+            t = self.run(w, (fits[-1] if fits else first) if w else None)
+            if t.samples_per_s is None:
+                break  # more workers need more memory still
+            if w >= 2 and t.samples_per_s <= best * (1 + tolerance):
+                break
+            if w >= 1:
+                best = max(best, t.samples_per_s)
+
+    def confirm(self, repeats: int) -> None:
+        """Measure every configuration that ran again, in interleaved rounds, keeping each one's
+        fastest: load from other processes only ever slows a trial down."""
+        for _ in range(repeats - 1):
+            for i, t in enumerate(self.trials):
+                if t.samples_per_s is not None:
+                    again = measure(self.source, self.batch_size, t.workers, t.prefetch,
+                                    trial_batches=self.trial_batches, **self.options)
+                    if (again.samples_per_s or 0.0) > t.samples_per_s:
+                        self.trials[i] = again
+
+    def other_depths(self, tolerance: float) -> None:
+        """Other prefetch depths for each worker count within tolerance of the best so far."""
+        _, best = choose(self.trials, tolerance)
+        floor = (best.samples_per_s or 0.0) * (1 - tolerance)
+        for w in sorted({t.workers for t in self.trials if t.workers
+                         and (t.samples_per_s or 0.0) >= floor}):
+            for p in self.depths:
+                if not any(t.workers == w and t.prefetch == p for t in self.trials):
+                    self.run(w, p)
+
+
+def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
+             budget_cpus: int | None = None, budget_ram: int | None = None,
+             trial_batches: int = 24, tolerance: float = 0.05, repeats: int = 1,
+             cache: bool = True, **loader_options: Any) -> TuneResult:
+    """Measure loader configurations of ``source`` at ``batch_size`` and return the cheapest
+    within ``tolerance`` of the fastest (see module doc).
+
+    ``budget_cpus``: most workers to try (default: usable cores shared among the local ranks);
+    ``budget_ram``: bytes of batches the loader may hold (ring and prefetch; default: the RAM
+    available now). ``loader_options`` go to every ``make_loader`` call; a ``prefetch_factor``
+    among them is kept fixed. ``repeats`` > 1 measures each configuration that many times
+    (interleaved) and keeps its fastest, for busy machines. A cache hit (same dataset, machine
+    and settings) runs no trial.
+    """
+    if "num_workers" in loader_options:
+        raise ConfigError("autotune chooses num_workers: leave it out of the loader options")
+    if budget_cpus is not None and (not isinstance(budget_cpus, int) or budget_cpus < 1):
+        raise ConfigError(f"budget_cpus={budget_cpus!r}: use an int >= 1 (most workers to try)")
+    if budget_ram is not None and (not isinstance(budget_ram, int) or budget_ram <= 0):
+        raise ConfigError(f"budget_ram={budget_ram!r}: use a positive int number of bytes")
+    if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1 \
+            or not isinstance(trial_batches, int) or trial_batches < 3:
+        raise ConfigError(f"tolerance={tolerance!r}, trial_batches={trial_batches!r}: use "
+                          "0 <= tolerance < 1 and trial_batches >= 3 (three timed windows)")
+    if not isinstance(repeats, int) or repeats < 1:
+        raise ConfigError(f"repeats={repeats!r}: use an int >= 1")
+    fixed = loader_options.pop("prefetch_factor", "auto")
+    if fixed != "auto" and (not isinstance(fixed, int) or fixed < 1):
+        raise ConfigError(f"prefetch_factor={fixed!r}: use 'auto' (tuned) or an int >= 1")
+    depths = PREFETCH_DEPTHS if fixed == "auto" else (fixed,)
+    max_workers = budget_cpus or auto_workers(True)  # this rank's share of the usable cores
+    reader = source if isinstance(source, DatasetReader) else open_dataset(source)
+    reader.require_samples("autotune")
+    settings = {"budget_cpus": max_workers, "budget_ram": budget_ram, "depths": depths,
+                "tolerance": tolerance, "trial_batches": trial_batches, "repeats": repeats,
+                "options": {k: v for k, v in loader_options.items() if k != "world"}}
+    key = cache_key(reader, batch_size, settings)
+    path = cache_file(key)
+    if cache and (stored := read_cache(path, key)) is not None:
+        try:
+            hit = replace(TuneResult.from_dict(stored), cached=True, cache_path=str(path))
+        except (KeyError, TypeError) as exc:
+            log.warning("autotune: ignoring cache file %s of another layout (%s)", path, exc)
+        else:
+            log.info("autotune: cache hit %s: %s", path, hit.reason)
+            return hit
+    from ...loader.api import make_loader
+
+    probe = make_loader(reader, batch_size, num_workers=0, **loader_options)  # validates options
+    ram_cap = budget_ram if budget_ram is not None else host_available_bytes()
+    search = _Search(reader, batch_size, sample_bytes(probe), ram_cap, trial_batches, depths,
+                     loader_options)
+    del probe
+    search.sweep_workers(max_workers, tolerance)
+    search.other_depths(tolerance)
+    search.confirm(repeats)
+    chosen, best = choose(search.trials, tolerance)
+    reason = (f"chose {chosen.label}: {chosen.samples_per_s:.0f} samples/s, within "
+              f"{tolerance:.0%} of the best ({best.label}: {best.samples_per_s:.0f} samples/s) "
+              f"with the fewest workers, then the least batch memory "
+              f"(~{chosen.ram_bytes / 2**20:.1f} MiB); {len(search.trials)} configurations "
+              f"tried, up to {max_workers} workers")
+    skipped = [t for t in search.trials if t.samples_per_s is None]
+    if skipped:
+        reason += f"; {len(skipped)} skipped over the RAM budget"
+    log.info("autotune: %s", reason)
+    result = TuneResult(chosen.workers, chosen.prefetch, chosen.samples_per_s or 0.0,
+                        best.samples_per_s or 0.0, tuple(search.trials), reason,
+                        cache_path=str(path) if cache else None)
+    if cache:
+        write_cache(path, key, result.to_dict())
+    return result

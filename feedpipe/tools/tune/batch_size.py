@@ -1,0 +1,345 @@
+"""``find_batch_size``: the batch size that trains within memory, found by real training steps.
+
+Each trial runs forward + backward (+ optimizer step) at one size. On CUDA a trial fails when it
+raises out-of-memory (or exceeds ``memory_budget``); on CPU when the process's peak resident memory
+grows past the budget (see :mod:`feedpipe.tune.memory`). Memory is freed between trials so a failed
+trial does not poison the next, and the model's and optimizer's state are restored afterwards.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import statistics
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Literal
+
+import torch
+
+from ...errors import ConfigError
+from ...dataset.registry import DatasetReader
+from ...loader.config import auto_workers
+from .batches import Batch, cpu_copy, default_step, nbytes, tile, to_device
+from .memory import HostPeak, exact_heap, free_device_memory, host_available_bytes, \
+    loader_ram_bytes, sample_bytes
+
+log = logging.getLogger("feedpipe.tune")
+Mode = Literal["largest", "fastest"]
+StepFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class BatchTrial:
+    """One trial at ``size``: its peak memory (bytes; None when not run) and training speed."""
+
+    size: int
+    ok: bool
+    peak_bytes: int | None
+    samples_per_s: float | None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class BatchSizeResult:
+    """The chosen batch size, the largest that fitted, and every trial that led there."""
+
+    batch_size: int
+    largest_fit: int
+    mode: Mode
+    device: str
+    budget_bytes: int | None
+    loader_ram_bytes: int
+    trials: tuple[BatchTrial, ...]
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types."""
+        return asdict(self)
+
+    def report(self) -> str:
+        """The trials as a table, then the choice and why."""
+        rows = [f"{'size':>6} {'peak MiB':>9} {'samples/s':>10}  result"]
+        for t in self.trials:
+            peak = "-" if t.peak_bytes is None else f"{t.peak_bytes / 2**20:.1f}"
+            sps = "-" if t.samples_per_s is None else f"{t.samples_per_s:.0f}"
+            rows.append(f"{t.size:>6} {peak:>9} {sps:>10}  {'ok' if t.ok else 'oom'}"
+                        + (f" ({t.note})" if t.note else ""))
+        return "\n".join(rows + [self.reason])
+
+
+def search_batch_size(fits: Callable[[int], bool], *, max_size: int, start: int = 1,
+                      resolution: float = 1 / 32) -> int:
+    """Largest size in [1, max_size] for which ``fits`` holds (0 if none), assuming it is monotone.
+
+    Doubles from ``start`` until a size fails, then bisects between the last fit and the first
+    failure until the gap is within ``resolution`` of the fitting size. Never tries a size above
+    a known failure.
+    """
+    lo, hi, size = 0, None, start
+    while hi is None:
+        if not fits(size):
+            hi = size
+        elif size >= max_size:
+            return size
+        else:
+            lo, size = size, min(2 * size, max_size)
+    while hi - lo > max(1, int(lo * resolution)):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _is_oom(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in text \
+        or "can't allocate memory" in text
+
+
+def _batch_source(source: Any, device: torch.device, max_size: int,
+                  loader_options: dict[str, Any]) -> tuple[Callable[[int], Batch], int]:
+    """(size -> batch on ``device``, host bytes per sample the loader holds)."""
+    if callable(source) and not isinstance(source, (str, os.PathLike, DatasetReader)):
+        probe = source(min(8, max_size))
+        per_sample = nbytes(probe) // max(1, min(8, max_size))
+        return (lambda size: to_device(source(size), device)), per_sample
+    from ...loader.api import make_loader
+
+    opts = {"shuffle": False, **loader_options, "num_workers": 0, "device": device}
+    loader = make_loader(source, min(64, max_size), **opts)
+    base = next(iter(loader))
+    return (lambda size: tile(base, size)), sample_bytes(loader)
+
+
+def _dist_min(values: list[float]) -> list[float]:
+    """Element-wise minimum over all ranks when torch.distributed is initialized."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return values
+    dev = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" \
+        else torch.device("cpu")
+    t = torch.tensor(values, dtype=torch.float64, device=dev)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return t.tolist()
+
+
+class _Trials:
+    """Runs and records trials; one instance per search."""
+
+    def __init__(self, model: torch.nn.Module, make_batch: Callable[[int], Batch], step: StepFn,
+                 optimizer: torch.optim.Optimizer | None, amp: bool, device: torch.device,
+                 steps: int, budget: int | None, clock: Callable[[], float]) -> None:
+        self.model, self.make_batch, self.step, self.optimizer = model, make_batch, step, optimizer
+        self.amp, self.device, self.steps, self.budget = amp, device, steps, budget
+        self.clock = clock
+        self.cuda = device.type == "cuda"
+        self.host = None if self.cuda else HostPeak()
+        self.baseline = 0
+        self.done: list[BatchTrial] = []
+
+    def start(self, size: int) -> None:
+        """On CPU, note the resident memory every trial's peak is measured from, after one
+        forward + backward at the first trial's ``size`` so that one-time runtime set-up (thread
+        pools, kernels: 10-18 MiB on the reference machine) is not charged to the first trial."""
+        if self.host is not None:
+            try:
+                self._train(self.make_batch(size), optimizer_step=False)
+            except (RuntimeError, MemoryError) as exc:
+                if not _is_oom(exc):
+                    raise
+                raise ConfigError(f"find_batch_size: the warm-up at start={size} ran out of "
+                                  "memory; use a smaller start") from exc
+            free_device_memory(self.device)
+            self.host.reset()
+            self.baseline = self.host.rss()
+
+    def _train(self, batch: Batch, optimizer_step: bool = True) -> None:
+        """One forward + backward (+ optimizer step); gradients are dropped afterwards."""
+        with torch.autocast(self.device.type, enabled=self.amp,
+                            dtype=torch.float16 if self.cuda else torch.bfloat16):
+            loss = self.step(self.model, batch)
+        loss.backward()
+        if self.optimizer is not None and optimizer_step:
+            self.optimizer.step()
+        self.model.zero_grad(set_to_none=True)
+
+    def fits(self, size: int) -> bool:
+        trial = self._skip_predicted(size) or self._run(size)
+        ok, sps = _dist_min([float(trial.ok), trial.samples_per_s or 0.0])
+        if trial.ok and not ok:
+            trial = BatchTrial(size, False, trial.peak_bytes, None, "out of memory on another rank")
+        elif trial.ok:
+            trial = BatchTrial(size, True, trial.peak_bytes, sps, trial.note)
+        log.info("batch size %d: %s, peak %s bytes, %s samples/s %s", size,
+                 "ok" if trial.ok else "oom", trial.peak_bytes, trial.samples_per_s, trial.note)
+        self.done.append(trial)
+        return trial.ok
+
+    def _skip_predicted(self, size: int) -> BatchTrial | None:
+        """On CPU, a size whose memory (linear in size from the trials that fitted) would exceed
+        the RAM available is not run: the kernel would kill the process, not raise."""
+        rates = [t.peak_bytes / t.size for t in self.done if t.ok and t.peak_bytes]
+        if self.cuda or not rates:
+            return None
+        need, avail = int(max(rates) * size), host_available_bytes()
+        if need <= avail:
+            return None
+        return BatchTrial(size, False, None, None, f"not run: needs ~{need >> 20} MiB, "
+                          f"{avail >> 20} MiB of host RAM available")
+
+    def _steps(self, size: int) -> float:
+        """Run warm-up + timed training steps at ``size``; the median step's samples/s."""
+        batch = self.make_batch(size)
+        times = []
+        for i in range(self.steps + 1):
+            t0 = self.clock()
+            self._train(batch)
+            if self.cuda:
+                torch.cuda.synchronize(self.device)
+            if i:
+                times.append(self.clock() - t0)
+        return size / max(statistics.median(times), 1e-9)
+
+    def _run(self, size: int) -> BatchTrial:
+        free_device_memory(self.device)
+        if self.host is not None:
+            self.host.reset()
+        try:
+            sps: float | None = self._steps(size)
+            note = ""
+        except (RuntimeError, MemoryError) as exc:
+            if not _is_oom(exc):
+                raise
+            sps, note = None, str(exc).strip().splitlines()[0][:120]
+        finally:
+            self.model.zero_grad(set_to_none=True)
+        if self.cuda:
+            peak = torch.cuda.max_memory_reserved(self.device)
+        else:
+            peak = self.host.peak() - self.baseline  # type: ignore[union-attr]
+        ok = sps is not None
+        if ok and self.budget is not None and peak > self.budget:
+            ok, note = False, f"peak {peak / 2**20:.1f} MiB > budget {self.budget / 2**20:.1f} MiB"
+        return BatchTrial(size, ok, peak, sps if ok else None, note)
+
+
+def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
+                    optimizer: torch.optim.Optimizer | None = None, amp: bool = False,
+                    margin: float = 0.1, max_size: int = 4096, mode: Mode = "largest",
+                    device: str | torch.device | None = None, memory_budget: int | None = None,
+                    loader_prefetch: int = 4, loader_workers: int | None = None,
+                    step: StepFn | None = None, start: int = 1, steps: int = 3,
+                    resolution: float = 1 / 32, clock: Callable[[], float] = time.perf_counter,
+                    **loader_options: Any) -> BatchSizeResult:
+    """Find the batch size to train ``model`` with, by trials (see module doc).
+
+    ``sample_batch_fn_or_source``: a function ``size -> batch`` or a packed dataset (path or
+    reader, loaded with ``make_loader(..., **loader_options)`` and tiled to each size). ``step``
+    computes the loss (default :func:`default_step`). On CPU ``memory_budget`` (default: the RAM
+    available now) bounds the growth of this process's peak resident memory over its size at the
+    start; on CUDA it optionally bounds peak reserved memory. ``mode="largest"`` returns the
+    largest fitting size less ``margin``; ``"fastest"`` the size with the best samples/s among
+    those. The loader's host RAM at that size (``loader_workers × loader_prefetch`` batches) caps
+    it too. Under torch.distributed all ranks run the same trials and agree on the minimum.
+    ``amp`` runs the step under autocast (float16 on CUDA, bfloat16 on CPU; no GradScaler, whose
+    memory is negligible). The binary search stops once its bracket is within ``resolution`` of
+    the fitting size.
+    """
+    if mode not in ("largest", "fastest"):
+        raise ConfigError(f"mode={mode!r}: use 'largest' or 'fastest'")
+    def fraction(x: Any) -> bool:
+        return isinstance(x, (int, float)) and 0 <= x < 1
+
+    if not fraction(margin):
+        raise ConfigError(f"margin={margin!r}: use a fraction in [0, 1), e.g. 0.1 for 10% headroom")
+    if not (isinstance(max_size, int) and isinstance(start, int) and 1 <= start <= max_size):
+        raise ConfigError(f"start={start!r}, max_size={max_size!r}: use ints with "
+                          "1 <= start <= max_size")
+    if not all(isinstance(v, int) and v >= 1 for v in (steps, loader_prefetch)):
+        raise ConfigError(f"steps={steps!r}, loader_prefetch={loader_prefetch!r}: use ints >= 1")
+    if loader_workers is not None and (not isinstance(loader_workers, int) or loader_workers < 0):
+        raise ConfigError(f"loader_workers={loader_workers!r}: use an int >= 0, or None for the "
+                          "loader's default")
+    if not fraction(resolution):
+        raise ConfigError(f"resolution={resolution!r}: use a fraction in [0, 1), e.g. 1/32")
+    if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
+        raise ConfigError(f"memory_budget={memory_budget!r}: use a positive int number of bytes")
+    params = list(model.parameters())
+    dev = torch.device(device) if device is not None else \
+        (params[0].device if params else torch.device("cpu"))
+    make_batch, per_sample = _batch_source(sample_batch_fn_or_source, dev, max_size,
+                                           loader_options)
+    budget = memory_budget if memory_budget is not None or dev.type == "cuda" \
+        else host_available_bytes()
+    saved = (cpu_copy(model.state_dict()),
+             cpu_copy(optimizer.state_dict()) if optimizer is not None else None)
+    was_training = model.training
+    model.train()
+    trials = _Trials(model, make_batch, step or default_step, optimizer, amp, dev, steps, budget,
+                     clock)
+    try:
+        with exact_heap():
+            trials.start(start)
+            largest = search_batch_size(trials.fits, max_size=max_size, start=start,
+                                        resolution=resolution)
+    finally:
+        model.load_state_dict(saved[0])
+        if optimizer is not None:
+            optimizer.load_state_dict(saved[1])
+        model.train(was_training)
+        if trials.host is not None:
+            trials.host.stop()
+        free_device_memory(dev)
+    if largest == 0:
+        first = trials.done[0]
+        raise ConfigError(f"find_batch_size: batch size {first.size} does not fit on {dev} "
+                          f"({first.note or 'over budget'}); raise memory_budget or shrink the "
+                          "model/input")
+    return _choose(trials.done, largest, mode, margin, dev, budget, per_sample,
+                   loader_workers, loader_prefetch)
+
+
+def pick_size(trials: list[BatchTrial], largest: int, mode: Mode,
+              margin: float) -> tuple[int, str]:
+    """(size, why): ``largest`` less ``margin``, or with ``mode="fastest"`` the trial with the best
+    samples/s among those that fitted at or below that cap."""
+    cap = max(1, math.floor(largest * (1 - margin)))
+    if mode == "fastest":
+        ok = [t for t in trials if t.ok and t.size <= cap and t.samples_per_s]
+        if ok:
+            best = max(ok, key=lambda t: t.samples_per_s or 0.0)
+            return best.size, (f"fastest fitting size within the {margin:.0%} margin (cap {cap}):"
+                               f" {best.size} at {best.samples_per_s:.0f} samples/s")
+    return cap, f"largest fit {largest} less {margin:.0%} margin: {cap}"
+
+
+def _choose(done: list[BatchTrial], largest: int, mode: Mode, margin: float,
+            dev: torch.device, budget: int | None, per_sample: int, workers: int | None,
+            prefetch: int) -> BatchSizeResult:
+    """Pick the size, cap it by the loader's host RAM, and agree on it across ranks."""
+    size, why = pick_size(done, largest, mode, margin)
+    workers = auto_workers(True) if workers is None else workers
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    ram = loader_ram_bytes(per_sample, size, workers, prefetch) * local
+    avail = host_available_bytes()
+    if per_sample and ram > avail:
+        per_batch_row = loader_ram_bytes(per_sample, 1, workers, prefetch) * local
+        size = max(1, avail // per_batch_row)
+        why += (f"; capped to {size}: the loader would hold {ram >> 20} MiB of batches with "
+                f"{avail >> 20} MiB of host RAM available")
+        warnings.warn(f"find_batch_size: {why}", stacklevel=3)
+        ram = loader_ram_bytes(per_sample, size, workers, prefetch) * local
+    if per_sample:
+        why += (f"; the loader holds ~{ram / 2**20:.1f} MiB of batches at {size} "
+                f"({workers} workers × prefetch {prefetch}, {local} local rank(s))")
+    agreed = int(_dist_min([float(size)])[0])
+    if agreed != size:
+        why += f"; {agreed}: the minimum over all ranks"
+    log.info("find_batch_size: %s", why)
+    return BatchSizeResult(agreed, largest, mode, str(dev), budget, ram, tuple(done), why)
