@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 _EXPORTS = {  # public name -> the module (under feedpipe) that defines it
     "BadInputError": "errors", "ConfigError": "errors", "CorruptRecordError": "errors",
@@ -58,6 +58,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'feedpipe' has no attribute {name!r}")
+    if name == "make_loader":  # installs what num_workers="tune" runs (the loader can't import it)
+        importlib.import_module(".tools.tune", __name__)
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value  # later look-ups skip this function
     return value

@@ -20,7 +20,8 @@ import feedpipe
 from converters import convert
 from feedpipe.errors import ConfigError, CorruptRecordError
 from feedpipe.loader.api import LoaderConfig, TorchLoader
-from feedpipe.loader.dataset import BatchDataset, BatchRequest
+from feedpipe.loader.dataset import BatchDataset
+from feedpipe.loader.sampler import BatchRequest
 from feedpipe.loader.torch.device_decode import DeviceDecoder, EncodedBatch, choose, nvjpeg
 from feedpipe.loader.transforms import ImageOp
 from feedpipe.loader.sampler import World

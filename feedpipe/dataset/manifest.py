@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._version import __version__
 from ..errors import IncompleteDatasetError, ManifestError, UnsafePathError
 from ..schema.fields import Schema
 
@@ -65,8 +66,6 @@ class Manifest:
             object.__setattr__(self, "format_version", FORMAT_VERSIONS[self.format])
 
     def to_json(self) -> dict[str, Any]:
-        from .. import __version__
-
         return {
             "feedpipe_manifest": MANIFEST_VERSION,
             "feedpipe_version": __version__,

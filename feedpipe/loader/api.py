@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -21,6 +21,27 @@ from .protocol import Loader, LoaderView
 from .torch.backend import TorchLoader
 
 log = logging.getLogger("feedpipe.loader")
+
+
+class Tuner(Protocol):
+    """What ``num_workers="tune"`` runs: measures the options for ``reader`` (autotune)."""
+
+    def __call__(self, reader: DatasetReader, batch_size: int, *, world: World,
+                 **options: Any) -> TunedOptions: ...
+
+
+class TunedOptions(Protocol):
+    def loader_options(self) -> dict[str, Any]: ...
+
+
+_tuner: Tuner | None = None
+
+
+def set_tuner(tuner: Tuner) -> None:
+    """Install the ``num_workers="tune"`` measurement. ``feedpipe.tools.tune`` installs its
+    ``autotune`` when imported: the loader layer never imports the tools above it."""
+    global _tuner
+    _tuner = tuner
 
 
 def _device(spec: str | torch.device) -> torch.device:
@@ -54,10 +75,12 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
     decodes = any(isinstance(reader.schema[n], ImageField) and reader.schema[n].codec != "raw"
                   for n in fields if n in reader.schema)
     if cfg.num_workers == "tune":  # either backend: autotune measures the one chosen here
-        from ..tools.tune import autotune
-
-        tuned = autotune(reader, batch_size, world=world,
-                         **{k: v for k, v in options.items() if k != "num_workers"})
+        if _tuner is None:
+            raise ConfigError("num_workers='tune' is measured by feedpipe.tools.tune.autotune: "
+                              "call feedpipe.make_loader (it loads the tuner), or import "
+                              "feedpipe.tools.tune first")
+        tuned = _tuner(reader, batch_size, world=world,
+                       **{k: v for k, v in options.items() if k != "num_workers"})
         cfg = replace(cfg, **tuned.loader_options())
     if choose_backend(reader, cfg, device) == "dali":
         return dali_loader(reader, cfg, world, device)  # resolves its own "auto" values
@@ -71,4 +94,4 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
 
 
 __all__ = ["DaliLoader", "Loader", "LoaderConfig", "LoaderView", "TorchLoader", "auto_workers",
-           "make_loader", "usable_cores"]
+           "make_loader", "set_tuner", "usable_cores"]

@@ -18,7 +18,7 @@ DaliReader = Literal["plan", "webdataset"]
 OnError = Literal["raise", "skip"]
 DecodeOn = Literal["auto", "cpu", "device"]
 Auto = Literal["auto"]
-Tune = Literal["tune"]  # measured by make_loader through feedpipe.tune.autotune
+Tune = Literal["tune"]  # measured by make_loader through feedpipe.tools.tune.autotune
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -128,8 +128,8 @@ class LoaderConfig:
     def resolve(self, *, cuda: bool, decodes: bool) -> "LoaderConfig":
         """Replace every "auto" with a concrete value (see :func:`auto_workers`)."""
         if self.num_workers == "tune":
-            raise ConfigError("num_workers='tune' is measured by make_loader (feedpipe.tune."
-                              "autotune) before resolve(); call make_loader, or autotune first")
+            raise ConfigError("num_workers='tune' is measured by make_loader (feedpipe.tools."
+                              "tune.autotune) before resolve(); call make_loader, or autotune first")
         workers = auto_workers(decodes) if self.num_workers == "auto" else self.num_workers
         return replace(
             self,

@@ -20,7 +20,7 @@ from ..schema.fields import ArrayField, Field, ImageField, LabelField, MaskField
     decode_mask_png
 from ..schema.codecs import jpeg_complete, jpeg_info
 from ..schema.imaging import DEFAULT_MAX_PIXELS
-from .sampler import rng_for
+from .sampler import BatchRequest, rng_for
 from .torch.device_decode import EncodedBatch
 from .transforms import Geometry, ImageOp
 
@@ -28,19 +28,6 @@ log = logging.getLogger(__name__)
 SKIPPED_KEY = "_feedpipe_skipped"
 FALLBACK_KEY = "_feedpipe_fallback"  # records whose JPEG only Pillow could decode
 _MAX_REFILL = 16
-
-
-class BatchRequest(list):
-    """The indices of one batch, what makes its augmentation deterministic, and the ring slot
-    (-1: none free) its images are written into."""
-
-    def __init__(self, indices: Sequence[int], epoch: int, number: int, rank: int,
-                 slot: int = -1) -> None:
-        super().__init__(int(i) for i in indices)
-        self.epoch, self.number, self.rank, self.slot = epoch, number, rank, slot
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return BatchRequest, (list(self), self.epoch, self.number, self.rank, self.slot)
 
 
 @dataclass(frozen=True)

@@ -75,7 +75,7 @@ class ImageField(Field):
     """An image: encoded bytes (jpeg/png/webp) or raw H×W×3 uint8 (``shape`` fixed, or None).
 
     ``codec="mixed"``: records hold different encodings (JPEG and PNG, say), told apart by their
-    magic bytes (:func:`~feedpipe.imaging.sniff_codec`); WebDataset members end in ``.img``.
+    magic bytes (:func:`~feedpipe.schema.imaging.sniff_codec`); WebDataset members end in ``.img``.
     """
 
     codec: ImageCodec = "jpeg"

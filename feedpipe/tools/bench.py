@@ -4,11 +4,11 @@ PATH is a packed dataset, or an image folder / CSV / JSONL source, which is firs
 JPEG bytes) into a temporary dataset per ``formats`` with the converters' Python API: feedpipe
 reads packed data, so that is what a user will train from (``pack_dir`` keeps it). Each trial
 (format × backend × workers × batch size) runs ``make_loader`` wrapped in a
-:class:`~feedpipe.monitor.StallMeter`; ``baseline=True`` adds a naive ImageFolder-style DataLoader
+:class:`~feedpipe.tools.monitor.StallMeter`; ``baseline=True`` adds a naive ImageFolder-style DataLoader
 (workers=0, PIL, default collate) on the loose image files, or on the packed bytes one sample at a
 time when the files are gone.
 
-Figures and the JSON schema: :mod:`feedpipe.benchreport`. The CLI adds a progress bar, the
+Figures and the JSON schema: :mod:`feedpipe.tools.benchreport`. The CLI adds a progress bar, the
 table, ``--json`` and ``--plot``.
 """
 
@@ -289,7 +289,7 @@ def _trials(path: Path, fmt: str, bs: int, backend: str, cfg: BenchConfig,
 
 def _baseline(reader: DatasetReader, src: Any, cfg: BenchConfig,
               progress: Progress | None) -> Trial:
-    """The naive DataLoader (see :mod:`feedpipe.baseline`) at the first batch size."""
+    """The naive DataLoader (see :mod:`feedpipe.tools.baseline`) at the first batch size."""
     bs = cfg.batch_sizes[0]
     loader, what, nbytes = naive_loader(
         reader, src.items if src is not None else None, batch_size=bs, size=cfg.size,

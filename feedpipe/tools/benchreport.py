@@ -2,7 +2,7 @@
 and the up-front check and atomic write of the diagnostic commands' output files.
 
 JSON (:meth:`BenchReport.to_json`, ``schema_version`` 1) holds ``feedpipe_version``, ``created``
-(ISO time, UTC), ``machine`` (:func:`feedpipe.machine.describe`), ``config`` (the BenchConfig),
+(ISO time, UTC), ``machine`` (:func:`feedpipe.tools.machine.describe`), ``config`` (the BenchConfig),
 ``dataset`` (path, kind "packed"|"folder", format, codec, samples; for folders ``packed``:
 {format: {path, seconds, images, skipped, kept}}), ``trials`` and ``baseline`` (null unless
 asked for), ``best`` (index into trials, null if none ran) and ``speedup_vs_baseline`` (null
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .. import __version__
+from .._version import __version__
 from ..errors import ConfigError, MissingDependencyError
 from .machine import summary_line
 from ..paths import write_atomic

@@ -270,7 +270,7 @@ def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:
 
 
 def check_bench(report: Any) -> list[Finding]:
-    """The short bench's figures (a :class:`~feedpipe.benchreport.BenchReport`), as information."""
+    """The short bench's figures (a :class:`~feedpipe.tools.benchreport.BenchReport`), as information."""
     best, base = report.best, report.baseline
     if best is None:
         return [Finding("bench", "error", "no loader configuration ran")]

@@ -5,7 +5,7 @@ Wrap the loader of a training loop; each batch records the time spent inside ``n
 summary says what fraction of the steady state was spent waiting, and what to change about it.
 Overhead: ~0.5 µs per batch over a bare loop (two clock reads, two list appends, a sample count;
 2-core reference VM), cheap enough to leave on; memory ~64 bytes per batch until ``reset()``.
-``GpuMonitor`` (``feedpipe.gpumon``) watches the GPU side from NVML.
+``GpuMonitor`` (``feedpipe.tools.gpumon``) watches the GPU side from NVML.
 """
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ class StallMeter:
             raise ConfigError(f"clock={clock!r}: pass a function returning seconds, such as "
                               "time.perf_counter")
         if loader_info is not None and not isinstance(loader_info, LoaderInfo):
-            raise ConfigError(f"loader_info={loader_info!r}: pass a feedpipe.monitor.LoaderInfo "
+            raise ConfigError(f"loader_info={loader_info!r}: pass a feedpipe.tools.monitor.LoaderInfo "
                               "(LoaderInfo.from_loader(loader)) or None")
         if cuda_sync not in (True, False, "auto"):
             raise ConfigError(f"cuda_sync={cuda_sync!r}: use 'auto' (sync when CUDA is in use), "

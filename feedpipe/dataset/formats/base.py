@@ -138,6 +138,11 @@ class DatasetReader(ABC):
                 f"conversion wrote none (`feedpipe info {self.root}` lists skipped inputs). "
                 "Convert a source with readable images.", dataset=self.root)
 
+    def shard_ranges(self) -> list[range] | None:
+        """The sample indices each shard holds, for formats read shard by shard (their samplers
+        keep ranks on whole shards); None when any sample is as cheap to reach as any other."""
+        return None
+
     def describe(self, index: int) -> str:
         """Where sample ``index`` lives, for error messages."""
         return f"{self.root} ({self.format_name}) key {sample_key(index)}"

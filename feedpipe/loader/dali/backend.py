@@ -23,14 +23,12 @@ from ...errors import ConfigError, CorruptRecordError, FeedpipeError, LoaderErro
 from ...dataset.registry import DatasetReader
 from ...dataset.formats.wds import WdsReader
 from .index import DaliIndex
-from ..sampler import World, rng_for
+from ..sampler import BatchRequest, EpochPosition, PlanSampler, World, rng_for
 from ..config import LoaderConfig, auto_workers
 from .pipeline import PlanSource, dali_fields, dali_installed, define_graph, graph_spec, \
     import_dali
-from ..dataset import BatchDataset, BatchRequest
-from ..position import EpochPosition
+from ..dataset import BatchDataset
 from ..protocol import LoaderView
-from ..torch.backend import PlanSampler
 from ..transforms import ImageOp
 
 log = logging.getLogger("feedpipe.loader")

@@ -26,9 +26,8 @@ from ...schema.codecs import jpeg_info
 from ...errors import ConfigError, CorruptRecordError, MissingDependencyError
 from ...dataset.registry import DatasetReader
 from ...schema.fields import ImageField, MaskField, TargetField
-from ..sampler import World, rng_for
+from ..sampler import PlanSampler, World, rng_for
 from ..config import Crop, LoaderConfig
-from ..torch.backend import PlanSampler
 from ..transforms import ImageOp
 
 #: the module ``backend="dali"`` imports; a seam for tests, which point it at a missing module
@@ -217,7 +216,7 @@ class PlanSource:
 
     Stateless given the BatchInfo (so it also runs in DALI's parallel worker processes): DALI
     epoch ``e`` is feedpipe epoch ``epoch + e``, starting at batch ``start`` when ``e == 0``
-    (resume). The order is the torch backend's :class:`PlanSampler` plan, and the windows use the
+    (resume). The order is the shared :class:`PlanSampler` plan, and the windows use the
     torch backend's draws (``rng_for(seed, epoch, rank, batch)``, box then flip per sample).
     """
 

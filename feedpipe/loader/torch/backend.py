@@ -20,12 +20,10 @@ from torch.utils.data import DataLoader, Sampler
 
 from ...errors import ConfigError
 from ...dataset.registry import DatasetReader
-from ...dataset.formats.wds import WdsReader
-from ..sampler import World, plan_batches, rank_streams
+from ..sampler import EpochPosition, PlanSampler, World
 from ..config import LoaderConfig
-from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, BatchRequest, SlotRef
+from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, SlotRef
 from .device_decode import DeviceDecoder, EncodedBatch
-from ..position import EpochPosition
 from ..protocol import LoaderView
 from ..transforms import ImageOp
 
@@ -110,39 +108,6 @@ class SlotRing:
 
     def view(self, name: str, ref: SlotRef) -> torch.Tensor:
         return self.tensors[name][ref.index][: ref.rows]
-
-
-class PlanSampler(Sampler[BatchRequest]):
-    """Yields this rank's batches for the current epoch, starting at ``start`` (for resume)."""
-
-    def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World) -> None:
-        self.reader, self.cfg, self.world = reader, cfg, world
-        self.shards = reader.shard_ranges() if isinstance(reader, WdsReader) else None
-        self.epoch, self.start = 0, 0
-        self.ring: SlotRing | None = None
-        self._cache: tuple[int, list[np.ndarray]] | None = None
-
-    def plan(self, epoch: int) -> list[np.ndarray]:
-        """All of this rank's batches (index arrays) for ``epoch``."""
-        if self._cache is None or self._cache[0] != epoch:
-            with warnings.catch_warnings():
-                warnings.simplefilter("always" if epoch == 0 else "ignore")
-                streams = rank_streams(len(self.reader), self.world, seed=self.cfg.seed,
-                                       epoch=epoch, shuffle=self.cfg.shuffle, shards=self.shards,
-                                       buffer=self.cfg.shuffle_buffer)
-            self._cache = (epoch, plan_batches(streams, self.world.rank, self.cfg.batch_size,
-                                               drop_last=self.cfg.drop_last,
-                                               uneven=self.cfg.uneven))
-        return self._cache[1]
-
-    def __iter__(self) -> Iterator[BatchRequest]:
-        plan = self.plan(self.epoch)
-        for b in range(self.start, len(plan)):
-            slot = self.ring.acquire() if self.ring is not None else -1
-            yield BatchRequest(plan[b], self.epoch, b, self.world.rank, slot)
-
-    def __len__(self) -> int:
-        return len(self.plan(self.epoch)) - self.start
 
 
 def _worker_init(_: int) -> None:

@@ -1,5 +1,6 @@
 """Tuning by measurement: loader workers/prefetch (:func:`autotune`) and batch size
-(:func:`find_batch_size`). A leaf: the core imports it only for ``num_workers="tune"``."""
+(:func:`find_batch_size`). Importing it installs :func:`autotune` as what
+``make_loader(num_workers="tune")`` runs (:func:`feedpipe.loader.api.set_tuner`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ from .autotune import Trial, TuneResult, autotune, choose, measure, steady_rate
 from .batch_size import BatchSizeResult, BatchTrial, find_batch_size, pick_size, \
     search_batch_size
 from .batches import default_step
+from ...loader.api import set_tuner
+
+set_tuner(autotune)
 
 __all__ = ["BatchSizeResult", "BatchTrial", "Trial", "TuneResult", "autotune", "choose",
            "default_step", "find_batch_size", "measure", "pick_size",

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ... import __version__
+from ..._version import __version__
 from ...dataset.registry import DatasetReader
 from ...paths import cache_dir, write_atomic
 from ...loader.config import usable_cores
