@@ -8,6 +8,13 @@ reading streams each tar as a chain of generators (members → samples → store
 Format version 2 adds ``index-crc32.npy`` (N×fields uint32, the crc32 of each member's
 data), checked on every read, random or sequential. Members that would need unpickling
 (``.pickle``, ``.pkl``, ``.pyd``, ``.pth``) are refused, never opened.
+
+The tar streaming and grouping below are feedpipe's own rather than ``webdataset.tariterators``:
+measured side by side with the same checks (``benchmarks/bench_wds_stream.py``) they stream as
+fast or faster (14.8k against 13.5k samples/s), and webdataset's iterators skip ``__*__`` and
+non-regular members silently, lowercase suffixes, drop samples it deems invalid and raise
+untyped errors, where feedpipe must name the shard and key of every problem. ``webdataset`` is a
+test dependency only (the interop test: the library reads our shards).
 """
 
 from __future__ import annotations
