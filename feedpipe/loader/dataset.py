@@ -18,10 +18,9 @@ from ..errors import ConfigError, CorruptRecordError
 from ..dataset.registry import DatasetReader
 from ..schema.fields import ArrayField, Field, ImageField, LabelField, MaskField, TargetField, \
     decode_mask_png
-from ..schema.codecs import jpeg_complete, jpeg_info
 from ..schema.imaging import DEFAULT_MAX_PIXELS
 from .sampler import BatchRequest, rng_for
-from .torch.device_decode import EncodedBatch
+from .torch.device_decode import EncodedBatch, plan_encoded
 from .transforms import Geometry, ImageOp
 
 log = logging.getLogger(__name__)
@@ -146,7 +145,7 @@ class BatchDataset(torch.utils.data.Dataset):
                 try:
                     if isinstance(f, ImageField) and self.encoded_images:
                         data = bytes(stored[name])
-                        geo = self._plan_encoded(data, rng, name)
+                        geo = plan_encoded(self.op, data, rng, name, self.op.max_pixels)
                         out[name][pos] = (np.frombuffer(data, np.uint8), geo, index)
                     elif isinstance(f, ImageField):
                         geo = self.op.apply(stored[name], f.codec, views[name][pos], rng, name)
@@ -190,22 +189,6 @@ class BatchDataset(torch.utils.data.Dataset):
         if fallbacks:
             out[FALLBACK_KEY] = list(fallbacks.values())
         return out
-
-    def _plan_encoded(self, data: bytes, rng: np.random.Generator | None, what: str) -> Geometry:
-        """The crop box and flip of a still-encoded JPEG, from its header (same random draws as
-        :meth:`ImageOp.apply`, without the DCT-grid snap: the device decodes at full size)."""
-        info = jpeg_info(data)
-        if info is None:
-            raise ValueError(f"{what}: damaged JPEG header")
-        if not jpeg_complete(data):
-            raise ValueError(f"{what}: truncated JPEG (no end-of-image marker)")
-        w, h = info[:2]
-        self.op.check_pixels(h, w, what)
-        size = self.op.size
-        if self.op.crop == "none" and size is not None and (h, w) != tuple(size):
-            raise ValueError(f"{what}: image is {w}x{h}, batch is {size[1]}x{size[0]}; pass "
-                             "size=... to resize")
-        return self.op.plan(h, w, rng)
 
     def _fill_skipping(self, req: BatchRequest, fill: Any, skipped: list[str]) -> None:
         """on_error="skip": replace each corrupt sample by a seeded substitute, keeping the size."""

@@ -15,7 +15,6 @@ import math
 import threading
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -26,80 +25,25 @@ from ..errors import BadInputError
 from ..schema.imaging import (DEFAULT_MAX_PIXELS, check_pixels, decode_rgb, decode_with_pillow,
                        jpeg_path, simplejpeg, sniff_codec)
 from ..schema.fields import TargetField
-from .config import Crop
+from .geometry import DCT_MARGIN, Framing, Geometry
+
+__all__ = ["DCT_MARGIN", "Geometry", "ImageOp", "JPEG_PATH"]  # geometry's two: re-exported
 
 JPEG_PATH = jpeg_path()
-# DCT-domain downscale margin: the scaled crop stays at least this many times the output (see
-# ImageOp._dct_factor for the measured error of each choice)
-DCT_MARGIN = 1.5
-
-Box = tuple[int, int, int, int]  # top, left, height, width
-
-
-class Geometry(NamedTuple):
-    """Where a sample's output came from: a box of the full-resolution source and a flip.
-
-    The image's DCT downscale snaps the box to its scaled pixel grid; the snapped box is what is
-    recorded, so the mask and targets are cut from exactly the region the image shows.
-    """
-
-    top: int
-    left: int
-    height: int
-    width: int
-    flip: bool
-    fallback: bool = False  # decoded by Pillow because simplejpeg refused the JPEG
 
 
 @dataclass(frozen=True)
-class ImageOp:
-    """Output size and crop policy; :meth:`apply` fills one H×W×3 uint8 slot."""
+class ImageOp(Framing):
+    """Executes a :class:`Framing`'s plans on the CPU: :meth:`apply` fills one H×W×3 uint8 slot,
+    :meth:`apply_mask` and :meth:`apply_target` follow the geometry it returns."""
 
-    size: tuple[int, int] | None
-    crop: Crop = "center_crop"
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
-    flip: bool = False
     max_pixels: int = DEFAULT_MAX_PIXELS  # encoded images declaring more are refused undecoded
-    dct_margin: float = DCT_MARGIN  # see _dct_factor
-
-    @property
-    def random(self) -> bool:
-        return self.flip or self.crop == "random_resized_crop"
-
-    def box(self, h: int, w: int, rng: np.random.Generator | None) -> Box:
-        """The source region to resize to the output, in source pixels."""
-        if self.crop in ("resize", "none") or self.size is None:
-            return 0, 0, h, w
-        oh, ow = self.size
-        if self.crop == "random_resized_crop" and rng is not None:
-            area = h * w
-            log_r = (math.log(self.ratio[0]), math.log(self.ratio[1]))
-            for _ in range(10):  # torchvision's RandomResizedCrop.get_params
-                target = area * rng.uniform(*self.scale)
-                aspect = math.exp(rng.uniform(*log_r))
-                cw = int(round(math.sqrt(target * aspect)))
-                ch = int(round(math.sqrt(target / aspect)))
-                if 0 < cw <= w and 0 < ch <= h:
-                    return int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw
-            in_ratio = w / h
-            if in_ratio < self.ratio[0]:
-                cw, ch = w, int(round(w / self.ratio[0]))
-            elif in_ratio > self.ratio[1]:
-                ch, cw = h, int(round(h * self.ratio[1]))
-            else:
-                ch, cw = h, w
-            return (h - ch) // 2, (w - cw) // 2, ch, cw
-        # center crop of the output's aspect ratio (= resize shorter side, then crop)
-        if w * oh > h * ow:
-            ch, cw = h, max(1, round(h * ow / oh))
-        else:
-            ch, cw = max(1, round(w * oh / ow)), w
-        return (h - ch) // 2, (w - cw) // 2, ch, cw
 
     def apply(self, stored: object, codec: str, out: np.ndarray,
               rng: np.random.Generator | None, what: str) -> Geometry:
-        """Decode ``stored`` (encoded bytes or a raw H×W×3 array) and write it into ``out``.
+        """Decode ``stored`` (encoded bytes or a raw H×W×3 array) and write it into ``out``,
+        executing the sample's :meth:`plan` (made from the header, before decoding); returns the
+        plan as executed (:meth:`Geometry.snapped` to the scale decoded).
 
         JPEG (and the JPEG records of a "mixed" field) take the fast path below; a JPEG that
         simplejpeg refuses (4:1:0 subsampling, a 2×4 image, ...) falls back to Pillow and the
@@ -113,7 +57,7 @@ class ImageOp:
             if src.shape == out.shape and not self.random:  # decode-free: one copy
                 np.copyto(out, src)
                 return Geometry(0, 0, src.shape[0], src.shape[1], False)
-            return self._cut(src, out, rng, 1, *self.box(src.shape[0], src.shape[1], rng), what)
+            return self._cut(src, out, self.plan(src.shape[0], src.shape[1], rng), 1, what)
         if codec == "jpeg" and JPEG_PATH == "pillow-simd":
             return self._apply_pil(stored, out, rng, what)
         if codec == "jpeg" and simplejpeg is not None:
@@ -122,53 +66,51 @@ class ImageOp:
             except ValueError:  # simplejpeg refuses the header: Pillow may still read it
                 return self._fallback(stored, out, rng, what)
             self.check_pixels(h, w, what)
-            top, left, ch, cw = self.box(h, w, rng)
-            f = self._dct_factor(ch, cw, out.shape[:2], self.dct_margin)
+            geo = self.plan(h, w, rng)
             try:
-                src = _decode_jpeg(stored, h, w, f)
+                src = _decode_jpeg(stored, h, w, geo.dct)
             except ValueError:
-                return self._fallback(stored, out, rng, what)
-            # scaled pixel i covers source pixels [i*f, (i+1)*f): the box snaps to that grid
-            return self._cut(src, out, rng, f, top // f, left // f, ch // f, cw // f, what)
+                return self._fallback(stored, out, rng, what, ((h, w), geo))
+            return self._cut(src, out, geo, geo.dct, what)
         return self._decode_other(stored, codec, out, rng, what)
 
     def _fallback(self, stored: object, out: np.ndarray, rng: np.random.Generator | None,
-                  what: str) -> Geometry:
-        """A JPEG simplejpeg refuses: Pillow decodes it, and the geometry is marked as a
-        fallback (the dataset counts them). Corrupt only when Pillow cannot read it either."""
+                  what: str, planned: tuple[tuple[int, int], Geometry] | None = None) -> Geometry:
+        """A JPEG simplejpeg refuses: Pillow decodes it at full size and executes the plan made
+        from its header (``planned``: the header's size and plan; planned here from the decoded
+        size when simplejpeg could not read the header), marked as a fallback (the dataset
+        counts them). Corrupt only when Pillow cannot read it either."""
         src = decode_with_pillow(stored, what, self.max_pixels)  # type: ignore[arg-type]
-        geo = self._cut(src, out, rng, 1, *self.box(src.shape[0], src.shape[1], rng), what)
-        return geo._replace(fallback=True)
+        if planned is not None and planned[0] == src.shape[:2]:
+            geo = planned[1]
+        else:
+            geo = self.plan(src.shape[0], src.shape[1], rng)
+        return self._cut(src, out, geo, 1, what)._replace(fallback=True)
 
     def _decode_other(self, stored: object, codec: str, out: np.ndarray,
                       rng: np.random.Generator | None, what: str) -> Geometry:
         """PNG, WebP, ...: ``decode_rgb`` checks the header against ``max_pixels`` first."""
         src = decode_rgb(stored, codec, what, self.max_pixels)  # type: ignore[arg-type]
-        return self._cut(src, out, rng, 1, *self.box(src.shape[0], src.shape[1], rng), what)
+        return self._cut(src, out, self.plan(src.shape[0], src.shape[1], rng), 1, what)
 
     def check_pixels(self, h: int, w: int, what: str) -> None:
         """Refuse an image whose header declares more than ``max_pixels`` (no decode, no OOM)."""
         check_pixels(w, h, self.max_pixels, what)
 
-    def _cut(self, src: np.ndarray, out: np.ndarray, rng: np.random.Generator | None, f: int,
-             top: int, left: int, ch: int, cw: int, what: str) -> Geometry:
-        """Crop ``src`` (decoded at 1/``f`` scale), resize it into ``out``, flip; the geometry is
-        reported in full-resolution source pixels."""
-        flip = self.flip and rng is not None and rng.random() < 0.5
+    def _cut(self, src: np.ndarray, out: np.ndarray, geo: Geometry, f: int,
+             what: str) -> Geometry:
+        """Execute ``geo`` on ``src`` decoded at 1/``f`` scale: crop, resize into ``out``, flip;
+        returns ``geo`` snapped to that scale (full-resolution source pixels)."""
+        top, left, ch, cw = geo.scaled(f)
         region = src[top: top + ch, left: left + cw]
         if region.shape[:2] != out.shape[:2]:
             if self.crop == "none":
                 raise ValueError(f"{what}: image is {src.shape[1]}x{src.shape[0]}, batch is "
                                  f"{out.shape[1]}x{out.shape[0]}; pass size=... to resize")
-            _resize_rgb_into(region, out, flip)
+            _resize_rgb_into(region, out, geo.flip)
         else:
-            np.copyto(out, region[:, ::-1] if flip else region)
-        return Geometry(top * f, left * f, ch * f, cw * f, flip)
-
-    def plan(self, h: int, w: int, rng: np.random.Generator | None) -> Geometry:
-        """The geometry for a sample without an image field (masks or targets alone)."""
-        top, left, ch, cw = self.box(h, w, rng)
-        return Geometry(top, left, ch, cw, self.flip and rng is not None and rng.random() < 0.5)
+            np.copyto(out, region[:, ::-1] if geo.flip else region)
+        return geo.snapped(f)
 
     def apply_mask(self, mask: np.ndarray, geo: Geometry, out: np.ndarray, what: str) -> None:
         """Cut ``geo`` from an H×W mask and resize nearest-neighbour (pixel centres) into ``out``."""
@@ -218,7 +160,7 @@ class ImageOp:
 
     def _apply_pil(self, stored: object, out: np.ndarray,
                    rng: np.random.Generator | None, what: str = "image") -> Geometry:
-        """Pillow(-SIMD): ``draft`` for the DCT downscale, then one resize of the crop box."""
+        """Pillow(-SIMD): ``draft`` at the plan's DCT scale, then one resize of the crop box."""
         try:
             im = Image.open(io.BytesIO(stored))  # type: ignore[arg-type]
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
@@ -226,46 +168,17 @@ class ImageOp:
         with im:
             w, h = im.size
             self.check_pixels(h, w, what)
-            top, left, ch, cw = self.box(h, w, rng)
-            f = self._dct_factor(ch, cw, out.shape[:2], self.dct_margin)
-            if f > 1:
-                im.draft("RGB", (w // f, h // f))
-                f = round(w / im.size[0])  # the scale Pillow chose; snap the box as above
-                top, left, ch, cw = top // f, left // f, ch // f, cw // f
+            geo, f = self.plan(h, w, rng), 1
+            if geo.dct > 1:
+                im.draft("RGB", (w // geo.dct, h // geo.dct))
+                f = round(w / im.size[0])  # the scale Pillow chose; snap the box to it
+            top, left, ch, cw = geo.scaled(f)
             img = im.convert("RGB").resize((out.shape[1], out.shape[0]), Image.BILINEAR,
                                            box=(left, top, left + cw, top + ch))
-        flip = self.flip and rng is not None and rng.random() < 0.5
-        if flip:
+        if geo.flip:
             img = img.transpose(Image.FLIP_LEFT_RIGHT)
         np.copyto(out, np.asarray(img))
-        return Geometry(top * f, left * f, ch * f, cw * f, flip)
-
-    @staticmethod
-    def _dct_factor(ch: int, cw: int, out_hw: tuple[int, ...], margin: float = DCT_MARGIN) -> int:
-        """Largest power-of-two DCT downscale (≤ 8) that keeps the scaled crop at least
-        ``margin`` times the output on both sides, so the final antialiased resize still does
-        part of the reduction (DCT scaling alone is a cruder filter).
-
-        The margin is chosen by measured error against a float64 antialiased resize of the
-        full-resolution decode (``benchmarks/dct_fidelity.py``, 48 synthetic photos per size,
-        224² out; mean / max absolute levels; full decode: 0.25-0.27 / 1):
-
-        ======================  ===========  ===========  ===========
-        photos, crop            margin 2×    margin 1.5×  margin 1×
-        ======================  ===========  ===========  ===========
-        1280×853, centre        0.27 / 10    0.36 / 10    0.44 / 41
-        1280×853, random        0.26 / 1     0.30 / 10    0.36 / 14
-        2000×1500, centre       0.27 / 5     0.44 / 12    0.44 / 12
-        ======================  ===========  ===========  ===========
-
-        1× lets the DCT do nearly all of the reduction (a 912-px crop decoded at 1/4 = 228 px for
-        224 out) and strays up to 41 levels on point-like detail; 1.5× keeps the worst pixel near
-        the 2× margin's while decoding 1280×853 centre crops at 1/2 (2× never scales them).
-        """
-        f = 1
-        while f < 8 and ch // (2 * f) >= margin * out_hw[0] and cw // (2 * f) >= margin * out_hw[1]:
-            f *= 2
-        return f
+        return geo.snapped(f)
 
 
 _BUFFERS = threading.local()  # one reusable decode buffer per thread: no fresh pages per image

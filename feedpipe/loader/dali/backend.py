@@ -29,6 +29,7 @@ from .pipeline import PlanSource, dali_fields, dali_installed, define_graph, gra
     import_dali
 from ..dataset import BatchDataset
 from ..protocol import LoaderView
+from ..geometry import Framing
 from ..transforms import ImageOp
 
 log = logging.getLogger("feedpipe.loader")
@@ -69,7 +70,7 @@ class DaliLoader(EpochPosition):
         self.dali = import_dali()
         self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
         self.image, host = dali_fields(reader, cfg)
-        self.op = ImageOp(cfg.size, cfg.crop, cfg.scale, cfg.ratio, cfg.flip)
+        self.op = Framing.of(cfg)
         self.spec = graph_spec(reader, cfg, self.image, device)
         # host fields (labels, paths, arrays) have no geometry: a fixed op spares the per-batch
         # random generator the image's windows already drew in PlanSource

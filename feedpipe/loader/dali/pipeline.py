@@ -3,8 +3,9 @@ and the ``external_source`` callback that feeds it from feedpipe's own batch pla
 
 One graph serves CPU and GPU: ``GraphSpec.device`` only moves the decoder to ``"mixed"`` (nvJPEG,
 plus the hardware JPEG decoder on A100/H100) and the rest onto the GPU, so CPU-mode tests run the
-GPU graph's structure. Crop windows and flips are drawn on the host with the torch backend's
-seeded draws (:meth:`ImageOp.plan`), so augmentation is reproducible without DALI checkpoints.
+GPU graph's structure. Crop windows and flips are the samples' plans (:meth:`Framing.plan`, made
+on the host from each image's header with the torch backend's seeded draws), so augmentation is
+reproducible without DALI checkpoints and equal to the torch backend's.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from ...dataset.registry import DatasetReader
 from ...schema.fields import ImageField, MaskField, TargetField
 from ..sampler import PlanSampler, World, rng_for
 from ..config import Crop, LoaderConfig
-from ..transforms import ImageOp
+from ..geometry import CROP_ATTEMPTS, Framing
 
 #: the module ``backend="dali"`` imports; a seam for tests, which point it at a missing module
 DALI_MODULE = "nvidia.dali"
@@ -143,7 +144,7 @@ def define_graph(dali: ModuleType, spec: GraphSpec, source: Any) -> tuple[Any, .
         if spec.crop == "random_resized_crop":
             x = fn.decoders.image_random_crop(data, random_area=list(spec.scale),
                                               random_aspect_ratio=list(spec.ratio),
-                                              num_attempts=10, **decode_args)
+                                              num_attempts=CROP_ATTEMPTS, **decode_args)
         else:
             x = fn.decoders.image(data, **decode_args)
         if spec.crop == "center_crop":  # cover the output, then crop its centre
@@ -216,12 +217,13 @@ class PlanSource:
 
     Stateless given the BatchInfo (so it also runs in DALI's parallel worker processes): DALI
     epoch ``e`` is feedpipe epoch ``epoch + e``, starting at batch ``start`` when ``e == 0``
-    (resume). The order is the shared :class:`PlanSampler` plan, and the windows use the
-    torch backend's draws (``rng_for(seed, epoch, rank, batch)``, box then flip per sample).
+    (resume). The order is the shared :class:`PlanSampler` plan, and the windows and flips are
+    the samples' :meth:`Framing.plan` over the torch backend's generator for the batch
+    (``rng_for(seed, epoch, rank, batch)``).
     """
 
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World, field: str,
-                 op: ImageOp, epoch: int, start: int, *, windows: bool,
+                 op: Framing, epoch: int, start: int, *, windows: bool,
                  parallel: bool = False) -> None:
         self.reader, self.cfg, self.world, self.field, self.op = reader, cfg, world, field, op
         self.epoch, self.start, self.windows, self.parallel = epoch, start, windows, parallel
@@ -255,10 +257,7 @@ class PlanSource:
                     raw = bytes(value)
                     arr = np.frombuffer(raw, np.uint8)
                     h, w = self._dims(raw)
-                size = self.op.size or (h, w)
-                if self.op.crop == "none" and (h, w) != tuple(size):
-                    raise ValueError(f"image is {w}x{h}, batch is {size[1]}x{size[0]}; pass "
-                                     "crop='resize' or 'center_crop'")
+                self.op.check_fits(h, w, "image")
                 geo = self.op.plan(h, w, rng)
             except Exception as exc:
                 raise CorruptRecordError(f"{self.reader.describe(int(indices[pos]))}: cannot "

@@ -245,7 +245,7 @@ class TorchLoader(EpochPosition):
             raise ConfigError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
                               f"from {reader.schema.names}")
         self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
-        op = ImageOp(cfg.size, cfg.crop, cfg.scale, cfg.ratio, cfg.flip)
+        op = ImageOp.of(cfg)
         self.dataset = BatchDataset(reader, fields, op, seed=cfg.seed, on_error=cfg.on_error,
                                     encoded_images=decoder is not None,
                                     max_pixels=cfg.max_pixels)

@@ -1,8 +1,8 @@
 """JPEG decode on the training device (nvJPEG through CUDA torchvision), inside the torch backend.
 
 With ``decode_on="device"`` the workers ship each image's encoded bytes (~5× smaller than its
-pixels) plus its crop box and flip, computed from the JPEG header with the same random draws
-as the CPU path; the main process decodes the whole batch with one batched
+pixels) plus its crop box and flip: the sample's ``Framing.plan`` made from the JPEG header
+(:func:`plan_encoded`), the same plan the CPU path executes; the main process decodes the whole batch with one batched
 ``torchvision.io.decode_jpeg(..., device="cuda")`` call and crops / resizes (bilinear,
 antialiased) / flips on the GPU. Masks and targets still follow the same geometry on the CPU.
 The output is the N×H×W×3 uint8 batch the CPU path produces, so normalization and layout are
@@ -21,6 +21,9 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import ConfigError, CorruptRecordError
+from ...schema.codecs import jpeg_complete, jpeg_info
+from ...schema.imaging import check_pixels
+from ..geometry import Framing, Geometry
 
 log = logging.getLogger("feedpipe.loader")
 
@@ -58,6 +61,21 @@ class EncodedBatch:
         """One zero-copy 1-D view per JPEG file."""
         off = self.offsets.tolist()
         return [self.data[a:b] for a, b in zip(off, off[1:])]
+
+
+def plan_encoded(framing: Framing, data: bytes, rng: np.random.Generator | None,
+                 what: str, max_pixels: int) -> Geometry:
+    """The plan of a still-encoded JPEG, from its header (in the worker). The device decodes at
+    full size, so the box is cut as planned, without the CPU path's DCT-grid snap."""
+    info = jpeg_info(data)
+    if info is None:
+        raise ValueError(f"{what}: damaged JPEG header")
+    if not jpeg_complete(data):
+        raise ValueError(f"{what}: truncated JPEG (no end-of-image marker)")
+    w, h = info[:2]
+    check_pixels(w, h, max_pixels, what)
+    framing.check_fits(h, w, what)
+    return framing.plan(h, w, rng)
 
 
 class DeviceDecoder:

@@ -1,0 +1,151 @@
+"""One description of a sample's geometry, decided once and executed by every decoder.
+
+:meth:`Framing.plan` turns an image's size (from its header) and the batch's seeded generator into
+a :class:`Geometry`: the crop box in source pixels, the flip, and the power-of-two DCT downscale a
+JPEG decoder may apply. The CPU path (``transforms.ImageOp``), nvJPEG (``torch/device_decode.py``)
+and DALI (``dali/pipeline.PlanSource``) all execute that plan, so the same (seed, epoch, rank,
+batch) gives the same crops and flips whichever decodes. Draw order per sample: box, then flip.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple, TypeVar
+
+import numpy as np
+
+from .config import Crop, LoaderConfig
+
+Box = tuple[int, int, int, int]  # top, left, height, width
+#: random-resized-crop tries this many (area, aspect) draws before falling back to a centre crop,
+#: as torchvision's ``RandomResizedCrop`` and DALI's ``num_attempts`` (the DALI reader path)
+CROP_ATTEMPTS = 10
+# DCT-domain downscale margin: the scaled crop stays at least this many times the output (see
+# Framing._dct_factor for the measured error of each choice)
+DCT_MARGIN = 1.5
+
+
+class Geometry(NamedTuple):
+    """Where a sample's output comes from: a box of the full-resolution source, a flip, and the
+    DCT downscale ``dct`` its JPEG decodes at (1: full size).
+
+    As a plan, ``dct`` is what a DCT-scaling decoder (the CPU path) may use; nvJPEG and DALI
+    decode at full size and cut the box as planned. As a result (``ImageOp.apply``), the box is
+    :meth:`snapped` to the scale actually decoded, so masks and targets are cut from exactly the
+    region the image shows.
+    """
+
+    top: int
+    left: int
+    height: int
+    width: int
+    flip: bool
+    dct: int = 1
+    fallback: bool = False  # decoded by Pillow because simplejpeg refused the JPEG
+
+    def scaled(self, f: int) -> Box:
+        """The box on the pixel grid of a decode at 1/``f`` scale (scaled pixel i covers source
+        pixels [i*f, (i+1)*f))."""
+        return self.top // f, self.left // f, self.height // f, self.width // f
+
+    def snapped(self, f: int) -> "Geometry":
+        """This geometry as a decode at 1/``f`` scale executes it, in source pixels."""
+        top, left, h, w = self.scaled(f)
+        return self._replace(top=top * f, left=left * f, height=h * f, width=w * f, dct=f)
+
+
+_F = TypeVar("_F", bound="Framing")
+
+
+@dataclass(frozen=True)
+class Framing:
+    """Output size and crop / flip policy: the one place a sample's geometry is decided."""
+
+    size: tuple[int, int] | None
+    crop: Crop = "center_crop"
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: bool = False
+    dct_margin: float = DCT_MARGIN  # see _dct_factor
+
+    @classmethod
+    def of(cls: type[_F], cfg: LoaderConfig) -> _F:
+        """The loader configuration's framing (both backends build theirs here)."""
+        return cls(cfg.size, cfg.crop, cfg.scale, cfg.ratio, cfg.flip)
+
+    @property
+    def random(self) -> bool:
+        """Whether plans draw from the generator (else they take none: pass ``rng=None``)."""
+        return self.flip or self.crop == "random_resized_crop"
+
+    def plan(self, h: int, w: int, rng: np.random.Generator | None) -> Geometry:
+        """The geometry of an ``h``×``w`` source: box (seeded draws), then flip (one draw)."""
+        top, left, ch, cw = self.box(h, w, rng)
+        flip = self.flip and rng is not None and rng.random() < 0.5
+        f = self._dct_factor(ch, cw, self.size, self.dct_margin) if self.size else 1
+        return Geometry(top, left, ch, cw, flip, f)
+
+    def check_fits(self, h: int, w: int, what: str) -> None:
+        """crop="none" takes images only at the batch's size: refuse another from its header."""
+        size = self.size
+        if self.crop == "none" and size is not None and (h, w) != tuple(size):
+            raise ValueError(f"{what}: image is {w}x{h}, batch is {size[1]}x{size[0]}; pass "
+                             "size=... to resize")
+
+    def box(self, h: int, w: int, rng: np.random.Generator | None) -> Box:
+        """The source region to resize to the output, in source pixels."""
+        if self.crop in ("resize", "none") or self.size is None:
+            return 0, 0, h, w
+        oh, ow = self.size
+        if self.crop == "random_resized_crop" and rng is not None:
+            area = h * w
+            log_r = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+            for _ in range(CROP_ATTEMPTS):  # torchvision's RandomResizedCrop.get_params
+                target = area * rng.uniform(*self.scale)
+                aspect = math.exp(rng.uniform(*log_r))
+                cw = int(round(math.sqrt(target * aspect)))
+                ch = int(round(math.sqrt(target / aspect)))
+                if 0 < cw <= w and 0 < ch <= h:
+                    return int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw
+            in_ratio = w / h
+            if in_ratio < self.ratio[0]:
+                cw, ch = w, int(round(w / self.ratio[0]))
+            elif in_ratio > self.ratio[1]:
+                ch, cw = h, int(round(h * self.ratio[1]))
+            else:
+                ch, cw = h, w
+            return (h - ch) // 2, (w - cw) // 2, ch, cw
+        # center crop of the output's aspect ratio (= resize shorter side, then crop)
+        if w * oh > h * ow:
+            ch, cw = h, max(1, round(h * ow / oh))
+        else:
+            ch, cw = max(1, round(w * oh / ow)), w
+        return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+    @staticmethod
+    def _dct_factor(ch: int, cw: int, out_hw: tuple[int, ...], margin: float = DCT_MARGIN) -> int:
+        """Largest power-of-two DCT downscale (≤ 8) that keeps the scaled crop at least
+        ``margin`` times the output on both sides, so the final antialiased resize still does
+        part of the reduction (DCT scaling alone is a cruder filter).
+
+        The margin is chosen by measured error against a float64 antialiased resize of the
+        full-resolution decode (``benchmarks/dct_fidelity.py``, 48 synthetic photos per size,
+        224² out; mean / max absolute levels; full decode: 0.25-0.27 / 1):
+
+        ======================  ===========  ===========  ===========
+        photos, crop            margin 2×    margin 1.5×  margin 1×
+        ======================  ===========  ===========  ===========
+        1280×853, centre        0.27 / 10    0.36 / 10    0.44 / 41
+        1280×853, random        0.26 / 1     0.30 / 10    0.36 / 14
+        2000×1500, centre       0.27 / 5     0.44 / 12    0.44 / 12
+        ======================  ===========  ===========  ===========
+
+        1× lets the DCT do nearly all of the reduction (a 912-px crop decoded at 1/4 = 228 px for
+        224 out) and strays up to 41 levels on point-like detail; 1.5× keeps the worst pixel near
+        the 2× margin's while decoding 1280×853 centre crops at 1/2 (2× never scales them).
+        """
+        f = 1
+        while f < 8 and ch // (2 * f) >= margin * out_hw[0] and cw // (2 * f) >= margin * out_hw[1]:
+            f *= 2
+        return f
