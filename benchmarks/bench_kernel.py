@@ -47,8 +47,8 @@ def plan(blobs: list[bytes], crop: str, seed: int = 0) -> list[tuple[int, int, i
     out = []
     for b in blobs:
         h, w = simplejpeg.decode_jpeg_header(b)[:2]
-        top, left, ch, cw = op.box(h, w, rng)
-        out.append((top, left, ch, cw, op._dct_factor(ch, cw, (SIZE, SIZE))))
+        geo = op.plan(h, w, rng)  # feedpipe's one plan: box and DCT scale (no flip here)
+        out.append((*geo[:4], geo.dct))
     return out
 
 

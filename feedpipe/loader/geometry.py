@@ -49,7 +49,7 @@ class Geometry(NamedTuple):
         pixels [i*f, (i+1)*f))."""
         return self.top // f, self.left // f, self.height // f, self.width // f
 
-    def snapped(self, f: int) -> "Geometry":
+    def snapped(self, f: int) -> Geometry:
         """This geometry as a decode at 1/``f`` scale executes it, in source pixels."""
         top, left, h, w = self.scaled(f)
         return self._replace(top=top * f, left=left * f, height=h * f, width=w * f, dct=f)

@@ -27,7 +27,7 @@ from ..schema.imaging import (DEFAULT_MAX_PIXELS, check_pixels, decode_rgb, deco
 from ..schema.fields import TargetField
 from .geometry import DCT_MARGIN, Framing, Geometry
 
-__all__ = ["DCT_MARGIN", "Geometry", "ImageOp", "JPEG_PATH"]  # geometry's two: re-exported
+__all__ = ["DCT_MARGIN", "JPEG_PATH", "Geometry", "ImageOp"]  # geometry's two re-exported
 
 JPEG_PATH = jpeg_path()
 
