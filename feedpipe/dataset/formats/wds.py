@@ -10,11 +10,11 @@ data), checked on every read, random or sequential. Members that would need unpi
 (``.pickle``, ``.pkl``, ``.pyd``, ``.pth``) are refused, never opened.
 
 The tar streaming and grouping below are feedpipe's own rather than ``webdataset.tariterators``:
-measured side by side with the same checks (``benchmarks/bench_wds_stream.py``) they stream as
-6-18% faster in three runs (e.g. 14.8k against 13.5k samples/s), and webdataset's iterators skip ``__*__`` and
-non-regular members silently, lowercase suffixes, drop samples it deems invalid and raise
-untyped errors, where feedpipe must name the shard and key of every problem. ``webdataset`` is a
-test dependency only (the interop test: the library reads our shards).
+measured side by side with the same checks (``benchmarks/bench_wds_stream.py``), they stream
+6-18% faster in three runs (e.g. 14.8k against 13.5k samples/s); webdataset's iterators also skip
+``__*__`` and non-regular members silently, lowercase suffixes, drop samples they deem invalid and
+raise untyped errors, where feedpipe names the shard and key of every problem. ``webdataset`` is
+a test dependency only (the interop tests: the library reads our shards).
 """
 
 from __future__ import annotations
