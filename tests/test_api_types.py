@@ -1,0 +1,91 @@
+"""The public API's shape: make_loader's explicit signature, typo suggestions, and LoaderConfig's
+check of every option by type (driven by its annotations) as well as by value."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import pydoc
+import re
+from typing import Literal, Optional
+
+import pytest
+
+import feedpipe
+from feedpipe.checks import conforms, describe
+from feedpipe.errors import ConfigError
+from feedpipe.loader.api import make_loader
+from feedpipe.loader.config import LoaderConfig
+
+
+def test_signature_shows_every_option_with_its_default():
+    params = inspect.signature(feedpipe.make_loader).parameters
+    options = {f.name: f.default for f in dataclasses.fields(LoaderConfig) if f.name != "batch_size"}
+    assert list(params)[:2] == ["source", "batch_size"]
+    shown = {n: p.default for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert shown.pop("world") is None
+    assert shown == options  # one set of defaults: the signature cannot drift from the config
+    doc = pydoc.render_doc(feedpipe.make_loader)
+    for name in options:
+        assert f"``{name}``" in inspect.getdoc(make_loader)  # one documented line each
+        assert f"{name}:" in doc or f"{name}=" in doc  # help() shows it
+
+
+@pytest.mark.parametrize("typo, close", [("flp", "flip"), ("num_worker", "num_workers"),
+                                          ("szie", "size")])
+def test_typo_names_the_keyword_and_the_closest_option(packed, typo, close):
+    with pytest.raises(TypeError, match=rf"make_loader\(\) got an unexpected keyword argument "
+                       rf"'{typo}'; did you mean '{close}'\?"):
+        feedpipe.make_loader(packed["lmdb"], 4, **{typo: 1})
+    with pytest.raises(TypeError, match="the options are shuffle, seed"):
+        feedpipe.make_loader(packed["lmdb"], 4, qqqqqq=1)
+
+
+@pytest.mark.parametrize("option, value, accepted", [
+    ("flip", "yes", "True or False"),
+    ("shuffle", 1, "True or False"),
+    ("batch_size", 2.0, "positive integer"),
+    ("size", "224", r"\(height, width\)"),
+    ("size", (224, 224.0), r"\(height, width\)"),
+    ("scale", "ab", r"a \(float, float\) tuple"),
+    ("pin_memory", "yes", "True, False or 'auto'"),
+    ("num_workers", 2.0, "'auto', 'tune'"),
+    ("dtype", "int7", "'float32', 'float16', 'bfloat16' or 'uint8'"),
+    ("multiprocessing_context", "thread", "'fork', 'spawn', 'forkserver' or None"),
+    ("device", 3, "a str"),
+    ("fields", ("image", 1), "a tuple of str or None"),
+    ("max_pixels", 1.5, "positive pixel count"),
+    ("dali_hw_decoder_load", "0.5", "a float"),
+])
+def test_config_refuses_wrong_types_naming_option_and_values(option, value, accepted):
+    with pytest.raises(ConfigError, match="^" + re.escape(f"{option}={value!r}: ") + f".*{accepted}"
+                       ) as exc:
+        LoaderConfig(**{"batch_size": 4, option: value})
+    assert exc.value.option == option
+
+
+def test_config_takes_the_convenient_spellings():
+    import torch
+
+    cfg = LoaderConfig(4, size=32, fields=["image"], mean=[0, 0, 0], std=[1, 1, 1],
+                       scale=(1, 1), device=torch.device("cpu"))
+    assert (cfg.size, cfg.fields, cfg.mean, cfg.scale, cfg.device) == \
+        ((32, 32), ("image",), (0.0, 0.0, 0.0), (1.0, 1.0), "cpu")
+    assert all(type(v) is float for v in cfg.std)
+
+
+def test_conforms_and_describe_each_kind():
+    assert conforms(True, bool) and not conforms(1, bool)
+    assert conforms(3, int) and not conforms(True, int) and not conforms(3.0, int)
+    assert conforms(3, float) and conforms(3.5, float) and not conforms(False, float)
+    assert conforms("a", Literal["a", "b"]) and not conforms("c", Literal["a", "b"])
+    assert not conforms(1, Literal[True])  # 1 == True, but it is not the literal
+    assert conforms(None, Optional[int]) and conforms(None, int | None)
+    assert not conforms("x", int | None)
+    assert conforms((1, 2), tuple[int, int]) and not conforms((1, 2, 3), tuple[int, int])
+    assert not conforms([1, 2], tuple[int, int])
+    assert conforms(("a", "b", "c"), tuple[str, ...]) and not conforms(("a", 1), tuple[str, ...])
+    assert describe(Literal["pad", "drop"]) == "'pad' or 'drop'"
+    assert describe(bool | Literal["auto"]) == "True, False or 'auto'"
+    assert describe(tuple[int, int] | None) == "a (int, int) tuple or None"
+    assert describe(int) == "an int"
