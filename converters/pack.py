@@ -16,11 +16,12 @@ import time
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dc_fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, get_type_hints
 
 import numpy as np
 from PIL import Image
 
+from feedpipe.checks import conforms, describe
 from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.dataset.registry import WRITERS, DatasetWriter
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
@@ -31,11 +32,11 @@ from feedpipe.schema.fields import (Field, ImageField, JsonField, LabelField, Ma
 from .images import Refused, geometry, image_codec, likely_jpeg, store_image
 from .output import Output, disk_full, empty_result
 from .report import account, settle_codec, tally
-from .sources import Layout, Source, SourceItem, attach_masks, scan
+from .options import (RESIZE_HELP, Check, Codec, ExtraChannels, Format, Layout, MaskDtype,
+                      MaskStore, Store)
+from .sources import Source, SourceItem, attach_masks, scan
 from .targets import BUILTINS, Target, user_target
 
-Store = Literal["passthrough", "reencode", "raw"]
-Codec = Literal["auto", "jpeg", "png", "webp"]
 MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
 INFO_KEY = "_info"  # a prepared sample's stored codec and notes for the summary, not stored
 Progress = Callable[[int, int], None]
@@ -43,46 +44,44 @@ Progress = Callable[[int, int], None]
 
 @dataclass(frozen=True)
 class PackOptions:
-    """How each image is stored; validated up front by :func:`convert`."""
+    """How each image is stored; every option checked by type and value on creation.
+
+    ``resize`` is an int (the shorter side; ``store="raw"`` then crops the center square) or
+    (height, width), the order of ``make_loader(size=)``.
+    """
 
     store: Store = "passthrough"
-    resize: tuple[int, int] | int | None = None
+    resize: int | tuple[int, int] | None = None
     codec: Codec = "auto"  # auto: JPEG and lossy WebP as they are, every lossless format as PNG
     quality: int = 90  # for lossy (re-)encoding only
-    check: Literal["header", "decode"] = "header"
+    check: Check = "header"
     masks: bool = False
-    mask_store: Literal["png", "raw"] = "raw"
-    mask_dtype: Literal["uint8", "uint16"] = "uint8"
+    mask_store: MaskStore = "raw"
+    mask_dtype: MaskDtype = "uint8"
     num_classes: int | None = None
     targets: tuple[Target, ...] = ()
-    extra_channels: Literal["refuse", "drop"] = "refuse"  # alpha, channels beyond RGB, 16-bit RGB
+    extra_channels: ExtraChannels = "refuse"  # alpha, channels beyond RGB, 16-bit RGB
     max_pixels: int | None = DEFAULT_MAX_PIXELS  # decompression-bomb limit (width × height)
 
     def __post_init__(self) -> None:
-        if self.store not in ("passthrough", "reencode", "raw"):
-            raise ConfigError(f"store={self.store!r}: use 'passthrough', 'reencode' or 'raw'")
-        if self.codec not in ("auto", "jpeg", "png", "webp"):
-            raise ConfigError(f"codec={self.codec!r}: use 'auto' (lossless stays lossless), "
-                              "'jpeg', 'png' or 'webp'")
-        if self.extra_channels not in ("refuse", "drop"):
-            raise ConfigError(f"extra_channels={self.extra_channels!r}: use 'refuse' or 'drop'")
+        if isinstance(self.resize, list):
+            object.__setattr__(self, "resize", tuple(self.resize))
+        hints = get_type_hints(PackOptions)
+        for f in dc_fields(self):
+            value = getattr(self, f.name)
+            if not conforms(value, hints[f.name]):
+                how = _HOW.get(f.name) or f"use {describe(hints[f.name])}"
+                raise ConfigError(f"{f.name}={value!r}: {how}")
         if self.max_pixels is not None and self.max_pixels <= 0:
             raise ConfigError(f"max_pixels={self.max_pixels}: use a positive pixel count")
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"quality={self.quality}: use an integer in 1..100")
-        if self.check not in ("header", "decode"):
-            raise ConfigError(f"check={self.check!r}: use 'header' or 'decode'")
         if self.store == "raw" and self.resize is None:
             raise ConfigError("store='raw' needs a fixed size: pass resize=224 (shorter side then "
-                              "center crop) or resize=(W, H)")
+                              "center crop) or resize=(H, W) (height, width)")
         sizes = [self.resize] if isinstance(self.resize, int) else list(self.resize or [])
-        if any(int(s) <= 0 for s in sizes):
-            raise ConfigError(f"resize={self.resize!r}: sizes must be positive")
-        if self.mask_store not in ("png", "raw"):
-            raise ConfigError(f"mask_store={self.mask_store!r}: masks are stored lossless, use "
-                              "'png' or 'raw'")
-        if self.mask_dtype not in ("uint8", "uint16"):
-            raise ConfigError(f"mask_dtype={self.mask_dtype!r}: use 'uint8' or 'uint16'")
+        if any(s <= 0 for s in sizes):
+            raise ConfigError(f"resize={self.resize!r}: sizes must be positive; {RESIZE_HELP}")
         if self.targets and not self.masks:
             raise ConfigError("targets are computed from masks: pass masks=DIR (--masks) or a "
                               "manifest with a 'mask' column")
@@ -93,20 +92,35 @@ class PackOptions:
                               "meta/mask")
 
     @property
+    def resize_hw(self) -> tuple[int, int] | None:
+        """``resize`` as (height, width) when it fixes both sides, else None."""
+        return self.resize if isinstance(self.resize, tuple) else None
+
+    @property
     def raw_shape(self) -> tuple[int, int, int] | None:
         if self.store != "raw":
             return None
-        w, h = (self.resize, self.resize) if isinstance(self.resize, int) else self.resize
+        h, w = (self.resize, self.resize) if isinstance(self.resize, int) else self.resize
         return (int(h), int(w), 3)
 
 
+_HOW = {
+    "store": "use 'passthrough', 'reencode' or 'raw'",
+    "resize": f"use {RESIZE_HELP}",
+    "codec": "use 'auto' (lossless stays lossless), 'jpeg', 'png' or 'webp'",
+    "mask_store": "masks are stored lossless, use 'png' or 'raw'",
+}
+
+
 def parse_resize(text: str | None) -> tuple[int, int] | int | None:
-    """'256' → 256 (shorter side); '320x240' → (320, 240) (width × height)."""
+    """``--resize``: '256' → 256 (shorter side); '240x320' → (240, 320), height × width, as
+    ``--size HxW`` of the other commands."""
     if text is None:
         return None
     m = re.fullmatch(r"\s*(\d+)\s*(?:[xX×]\s*(\d+))?\s*", text)
     if not m:
-        raise ConfigError(f"--resize {text!r}: use a shorter-side length like 256 or WxH like 320x240")
+        raise ConfigError(f"--resize {text!r}: use a shorter-side length like 256 or HxW "
+                          "(height x width, as --size) like 240x320 for 320 wide, 240 high")
     return (int(m[1]), int(m[2])) if m[2] else int(m[1])
 
 
@@ -287,17 +301,17 @@ def _results(items: list[SourceItem], opts: PackOptions, workers: int, codec: st
         yield from pool.imap(_prepare_star, ((it, opts) for it in items), chunksize=chunk)
 
 
-def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int | None = None,
-            store: Store = "passthrough", resize: tuple[int, int] | int | None = None,
-            codec: Codec = "auto", quality: int = 90,
-            check: Literal["header", "decode"] = "header", strict: bool = False,
+def convert(src: str | Path | Source, out: str | Path, *, to: Format,
+            workers: int | None = None, store: Store = "passthrough",
+            resize: int | tuple[int, int] | None = None, codec: Codec = "auto", quality: int = 90,
+            check: Check = "header", strict: bool = False,
             val_fraction: float = 0.0, seed: int = 0, overwrite: bool = False,
             writer_options: dict[str, Any] | None = None,
             progress: Progress | None = None, masks: str | Path | None = None,
-            mask_store: Literal["png", "raw"] = "raw",
-            mask_dtype: Literal["uint8", "uint16"] = "uint8", num_classes: int | None = None,
+            mask_store: MaskStore = "raw", mask_dtype: MaskDtype = "uint8",
+            num_classes: int | None = None,
             targets: Sequence[str | Target] | Mapping[str, Any] | None = None,
-            extra_channels: Literal["refuse", "drop"] = "refuse",
+            extra_channels: ExtraChannels = "refuse",
             max_pixels: int | None = DEFAULT_MAX_PIXELS, layout: Layout = "auto") -> ConvertResult:
     """Pack a source (folder, ImageFolder tree or CSV/JSONL manifest) into ``out`` as ``to``.
 
@@ -308,6 +322,9 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
     Segmentation: ``masks`` (a folder matched by file name, or a manifest's ``mask`` column)
     adds a lossless ``mask`` field, and ``targets`` (e.g. ``["distance_map", "boundary"]``) are
     computed from each mask in the workers and stored as fields of the same names.
+    ``resize``: an int is the shorter side (``store="raw"`` then crops the center square); a
+    tuple is (height, width), the order of ``make_loader(size=)`` and ``--resize HxW``.
+    Every option after ``out`` is keyword-only and checked by type and value (ConfigError).
     """
     t0 = time.perf_counter()
     if to not in WRITERS:

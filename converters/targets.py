@@ -34,8 +34,10 @@ import numpy as np
 from feedpipe.errors import ConfigError
 from feedpipe.schema.fields import TargetField
 
+from .options import TargetDtype
+
 TargetFn = Callable[[np.ndarray], np.ndarray]
-StoreDtype = Literal["float16", "float32", "uint8", "uint16"]
+StoreDtype = TargetDtype
 
 
 @dataclass(frozen=True)

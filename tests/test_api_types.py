@@ -89,3 +89,65 @@ def test_conforms_and_describe_each_kind():
     assert describe(bool | Literal["auto"]) == "True, False or 'auto'"
     assert describe(tuple[int, int] | None) == "a (int, int) tuple or None"
     assert describe(int) == "an int"
+
+
+# --- convert(): keyword-only, typed, (height, width) like the loader --------------------------
+
+def test_convert_resize_is_height_width_in_python_and_cli(tmp_path, photo_dir, capsys):
+    from converters import convert
+
+    from fp_helpers import cli_main
+
+    res = convert(photo_dir, tmp_path / "py", to="lmdb", workers=0, store="raw", resize=(24, 40))
+    assert res.written > 0
+    ds = feedpipe.open_dataset(tmp_path / "py")
+    assert ds.schema["image"].shape == (24, 40, 3) and ds[0]["image"].shape == (24, 40, 3)
+    rc, _, err = cli_main(capsys, "convert", photo_dir, "--to", "lmdb", "-o", tmp_path / "cli",
+                          "--store", "raw", "--resize", "24x40", "--workers", "0", "-q")
+    assert rc == 0, err
+    assert feedpipe.open_dataset(tmp_path / "cli")[0]["image"].shape == (24, 40, 3)
+    loader = feedpipe.make_loader(tmp_path / "cli", 4, size=(24, 40), crop="resize",
+                                  dtype="uint8", device="cpu", num_workers=0)
+    assert tuple(next(iter(loader))["image"].shape[2:]) == (24, 40)  # the same order both ends
+
+
+def test_convert_options_are_keyword_only_and_typed(tmp_path, photo_dir):
+    from converters import PackOptions, convert, parse_resize
+
+    params = inspect.signature(convert).parameters
+    assert [n for n, p in params.items() if p.kind is not inspect.Parameter.KEYWORD_ONLY] == \
+        ["src", "out"]
+    with pytest.raises(TypeError):
+        convert(photo_dir, tmp_path / "o", "lmdb")  # type: ignore[misc]
+    for kwargs, match in [({"resize": "320x240"}, r"resize='320x240': use .*\(height, width\)"),
+                          ({"resize": (1, 2, 3)}, r"resize=\(1, 2, 3\): use .*\(height, width\)"),
+                          ({"quality": 90.0}, r"quality=90.0: use an int"),
+                          ({"store": "row"}, r"store='row': use 'passthrough', 'reencode'"),
+                          ({"mask_dtype": "int8"}, r"mask_dtype='int8': use 'uint8' or 'uint16'"),
+                          ({"max_pixels": "many"}, r"max_pixels='many': use an int or None")]:
+        with pytest.raises(ConfigError, match=match):
+            convert(photo_dir, tmp_path / "o", to="lmdb", workers=0, **kwargs)
+    assert not (tmp_path / "o").exists()
+    assert PackOptions("raw", [24, 40]).raw_shape == (24, 40, 3)
+    assert parse_resize("240x320") == (240, 320) and parse_resize("256") == 256
+    with pytest.raises(ConfigError, match="HxW .*height x width"):
+        parse_resize("240 by 320")
+
+
+def test_cli_choices_come_from_the_literal_types():
+    from typing import get_args
+
+    from converters.options import Codec, Layout, Store
+    from feedpipe.cli.app import build_parser
+    from feedpipe.loader.config import Crop, Dtype
+
+    def choices(command: str, dest: str) -> tuple:
+        parser = build_parser()
+        sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+        return tuple(next(a for a in sub._actions if a.dest == dest).choices)
+
+    assert choices("convert", "store") == get_args(Store)
+    assert choices("convert", "codec") == get_args(Codec)
+    assert choices("convert", "layout") == get_args(Layout)
+    assert choices("tune", "crop") == get_args(Crop)
+    assert choices("tune", "dtype") == get_args(Dtype)
