@@ -98,7 +98,7 @@ class PackOptions:
 
     @property
     def raw_shape(self) -> tuple[int, int, int] | None:
-        if self.store != "raw":
+        if self.store != "raw" or self.resize is None:
             return None
         h, w = (self.resize, self.resize) if isinstance(self.resize, int) else self.resize
         return (int(h), int(w), 3)

@@ -20,7 +20,8 @@ from feedpipe.loader.config import LoaderConfig
 
 def test_signature_shows_every_option_with_its_default():
     params = inspect.signature(feedpipe.make_loader).parameters
-    options = {f.name: f.default for f in dataclasses.fields(LoaderConfig) if f.name != "batch_size"}
+    options = {f.name: f.default for f in dataclasses.fields(LoaderConfig)
+               if f.name != "batch_size"}
     assert list(params)[:2] == ["source", "batch_size"]
     shown = {n: p.default for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     assert shown.pop("world") is None
@@ -151,3 +152,12 @@ def test_cli_choices_come_from_the_literal_types():
     assert choices("convert", "layout") == get_args(Layout)
     assert choices("tune", "crop") == get_args(Crop)
     assert choices("tune", "dtype") == get_args(Dtype)
+
+
+def test_default_fields_are_decided_once():
+    from feedpipe.loader.config import DEFAULT_FIELDS
+
+    assert DEFAULT_FIELDS == ("image", "label")
+    assert LoaderConfig(4).fields_in({"image", "path"}) == ("image",)
+    assert LoaderConfig(4).fields_in({"label", "image", "mask"}) == ("image", "label")
+    assert LoaderConfig(4, fields=["mask"]).fields_in({"image", "mask"}) == ("mask",)

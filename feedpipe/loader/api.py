@@ -18,7 +18,7 @@ from ..dataset.registry import DatasetReader, open_dataset
 from ..schema.imaging import decoder_info
 from ..schema.fields import ImageField
 from .sampler import World
-from .config import (DEFAULT_FIELDS, IMAGENET_MEAN, IMAGENET_STD, Auto, Backend, Crop, DaliReader,
+from .config import (IMAGENET_MEAN, IMAGENET_STD, Auto, Backend, Crop, DaliReader,
                      DecodeOn, Dtype, LoaderConfig, MpContext, OnError, Tune, Uneven, auto_workers,
                      usable_cores)
 from .dali.backend import DaliLoader, choose_backend, dali_loader
@@ -154,7 +154,7 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
     reader = source if isinstance(source, DatasetReader) else open_dataset(source)
     reader.require_samples("make_loader")
     device = _device(cfg.device)
-    fields = cfg.fields or tuple(n for n in DEFAULT_FIELDS if n in reader.schema)
+    fields = cfg.fields_in(reader.schema)
     decodes = any(isinstance(reader.schema[n], ImageField) and reader.schema[n].codec != "raw"
                   for n in fields if n in reader.schema)
     if cfg.num_workers == "tune":  # either backend: autotune measures the one chosen here

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
 from functools import cache
-from typing import Any, Literal, get_args, get_type_hints
+from typing import Any, Container, Literal, get_args, get_type_hints
 
 from ..errors import ConfigError
 from ..checks import conforms, describe
@@ -33,7 +33,6 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_FIELDS = ("image", "label")  # what a loader yields when ``fields`` is not given
 PREFETCH_DECODE = 4  # batches each worker keeps ahead when it decodes ("auto"; 2 when it does not)
 SHM_HEADROOM = 2  # /dev/shm must hold this many times the slot ring before the ring is used
-CROP_ATTEMPTS = 10  # random_resized_crop draws before falling back to a center crop (torchvision)
 
 # How to fix a bad value, for options whose accepted values need more than their type to explain.
 _HOW = {
@@ -147,6 +146,10 @@ class LoaderConfig:
             value = getattr(self, name)
             if isinstance(value, tuple) and all(conforms(v, float) for v in value):
                 object.__setattr__(self, name, tuple(float(v) for v in value))
+
+    def fields_in(self, schema: Container[str]) -> tuple[str, ...]:
+        """The fields to load: ``fields``, else those of :data:`DEFAULT_FIELDS` in ``schema``."""
+        return self.fields or tuple(n for n in DEFAULT_FIELDS if n in schema)
 
     def resolve(self, *, cuda: bool, decodes: bool) -> "LoaderConfig":
         """Replace every "auto" with a concrete value (see :func:`auto_workers`)."""

@@ -27,7 +27,7 @@ from ...errors import ConfigError, CorruptRecordError, MissingDependencyError
 from ...dataset.registry import DatasetReader
 from ...schema.fields import ImageField, MaskField, TargetField
 from ..sampler import PlanSampler, World, rng_for
-from ..config import DEFAULT_FIELDS, Crop, LoaderConfig
+from ..config import Crop, LoaderConfig
 from ..transforms import ImageOp
 
 #: the module ``backend="dali"`` imports; a seam for tests, which point it at a missing module
@@ -162,7 +162,7 @@ def define_graph(dali: ModuleType, spec: GraphSpec, source: Any) -> tuple[Any, .
 def dali_fields(reader: DatasetReader, cfg: LoaderConfig) -> tuple[str, tuple[str, ...]]:
     """(the image field DALI decodes, the fields read on the host), or a ConfigError saying why
     the DALI backend cannot serve this request."""
-    fields = cfg.fields or tuple(n for n in DEFAULT_FIELDS if n in reader.schema)
+    fields = cfg.fields_in(reader.schema)
     for name in fields:
         if name not in reader.schema:
             raise ConfigError(f"fields: {name!r} is not in the dataset; it has "
