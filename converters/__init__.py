@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "ConvertResult": "pack", "PackOptions": "pack", "convert": "pack", "parse_resize": "pack",
+    "ConvertResult": "pack", "convert": "pack", "PackOptions": "options", "parse_resize": "options",
     "IMAGE_EXTS": "sources", "Source": "sources", "SourceItem": "sources",
     "attach_masks": "sources", "scan": "sources",
     "BUILTINS": "targets", "Target": "targets", "boundary": "targets",

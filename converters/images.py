@@ -28,7 +28,7 @@ from feedpipe.schema.imaging import (decode_rgb, encode_rgb, jpeg_fast_decodable
                               webp_lossless)
 
 if TYPE_CHECKING:
-    from .pack import PackOptions
+    from .options import PackOptions
     from .sources import SourceItem
 
 JPEG_EXTS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif"})

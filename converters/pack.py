@@ -10,18 +10,16 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import re
 import signal
 import time
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dc_fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence, get_type_hints
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
 
-from feedpipe.checks import conforms, describe
 from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.dataset.registry import WRITERS, DatasetWriter
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
@@ -32,96 +30,14 @@ from feedpipe.schema.fields import (Field, ImageField, JsonField, LabelField, Ma
 from .images import Refused, geometry, image_codec, likely_jpeg, store_image
 from .output import Output, disk_full, empty_result
 from .report import account, settle_codec, tally
-from .options import (RESIZE_HELP, Check, Codec, ExtraChannels, Format, Layout, MaskDtype,
-                      MaskStore, Store)
+from .options import (PACK_DEFAULTS, Check, Codec, ExtraChannels, Format, Layout, MaskDtype,
+                      MaskStore, PackOptions, Store, resolve_targets)
 from .sources import Source, SourceItem, attach_masks, scan
-from .targets import BUILTINS, Target, user_target
+from .targets import Target
 
 MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
 INFO_KEY = "_info"  # a prepared sample's stored codec and notes for the summary, not stored
 Progress = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class PackOptions:
-    """How each image is stored; every option checked by type and value on creation.
-
-    ``resize`` is an int (the shorter side; ``store="raw"`` then crops the center square) or
-    (height, width), the order of ``make_loader(size=)``.
-    """
-
-    store: Store = "passthrough"
-    resize: int | tuple[int, int] | None = None
-    codec: Codec = "auto"  # auto: JPEG and lossy WebP as they are, every lossless format as PNG
-    quality: int = 90  # for lossy (re-)encoding only
-    check: Check = "header"
-    masks: bool = False
-    mask_store: MaskStore = "raw"
-    mask_dtype: MaskDtype = "uint8"
-    num_classes: int | None = None
-    targets: tuple[Target, ...] = ()
-    extra_channels: ExtraChannels = "refuse"  # alpha, channels beyond RGB, 16-bit RGB
-    max_pixels: int | None = DEFAULT_MAX_PIXELS  # decompression-bomb limit (width × height)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.resize, list):
-            object.__setattr__(self, "resize", tuple(self.resize))
-        hints = get_type_hints(PackOptions)
-        for f in dc_fields(self):
-            value = getattr(self, f.name)
-            if not conforms(value, hints[f.name]):
-                how = _HOW.get(f.name) or f"use {describe(hints[f.name])}"
-                raise ConfigError(f"{f.name}={value!r}: {how}")
-        if self.max_pixels is not None and self.max_pixels <= 0:
-            raise ConfigError(f"max_pixels={self.max_pixels}: use a positive pixel count")
-        if not 1 <= self.quality <= 100:
-            raise ConfigError(f"quality={self.quality}: use an integer in 1..100")
-        if self.store == "raw" and self.resize is None:
-            raise ConfigError("store='raw' needs a fixed size: pass resize=224 (shorter side then "
-                              "center crop) or resize=(H, W) (height, width)")
-        sizes = [self.resize] if isinstance(self.resize, int) else list(self.resize or [])
-        if any(s <= 0 for s in sizes):
-            raise ConfigError(f"resize={self.resize!r}: sizes must be positive; {RESIZE_HELP}")
-        if self.targets and not self.masks:
-            raise ConfigError("targets are computed from masks: pass masks=DIR (--masks) or a "
-                              "manifest with a 'mask' column")
-        names = [t.name for t in self.targets]
-        clash = set(names) & {"image", "label", "path", "meta", "mask"}
-        if clash or len(set(names)) != len(names):
-            raise ConfigError(f"target names {names} must be unique and not image/label/path/"
-                              "meta/mask")
-
-    @property
-    def resize_hw(self) -> tuple[int, int] | None:
-        """``resize`` as (height, width) when it fixes both sides, else None."""
-        return self.resize if isinstance(self.resize, tuple) else None
-
-    @property
-    def raw_shape(self) -> tuple[int, int, int] | None:
-        if self.store != "raw" or self.resize is None:
-            return None
-        h, w = (self.resize, self.resize) if isinstance(self.resize, int) else self.resize
-        return (int(h), int(w), 3)
-
-
-_HOW = {
-    "store": "use 'passthrough', 'reencode' or 'raw'",
-    "resize": f"use {RESIZE_HELP}",
-    "codec": "use 'auto' (lossless stays lossless), 'jpeg', 'png' or 'webp'",
-    "mask_store": "masks are stored lossless, use 'png' or 'raw'",
-}
-
-
-def parse_resize(text: str | None) -> tuple[int, int] | int | None:
-    """``--resize``: '256' → 256 (shorter side); '240x320' → (240, 320), height × width, as
-    ``--size HxW`` of the other commands."""
-    if text is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+)\s*(?:[xX×]\s*(\d+))?\s*", text)
-    if not m:
-        raise ConfigError(f"--resize {text!r}: use a shorter-side length like 256 or HxW "
-                          "(height x width, as --size) like 240x320 for 320 wide, 240 high")
-    return (int(m[1]), int(m[2])) if m[2] else int(m[1])
 
 
 @dataclass
@@ -257,26 +173,6 @@ def build_schema(source: Source, opts: PackOptions, codec: str | None = None) ->
     return Schema(tuple(fields))
 
 
-def resolve_targets(targets: Sequence[str | Target] | Mapping[str, Any] | None) -> tuple[Target, ...]:
-    """Built-in names (default parameters), :class:`Target` objects, or {name: function | Target |
-    "module:function"} → the targets to compute."""
-    if not targets:
-        return ()
-    if isinstance(targets, Mapping):
-        return tuple(BUILTINS[v]() if isinstance(v, str) and v in BUILTINS and k == v
-                     else user_target(k, v) for k, v in targets.items())
-    out = []
-    for t in targets:
-        if isinstance(t, Target):
-            out.append(t)
-        elif t in BUILTINS:
-            out.append(BUILTINS[t]())
-        else:
-            raise ConfigError(f"target {t!r}: built-ins are {sorted(BUILTINS)}; pass your own as "
-                              "{name: function} or name=package.module:function")
-    return tuple(out)
-
-
 def split_indices(n: int, val_fraction: float, seed: int) -> np.ndarray:
     """A boolean mask of validation items: a seeded permutation, deterministic for (n, seed)."""
     mask = np.zeros(n, dtype=bool)
@@ -312,7 +208,8 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
             num_classes: int | None = None,
             targets: Sequence[str | Target] | Mapping[str, Any] | None = None,
             extra_channels: ExtraChannels = "refuse",
-            max_pixels: int | None = DEFAULT_MAX_PIXELS, layout: Layout = "auto") -> ConvertResult:
+            max_pixels: int | None = DEFAULT_MAX_PIXELS, layout: Layout = "auto",
+            options: PackOptions | None = None) -> ConvertResult:
     """Pack a source (folder, ImageFolder tree or CSV/JSONL manifest) into ``out`` as ``to``.
 
     Lossless inputs stay lossless unless ``codec`` asks otherwise (see :mod:`converters.images`).
@@ -325,6 +222,8 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     ``resize``: an int is the shorter side (``store="raw"`` then crops the center square); a
     tuple is (height, width), the order of ``make_loader(size=)`` and ``--resize HxW``.
     Every option after ``out`` is keyword-only and checked by type and value (ConfigError).
+    ``options``: the image options (``store`` ... ``max_pixels``, ``targets``) as one
+    :class:`PackOptions`, instead of the separate keywords.
     """
     t0 = time.perf_counter()
     if to not in WRITERS:
@@ -337,9 +236,20 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     source = src if isinstance(src, Source) else scan(src, layout)
     if masks is not None:
         source = attach_masks(source, masks)
-    opts = PackOptions(store, resize, codec, quality, check, source.masked, mask_store,
-                       mask_dtype, num_classes, resolve_targets(targets), extra_channels,
-                       max_pixels)
+    kept = {"store": store, "resize": resize, "codec": codec, "quality": quality, "check": check,
+            "mask_store": mask_store, "mask_dtype": mask_dtype, "num_classes": num_classes,
+            "extra_channels": extra_channels, "max_pixels": max_pixels}
+    if options is None:
+        options = PackOptions(**kept, targets=resolve_targets(targets))  # type: ignore[arg-type]
+    elif targets or any(v != PACK_DEFAULTS[k] for k, v in kept.items()):
+        changed = [k for k, v in kept.items() if v != PACK_DEFAULTS[k]] + \
+            (["targets"] if targets else [])
+        raise ConfigError(f"options= holds the image options: set {', '.join(changed)} in "
+                          "PackOptions(...), or pass them as keywords without options=")
+    if options.targets and not source.masked:
+        raise ConfigError("targets are computed from masks: pass masks=DIR (--masks) or a "
+                          "manifest with a 'mask' column")
+    opts = replace(options, masks=source.masked)
     if strict and source.refused:
         raise BadInputError(f"{source.root / source.refused[0][0]}: {source.refused[0][1]}")
     out = Path(out)

@@ -34,10 +34,8 @@ import numpy as np
 from feedpipe.errors import ConfigError
 from feedpipe.schema.fields import TargetField
 
-from .options import TargetDtype
-
 TargetFn = Callable[[np.ndarray], np.ndarray]
-StoreDtype = TargetDtype
+StoreDtype = Literal["float16", "float32", "uint8", "uint16"]
 
 
 @dataclass(frozen=True)
