@@ -1,10 +1,26 @@
 """Converters: sources (folders, manifests, mask pairs), targets computed from masks, the parallel
-atomic packer, sample photo generation."""
+atomic packer, sample photo generation.
 
-from .pack import ConvertResult, PackOptions, convert, parse_resize
-from .sources import IMAGE_EXTS, Source, SourceItem, attach_masks, scan
-from .targets import BUILTINS, Target, boundary, distance_map, make_boundary, make_distance_map
+Exports load on first use (PEP 562): ``converters.options`` (the option types the CLI builds its
+parser from) imports without numpy or Pillow."""
 
-__all__ = ["BUILTINS", "ConvertResult", "IMAGE_EXTS", "PackOptions", "Source", "SourceItem",
-           "Target", "attach_masks", "boundary", "convert", "distance_map", "make_boundary",
-           "make_distance_map", "parse_resize", "scan"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ConvertResult": "pack", "convert": "pack", "PackOptions": "options", "parse_resize": "options",
+    "IMAGE_EXTS": "sources", "Source": "sources", "SourceItem": "sources",
+    "attach_masks": "sources", "scan": "sources",
+    "BUILTINS": "targets", "Target": "targets", "boundary": "targets",
+    "distance_map": "targets", "make_boundary": "targets", "make_distance_map": "targets",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'converters' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)

@@ -28,7 +28,7 @@ from feedpipe.schema.imaging import (decode_rgb, encode_rgb, jpeg_fast_decodable
                               webp_lossless)
 
 if TYPE_CHECKING:
-    from .pack import PackOptions
+    from .options import PackOptions
     from .sources import SourceItem
 
 JPEG_EXTS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif"})
@@ -107,11 +107,13 @@ def likely_jpeg(items: Sequence[SourceItem]) -> bool:
 
 
 def geometry(w: int, h: int, opts: PackOptions) -> tuple[tuple[int, int], tuple[float, ...]] | None:
-    """Output (W, H) and source box for ``opts.resize``, shared by an image and its mask."""
+    """Output (W, H) (Pillow's order) and source box for ``opts.resize``, shared by an image
+    and its mask. ``opts.resize`` as a tuple is (height, width), as the loader's ``size``."""
     if opts.resize is None:
         return None
     if isinstance(opts.resize, tuple):
-        return opts.resize, (0, 0, w, h)
+        out_h, out_w = opts.resize
+        return (out_w, out_h), (0, 0, w, h)
     s = opts.resize
     if opts.store == "raw":  # fixed size: shorter side to s, then the center s×s crop
         left, top = (w - min(w, h)) / 2, (h - min(w, h)) / 2

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import re
 import signal
 import time
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dc_fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 from PIL import Image
@@ -31,83 +30,14 @@ from feedpipe.schema.fields import (Field, ImageField, JsonField, LabelField, Ma
 from .images import Refused, geometry, image_codec, likely_jpeg, store_image
 from .output import Output, disk_full, empty_result
 from .report import account, settle_codec, tally
-from .sources import Layout, Source, SourceItem, attach_masks, scan
-from .targets import BUILTINS, Target, user_target
+from .options import (PACK_DEFAULTS, Check, Codec, ExtraChannels, Format, Layout, MaskDtype,
+                      MaskStore, PackOptions, Store, resolve_targets)
+from .sources import Source, SourceItem, attach_masks, scan
+from .targets import Target
 
-Store = Literal["passthrough", "reencode", "raw"]
-Codec = Literal["auto", "jpeg", "png", "webp"]
 MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
 INFO_KEY = "_info"  # a prepared sample's stored codec and notes for the summary, not stored
 Progress = Callable[[int, int], None]
-
-
-@dataclass(frozen=True)
-class PackOptions:
-    """How each image is stored; validated up front by :func:`convert`."""
-
-    store: Store = "passthrough"
-    resize: tuple[int, int] | int | None = None
-    codec: Codec = "auto"  # auto: JPEG and lossy WebP as they are, every lossless format as PNG
-    quality: int = 90  # for lossy (re-)encoding only
-    check: Literal["header", "decode"] = "header"
-    masks: bool = False
-    mask_store: Literal["png", "raw"] = "raw"
-    mask_dtype: Literal["uint8", "uint16"] = "uint8"
-    num_classes: int | None = None
-    targets: tuple[Target, ...] = ()
-    extra_channels: Literal["refuse", "drop"] = "refuse"  # alpha, channels beyond RGB, 16-bit RGB
-    max_pixels: int | None = DEFAULT_MAX_PIXELS  # decompression-bomb limit (width × height)
-
-    def __post_init__(self) -> None:
-        if self.store not in ("passthrough", "reencode", "raw"):
-            raise ConfigError(f"store={self.store!r}: use 'passthrough', 'reencode' or 'raw'")
-        if self.codec not in ("auto", "jpeg", "png", "webp"):
-            raise ConfigError(f"codec={self.codec!r}: use 'auto' (lossless stays lossless), "
-                              "'jpeg', 'png' or 'webp'")
-        if self.extra_channels not in ("refuse", "drop"):
-            raise ConfigError(f"extra_channels={self.extra_channels!r}: use 'refuse' or 'drop'")
-        if self.max_pixels is not None and self.max_pixels <= 0:
-            raise ConfigError(f"max_pixels={self.max_pixels}: use a positive pixel count")
-        if not 1 <= self.quality <= 100:
-            raise ConfigError(f"quality={self.quality}: use an integer in 1..100")
-        if self.check not in ("header", "decode"):
-            raise ConfigError(f"check={self.check!r}: use 'header' or 'decode'")
-        if self.store == "raw" and self.resize is None:
-            raise ConfigError("store='raw' needs a fixed size: pass resize=224 (shorter side then "
-                              "center crop) or resize=(W, H)")
-        sizes = [self.resize] if isinstance(self.resize, int) else list(self.resize or [])
-        if any(int(s) <= 0 for s in sizes):
-            raise ConfigError(f"resize={self.resize!r}: sizes must be positive")
-        if self.mask_store not in ("png", "raw"):
-            raise ConfigError(f"mask_store={self.mask_store!r}: masks are stored lossless, use "
-                              "'png' or 'raw'")
-        if self.mask_dtype not in ("uint8", "uint16"):
-            raise ConfigError(f"mask_dtype={self.mask_dtype!r}: use 'uint8' or 'uint16'")
-        if self.targets and not self.masks:
-            raise ConfigError("targets are computed from masks: pass masks=DIR (--masks) or a "
-                              "manifest with a 'mask' column")
-        names = [t.name for t in self.targets]
-        clash = set(names) & {"image", "label", "path", "meta", "mask"}
-        if clash or len(set(names)) != len(names):
-            raise ConfigError(f"target names {names} must be unique and not image/label/path/"
-                              "meta/mask")
-
-    @property
-    def raw_shape(self) -> tuple[int, int, int] | None:
-        if self.store != "raw":
-            return None
-        w, h = (self.resize, self.resize) if isinstance(self.resize, int) else self.resize
-        return (int(h), int(w), 3)
-
-
-def parse_resize(text: str | None) -> tuple[int, int] | int | None:
-    """'256' → 256 (shorter side); '320x240' → (320, 240) (width × height)."""
-    if text is None:
-        return None
-    m = re.fullmatch(r"\s*(\d+)\s*(?:[xX×]\s*(\d+))?\s*", text)
-    if not m:
-        raise ConfigError(f"--resize {text!r}: use a shorter-side length like 256 or WxH like 320x240")
-    return (int(m[1]), int(m[2])) if m[2] else int(m[1])
 
 
 @dataclass
@@ -243,26 +173,6 @@ def build_schema(source: Source, opts: PackOptions, codec: str | None = None) ->
     return Schema(tuple(fields))
 
 
-def resolve_targets(targets: Sequence[str | Target] | Mapping[str, Any] | None) -> tuple[Target, ...]:
-    """Built-in names (default parameters), :class:`Target` objects, or {name: function | Target |
-    "module:function"} → the targets to compute."""
-    if not targets:
-        return ()
-    if isinstance(targets, Mapping):
-        return tuple(BUILTINS[v]() if isinstance(v, str) and v in BUILTINS and k == v
-                     else user_target(k, v) for k, v in targets.items())
-    out = []
-    for t in targets:
-        if isinstance(t, Target):
-            out.append(t)
-        elif t in BUILTINS:
-            out.append(BUILTINS[t]())
-        else:
-            raise ConfigError(f"target {t!r}: built-ins are {sorted(BUILTINS)}; pass your own as "
-                              "{name: function} or name=package.module:function")
-    return tuple(out)
-
-
 def split_indices(n: int, val_fraction: float, seed: int) -> np.ndarray:
     """A boolean mask of validation items: a seeded permutation, deterministic for (n, seed)."""
     mask = np.zeros(n, dtype=bool)
@@ -287,18 +197,19 @@ def _results(items: list[SourceItem], opts: PackOptions, workers: int, codec: st
         yield from pool.imap(_prepare_star, ((it, opts) for it in items), chunksize=chunk)
 
 
-def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int | None = None,
-            store: Store = "passthrough", resize: tuple[int, int] | int | None = None,
-            codec: Codec = "auto", quality: int = 90,
-            check: Literal["header", "decode"] = "header", strict: bool = False,
+def convert(src: str | Path | Source, out: str | Path, *, to: Format,
+            workers: int | None = None, store: Store = "passthrough",
+            resize: int | tuple[int, int] | None = None, codec: Codec = "auto", quality: int = 90,
+            check: Check = "header", strict: bool = False,
             val_fraction: float = 0.0, seed: int = 0, overwrite: bool = False,
             writer_options: dict[str, Any] | None = None,
             progress: Progress | None = None, masks: str | Path | None = None,
-            mask_store: Literal["png", "raw"] = "raw",
-            mask_dtype: Literal["uint8", "uint16"] = "uint8", num_classes: int | None = None,
+            mask_store: MaskStore = "raw", mask_dtype: MaskDtype = "uint8",
+            num_classes: int | None = None,
             targets: Sequence[str | Target] | Mapping[str, Any] | None = None,
-            extra_channels: Literal["refuse", "drop"] = "refuse",
-            max_pixels: int | None = DEFAULT_MAX_PIXELS, layout: Layout = "auto") -> ConvertResult:
+            extra_channels: ExtraChannels = "refuse",
+            max_pixels: int | None = DEFAULT_MAX_PIXELS, layout: Layout = "auto",
+            options: PackOptions | None = None) -> ConvertResult:
     """Pack a source (folder, ImageFolder tree or CSV/JSONL manifest) into ``out`` as ``to``.
 
     Lossless inputs stay lossless unless ``codec`` asks otherwise (see :mod:`converters.images`).
@@ -308,6 +219,11 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
     Segmentation: ``masks`` (a folder matched by file name, or a manifest's ``mask`` column)
     adds a lossless ``mask`` field, and ``targets`` (e.g. ``["distance_map", "boundary"]``) are
     computed from each mask in the workers and stored as fields of the same names.
+    ``resize``: an int is the shorter side (``store="raw"`` then crops the center square); a
+    tuple is (height, width), the order of ``make_loader(size=)`` and ``--resize HxW``.
+    Every option after ``out`` is keyword-only and checked by type and value (ConfigError).
+    ``options``: the image options (``store`` ... ``max_pixels``, ``targets``) as one
+    :class:`PackOptions`, instead of the separate keywords.
     """
     t0 = time.perf_counter()
     if to not in WRITERS:
@@ -320,9 +236,20 @@ def convert(src: str | Path | Source, out: str | Path, *, to: str, workers: int 
     source = src if isinstance(src, Source) else scan(src, layout)
     if masks is not None:
         source = attach_masks(source, masks)
-    opts = PackOptions(store, resize, codec, quality, check, source.masked, mask_store,
-                       mask_dtype, num_classes, resolve_targets(targets), extra_channels,
-                       max_pixels)
+    kept = {"store": store, "resize": resize, "codec": codec, "quality": quality, "check": check,
+            "mask_store": mask_store, "mask_dtype": mask_dtype, "num_classes": num_classes,
+            "extra_channels": extra_channels, "max_pixels": max_pixels}
+    if options is None:
+        options = PackOptions(**kept, targets=resolve_targets(targets))  # type: ignore[arg-type]
+    elif targets or any(v != PACK_DEFAULTS[k] for k, v in kept.items()):
+        changed = [k for k, v in kept.items() if v != PACK_DEFAULTS[k]] + \
+            (["targets"] if targets else [])
+        raise ConfigError(f"options= holds the image options: set {', '.join(changed)} in "
+                          "PackOptions(...), or pass them as keywords without options=")
+    if options.targets and not source.masked:
+        raise ConfigError("targets are computed from masks: pass masks=DIR (--masks) or a "
+                          "manifest with a 'mask' column")
+    opts = replace(options, masks=source.masked)
     if strict and source.refused:
         raise BadInputError(f"{source.root / source.refused[0][0]}: {source.refused[0][1]}")
     out = Path(out)

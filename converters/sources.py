@@ -13,14 +13,15 @@ import os
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from feedpipe.errors import ConfigError
+
+from .options import Layout
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".dib", ".tif",
                         ".tiff", ".gif", ".ppm", ".pgm", ".pbm", ".pnm", ".jp2", ".j2k", ".j2c",
                         ".jpx", ".jpf"})
-Layout = Literal["auto", "imagefolder", "flat"]
 Entry = tuple[str, str]  # (path relative to the source root, why it was not taken)
 
 

@@ -151,7 +151,7 @@ def raw_packed(tmp_path_factory, photo_dir) -> dict:
     root = tmp_path_factory.mktemp("rawpacked")
     out = {}
     for f in FORMATS:
-        res = convert(photo_dir, root / f, to=f, workers=0, store="raw", resize=(48, 40))
+        res = convert(photo_dir, root / f, to=f, workers=0, store="raw", resize=(40, 48))
         assert res.written == N_PHOTOS and res.reencoded == N_PHOTOS
         out[f] = root / f
     return out
@@ -161,7 +161,7 @@ def test_store_raw_exact_pixels(raw_packed, fmt, photos):
     ds = feedpipe.open_dataset(raw_packed[fmt])
     field = ds.schema["image"]
     assert field.codec == "raw" and field.shape == (40, 48, 3)
-    opts = PackOptions("raw", (48, 40))
+    opts = PackOptions("raw", (40, 48))
     batch = ds.get_batch(range(len(ds)))
     for i, ph in enumerate(photos):
         with Image.open(ph.path) as im:

@@ -10,7 +10,7 @@ import re
 import sys
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Sequence, get_args
 
 import numpy as np
 
@@ -18,6 +18,8 @@ from ..errors import ConfigError, FeedpipeError
 from ..schema.imaging import DEFAULT_MAX_PIXELS, decoder_info
 from ..dataset.manifest import Manifest
 from ..schema.fields import MaskField, TargetField
+from converters.options import (Check, Codec, ExtraChannels, Format, Layout, MaskDtype, MaskStore,
+                                Store, TargetDtype)
 
 if TYPE_CHECKING:
     from converters import ConvertResult
@@ -243,27 +245,29 @@ def build_parser(core_only: bool = False) -> argparse.ArgumentParser:
 
     c = sub.add_parser("convert", help="pack images into LMDB, HDF5 or WebDataset shards")
     c.add_argument("src", help="image folder, ImageFolder tree, or .csv/.jsonl manifest")
-    c.add_argument("--to", required=True, choices=["lmdb", "hdf5", "wds"])
+    c.add_argument("--to", required=True, choices=get_args(Format))
     c.add_argument("-o", "--out", required=True, type=Path)
     c.add_argument("--workers", type=int, default=None, help="processes (default: usable cores)")
-    c.add_argument("--store", default="passthrough", choices=["passthrough", "reencode", "raw"],
+    c.add_argument("--store", default="passthrough", choices=get_args(Store),
                    help="passthrough keeps JPEG bytes unchanged; raw stores decoded uint8 RGB")
-    c.add_argument("--resize", help="shorter side (256) or WxH (320x240); raw crops to square")
-    c.add_argument("--codec", default="auto", choices=["auto", "jpeg", "png", "webp"],
+    c.add_argument("--resize", metavar="N|HxW",
+                   help="shorter side (256) or HxW, height x width as --size elsewhere (240x320: "
+                   "320 wide, 240 high); raw with N crops the center square")
+    c.add_argument("--codec", default="auto", choices=get_args(Codec),
                    help="auto (default): JPEG and lossy WebP kept as they are, PNG stored "
                    "unchanged, other lossless formats (TIFF, BMP, PNM, lossless WebP, JPEG 2000) "
                    "as lossless PNG; jpeg/png/webp: re-encode everything else to that codec")
     c.add_argument("--quality", type=int, default=90, help="for lossy (re-)encoding only")
-    c.add_argument("--extra-channels", default="refuse", choices=["refuse", "drop"],
+    c.add_argument("--extra-channels", default="refuse", choices=get_args(ExtraChannels),
                    help="images with transparent alpha, channels beyond RGB or 16-bit RGB: "
                    "refuse (skip, by name; default) or drop what 8-bit RGB cannot hold")
     c.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
                    help="refuse images declaring more pixels (decompression bombs; default "
                    f"{DEFAULT_MAX_PIXELS:,})")
-    c.add_argument("--layout", default="auto", choices=["auto", "imagefolder", "flat"],
+    c.add_argument("--layout", default="auto", choices=get_args(Layout),
                    help="auto: an ImageFolder tree when a sub-folder holds images (class folders "
                    "win; top-level images are skipped by name), else a flat folder")
-    c.add_argument("--check", default="header", choices=["header", "decode"],
+    c.add_argument("--check", default="header", choices=get_args(Check),
                    help="header: markers + end-of-image (fast); decode: full decode")
     c.add_argument("--strict", action="store_true", help="fail on the first bad or refused "
                    "input, and on a class left with no samples")
@@ -277,10 +281,10 @@ def build_parser(core_only: bool = False) -> argparse.ArgumentParser:
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     g = c.add_argument_group("segmentation masks and targets")
     g.add_argument("--masks", type=Path, help="mask folder, matched to images by file name")
-    g.add_argument("--mask-store", default="raw", choices=["png", "raw"],
+    g.add_argument("--mask-store", default="raw", choices=get_args(MaskStore),
                    help="lossless mask storage: raw (default, no decode when loading) or png "
                    "(smaller, ~0.4 ms to decode a 500x375 mask)")
-    g.add_argument("--mask-dtype", default="uint8", choices=["uint8", "uint16"])
+    g.add_argument("--mask-dtype", default="uint8", choices=get_args(MaskDtype))
     g.add_argument("--num-classes", type=int, help="classes in the masks (default: max index+1)")
     g.add_argument("--targets", help="built-in targets computed from each mask, comma-separated: "
                    "distance_map, boundary")
@@ -292,7 +296,7 @@ def build_parser(core_only: bool = False) -> argparse.ArgumentParser:
     g.add_argument("--distance-truncate", type=float, help="clip distances at this many pixels")
     g.add_argument("--distance-normalize", action="store_true",
                    help="divide by the truncation (or the image diagonal): values in [-1, 1]")
-    g.add_argument("--distance-dtype", default="float16", choices=["float16", "uint8", "uint16"],
+    g.add_argument("--distance-dtype", default="float16", choices=get_args(TargetDtype),
                    help="storage; uint8/uint16 need --distance-truncate or --distance-normalize")
     g.add_argument("--boundary-width", type=float, default=1.0)
     c.set_defaults(func=cmd_convert)

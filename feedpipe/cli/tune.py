@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Any
+from typing import Any, get_args
+
+from ..loader.config import Crop, Dtype
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -32,10 +34,8 @@ def register(sub: Any) -> None:
     t.add_argument("--batch-size", type=int, required=True)
     t.add_argument("--size", type=hw_size, help="output size: N (square) or HxW, e.g. 96x128 "
                    "(as make_loader's size=)")
-    t.add_argument("--crop", default="center_crop",
-                   choices=["resize", "center_crop", "random_resized_crop", "none"])
-    t.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16",
-                                                          "uint8"])
+    t.add_argument("--crop", default="center_crop", choices=get_args(Crop))
+    t.add_argument("--dtype", default="float32", choices=get_args(Dtype))
     t.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     t.add_argument("--budget-cpus", type=int, help="most workers to try (default: usable cores)")
     t.add_argument("--budget-ram", type=size_arg,

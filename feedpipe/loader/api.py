@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import logging
 import os
+from dataclasses import fields as dataclass_fields
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, Callable, ParamSpec, Protocol, Sequence, TypeVar
 
 import torch
 
@@ -14,13 +18,18 @@ from ..dataset.registry import DatasetReader, open_dataset
 from ..schema.imaging import decoder_info
 from ..schema.fields import ImageField
 from .sampler import World
-from .config import LoaderConfig, auto_workers, usable_cores
+from .config import (IMAGENET_MEAN, IMAGENET_STD, Auto, Backend, Crop, DaliReader,
+                     DecodeOn, Dtype, LoaderConfig, MpContext, OnError, Tune, Uneven, auto_workers,
+                     usable_cores)
 from .dali.backend import DaliLoader, choose_backend, dali_loader
 from .torch.device_decode import choose as choose_decoder
 from .protocol import Loader, LoaderView
 from .torch.backend import TorchLoader
 
 log = logging.getLogger("feedpipe.loader")
+P = ParamSpec("P")
+R = TypeVar("R")
+_DEFAULTS = {f.name: f.default for f in dataclass_fields(LoaderConfig) if f.name != "batch_size"}
 
 
 class Tuner(Protocol):
@@ -54,24 +63,98 @@ def _device(spec: str | torch.device) -> torch.device:
     return dev
 
 
-def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
-                **options: Any) -> Loader:
+def _same(value: object, default: object) -> bool:
+    return value is default or (type(value) is type(default) and value == default)
+
+
+def _keywords_checked(fn: Callable[P, R]) -> Callable[P, R]:
+    """Refuse an unknown keyword with the closest option named (``flp=`` → did you mean
+    ``flip``?); ``inspect.signature``, ``help()`` and editors still see ``fn``'s own signature."""
+    known = tuple(inspect.signature(fn).parameters)
+
+    @functools.wraps(fn)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        for name in kwargs:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else \
+                    f"; the options are {', '.join(known[2:])}"
+                raise TypeError(f"{fn.__name__}() got an unexpected keyword argument "
+                                f"{name!r}{hint}")
+        return fn(*args, **kwargs)
+
+    return checked
+
+
+@_keywords_checked
+def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
+                shuffle: bool = True, seed: int = 0, drop_last: bool = False,
+                uneven: Uneven = "pad", fields: Sequence[str] | None = None,
+                size: int | tuple[int, int] | None = None, crop: Crop = "center_crop",
+                scale: tuple[float, float] = (0.08, 1.0),
+                ratio: tuple[float, float] = (3 / 4, 4 / 3), flip: bool = False,
+                device: str | torch.device = "auto", dtype: Dtype = "float32",
+                mean: tuple[float, float, float] | None = IMAGENET_MEAN,
+                std: tuple[float, float, float] | None = IMAGENET_STD,
+                channels_last: bool = True, backend: Backend = "auto",
+                dali_reader: DaliReader = "plan", dali_hw_decoder_load: float = 0.65,
+                decode_on: DecodeOn = "auto", num_workers: int | Auto | Tune = "auto",
+                prefetch_factor: int | Auto = "auto", pin_memory: bool | Auto = "auto",
+                persistent_workers: bool | Auto = "auto",
+                multiprocessing_context: MpContext | None = None, shuffle_buffer: int = 1000,
+                on_error: OnError = "raise", max_pixels: int | None = None,
+                world: World | None = None) -> Loader:
     """Open ``source`` (a packed dataset path or an opened dataset) and return a batch loader.
 
     Yields dicts of tensors on the target device — ``image`` as N×C×H×W (normalized ``dtype``,
-    channels_last by default), ``label`` as N int64 — plus any other requested ``fields``. Every
-    option is a :class:`~feedpipe.loader.config.LoaderConfig` field; "auto" values are tuned to the
-    machine. Either backend returns a :class:`Loader`: ``len()``, ``set_epoch``,
-    ``state_dict``/``load_state_dict``, ``classes`` (the manifest's class names) and
-    ``describe()``. Every new ``iter()`` starts its epoch at the first batch; only
-    ``load_state_dict`` resumes mid-epoch.
+    channels_last by default), ``label`` as N int64 — plus any other requested ``fields``. Either
+    backend returns a :class:`Loader`: ``len()``, ``set_epoch``, ``state_dict``/
+    ``load_state_dict``, ``classes`` (the manifest's class names) and ``describe()``. Every new
+    ``iter()`` starts its epoch at the first batch; only ``load_state_dict`` resumes mid-epoch.
+    Each option is checked by type and value (a :class:`~feedpipe.errors.ConfigError` names
+    it); "auto" values are resolved for the machine and the dataset.
+
+    Options (all keyword-only; :class:`~feedpipe.loader.config.LoaderConfig` holds them):
+
+    - ``shuffle``: a new order each epoch, from ``seed`` (mixed with the epoch and the rank).
+    - ``seed``: the order's seed (a non-negative int).
+    - ``drop_last``: drop the last, short batch of each epoch.
+    - ``uneven``: ranks with unequal shares: "pad" (wrap to the same count) or "drop" (trim).
+    - ``fields``: the fields to yield (default: ``image`` and ``label`` where the dataset has them).
+    - ``size``: output (height, width); an int is a square; None keeps the stored size.
+    - ``crop``: "resize", "center_crop", "random_resized_crop" or "none" (needs equal sizes).
+    - ``scale``: random_resized_crop's range of the image area (fractions, as torchvision).
+    - ``ratio``: random_resized_crop's range of aspect ratios (width / height).
+    - ``flip``: flip each sample horizontally with probability 1/2.
+    - ``device``: "auto" (CUDA when available), "cpu", "cuda[:N]" or a ``torch.device``.
+    - ``dtype``: "float32", "float16", "bfloat16" (normalized) or "uint8" (0..255, as stored).
+    - ``mean``: per-channel RGB mean in 0..1 units, or None (with ``std=None``) for none.
+    - ``std``: per-channel RGB standard deviation in 0..1 units, or None.
+    - ``channels_last``: images in channels_last memory format (faster convolutions).
+    - ``backend``: "torch", "dali" (NVIDIA DALI on the GPU) or "auto".
+    - ``dali_reader``: "plan" (feedpipe's order, every format) or "webdataset" (DALI's own).
+    - ``dali_hw_decoder_load``: share of JPEGs for the A100/H100 hardware decoder (0..1).
+    - ``decode_on``: "cpu" (workers), "device" (nvJPEG through torchvision) or "auto".
+    - ``num_workers``: loader processes: an int (0: the main process), "auto" or "tune".
+    - ``prefetch_factor``: batches each worker keeps ahead; "auto": 4 when decoding, else 2.
+    - ``pin_memory``: page-locked host batches for faster copies; "auto": on for CUDA.
+    - ``persistent_workers``: keep workers between epochs; "auto": when there are workers.
+    - ``multiprocessing_context``: "fork", "spawn", "forkserver" or None (torch's default).
+    - ``shuffle_buffer``: WebDataset's in-shard shuffle window, in samples.
+    - ``on_error``: a corrupt sample "raise"s, or is "skip"ped (counted, named, refilled).
+    - ``max_pixels``: decompression-bomb limit (width × height); None: the dataset's own.
+    - ``world``: this process's rank and world size (default: from the torchrun environment).
+
+    An unknown keyword raises ``TypeError`` naming it and the closest option.
     """
-    world = options.pop("world", None) or World.detect()
+    options = {name: value for name, value in locals().items()  # what the caller changed
+               if name in _DEFAULTS and not _same(value, _DEFAULTS[name])}
+    world = world or World.detect()
     cfg = LoaderConfig(batch_size=batch_size, **options)
     reader = source if isinstance(source, DatasetReader) else open_dataset(source)
     reader.require_samples("make_loader")
     device = _device(cfg.device)
-    fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
+    fields = cfg.fields_in(reader.schema)
     decodes = any(isinstance(reader.schema[n], ImageField) and reader.schema[n].codec != "raw"
                   for n in fields if n in reader.schema)
     if cfg.num_workers == "tune":  # either backend: autotune measures the one chosen here

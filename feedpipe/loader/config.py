@@ -8,40 +8,76 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Literal
+from dataclasses import fields as dataclass_fields
+from functools import cache
+from typing import Any, Container, Literal, get_args, get_type_hints
 
 from ..errors import ConfigError
+from ..checks import conforms, describe
 
 Crop = Literal["resize", "center_crop", "random_resized_crop", "none"]
 Backend = Literal["auto", "torch", "dali"]
 DaliReader = Literal["plan", "webdataset"]
 OnError = Literal["raise", "skip"]
 DecodeOn = Literal["auto", "cpu", "device"]
+Dtype = Literal["float32", "float16", "bfloat16", "uint8"]
+Uneven = Literal["pad", "drop"]
+MpContext = Literal["fork", "spawn", "forkserver"]
 Auto = Literal["auto"]
 Tune = Literal["tune"]  # measured by make_loader through feedpipe.tools.tune.autotune
 
+_DTYPES = get_args(Dtype)
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
-_DTYPES = ("float32", "float16", "bfloat16", "uint8")
+DEFAULT_FIELDS = ("image", "label")  # what a loader yields when ``fields`` is not given
+PREFETCH_DECODE = 4  # batches each worker keeps ahead when it decodes ("auto"; 2 when it does not)
+SHM_HEADROOM = 2  # /dev/shm must hold this many times the slot ring before the ring is used
+
+# How to fix a bad value, for options whose accepted values need more than their type to explain.
+_HOW = {
+    "batch_size": "use a positive integer",
+    "seed": "use a non-negative integer",
+    "uneven": "use 'pad' (wrap around so every rank gets the same count) or 'drop' (trim to the "
+              "shortest rank)",
+    "size": "use an int (square) or (height, width) of positive ints",
+    "crop": "use 'resize', 'center_crop', 'random_resized_crop' or 'none'",
+    "dali_reader": "use 'plan' (feedpipe's order, every format) or 'webdataset' (DALI's native "
+                   "tar reader and order, WebDataset only)",
+    "decode_on": "use 'cpu' (workers decode), 'device' (nvJPEG on the CUDA device through "
+                 "torchvision) or 'auto' (device when it can)",
+    "num_workers": "use 'auto', 'tune' (measured trials, cached) or an int >= 0 (0 loads in the "
+                   "main process)",
+    "prefetch_factor": "use 'auto' or an int >= 1",
+    "on_error": "use 'raise' or 'skip' (count and refill)",
+    "max_pixels": "use a positive pixel count (width x height) or None for the dataset's own "
+                  "limit",
+    "mean": "give three per-channel values (RGB, in 0..1 units), or None",
+    "std": "give three per-channel values (RGB, in 0..1 units), or None",
+}
 
 
 @dataclass(frozen=True)
 class LoaderConfig:
-    """What to load, how to augment it, where to put it, and how to parallelize."""
+    """What to load, how to augment it, where to put it, and how to parallelize.
+
+    Every option is checked against its annotation (``flip="yes"`` and ``batch_size=2.0`` are
+    refused, naming the option and what it accepts) and then by value.
+    """
 
     batch_size: int
     shuffle: bool = True
     seed: int = 0
     drop_last: bool = False
-    uneven: Literal["pad", "drop"] = "pad"
+    uneven: Uneven = "pad"
     fields: tuple[str, ...] | None = None
-    size: tuple[int, int] | None = None
+    size: tuple[int, int] | None = None  # an int is taken as a square
     crop: Crop = "center_crop"
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: bool = False
     device: str = "auto"
-    dtype: str = "float32"
+    dtype: Dtype = "float32"
     mean: tuple[float, float, float] | None = IMAGENET_MEAN
     std: tuple[float, float, float] | None = IMAGENET_STD
     channels_last: bool = True
@@ -53,7 +89,7 @@ class LoaderConfig:
     prefetch_factor: int | Auto = "auto"
     pin_memory: bool | Auto = "auto"
     persistent_workers: bool | Auto = "auto"
-    multiprocessing_context: str | None = None
+    multiprocessing_context: MpContext | None = None
     shuffle_buffer: int = 1000
     on_error: OnError = "raise"
     max_pixels: int | None = None  # None: the dataset's recorded limit, else DEFAULT_MAX_PIXELS
@@ -62,68 +98,58 @@ class LoaderConfig:
         def bad(msg: str) -> None:
             raise ConfigError(msg)
 
-        if not isinstance(self.batch_size, int) or self.batch_size < 1:
-            bad(f"batch_size={self.batch_size!r}: use a positive integer")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            bad(f"seed={self.seed!r}: use a non-negative integer")
-        if self.uneven not in ("pad", "drop"):
-            bad(f"uneven={self.uneven!r}: use 'pad' (wrap around so every rank gets the same "
-                "count) or 'drop' (trim to the shortest rank)")
-        if self.size is not None:
-            size = (self.size, self.size) if isinstance(self.size, int) else tuple(self.size)
-            if len(size) != 2 or any(not isinstance(s, int) or s < 1 for s in size):
-                bad(f"size={self.size!r}: use an int (square) or (height, width) of positive ints")
-            object.__setattr__(self, "size", size)
-        if self.crop not in ("resize", "center_crop", "random_resized_crop", "none"):
-            bad(f"crop={self.crop!r}: use 'resize', 'center_crop', 'random_resized_crop' or 'none'")
+        self._normalize()
+        hints = _hints()
+        for f in dataclass_fields(self):
+            value = getattr(self, f.name)
+            if not conforms(value, hints[f.name]):
+                how = _HOW.get(f.name) or f"use {describe(hints[f.name])}"
+                bad(f"{f.name}={value!r}: {how}")
+        if self.batch_size < 1:
+            bad(f"batch_size={self.batch_size!r}: {_HOW['batch_size']}")
+        if self.seed < 0:
+            bad(f"seed={self.seed!r}: {_HOW['seed']}")
+        if self.size is not None and min(self.size) < 1:
+            bad(f"size={self.size!r}: {_HOW['size']}")
         lo, hi = self.scale
         if not 0 < lo <= hi <= 1:
             bad(f"scale={self.scale!r}: use 0 < min <= max <= 1 (fractions of the image area)")
         if not 0 < self.ratio[0] <= self.ratio[1]:
             bad(f"ratio={self.ratio!r}: use 0 < min <= max (width / height)")
-        if self.dtype not in _DTYPES:
-            bad(f"dtype={self.dtype!r}: use one of {', '.join(_DTYPES)}")
-        for name in ("mean", "std"):
-            v = getattr(self, name)
-            if v is not None:
-                v = tuple(float(x) for x in v)
-                if len(v) != 3:
-                    bad(f"{name}={v!r}: give three per-channel values (RGB, in 0..1 units)")
-                object.__setattr__(self, name, v)
         if (self.mean is None) != (self.std is None):
             bad("mean and std go together: pass both, or mean=None, std=None for no normalization")
         if self.std is not None and any(s <= 0 for s in self.std):
             bad(f"std={self.std!r}: values must be positive")
-        if self.backend not in ("auto", "torch", "dali"):
-            bad(f"backend={self.backend!r}: use 'auto', 'torch' or 'dali'")
-        if self.dali_reader not in ("plan", "webdataset"):
-            bad(f"dali_reader={self.dali_reader!r}: use 'plan' (feedpipe's order, every format) "
-                "or 'webdataset' (DALI's native tar reader and order, WebDataset only)")
         if not 0.0 <= self.dali_hw_decoder_load <= 1.0:
             bad(f"dali_hw_decoder_load={self.dali_hw_decoder_load!r}: use a fraction in [0, 1]")
-        if self.decode_on not in ("auto", "cpu", "device"):
-            bad(f"decode_on={self.decode_on!r}: use 'cpu' (workers decode), 'device' (nvJPEG on "
-                "the CUDA device through torchvision) or 'auto' (device when it can)")
-        if self.num_workers not in ("auto", "tune") and (not isinstance(self.num_workers, int)
-                                                         or self.num_workers < 0):
-            bad(f"num_workers={self.num_workers!r}: use 'auto', 'tune' (measured trials, cached) "
-                "or an int >= 0 (0 loads in the main process)")
-        if self.prefetch_factor != "auto" and (not isinstance(self.prefetch_factor, int)
-                                               or self.prefetch_factor < 1):
-            bad(f"prefetch_factor={self.prefetch_factor!r}: use 'auto' or an int >= 1")
-        if self.on_error not in ("raise", "skip"):
-            bad(f"on_error={self.on_error!r}: use 'raise' or 'skip' (count and refill)")
+        if isinstance(self.num_workers, int) and self.num_workers < 0:
+            bad(f"num_workers={self.num_workers!r}: {_HOW['num_workers']}")
+        if isinstance(self.prefetch_factor, int) and self.prefetch_factor < 1:
+            bad(f"prefetch_factor={self.prefetch_factor!r}: {_HOW['prefetch_factor']}")
         if self.shuffle_buffer < 1:
             bad(f"shuffle_buffer={self.shuffle_buffer}: use a positive sample count")
-        if self.max_pixels is not None and (not isinstance(self.max_pixels, int)
-                                            or self.max_pixels < 1):
-            bad(f"max_pixels={self.max_pixels!r}: use a positive pixel count (width x height) "
-                "or None for the dataset's own limit")
-        if self.fields is not None:
-            object.__setattr__(self, "fields", tuple(self.fields))
-        ctx = self.multiprocessing_context
-        if ctx is not None and ctx not in ("fork", "spawn", "forkserver"):
-            bad(f"multiprocessing_context={ctx!r}: use 'fork', 'spawn' or 'forkserver'")
+        if self.max_pixels is not None and self.max_pixels < 1:
+            bad(f"max_pixels={self.max_pixels!r}: {_HOW['max_pixels']}")
+
+    def _normalize(self) -> None:
+        """The spellings taken for convenience: an int size is a square, lists are tuples, and
+        mean/std become floats, and a ``torch.device`` its string."""
+        if not isinstance(self.device, str) and hasattr(self.device, "type"):
+            object.__setattr__(self, "device", str(self.device))
+        if isinstance(self.size, int) and not isinstance(self.size, bool):
+            object.__setattr__(self, "size", (self.size, self.size))
+        for name in ("fields", "size", "scale", "ratio", "mean", "std"):
+            value = getattr(self, name)
+            if isinstance(value, list):
+                object.__setattr__(self, name, tuple(value))
+        for name in ("mean", "std", "scale", "ratio"):
+            value = getattr(self, name)
+            if isinstance(value, tuple) and all(conforms(v, float) for v in value):
+                object.__setattr__(self, name, tuple(float(v) for v in value))
+
+    def fields_in(self, schema: Container[str]) -> tuple[str, ...]:
+        """The fields to load: ``fields``, else those of :data:`DEFAULT_FIELDS` in ``schema``."""
+        return self.fields or tuple(n for n in DEFAULT_FIELDS if n in schema)
 
     def resolve(self, *, cuda: bool, decodes: bool) -> "LoaderConfig":
         """Replace every "auto" with a concrete value (see :func:`auto_workers`)."""
@@ -134,12 +160,17 @@ class LoaderConfig:
         return replace(
             self,
             num_workers=workers,
-            prefetch_factor=(4 if decodes else 2) if self.prefetch_factor == "auto"
+            prefetch_factor=(PREFETCH_DECODE if decodes else 2) if self.prefetch_factor == "auto"
             else self.prefetch_factor,
             pin_memory=cuda if self.pin_memory == "auto" else self.pin_memory,
             persistent_workers=workers > 0 if self.persistent_workers == "auto"
             else self.persistent_workers,
         )
+
+
+@cache
+def _hints() -> dict[str, Any]:
+    return get_type_hints(LoaderConfig)
 
 
 def usable_cores() -> int:

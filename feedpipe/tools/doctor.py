@@ -20,7 +20,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from . import machine
 from ..errors import ConfigError, EmptyDatasetError
-from ..loader.config import auto_workers
+from ..loader.config import PREFETCH_DECODE, SHM_HEADROOM, auto_workers
 
 Severity = Literal["error", "high", "medium", "low", "info", "ok"]
 RANK = {"error": 0, "high": 1, "medium": 2, "low": 3, "info": 4, "ok": 5}
@@ -67,7 +67,7 @@ def check_cores(usable: int, total: int, quota: float | None) -> list[Finding]:
                            + (f" (quota {quota:g})" if quota else ""))]
 
 
-def ring_bytes(batch_size: int, size: int, workers: int, prefetch: int = 4) -> int:
+def ring_bytes(batch_size: int, size: int, workers: int, prefetch: int = PREFETCH_DECODE) -> int:
     """Bytes of the loader's shared-memory slot ring of uint8 batches."""
     from ..loader.torch.backend import SlotRing
 
@@ -75,13 +75,13 @@ def ring_bytes(batch_size: int, size: int, workers: int, prefetch: int = 4) -> i
 
 
 def check_shm(free: int | None, *, batch_size: int, size: int, workers: int,
-              prefetch: int = 4) -> list[Finding]:
+              prefetch: int = PREFETCH_DECODE) -> list[Finding]:
     """/dev/shm against what DataLoader workers need to hand batches over, and the slot ring."""
     if workers == 0:
         return [Finding("shm", "ok", "no loader workers: /dev/shm is not used")]
     batch = batch_size * size * size * 3
     ring = ring_bytes(batch_size, size, workers, prefetch)
-    want = max(GiB, 2 * ring)
+    want = max(GiB, SHM_HEADROOM * ring)
     fix = (f"give /dev/shm at least {math.ceil(want / GiB)} GiB: docker run --shm-size="
            f"{math.ceil(want / GiB)}g (Kubernetes: an emptyDir with medium: Memory mounted at "
            "/dev/shm; or mount -o remount,size=... /dev/shm)")
@@ -91,9 +91,9 @@ def check_shm(free: int | None, *, batch_size: int, size: int, workers: int,
                         f"batches in flight need {workers * prefetch * batch / MiB:,.0f} MiB: "
                         "workers die with 'bus error' or 'No space left on device'", fix,
                         "loading with workers works at all")]
-    if free < 2 * ring:
+    if free < SHM_HEADROOM * ring:
         return [Finding("shm", "medium", f"/dev/shm has {free / MiB:,.0f} MiB free, under the "
-                        f"{2 * ring / MiB:,.0f} MiB the loader wants for its reusable slot ring "
+                        f"{SHM_HEADROOM * ring / MiB:,.0f} MiB the loader wants for its reusable slot ring "
                         f"(batch {batch_size}, {size}x{size}): each batch gets fresh shared "
                         "memory instead", fix,
                         "~8 ms less page faulting per 64×224² batch (~12% of a worker's time)")]

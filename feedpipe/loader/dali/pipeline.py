@@ -163,7 +163,7 @@ def define_graph(dali: ModuleType, spec: GraphSpec, source: Any) -> tuple[Any, .
 def dali_fields(reader: DatasetReader, cfg: LoaderConfig) -> tuple[str, tuple[str, ...]]:
     """(the image field DALI decodes, the fields read on the host), or a ConfigError saying why
     the DALI backend cannot serve this request."""
-    fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
+    fields = cfg.fields_in(reader.schema)
     for name in fields:
         if name not in reader.schema:
             raise ConfigError(f"fields: {name!r} is not in the dataset; it has "

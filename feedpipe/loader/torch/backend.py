@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Sampler
 from ...errors import ConfigError
 from ...dataset.registry import DatasetReader
 from ..sampler import EpochPosition, PlanSampler, World
-from ..config import LoaderConfig
+from ..config import SHM_HEADROOM, LoaderConfig
 from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, SlotRef
 from .device_decode import DeviceDecoder, EncodedBatch
 from ..protocol import LoaderView
@@ -240,7 +240,7 @@ class TorchLoader(EpochPosition):
 
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World,
                  device: torch.device, decoder: DeviceDecoder | None = None) -> None:
-        fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
+        fields = cfg.fields_in(reader.schema)
         if not fields:
             raise ConfigError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
                               f"from {reader.schema.names}")
@@ -303,7 +303,7 @@ class TorchLoader(EpochPosition):
             free = shutil.disk_usage("/dev/shm").free
         except OSError:
             free = 0
-        if not shapes or free < 2 * need:
+        if not shapes or free < SHM_HEADROOM * need:
             log.warning("not enough shared memory for a %d MiB batch ring (/dev/shm has %d MiB "
                         "free); each batch gets fresh shared memory instead", need >> 20,
                         free >> 20)

@@ -21,7 +21,7 @@ import torch
 
 from ...errors import ConfigError
 from ...dataset.registry import DatasetReader
-from ...loader.config import auto_workers
+from ...loader.config import PREFETCH_DECODE, auto_workers
 from .batches import Batch, cpu_copy, default_step, nbytes, tile, to_device
 from .memory import HostPeak, exact_heap, free_device_memory, host_available_bytes, \
     loader_ram_bytes, sample_bytes
@@ -233,7 +233,7 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
                     optimizer: torch.optim.Optimizer | None = None, amp: bool = False,
                     margin: float = 0.1, max_size: int = 4096, mode: Mode = "largest",
                     device: str | torch.device | None = None, memory_budget: int | None = None,
-                    loader_prefetch: int = 4, loader_workers: int | None = None,
+                    loader_prefetch: int = PREFETCH_DECODE, loader_workers: int | None = None,
                     step: StepFn | None = None, start: int = 1, steps: int = 3,
                     resolution: float = 1 / 32, clock: Callable[[], float] = time.perf_counter,
                     **loader_options: Any) -> BatchSizeResult:

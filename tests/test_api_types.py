@@ -1,0 +1,182 @@
+"""The public API's shape: make_loader's explicit signature, typo suggestions, and LoaderConfig's
+check of every option by type (driven by its annotations) as well as by value."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import pydoc
+import re
+from typing import Literal, Optional
+
+import pytest
+
+import feedpipe
+from feedpipe.checks import conforms, describe
+from feedpipe.errors import ConfigError
+from feedpipe.loader.api import make_loader
+from feedpipe.loader.config import LoaderConfig
+
+
+def test_signature_shows_every_option_with_its_default():
+    params = inspect.signature(feedpipe.make_loader).parameters
+    options = {f.name: f.default for f in dataclasses.fields(LoaderConfig)
+               if f.name != "batch_size"}
+    assert list(params)[:2] == ["source", "batch_size"]
+    shown = {n: p.default for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert shown.pop("world") is None
+    assert shown == options  # one set of defaults: the signature cannot drift from the config
+    doc = pydoc.render_doc(feedpipe.make_loader)
+    for name in options:
+        assert f"``{name}``" in inspect.getdoc(make_loader)  # one documented line each
+        assert f"{name}:" in doc or f"{name}=" in doc  # help() shows it
+
+
+@pytest.mark.parametrize("typo, close", [("flp", "flip"), ("num_worker", "num_workers"),
+                                          ("szie", "size")])
+def test_typo_names_the_keyword_and_the_closest_option(packed, typo, close):
+    with pytest.raises(TypeError, match=rf"make_loader\(\) got an unexpected keyword argument "
+                       rf"'{typo}'; did you mean '{close}'\?"):
+        feedpipe.make_loader(packed["lmdb"], 4, **{typo: 1})
+    with pytest.raises(TypeError, match="the options are shuffle, seed"):
+        feedpipe.make_loader(packed["lmdb"], 4, qqqqqq=1)
+
+
+@pytest.mark.parametrize("option, value, accepted", [
+    ("flip", "yes", "True or False"),
+    ("shuffle", 1, "True or False"),
+    ("batch_size", 2.0, "positive integer"),
+    ("size", "224", r"\(height, width\)"),
+    ("size", (224, 224.0), r"\(height, width\)"),
+    ("scale", "ab", r"a \(float, float\) tuple"),
+    ("pin_memory", "yes", "True, False or 'auto'"),
+    ("num_workers", 2.0, "'auto', 'tune'"),
+    ("dtype", "int7", "'float32', 'float16', 'bfloat16' or 'uint8'"),
+    ("multiprocessing_context", "thread", "'fork', 'spawn', 'forkserver' or None"),
+    ("device", 3, "a str"),
+    ("fields", ("image", 1), "a tuple of str or None"),
+    ("max_pixels", 1.5, "positive pixel count"),
+    ("dali_hw_decoder_load", "0.5", "a float"),
+])
+def test_config_refuses_wrong_types_naming_option_and_values(option, value, accepted):
+    with pytest.raises(ConfigError, match="^" + re.escape(f"{option}={value!r}: ") + f".*{accepted}"
+                       ) as exc:
+        LoaderConfig(**{"batch_size": 4, option: value})
+    assert exc.value.option == option
+
+
+def test_config_takes_the_convenient_spellings():
+    import torch
+
+    cfg = LoaderConfig(4, size=32, fields=["image"], mean=[0, 0, 0], std=[1, 1, 1],
+                       scale=(1, 1), device=torch.device("cpu"))
+    assert (cfg.size, cfg.fields, cfg.mean, cfg.scale, cfg.device) == \
+        ((32, 32), ("image",), (0.0, 0.0, 0.0), (1.0, 1.0), "cpu")
+    assert all(type(v) is float for v in cfg.std)
+
+
+def test_conforms_and_describe_each_kind():
+    assert conforms(True, bool) and not conforms(1, bool)
+    assert conforms(3, int) and not conforms(True, int) and not conforms(3.0, int)
+    assert conforms(3, float) and conforms(3.5, float) and not conforms(False, float)
+    assert conforms("a", Literal["a", "b"]) and not conforms("c", Literal["a", "b"])
+    assert not conforms(1, Literal[True])  # 1 == True, but it is not the literal
+    assert conforms(None, Optional[int]) and conforms(None, int | None)
+    assert not conforms("x", int | None)
+    assert conforms((1, 2), tuple[int, int]) and not conforms((1, 2, 3), tuple[int, int])
+    assert not conforms([1, 2], tuple[int, int])
+    assert conforms(("a", "b", "c"), tuple[str, ...]) and not conforms(("a", 1), tuple[str, ...])
+    assert describe(Literal["pad", "drop"]) == "'pad' or 'drop'"
+    assert describe(bool | Literal["auto"]) == "True, False or 'auto'"
+    assert describe(tuple[int, int] | None) == "a (int, int) tuple or None"
+    assert describe(int) == "an int"
+
+
+# --- convert(): keyword-only, typed, (height, width) like the loader --------------------------
+
+def test_convert_resize_is_height_width_in_python_and_cli(tmp_path, photo_dir, capsys):
+    from converters import convert
+
+    from fp_helpers import cli_main
+
+    res = convert(photo_dir, tmp_path / "py", to="lmdb", workers=0, store="raw", resize=(24, 40))
+    assert res.written > 0
+    ds = feedpipe.open_dataset(tmp_path / "py")
+    assert ds.schema["image"].shape == (24, 40, 3) and ds[0]["image"].shape == (24, 40, 3)
+    rc, _, err = cli_main(capsys, "convert", photo_dir, "--to", "lmdb", "-o", tmp_path / "cli",
+                          "--store", "raw", "--resize", "24x40", "--workers", "0", "-q")
+    assert rc == 0, err
+    assert feedpipe.open_dataset(tmp_path / "cli")[0]["image"].shape == (24, 40, 3)
+    loader = feedpipe.make_loader(tmp_path / "cli", 4, size=(24, 40), crop="resize",
+                                  dtype="uint8", device="cpu", num_workers=0)
+    assert tuple(next(iter(loader))["image"].shape[2:]) == (24, 40)  # the same order both ends
+
+
+def test_convert_options_are_keyword_only_and_typed(tmp_path, photo_dir):
+    from converters import PackOptions, convert, parse_resize
+
+    params = inspect.signature(convert).parameters
+    assert [n for n, p in params.items() if p.kind is not inspect.Parameter.KEYWORD_ONLY] == \
+        ["src", "out"]
+    with pytest.raises(TypeError):
+        convert(photo_dir, tmp_path / "o", "lmdb")  # type: ignore[misc]
+    for kwargs, match in [({"resize": "320x240"}, r"resize='320x240': use .*\(height, width\)"),
+                          ({"resize": (1, 2, 3)}, r"resize=\(1, 2, 3\): use .*\(height, width\)"),
+                          ({"quality": 90.0}, r"quality=90.0: use an int"),
+                          ({"store": "row"}, r"store='row': use 'passthrough', 'reencode'"),
+                          ({"mask_dtype": "int8"}, r"mask_dtype='int8': use 'uint8' or 'uint16'"),
+                          ({"max_pixels": "many"}, r"max_pixels='many': use an int or None")]:
+        with pytest.raises(ConfigError, match=match):
+            convert(photo_dir, tmp_path / "o", to="lmdb", workers=0, **kwargs)
+    assert not (tmp_path / "o").exists()
+    assert PackOptions("raw", [24, 40]).raw_shape == (24, 40, 3)
+    assert parse_resize("240x320") == (240, 320) and parse_resize("256") == 256
+    with pytest.raises(ConfigError, match="HxW .*height x width"):
+        parse_resize("240 by 320")
+
+
+def test_cli_choices_come_from_the_literal_types():
+    from typing import get_args
+
+    from converters.options import Codec, Layout, Store
+    from feedpipe.cli.app import build_parser
+    from feedpipe.loader.config import Crop, Dtype
+
+    def choices(command: str, dest: str) -> tuple:
+        parser = build_parser()
+        sub = next(a for a in parser._actions if a.dest == "command").choices[command]
+        return tuple(next(a for a in sub._actions if a.dest == dest).choices)
+
+    assert choices("convert", "store") == get_args(Store)
+    assert choices("convert", "codec") == get_args(Codec)
+    assert choices("convert", "layout") == get_args(Layout)
+    assert choices("tune", "crop") == get_args(Crop)
+    assert choices("tune", "dtype") == get_args(Dtype)
+
+
+def test_default_fields_are_decided_once():
+    from feedpipe.loader.config import DEFAULT_FIELDS
+
+    assert DEFAULT_FIELDS == ("image", "label")
+    assert LoaderConfig(4).fields_in({"image", "path"}) == ("image",)
+    assert LoaderConfig(4).fields_in({"label", "image", "mask"}) == ("image", "label")
+    assert LoaderConfig(4, fields=["mask"]).fields_in({"image", "mask"}) == ("mask",)
+
+
+def test_convert_takes_the_image_options_whole(tmp_path, photo_dir):
+    from converters import PackOptions, convert
+
+    opts = PackOptions(store="raw", resize=(24, 40), codec="png")
+    convert(photo_dir, tmp_path / "whole", to="hdf5", workers=0, options=opts)
+    ds = feedpipe.open_dataset(tmp_path / "whole")
+    assert ds.schema["image"].shape == (24, 40, 3)
+    conversion = ds.manifest.conversion
+    assert (conversion["store"], tuple(conversion["resize"])) == ("raw", (24, 40))
+    with pytest.raises(ConfigError, match=r"options= holds the image options: set quality, "
+                       r"targets in PackOptions"):
+        convert(photo_dir, tmp_path / "both", to="lmdb", workers=0, options=opts, quality=50,
+                targets=["boundary"])
+    with pytest.raises(ConfigError, match="targets are computed from masks"):
+        convert(photo_dir, tmp_path / "nomask", to="lmdb", workers=0,
+                options=PackOptions(targets=["boundary"]))
+    assert not (tmp_path / "both").exists() and not (tmp_path / "nomask").exists()
