@@ -32,8 +32,9 @@ SCHEMA_VERSION = 1
 class Trial:
     """Figures of one configuration; rows with status 'unavailable' carry only ``reason``.
 
-    samples_per_s is the steady state (samples after the first batch over the time after it);
-    mb_per_s is stored bytes read per second (mean stored bytes per sample × samples_per_s, in
+    samples_per_s, first_batch_s and the wait figures are :mod:`feedpipe.tools.throughput`'s (the
+    steady state after the first max(1, workers) batches, as ``feedpipe tune`` measures it);
+    ``stall`` holds the meter's summary, that ``throughput`` and the per-batch timings; mb_per_s is stored bytes read per second (mean stored bytes per sample × samples_per_s, in
     10⁶ B/s); wait_fraction is the share of steady-state time spent waiting for data; RSS peaks
     are sampled every 50 ms, the workers' as the sum over worker processes (shared pages counted
     in each); cpu_util is the process tree's CPU time / wall time / usable cores.

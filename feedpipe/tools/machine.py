@@ -61,16 +61,14 @@ def cgroup_cpu_limit(root: str | os.PathLike[str] = "/sys/fs/cgroup") -> float |
 
 
 def memory() -> dict[str, int | None]:
-    """Total and available RAM in bytes (``/proc/meminfo``)."""
-    out: dict[str, int | None] = {"total": None, "available": None}
+    """Total and available RAM in bytes (psutil; None where it cannot tell)."""
+    import psutil
+
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("MemTotal", "MemAvailable"):
-                out["total" if key == "MemTotal" else "available"] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError):
-        pass
-    return out
+        vm = psutil.virtual_memory()
+    except (OSError, RuntimeError):
+        return {"total": None, "available": None}
+    return {"total": int(vm.total), "available": int(vm.available)}
 
 
 def shm_usage(path: str = "/dev/shm") -> dict[str, int] | None:

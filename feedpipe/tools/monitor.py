@@ -155,6 +155,7 @@ class StallMeter:
         """Forget every measurement (the loader info is kept)."""
         self.waits: list[float] = []
         self.steps: list[float] = []
+        self.rows: list[int] = []  # samples per batch
         self.samples = 0
         self._start: float | None = None
         self._last: float | None = None  # latest wait or step end
@@ -171,7 +172,7 @@ class StallMeter:
         """Yield ``loader``'s batches, timing the wait for each and the step after it."""
         if self.loader_info is None:
             self.loader_info = LoaderInfo.from_loader(loader)
-        clock, waits, steps, sync = self.clock, self.waits, self.steps, self._sync
+        clock, waits, steps, rows, sync = self.clock, self.waits, self.steps, self.rows, self._sync
         auto = self._auto and sync is None
         t0 = clock()
         if self._start is None:
@@ -180,7 +181,8 @@ class StallMeter:
         for batch in it:
             self._last = t1 = clock()
             waits.append(t1 - t0)
-            self.samples += _count(batch)
+            rows.append(_count(batch))
+            self.samples += rows[-1]
             try:
                 yield batch
             except GeneratorExit:  # the loop broke out: this batch's step ended now

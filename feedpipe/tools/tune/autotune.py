@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import statistics
 from dataclasses import asdict, dataclass, field, replace
 from itertools import islice
 from typing import Any, Iterator, Sequence
@@ -22,6 +21,7 @@ from ...dataset.registry import DatasetReader, open_dataset
 from ...loader.config import auto_workers
 from ...loader.protocol import Loader
 from ..monitor import StallMeter
+from ..throughput import of_meter, warmup_batches
 from .cache import cache_file, cache_key, read_cache, write_cache
 from .memory import host_available_bytes, loader_ram_bytes, sample_bytes
 
@@ -91,37 +91,14 @@ class TuneResult:
         return "\n".join(rows + [self.reason + (" (cached)" if self.cached else "")])
 
 
-def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[int],
-                warmup: int, windows: int = 3) -> float:
-    """Median samples/s over ``windows`` equal runs of batches after the first ``warmup``.
-
-    Each window spans arrival to arrival, so start-up is excluded: the first batch carries it, and
-    with ``w`` workers the next ``w - 1`` were decoded during it and arrive almost at once
-    (``warmup = max(1, w)``). The median of windows shrugs off one disturbed by other processes.
-    """
-    n = len(waits)
-    if warmup < 1 or n - warmup < windows:
-        raise ConfigError(f"need {warmup} warm-up + {windows} batches to measure, got {n}")
-    arrivals, t = [], 0.0
-    for i, wait in enumerate(waits):
-        t += wait
-        arrivals.append(t)
-        t += steps[i] if i < len(steps) else 0.0
-    edges = [warmup - 1 + round(k * (n - warmup) / windows) for k in range(windows + 1)]
-    rates = sorted(sum(rows[a + 1:b + 1]) / max(arrivals[b] - arrivals[a], 1e-9)
-                   for a, b in zip(edges, edges[1:]))
-    return statistics.median(rates)
-
-
-def _epochs(loader: Loader, rows: list[int]) -> Iterator[Any]:
-    """The loader's batches epoch after epoch, recording each batch's sample count."""
+def _epochs(loader: Loader) -> Iterator[Any]:
+    """The loader's batches epoch after epoch."""
     epoch = 0
     while True:
         loader.set_epoch(epoch)
         got = 0
         for batch in loader:
             got += 1
-            rows.append(len(next(iter(batch.values()))))
             yield batch
         if not got:
             raise ConfigError("autotune: the loader yields no batches (dataset smaller than "
@@ -131,26 +108,24 @@ def _epochs(loader: Loader, rows: list[int]) -> Iterator[Any]:
 
 def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, workers: int,
             prefetch: int | None, *, trial_batches: int = 24, **loader_options: Any) -> Trial:
-    """Run one trial: ``trial_batches`` batches after start-up, timed by StallMeter, rated by
-    :func:`steady_rate`."""
+    """Run one trial: ``trial_batches`` batches after start-up, rated by the one throughput
+    measurement (:func:`feedpipe.tools.throughput.of_meter`), as ``feedpipe bench`` rates its."""
     from ...loader.api import make_loader
 
     opts = {**loader_options, "num_workers": workers}
     if workers:
         opts["prefetch_factor"] = prefetch
     loader = make_loader(source, batch_size, **opts)
-    warmup = max(1, workers)
-    rows: list[int] = []
     meter = StallMeter()
-    batches = _epochs(loader, rows)
-    for _ in meter.wrap(islice(batches, warmup + trial_batches)):
+    batches = _epochs(loader)
+    for _ in meter.wrap(islice(batches, warmup_batches(workers) + trial_batches)):
         pass
     batches.close()
-    rate = steady_rate(meter.waits, meter.steps, rows, warmup)
+    th = of_meter(meter, workers)
     ram = loader_ram_bytes(sample_bytes(loader), batch_size, workers, prefetch or 0)
     del loader, batches  # shut the workers down before the next trial starts its own
     gc.collect()
-    return Trial(workers, prefetch if workers else None, rate, meter.waits[0], ram)
+    return Trial(workers, prefetch if workers else None, th.samples_per_s, th.first_batch_s, ram)
 
 
 def choose(trials: Sequence[Trial], tolerance: float) -> tuple[Trial, Trial]:
