@@ -22,7 +22,8 @@ from converters import convert
 from feedpipe.cli import main
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import LoaderConfig, usable_cores
-from feedpipe.tools.tune import BatchTrial, memory, Trial, autotune, choose, find_batch_size, measure, \
+from feedpipe.tools import rss
+from feedpipe.tools.tune import BatchTrial, Trial, autotune, choose, find_batch_size, measure, \
     pick_size, search_batch_size, steady_rate
 
 from fp_helpers import free_port
@@ -239,10 +240,10 @@ def test_pick_size_margin_and_fastest():
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["VmHWM", "psutil-sampler"])
 def test_host_peak_sees_a_freed_allocation(kernel, monkeypatch):
-    monkeypatch.setattr(memory, "_kernel_peak_available", lambda: kernel)
-    meter = memory.HostPeak()
+    monkeypatch.setattr(rss, "_kernel_peak_available", lambda: kernel)
+    meter = rss.HostPeak()
     assert meter.kernel == kernel
-    with memory.exact_heap():
+    with rss.exact_heap():
         meter.reset()
         base = meter.rss()
         block = torch.ones(16 << 20)  # 64 MiB, every page touched

@@ -41,6 +41,7 @@ from ..loader.config import _DTYPES as DTYPES
 from ..loader.config import auto_workers, usable_cores
 from ..dataset.manifest import MANIFEST_NAME
 from .monitor import LoaderInfo, StallMeter
+from .rss import ProcessTreeSampler
 from .throughput import of_meter
 
 Progress = Callable[[str, int, int | None], None]  # (stage, done, total)
@@ -161,7 +162,7 @@ def measure(loader: Loader | DataLoader, cfg: BenchConfig, base: Trial, bytes_pe
     step = _step(cfg, device)
     total = cfg.batches if cfg.batches is not None else cfg.epochs * len(loader)  # type: ignore
     meter = StallMeter(cuda_sync=device.type == "cuda", loader_info=info)
-    with machine.ProcessTreeSampler() as res:
+    with ProcessTreeSampler() as res:
         for i, batch in enumerate(meter.wrap(_stream(loader, cfg.batches, cfg.epochs))):
             step(batch)
             if progress:

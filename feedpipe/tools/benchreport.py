@@ -34,10 +34,12 @@ class Trial:
 
     samples_per_s, first_batch_s and the wait figures are :mod:`feedpipe.tools.throughput`'s (the
     steady state after the first max(1, workers) batches, as ``feedpipe tune`` measures it);
-    ``stall`` holds the meter's summary, that ``throughput`` and the per-batch timings; mb_per_s is stored bytes read per second (mean stored bytes per sample × samples_per_s, in
-    10⁶ B/s); wait_fraction is the share of steady-state time spent waiting for data; RSS peaks
-    are sampled every 50 ms, the workers' as the sum over worker processes (shared pages counted
-    in each); cpu_util is the process tree's CPU time / wall time / usable cores.
+    ``stall`` holds the meter's summary, that ``throughput`` and the per-batch timings. mb_per_s
+    is stored bytes read per second (mean stored bytes per sample × samples_per_s, in 10⁶ B/s).
+    RSS peaks (:mod:`feedpipe.tools.rss`): the main process's high-water mark, and the peak of
+    the workers' sum sampled every 50 ms (shared pages counted in each). wait_fraction is the
+    share of steady-state time spent waiting for data; cpu_util is the process tree's CPU time /
+    wall time / usable cores.
     """
 
     format: str
