@@ -24,7 +24,8 @@ from fp_helpers import cli_main
 
 N = 72                      # conftest.N_PHOTOS
 FAST = dict(batch_sizes=(16,), size=64, batches=4)
-TRIAL_KEYS = {"format", "backend", "batch_size", "workers_requested", "workers", "status", "reason",
+TRIAL_KEYS = {"format", "backend", "batch_size", "workers_requested", "workers", "prefetch",
+              "status", "reason", "ram_bytes",
               "samples", "batches", "wall_s", "first_batch_s", "samples_per_s",
               "bytes_per_sample", "mb_per_s", "wait_fraction", "wait_p50_ms", "wait_p95_ms",
               "wait_p99_ms", "peak_rss_main_mb", "peak_rss_workers_mb", "cpu_util", "stall",

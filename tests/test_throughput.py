@@ -32,6 +32,8 @@ def test_bench_and_tune_rate_their_trials_with_the_one_function(packed, monkeypa
     tune = autotune_mod.measure(packed["lmdb"], 16, 0, None, trial_batches=5, size=64,
                                 crop="center_crop")
     assert len(seen) == 2
+    assert type(bench) is type(tune) is tp.Trial  # one record for both
+    assert (bench.format, bench.backend, bench.workers) == (tune.format, tune.backend, 0)
     (bw, bs, br, bwk, bth), (tw, ts, tr, twk, tth) = seen
     assert bench.samples_per_s == bth.samples_per_s > 0
     assert tune.samples_per_s == tth.samples_per_s > 0

@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 
 from . import machine
 from .baseline import naive_loader, stored_bytes_per_sample
-from .benchreport import BenchReport, Trial
+from .benchreport import BenchReport
 from ..errors import ConfigError, EmptyDatasetError, FeedpipeError
 from ..dataset.registry import DatasetReader, open_dataset
 from ..loader.api import Loader, make_loader
@@ -42,7 +42,7 @@ from ..loader.config import auto_workers, usable_cores
 from ..dataset.manifest import MANIFEST_NAME
 from .monitor import LoaderInfo, StallMeter
 from .rss import ProcessTreeSampler
-from .throughput import of_meter
+from .throughput import Trial, of_meter
 
 Progress = Callable[[str, int, int | None], None]  # (stage, done, total)
 Workers = int | Literal["auto"]
@@ -169,17 +169,14 @@ def measure(loader: Loader | DataLoader, cfg: BenchConfig, base: Trial, bytes_pe
                 progress(f"{base.label} workers {base.workers_requested}", i + 1, total)
     s = meter.summary()
     th = of_meter(meter, base.workers)
-    rate = th.samples_per_s
-    return replace(base, samples=s.samples, batches=s.batches, wall_s=s.wall_s,
-                   first_batch_s=th.first_batch_s, samples_per_s=rate,
-                   bytes_per_sample=bytes_per_sample, mb_per_s=rate * bytes_per_sample / 1e6,
-                   wait_fraction=th.wait_fraction, wait_p50_ms=th.wait_p50_ms,
-                   wait_p95_ms=th.wait_p95_ms, wait_p99_ms=th.wait_p99_ms,
-                   peak_rss_main_mb=res.peak_main / 2**20,
-                   peak_rss_workers_mb=res.peak_workers / 2**20,
-                   cpu_util=res.cpu_s / res.wall / usable_cores() if res.wall > 0 else 0.0,
-                   stall={**s.to_dict(), "throughput": th.to_dict(), "waits_s": meter.waits,
-                          "steps_s": meter.steps, "rows": meter.rows})
+    return base.measured(
+        th, wall_s=s.wall_s, bytes_per_sample=bytes_per_sample,
+        prefetch=info.prefetch_factor if info is not None and base.workers else None,
+        mb_per_s=th.samples_per_s * bytes_per_sample / 1e6,
+        peak_rss_main_mb=res.peak_main / 2**20, peak_rss_workers_mb=res.peak_workers / 2**20,
+        cpu_util=res.cpu_s / res.wall / usable_cores() if res.wall > 0 else 0.0,
+        stall={**s.to_dict(), "throughput": th.to_dict(), "waits_s": meter.waits,
+               "steps_s": meter.steps, "rows": meter.rows})
 
 
 def is_packed(path: Path) -> bool:

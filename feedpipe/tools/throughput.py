@@ -13,8 +13,8 @@ cover the same post-warm-up batches.
 from __future__ import annotations
 
 import statistics
-from dataclasses import asdict, dataclass
-from typing import Any, Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Iterable, Literal, Sequence
 
 import numpy as np
 
@@ -68,6 +68,66 @@ class Throughput:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types."""
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One loader configuration as ``feedpipe bench`` and ``feedpipe tune`` record it: measured
+    (status "ok"), over tune's RAM budget ("skipped") or without its backend ("unavailable"),
+    ``reason`` saying why; the latter two carry no figures (tune's: None).
+
+    samples_per_s, first_batch_s and the wait figures are a :class:`Throughput`'s. mb_per_s is
+    stored bytes read per second (mean stored bytes per sample × samples_per_s, in 10⁶ B/s);
+    ``ram_bytes`` tune's estimate of the batches the loader holds (0: not estimated). The RSS
+    peaks (:mod:`feedpipe.tools.rss`): the main process's high-water mark, and the peak of the
+    workers' sum sampled every 50 ms (shared pages counted in each); cpu_util is the process
+    tree's CPU time / wall time / usable cores. ``stall`` holds bench's meter summary, the
+    Throughput and the per-batch timings.
+    """
+
+    format: str
+    backend: str
+    batch_size: int
+    workers_requested: str
+    workers: int | None = None
+    prefetch: int | None = None
+    status: Literal["ok", "unavailable", "skipped"] = "ok"
+    reason: str = ""
+    samples: int = 0
+    batches: int = 0
+    wall_s: float = 0.0
+    first_batch_s: float | None = 0.0
+    samples_per_s: float | None = 0.0
+    bytes_per_sample: float = 0.0
+    mb_per_s: float = 0.0
+    wait_fraction: float = 0.0
+    wait_p50_ms: float = 0.0
+    wait_p95_ms: float = 0.0
+    wait_p99_ms: float = 0.0
+    peak_rss_main_mb: float = 0.0
+    peak_rss_workers_mb: float = 0.0
+    cpu_util: float = 0.0
+    ram_bytes: int = 0
+    stall: dict[str, Any] = field(default_factory=dict)
+    best: bool = False
+    source: str = ""  # bench's baseline input: "loose files" or "packed bytes"
+
+    @property
+    def label(self) -> str:
+        """The plot line / progress stage this trial belongs to."""
+        return f"{self.format} {self.backend} batch {self.batch_size}"
+
+    @property
+    def setting(self) -> str:
+        """The loader setting tune compares: 'workers=2, prefetch=4'."""
+        return f"workers={self.workers}" + (f", prefetch={self.prefetch}" if self.workers else "")
+
+    def measured(self, th: "Throughput", **more: Any) -> "Trial":
+        """This configuration with ``th``'s figures (and ``more``)."""
+        return replace(self, samples=th.samples, batches=th.batches,
+                       first_batch_s=th.first_batch_s, samples_per_s=th.samples_per_s,
+                       wait_fraction=th.wait_fraction, wait_p50_ms=th.wait_p50_ms,
+                       wait_p95_ms=th.wait_p95_ms, wait_p99_ms=th.wait_p99_ms, **more)
 
 
 def throughput(waits: Sequence[float], steps: Sequence[float], rows: Sequence[int],

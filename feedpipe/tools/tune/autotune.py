@@ -21,30 +21,13 @@ from ...dataset.registry import DatasetReader, open_dataset
 from ...loader.config import auto_workers
 from ...loader.protocol import Loader
 from ..monitor import StallMeter
-from ..throughput import of_meter, warmup_batches
+from ..throughput import Trial, of_meter, warmup_batches
 from .cache import cache_file, cache_key, read_cache, write_cache
 from .memory import host_available_bytes, loader_ram_bytes, sample_bytes
 
 log = logging.getLogger("feedpipe.tune")
 PREFETCH_DEPTHS = (1, 2, 4)
 FIRST_PREFETCH = 2  # torch's default: the worker sweep runs at it, other depths come after
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One measured (or skipped) configuration. ``samples_per_s`` is the steady state after
-    start-up; ``first_batch_s`` the start-up itself; ``ram_bytes`` the batch memory estimate."""
-
-    workers: int
-    prefetch: int | None
-    samples_per_s: float | None
-    first_batch_s: float | None
-    ram_bytes: int
-    note: str = ""
-
-    @property
-    def label(self) -> str:
-        return f"workers={self.workers}" + (f", prefetch={self.prefetch}" if self.workers else "")
 
 
 @dataclass(frozen=True)
@@ -87,7 +70,7 @@ class TuneResult:
             sps = "-" if t.samples_per_s is None else f"{t.samples_per_s:.0f}"
             first = "-" if t.first_batch_s is None else f"{t.first_batch_s:.2f}"
             rows.append(f"{t.workers:>7} {t.prefetch or '-':>8} {sps:>10} {first:>8} "
-                        f"{t.ram_bytes / 2**20:>9.1f}  {t.note}".rstrip())
+                        f"{t.ram_bytes / 2**20:>9.1f}  {t.reason}".rstrip())
         return "\n".join(rows + [self.reason + (" (cached)" if self.cached else "")])
 
 
@@ -121,11 +104,12 @@ def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, wor
     for _ in meter.wrap(islice(batches, warmup_batches(workers) + trial_batches)):
         pass
     batches.close()
-    th = of_meter(meter, workers)
-    ram = loader_ram_bytes(sample_bytes(loader), batch_size, workers, prefetch or 0)
+    view = loader.describe()
+    ram = loader_ram_bytes(view.sample_bytes, batch_size, workers, prefetch or 0)
     del loader, batches  # shut the workers down before the next trial starts its own
     gc.collect()
-    return Trial(workers, prefetch if workers else None, th.samples_per_s, th.first_batch_s, ram)
+    return Trial(view.format, view.backend, batch_size, str(workers), workers,
+                 prefetch if workers else None, ram_bytes=ram).measured(of_meter(meter, workers))
 
 
 def choose(trials: Sequence[Trial], tolerance: float) -> tuple[Trial, Trial]:
@@ -152,6 +136,7 @@ class _Search:
     trial_batches: int
     depths: tuple[int, ...]
     options: dict[str, Any]
+    base: Trial  # the dataset and backend every trial shares
     trials: list[Trial] = field(default_factory=list)
 
     def ram(self, workers: int, prefetch: int) -> int:
@@ -160,12 +145,14 @@ class _Search:
     def run(self, workers: int, prefetch: int | None) -> Trial:
         ram = self.ram(workers, prefetch or 0)
         if ram > self.budget_ram:
-            t = Trial(workers, prefetch, None, None, ram, f"skipped: ~{ram >> 20} MiB of "
+            t = replace(self.base, workers_requested=str(workers), workers=workers,
+                        prefetch=prefetch, status="skipped", first_batch_s=None,
+                        samples_per_s=None, ram_bytes=ram, reason=f"skipped: ~{ram >> 20} MiB of "
                       f"batches > the RAM budget of {self.budget_ram >> 20} MiB")
         else:
             t = measure(self.source, self.batch_size, workers, prefetch,
                         trial_batches=self.trial_batches, **self.options)
-        log.info("autotune %s: %s", t.label, t.note or f"{t.samples_per_s:.0f} samples/s "
+        log.info("autotune %s: %s", t.setting, t.reason or f"{t.samples_per_s:.0f} samples/s "
                  f"(start-up {t.first_batch_s:.2f} s, ~{t.ram_bytes >> 20} MiB of batches)")
         self.trials.append(t)
         return t
@@ -256,15 +243,16 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
 
     probe = make_loader(reader, batch_size, num_workers=0, **loader_options)  # validates options
     ram_cap = budget_ram if budget_ram is not None else host_available_bytes()
+    view = probe.describe()
     search = _Search(reader, batch_size, sample_bytes(probe), ram_cap, trial_batches, depths,
-                     loader_options)
+                     loader_options, Trial(view.format, view.backend, batch_size, "0"))
     del probe
     search.sweep_workers(max_workers, tolerance)
     search.other_depths(tolerance)
     search.confirm(repeats)
     chosen, best = choose(search.trials, tolerance)
-    reason = (f"chose {chosen.label}: {chosen.samples_per_s:.0f} samples/s, within "
-              f"{tolerance:.0%} of the best ({best.label}: {best.samples_per_s:.0f} samples/s) "
+    reason = (f"chose {chosen.setting}: {chosen.samples_per_s:.0f} samples/s, within "
+              f"{tolerance:.0%} of the best ({best.setting}: {best.samples_per_s:.0f} samples/s) "
               f"with the fewest workers, then the least batch memory "
               f"(~{chosen.ram_bytes / 2**20:.1f} MiB); {len(search.trials)} configurations "
               f"tried, up to {max_workers} workers")
