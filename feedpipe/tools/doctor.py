@@ -122,7 +122,7 @@ def check_decoder(info: Mapping[str, Any]) -> list[Finding]:
 def check_gpu(cuda: bool, gpu_names: list[str], dali_version: str | None,
               cuda_version: str | None = None) -> list[Finding]:
     """CUDA visible to torch, and DALI for decoding JPEG on the GPU (the wheel for
-    ``cuda_version``, torch's CUDA build; None: the driver's, via nvidia-smi)."""
+    ``cuda_version``, torch's CUDA build; None: the driver's, via NVML)."""
     if not cuda:
         return [Finding("gpu", "info", "no CUDA GPU visible to torch: batches stay on the CPU; "
                         "pinned memory and DALI do not apply")]

@@ -3,8 +3,9 @@
 Wrap the loader of a training loop; each batch records the time spent inside ``next(loader)``
 (the wait) and the time from handing the batch out to asking for the next one (the step). The
 summary says what fraction of the steady state was spent waiting, and what to change about it.
-Overhead: ~0.5 µs per batch over a bare loop (two clock reads, two list appends, a sample count;
-2-core reference VM), cheap enough to leave on; memory ~64 bytes per batch until ``reset()``.
+Overhead: ~0.5 µs per batch over a bare loop (two clock reads, list appends, a sample count;
+2-core reference VM), cheap enough to leave on; memory under 100 bytes per batch (wait, step,
+samples) until ``reset()``.
 ``GpuMonitor`` (``feedpipe.tools.gpumon``) watches the GPU side from NVML.
 """
 

@@ -147,8 +147,9 @@ class _Search:
         if ram > self.budget_ram:
             t = replace(self.base, workers_requested=str(workers), workers=workers,
                         prefetch=prefetch, status="skipped", first_batch_s=None,
-                        samples_per_s=None, ram_bytes=ram, reason=f"skipped: ~{ram >> 20} MiB of "
-                      f"batches > the RAM budget of {self.budget_ram >> 20} MiB")
+                        samples_per_s=None, ram_bytes=ram,
+                        reason=f"skipped: ~{ram >> 20} MiB of batches > the RAM budget of "
+                               f"{self.budget_ram >> 20} MiB")
         else:
             t = measure(self.source, self.batch_size, workers, prefetch,
                         trial_batches=self.trial_batches, **self.options)
