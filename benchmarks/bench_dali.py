@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +22,7 @@ import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import Result, drain, measure_side_by_side, save  # noqa: E402
+from harness import Items, Result, drain, measure_side_by_side, save  # noqa: E402
 
 import feedpipe  # noqa: E402
 from converters import convert  # noqa: E402
@@ -44,9 +45,9 @@ def cpu_seconds() -> float:
     return total
 
 
-def timed(loader: Any, cpu: list[float]) -> Callable[[], int]:
+def timed(loader: Any, cpu: list[float]) -> Callable[[], Items]:
     """One epoch of ``loader``; appends the CPU seconds it took to ``cpu``."""
-    def run() -> int:
+    def run() -> Items:
         c = cpu_seconds()
         n = drain(loader)
         cpu.append(cpu_seconds() - c)
@@ -105,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
              dict(crop="random_resized_crop", flip=True, dtype="float16")),
             ("raw LMDB (no decode), center crop, uint8", packed["lmdb-raw"], dict(dtype="uint8"))):
         loaders = pair(path, **kw)
-        results += [Result(f"{title}: {r.name}", r.items, r.seconds, r.note)
+        results += [replace(r, name=f"{title}: {r.name}")
                     for r in group(title, loaders, args.repeats)]
     wds = packed["wds-passthrough"]
     loaders = {**pair(wds, dtype="uint8"),
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
                    wds, BATCH, backend="dali", dali_reader="webdataset", size=args.size,
                    device=device, dtype="uint8")}
     title = "WebDataset JPEG, center crop, uint8"
-    results += [Result(f"{title}: {r.name}", r.items, r.seconds, r.note)
+    results += [replace(r, name=f"{title}: {r.name}")
                 for r in group(title, loaders, args.repeats)]
     print(f"({time.perf_counter() - t0:.0f} s)")
     save(args.json, results, {"images": args.images, "batch": BATCH, "size": args.size,

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import drain, machine, measure_side_by_side, save  # noqa: E402
+from harness import Items, drain, machine, measure_side_by_side, save  # noqa: E402
 
 import feedpipe  # noqa: E402
 from converters import convert  # noqa: E402
@@ -108,16 +108,16 @@ class Timed:
     (main + workers / pool). On a loaded machine wall-clock rates move with the neighbours'
     load; CPU per image is what the configuration itself costs."""
 
-    def __init__(self, run: Callable[[], int]) -> None:
+    def __init__(self, run: Callable[[], Items]) -> None:
         self.run, self.cpu, self.tree, self.items = run, 0.0, 0.0, 0
 
-    def __call__(self) -> int:
+    def __call__(self) -> Items:
         own0, tree0 = _cpu()
         n = self.run()
         own1, tree1 = _cpu()
         self.cpu += own1 - own0
         self.tree += tree1 - tree0
-        self.items += n
+        self.items += n if isinstance(n, int) else n.samples
         return n
 
 
@@ -143,7 +143,7 @@ def loader(path: Path, crop: str, workers: int) -> object:
                                 num_workers=workers, seed=0)
 
 
-def group(name: str, runs: dict[str, Callable[[], int]], rounds: int) -> dict[str, dict]:
+def group(name: str, runs: dict[str, Callable[[], Items]], rounds: int) -> dict[str, dict]:
     print(f"\n{name}:", flush=True)
     timed = {k: Timed(v) for k, v in runs.items()}
     results = measure_side_by_side(timed, repeats=rounds)  # type: ignore[arg-type]
@@ -159,7 +159,7 @@ def photo_group(data: Path, label: str, n: int, crop: str, rounds: int) -> dict[
     boxes = plan(blobs, crop)
     ctx = mp.get_context("spawn")
     with ctx.Pool(WORKERS, initializer=_init, initargs=(blobs, boxes)) as pool:
-        runs: dict[str, Callable[[], int]] = {
+        runs: dict[str, Callable[[], Items]] = {
             "kernel full-decode 1p": lambda: kernel(blobs, boxes, False),
             "kernel 1p": lambda: kernel(blobs, boxes, True),
             f"kernel {WORKERS}p": lambda: sum(pool.map(_pool_kernel, [True] * WORKERS)),

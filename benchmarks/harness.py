@@ -1,4 +1,8 @@
-"""A small benchmark harness: warm-up, median of repeats, one table, JSON out, machine info."""
+"""A small benchmark harness: warm-up, median of repeats, one table, JSON out, machine info.
+
+A run returns the items it processed (timed here, call to return), or, for a loader epoch
+(:func:`drain`), a :class:`~feedpipe.tools.throughput.Throughput`: then the rate is the steady-state
+samples/s that ``feedpipe bench`` and ``feedpipe tune`` report, one definition for all three."""
 
 from __future__ import annotations
 
@@ -8,38 +12,57 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Union
+
+from feedpipe.tools.throughput import Throughput, time_epoch
+
+Items = Union[int, Throughput]
 
 
 @dataclass
 class Result:
-    """One configuration's figures: ``items`` per run, the per-run seconds, and notes."""
+    """One configuration's figures: ``items`` per run, the per-run seconds, the per-run
+    steady-state rates of loader runs, and notes."""
 
     name: str
     items: int
     seconds: list[float] = field(default_factory=list)
     note: str = ""
+    rates: list[float] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
+        """Median steady-state samples/s of loader runs, else items / median seconds."""
+        if self.rates:
+            return statistics.median(self.rates)
         return self.items / statistics.median(self.seconds)
 
+    def add(self, got: Items, seconds: float) -> None:
+        """Record one run's result and duration."""
+        if isinstance(got, Throughput):
+            self.items = got.samples
+            self.rates.append(got.samples_per_s)
+        else:
+            self.items = got
+        self.seconds.append(seconds)
 
-def measure(name: str, run: Callable[[], int], *, repeats: int = 3, warmup: int = 1,
+
+def measure(name: str, run: Callable[[], Items], *, repeats: int = 3, warmup: int = 1,
             note: str = "") -> Result:
-    """Call ``run`` (returns items processed) ``warmup`` times, then time ``repeats`` calls."""
+    """Call ``run`` (returns items processed, or a loader epoch's Throughput) ``warmup`` times,
+    then time ``repeats`` calls."""
     for _ in range(warmup):
         run()
     res = Result(name, 0, note=note)
     for _ in range(repeats):
         t = time.perf_counter()
-        res.items = run()
-        res.seconds.append(time.perf_counter() - t)
+        got = run()
+        res.add(got, time.perf_counter() - t)
     print(f"  {name:<44} {res.rate:>10,.0f} /s   {note}", flush=True)
     return res
 
 
-def measure_side_by_side(runs: dict[str, Callable[[], int]], *, repeats: int = 5,
+def measure_side_by_side(runs: dict[str, Callable[[], Items]], *, repeats: int = 5,
                          warmup: int = 1) -> list[Result]:
     """Time several configurations in interleaved rounds (A B C A B C ...), median per one.
 
@@ -52,8 +75,8 @@ def measure_side_by_side(runs: dict[str, Callable[[], int]], *, repeats: int = 5
     for _ in range(repeats):
         for name, run in runs.items():
             t = time.perf_counter()
-            results[name].items = run()
-            results[name].seconds.append(time.perf_counter() - t)
+            got = run()
+            results[name].add(got, time.perf_counter() - t)
     for r in results.values():
         print(f"  {r.name:<44} {r.rate:>10,.0f} /s", flush=True)
     return list(results.values())
@@ -61,17 +84,15 @@ def measure_side_by_side(runs: dict[str, Callable[[], int]], *, repeats: int = 5
 
 def one_thread(_: int = 0) -> None:
     """DataLoader ``worker_init_fn``: one torch thread per worker, as feedpipe's own workers."""
-    import torch
+    from feedpipe.workers import single_threaded
 
-    torch.set_num_threads(1)
+    single_threaded()
 
 
-def drain(loader: object) -> int:
-    """Iterate one epoch of a loader yielding dicts or tuples; returns the samples seen."""
-    n = 0
-    for batch in loader:  # type: ignore[attr-defined]
-        n += len(batch["image"] if isinstance(batch, dict) else batch[0])
-    return n
+def drain(loader: object) -> Throughput:
+    """One epoch of a loader (feedpipe's or a DataLoader, batches of dicts or tuples), timed by
+    the one throughput measurement (:func:`feedpipe.tools.throughput.time_epoch`)."""
+    return time_epoch(loader)  # type: ignore[arg-type]
 
 
 def machine() -> dict[str, object]:
@@ -80,7 +101,7 @@ def machine() -> dict[str, object]:
     import numpy
     import torch
 
-    from feedpipe import machine as m
+    from feedpipe.tools import machine as m
 
     return {"cpu": m.cpu_model(), "usable_cores": m.usable_cores(),
             "cgroup_cpu_limit": m.cgroup_cpu_limit(), "gpus": [g["name"] for g in m.gpus()],

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 import time
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dc_fields
@@ -20,12 +19,13 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
-from feedpipe.errors import BadInputError, ConfigError
+from feedpipe.errors import BadInputError, ConfigError, CorruptRecordError
+from feedpipe.workers import single_threaded
 from feedpipe.dataset.registry import WRITERS, DatasetWriter
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.schema.fields import (Field, ImageField, JsonField, LabelField, MaskField, Schema,
-                             encode_mask_png)
+                             decode_mask_png, encode_mask_png)
 
 from .images import Refused, geometry, image_codec, likely_jpeg, store_image
 from .output import Output, disk_full, empty_result
@@ -70,19 +70,9 @@ class ConvertResult:
 # --- per-image work (runs in worker processes) --------------------------------------------------
 
 def read_mask(path: Path, dtype: str) -> np.ndarray:
-    """A mask file → H×W index array (L/P/1 → uint8 indices, I;16/I → uint16); no colour masks."""
-    with Image.open(path) as im:
-        if im.mode in ("L", "P", "1"):
-            arr = np.asarray(im.convert("L") if im.mode == "1" else im, dtype=np.uint8)
-            if im.mode == "1":
-                arr = (arr > 0).astype(np.uint8)
-        elif im.mode in ("I;16", "I;16B", "I;16L", "I"):
-            arr = np.asarray(im)
-            if arr.size and (arr.min() < 0 or arr.max() > 0xFFFF):
-                raise ValueError("mask indices outside 0..65535")
-        else:
-            raise ValueError(f"mode {im.mode} is not an index mask (colour masks need a palette "
-                             "→ index mapping first; use L, P or 16-bit grey PNGs)")
+    """A mask file → H×W index array (:func:`~feedpipe.schema.fields.decode_mask_png`, any
+    format Pillow reads); no colour masks. A CorruptRecordError names the file."""
+    arr = decode_mask_png(path.read_bytes(), f"mask {path.name}", png_only=False)
     if arr.size and int(arr.max()) > np.iinfo(dtype).max:
         raise ValueError(f"mask index {int(arr.max())} does not fit {dtype}; pass "
                          "mask_dtype='uint16' (--mask-dtype uint16)")
@@ -100,7 +90,9 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
         return "no mask file matches this image"
     try:
         mask = read_mask(item.mask, opts.mask_dtype)
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
+    except CorruptRecordError as exc:  # already names the mask file
+        return str(exc)
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
         return f"mask {item.mask.name}: {exc}"
     if (mask.shape[1], mask.shape[0]) != size:
         return (f"mask {item.mask.name} is {mask.shape[1]}x{mask.shape[0]}, image is "
@@ -144,10 +136,9 @@ def _prepare_star(args: tuple[SourceItem, PackOptions]) -> tuple[dict[str, Any] 
 
 
 def _worker_init() -> None:
-    os.environ["OMP_NUM_THREADS"] = "1"
-    # Ctrl-C reaches the whole process group; the main process handles it (ends the pool, removes
-    # the partial output), so workers must not each print a KeyboardInterrupt traceback
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """Pool initializer: one thread; Ctrl-C is the main process's to handle (it ends the pool
+    and removes the partial output)."""
+    single_threaded(ignore_sigint=True)
 
 
 # --- orchestration ------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import statistics
 import sys
 from pathlib import Path
 
@@ -23,7 +24,8 @@ from fp_helpers import cli_main
 
 N = 72                      # conftest.N_PHOTOS
 FAST = dict(batch_sizes=(16,), size=64, batches=4)
-TRIAL_KEYS = {"format", "backend", "batch_size", "workers_requested", "workers", "status", "reason",
+TRIAL_KEYS = {"format", "backend", "batch_size", "workers_requested", "workers", "prefetch",
+              "status", "reason", "ram_bytes",
               "samples", "batches", "wall_s", "first_batch_s", "samples_per_s",
               "bytes_per_sample", "mb_per_s", "wait_fraction", "wait_p50_ms", "wait_p95_ms",
               "wait_p99_ms", "peak_rss_main_mb", "peak_rss_workers_mb", "cpu_util", "stall",
@@ -43,11 +45,16 @@ def test_trials_figures_are_consistent(report, packed):
     for t in report.trials:
         s = t.stall
         assert (t.status, t.batches, t.samples) == ("ok", 4, 64)
-        assert t.samples_per_s == pytest.approx((64 - 16) / (s["wait_s"] + s["step_s"]))
+        waits, steps, warm = s["waits_s"], s["steps_s"], max(1, t.workers)
+        assert s["rows"] == [16] * 4 and s["throughput"]["warmup_batches"] == warm
+        # arrival to arrival after the warm-up batches, one window per batch: the median
+        spans = sorted(steps[i - 1] + waits[i] for i in range(warm, 4))
+        assert t.samples_per_s == pytest.approx(statistics.median([16 / x for x in spans]))
         assert t.bytes_per_sample == pytest.approx(per_sample)
         assert t.mb_per_s == pytest.approx(t.samples_per_s * per_sample / 1e6)
-        assert t.wait_fraction == pytest.approx(s["wait_s"] / (s["wait_s"] + s["step_s"]))
-        assert t.first_batch_s == s["first_batch_s"] > 0
+        wait_after = sum(waits[warm:])
+        assert t.wait_fraction == pytest.approx(wait_after / (wait_after + sum(steps[warm - 1:3])))
+        assert t.first_batch_s == s["first_batch_s"] == waits[0] > 0
         assert 0 <= t.wait_p50_ms <= t.wait_p95_ms <= t.wait_p99_ms
         assert t.peak_rss_main_mb > 0
         # CPU time cannot exceed wall time × usable cores, up to the kernel's 10 ms accounting
@@ -107,7 +114,8 @@ def test_step_wait_fraction_matches_meter(packed):
         t = r.trials[0]
         s = t.stall
         assert 0 < t.wait_fraction < 1
-        assert t.wait_fraction == pytest.approx(s["input_bound"])
+        w = s["waits_s"]  # workers=0: one warm-up batch; the steps between arrivals count
+        assert t.wait_fraction == pytest.approx(sum(w[1:]) / (sum(w[1:]) + sum(s["steps_s"][:3])))
         assert s["step_s"] >= 4 * 0.005  # four steps, each at least the 5 ms asked for
         assert "simulated 5 ms training step" in format_table(r)
 

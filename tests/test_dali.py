@@ -257,7 +257,7 @@ def test_requests_dali_cannot_serve(packed, tmp_path):
 def test_missing_dali_names_the_wheel(packed, monkeypatch):
     """The import seam points at a module that does not exist: a real ImportError."""
     monkeypatch.setattr(dali_pipeline, "DALI_MODULE", "nvidia.dali_not_installed")
-    monkeypatch.setattr(dali_pipeline, "nvidia_smi_cuda", lambda: None)
+    monkeypatch.setattr(dali_pipeline, "driver_cuda", lambda: None)
     assert not dali_pipeline.dali_installed()
     with pytest.raises(MissingDependencyError) as exc:
         dali(packed["lmdb"], 8, size=32, **U8)

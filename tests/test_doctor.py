@@ -160,6 +160,28 @@ def test_loose_folder_run_packs_a_sample(photo_dir):
     assert rep.findings[0].check == "dataset" and rep.findings[0].severity == "high"
     assert rep.bench["dataset"]["samples"] == 32  # batches × batch size of the images
     assert "temporary LMDB" in only([f for f in rep.findings if f.check == "bench"]).title
+    # the gain of packing, measured by that bench on this machine, not a figure from elsewhere
+    speedup = rep.bench["speedup_vs_baseline"]
+    assert rep.findings[0].gain == (f"{speedup:.1f}x a default DataLoader (workers=0, PIL) on "
+                                    "these files, measured here by the short bench")
+
+
+def test_gains_carry_no_figures_from_another_machine(photo_dir, packed):
+    """Gains are computed from this machine's inputs, measured here, or name the command."""
+    gains = [f.gain for f in (
+        check_decoder({"jpeg_loader_path": "pillow", "jpeg_decoder": "pillow"})
+        + check_dataset(dataset_facts(photo_dir))
+        + check_dataset(dataclasses.replace(dataset_facts(packed["lmdb"]), ram_bytes=16 * GiB))
+        + check_shm(8 * 64 * 224 * 224 * 3 + 1, batch_size=64, size=224, workers=2))]
+    assert all(gains) and len(gains) == 4
+    assert "feedpipe bench" in gains[0] and "feedpipe bench PATH --baseline" in gains[1]
+    assert "feedpipe bench" in gains[2]
+    assert gains[3] == f"no page faults on {64 * 224 * 224 * 3 / MiB:,.0f} MiB of fresh " \
+                       "shared memory per batch"
+    for gain in gains[:3]:
+        assert not any(c.isdigit() for c in gain) and "2-core" not in gain, gain
+    no_bench = run_doctor(photo_dir, bench=False, env={})
+    assert only([f for f in no_bench.findings if f.check == "dataset"]).gain == gains[1]
 
 
 def test_failing_check_is_reported_and_exits_1(packed, copy_dataset, capsys):

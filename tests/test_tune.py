@@ -22,7 +22,8 @@ from converters import convert
 from feedpipe.cli import main
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import LoaderConfig, usable_cores
-from feedpipe.tools.tune import BatchTrial, memory, Trial, autotune, choose, find_batch_size, measure, \
+from feedpipe.tools import rss
+from feedpipe.tools.tune import BatchTrial, Trial, autotune, choose, find_batch_size, measure, \
     pick_size, search_batch_size, steady_rate
 
 from fp_helpers import free_port
@@ -55,10 +56,19 @@ def test_steady_rate_excludes_startup_and_shrugs_off_a_disturbed_window():
         steady_rate(waits[:4], steps, rows, warmup=2)
 
 
+def _trial(workers: int, prefetch: int | None, rate: float | None, first: float | None,
+           ram: int, reason: str = "") -> Trial:
+    """A tune trial (the one Trial type bench shares): workers, prefetch, samples/s, start-up,
+    batch bytes, why skipped."""
+    return Trial("lmdb", "torch", 16, str(workers), workers, prefetch,
+                 "ok" if rate is not None else "skipped", reason, first_batch_s=first,
+                 samples_per_s=rate, ram_bytes=ram)
+
+
 def test_choose_takes_the_cheapest_within_tolerance():
-    trials = [Trial(0, None, 500.0, 0.1, 100), Trial(1, 2, 900.0, 0.1, 400),
-              Trial(2, 2, 1000.0, 0.1, 600), Trial(2, 1, 990.0, 0.1, 500),
-              Trial(2, 4, 1010.0, 0.1, 1000), Trial(3, 2, None, None, 10**9, "skipped")]
+    trials = [_trial(0, None, 500.0, 0.1, 100), _trial(1, 2, 900.0, 0.1, 400),
+              _trial(2, 2, 1000.0, 0.1, 600), _trial(2, 1, 990.0, 0.1, 500),
+              _trial(2, 4, 1010.0, 0.1, 1000), _trial(3, 2, None, None, 10**9, "skipped")]
 
     def pick(tol: float) -> tuple[int, int | None]:
         chosen, best = choose(trials, tol)
@@ -70,7 +80,7 @@ def test_choose_takes_the_cheapest_within_tolerance():
     assert pick(0.15) == (1, 2)   # fewer workers wins
     assert pick(0.6) == (0, None)
     with pytest.raises(ConfigError, match="over the budget"):
-        choose([Trial(1, 2, None, None, 10, "skipped")], 0.05)
+        choose([_trial(1, 2, None, None, 10, "skipped")], 0.05)
 
 
 def test_autotune_within_tolerance_of_exhaustive_sweep(packed):
@@ -94,7 +104,7 @@ def test_autotune_within_tolerance_of_exhaustive_sweep(packed):
     assert max(w for w, _ in tried) <= min(2, usable_cores())
     chosen, top = choose(res.trials, 0.05)  # the result follows its own rule over its own trials
     assert (chosen.workers, chosen.prefetch) == (res.num_workers, res.prefetch_factor)
-    assert res.best_samples_per_s == top.samples_per_s and chosen.label in res.reason
+    assert res.best_samples_per_s == top.samples_per_s and chosen.setting in res.reason
     for t in res.trials:
         slots = t.workers * t.prefetch + 2 if t.workers else 1
         assert t.ram_bytes == SAMPLE_BYTES * 16 * slots
@@ -107,7 +117,7 @@ def test_budgets_are_respected(packed):
                    **OPTS)
     for t in res.trials:
         assert (t.samples_per_s is None) == (t.ram_bytes > budget), t
-        assert ("skipped" in t.note) == (t.samples_per_s is None)
+        assert ("skipped" in t.reason) == (t.samples_per_s is None) == (t.status == "skipped")
     assert any(t.workers == 2 and t.samples_per_s is None for t in res.trials)
     assert next(t for t in res.trials if (t.workers, t.prefetch) ==
                 (res.num_workers, res.prefetch_factor)).ram_bytes <= budget
@@ -239,10 +249,10 @@ def test_pick_size_margin_and_fastest():
 
 @pytest.mark.parametrize("kernel", [True, False], ids=["VmHWM", "psutil-sampler"])
 def test_host_peak_sees_a_freed_allocation(kernel, monkeypatch):
-    monkeypatch.setattr(memory, "_kernel_peak_available", lambda: kernel)
-    meter = memory.HostPeak()
+    monkeypatch.setattr(rss, "_kernel_peak_available", lambda: kernel)
+    meter = rss.HostPeak()
     assert meter.kernel == kernel
-    with memory.exact_heap():
+    with rss.exact_heap():
         meter.reset()
         base = meter.rss()
         block = torch.ones(16 << 20)  # 64 MiB, every page touched

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import IncompleteDatasetError, ManifestError, UnsafePathError
+from ..paths import write_atomic
 from ..schema.fields import Schema
 
 MANIFEST_NAME = "feedpipe.json"
@@ -82,14 +83,10 @@ class Manifest:
         }
 
     def write(self, root: Path) -> None:
-        """Write atomically (temp file, fsync, rename): the last step of every conversion."""
-        path = Path(root) / MANIFEST_NAME
-        tmp = path.with_suffix(".json.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(self.to_json(), fh, indent=1, ensure_ascii=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        """Write atomically (:func:`feedpipe.paths.write_atomic`): the last step of every
+        conversion."""
+        write_atomic(Path(root) / MANIFEST_NAME,
+                     json.dumps(self.to_json(), indent=1, ensure_ascii=False))
 
     @classmethod
     def read(cls, root: str | os.PathLike[str]) -> "Manifest":

@@ -313,11 +313,14 @@ def encode_mask_png(arr: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def decode_mask_png(data: Buffer, what: str) -> np.ndarray:
-    """PNG → H×W index array: L/P/1 → uint8 (palette indices, not colours), I;16 → uint16."""
+def decode_mask_png(data: Buffer, what: str, *, png_only: bool = True) -> np.ndarray:
+    """PNG → H×W index array: L/P/1 → uint8 (palette indices, not colours), I;16 → uint16.
+
+    The one mask decoder: stored masks (PNG only) and the converters' mask files
+    (``png_only=False``: any lossless format Pillow reads, e.g. TIFF, BMP)."""
     try:
         with Image.open(io.BytesIO(data)) as im:
-            if im.format != "PNG":
+            if png_only and im.format != "PNG":
                 raise ValueError(f"not a PNG ({im.format})")
             if im.mode in ("L", "P"):
                 return np.asarray(im, dtype=np.uint8).copy()
@@ -328,7 +331,8 @@ def decode_mask_png(data: Buffer, what: str) -> np.ndarray:
                 if arr.size and (arr.min() < 0 or arr.max() > 0xFFFF):
                     raise ValueError("mask index out of uint16 range")
                 return arr.astype(np.uint16)
-            raise ValueError(f"PNG mode {im.mode} is not an index mask (use L, P, 1 or I;16)")
+            raise ValueError(f"{im.format} mode {im.mode} is not an index mask "
+                             "(use L, P, 1 or I;16)")
     except (OSError, ValueError, SyntaxError) as exc:
         raise CorruptRecordError(f"{what}: cannot decode mask: {exc}") from exc
 

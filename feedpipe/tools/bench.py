@@ -33,7 +33,7 @@ from torch.utils.data import DataLoader
 
 from . import machine
 from .baseline import naive_loader, stored_bytes_per_sample
-from .benchreport import BenchReport, Trial
+from .benchreport import BenchReport
 from ..errors import ConfigError, EmptyDatasetError, FeedpipeError
 from ..dataset.registry import DatasetReader, open_dataset
 from ..loader.api import Loader, make_loader
@@ -41,6 +41,8 @@ from ..loader.config import _DTYPES as DTYPES
 from ..loader.config import auto_workers, usable_cores
 from ..dataset.manifest import MANIFEST_NAME
 from .monitor import LoaderInfo, StallMeter
+from .rss import ProcessTreeSampler
+from .throughput import Trial, of_meter
 
 Progress = Callable[[str, int, int | None], None]  # (stage, done, total)
 Workers = int | Literal["auto"]
@@ -154,31 +156,27 @@ def _step(cfg: BenchConfig, device: torch.device) -> Callable[[Any], None]:
 
 def measure(loader: Loader | DataLoader, cfg: BenchConfig, base: Trial, bytes_per_sample: float,
             info: LoaderInfo | None, progress: Progress | None = None) -> Trial:
-    """Run one trial: the loader through the meter and the step, resources sampled meanwhile."""
+    """Run one trial: the loader through the meter and the step, resources sampled meanwhile;
+    rated by the one throughput measurement (:mod:`feedpipe.tools.throughput`), as tune is."""
     device = torch.device(cfg.device)
     step = _step(cfg, device)
     total = cfg.batches if cfg.batches is not None else cfg.epochs * len(loader)  # type: ignore
     meter = StallMeter(cuda_sync=device.type == "cuda", loader_info=info)
-    first = 0
-    with machine.ProcessTreeSampler() as res:
+    with ProcessTreeSampler() as res:
         for i, batch in enumerate(meter.wrap(_stream(loader, cfg.batches, cfg.epochs))):
-            if i == 0:
-                first = meter.samples
             step(batch)
             if progress:
                 progress(f"{base.label} workers {base.workers_requested}", i + 1, total)
     s = meter.summary()
-    steady = s.wait_s + s.step_s
-    rate = (s.samples - first) / steady if steady > 0 else 0.0
-    return replace(base, samples=s.samples, batches=s.batches, wall_s=s.wall_s,
-                   first_batch_s=s.first_batch_s, samples_per_s=rate,
-                   bytes_per_sample=bytes_per_sample, mb_per_s=rate * bytes_per_sample / 1e6,
-                   wait_fraction=s.input_bound, wait_p50_ms=s.wait_p50_ms,
-                   wait_p95_ms=s.wait_p95_ms, wait_p99_ms=s.wait_p99_ms,
-                   peak_rss_main_mb=res.peak_main / 2**20,
-                   peak_rss_workers_mb=res.peak_workers / 2**20,
-                   cpu_util=res.cpu_s / res.wall / usable_cores() if res.wall > 0 else 0.0,
-                   stall=s.to_dict())
+    th = of_meter(meter, base.workers)
+    return base.measured(
+        th, wall_s=s.wall_s, bytes_per_sample=bytes_per_sample,
+        prefetch=info.prefetch_factor if info is not None and base.workers else None,
+        mb_per_s=th.samples_per_s * bytes_per_sample / 1e6,
+        peak_rss_main_mb=res.peak_main / 2**20, peak_rss_workers_mb=res.peak_workers / 2**20,
+        cpu_util=res.cpu_s / res.wall / usable_cores() if res.wall > 0 else 0.0,
+        stall={**s.to_dict(), "throughput": th.to_dict(), "waits_s": meter.waits,
+               "steps_s": meter.steps, "rows": meter.rows})
 
 
 def is_packed(path: Path) -> bool:

@@ -7,67 +7,26 @@ JSON (:meth:`BenchReport.to_json`, ``schema_version`` 1) holds ``feedpipe_versio
 {format: {path, seconds, images, skipped, kept}}), ``trials`` and ``baseline`` (null unless
 asked for), ``best`` (index into trials, null if none ran) and ``speedup_vs_baseline`` (null
 without one).
-Each trial holds every :class:`Trial` field below.
+Each trial holds every :class:`~feedpipe.tools.throughput.Trial` field.
 """
 
 from __future__ import annotations
 
 import io
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..errors import ConfigError, MissingDependencyError
 from .machine import summary_line
+from .throughput import Trial
 from ..paths import write_atomic
 
 if TYPE_CHECKING:
     from .bench import BenchConfig
 
 SCHEMA_VERSION = 1
-
-
-@dataclass(frozen=True)
-class Trial:
-    """Figures of one configuration; rows with status 'unavailable' carry only ``reason``.
-
-    samples_per_s is the steady state (samples after the first batch over the time after it);
-    mb_per_s is stored bytes read per second (mean stored bytes per sample × samples_per_s, in
-    10⁶ B/s); wait_fraction is the share of steady-state time spent waiting for data; RSS peaks
-    are sampled every 50 ms, the workers' as the sum over worker processes (shared pages counted
-    in each); cpu_util is the process tree's CPU time / wall time / usable cores.
-    """
-
-    format: str
-    backend: str
-    batch_size: int
-    workers_requested: str
-    workers: int | None = None
-    status: Literal["ok", "unavailable"] = "ok"
-    reason: str = ""
-    samples: int = 0
-    batches: int = 0
-    wall_s: float = 0.0
-    first_batch_s: float = 0.0
-    samples_per_s: float = 0.0
-    bytes_per_sample: float = 0.0
-    mb_per_s: float = 0.0
-    wait_fraction: float = 0.0
-    wait_p50_ms: float = 0.0
-    wait_p95_ms: float = 0.0
-    wait_p99_ms: float = 0.0
-    peak_rss_main_mb: float = 0.0
-    peak_rss_workers_mb: float = 0.0
-    cpu_util: float = 0.0
-    stall: dict[str, Any] = field(default_factory=dict)
-    best: bool = False
-    source: str = ""  # the baseline's input: "loose files" or "packed bytes"
-
-    @property
-    def label(self) -> str:
-        """The plot line / progress stage this trial belongs to."""
-        return f"{self.format} {self.backend} batch {self.batch_size}"
 
 
 @dataclass(frozen=True)

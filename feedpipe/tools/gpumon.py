@@ -19,7 +19,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ConfigError, GpuUnavailableError, MissingDependencyError
+from ..errors import ConfigError, GpuUnavailableError
+from ..loader.gpu import import_nvml
 
 
 @dataclass(frozen=True)
@@ -39,13 +40,8 @@ LOW, HIGH = 20.0, 80.0  # utilisation (%) counted as "idle" / "busy" in the fluc
 
 def nvml_sampler() -> Sampler:
     """A sampler reading every GPU through NVML; raises a clear error without pynvml or a GPU."""
+    pynvml = import_nvml()  # the one GPU probe (feedpipe.loader.gpu)
     try:
-        import pynvml
-    except ImportError:
-        raise MissingDependencyError("GPU monitoring needs NVML bindings (the nvidia-ml-py "
-                                     "package): pip install 'feedpipe[gpu]'") from None
-    try:
-        pynvml.nvmlInit()
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
                    for i in range(pynvml.nvmlDeviceGetCount())]
     except pynvml.NVMLError as exc:

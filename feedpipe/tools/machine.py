@@ -1,5 +1,5 @@
-"""What machine a measurement ran on: CPU, usable cores, memory, GPU, /dev/shm, library versions;
-and what a process tree used while it ran (:class:`ProcessTreeSampler`).
+"""What machine a measurement ran on: CPU, usable cores, memory, GPU, /dev/shm, library versions
+(what a process tree used while it ran: :mod:`feedpipe.tools.rss`).
 
 Used by ``feedpipe bench`` (stored next to every figure) and ``feedpipe doctor``. Everything is read
 without side effects and returned as plain JSON types; a probe that fails gives ``None``.
@@ -10,8 +10,6 @@ from __future__ import annotations
 import os
 import platform
 import shutil
-import threading
-import time
 from importlib import metadata, util
 from pathlib import Path
 from typing import Any
@@ -61,16 +59,14 @@ def cgroup_cpu_limit(root: str | os.PathLike[str] = "/sys/fs/cgroup") -> float |
 
 
 def memory() -> dict[str, int | None]:
-    """Total and available RAM in bytes (``/proc/meminfo``)."""
-    out: dict[str, int | None] = {"total": None, "available": None}
+    """Total and available RAM in bytes (psutil; None where it cannot tell)."""
+    import psutil
+
     try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("MemTotal", "MemAvailable"):
-                out["total" if key == "MemTotal" else "available"] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError):
-        pass
-    return out
+        vm = psutil.virtual_memory()
+    except (OSError, RuntimeError):
+        return {"total": None, "available": None}
+    return {"total": int(vm.total), "available": int(vm.available)}
 
 
 def shm_usage(path: str = "/dev/shm") -> dict[str, int] | None:
@@ -160,63 +156,3 @@ def summary_line(machine: dict[str, Any]) -> str:
     gpu = ", ".join(g["name"] for g in machine["gpus"]) or "no GPU"
     parts = [machine["cpu_model"], cores] + ([f"{ram / 2**30:.1f} GiB RAM"] if ram else [])
     return ", ".join(parts + [gpu])
-
-
-class ProcessTreeSampler:
-    """Peak RSS of this process and of its children, and the tree's CPU time, over a ``with`` block.
-
-    A background thread samples every ``interval`` s (psutil); only children started inside the
-    block count. Their CPU times are their last sample, so the block must end while they are
-    alive (a loader's workers: before it is deleted). ``peak_workers`` is the peak of the
-    children's summed RSS (shared pages counted in each).
-    """
-
-    def __init__(self, interval: float = 0.05) -> None:
-        import psutil
-
-        self.psutil, self.interval = psutil, interval
-        self.me = psutil.Process()
-        self.peak_main = self.peak_workers = 0
-        self.wall = self.cpu_s = 0.0
-        self._cpu: dict[int, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="feedpipe-sampler")
-
-    def _sample(self) -> None:
-        ps = self.psutil
-        try:
-            self.peak_main = max(self.peak_main, self.me.memory_info().rss)
-            kids = self.me.children(recursive=True)
-        except ps.Error:
-            return
-        total = 0
-        for k in kids:
-            if k.pid in self._before:  # not started by the measured code
-                continue
-            try:
-                with k.oneshot():
-                    total += k.memory_info().rss
-                    t = k.cpu_times()
-                    self._cpu[k.pid] = t.user + t.system
-            except ps.Error:  # exited between listing and reading
-                continue
-        self.peak_workers = max(self.peak_workers, total)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._sample()
-
-    def __enter__(self) -> "ProcessTreeSampler":
-        t = self.me.cpu_times()
-        self._cpu0, self._t0 = t.user + t.system, time.perf_counter()
-        self._before = {k.pid for k in self.me.children(recursive=True)}
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._sample()
-        self._stop.set()
-        self._thread.join()
-        self.wall = time.perf_counter() - self._t0
-        t = self.me.cpu_times()
-        self.cpu_s = t.user + t.system - self._cpu0 + sum(self._cpu.values())

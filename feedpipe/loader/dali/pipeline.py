@@ -13,9 +13,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import io
-import re
-import shutil
-import subprocess
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Literal
@@ -30,32 +27,20 @@ from ...schema.fields import ImageField, MaskField, TargetField
 from ..sampler import PlanSampler, World, rng_for
 from ..config import Crop, LoaderConfig
 from ..geometry import CROP_ATTEMPTS, Framing
+from ..gpu import driver_cuda
 
 #: the module ``backend="dali"`` imports; a seam for tests, which point it at a missing module
 DALI_MODULE = "nvidia.dali"
-_SMI_CUDA = re.compile(r"CUDA Version:\s*(\d+)\.")
-
-
-def nvidia_smi_cuda() -> str | None:
-    """The CUDA version the installed driver supports (``nvidia-smi``), or None without one."""
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        return None
-    try:
-        out = subprocess.run([exe], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    m = _SMI_CUDA.search(out)
-    return f"{m[1]}.0" if m else None
 
 
 def dali_package(torch_cuda: str | None,
-                 driver_cuda: Callable[[], str | None] | None = None) -> tuple[str, str]:
+                 driver: Callable[[], str | None] | None = None) -> tuple[str, str]:
     """(pip package, how the CUDA major was found): torch's CUDA build first, then the driver
-    (``driver_cuda``, default ``nvidia-smi``), else CUDA 13 (DALI has wheels for CUDA 12 and 13)."""
+    (``driver``, default :func:`feedpipe.loader.gpu.driver_cuda`: NVML, else torch.cuda), else
+    CUDA 13 (DALI has wheels for CUDA 12 and 13)."""
     found, how = torch_cuda, "torch.version.cuda"
     if found is None:
-        found, how = (driver_cuda or nvidia_smi_cuda)(), "nvidia-smi"
+        found, how = (driver or driver_cuda)(), "the driver"
     if found is None:
         return "nvidia-dali-cuda130", "no CUDA found; default"
     pkg = "nvidia-dali-cuda120" if int(found.split(".")[0]) <= 12 else "nvidia-dali-cuda130"

@@ -8,7 +8,6 @@ lays out on the device. On CPU the same code runs without streams.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import warnings
 from collections import deque
@@ -19,6 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 
 from ...errors import ConfigError
+from ...workers import single_threaded
 from ...dataset.registry import DatasetReader
 from ..sampler import EpochPosition, PlanSampler, World
 from ..config import SHM_HEADROOM, LoaderConfig
@@ -111,9 +111,8 @@ class SlotRing:
 
 
 def _worker_init(_: int) -> None:
-    """One thread per worker: the workers are the parallelism, nested threads only contend."""
-    torch.set_num_threads(1)
-    os.environ["OMP_NUM_THREADS"] = "1"
+    """DataLoader ``worker_init_fn``: :func:`feedpipe.workers.single_threaded`."""
+    single_threaded()
 
 
 def _identity(batch: dict[str, Any]) -> dict[str, Any]:

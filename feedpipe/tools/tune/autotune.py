@@ -12,7 +12,6 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import statistics
 from dataclasses import asdict, dataclass, field, replace
 from itertools import islice
 from typing import Any, Iterator, Sequence
@@ -22,29 +21,13 @@ from ...dataset.registry import DatasetReader, open_dataset
 from ...loader.config import auto_workers
 from ...loader.protocol import Loader
 from ..monitor import StallMeter
+from ..throughput import Trial, of_meter, warmup_batches
 from .cache import cache_file, cache_key, read_cache, write_cache
 from .memory import host_available_bytes, loader_ram_bytes, sample_bytes
 
 log = logging.getLogger("feedpipe.tune")
 PREFETCH_DEPTHS = (1, 2, 4)
 FIRST_PREFETCH = 2  # torch's default: the worker sweep runs at it, other depths come after
-
-
-@dataclass(frozen=True)
-class Trial:
-    """One measured (or skipped) configuration. ``samples_per_s`` is the steady state after
-    start-up; ``first_batch_s`` the start-up itself; ``ram_bytes`` the batch memory estimate."""
-
-    workers: int
-    prefetch: int | None
-    samples_per_s: float | None
-    first_batch_s: float | None
-    ram_bytes: int
-    note: str = ""
-
-    @property
-    def label(self) -> str:
-        return f"workers={self.workers}" + (f", prefetch={self.prefetch}" if self.workers else "")
 
 
 @dataclass(frozen=True)
@@ -87,41 +70,18 @@ class TuneResult:
             sps = "-" if t.samples_per_s is None else f"{t.samples_per_s:.0f}"
             first = "-" if t.first_batch_s is None else f"{t.first_batch_s:.2f}"
             rows.append(f"{t.workers:>7} {t.prefetch or '-':>8} {sps:>10} {first:>8} "
-                        f"{t.ram_bytes / 2**20:>9.1f}  {t.note}".rstrip())
+                        f"{t.ram_bytes / 2**20:>9.1f}  {t.reason}".rstrip())
         return "\n".join(rows + [self.reason + (" (cached)" if self.cached else "")])
 
 
-def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[int],
-                warmup: int, windows: int = 3) -> float:
-    """Median samples/s over ``windows`` equal runs of batches after the first ``warmup``.
-
-    Each window spans arrival to arrival, so start-up is excluded: the first batch carries it, and
-    with ``w`` workers the next ``w - 1`` were decoded during it and arrive almost at once
-    (``warmup = max(1, w)``). The median of windows shrugs off one disturbed by other processes.
-    """
-    n = len(waits)
-    if warmup < 1 or n - warmup < windows:
-        raise ConfigError(f"need {warmup} warm-up + {windows} batches to measure, got {n}")
-    arrivals, t = [], 0.0
-    for i, wait in enumerate(waits):
-        t += wait
-        arrivals.append(t)
-        t += steps[i] if i < len(steps) else 0.0
-    edges = [warmup - 1 + round(k * (n - warmup) / windows) for k in range(windows + 1)]
-    rates = sorted(sum(rows[a + 1:b + 1]) / max(arrivals[b] - arrivals[a], 1e-9)
-                   for a, b in zip(edges, edges[1:]))
-    return statistics.median(rates)
-
-
-def _epochs(loader: Loader, rows: list[int]) -> Iterator[Any]:
-    """The loader's batches epoch after epoch, recording each batch's sample count."""
+def _epochs(loader: Loader) -> Iterator[Any]:
+    """The loader's batches epoch after epoch."""
     epoch = 0
     while True:
         loader.set_epoch(epoch)
         got = 0
         for batch in loader:
             got += 1
-            rows.append(len(next(iter(batch.values()))))
             yield batch
         if not got:
             raise ConfigError("autotune: the loader yields no batches (dataset smaller than "
@@ -131,26 +91,25 @@ def _epochs(loader: Loader, rows: list[int]) -> Iterator[Any]:
 
 def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, workers: int,
             prefetch: int | None, *, trial_batches: int = 24, **loader_options: Any) -> Trial:
-    """Run one trial: ``trial_batches`` batches after start-up, timed by StallMeter, rated by
-    :func:`steady_rate`."""
+    """Run one trial: ``trial_batches`` batches after start-up, rated by the one throughput
+    measurement (:func:`feedpipe.tools.throughput.of_meter`), as ``feedpipe bench`` rates its."""
     from ...loader.api import make_loader
 
     opts = {**loader_options, "num_workers": workers}
     if workers:
         opts["prefetch_factor"] = prefetch
     loader = make_loader(source, batch_size, **opts)
-    warmup = max(1, workers)
-    rows: list[int] = []
     meter = StallMeter()
-    batches = _epochs(loader, rows)
-    for _ in meter.wrap(islice(batches, warmup + trial_batches)):
+    batches = _epochs(loader)
+    for _ in meter.wrap(islice(batches, warmup_batches(workers) + trial_batches)):
         pass
     batches.close()
-    rate = steady_rate(meter.waits, meter.steps, rows, warmup)
-    ram = loader_ram_bytes(sample_bytes(loader), batch_size, workers, prefetch or 0)
+    view = loader.describe()
+    ram = loader_ram_bytes(view.sample_bytes, batch_size, workers, prefetch or 0)
     del loader, batches  # shut the workers down before the next trial starts its own
     gc.collect()
-    return Trial(workers, prefetch if workers else None, rate, meter.waits[0], ram)
+    return Trial(view.format, view.backend, batch_size, str(workers), workers,
+                 prefetch if workers else None, ram_bytes=ram).measured(of_meter(meter, workers))
 
 
 def choose(trials: Sequence[Trial], tolerance: float) -> tuple[Trial, Trial]:
@@ -177,6 +136,7 @@ class _Search:
     trial_batches: int
     depths: tuple[int, ...]
     options: dict[str, Any]
+    base: Trial  # the dataset and backend every trial shares
     trials: list[Trial] = field(default_factory=list)
 
     def ram(self, workers: int, prefetch: int) -> int:
@@ -185,12 +145,15 @@ class _Search:
     def run(self, workers: int, prefetch: int | None) -> Trial:
         ram = self.ram(workers, prefetch or 0)
         if ram > self.budget_ram:
-            t = Trial(workers, prefetch, None, None, ram, f"skipped: ~{ram >> 20} MiB of "
-                      f"batches > the RAM budget of {self.budget_ram >> 20} MiB")
+            t = replace(self.base, workers_requested=str(workers), workers=workers,
+                        prefetch=prefetch, status="skipped", first_batch_s=None,
+                        samples_per_s=None, ram_bytes=ram,
+                        reason=f"skipped: ~{ram >> 20} MiB of batches > the RAM budget of "
+                               f"{self.budget_ram >> 20} MiB")
         else:
             t = measure(self.source, self.batch_size, workers, prefetch,
                         trial_batches=self.trial_batches, **self.options)
-        log.info("autotune %s: %s", t.label, t.note or f"{t.samples_per_s:.0f} samples/s "
+        log.info("autotune %s: %s", t.setting, t.reason or f"{t.samples_per_s:.0f} samples/s "
                  f"(start-up {t.first_batch_s:.2f} s, ~{t.ram_bytes >> 20} MiB of batches)")
         self.trials.append(t)
         return t
@@ -281,15 +244,16 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
 
     probe = make_loader(reader, batch_size, num_workers=0, **loader_options)  # validates options
     ram_cap = budget_ram if budget_ram is not None else host_available_bytes()
+    view = probe.describe()
     search = _Search(reader, batch_size, sample_bytes(probe), ram_cap, trial_batches, depths,
-                     loader_options)
+                     loader_options, Trial(view.format, view.backend, batch_size, "0"))
     del probe
     search.sweep_workers(max_workers, tolerance)
     search.other_depths(tolerance)
     search.confirm(repeats)
     chosen, best = choose(search.trials, tolerance)
-    reason = (f"chose {chosen.label}: {chosen.samples_per_s:.0f} samples/s, within "
-              f"{tolerance:.0%} of the best ({best.label}: {best.samples_per_s:.0f} samples/s) "
+    reason = (f"chose {chosen.setting}: {chosen.samples_per_s:.0f} samples/s, within "
+              f"{tolerance:.0%} of the best ({best.setting}: {best.samples_per_s:.0f} samples/s) "
               f"with the fewest workers, then the least batch memory "
               f"(~{chosen.ram_bytes / 2**20:.1f} MiB); {len(search.trials)} configurations "
               f"tried, up to {max_workers} workers")

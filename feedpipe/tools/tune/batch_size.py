@@ -23,8 +23,8 @@ from ...errors import ConfigError
 from ...dataset.registry import DatasetReader
 from ...loader.config import PREFETCH_DECODE, auto_workers
 from .batches import Batch, cpu_copy, default_step, nbytes, tile, to_device
-from .memory import HostPeak, exact_heap, free_device_memory, host_available_bytes, \
-    loader_ram_bytes, sample_bytes
+from ..rss import HostPeak, exact_heap
+from .memory import free_device_memory, host_available_bytes, loader_ram_bytes, sample_bytes
 
 log = logging.getLogger("feedpipe.tune")
 Mode = Literal["largest", "fastest"]

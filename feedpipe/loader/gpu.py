@@ -1,0 +1,47 @@
+"""The one way feedpipe asks about NVIDIA GPUs and their driver: NVML through ``nvidia-ml-py``
+(import ``pynvml``, the optional ``feedpipe[gpu]`` extra) when installed, else ``torch.cuda``.
+
+In the loader layer so the DALI backend can use it; ``feedpipe monitor`` (tools) uses it too.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+from ..errors import GpuUnavailableError, MissingDependencyError
+
+
+def import_nvml() -> ModuleType:
+    """``pynvml``, initialised; a MissingDependencyError without ``nvidia-ml-py``, a
+    GpuUnavailableError when NVML cannot start (no driver loaded)."""
+    try:
+        import pynvml
+    except ImportError:
+        raise MissingDependencyError("GPU monitoring needs NVML bindings (the nvidia-ml-py "
+                                     "package): pip install 'feedpipe[gpu]'") from None
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise GpuUnavailableError(f"NVML is installed but cannot start ({exc}): no NVIDIA driver "
+                                  "is loaded or no GPU is visible on this machine") from None
+    return pynvml
+
+
+def driver_cuda() -> str | None:
+    """The newest CUDA version the installed driver supports (e.g. "12.4"), or None: NVML when
+    installed; else torch's CUDA build when torch can use a GPU (the driver runs at least that);
+    else None (no driver, or nothing here can tell)."""
+    try:
+        nvml = import_nvml()
+    except (MissingDependencyError, GpuUnavailableError):
+        nvml = None
+    if nvml is not None:
+        try:
+            v = int(nvml.nvmlSystemGetCudaDriverVersion_v2())  # e.g. 12040 for 12.4
+        except nvml.NVMLError:
+            v = 0
+        if v > 0:
+            return f"{v // 1000}.{v % 1000 // 10}"
+    import torch
+
+    return torch.version.cuda if torch.cuda.is_available() and torch.version.cuda else None
