@@ -21,12 +21,19 @@ from typing import Any, Callable, Iterator, Literal, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
-from feedpipe.errors import BadInputError, ConfigError
-from feedpipe.dataset.registry import WRITERS, DatasetWriter
-from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
 from feedpipe.dataset.manifest import FileEntry, Manifest
-from feedpipe.schema.fields import (Field, ImageField, JsonField, LabelField, MaskField, Schema,
-                             encode_mask_png)
+from feedpipe.dataset.registry import WRITERS, DatasetWriter
+from feedpipe.errors import BadInputError, ConfigError
+from feedpipe.schema.fields import (
+    Field,
+    ImageField,
+    JsonField,
+    LabelField,
+    MaskField,
+    Schema,
+    encode_mask_png,
+)
+from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
 
 from .images import Refused, geometry, image_codec, likely_jpeg, store_image
 from .output import Output, disk_full, empty_result

@@ -12,19 +12,23 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from fp_helpers import CLI, cli_main, jpeg_bytes, run_cli
 
 import feedpipe
 from feedpipe.cli import app as cli
-from feedpipe.errors import (ConfigError, CorruptRecordError, EmptyDatasetError, FeedpipeError,
-                             MissingFieldError)
-from feedpipe.dataset.registry import WRITERS
 from feedpipe.dataset.formats.hdf5 import CRC_NAME
 from feedpipe.dataset.formats.wds import check_key
 from feedpipe.dataset.manifest import FileEntry, Manifest
-from feedpipe.schema.fields import ImageField, JsonField, LabelField, Schema
+from feedpipe.dataset.registry import WRITERS
+from feedpipe.errors import (
+    ConfigError,
+    CorruptRecordError,
+    EmptyDatasetError,
+    FeedpipeError,
+    MissingFieldError,
+)
 from feedpipe.loader.sampler import World, plan_batches
-
-from fp_helpers import CLI, cli_main, jpeg_bytes, run_cli
+from feedpipe.schema.fields import ImageField, JsonField, LabelField, Schema
 
 SCHEMA = Schema((ImageField("image"), LabelField("label"), JsonField("path")))
 U8 = dict(dtype="uint8", mean=None, std=None, device="cpu")

@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from fp_helpers import free_port
 from torch import nn
 
 import feedpipe
@@ -22,12 +23,21 @@ from converters import convert
 from feedpipe.cli import main
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import LoaderConfig, usable_cores
-from feedpipe.tools.tune import BatchTrial, memory, Trial, autotune, choose, find_batch_size, measure, \
-    pick_size, search_batch_size, steady_rate
+from feedpipe.tools.tune import (
+    BatchTrial,
+    Trial,
+    autotune,
+    choose,
+    find_batch_size,
+    measure,
+    memory,
+    pick_size,
+    search_batch_size,
+    steady_rate,
+)
 
-from fp_helpers import free_port
-
-autotune_mod = importlib.import_module("feedpipe.tools.tune.autotune")  # the package exports the function
+# the package exports the function of the same name
+autotune_mod = importlib.import_module("feedpipe.tools.tune.autotune")
 
 OPTS = dict(size=64, device="cpu")
 SAMPLE_BYTES = 64 * 64 * 3 + 8  # a 64×64 uint8 RGB image and an int64 label
@@ -210,9 +220,9 @@ def test_search_against_an_oracle(max_size, resolution):
     for limit in [0, 1, 2, 3, 5, 8, 13, 63, 64, 65, 100, 999, 5000]:
         calls: list[int] = []
 
-        def fits(size: int) -> bool:
-            calls.append(size)
-            return size <= limit
+        def fits(size: int) -> bool:  # called within this iteration only
+            calls.append(size)  # noqa: B023
+            return size <= limit  # noqa: B023
 
         got = search_batch_size(fits, max_size=max_size, resolution=resolution)
         want = min(limit, max_size)

@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, FeedpipeError
-from ..schema.imaging import DEFAULT_MAX_PIXELS, decoder_info
 from ..dataset.manifest import Manifest
+from ..errors import ConfigError, FeedpipeError
 from ..schema.fields import MaskField, TargetField
+from ..schema.imaging import DEFAULT_MAX_PIXELS, decoder_info
 
 if TYPE_CHECKING:
     from converters import ConvertResult
@@ -354,7 +354,7 @@ def speak_cli(message: str, option: str | None, parser: argparse.ArgumentParser)
             continue
         if flag in message:  # the message names the flag already: drop the Python spelling
             message = re.sub(rf"\b{name}=('[^']*'|\S+?)(?=[:,;]|\s)( \({flag}\))?",
-                             lambda m: f"{flag} {m[1].strip(chr(39))}", message)
+                             lambda m: f"{flag} {m[1].strip(chr(39))}", message)  # noqa: B023
             continue
         message = re.sub(rf"\b{name}=\(H, W\)", f"{flag} HxW", message)
         message = re.sub(rf"\b{name}='([^']*)'", rf"{flag} \1", message)

@@ -8,8 +8,8 @@ from typing import Any
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .app import _size
     from ..tools.tune.autotune import autotune
+    from .app import _size
 
     options: dict[str, Any] = {"crop": args.crop, "dtype": args.dtype, "device": args.device}
     if args.size:

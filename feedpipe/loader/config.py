@@ -129,7 +129,8 @@ class LoaderConfig:
         """Replace every "auto" with a concrete value (see :func:`auto_workers`)."""
         if self.num_workers == "tune":
             raise ConfigError("num_workers='tune' is measured by make_loader (feedpipe.tools."
-                              "tune.autotune) before resolve(); call make_loader, or autotune first")
+                              "tune.autotune) before resolve(); call make_loader, or autotune "
+                              "first")
         workers = auto_workers(decodes) if self.num_workers == "auto" else self.num_workers
         return replace(
             self,

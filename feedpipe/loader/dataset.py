@@ -14,11 +14,18 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..errors import ConfigError, CorruptRecordError
 from ..dataset.registry import DatasetReader
-from ..schema.fields import ArrayField, Field, ImageField, LabelField, MaskField, TargetField, \
-    decode_mask_png
+from ..errors import ConfigError, CorruptRecordError
 from ..schema.codecs import jpeg_complete, jpeg_info
+from ..schema.fields import (
+    ArrayField,
+    Field,
+    ImageField,
+    LabelField,
+    MaskField,
+    TargetField,
+    decode_mask_png,
+)
 from ..schema.imaging import DEFAULT_MAX_PIXELS
 from .sampler import BatchRequest, rng_for
 from .torch.device_decode import EncodedBatch
@@ -238,7 +245,8 @@ class BatchDataset(torch.utils.data.Dataset):
             for _ in range(_MAX_REFILL):
                 sub = int(rng.integers(0, len(self.reader)))
                 try:
-                    self.reader.visit([sub], lambda _, stored: fill(pos, stored, sub), self.names)
+                    self.reader.visit([sub], lambda _, stored: fill(pos, stored, sub),  # noqa: B023
+                                      self.names)  # (called at once, inside this iteration)
                     break
                 except CorruptRecordError as exc:
                     skipped.append(str(exc))

@@ -23,9 +23,16 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..errors import BadInputError
-from ..schema.imaging import (DEFAULT_MAX_PIXELS, check_pixels, decode_rgb, decode_with_pillow,
-                       jpeg_path, simplejpeg, sniff_codec)
 from ..schema.fields import TargetField
+from ..schema.imaging import (
+    DEFAULT_MAX_PIXELS,
+    check_pixels,
+    decode_rgb,
+    decode_with_pillow,
+    jpeg_path,
+    simplejpeg,
+    sniff_codec,
+)
 from .config import Crop
 
 JPEG_PATH = jpeg_path()

@@ -14,8 +14,19 @@ __all__ = ["IMAGE_CODECS", "ArrayField", "BytesField", "Field", "ImageField", "J
            "LabelField", "MaskField", "Schema", "TargetField", "field_from_json"]
 
 if TYPE_CHECKING:
-    from .fields import (IMAGE_CODECS, ArrayField, BytesField, Field, ImageField, JsonField,
-                         LabelField, MaskField, Schema, TargetField, field_from_json)
+    from .fields import (
+        IMAGE_CODECS,
+        ArrayField,
+        BytesField,
+        Field,
+        ImageField,
+        JsonField,
+        LabelField,
+        MaskField,
+        Schema,
+        TargetField,
+        field_from_json,
+    )
 
 
 def __getattr__(name: str) -> Any:

@@ -14,13 +14,13 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any, ClassVar, Iterator, Literal
+from typing import Any, ClassVar, Iterator, Literal, cast
 
 import numpy as np
 from PIL import Image
 
-from .codecs import Buffer, check_dtype, npy_decode, npy_encode, npy_header
 from ..errors import CorruptRecordError, ManifestError
+from .codecs import Buffer, check_dtype, npy_decode, npy_encode, npy_header
 from .imaging import CODEC_EXT, decode_rgb
 
 ImageCodec = Literal["jpeg", "png", "webp", "mixed", "raw"]
@@ -186,7 +186,9 @@ class ArrayField(Field):
 
     @cached_property
     def _header(self) -> tuple[bytes, np.dtype, tuple[int, ...]] | None:
-        return npy_header(np.dtype(self.dtype), self.shape) if self.fixed else None
+        if self.shape is None or not self.fixed:
+            return None
+        return npy_header(np.dtype(self.dtype), cast("tuple[int, ...]", self.shape))
 
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "dtype": self.dtype,
@@ -320,7 +322,8 @@ def decode_mask_png(data: Buffer, what: str) -> np.ndarray:
             if im.format != "PNG":
                 raise ValueError(f"not a PNG ({im.format})")
             if im.mode in ("L", "P"):
-                return np.asarray(im, dtype=np.uint8).copy()
+                indices: np.ndarray = np.asarray(im, dtype=np.uint8).copy()
+                return indices
             if im.mode == "1":
                 return np.asarray(im, dtype=np.uint8)
             if im.mode in ("I;16", "I;16B", "I;16L", "I"):
@@ -372,7 +375,8 @@ class TargetField(ArrayField):
     @property
     def channels(self) -> int | None:
         """C for an H×W×C target, None for H×W."""
-        return self.shape[2] if len(self.shape) == 3 else None  # type: ignore[index]
+        shape = self.shape or ()
+        return shape[2] if len(shape) == 3 else None
 
     @property
     def quantized(self) -> bool:

@@ -175,7 +175,8 @@ def decode_rgb(data: bytes | memoryview, codec: str, what: str = "image",
             return decode_with_pillow(data, what, max_pixels)  # e.g. 4:1:0 subsampling
         check_pixels(w, h, max_pixels, what)
         try:
-            return simplejpeg.decode_jpeg(data, colorspace="RGB")
+            rgb: np.ndarray = simplejpeg.decode_jpeg(data, colorspace="RGB")
+            return rgb
         except ValueError:
             return decode_with_pillow(data, what, max_pixels)
     return decode_with_pillow(data, what, max_pixels)

@@ -31,15 +31,15 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from . import machine
-from .baseline import naive_loader, stored_bytes_per_sample
-from .benchreport import BenchReport, Trial
-from ..errors import ConfigError, EmptyDatasetError, FeedpipeError
+from ..dataset.manifest import MANIFEST_NAME
 from ..dataset.registry import DatasetReader, open_dataset
+from ..errors import ConfigError, EmptyDatasetError, FeedpipeError
 from ..loader.api import Loader, make_loader
 from ..loader.config import _DTYPES as DTYPES
 from ..loader.config import auto_workers, usable_cores
-from ..dataset.manifest import MANIFEST_NAME
+from . import machine
+from .baseline import naive_loader, stored_bytes_per_sample
+from .benchreport import BenchReport, Trial
 from .monitor import LoaderInfo, StallMeter
 
 Progress = Callable[[str, int, int | None], None]  # (stage, done, total)
@@ -227,7 +227,7 @@ def run_bench(path: str | Path, cfg: BenchConfig = BenchConfig(),
               progress: Progress | None = None) -> BenchReport:
     """Measure every configuration of ``cfg`` on PATH; see the module docstring for the figures."""
     if not isinstance(cfg, BenchConfig):
-        raise ConfigError(f"cfg={cfg!r}: pass a feedpipe.bench.BenchConfig(...)")
+        raise ConfigError(f"cfg={cfg!r}: pass a feedpipe.tools.bench.BenchConfig(...)")
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"{path}: no such dataset or image folder")
@@ -316,8 +316,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Run the sweep with a progress bar (stderr); print the table; write --json / --plot."""
     from tqdm import tqdm
 
-    from .benchreport import check_output_path, figure_class, format_table, plot_report
     from ..paths import write_atomic
+    from .benchreport import check_output_path, figure_class, format_table, plot_report
 
     for option, out in (("--json", args.json), ("--plot", args.plot)):
         if out is not None:  # before the run, not after minutes of it

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .._version import __version__
 from ..errors import ConfigError, MissingDependencyError
-from .machine import summary_line
 from ..paths import write_atomic
+from .machine import summary_line
 
 if TYPE_CHECKING:
     from .bench import BenchConfig

@@ -18,9 +18,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-from . import machine
 from ..errors import ConfigError, EmptyDatasetError
 from ..loader.config import auto_workers
+from . import machine
 
 Severity = Literal["error", "high", "medium", "low", "info", "ok"]
 RANK = {"error": 0, "high": 1, "medium": 2, "low": 3, "info": 4, "ok": 5}

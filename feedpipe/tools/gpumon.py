@@ -231,8 +231,8 @@ def _live_line(t0: float) -> Callable[[float, list[GpuSample]], None]:
 
 def cmd_monitor(args: argparse.Namespace, sampler: Sampler | None = None) -> int:
     """``feedpipe monitor``: live line per interval, then the summary (and ``--json``)."""
-    from .benchreport import check_output_path
     from ..paths import write_atomic
+    from .benchreport import check_output_path
 
     if args.duration is not None and not args.duration > 0:  # also NaN
         raise ConfigError(f"--duration {args.duration}: use a positive number of seconds")

@@ -132,7 +132,8 @@ class StallMeter:
             raise ConfigError(f"clock={clock!r}: pass a function returning seconds, such as "
                               "time.perf_counter")
         if loader_info is not None and not isinstance(loader_info, LoaderInfo):
-            raise ConfigError(f"loader_info={loader_info!r}: pass a feedpipe.tools.monitor.LoaderInfo "
+            raise ConfigError(f"loader_info={loader_info!r}: pass a "
+                              "feedpipe.tools.monitor.LoaderInfo "
                               "(LoaderInfo.from_loader(loader)) or None")
         if cuda_sync not in (True, False, "auto"):
             raise ConfigError(f"cuda_sync={cuda_sync!r}: use 'auto' (sync when CUDA is in use), "

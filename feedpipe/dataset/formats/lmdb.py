@@ -8,12 +8,11 @@ from typing import Any, Sequence
 
 import lmdb
 
-from ...schema.codecs import pack_record, unpack_record
 from ...errors import CorruptRecordError, UnsafeDataError
-from ..manifest import Manifest
+from ...schema.codecs import pack_record, unpack_record
 from ...schema.fields import Field, Schema
-from .base import (KEY_DIGITS, DatasetReader, DatasetWriter, Visitor, sample_key,
-                   unsafe_name)
+from ..manifest import Manifest
+from .base import KEY_DIGITS, DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
 
 _FLUSH_BYTES = 64 << 20
 _FLUSH_RECORDS = 2048

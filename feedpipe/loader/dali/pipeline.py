@@ -22,12 +22,12 @@ from typing import Any, Callable, Literal
 import numpy as np
 import torch
 
-from ...schema.codecs import jpeg_info
-from ...errors import ConfigError, CorruptRecordError, MissingDependencyError
 from ...dataset.registry import DatasetReader
+from ...errors import ConfigError, CorruptRecordError, MissingDependencyError
+from ...schema.codecs import jpeg_info
 from ...schema.fields import ImageField, MaskField, TargetField
-from ..sampler import PlanSampler, World, rng_for
 from ..config import Crop, LoaderConfig
+from ..sampler import PlanSampler, World, rng_for
 from ..transforms import ImageOp
 
 #: the module ``backend="dali"`` imports; a seam for tests, which point it at a missing module

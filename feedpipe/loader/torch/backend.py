@@ -16,16 +16,16 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
-from ...errors import ConfigError
 from ...dataset.registry import DatasetReader
-from ..sampler import EpochPosition, PlanSampler, World
+from ...errors import ConfigError
 from ..config import LoaderConfig
 from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, SlotRef
-from .device_decode import DeviceDecoder, EncodedBatch
 from ..protocol import LoaderView
+from ..sampler import EpochPosition, PlanSampler, World
 from ..transforms import ImageOp
+from .device_decode import DeviceDecoder, EncodedBatch
 
 log = logging.getLogger("feedpipe.loader")
 

@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
-from .autotune import Trial, TuneResult, autotune, choose, measure, steady_rate
-from .batch_size import BatchSizeResult, BatchTrial, find_batch_size, pick_size, \
-    search_batch_size
-from .batches import default_step
 from ...loader.api import set_tuner
+from .autotune import Trial, TuneResult, autotune, choose, measure, steady_rate
+from .batch_size import BatchSizeResult, BatchTrial, find_batch_size, pick_size, search_batch_size
+from .batches import default_step
 
 set_tuner(autotune)
 

@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field, replace
 from itertools import islice
 from typing import Any, Iterator, Sequence
 
-from ...errors import ConfigError
 from ...dataset.registry import DatasetReader, open_dataset
+from ...errors import ConfigError
 from ...loader.config import auto_workers
 from ...loader.protocol import Loader
 from ..monitor import StallMeter
