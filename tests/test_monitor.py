@@ -15,10 +15,11 @@ from conftest import N_PHOTOS
 
 import feedpipe
 from feedpipe.cli import build_parser, main
+from feedpipe.cli.monitor import cmd_monitor
 from feedpipe.errors import ConfigError, FeedpipeError, GpuUnavailableError, MissingDependencyError
 from feedpipe.loader.config import usable_cores
 from feedpipe.loader.dali import pipeline as dali_pipeline
-from feedpipe.tools.gpumon import GpuMonitor, GpuSample, cmd_monitor, nvml_sampler
+from feedpipe.tools.gpumon import GpuMonitor, GpuSample, nvml_sampler
 from feedpipe.tools.monitor import LoaderInfo, StallMeter, StallSummary, advise
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 import numpy as np
 
 from ..errors import ConfigError
-from .gpumon import GpuMonitor, GpuStats, GpuSummary, register
+from .gpumon import GpuMonitor, GpuStats, GpuSummary
 
 T = TypeVar("T")
 
@@ -291,4 +291,4 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
 
 
 __all__ = ["GpuMonitor", "GpuStats", "GpuSummary", "LoaderInfo", "StallMeter", "StallSummary",
-           "advise", "register"]
+           "advise"]
