@@ -15,9 +15,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
+from converters import scan
+
+from ..dataset.manifest import Manifest
 from ..errors import ConfigError, EmptyDatasetError
 from ..loader.config import auto_workers
+from ..loader.dali.pipeline import dali_package
+from ..loader.torch.backend import SlotRing
 from . import machine
+from .bench import BenchConfig, is_packed, run_bench
 
 Severity = Literal["error", "high", "medium", "low", "info", "ok"]
 RANK = {"error": 0, "high": 1, "medium": 2, "low": 3, "info": 4, "ok": 5}
@@ -66,8 +72,6 @@ def check_cores(usable: int, total: int, quota: float | None) -> list[Finding]:
 
 def ring_bytes(batch_size: int, size: int, workers: int, prefetch: int = 4) -> int:
     """Bytes of the loader's shared-memory slot ring of uint8 batches."""
-    from ..loader.torch.backend import SlotRing
-
     return SlotRing.slots(workers, prefetch) * batch_size * size * size * 3
 
 
@@ -117,8 +121,6 @@ def check_gpu(cuda: bool, gpu_names: list[str], dali_version: str | None,
         return [Finding("gpu", "info", "no CUDA GPU visible to torch: batches stay on the CPU; "
                         "pinned memory and DALI do not apply")]
     if dali_version is None:
-        from ..loader.dali.pipeline import dali_package
-
         pkg, how = dali_package(cuda_version)
         return [Finding("gpu", "low", f"CUDA GPU(s) {', '.join(gpu_names)}; NVIDIA DALI is not "
                         "installed", f"pip install {pkg} and make_loader(..., backend='dali') "
@@ -193,13 +195,9 @@ class DatasetFacts:
 
 def dataset_facts(path: str | os.PathLike[str]) -> DatasetFacts:
     """Read the facts from a packed dataset's manifest, or by listing an image folder."""
-    from .bench import is_packed
-
     path = Path(path)
     ram, fs = machine.memory()["total"], machine.fs_type(path)
     if is_packed(path):
-        from ..dataset.manifest import Manifest
-
         m = Manifest.read(path)
         if m.num_samples == 0:
             raise EmptyDatasetError(f"{path}: the dataset holds 0 samples; its conversion wrote "
@@ -209,8 +207,6 @@ def dataset_facts(path: str | os.PathLike[str]) -> DatasetFacts:
         return DatasetFacts(str(path), "packed", m.num_samples, sum(f.size for f in m.files),
                             m.format, getattr(image, "codec", None), len(m.files),
                             m.extra.get("compression"), fs, ram)
-    from converters import scan
-
     items = scan(path).items
     if not items:
         raise ConfigError(f"{path}: neither a packed feedpipe dataset nor a folder with images; "
@@ -334,8 +330,6 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
         checks.append(("dataset", lambda: check_dataset(facts, size=size)))
     bench_json: list[dict[str, Any]] = []
     if facts is not None and bench:
-        from .bench import BenchConfig, run_bench
-
         cfg = BenchConfig(workers=("auto",), batch_sizes=(batch_size,), batches=batches,
                           size=size, baseline=True, limit=batches * batch_size,
                           device="cuda" if cuda else "cpu")

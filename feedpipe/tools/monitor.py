@@ -18,6 +18,8 @@ from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 import numpy as np
 
 from ..errors import ConfigError
+from ..loader.config import usable_cores
+from ..loader.protocol import Loader
 from .gpumon import GpuMonitor, GpuStats, GpuSummary
 
 T = TypeVar("T")
@@ -44,9 +46,6 @@ class LoaderInfo:
     def from_loader(cls, loader: object) -> "LoaderInfo | None":
         """Read a feedpipe loader of either backend (its ``describe()``, the loader protocol) or
         a torch DataLoader; None for anything else."""
-        from ..loader.config import usable_cores
-        from ..loader.protocol import Loader
-
         if isinstance(loader, Loader):
             v = loader.describe()
             return cls(num_workers=v.num_workers, usable_cores=usable_cores(), codec=v.codec,

@@ -19,6 +19,7 @@ from typing import Any, Iterator, Sequence
 
 from ...dataset.registry import DatasetReader, open_dataset
 from ...errors import ConfigError
+from ...loader.api import make_loader
 from ...loader.config import auto_workers
 from ...loader.protocol import Loader
 from ..monitor import StallMeter
@@ -133,8 +134,6 @@ def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, wor
             prefetch: int | None, *, trial_batches: int = 24, **loader_options: Any) -> Trial:
     """Run one trial: ``trial_batches`` batches after start-up, timed by StallMeter, rated by
     :func:`steady_rate`."""
-    from ...loader.api import make_loader
-
     opts = {**loader_options, "num_workers": workers}
     if workers:
         opts["prefetch_factor"] = prefetch
@@ -277,8 +276,6 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
         else:
             log.info("autotune: cache hit %s: %s", path, hit.reason)
             return hit
-    from ...loader.api import make_loader
-
     probe = make_loader(reader, batch_size, num_workers=0, **loader_options)  # validates options
     ram_cap = budget_ram if budget_ram is not None else host_available_bytes()
     search = _Search(reader, batch_size, sample_bytes(probe), ram_cap, trial_batches, depths,

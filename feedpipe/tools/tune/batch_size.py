@@ -21,6 +21,7 @@ import torch
 
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
+from ...loader.api import make_loader
 from ...loader.config import auto_workers
 from .batches import Batch, cpu_copy, default_step, nbytes, tile, to_device
 from .memory import (
@@ -114,8 +115,6 @@ def _batch_source(source: Any, device: torch.device, max_size: int,
         probe = source(min(8, max_size))
         per_sample = nbytes(probe) // max(1, min(8, max_size))
         return (lambda size: to_device(source(size), device)), per_sample
-    from ...loader.api import make_loader
-
     opts = {"shuffle": False, **loader_options, "num_workers": 0, "device": device}
     loader = make_loader(source, min(64, max_size), **opts)
     base = next(iter(loader))

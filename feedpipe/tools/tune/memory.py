@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 from ...errors import MissingDependencyError
 from ...loader.protocol import Loader
+from ...loader.torch.backend import SlotRing
 from ..machine import memory
 
 _STATUS = Path("/proc/self/status")
@@ -159,8 +160,6 @@ def loader_ram_bytes(per_sample: int, batch_size: int, workers: int, prefetch: i
     workers one batch is built at a time. Worker processes' own memory (interpreter, decoder) is
     not counted.
     """
-    from ...loader.torch.backend import SlotRing
-
     slots = SlotRing.slots(workers, prefetch) if workers else 1
     return per_sample * batch_size * slots
 
