@@ -24,16 +24,10 @@ from PIL import Image
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import WRITERS, DatasetWriter
 from feedpipe.errors import BadInputError, ConfigError
-from feedpipe.schema.fields import (
-    Field,
-    ImageField,
-    JsonField,
-    LabelField,
-    MaskField,
-    Schema,
-    encode_mask_png,
-)
-from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
+from feedpipe.schema.fields import Field, ImageField, JsonField, LabelField
+from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, encode_mask_png
+from feedpipe.schema.masks import MaskField
+from feedpipe.schema.model import Schema
 
 from .images import Refused, geometry, image_codec, likely_jpeg, store_image
 from .output import Output, disk_full, empty_result

@@ -24,15 +24,8 @@ from feedpipe.schema.codecs import (
     pack_record,
     unpack_record,
 )
-from feedpipe.schema.fields import (
-    ArrayField,
-    BytesField,
-    ImageField,
-    JsonField,
-    LabelField,
-    Schema,
-    field_from_json,
-)
+from feedpipe.schema.fields import ArrayField, BytesField, ImageField, JsonField, LabelField
+from feedpipe.schema.model import Schema, field_from_json
 
 # applied per test, so that this module does not change hypothesis settings for the session
 fast = settings(deadline=None, max_examples=60,

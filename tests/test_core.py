@@ -170,7 +170,8 @@ def test_pickle_payload_is_refused_without_running(tmp_path):
     from feedpipe.dataset.registry import WRITERS
     from feedpipe.errors import UnsafeDataError
     from feedpipe.schema.codecs import pack_record
-    from feedpipe.schema.fields import ArrayField, Schema
+    from feedpipe.schema.fields import ArrayField
+    from feedpipe.schema.model import Schema
 
     schema = Schema((ArrayField("x", "float32", (2,)),))
     with pytest.raises(UnsafeDataError):

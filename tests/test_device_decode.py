@@ -165,7 +165,8 @@ def _headerless(root: Path) -> Path:
 
     from feedpipe.dataset.manifest import FileEntry, Manifest
     from feedpipe.dataset.registry import WRITERS
-    from feedpipe.schema.fields import ImageField, Schema
+    from feedpipe.schema.fields import ImageField
+    from feedpipe.schema.model import Schema
 
     schema = Schema((ImageField("image", "jpeg"),))
     good = io.BytesIO()

@@ -30,7 +30,8 @@ from feedpipe.errors import (
     MissingFieldError,
 )
 from feedpipe.loader.sampler import World, plan_batches
-from feedpipe.schema.fields import ImageField, JsonField, LabelField, Schema
+from feedpipe.schema.fields import ImageField, JsonField, LabelField
+from feedpipe.schema.model import Schema
 
 SCHEMA = Schema((ImageField("image"), LabelField("label"), JsonField("path")))
 U8 = dict(dtype="uint8", mean=None, std=None, device="cpu")

@@ -22,7 +22,8 @@ from feedpipe.dataset.registry import WRITERS
 from feedpipe.errors import ConfigError, CorruptRecordError
 from feedpipe.loader.config import auto_workers
 from feedpipe.loader.sampler import World
-from feedpipe.schema.fields import ImageField, JsonField, LabelField, Schema
+from feedpipe.schema.fields import ImageField, JsonField, LabelField
+from feedpipe.schema.model import Schema
 
 FORMATS = ("lmdb", "hdf5", "wds")
 U8 = dict(dtype="uint8", device="cpu")

@@ -17,8 +17,9 @@ from converters import convert
 from feedpipe.cli import main
 from feedpipe.dataset.verify import verify
 from feedpipe.errors import BadInputError, ManifestError
-from feedpipe.schema.fields import ImageField, field_from_json
+from feedpipe.schema.fields import ImageField
 from feedpipe.schema.imaging import decode_rgb, jpeg_fast_decodable, pil_to_rgb, sniff_codec
+from feedpipe.schema.model import field_from_json
 
 tifffile = pytest.importorskip("tifffile")
 

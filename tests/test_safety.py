@@ -17,7 +17,8 @@ from feedpipe.dataset.registry import WRITERS, sample_key
 from feedpipe.dataset.verify import verify
 from feedpipe.errors import FeedpipeError, UnsafeDataError
 from feedpipe.schema.codecs import pack_record
-from feedpipe.schema.fields import ArrayField, LabelField, Schema
+from feedpipe.schema.fields import ArrayField, LabelField
+from feedpipe.schema.model import Schema
 
 SCHEMA = Schema((ArrayField("arr", "float32", (256,)), LabelField("label")))
 N = 4

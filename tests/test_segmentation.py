@@ -40,7 +40,7 @@ from converters.synth import make_segmentation
 from converters.targets import boundary, distance_map
 from feedpipe.dataset.manifest import Manifest
 from feedpipe.errors import BadInputError, ConfigError
-from feedpipe.schema.fields import MaskField, TargetField
+from feedpipe.schema.masks import MaskField, TargetField
 
 TESTS = Path(__file__).resolve().parent
 F16 = 2.0**-11

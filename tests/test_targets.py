@@ -23,7 +23,8 @@ from converters.targets import (
     user_target,
 )
 from feedpipe.errors import ConfigError
-from feedpipe.schema.fields import TargetField, field_from_json
+from feedpipe.schema.masks import TargetField
+from feedpipe.schema.model import field_from_json
 
 # applied per test, so that this module does not change hypothesis settings for the session
 fast = settings(deadline=None, max_examples=40,

@@ -19,7 +19,8 @@ import feedpipe
 from feedpipe.dataset.formats.wds import WdsWriter, ustar_header
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import sample_key
-from feedpipe.schema.fields import ArrayField, BytesField, LabelField, Schema
+from feedpipe.schema.fields import ArrayField, BytesField, LabelField
+from feedpipe.schema.model import Schema
 
 SCHEMA = Schema((BytesField("blob"), LabelField("label"), ArrayField("vec", "int32", (3,))))
 

@@ -15,7 +15,8 @@ from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import WRITERS
 from feedpipe.dataset.verify import verify
 from feedpipe.errors import UnsafeDataError
-from feedpipe.schema.fields import ArrayField, BytesField, ImageField, JsonField, LabelField, Schema
+from feedpipe.schema.fields import ArrayField, BytesField, ImageField, JsonField, LabelField
+from feedpipe.schema.model import Schema
 
 SCHEMA = Schema((
     ImageField("image", "raw", (12, 16, 3)),        # raw, fixed shape

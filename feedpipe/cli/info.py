@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..dataset.manifest import Manifest
-from ..schema.fields import MaskField, TargetField
+from ..schema.masks import MaskField, TargetField
 from .args import human
 
 

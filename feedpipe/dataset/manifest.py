@@ -15,7 +15,7 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import IncompleteDatasetError, ManifestError, UnsafePathError
-from ..schema.fields import Schema
+from ..schema.model import Schema
 
 MANIFEST_NAME = "feedpipe.json"
 MANIFEST_VERSION = 1

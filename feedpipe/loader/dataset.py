@@ -17,16 +17,9 @@ import torch
 from ..dataset.registry import DatasetReader
 from ..errors import ConfigError, CorruptRecordError
 from ..schema.codecs import jpeg_complete, jpeg_info
-from ..schema.fields import (
-    ArrayField,
-    Field,
-    ImageField,
-    LabelField,
-    MaskField,
-    TargetField,
-    decode_mask_png,
-)
-from ..schema.imaging import DEFAULT_MAX_PIXELS
+from ..schema.fields import ArrayField, Field, ImageField, LabelField
+from ..schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png
+from ..schema.masks import MaskField, TargetField
 from .sampler import BatchRequest, rng_for
 from .torch.device_decode import EncodedBatch
 from .transforms import Geometry, ImageOp

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..errors import BadInputError
-from ..schema.fields import TargetField
 from ..schema.imaging import (
     DEFAULT_MAX_PIXELS,
     check_pixels,
@@ -33,6 +32,7 @@ from ..schema.imaging import (
     simplejpeg,
     sniff_codec,
 )
+from ..schema.masks import TargetField
 from .config import Crop
 
 JPEG_PATH = jpeg_path()

@@ -21,7 +21,8 @@ from ...errors import (
     MissingFieldError,
     UnsafeDataError,
 )
-from ...schema.fields import Field, Schema
+from ...schema.fields import Field
+from ...schema.model import Schema
 from ..manifest import Manifest
 
 KEY_DIGITS = 9

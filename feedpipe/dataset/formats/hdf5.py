@@ -22,16 +22,9 @@ import numpy as np
 
 from ...errors import ConfigError, CorruptRecordError, UnsafeDataError
 from ...schema.codecs import crc32
-from ...schema.fields import (
-    ArrayField,
-    BytesField,
-    Field,
-    ImageField,
-    JsonField,
-    LabelField,
-    MaskField,
-    Schema,
-)
+from ...schema.fields import ArrayField, BytesField, Field, ImageField, JsonField, LabelField
+from ...schema.masks import MaskField
+from ...schema.model import Schema
 from ..manifest import Manifest
 from .base import DatasetReader, DatasetWriter, Visitor, unsafe_name
 

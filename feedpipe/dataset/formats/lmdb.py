@@ -10,7 +10,8 @@ import lmdb
 
 from ...errors import CorruptRecordError, UnsafeDataError
 from ...schema.codecs import pack_record, unpack_record
-from ...schema.fields import Field, Schema
+from ...schema.fields import Field
+from ...schema.model import Schema
 from ..manifest import Manifest
 from .base import KEY_DIGITS, DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
 

@@ -22,7 +22,8 @@ import numpy as np
 
 from ...errors import ConfigError, CorruptRecordError, UnsafeDataError
 from ...schema.codecs import crc32
-from ...schema.fields import Field, Schema
+from ...schema.fields import Field
+from ...schema.model import Schema
 from ..manifest import Manifest
 from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
 

@@ -25,7 +25,8 @@ import torch
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError, CorruptRecordError, MissingDependencyError
 from ...schema.codecs import jpeg_info
-from ...schema.fields import ImageField, MaskField, TargetField
+from ...schema.fields import ImageField
+from ...schema.masks import MaskField, TargetField
 from ..config import Crop, LoaderConfig
 from ..sampler import PlanSampler, World, rng_for
 from ..transforms import ImageOp
