@@ -175,6 +175,26 @@ def test_cache_hit_skips_trials_and_a_changed_dataset_invalidates_it(
         fixed.num_workers
 
 
+def test_num_workers_tune_needs_the_tools_layer(packed):
+    """The loader never imports the tools above it: called directly, before feedpipe.tools.tune
+    is imported, num_workers="tune" is a ConfigError naming the tuner (feedpipe.make_loader
+    installs it)."""
+    code = ("import sys\n"
+            "from feedpipe.errors import ConfigError\n"
+            "from feedpipe.loader.api import make_loader\n"
+            "try:\n"
+            f"    make_loader({str(packed['lmdb'])!r}, 8, num_workers='tune', device='cpu')\n"
+            "except ConfigError as exc:\n"
+            "    print(exc)\n"
+            "print('feedpipe.tools.tune' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    message, imported = proc.stdout.strip().splitlines()
+    assert "feedpipe.tools.tune" in message and "feedpipe.make_loader" in message
+    assert imported == "False"
+
+
 def test_make_loader_num_workers_tune(packed):
     path = packed["lmdb"]
     loader = feedpipe.make_loader(path, 16, num_workers="tune", **OPTS)
