@@ -12,7 +12,6 @@ from typing import Any
 from ..errors import ConfigError
 from ..loader.config import _DTYPES as DTYPES
 from ..paths import write_atomic
-from ..tools.benchreport import check_output_path, figure_class, format_table, plot_report
 
 
 def register(sub: Any) -> None:
@@ -66,6 +65,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from ..tools.bench import BenchConfig, run_bench  # torch: only when the command runs
+    from ..tools.benchreport import check_output_path, figure_class, format_table, plot_report
 
     for option, out in (("--json", args.json), ("--plot", args.plot)):
         if out is not None:  # before the run, not after minutes of it

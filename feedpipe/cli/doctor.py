@@ -8,8 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..tools import machine
-
 
 def register(sub: Any) -> None:
     """Add the ``doctor`` subcommand to the ``feedpipe`` CLI's subparsers."""
@@ -25,6 +23,7 @@ def register(sub: Any) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     """Print the findings (or their JSON); exit 1 if a check failed."""
+    from ..tools import machine
     from ..tools.doctor import RANK, run_doctor  # torch: only when the command runs
 
     if args.path is not None and not args.no_bench and not args.json:

@@ -7,12 +7,13 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
 from ..paths import write_atomic
-from ..tools.benchreport import check_output_path
-from ..tools.gpumon import GpuMonitor, Sampler, live_line
+
+if TYPE_CHECKING:
+    from ..tools.gpumon import Sampler
 
 
 def register(sub: Any) -> None:
@@ -26,6 +27,9 @@ def register(sub: Any) -> None:
 
 def cmd_monitor(args: argparse.Namespace, sampler: Sampler | None = None) -> int:
     """``feedpipe monitor``: live line per interval, then the summary (and ``--json``)."""
+    from ..tools.benchreport import check_output_path  # only when the command runs
+    from ..tools.gpumon import GpuMonitor, live_line
+
     if args.duration is not None and not args.duration > 0:  # also NaN
         raise ConfigError(f"--duration {args.duration}: use a positive number of seconds")
     if args.json:

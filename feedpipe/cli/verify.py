@@ -6,8 +6,6 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..dataset.verify import verify
-
 
 def register(sub: Any) -> None:
     """Add the ``verify`` subcommand to the ``feedpipe`` CLI's subparsers."""
@@ -18,6 +16,8 @@ def register(sub: Any) -> None:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from ..dataset.verify import verify  # the format readers (h5py, lmdb): only when it runs
+
     report = verify(args.path, decode=not args.no_decode)
     for line in report.notes:
         print(f"NOTE {line}")
