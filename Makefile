@@ -6,12 +6,12 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-faults bench bench-peers install pillow-simd clean
+.PHONY: demo test lint test-faults bench bench-peers install pillow-simd clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,demo]'
+	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,demo,lint]'
 	touch $@
 
 install: $(STAMP)
@@ -21,6 +21,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not heavy" tests
+
+# ruff (style, likely bugs), mypy (strict on the public API), lint-imports (the one-way layers
+# of ARCHITECTURE.md). Settings: pyproject.toml.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 # The heavy fault, abuse and soak tests (tests/faults/, marked `heavy`); CI runs them after `make test`.
 test-faults: $(STAMP)

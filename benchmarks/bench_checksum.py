@@ -24,11 +24,12 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from fp_helpers import downgrade_to_v1  # noqa: E402
+
 import feedpipe  # noqa: E402
 from converters import convert  # noqa: E402
-from feedpipe.schema.codecs import crc32  # noqa: E402 - the one the readers use
 from converters.synth import make_photos  # noqa: E402
-from fp_helpers import downgrade_to_v1  # noqa: E402
+from feedpipe.schema.codecs import crc32  # noqa: E402 - the one the readers use
 
 
 def read_all(path: Path, seconds: float = 0.5) -> float:

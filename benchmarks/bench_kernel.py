@@ -176,7 +176,7 @@ def photo_group(data: Path, label: str, n: int, crop: str, rounds: int) -> dict[
 
 def raw_group(data: Path, n: int, rounds: int) -> dict[str, dict]:
     paths = packed(data, "500x375", n, store="raw")
-    runs = {f"raw lmdb workers={w}": (lambda ld=loader(paths["lmdb"], "center_crop", w):
+    runs = {f"raw lmdb workers={w}": (lambda ld=loader(paths["lmdb"], "center_crop", w):  # noqa: B008
                                       drain(ld)) for w in (0, WORKERS)}
     auto = feedpipe.make_loader(paths["lmdb"], BATCH, size=SIZE, dtype="uint8", device="cpu")
     res = group(f"raw uint8 LMDB (stored {SIZE}px), {n} images", runs, rounds)

@@ -22,10 +22,16 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 from PIL import Image, ImageOps
 
-from feedpipe.schema.codecs import jpeg_complete, jpeg_info
 from feedpipe.errors import BadInputError
-from feedpipe.schema.imaging import (decode_rgb, encode_rgb, jpeg_fast_decodable, pil_to_rgb, sniff_codec,
-                              webp_lossless)
+from feedpipe.schema.codecs import jpeg_complete, jpeg_info
+from feedpipe.schema.imaging import (
+    decode_rgb,
+    encode_rgb,
+    jpeg_fast_decodable,
+    pil_to_rgb,
+    sniff_codec,
+    webp_lossless,
+)
 
 if TYPE_CHECKING:
     from .options import PackOptions

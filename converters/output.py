@@ -19,9 +19,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from feedpipe.errors import (DiskFullError, NothingConvertedError, OutputBusyError,
-                             OutputRefusedError)
 from feedpipe.dataset.manifest import MANIFEST_NAME
+from feedpipe.errors import (
+    DiskFullError,
+    NothingConvertedError,
+    OutputBusyError,
+    OutputRefusedError,
+)
 
 from .sources import Source
 

@@ -19,19 +19,31 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import numpy as np
 from PIL import Image
 
-from feedpipe.errors import BadInputError, ConfigError, CorruptRecordError
-from feedpipe.workers import single_threaded
-from feedpipe.dataset.registry import WRITERS, DatasetWriter
-from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
 from feedpipe.dataset.manifest import FileEntry, Manifest
-from feedpipe.schema.fields import (Field, ImageField, JsonField, LabelField, MaskField, Schema,
-                             decode_mask_png, encode_mask_png)
+from feedpipe.dataset.registry import WRITERS, DatasetWriter
+from feedpipe.errors import BadInputError, ConfigError, CorruptRecordError
+from feedpipe.schema.fields import Field, ImageField, JsonField, LabelField
+from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png, encode_mask_png
+from feedpipe.schema.masks import MaskField
+from feedpipe.schema.model import Schema
+from feedpipe.workers import single_threaded
 
 from .images import Refused, geometry, image_codec, likely_jpeg, store_image
+from .options import (
+    PACK_DEFAULTS,
+    Check,
+    Codec,
+    ExtraChannels,
+    Format,
+    Layout,
+    MaskDtype,
+    MaskStore,
+    PackOptions,
+    Store,
+    resolve_targets,
+)
 from .output import Output, disk_full, empty_result
 from .report import account, settle_codec, tally
-from .options import (PACK_DEFAULTS, Check, Codec, ExtraChannels, Format, Layout, MaskDtype,
-                      MaskStore, PackOptions, Store, resolve_targets)
 from .sources import Source, SourceItem, attach_masks, scan
 from .targets import Target
 

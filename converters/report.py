@@ -8,7 +8,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from feedpipe.errors import BadInputError
-from feedpipe.schema.fields import Schema
+from feedpipe.schema.model import Schema
 
 from .images import Stored
 from .sources import Source, SourceItem

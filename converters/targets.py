@@ -32,7 +32,7 @@ from typing import Any, Callable, Literal
 import numpy as np
 
 from feedpipe.errors import ConfigError
-from feedpipe.schema.fields import TargetField
+from feedpipe.schema.masks import TargetField
 
 TargetFn = Callable[[np.ndarray], np.ndarray]
 StoreDtype = Literal["float16", "float32", "uint8", "uint16"]

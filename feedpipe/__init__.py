@@ -1,8 +1,8 @@
 """feedpipe: pack image datasets once, then feed PyTorch training at the speed of the hardware.
 
-The public names are imported on first use (PEP 562): ``import feedpipe.schema.codecs``, a conversion
-worker or ``feedpipe convert/info/verify`` never pay for torch (1-2 s at start-up);
-``feedpipe.make_loader`` does. Layers: ARCHITECTURE.md.
+The public names are imported on first use (PEP 562): ``import feedpipe.schema.codecs``, a
+conversion worker or ``feedpipe convert/info/verify`` never pay for torch (1-2 s at start-up);
+``feedpipe.make_loader`` does. The layers and what may import what: ARCHITECTURE.md.
 """
 
 from __future__ import annotations
@@ -36,20 +36,43 @@ _EXPORTS = {  # public name -> the module (under feedpipe) that defines it
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from .errors import (BadInputError, ConfigError, CorruptRecordError, DatasetReplacedError,
-                         DiskFullError, EmptyDatasetError, FeedpipeError, GpuUnavailableError,
-                         IncompleteDatasetError, LoaderError, ManifestError,
-                         MissingDependencyError, MissingFieldError, NothingConvertedError,
-                         OutputBusyError, OutputRefusedError, SampleError, UnsafeDataError,
-                         UnsafePathError)
-    from .dataset.registry import DatasetReader, DatasetWriter, open_dataset
     from .dataset.manifest import Manifest
+    from .dataset.registry import DatasetReader, DatasetWriter, open_dataset
     from .dataset.verify import verify
+    from .errors import (
+        BadInputError,
+        ConfigError,
+        CorruptRecordError,
+        DatasetReplacedError,
+        DiskFullError,
+        EmptyDatasetError,
+        FeedpipeError,
+        GpuUnavailableError,
+        IncompleteDatasetError,
+        LoaderError,
+        ManifestError,
+        MissingDependencyError,
+        MissingFieldError,
+        NothingConvertedError,
+        OutputBusyError,
+        OutputRefusedError,
+        SampleError,
+        UnsafeDataError,
+        UnsafePathError,
+    )
     from .loader.api import make_loader
     from .loader.config import LoaderConfig
     from .loader.protocol import Loader
-    from .schema import (ArrayField, BytesField, ImageField, JsonField, LabelField, MaskField,
-                         Schema, TargetField)
+    from .schema import (
+        ArrayField,
+        BytesField,
+        ImageField,
+        JsonField,
+        LabelField,
+        MaskField,
+        Schema,
+        TargetField,
+    )
     from .tools.monitor import StallMeter
     from .tools.tune import autotune, find_batch_size
 

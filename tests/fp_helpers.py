@@ -105,8 +105,8 @@ def downgrade_to_v1(root: Path, fmt: str) -> Path:
     import h5py
     import lmdb
 
-    from feedpipe.schema.codecs import unpack_record
     from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
+    from feedpipe.schema.codecs import unpack_record
 
     d = json.loads((root / MANIFEST_NAME).read_text())
     n = len(d["schema"])

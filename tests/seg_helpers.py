@@ -10,8 +10,8 @@ docstring, by brute force, without scipy, so that they check the library indepen
 from __future__ import annotations
 
 import math
-from fractions import Fraction
 import os
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np

@@ -95,9 +95,9 @@ def test_conforms_and_describe_each_kind():
 # --- convert(): keyword-only, typed, (height, width) like the loader --------------------------
 
 def test_convert_resize_is_height_width_in_python_and_cli(tmp_path, photo_dir, capsys):
-    from converters import convert
-
     from fp_helpers import cli_main
+
+    from converters import convert
 
     res = convert(photo_dir, tmp_path / "py", to="lmdb", workers=0, store="raw", resize=(24, 40))
     assert res.written > 0

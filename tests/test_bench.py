@@ -10,17 +10,17 @@ import sys
 from pathlib import Path
 
 import pytest
+from fp_helpers import cli_main
 from PIL import Image
 
 from converters import convert
+from feedpipe.dataset.registry import open_dataset
+from feedpipe.errors import ConfigError, MissingDependencyError
+from feedpipe.loader.config import auto_workers, usable_cores
+from feedpipe.paths import write_atomic
 from feedpipe.tools import machine
 from feedpipe.tools.bench import BenchConfig, run_bench, sweep_workers
 from feedpipe.tools.benchreport import SCHEMA_VERSION, format_table, plot_report
-from feedpipe.paths import write_atomic
-from feedpipe.errors import ConfigError, MissingDependencyError
-from feedpipe.dataset.registry import open_dataset
-from feedpipe.loader.config import auto_workers, usable_cores
-from fp_helpers import cli_main
 
 N = 72                      # conftest.N_PHOTOS
 FAST = dict(batch_sizes=(16,), size=64, batches=4)
@@ -150,7 +150,7 @@ def test_folder_is_packed_per_format_then_removed(photo_dir):
                                          baseline=True, **FAST))
     assert r.dataset["kind"] == "folder" and r.dataset["samples"] == 40
     assert [t.format for t in r.trials] == ["lmdb", "wds"]
-    for fmt, info in r.dataset["packed"].items():
+    for info in r.dataset["packed"].values():
         assert info["images"] == 40 and info["kept"] is False
         assert not Path(info["path"]).exists()
     assert r.baseline.source == "loose files"
@@ -202,7 +202,7 @@ def test_bad_config_says_how_to_fix(bad, match):
 
 
 def test_run_bench_wants_a_config(packed):
-    with pytest.raises(ConfigError, match=r"pass a feedpipe\.bench\.BenchConfig"):
+    with pytest.raises(ConfigError, match=r"pass a feedpipe\.tools\.bench\.BenchConfig"):
         run_bench(packed["lmdb"], {"batches": 4})  # type: ignore[arg-type]
 
 

@@ -14,11 +14,18 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-from feedpipe.schema.codecs import (jpeg_complete, jpeg_info, npy_decode, npy_encode, npy_header,
-                             pack_record, unpack_record)
 from feedpipe.errors import CorruptRecordError, UnsafeDataError
-from feedpipe.schema.fields import (ArrayField, BytesField, ImageField, JsonField, LabelField, Schema,
-                             field_from_json)
+from feedpipe.schema.codecs import (
+    jpeg_complete,
+    jpeg_info,
+    npy_decode,
+    npy_encode,
+    npy_header,
+    pack_record,
+    unpack_record,
+)
+from feedpipe.schema.fields import ArrayField, BytesField, ImageField, JsonField, LabelField
+from feedpipe.schema.model import Schema, field_from_json
 
 # applied per test, so that this module does not change hypothesis settings for the session
 fast = settings(deadline=None, max_examples=60,

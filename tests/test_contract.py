@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FORMATS, N_PHOTOS
+from fp_helpers import mean_abs_diff, pil_rgb
 from PIL import Image
 
 import feedpipe
@@ -15,9 +17,6 @@ from converters.images import resized_rgb
 from converters.pack import PackOptions
 from feedpipe.dataset.registry import READERS
 from feedpipe.schema.fields import ImageField, JsonField, LabelField
-
-from conftest import FORMATS, N_PHOTOS
-from fp_helpers import mean_abs_diff, pil_rgb
 
 
 @pytest.fixture

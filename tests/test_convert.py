@@ -10,15 +10,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import N_PHOTOS
+from fp_helpers import cli_main, run_cli
 
 import feedpipe
 from converters import convert, scan
-from feedpipe.errors import ConfigError, IncompleteDatasetError, NothingConvertedError
 from feedpipe.dataset.manifest import Manifest
 from feedpipe.dataset.verify import verify
-
-from conftest import N_PHOTOS
-from fp_helpers import cli_main, run_cli
+from feedpipe.errors import ConfigError, IncompleteDatasetError, NothingConvertedError
 
 
 def data_files(root: Path) -> dict[str, bytes]:

@@ -166,11 +166,12 @@ class _Boom:
 def test_pickle_payload_is_refused_without_running(tmp_path):
     import lmdb
 
-    from feedpipe.schema.codecs import pack_record
-    from feedpipe.errors import UnsafeDataError
-    from feedpipe.dataset.registry import WRITERS
     from feedpipe.dataset.manifest import FileEntry, Manifest
-    from feedpipe.schema.fields import ArrayField, Schema
+    from feedpipe.dataset.registry import WRITERS
+    from feedpipe.errors import UnsafeDataError
+    from feedpipe.schema.codecs import pack_record
+    from feedpipe.schema.fields import ArrayField
+    from feedpipe.schema.model import Schema
 
     schema = Schema((ArrayField("x", "float32", (2,)),))
     with pytest.raises(UnsafeDataError):

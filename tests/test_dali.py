@@ -17,19 +17,19 @@ import torch
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported; pip install "
                     "'feedpipe[test]'")  # CI installs nvidia-dali-cuda130 with [test]
 
-import feedpipe
-from converters import convert
-from feedpipe.errors import ConfigError, CorruptRecordError, MissingDependencyError
-from feedpipe.loader.dali.index import DaliIndex
-from feedpipe.loader.api import DaliLoader, LoaderConfig, TorchLoader
-from feedpipe.loader.dali import pipeline as dali_pipeline
-from feedpipe.loader.config import IMAGENET_MEAN, IMAGENET_STD
-from feedpipe.loader.dali.backend import DaliWdsLoader, choose_backend
-from feedpipe.loader.sampler import World
-
 from conftest import FORMATS, N_PHOTOS
 from seg_helpers import write_shapes
 from test_loader import _corrupt_dataset
+
+import feedpipe
+from converters import convert
+from feedpipe.errors import ConfigError, CorruptRecordError, MissingDependencyError
+from feedpipe.loader.api import DaliLoader, LoaderConfig, TorchLoader
+from feedpipe.loader.config import IMAGENET_MEAN, IMAGENET_STD
+from feedpipe.loader.dali import pipeline as dali_pipeline
+from feedpipe.loader.dali.backend import DaliWdsLoader, choose_backend
+from feedpipe.loader.dali.index import DaliIndex
+from feedpipe.loader.sampler import World
 
 CPU = torch.device("cpu")
 U8 = dict(dtype="uint8", device="cpu")

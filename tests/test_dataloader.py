@@ -6,12 +6,11 @@ import os
 
 import numpy as np
 import pytest
+from conftest import N_PHOTOS
+from fp_helpers import ReaderDataset, collate_list
 from torch.utils.data import DataLoader
 
 import feedpipe
-
-from conftest import N_PHOTOS
-from fp_helpers import ReaderDataset, collate_list
 
 
 @pytest.fixture(scope="module")

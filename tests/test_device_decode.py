@@ -15,20 +15,18 @@ import numpy as np
 import pytest
 import simplejpeg
 import torch
+from conftest import FORMATS
+from seg_helpers import nearest_class, uniform_within, write_shapes
+from test_loader import _corrupt_dataset
 
 import feedpipe
 from converters import convert
 from feedpipe.errors import ConfigError, CorruptRecordError
 from feedpipe.loader.api import LoaderConfig, TorchLoader
 from feedpipe.loader.dataset import BatchDataset
-from feedpipe.loader.sampler import BatchRequest
+from feedpipe.loader.sampler import BatchRequest, World
 from feedpipe.loader.torch.device_decode import DeviceDecoder, EncodedBatch, choose, nvjpeg
 from feedpipe.loader.transforms import ImageOp
-from feedpipe.loader.sampler import World
-
-from conftest import FORMATS
-from seg_helpers import nearest_class, uniform_within, write_shapes
-from test_loader import _corrupt_dataset
 
 CPU = torch.device("cpu")
 U8 = dict(dtype="uint8", device="cpu")
@@ -165,9 +163,10 @@ def _headerless(root: Path) -> Path:
 
     from PIL import Image
 
-    from feedpipe.dataset.registry import WRITERS
     from feedpipe.dataset.manifest import FileEntry, Manifest
-    from feedpipe.schema.fields import ImageField, Schema
+    from feedpipe.dataset.registry import WRITERS
+    from feedpipe.schema.fields import ImageField
+    from feedpipe.schema.model import Schema
 
     schema = Schema((ImageField("image", "jpeg"),))
     good = io.BytesIO()

@@ -7,15 +7,26 @@ import json
 from pathlib import Path
 
 import pytest
+from fp_helpers import cli_main
 
 from converters import convert
-from feedpipe.tools import doctor, machine
 from feedpipe.errors import ConfigError
 from feedpipe.schema.imaging import decoder_info
-from feedpipe.tools.doctor import (GiB, MiB, check_cores, check_dataset, check_decoder, check_gpu,
-                             check_pinned, check_shm, check_threads, dataset_facts, ring_bytes,
-                             run_doctor)
-from fp_helpers import cli_main
+from feedpipe.tools import doctor, machine
+from feedpipe.tools.doctor import (
+    GiB,
+    MiB,
+    check_cores,
+    check_dataset,
+    check_decoder,
+    check_gpu,
+    check_pinned,
+    check_shm,
+    check_threads,
+    dataset_facts,
+    ring_bytes,
+    run_doctor,
+)
 
 N = 72  # conftest.N_PHOTOS
 

@@ -12,19 +12,26 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
+from fp_helpers import CLI, cli_main, jpeg_bytes, run_cli
 
 import feedpipe
-from feedpipe.cli import app as cli
-from feedpipe.errors import (ConfigError, CorruptRecordError, EmptyDatasetError, FeedpipeError,
-                             MissingFieldError)
-from feedpipe.dataset.registry import WRITERS
+from feedpipe.cli import args as cli_args
+from feedpipe.cli import info as cli_info
+from feedpipe.cli import main
 from feedpipe.dataset.formats.hdf5 import CRC_NAME
 from feedpipe.dataset.formats.wds import check_key
 from feedpipe.dataset.manifest import FileEntry, Manifest
-from feedpipe.schema.fields import ImageField, JsonField, LabelField, Schema
+from feedpipe.dataset.registry import WRITERS
+from feedpipe.errors import (
+    ConfigError,
+    CorruptRecordError,
+    EmptyDatasetError,
+    FeedpipeError,
+    MissingFieldError,
+)
 from feedpipe.loader.sampler import World, plan_batches
-
-from fp_helpers import CLI, cli_main, jpeg_bytes, run_cli
+from feedpipe.schema.fields import ImageField, JsonField, LabelField
+from feedpipe.schema.model import Schema
 
 SCHEMA = Schema((ImageField("image"), LabelField("label"), JsonField("path")))
 U8 = dict(dtype="uint8", mean=None, std=None, device="cpu")
@@ -99,9 +106,9 @@ def test_user_errors_are_one_line_and_bugs_keep_their_traceback(tmp_path, capsys
     def buggy(args: object) -> int:
         raise ValueError("a bug, not the user's mistake")
 
-    monkeypatch.setattr(cli, "cmd_info", buggy)
+    monkeypatch.setattr(cli_info, "cmd_info", buggy)
     with pytest.raises(ValueError, match="a bug"):  # not turned into "error: ..." and exit 2
-        cli.main(["info", str(tmp_path / "plain")])
+        main(["info", str(tmp_path / "plain")])
 
 
 def test_cli_messages_name_flags_not_python(tmp_path, capsys):
@@ -115,7 +122,7 @@ def test_cli_messages_name_flags_not_python(tmp_path, capsys):
     assert rc == 2 and "--batches 1:" in err and "batches=" not in err, err
     rc, _, err = cli_main(capsys, "doctor", root, "--batches", "1")
     assert rc == 2 and "--batches 1:" in err and "batches=" not in err, err
-    assert cli.hw_size("96x128") == (96, 128) and cli.hw_size("224") == 224
+    assert cli_args.hw_size("96x128") == (96, 128) and cli_args.hw_size("224") == 224
     with pytest.raises(SystemExit):  # argparse names the flag itself
         cli_main(capsys, "tune", root, "--batch-size", "4", "--size", "0x9")
     assert "argument --size" in capsys.readouterr().err

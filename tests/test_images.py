@@ -7,18 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fp_helpers import mean_abs_diff, pil_rgb
 from PIL import Image, ImageOps
 
 import feedpipe
 from converters import convert
-from feedpipe.schema.codecs import jpeg_complete, jpeg_info
-from feedpipe.errors import BadInputError
-from feedpipe.schema.imaging import sniff_codec
-from feedpipe.dataset.registry import sample_key
 from feedpipe.dataset.manifest import Manifest
+from feedpipe.dataset.registry import sample_key
 from feedpipe.dataset.verify import verify
-
-from fp_helpers import mean_abs_diff, pil_rgb
+from feedpipe.errors import BadInputError
+from feedpipe.schema.codecs import jpeg_complete, jpeg_info
+from feedpipe.schema.imaging import sniff_codec
 
 UNICODE_NAMES = ("ünï cödé name.jpg", "sub dir/фото 1.jpg", "UPPER.JPG")
 

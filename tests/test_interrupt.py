@@ -11,13 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from fp_helpers import CLI
 
 import feedpipe
-from feedpipe.errors import IncompleteDatasetError, ManifestError
 from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest
 from feedpipe.dataset.verify import verify
-
-from fp_helpers import CLI
+from feedpipe.errors import IncompleteDatasetError, ManifestError
 
 N_MANY = 2400
 

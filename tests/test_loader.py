@@ -13,17 +13,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fp_helpers import free_port
 from PIL import Image
 
 import feedpipe
-from feedpipe.errors import ConfigError, CorruptRecordError
-from feedpipe.dataset.registry import WRITERS
-from feedpipe.loader.config import auto_workers
 from feedpipe.dataset.manifest import FileEntry, Manifest
-from feedpipe.schema.fields import ImageField, JsonField, LabelField, Schema
+from feedpipe.dataset.registry import WRITERS
+from feedpipe.errors import ConfigError, CorruptRecordError
+from feedpipe.loader.config import auto_workers
 from feedpipe.loader.sampler import World
-
-from fp_helpers import free_port
+from feedpipe.schema.fields import ImageField, JsonField, LabelField
+from feedpipe.schema.model import Schema
 
 FORMATS = ("lmdb", "hdf5", "wds")
 U8 = dict(dtype="uint8", device="cpu")

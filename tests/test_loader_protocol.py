@@ -10,16 +10,15 @@ import shutil
 
 import pytest
 import torch
+from conftest import N_PHOTOS
 
 import feedpipe
 from converters import convert
-from feedpipe.tools.bench import BenchConfig, run_bench
 from feedpipe.loader.api import DaliLoader, Loader, LoaderView, TorchLoader
+from feedpipe.tools.bench import BenchConfig, run_bench
 from feedpipe.tools.monitor import LoaderInfo, StallMeter, StallSummary, advise
 from feedpipe.tools.tune import autotune, find_batch_size
 from feedpipe.tools.tune.memory import sample_bytes
-
-from conftest import N_PHOTOS
 
 HAVE_DALI = importlib.util.find_spec("nvidia.dali") is not None
 needs_dali = pytest.mark.skipif(not HAVE_DALI, reason="NVIDIA DALI cannot be imported; pip "

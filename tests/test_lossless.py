@@ -7,19 +7,19 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-import torch
 import pytest
+import torch
+from fp_helpers import pil_rgb
 from PIL import Image
 
 import feedpipe
 from converters import convert
 from feedpipe.cli import main
-from feedpipe.errors import BadInputError, ManifestError
-from feedpipe.schema.imaging import decode_rgb, jpeg_fast_decodable, pil_to_rgb, sniff_codec
-from feedpipe.schema.fields import ImageField, field_from_json
 from feedpipe.dataset.verify import verify
-
-from fp_helpers import pil_rgb
+from feedpipe.errors import BadInputError, ManifestError
+from feedpipe.schema.fields import ImageField
+from feedpipe.schema.imaging import decode_rgb, jpeg_fast_decodable, pil_to_rgb, sniff_codec
+from feedpipe.schema.model import field_from_json
 
 tifffile = pytest.importorskip("tifffile")
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 
 import feedpipe
-from feedpipe.errors import ManifestError, UnsafePathError
 from feedpipe.dataset.formats.wds import WdsReader
-from feedpipe.loader.dali.index import DaliIndex
 from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.dataset.verify import verify
+from feedpipe.errors import ManifestError, UnsafePathError
+from feedpipe.loader.dali.index import DaliIndex
 
 _WATCHED: set[str] = set()
 _TOUCHED: list[str] = []

@@ -11,16 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import N_PHOTOS
 
 import feedpipe
 from feedpipe.cli import build_parser, main
+from feedpipe.cli.monitor import cmd_monitor
 from feedpipe.errors import ConfigError, FeedpipeError, GpuUnavailableError, MissingDependencyError
-from feedpipe.tools.gpumon import GpuMonitor, GpuSample, cmd_monitor, nvml_sampler
-from feedpipe.loader.dali import pipeline as dali_pipeline
 from feedpipe.loader.config import usable_cores
+from feedpipe.loader.dali import pipeline as dali_pipeline
+from feedpipe.tools.gpumon import GpuMonitor, GpuSample, nvml_sampler
 from feedpipe.tools.monitor import LoaderInfo, StallMeter, StallSummary, advise
-
-from conftest import N_PHOTOS
 
 
 class FakeClock:
@@ -48,7 +48,7 @@ class TimedLoader:
 def run(meter: StallMeter, clock: FakeClock, waits: list[float], steps: list[float],
         batches: list[object] | None = None) -> None:
     batches = batches if batches is not None else [{"x": np.zeros((2, 3))}] * len(waits)
-    for batch, step in zip(meter.wrap(TimedLoader(clock, waits, batches)), steps):
+    for _batch, step in zip(meter.wrap(TimedLoader(clock, waits, batches)), steps):
         clock.now += step
 
 

@@ -12,12 +12,13 @@ import numpy as np
 import pytest
 
 import feedpipe
-from feedpipe.schema.codecs import pack_record
-from feedpipe.errors import FeedpipeError, UnsafeDataError
-from feedpipe.dataset.registry import WRITERS, sample_key
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
-from feedpipe.schema.fields import ArrayField, LabelField, Schema
+from feedpipe.dataset.registry import WRITERS, sample_key
 from feedpipe.dataset.verify import verify
+from feedpipe.errors import FeedpipeError, UnsafeDataError
+from feedpipe.schema.codecs import pack_record
+from feedpipe.schema.fields import ArrayField, LabelField
+from feedpipe.schema.model import Schema
 
 SCHEMA = Schema((ArrayField("arr", "float32", (256,)), LabelField("label")))
 N = 4

@@ -18,22 +18,29 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import seg_helpers
 import torch
+from conftest import FORMATS
+from fp_helpers import CLI, cli_main
 from PIL import Image
+from seg_helpers import (
+    PID_DIR_ENV,
+    nearest_class,
+    nearest_matches,
+    paint,
+    read_mask_file,
+    uniform_within,
+    user_target_expected,
+    write_shapes,
+)
 
 import feedpipe
 from converters import convert, make_boundary, make_distance_map
 from converters.synth import make_segmentation
 from converters.targets import boundary, distance_map
-from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.dataset.manifest import Manifest
-from feedpipe.schema.fields import MaskField, TargetField
-
-import seg_helpers
-from conftest import FORMATS
-from fp_helpers import CLI, cli_main
-from seg_helpers import (PID_DIR_ENV, nearest_class, nearest_matches, paint,
-                         read_mask_file, uniform_within, user_target_expected, write_shapes)
+from feedpipe.errors import BadInputError, ConfigError
+from feedpipe.schema.masks import MaskField, TargetField
 
 TESTS = Path(__file__).resolve().parent
 F16 = 2.0**-11

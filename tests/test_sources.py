@@ -8,16 +8,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import N_PHOTOS
+from fp_helpers import pil_rgb
 from PIL import Image
 
 import feedpipe
 from converters import convert, scan
 from feedpipe.cli import main
-from feedpipe.errors import BadInputError
 from feedpipe.dataset.manifest import Manifest
-
-from conftest import N_PHOTOS
-from fp_helpers import pil_rgb
+from feedpipe.errors import BadInputError
 
 STRAY = "README_example.jpg"
 

@@ -8,17 +8,23 @@ import math
 
 import numpy as np
 import pytest
+import seg_helpers
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import ndimage
-
-from converters.targets import (Target, boundary, distance_map, make_boundary, make_distance_map,
-                                user_target)
-from feedpipe.errors import ConfigError
-from feedpipe.schema.fields import TargetField, field_from_json
-
-import seg_helpers
 from seg_helpers import ref_boundary, ref_distance_map
+
+from converters.targets import (
+    Target,
+    boundary,
+    distance_map,
+    make_boundary,
+    make_distance_map,
+    user_target,
+)
+from feedpipe.errors import ConfigError
+from feedpipe.schema.masks import TargetField
+from feedpipe.schema.model import field_from_json
 
 # applied per test, so that this module does not change hypothesis settings for the session
 fast = settings(deadline=None, max_examples=40,

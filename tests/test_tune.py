@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from fp_helpers import free_port
 from torch import nn
 
 import feedpipe
@@ -23,12 +24,20 @@ from feedpipe.cli import main
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import LoaderConfig, usable_cores
 from feedpipe.tools import rss
-from feedpipe.tools.tune import BatchTrial, Trial, autotune, choose, find_batch_size, measure, \
-    pick_size, search_batch_size, steady_rate
+from feedpipe.tools.tune import (
+    BatchTrial,
+    Trial,
+    autotune,
+    choose,
+    find_batch_size,
+    measure,
+    pick_size,
+    search_batch_size,
+    steady_rate,
+)
 
-from fp_helpers import free_port
-
-autotune_mod = importlib.import_module("feedpipe.tools.tune.autotune")  # the package exports the function
+# the package exports the function of the same name
+autotune_mod = importlib.import_module("feedpipe.tools.tune.autotune")
 
 OPTS = dict(size=64, device="cpu")
 SAMPLE_BYTES = 64 * 64 * 3 + 8  # a 64×64 uint8 RGB image and an int64 label
@@ -175,6 +184,26 @@ def test_cache_hit_skips_trials_and_a_changed_dataset_invalidates_it(
         fixed.num_workers
 
 
+def test_num_workers_tune_needs_the_tools_layer(packed):
+    """The loader never imports the tools above it: called directly, before feedpipe.tools.tune
+    is imported, num_workers="tune" is a ConfigError naming the tuner (feedpipe.make_loader
+    installs it)."""
+    code = ("import sys\n"
+            "from feedpipe.errors import ConfigError\n"
+            "from feedpipe.loader.api import make_loader\n"
+            "try:\n"
+            f"    make_loader({str(packed['lmdb'])!r}, 8, num_workers='tune', device='cpu')\n"
+            "except ConfigError as exc:\n"
+            "    print(exc)\n"
+            "print('feedpipe.tools.tune' in sys.modules)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    message, imported = proc.stdout.strip().splitlines()
+    assert "feedpipe.tools.tune" in message and "feedpipe.make_loader" in message
+    assert imported == "False"
+
+
 def test_make_loader_num_workers_tune(packed):
     path = packed["lmdb"]
     loader = feedpipe.make_loader(path, 16, num_workers="tune", **OPTS)
@@ -220,9 +249,9 @@ def test_search_against_an_oracle(max_size, resolution):
     for limit in [0, 1, 2, 3, 5, 8, 13, 63, 64, 65, 100, 999, 5000]:
         calls: list[int] = []
 
-        def fits(size: int) -> bool:
-            calls.append(size)
-            return size <= limit
+        def fits(size: int) -> bool:  # called within this iteration only
+            calls.append(size)  # noqa: B023
+            return size <= limit  # noqa: B023
 
         got = search_batch_size(fits, max_size=max_size, resolution=resolution)
         want = min(limit, max_size)

@@ -6,14 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
-
-import feedpipe
-from feedpipe.dataset.registry import sample_key
-from feedpipe.dataset.manifest import Manifest
-from feedpipe.dataset.verify import verify
-
 from conftest import N_PHOTOS
 from fp_helpers import cli_main, flip_byte, run_cli
+
+import feedpipe
+from feedpipe.dataset.manifest import Manifest
+from feedpipe.dataset.registry import sample_key
+from feedpipe.dataset.verify import verify
 
 DATA_FILE = {"lmdb": "data.mdb", "hdf5": "data.h5", "wds": "shard-000001.tar"}
 

@@ -11,16 +11,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import N_PHOTOS, WDS_SHARD_COUNT
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feedpipe
-from feedpipe.dataset.registry import sample_key
 from feedpipe.dataset.formats.wds import WdsWriter, ustar_header
 from feedpipe.dataset.manifest import FileEntry, Manifest
-from feedpipe.schema.fields import ArrayField, BytesField, LabelField, Schema
-
-from conftest import N_PHOTOS, WDS_SHARD_COUNT
+from feedpipe.dataset.registry import sample_key
+from feedpipe.schema.fields import ArrayField, BytesField, LabelField
+from feedpipe.schema.model import Schema
 
 SCHEMA = Schema((BytesField("blob"), LabelField("label"), ArrayField("vec", "int32", (3,))))
 

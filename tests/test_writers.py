@@ -10,12 +10,13 @@ import pytest
 from PIL import Image
 
 import feedpipe
-from feedpipe.errors import UnsafeDataError
-from feedpipe.dataset.registry import WRITERS
 from feedpipe.dataset.formats.lmdb import LmdbWriter
 from feedpipe.dataset.manifest import FileEntry, Manifest
-from feedpipe.schema.fields import (ArrayField, BytesField, ImageField, JsonField, LabelField, Schema)
+from feedpipe.dataset.registry import WRITERS
 from feedpipe.dataset.verify import verify
+from feedpipe.errors import UnsafeDataError
+from feedpipe.schema.fields import ArrayField, BytesField, ImageField, JsonField, LabelField
+from feedpipe.schema.model import Schema
 
 SCHEMA = Schema((
     ImageField("image", "raw", (12, 16, 3)),        # raw, fixed shape

@@ -16,10 +16,9 @@ import argparse
 from pathlib import Path
 
 import torch
+from common import load_items, one_thread, pil_resize_center_crop, serve
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
-
-from common import load_items, one_thread, pil_resize_center_crop, serve
 
 
 class LooseJpegs(Dataset):

@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from common import serve
 from ffcv.fields import IntField, RGBImageField
 from ffcv.fields.decoders import CenterCropRGBImageDecoder, IntDecoder
 from ffcv.loader import Loader, OrderOption
 from ffcv.transforms import Squeeze, ToTensor, ToTorchImage
 from ffcv.writer import DatasetWriter
 from PIL import Image
-
-from common import serve
 
 
 class PilImages:

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import litdata as ld
 import torch
-from PIL import Image
-
 from common import serve, tensor_resize_center_crop
+from PIL import Image
 
 
 def to_sample(item: tuple[str, int]) -> dict:

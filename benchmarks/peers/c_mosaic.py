@@ -18,12 +18,11 @@ import shutil
 from pathlib import Path
 
 import torch
+from common import pil_resize_center_crop, serve
 from PIL import Image
 from streaming import MDSWriter, StreamingDataset
 from streaming.base.util import clean_stale_shared_memory
 from torch.utils.data import DataLoader
-
-from common import pil_resize_center_crop, serve
 
 
 class CroppedImages(StreamingDataset):

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import webdataset as wds
-
 from common import pil_resize_center_crop, serve
 
 SHARDS = 8  # several shards per worker, so split_by_worker balances the 2 workers

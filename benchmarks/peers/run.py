@@ -271,8 +271,9 @@ def main() -> None:
     args = ap.parse_args()
     wanted = [w.strip().lower() for w in args.only.split(",") if w.strip()]
     args.contenders = [n for n in CONTENDERS if not wanted or any(w in n.lower() for w in wanted)]
-    from converters.synth import make_photos
     from harness import machine
+
+    from converters.synth import make_photos
 
     t0 = time.perf_counter()
     sets = {}

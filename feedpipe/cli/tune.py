@@ -7,17 +7,17 @@ import json
 from typing import Any, get_args
 
 from ..loader.config import Crop, Dtype
+from .args import hw_size, parse_size, size_arg
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .app import _size
-    from ..tools.tune.autotune import autotune
+    from ..tools.tune.autotune import autotune  # torch: only when the command runs
 
     options: dict[str, Any] = {"crop": args.crop, "dtype": args.dtype, "device": args.device}
     if args.size:
         options["size"] = args.size
     res = autotune(args.path, args.batch_size, budget_cpus=args.budget_cpus,
-                   budget_ram=_size(args.budget_ram) if args.budget_ram else None,
+                   budget_ram=parse_size(args.budget_ram) if args.budget_ram else None,
                    trial_batches=args.trial_batches, tolerance=args.tolerance,
                    cache=not args.no_cache, **options)
     print(json.dumps(res.to_dict(), indent=1) if args.json else res.report())
@@ -26,8 +26,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add the ``tune`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    from .app import hw_size, size_arg
-
     t = sub.add_parser("tune", help="measure num_workers/prefetch for a dataset and cache the "
                        "choice (make_loader(..., num_workers='tune') then starts tuned)")
     t.add_argument("path", help="a packed dataset directory")

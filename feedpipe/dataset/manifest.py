@@ -16,7 +16,7 @@ from typing import Any
 from .._version import __version__
 from ..errors import IncompleteDatasetError, ManifestError, UnsafePathError
 from ..paths import write_atomic
-from ..schema.fields import Schema
+from ..schema.model import Schema
 
 MANIFEST_NAME = "feedpipe.json"
 MANIFEST_VERSION = 1

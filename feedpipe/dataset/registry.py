@@ -6,11 +6,11 @@ import os
 from typing import Any
 
 from ..errors import DatasetReplacedError
-from .manifest import Manifest
 from .formats.base import DatasetReader, DatasetWriter, root_identity, sample_key
 from .formats.hdf5 import Hdf5Reader, Hdf5Writer
 from .formats.lmdb import LmdbReader, LmdbWriter
 from .formats.wds import WdsReader, WdsWriter
+from .manifest import Manifest
 
 READERS: dict[str, type[DatasetReader]] = {"lmdb": LmdbReader, "hdf5": Hdf5Reader, "wds": WdsReader}
 WRITERS: dict[str, type[DatasetWriter]] = {"lmdb": LmdbWriter, "hdf5": Hdf5Writer, "wds": WdsWriter}

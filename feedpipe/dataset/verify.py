@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import FeedpipeError
-from .registry import open_dataset
 from .formats.wds import WdsReader
 from .manifest import FileEntry, Manifest
+from .registry import open_dataset
 
 
 @dataclass

@@ -13,18 +13,32 @@ from typing import Any, Callable, ParamSpec, Protocol, Sequence, TypeVar
 
 import torch
 
-from ..errors import ConfigError
 from ..dataset.registry import DatasetReader, open_dataset
-from ..schema.imaging import decoder_info
+from ..errors import ConfigError
 from ..schema.fields import ImageField
-from .sampler import World
-from .config import (IMAGENET_MEAN, IMAGENET_STD, Auto, Backend, Crop, DaliReader,
-                     DecodeOn, Dtype, LoaderConfig, MpContext, OnError, Tune, Uneven, auto_workers,
-                     usable_cores)
+from ..schema.imaging import decoder_info
+from .config import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Auto,
+    Backend,
+    Crop,
+    DaliReader,
+    DecodeOn,
+    Dtype,
+    LoaderConfig,
+    MpContext,
+    OnError,
+    Tune,
+    Uneven,
+    auto_workers,
+    usable_cores,
+)
 from .dali.backend import DaliLoader, choose_backend, dali_loader
-from .torch.device_decode import choose as choose_decoder
 from .protocol import Loader, LoaderView
+from .sampler import World
 from .torch.backend import TorchLoader
+from .torch.device_decode import choose as choose_decoder
 
 log = logging.getLogger("feedpipe.loader")
 P = ParamSpec("P")
@@ -32,15 +46,14 @@ R = TypeVar("R")
 _DEFAULTS = {f.name: f.default for f in dataclass_fields(LoaderConfig) if f.name != "batch_size"}
 
 
-class Tuner(Protocol):
-    """What ``num_workers="tune"`` runs: measures the options for ``reader`` (autotune)."""
-
-    def __call__(self, reader: DatasetReader, batch_size: int, *, world: World,
-                 **options: Any) -> TunedOptions: ...
-
-
 class TunedOptions(Protocol):
+    """A measurement's result: the ``make_loader`` options it stands for."""
+
     def loader_options(self) -> dict[str, Any]: ...
+
+
+# What num_workers="tune" runs: (reader, batch_size, world=..., **options) -> TunedOptions
+Tuner = Callable[..., TunedOptions]
 
 
 _tuner: Tuner | None = None
@@ -155,8 +168,9 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
     reader.require_samples("make_loader")
     device = _device(cfg.device)
     fields = cfg.fields_in(reader.schema)
-    decodes = any(isinstance(reader.schema[n], ImageField) and reader.schema[n].codec != "raw"
-                  for n in fields if n in reader.schema)
+    images = [f for f in (reader.schema[n] for n in fields if n in reader.schema)
+              if isinstance(f, ImageField)]
+    decodes = any(f.codec != "raw" for f in images)
     if cfg.num_workers == "tune":  # either backend: autotune measures the one chosen here
         if _tuner is None:
             raise ConfigError("num_workers='tune' is measured by feedpipe.tools.tune.autotune: "
@@ -171,8 +185,7 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
     log.info("feedpipe loader: %s (%s), %d samples, rank %d/%d, device %s, workers %s, "
              "jpeg decoder %s", reader.root, reader.format_name, len(reader), world.rank,
              world.size, device, cfg.num_workers, decoder_info()["jpeg_decoder"])
-    jpeg = any(isinstance(reader.schema[n], ImageField) and reader.schema[n].codec == "jpeg"
-               for n in fields if n in reader.schema)
+    jpeg = any(f.codec == "jpeg" for f in images)
     return TorchLoader(reader, cfg, world, device, choose_decoder(cfg.decode_on, device, jpeg))
 
 

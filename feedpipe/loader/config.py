@@ -12,8 +12,8 @@ from dataclasses import fields as dataclass_fields
 from functools import cache
 from typing import Any, Container, Literal, get_args, get_type_hints
 
-from ..errors import ConfigError
 from ..checks import conforms, describe
+from ..errors import ConfigError
 
 Crop = Literal["resize", "center_crop", "random_resized_crop", "none"]
 Backend = Literal["auto", "torch", "dali"]
@@ -155,7 +155,8 @@ class LoaderConfig:
         """Replace every "auto" with a concrete value (see :func:`auto_workers`)."""
         if self.num_workers == "tune":
             raise ConfigError("num_workers='tune' is measured by make_loader (feedpipe.tools."
-                              "tune.autotune) before resolve(); call make_loader, or autotune first")
+                              "tune.autotune) before resolve(); call make_loader, or autotune "
+                              "first")
         workers = auto_workers(decodes) if self.num_workers == "auto" else self.num_workers
         return replace(
             self,

@@ -14,11 +14,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ..errors import ConfigError, CorruptRecordError
 from ..dataset.registry import DatasetReader
-from ..schema.fields import ArrayField, Field, ImageField, LabelField, MaskField, TargetField, \
-    decode_mask_png
-from ..schema.imaging import DEFAULT_MAX_PIXELS
+from ..errors import ConfigError, CorruptRecordError
+from ..schema.fields import ArrayField, Field, ImageField, LabelField
+from ..schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png
+from ..schema.masks import MaskField, TargetField
 from .sampler import BatchRequest, rng_for
 from .torch.device_decode import EncodedBatch, plan_encoded
 from .transforms import Geometry, ImageOp
@@ -221,7 +221,8 @@ class BatchDataset(torch.utils.data.Dataset):
             for _ in range(_MAX_REFILL):
                 sub = int(rng.integers(0, len(self.reader)))
                 try:
-                    self.reader.visit([sub], lambda _, stored: fill(pos, stored, sub), self.names)
+                    self.reader.visit([sub], lambda _, stored: fill(pos, stored, sub),  # noqa: B023
+                                      self.names)  # (called at once, inside this iteration)
                     break
                 except CorruptRecordError as exc:
                     skipped.append(str(exc))

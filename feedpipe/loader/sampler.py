@@ -181,7 +181,7 @@ class BatchRequest(list):
     """The indices of one batch, what makes its augmentation deterministic, and the ring slot
     (-1: none free) its images are written into."""
 
-    def __init__(self, indices: Sequence[int], epoch: int, number: int, rank: int,
+    def __init__(self, indices: Sequence[int] | np.ndarray, epoch: int, number: int, rank: int,
                  slot: int = -1) -> None:
         super().__init__(int(i) for i in indices)
         self.epoch, self.number, self.rank, self.slot = epoch, number, rank, slot

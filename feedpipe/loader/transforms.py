@@ -22,9 +22,16 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..errors import BadInputError
-from ..schema.imaging import (DEFAULT_MAX_PIXELS, check_pixels, decode_rgb, decode_with_pillow,
-                       jpeg_path, simplejpeg, sniff_codec)
-from ..schema.fields import TargetField
+from ..schema.imaging import (
+    DEFAULT_MAX_PIXELS,
+    check_pixels,
+    decode_rgb,
+    decode_with_pillow,
+    jpeg_path,
+    simplejpeg,
+    sniff_codec,
+)
+from ..schema.masks import TargetField
 from .geometry import DCT_MARGIN, Framing, Geometry
 
 __all__ = ["DCT_MARGIN", "JPEG_PATH", "Geometry", "ImageOp"]  # geometry's two re-exported

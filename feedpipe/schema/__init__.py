@@ -1,8 +1,9 @@
-"""Schema layer: the field model (:mod:`.fields`), the record codecs (:mod:`.codecs`) and image
-decoding (:mod:`.imaging`); imports only ``feedpipe.errors``.
+"""Schema layer: the field model (:mod:`.fields`, :mod:`.masks`), the dataset schema
+(:mod:`.model`), the record codecs (:mod:`.codecs`) and image decoding (:mod:`.imaging`);
+imports only ``feedpipe.errors``.
 
-The field names are imported on first use (PEP 562), so ``import feedpipe.schema.codecs`` (numpy
-only: conversion workers, ``feedpipe info``) does not load Pillow.
+The names are imported on first use (PEP 562), so ``import feedpipe.schema.codecs`` (numpy only:
+conversion workers, ``feedpipe info``) does not load Pillow.
 """
 
 from __future__ import annotations
@@ -10,17 +11,33 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+_EXPORTS = {
+    "IMAGE_CODECS": "fields", "ArrayField": "fields", "BytesField": "fields", "Field": "fields",
+    "ImageField": "fields", "JsonField": "fields", "LabelField": "fields",
+    "MaskField": "masks", "TargetField": "masks",
+    "Schema": "model", "field_from_json": "model",
+}
 __all__ = ["IMAGE_CODECS", "ArrayField", "BytesField", "Field", "ImageField", "JsonField",
            "LabelField", "MaskField", "Schema", "TargetField", "field_from_json"]
 
 if TYPE_CHECKING:
-    from .fields import (IMAGE_CODECS, ArrayField, BytesField, Field, ImageField, JsonField,
-                         LabelField, MaskField, Schema, TargetField, field_from_json)
+    from .fields import (
+        IMAGE_CODECS,
+        ArrayField,
+        BytesField,
+        Field,
+        ImageField,
+        JsonField,
+        LabelField,
+    )
+    from .masks import MaskField, TargetField
+    from .model import Schema, field_from_json
 
 
 def __getattr__(name: str) -> Any:
-    if name not in __all__:
+    module = _EXPORTS.get(name)
+    if module is None:
         raise AttributeError(f"module 'feedpipe.schema' has no attribute {name!r}")
-    value = getattr(importlib.import_module(".fields", __name__), name)
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value

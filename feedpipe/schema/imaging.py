@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps
 
-from ..errors import BadInputError
+from ..errors import BadInputError, CorruptRecordError
+from .codecs import Buffer
 
 Image.MAX_IMAGE_PIXELS = 1 << 30  # Pillow's own last-resort guard; the checks below come first
 
@@ -175,7 +176,8 @@ def decode_rgb(data: bytes | memoryview, codec: str, what: str = "image",
             return decode_with_pillow(data, what, max_pixels)  # e.g. 4:1:0 subsampling
         check_pixels(w, h, max_pixels, what)
         try:
-            return simplejpeg.decode_jpeg(data, colorspace="RGB")
+            rgb: np.ndarray = simplejpeg.decode_jpeg(data, colorspace="RGB")
+            return rgb
         except ValueError:
             return decode_with_pillow(data, what, max_pixels)
     return decode_with_pillow(data, what, max_pixels)
@@ -194,3 +196,37 @@ def encode_rgb(array: np.ndarray, codec: str, quality: int) -> bytes:
     else:
         raise ValueError(f"unknown image codec {codec!r}; use jpeg, png or webp")
     return out.getvalue()
+
+
+# --- segmentation masks: lossless index PNGs -------------------------------------------------------
+
+def encode_mask_png(arr: np.ndarray) -> bytes:
+    """Lossless PNG of an H×W uint8 (mode L) or uint16 (mode I;16) index array."""
+    out = io.BytesIO()  # Pillow picks mode L for uint8 and I;16 for uint16
+    Image.fromarray(np.ascontiguousarray(arr)).save(out, "PNG", compress_level=1)
+    return out.getvalue()
+
+
+def decode_mask_png(data: Buffer, what: str, *, png_only: bool = True) -> np.ndarray:
+    """PNG → H×W index array: L/P/1 → uint8 (palette indices, not colours), I;16 → uint16.
+
+    The one mask decoder: stored masks (PNG only) and the converters' mask files
+    (``png_only=False``: any lossless format Pillow reads, e.g. TIFF, BMP)."""
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            if png_only and im.format != "PNG":
+                raise ValueError(f"not a PNG ({im.format})")
+            if im.mode in ("L", "P"):
+                indices: np.ndarray = np.asarray(im, dtype=np.uint8).copy()
+                return indices
+            if im.mode == "1":
+                return np.asarray(im, dtype=np.uint8)
+            if im.mode in ("I;16", "I;16B", "I;16L", "I"):
+                arr = np.asarray(im)
+                if arr.size and (arr.min() < 0 or arr.max() > 0xFFFF):
+                    raise ValueError("mask index out of uint16 range")
+                return arr.astype(np.uint16)
+            raise ValueError(f"{im.format} mode {im.mode} is not an index mask "
+                             "(use L, P, 1 or I;16)")
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise CorruptRecordError(f"{what}: cannot decode mask: {exc}") from exc

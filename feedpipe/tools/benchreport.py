@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from .._version import __version__
 from ..errors import ConfigError, MissingDependencyError
+from ..paths import write_atomic
 from .machine import summary_line
 from .throughput import Trial
-from ..paths import write_atomic
 
 if TYPE_CHECKING:
     from .bench import BenchConfig

@@ -5,14 +5,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from converters import convert
+from converters.synth import make_photos
+
+from ..loader.api import make_loader
+
 
 def run_demo(root: Path, images: int = 600) -> None:
     """Photos → LMDB/HDF5/WebDataset → one loader epoch each; prints a throughput table."""
-    from converters import convert
-    from converters.synth import make_photos
-
-    from ..loader.api import make_loader
-
     photos = root / "photos"
     if not photos.exists():
         print(f"generating {images} sample photos (~500x375 JPEG) in {photos}")

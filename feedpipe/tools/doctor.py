@@ -12,18 +12,21 @@ Expected gains carry no figures measured elsewhere: they are computed from this 
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
-import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-from . import machine
+from converters import scan
+
+from ..dataset.manifest import Manifest
 from ..errors import ConfigError, EmptyDatasetError
 from ..loader.config import PREFETCH_DECODE, SHM_HEADROOM, auto_workers
+from ..loader.dali.pipeline import dali_package
+from ..loader.torch.backend import SlotRing
+from . import machine
+from .bench import BenchConfig, is_packed, run_bench
 
 Severity = Literal["error", "high", "medium", "low", "info", "ok"]
 RANK = {"error": 0, "high": 1, "medium": 2, "low": 3, "info": 4, "ok": 5}
@@ -74,8 +77,6 @@ def check_cores(usable: int, total: int, quota: float | None) -> list[Finding]:
 
 def ring_bytes(batch_size: int, size: int, workers: int, prefetch: int = PREFETCH_DECODE) -> int:
     """Bytes of the loader's shared-memory slot ring of uint8 batches."""
-    from ..loader.torch.backend import SlotRing
-
     return SlotRing.slots(workers, prefetch) * batch_size * size * size * 3
 
 
@@ -127,8 +128,6 @@ def check_gpu(cuda: bool, gpu_names: list[str], dali_version: str | None,
         return [Finding("gpu", "info", "no CUDA GPU visible to torch: batches stay on the CPU; "
                         "pinned memory and DALI do not apply")]
     if dali_version is None:
-        from ..loader.dali.pipeline import dali_package
-
         pkg, how = dali_package(cuda_version)
         return [Finding("gpu", "low", f"CUDA GPU(s) {', '.join(gpu_names)}; NVIDIA DALI is not "
                         "installed", f"pip install {pkg} and make_loader(..., backend='dali') "
@@ -203,13 +202,9 @@ class DatasetFacts:
 
 def dataset_facts(path: str | os.PathLike[str]) -> DatasetFacts:
     """Read the facts from a packed dataset's manifest, or by listing an image folder."""
-    from .bench import is_packed
-
     path = Path(path)
     ram, fs = machine.memory()["total"], machine.fs_type(path)
     if is_packed(path):
-        from ..dataset.manifest import Manifest
-
         m = Manifest.read(path)
         if m.num_samples == 0:
             raise EmptyDatasetError(f"{path}: the dataset holds 0 samples; its conversion wrote "
@@ -219,8 +214,6 @@ def dataset_facts(path: str | os.PathLike[str]) -> DatasetFacts:
         return DatasetFacts(str(path), "packed", m.num_samples, sum(f.size for f in m.files),
                             m.format, getattr(image, "codec", None), len(m.files),
                             m.extra.get("compression"), fs, ram)
-    from converters import scan
-
     items = scan(path).items
     if not items:
         raise ConfigError(f"{path}: neither a packed feedpipe dataset nor a folder with images; "
@@ -355,8 +348,6 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
         checks.append(("dataset", lambda: check_dataset(facts, size=size)))
     bench_reports: list[Any] = []
     if facts is not None and bench:
-        from .bench import BenchConfig, run_bench
-
         cfg = BenchConfig(workers=("auto",), batch_sizes=(batch_size,), batches=batches,
                           size=size, baseline=True, limit=batches * batch_size,
                           device="cuda" if cuda else "cpu")
@@ -377,33 +368,3 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
     findings.sort(key=lambda f: RANK[f.severity])
     return DoctorReport(None if path is None else str(path), tuple(findings), m,
                         bench_reports[0].to_json() if bench_reports else None)
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
-    """Print the findings (or their JSON); exit 1 if a check failed."""
-    if args.path is not None and not args.no_bench and not args.json:
-        print("running a short bench ...", file=sys.stderr)
-    rep = run_doctor(args.path, bench=not args.no_bench, batches=args.batches,
-                     batch_size=args.batch_size, size=args.size)
-    if args.json:
-        print(json.dumps(rep.to_json(), indent=1))
-        return rep.exit_code
-    print(f"feedpipe doctor: {machine.summary_line(rep.machine)}"
-          + (f"; dataset {rep.path}" if rep.path else ""))
-    for f in rep.findings:
-        print(f)
-    worst = [f for f in rep.findings if RANK[f.severity] <= RANK["medium"]]
-    print(f"{len(worst)} finding(s) worth fixing" if worst else "nothing serious found")
-    return rep.exit_code
-
-
-def register(sub: Any) -> None:
-    """Add the ``doctor`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    d = sub.add_parser("doctor", help="check the machine and a dataset for slow-loading causes")
-    d.add_argument("path", type=Path, nargs="?", help="packed dataset or image folder (optional)")
-    d.add_argument("--no-bench", action="store_true", help="skip the short bench of PATH")
-    d.add_argument("--batches", type=int, default=8, help="short bench: batches (default 8)")
-    d.add_argument("--batch-size", type=int, default=64, help="for the bench and /dev/shm sizing")
-    d.add_argument("--size", type=int, default=224, help="output HxW for the bench and sizing")
-    d.add_argument("--json", action="store_true", help="print the findings as JSON")
-    d.set_defaults(func=cmd_doctor)

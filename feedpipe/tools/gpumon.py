@@ -9,12 +9,9 @@ source of samples (a test series, another library) can stand in for it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import threading
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -217,40 +214,9 @@ class GpuMonitor:
                           tuple(gpu_stats(i, u, m, t) for i, (u, m, t) in sorted(per.items())))
 
 
-def _live_line(t0: float) -> Callable[[float, list[GpuSample]], None]:
+def live_line(t0: float) -> Callable[[float, list[GpuSample]], None]:
     def show(t: float, samples: list[GpuSample]) -> None:
         print(f"{t - t0:7.1f} s  " + "  ".join(
             f"gpu{s.index} {s.util:3.0f}% {s.mem_used / 2**30:5.1f}/{s.mem_total / 2**30:.0f} GiB"
             for s in samples), flush=True)
     return show
-
-
-def cmd_monitor(args: argparse.Namespace, sampler: Sampler | None = None) -> int:
-    """``feedpipe monitor``: live line per interval, then the summary (and ``--json``)."""
-    from .benchreport import check_output_path
-    from ..paths import write_atomic
-
-    if args.duration is not None and not args.duration > 0:  # also NaN
-        raise ConfigError(f"--duration {args.duration}: use a positive number of seconds")
-    if args.json:
-        check_output_path(args.json, "--json")
-    mon = GpuMonitor(args.interval, sampler=sampler, on_sample=_live_line(time.monotonic()))
-    mon.start()
-    try:
-        mon.join(args.duration)  # None: until Ctrl-C
-    except KeyboardInterrupt:
-        pass
-    summary = mon.stop()
-    print(summary)
-    if args.json:
-        write_atomic(args.json, json.dumps(summary.to_dict(), indent=1) + "\n")
-    return 0
-
-
-def register(sub: Any) -> None:
-    """Add the ``monitor`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    m = sub.add_parser("monitor", help="sample GPU utilisation and memory (NVML) next to a job")
-    m.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
-    m.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C)")
-    m.add_argument("--json", type=Path, help="write the summary here as JSON")
-    m.set_defaults(func=cmd_monitor)

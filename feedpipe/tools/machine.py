@@ -14,8 +14,8 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
-from ..schema.imaging import decoder_info
 from ..loader.config import usable_cores
+from ..schema.imaging import decoder_info
 
 LIBRARIES = {  # import name -> distribution names to ask for the version, in order
     "torch": ("torch",), "numpy": ("numpy",), "PIL": ("pillow-simd", "Pillow-SIMD", "pillow"),

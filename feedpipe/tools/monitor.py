@@ -19,7 +19,9 @@ from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 import numpy as np
 
 from ..errors import ConfigError
-from .gpumon import GpuMonitor, GpuStats, GpuSummary, register
+from ..loader.config import usable_cores
+from ..loader.protocol import Loader
+from .gpumon import GpuMonitor, GpuStats, GpuSummary
 
 T = TypeVar("T")
 
@@ -45,9 +47,6 @@ class LoaderInfo:
     def from_loader(cls, loader: object) -> "LoaderInfo | None":
         """Read a feedpipe loader of either backend (its ``describe()``, the loader protocol) or
         a torch DataLoader; None for anything else."""
-        from ..loader.config import usable_cores
-        from ..loader.protocol import Loader
-
         if isinstance(loader, Loader):
             v = loader.describe()
             return cls(num_workers=v.num_workers, usable_cores=usable_cores(), codec=v.codec,
@@ -133,7 +132,8 @@ class StallMeter:
             raise ConfigError(f"clock={clock!r}: pass a function returning seconds, such as "
                               "time.perf_counter")
         if loader_info is not None and not isinstance(loader_info, LoaderInfo):
-            raise ConfigError(f"loader_info={loader_info!r}: pass a feedpipe.tools.monitor.LoaderInfo "
+            raise ConfigError(f"loader_info={loader_info!r}: pass a "
+                              "feedpipe.tools.monitor.LoaderInfo "
                               "(LoaderInfo.from_loader(loader)) or None")
         if cuda_sync not in (True, False, "auto"):
             raise ConfigError(f"cuda_sync={cuda_sync!r}: use 'auto' (sync when CUDA is in use), "
@@ -293,4 +293,4 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
 
 
 __all__ = ["GpuMonitor", "GpuStats", "GpuSummary", "LoaderInfo", "StallMeter", "StallSummary",
-           "advise", "register"]
+           "advise"]

@@ -24,8 +24,8 @@ from typing import Any, Callable
 import converters.output
 import converters.pack
 from converters import convert
-from feedpipe.dataset.registry import WRITERS
 from feedpipe.dataset.manifest import MANIFEST_NAME
+from feedpipe.dataset.registry import WRITERS
 
 
 def die() -> None:

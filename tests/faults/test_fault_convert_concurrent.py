@@ -10,14 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import N_PHOTOS
+from fp_helpers import CLI, run_cli
 
 import feedpipe
 from converters import convert
-from feedpipe.errors import DatasetReplacedError, FeedpipeError
 from feedpipe.dataset.verify import verify
-
-from conftest import N_PHOTOS
-from fp_helpers import CLI, run_cli
+from feedpipe.errors import DatasetReplacedError, FeedpipeError
 
 DRIVER = Path(__file__).with_name("convert_driver.py")
 

@@ -12,12 +12,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from fp_helpers import CLI
+from test_fault_convert_output import tree_digest
 
 import feedpipe
 from feedpipe.errors import IncompleteDatasetError
-
-from fp_helpers import CLI
-from test_fault_convert_output import tree_digest
 
 FORMATS = ["lmdb", "hdf5", "wds"]
 # raw 128x128 RGB: 72 x 48 KiB = 3.4 MiB, more than the 2 MiB either limit allows

@@ -13,14 +13,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from conftest import N_PHOTOS
+from fp_helpers import CLI, cli_main, run_cli
 
 import feedpipe
 from converters import convert
-from feedpipe.errors import IncompleteDatasetError
 from feedpipe.dataset.verify import verify
-
-from conftest import N_PHOTOS
-from fp_helpers import CLI, cli_main, run_cli
+from feedpipe.errors import IncompleteDatasetError
 
 DRIVER = Path(__file__).with_name("convert_driver.py")
 PHASES = ["scan", "write", "manifest", "swap", "swapped"]

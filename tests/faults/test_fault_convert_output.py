@@ -9,15 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import N_PHOTOS
+from fp_helpers import run_cli
 
 import feedpipe
 from converters import convert
 from converters.output import MARKER
-from feedpipe.errors import NothingConvertedError, OutputRefusedError
 from feedpipe.dataset.verify import verify
-
-from conftest import N_PHOTOS
-from fp_helpers import run_cli
+from feedpipe.errors import NothingConvertedError, OutputRefusedError
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -18,14 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fp_helpers import cli_main, flip_byte
 from PIL import Image
 
 import feedpipe
-from feedpipe.errors import CorruptRecordError, FeedpipeError
 from feedpipe.dataset.registry import sample_key
 from feedpipe.dataset.verify import verify
-
-from fp_helpers import cli_main, flip_byte
+from feedpipe.errors import CorruptRecordError, FeedpipeError
 
 DATA_FILE = {"lmdb": "data.mdb", "hdf5": "data.h5", "wds": "shard-000001.tar"}
 BAD = 30  # lives in the second WebDataset shard of the session's dataset

@@ -15,11 +15,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from feedpipe.schema.codecs import npy_decode, npy_encode, pack_record, unpack_record
-from feedpipe.errors import FeedpipeError
 from feedpipe.dataset.formats.wds import decode_samples, group_by_key, tar_members
 from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest
-from feedpipe.schema.fields import ArrayField, ImageField, JsonField, LabelField, Schema
+from feedpipe.errors import FeedpipeError
+from feedpipe.schema.codecs import npy_decode, npy_encode, pack_record, unpack_record
+from feedpipe.schema.fields import ArrayField, ImageField, JsonField, LabelField
+from feedpipe.schema.model import Schema
 
 TIERS = [pytest.param(300, id="quick"), pytest.param(3000, id="heavy", marks=pytest.mark.heavy)]
 SCHEMA = Schema((ImageField("image"), LabelField("label"), JsonField("path"),

@@ -20,9 +20,9 @@ from PIL import Image
 
 import feedpipe
 from converters import convert
+from feedpipe.dataset.manifest import Manifest
 from feedpipe.errors import BadInputError
 from feedpipe.schema.imaging import decode_rgb
-from feedpipe.dataset.manifest import Manifest
 
 BOMB_SIDE = 50_000  # 2.5 gigapixels: 7.5 GB as RGB
 

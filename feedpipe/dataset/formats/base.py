@@ -13,10 +13,17 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
-from ...errors import (CorruptRecordError, DatasetReplacedError, EmptyDatasetError, FeedpipeError,
-                      MissingFieldError, UnsafeDataError)
+from ...errors import (
+    CorruptRecordError,
+    DatasetReplacedError,
+    EmptyDatasetError,
+    FeedpipeError,
+    MissingFieldError,
+    UnsafeDataError,
+)
+from ...schema.fields import Field
+from ...schema.model import Schema
 from ..manifest import Manifest
-from ...schema.fields import Field, Schema
 
 KEY_DIGITS = 9
 UNSAFE_SUFFIXES = frozenset({"pickle", "pkl", "pyd", "pth"})  # what pickle-based tools unpickle
@@ -170,7 +177,7 @@ class DatasetReader(ABC):
             self._visit(idx, fn, list(self.schema) if fields is None
                         else [self.schema[name] for name in fields])
         except (CorruptRecordError, UnsafeDataError) as exc:
-            raise self.located(exc)
+            raise self.located(exc)  # noqa: B904 - the same exception, its source added
 
     @property
     def checksums(self) -> bool:

@@ -20,11 +20,12 @@ from typing import Any, Literal, Sequence
 import h5py
 import numpy as np
 
-from ...schema.codecs import crc32
 from ...errors import ConfigError, CorruptRecordError, UnsafeDataError
+from ...schema.codecs import crc32
+from ...schema.fields import ArrayField, BytesField, Field, ImageField, JsonField, LabelField
+from ...schema.masks import MaskField
+from ...schema.model import Schema
 from ..manifest import Manifest
-from ...schema.fields import (ArrayField, BytesField, Field, ImageField, JsonField, LabelField, MaskField,
-                      Schema)
 from .base import DatasetReader, DatasetWriter, Visitor, unsafe_name
 
 FILE_NAME = "data.h5"

@@ -8,12 +8,12 @@ from typing import Any, Sequence
 
 import lmdb
 
-from ...schema.codecs import pack_record, unpack_record
 from ...errors import CorruptRecordError, UnsafeDataError
+from ...schema.codecs import pack_record, unpack_record
+from ...schema.fields import Field
+from ...schema.model import Schema
 from ..manifest import Manifest
-from ...schema.fields import Field, Schema
-from .base import (KEY_DIGITS, DatasetReader, DatasetWriter, Visitor, sample_key,
-                   unsafe_name)
+from .base import KEY_DIGITS, DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
 
 _FLUSH_BYTES = 64 << 20
 _FLUSH_RECORDS = 2048

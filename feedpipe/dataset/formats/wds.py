@@ -27,10 +27,11 @@ from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from ...schema.codecs import crc32
 from ...errors import ConfigError, CorruptRecordError, UnsafeDataError
+from ...schema.codecs import crc32
+from ...schema.fields import Field
+from ...schema.model import Schema
 from ..manifest import Manifest
-from ...schema.fields import Field, Schema
 from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
 
 _BAD_KEY = re.compile(r"[./\\\x00\s]")

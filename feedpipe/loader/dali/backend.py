@@ -19,18 +19,17 @@ from typing import Any, Iterator, Literal
 import numpy as np
 import torch
 
-from ...errors import ConfigError, CorruptRecordError, FeedpipeError, LoaderError
-from ...dataset.registry import DatasetReader
 from ...dataset.formats.wds import WdsReader
-from .index import DaliIndex
-from ..sampler import BatchRequest, EpochPosition, PlanSampler, World, rng_for
+from ...dataset.registry import DatasetReader
+from ...errors import ConfigError, CorruptRecordError, FeedpipeError, LoaderError
 from ..config import LoaderConfig, auto_workers
-from .pipeline import PlanSource, dali_fields, dali_installed, define_graph, graph_spec, \
-    import_dali
 from ..dataset import BatchDataset
-from ..protocol import LoaderView
 from ..geometry import Framing
+from ..protocol import LoaderView
+from ..sampler import BatchRequest, EpochPosition, PlanSampler, World, rng_for
 from ..transforms import ImageOp
+from .index import DaliIndex
+from .pipeline import PlanSource, dali_fields, dali_installed, define_graph, graph_spec, import_dali
 
 log = logging.getLogger("feedpipe.loader")
 

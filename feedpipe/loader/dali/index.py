@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ...dataset.formats.wds import INDEX_FILES, WdsReader
 from ...errors import CorruptRecordError
 from ...paths import cache_dir, write_atomic
-from ...dataset.formats.wds import INDEX_FILES, WdsReader
 
 VERSION = "v1.2"
 log = logging.getLogger("feedpipe.formats")

@@ -20,14 +20,15 @@ from typing import Any, Callable, Literal
 import numpy as np
 import torch
 
-from ...schema.codecs import jpeg_info
-from ...errors import ConfigError, CorruptRecordError, MissingDependencyError
 from ...dataset.registry import DatasetReader
-from ...schema.fields import ImageField, MaskField, TargetField
-from ..sampler import PlanSampler, World, rng_for
+from ...errors import ConfigError, CorruptRecordError, MissingDependencyError
+from ...schema.codecs import jpeg_info
+from ...schema.fields import ImageField
+from ...schema.masks import MaskField, TargetField
 from ..config import Crop, LoaderConfig
 from ..geometry import CROP_ATTEMPTS, Framing
 from ..gpu import driver_cuda
+from ..sampler import PlanSampler, World, rng_for
 
 #: the module ``backend="dali"`` imports; a seam for tests, which point it at a missing module
 DALI_MODULE = "nvidia.dali"

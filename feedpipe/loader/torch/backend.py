@@ -15,17 +15,17 @@ from typing import Any, Iterator
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
+from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
 from ...workers import single_threaded
-from ...dataset.registry import DatasetReader
-from ..sampler import EpochPosition, PlanSampler, World
 from ..config import SHM_HEADROOM, LoaderConfig
 from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, SlotRef
-from .device_decode import DeviceDecoder, EncodedBatch
 from ..protocol import LoaderView
+from ..sampler import EpochPosition, PlanSampler, World
 from ..transforms import ImageOp
+from .device_decode import DeviceDecoder, EncodedBatch
 
 log = logging.getLogger("feedpipe.loader")
 

@@ -4,12 +4,11 @@
 
 from __future__ import annotations
 
-from .autotune import Trial, TuneResult, autotune, choose, measure
-from .batch_size import BatchSizeResult, BatchTrial, find_batch_size, pick_size, \
-    search_batch_size
-from .batches import default_step
-from ..throughput import steady_rate
 from ...loader.api import set_tuner
+from ..throughput import steady_rate
+from .autotune import Trial, TuneResult, autotune, choose, measure
+from .batch_size import BatchSizeResult, BatchTrial, find_batch_size, pick_size, search_batch_size
+from .batches import default_step
 
 set_tuner(autotune)
 

@@ -16,8 +16,9 @@ from dataclasses import asdict, dataclass, field, replace
 from itertools import islice
 from typing import Any, Iterator, Sequence
 
-from ...errors import ConfigError
 from ...dataset.registry import DatasetReader, open_dataset
+from ...errors import ConfigError
+from ...loader.api import make_loader
 from ...loader.config import auto_workers
 from ...loader.protocol import Loader
 from ..monitor import StallMeter
@@ -93,8 +94,6 @@ def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, wor
             prefetch: int | None, *, trial_batches: int = 24, **loader_options: Any) -> Trial:
     """Run one trial: ``trial_batches`` batches after start-up, rated by the one throughput
     measurement (:func:`feedpipe.tools.throughput.of_meter`), as ``feedpipe bench`` rates its."""
-    from ...loader.api import make_loader
-
     opts = {**loader_options, "num_workers": workers}
     if workers:
         opts["prefetch_factor"] = prefetch
@@ -240,8 +239,6 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
         else:
             log.info("autotune: cache hit %s: %s", path, hit.reason)
             return hit
-    from ...loader.api import make_loader
-
     probe = make_loader(reader, batch_size, num_workers=0, **loader_options)  # validates options
     ram_cap = budget_ram if budget_ram is not None else host_available_bytes()
     view = probe.describe()

@@ -2,7 +2,7 @@
 
 Each trial runs forward + backward (+ optimizer step) at one size. On CUDA a trial fails when it
 raises out-of-memory (or exceeds ``memory_budget``); on CPU when the process's peak resident memory
-grows past the budget (see :mod:`feedpipe.tune.memory`). Memory is freed between trials so a failed
+grows past the budget (see :mod:`feedpipe.tools.tune.memory`). Memory is freed between trials so a failed
 trial does not poison the next, and the model's and optimizer's state are restored afterwards.
 """
 
@@ -19,12 +19,18 @@ from typing import Any, Callable, Literal
 
 import torch
 
-from ...errors import ConfigError
 from ...dataset.registry import DatasetReader
+from ...errors import ConfigError
+from ...loader.api import make_loader
 from ...loader.config import PREFETCH_DECODE, auto_workers
-from .batches import Batch, cpu_copy, default_step, nbytes, tile, to_device
 from ..rss import HostPeak, exact_heap
-from .memory import free_device_memory, host_available_bytes, loader_ram_bytes, sample_bytes
+from .batches import Batch, cpu_copy, default_step, nbytes, tile, to_device
+from .memory import (
+    free_device_memory,
+    host_available_bytes,
+    loader_ram_bytes,
+    sample_bytes,
+)
 
 log = logging.getLogger("feedpipe.tune")
 Mode = Literal["largest", "fastest"]
@@ -108,8 +114,6 @@ def _batch_source(source: Any, device: torch.device, max_size: int,
         probe = source(min(8, max_size))
         per_sample = nbytes(probe) // max(1, min(8, max_size))
         return (lambda size: to_device(source(size), device)), per_sample
-    from ...loader.api import make_loader
-
     opts = {"shuffle": False, **loader_options, "num_workers": 0, "device": device}
     loader = make_loader(source, min(64, max_size), **opts)
     base = next(iter(loader))

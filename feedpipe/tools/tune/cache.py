@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from ..._version import __version__
-from ...dataset.registry import DatasetReader
-from ...paths import cache_dir, write_atomic
-from ...loader.config import usable_cores
-from ..machine import cpu_model
 from ...dataset.manifest import MANIFEST_NAME
+from ...dataset.registry import DatasetReader
+from ...loader.config import usable_cores
+from ...paths import cache_dir, write_atomic
+from ..machine import cpu_model
 
 log = logging.getLogger("feedpipe.tune")
 

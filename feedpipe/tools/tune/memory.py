@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from ...loader.protocol import Loader
+from ...loader.torch.backend import SlotRing
 from ..machine import memory
 
 
@@ -32,8 +33,6 @@ def loader_ram_bytes(per_sample: int, batch_size: int, workers: int, prefetch: i
     workers one batch is built at a time. Worker processes' own memory (interpreter, decoder) is
     not counted.
     """
-    from ...loader.torch.backend import SlotRing
-
     slots = SlotRing.slots(workers, prefetch) if workers else 1
     return per_sample * batch_size * slots
 

@@ -1,0 +1,185 @@
+"""``feedpipe convert SRC --to FMT -o OUT``: pack images (the converters package) with a
+progress bar and a summary. Never imports torch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, get_args
+
+from converters.options import (
+    Check,
+    Codec,
+    ExtraChannels,
+    Format,
+    Layout,
+    MaskDtype,
+    MaskStore,
+    Store,
+    TargetDtype,
+)
+
+from ..errors import ConfigError
+from ..schema.imaging import DEFAULT_MAX_PIXELS
+from .args import human, parse_size, size_arg
+
+if TYPE_CHECKING:
+    from converters import ConvertResult
+
+
+def register(sub: Any) -> None:
+    """Add the ``convert`` subcommand to the ``feedpipe`` CLI's subparsers."""
+    c = sub.add_parser("convert", help="pack images into LMDB, HDF5 or WebDataset shards")
+    c.add_argument("src", help="image folder, ImageFolder tree, or .csv/.jsonl manifest")
+    c.add_argument("--to", required=True, choices=get_args(Format))
+    c.add_argument("-o", "--out", required=True, type=Path)
+    c.add_argument("--workers", type=int, default=None, help="processes (default: usable cores)")
+    c.add_argument("--store", default="passthrough", choices=get_args(Store),
+                   help="passthrough keeps JPEG bytes unchanged; raw stores decoded uint8 RGB")
+    c.add_argument("--resize", metavar="N|HxW",
+                   help="shorter side (256) or HxW, height x width as --size elsewhere (240x320: "
+                   "320 wide, 240 high); raw with N crops the center square")
+    c.add_argument("--codec", default="auto", choices=get_args(Codec),
+                   help="auto (default): JPEG and lossy WebP kept as they are, PNG stored "
+                   "unchanged, other lossless formats (TIFF, BMP, PNM, lossless WebP, JPEG 2000) "
+                   "as lossless PNG; jpeg/png/webp: re-encode everything else to that codec")
+    c.add_argument("--quality", type=int, default=90, help="for lossy (re-)encoding only")
+    c.add_argument("--extra-channels", default="refuse", choices=get_args(ExtraChannels),
+                   help="images with transparent alpha, channels beyond RGB or 16-bit RGB: "
+                   "refuse (skip, by name; default) or drop what 8-bit RGB cannot hold")
+    c.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
+                   help="refuse images declaring more pixels (decompression bombs; default "
+                   f"{DEFAULT_MAX_PIXELS:,})")
+    c.add_argument("--layout", default="auto", choices=get_args(Layout),
+                   help="auto: an ImageFolder tree when a sub-folder holds images (class folders "
+                   "win; top-level images are skipped by name), else a flat folder")
+    c.add_argument("--check", default="header", choices=get_args(Check),
+                   help="header: markers + end-of-image (fast); decode: full decode")
+    c.add_argument("--strict", action="store_true", help="fail on the first bad or refused "
+                   "input, and on a class left with no samples")
+    c.add_argument("--val-fraction", type=float, default=0.0)
+    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--overwrite", action="store_true")
+    c.add_argument("--shard-size", default="256MB", type=size_arg,
+                   help="wds: max bytes per shard")
+    c.add_argument("--shard-count", type=int, default=10_000, help="wds: max samples per shard")
+    c.add_argument("--compression", choices=["lzf", "gzip"], help="hdf5 chunk compression")
+    c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    g = c.add_argument_group("segmentation masks and targets")
+    g.add_argument("--masks", type=Path, help="mask folder, matched to images by file name")
+    g.add_argument("--mask-store", default="raw", choices=get_args(MaskStore),
+                   help="lossless mask storage: raw (default, no decode when loading) or png "
+                   "(smaller, ~0.4 ms to decode a 500x375 mask)")
+    g.add_argument("--mask-dtype", default="uint8", choices=get_args(MaskDtype))
+    g.add_argument("--num-classes", type=int, help="classes in the masks (default: max index+1)")
+    g.add_argument("--targets", help="built-in targets computed from each mask, comma-separated: "
+                   "distance_map, boundary")
+    g.add_argument("--target", action="append", metavar="NAME=MODULE:FUNCTION",
+                   help="a user target: a function mask -> ndarray (repeatable)")
+    g.add_argument("--distance-signed", action="store_true", help="negative inside objects")
+    g.add_argument("--distance-per-class", action="store_true",
+                   help="one channel per class 1..K-1 (needs --num-classes)")
+    g.add_argument("--distance-truncate", type=float, help="clip distances at this many pixels")
+    g.add_argument("--distance-normalize", action="store_true",
+                   help="divide by the truncation (or the image diagonal): values in [-1, 1]")
+    g.add_argument("--distance-dtype", default="float16", choices=get_args(TargetDtype),
+                   help="storage; uint8/uint16 need --distance-truncate or --distance-normalize")
+    g.add_argument("--boundary-width", type=float, default=1.0)
+    c.set_defaults(func=cmd_convert)
+
+
+def cmd_convert(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from converters import convert, parse_resize
+
+    writer_options: dict[str, object] = {}
+    if args.to == "wds":
+        writer_options = {"shard_size": parse_size(args.shard_size), "shard_count": args.shard_count}
+    elif args.to == "hdf5" and args.compression:
+        writer_options = {"compression": args.compression}
+    bar = tqdm(total=None, unit="img", disable=args.quiet or None, dynamic_ncols=True)
+
+    def progress(done: int, total: int) -> None:
+        bar.total = total
+        bar.update(done - bar.n)
+
+    try:
+        res = convert(args.src, args.out, to=args.to, workers=args.workers, store=args.store,
+                      resize=parse_resize(args.resize), codec=args.codec, quality=args.quality,
+                      check=args.check, strict=args.strict, val_fraction=args.val_fraction,
+                      seed=args.seed, overwrite=args.overwrite, writer_options=writer_options,
+                      progress=progress, masks=args.masks, mask_store=args.mask_store,
+                      mask_dtype=args.mask_dtype, num_classes=args.num_classes,
+                      targets=_targets(args), extra_channels=args.extra_channels,
+                      max_pixels=args.max_pixels, layout=args.layout)
+    except KeyboardInterrupt:
+        bar.close()
+        print(f"feedpipe convert: interrupted; the partial output was removed and {args.out} was "
+              "left as it was", file=sys.stderr)
+        return 130
+    finally:
+        bar.close()
+    splits = ", ".join(f"{k} {v}" for k, v in res.splits.items())
+    print(f"wrote {res.written} samples ({splits}) to {res.out} as {args.to} in {res.seconds:.1f} s "
+          f"({res.rate:.0f} images/s)")
+    print(f"  stored unchanged: {res.passthrough}, re-encoded: {res.reencoded}, "
+          f"skipped: {len(res.skipped)}, files not taken: {res.ignored}; image codec "
+          f"{res.image_codec}")
+    _print_stored(res)
+    print(f"  input {human(res.bytes_in)} -> output {human(res.bytes_out)}"
+          + (f" ({res.bytes_out / res.bytes_in:.3f}x)" if res.bytes_in else ""))
+    for s in res.skipped[:20]:
+        print(f"  skipped {s['path']}: {s['reason']}")
+    if len(res.skipped) > 20:
+        print(f"  ... and {len(res.skipped) - 20} more (all listed in the manifest)")
+    if res.unmatched_masks:
+        print(f"  masks without an image: {len(res.unmatched_masks)} (listed in the manifest): "
+              + ", ".join(res.unmatched_masks[:5]) + (" ..." if len(res.unmatched_masks) > 5
+                                                      else ""))
+    return 0
+
+
+def _print_stored(res: ConvertResult) -> None:
+    """How each input was stored (from→to), files not taken, and what needs attention."""
+    if res.stored:
+        print("  stored: " + ", ".join(f"{k} {v}" for k, v in sorted(res.stored.items())))
+    for key, text in (("slow_jpegs", "JPEGs need the slower fallback decoder (simplejpeg refuses "
+                       "them; Pillow reads them)"),
+                      ("channels_dropped", "images had alpha or extra channels dropped "
+                       "(--extra-channels drop)"),
+                      ("empty_classes", "classes have no samples")):
+        names = getattr(res, key)
+        if names:
+            print(f"  {len(names)} {text}: " + ", ".join(names[:5])
+                  + (" ..." if len(names) > 5 else ""))
+    for f in res.ignored_files[:10]:
+        print(f"  not taken {f['path']}: {f['reason']}")
+    if len(res.ignored_files) > 10:
+        print(f"  ... and {len(res.ignored_files) - 10} more not taken (all listed in the "
+              "manifest)")
+
+
+def _targets(args: argparse.Namespace) -> list[object]:
+    """--targets built-ins (with their --distance-*/--boundary-* options) + --target name=spec."""
+    from converters.targets import make_boundary, make_distance_map, user_target
+
+    out: list[object] = []
+    for name in filter(None, (n.strip() for n in (args.targets or "").split(","))):
+        if name == "distance_map":
+            out.append(make_distance_map(
+                signed=args.distance_signed, per_class=args.distance_per_class,
+                num_classes=args.num_classes, truncate=args.distance_truncate,
+                normalize=args.distance_normalize, dtype=args.distance_dtype))
+        elif name == "boundary":
+            out.append(make_boundary(width=args.boundary_width))
+        else:
+            raise ConfigError(f"--targets {name}: built-ins are distance_map, boundary; add your "
+                              "own with --target name=package.module:function")
+    for spec in args.target or []:
+        name, eq, ref = spec.partition("=")
+        if not eq or not name.strip():
+            raise ConfigError(f"--target {spec}: use name=package.module:function")
+        out.append(user_target(name.strip(), ref.strip()))
+    return out

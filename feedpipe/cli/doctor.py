@@ -1,0 +1,42 @@
+"""``feedpipe doctor [PATH]``: print the findings of feedpipe.tools.doctor (or their JSON)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    """Add the ``doctor`` subcommand to the ``feedpipe`` CLI's subparsers."""
+    d = sub.add_parser("doctor", help="check the machine and a dataset for slow-loading causes")
+    d.add_argument("path", type=Path, nargs="?", help="packed dataset or image folder (optional)")
+    d.add_argument("--no-bench", action="store_true", help="skip the short bench of PATH")
+    d.add_argument("--batches", type=int, default=8, help="short bench: batches (default 8)")
+    d.add_argument("--batch-size", type=int, default=64, help="for the bench and /dev/shm sizing")
+    d.add_argument("--size", type=int, default=224, help="output HxW for the bench and sizing")
+    d.add_argument("--json", action="store_true", help="print the findings as JSON")
+    d.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    """Print the findings (or their JSON); exit 1 if a check failed."""
+    from ..tools import machine
+    from ..tools.doctor import RANK, run_doctor  # torch: only when the command runs
+
+    if args.path is not None and not args.no_bench and not args.json:
+        print("running a short bench ...", file=sys.stderr)
+    rep = run_doctor(args.path, bench=not args.no_bench, batches=args.batches,
+                     batch_size=args.batch_size, size=args.size)
+    if args.json:
+        print(json.dumps(rep.to_json(), indent=1))
+        return rep.exit_code
+    print(f"feedpipe doctor: {machine.summary_line(rep.machine)}"
+          + (f"; dataset {rep.path}" if rep.path else ""))
+    for f in rep.findings:
+        print(f)
+    worst = [f for f in rep.findings if RANK[f.severity] <= RANK["medium"]]
+    print(f"{len(worst)} finding(s) worth fixing" if worst else "nothing serious found")
+    return rep.exit_code

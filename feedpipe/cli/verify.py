@@ -1,0 +1,29 @@
+"""``feedpipe verify PATH``: re-read every record; exit 1 on damage."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: Any) -> None:
+    """Add the ``verify`` subcommand to the ``feedpipe`` CLI's subparsers."""
+    v = sub.add_parser("verify", help="re-read every record; non-zero exit on damage")
+    v.add_argument("path", type=Path)
+    v.add_argument("--no-decode", action="store_true", help="skip decoding images")
+    v.set_defaults(func=cmd_verify)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from ..dataset.verify import verify  # the format readers (h5py, lmdb): only when it runs
+
+    report = verify(args.path, decode=not args.no_decode)
+    for line in report.notes:
+        print(f"NOTE {line}")
+    for line in report.problems:
+        print(f"DAMAGED {line}")
+    status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
+    print(f"{args.path}: checked {report.files_checked} files and {report.records_checked} "
+          f"records: {status}")
+    return 0 if report.ok else 1
