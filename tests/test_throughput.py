@@ -34,10 +34,10 @@ def test_bench_and_tune_rate_their_trials_with_the_one_function(packed, monkeypa
     assert len(seen) == 2
     assert type(bench) is type(tune) is tp.Trial  # one record for both
     assert (bench.format, bench.backend, bench.workers) == (tune.format, tune.backend, 0)
-    (bw, bs, br, bwk, bth), (tw, ts, tr, twk, tth) = seen
+    bth, tth = seen[0][-1], seen[1][-1]
     assert bench.samples_per_s == bth.samples_per_s > 0
     assert tune.samples_per_s == tth.samples_per_s > 0
-    assert bench.first_batch_s == bw[0] and tune.first_batch_s == tw[0]
+    assert bench.first_batch_s == seen[0][0][0] and tune.first_batch_s == seen[1][0][0]
     # same trial shape (6 batches, in-process): the same warm-up and windows, and each rate is
     # the definition applied to that trial's own timings
     assert (bth.batches, bth.warmup_batches, bth.windows) == (tth.batches, tth.warmup_batches,
