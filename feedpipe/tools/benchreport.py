@@ -154,8 +154,9 @@ def plot_report(r: BenchReport, path: str | Path) -> Path:
                     bbox={"boxstyle": "round", "fc": "white", "ec": "0.7"})
     xs = sorted({t.workers for t in r.trials if t.workers is not None})
     ax.set_xticks(xs or [0])
-    ax.set_ylim(bottom=0, top=max([t.samples_per_s for t in r.trials]
-                                  + [r.baseline.samples_per_s if r.baseline else 0, 1]) * 1.15)
+    rates = [t.samples_per_s or 0.0 for t in r.trials]  # a skipped trial has no rate
+    base = (r.baseline.samples_per_s or 0.0) if r.baseline else 0.0
+    ax.set_ylim(bottom=0, top=max([*rates, base, 1.0]) * 1.15)
     ax.set_xlabel("DataLoader workers (num_workers)")
     ax.set_ylabel("samples/s (steady state)")
     ax.grid(alpha=0.3)

@@ -2,7 +2,8 @@
 
 With ``decode_on="device"`` the workers ship each image's encoded bytes (~5× smaller than its
 pixels) plus its crop box and flip: the sample's ``Framing.plan`` made from the JPEG header
-(:func:`plan_encoded`), the same plan the CPU path executes; the main process decodes the whole batch with one batched
+(:func:`plan_encoded`), the same plan the CPU path executes; the main process decodes the
+whole batch with one batched
 ``torchvision.io.decode_jpeg(..., device="cuda")`` call and crops / resizes (bilinear,
 antialiased) / flips on the GPU. Masks and targets still follow the same geometry on the CPU.
 The output is the N×H×W×3 uint8 batch the CPU path produces, so normalization and layout are
