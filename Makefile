@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-faults bench install pillow-simd clean
+.PHONY: demo test test-faults bench bench-peers install pillow-simd clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,6 +30,21 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_convert.py
 	$(BIN)/python benchmarks/bench_loader.py
 
+# feedpipe against FFCV, WebDataset, LitData, Mosaic Streaming and a hand-tuned DataLoader
+# (benchmarks/peers/README.md). The peers live in their own virtualenv, .venv-peers; CI never
+# runs this. Pass options with PEERS_ARGS, e.g. `make bench-peers PEERS_ARGS="--images 500"`.
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+PEERS_ARGS ?=
+
+$(PEERS_STAMP): pyproject.toml benchmarks/peers/install.sh benchmarks/peers/constraints.txt \
+		$(wildcard benchmarks/peers/requirements*.txt)
+	PY=$(PY) PEERS_VENV=$(PEERS_VENV) bash benchmarks/peers/install.sh
+	touch $@
+
+bench-peers: $(PEERS_STAMP)
+	$(PEERS_VENV)/bin/python benchmarks/peers/run.py $(PEERS_ARGS)
+
 # pillow-simd: a faster drop-in for Pillow, built from source (needs Debian's
 # libjpeg62-turbo-dev and zlib1g-dev). `feedpipe decoders` says which one is active.
 pillow-simd: $(STAMP)
@@ -37,4 +52,4 @@ pillow-simd: $(STAMP)
 	CC="cc -mavx2" $(BIN)/pip install -q --no-binary :all: pillow-simd
 
 clean:
-	rm -rf $(VENV) demo-data bench-data .pytest_cache
+	rm -rf $(VENV) $(PEERS_VENV) demo-data bench-data .pytest_cache

@@ -85,10 +85,10 @@ class Target:
         out = np.asarray(self.fn(mask))
         want = mask.shape if self.channels is None else (*mask.shape, self.channels)
         if out.shape != want:
-            raise ValueError(f"{what}: target {self.name!r} returned shape {out.shape}, expected "
-                             f"{want}")
+            raise ConfigError(f"{what}: target {self.name!r} returned shape {out.shape}, expected "
+                              f"{want}")
         if out.dtype.kind not in "biuf":
-            raise ValueError(f"{what}: target {self.name!r} returned dtype {out.dtype}")
+            raise ConfigError(f"{what}: target {self.name!r} returned dtype {out.dtype}")
         return self.quantize(out)
 
     def quantize(self, values: np.ndarray) -> np.ndarray:
@@ -96,13 +96,13 @@ class Target:
         if dt.kind == "f":
             out = values.astype(dt)
             if not np.isfinite(out).all():
-                raise ValueError(f"target {self.name!r}: values overflow {dt} (or are NaN/inf)")
+                raise ConfigError(f"target {self.name!r}: values overflow {dt} (or are NaN/inf)")
             return out
         scale, offset = self.scale_offset
         if scale == 1.0 and offset == 0.0:  # integer-valued target (labels, boundaries)
             info = np.iinfo(dt)
             if values.size and (values.min() < info.min or values.max() > info.max):
-                raise ValueError(f"target {self.name!r}: values outside {dt} range")
+                raise ConfigError(f"target {self.name!r}: values outside {dt} range")
             return values.astype(dt)
         q = np.rint((values.astype(np.float64) - offset) / scale)
         return np.clip(q, 0, np.iinfo(dt).max).astype(dt)

@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 from . import machine
 from .baseline import naive_loader, stored_bytes_per_sample
 from .benchreport import BenchReport, Trial
-from .errors import ConfigError, FeedpipeError
+from .errors import ConfigError, EmptyDatasetError, FeedpipeError
 from .formats import DatasetReader, open_dataset
 from .loader import Loader, make_loader
 from .loader.config import _DTYPES as DTYPES
@@ -124,7 +124,13 @@ def _stream(loader: Loader | DataLoader, batches: int | None,
         for epoch in itertools.count() if epochs is None else range(epochs):
             if hasattr(loader, "set_epoch"):
                 loader.set_epoch(epoch)
-            yield from loader
+            empty = True
+            for batch in loader:
+                empty = False
+                yield batch
+            if empty:  # would spin forever on epochs that yield nothing
+                raise EmptyDatasetError(f"the loader yields no batch in epoch {epoch} "
+                                        "(fewer samples than one batch with drop_last?)")
 
     return itertools.islice(epochs_forever(), batches) if batches is not None else epochs_forever()
 
@@ -191,6 +197,7 @@ def prepare(path: Path, cfg: BenchConfig, workdir: Path,
 
     if is_packed(path):
         reader = open_dataset(path)
+        reader.require_samples("feedpipe bench")
         if "image" not in reader.schema:
             raise ConfigError(f"{path}: bench measures image datasets; this one has no 'image' "
                               f"field ({reader.schema.names})")

@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
+import re
 import sys
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -21,10 +24,41 @@ if TYPE_CHECKING:
 
 
 def _size(text: str) -> int:
+    """``256MB``, ``2G``, ``4096`` → bytes."""
     units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
     t = text.strip().lower().rstrip("b")
     mult = units.get(t[-1:], 1)
-    return int(float(t[:-1] if t[-1:] in units else t) * mult)
+    try:
+        n = int(float(t[:-1] if t[-1:] in units else t) * mult)
+    except (ValueError, OverflowError):
+        n = 0
+    if n <= 0:
+        raise ConfigError(f"{text!r} is not a size: use a positive byte count with an optional "
+                          "k/m/g suffix, e.g. 256MB or 2G")
+    return n
+
+
+def size_arg(text: str) -> str:
+    """argparse ``type=`` for size options: checked at parse time (the flag is named), kept as
+    text for the command."""
+    try:
+        _size(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def hw_size(text: str) -> int | tuple[int, int]:
+    """``--size``: ``224`` (square) or ``HxW`` (``96x128``), as make_loader's ``size=``."""
+    h, x, w = text.lower().partition("x")
+    try:
+        size = (int(h), int(w)) if x else int(h)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: use N (square) or HxW, e.g. 224 or "
+                                         "96x128") from None
+    if min((size, size) if isinstance(size, int) else size) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: sides must be at least 1 pixel")
+    return size
 
 
 def _human(n: float) -> str:
@@ -139,6 +173,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     total = sum(f.size for f in m.files)
     print(f"{args.path}: {m.format} (format v{m.format_version}), {m.num_samples} samples, "
           f"{len(m.files)} files, {_human(total)}")
+    if m.format_version < 2:
+        print("record checksums: none (format v1); re-convert to add a crc32 per record, "
+              "checked on every read")
     print("fields: " + ", ".join(
         f"{f.name} ({', '.join(f'{k}={v}' for k, v in f.to_json().items() if k != 'name')})"
         for f in m.schema))
@@ -175,6 +212,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     from .verify import verify
 
     report = verify(args.path, decode=not args.no_decode)
+    for line in report.notes:
+        print(f"NOTE {line}")
     for line in report.problems:
         print(f"DAMAGED {line}")
     status = "OK" if report.ok else f"{len(report.problems)} problem(s)"
@@ -198,6 +237,8 @@ def build_parser(core_only: bool = False) -> argparse.ArgumentParser:
     import torch (1-2 s), so a conversion starts without it."""
     p = argparse.ArgumentParser(prog="feedpipe", description=__doc__)
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    p.add_argument("--debug", action="store_true",
+                   help="print the traceback of every error (and log at INFO level)")
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("convert", help="pack images into LMDB, HDF5 or WebDataset shards")
@@ -229,7 +270,8 @@ def build_parser(core_only: bool = False) -> argparse.ArgumentParser:
     c.add_argument("--val-fraction", type=float, default=0.0)
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--overwrite", action="store_true")
-    c.add_argument("--shard-size", default="256MB", help="wds: max bytes per shard")
+    c.add_argument("--shard-size", default="256MB", type=size_arg,
+                   help="wds: max bytes per shard")
     c.add_argument("--shard-count", type=int, default=10_000, help="wds: max samples per shard")
     c.add_argument("--compression", choices=["lzf", "gzip"], help="hdf5 chunk compression")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -283,20 +325,78 @@ def build_parser(core_only: bool = False) -> argparse.ArgumentParser:
     return p
 
 
+_PATH_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
+                PermissionError)
+
+
+def _user_error(exc: BaseException) -> bool:
+    """Errors shown as one line: feedpipe's own, and OS errors about a named path. Anything else
+    is a bug and keeps its traceback."""
+    return isinstance(exc, FeedpipeError) or (isinstance(exc, OSError) and (
+        exc.filename is not None or isinstance(exc, _PATH_ERRORS)))
+
+
+def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[command]
+    return parser
+
+
+def speak_cli(message: str, option: str | None, parser: argparse.ArgumentParser) -> str:
+    """A ConfigError's message in the command's terms: ``size=0`` becomes ``--size 0`` and
+    ``size=(H, W)`` becomes ``--size HxW`` for every option the command has a flag for."""
+    flags = {a.dest: next((s for s in a.option_strings if s.startswith("--")),
+                          a.option_strings[0]) for a in parser._actions if a.option_strings}
+    for name in {option, *re.findall(r"\b([a-z_]+)=", message)} - {None}:
+        flag = flags.get(name) or flags.get(name.rstrip("s"))  # batch_sizes -> --batch-size
+        if flag is None:
+            continue
+        if flag in message:  # the message names the flag already: drop the Python spelling
+            message = re.sub(rf"\b{name}=('[^']*'|\S+?)(?=[:,;]|\s)( \({flag}\))?",
+                             lambda m: f"{flag} {m[1].strip(chr(39))}", message)
+            continue
+        message = re.sub(rf"\b{name}=\(H, W\)", f"{flag} HxW", message)
+        message = re.sub(rf"\b{name}='([^']*)'", rf"{flag} \1", message)
+        message = re.sub(rf"\b{name}=", f"{flag} ", message)
+    return message
+
+
+def _broken_pipe() -> int:
+    """The reader of stdout went away (``feedpipe info X | head``): stop quietly. stdout is
+    pointed at /dev/null so the interpreter's final flush cannot raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the closed pipe
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(core_only=command in CORE_COMMANDS).parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    parser = build_parser(core_only=command in CORE_COMMANDS)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        return int(args.func(args))
-    except (FeedpipeError, FileNotFoundError, FileExistsError, ValueError) as exc:
-        print(f"feedpipe {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe shows up here, inside the handler, not at exit
+        return code
+    except BrokenPipeError:
+        return _broken_pipe()
     except KeyboardInterrupt:
         print("interrupted; nothing was left that reads as a dataset", file=sys.stderr)
         return 130
+    except Exception as exc:
+        if not _user_error(exc):
+            raise  # a bug: keep the traceback
+        if args.debug:
+            traceback.print_exc()
+        message = str(exc)
+        if isinstance(exc, ConfigError):
+            message = speak_cli(message, exc.option, _subparser(parser, args.command))
+        print(f"feedpipe {args.command}: error: {message}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -14,9 +14,14 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import CorruptRecordError, UnsafeDataError
+from .errors import CorruptRecordError, SampleError, UnsafeDataError
 
 Buffer = bytes | bytearray | memoryview
+
+try:  # ISA-L's crc32 is zlib's (same polynomial, same values) ~9x faster (PCLMUL): 6 us, not
+    from isal.isal_zlib import crc32  # 59 us, for a 150 KB raw image on the project's machine
+except ImportError:  # pragma: no cover - a platform without an isal wheel: same checksums
+    from zlib import crc32
 
 _NPY_MAGIC = b"\x93NUMPY"
 
@@ -65,6 +70,8 @@ def npy_decode(buf: Buffer, what: str = "array",
         if bytes(mv[:6]) != _NPY_MAGIC or len(mv) < 10:
             raise CorruptRecordError(f"{what}: not npy data (bad magic)")
         major = mv[6]
+        if major in (2, 3) and len(mv) < 12:
+            raise CorruptRecordError(f"{what}: npy header cut short")
         if major == 1:
             (hlen,) = struct.unpack_from("<H", mv, 8)
             offset = 10 + hlen
@@ -88,6 +95,8 @@ def npy_decode(buf: Buffer, what: str = "array",
             raise CorruptRecordError(f"{what}: malformed npy header") from exc
     shape, fortran, dtype = hdr
     check_dtype(dtype, what)
+    if any(not isinstance(d, int) or d < 0 for d in shape):
+        raise CorruptRecordError(f"{what}: npy shape {shape} is not a tuple of sizes")
     count = int(np.prod(shape, dtype=np.int64))
     if len(mv) - offset != count * dtype.itemsize:
         raise CorruptRecordError(f"{what}: npy payload has {len(mv) - offset} bytes, header says "
@@ -98,39 +107,58 @@ def npy_decode(buf: Buffer, what: str = "array",
 
 # --- LMDB record layout -------------------------------------------------------------------------
 # A record is one LMDB value holding every field of a sample, in schema order:
-#   b"FPR1" | u32 nfields | u32 length[nfields] | payload[0] | payload[1] | ...
-# All integers little-endian. A payload is at most 4 GiB - 1 (u32 lengths).
-RECORD_MAGIC = b"FPR1"
+#   v2: b"FPR2" | u32 nfields | u32 length[nfields] | u32 crc32[nfields] | payload[0] | ...
+#   v1: b"FPR1" | u32 nfields | u32 length[nfields] | payload[0] | ...  (no checksums)
+# All integers little-endian. A payload is at most 4 GiB - 1 (u32 lengths). crc32[k] is
+# zlib's crc32 of payload k: a flipped bit anywhere in a payload (JPEG entropy data decodes "fine"
+# to wrong pixels) fails its field's check; one in the header breaks the length sum or a crc.
+RECORD_MAGIC = b"FPR2"
+RECORD_MAGIC_V1 = b"FPR1"
 _U32 = struct.Struct("<I")
 
 
 def pack_record(payloads: Sequence[Buffer]) -> bytes:
-    """Join field payloads into one record (see the layout above)."""
+    """Join field payloads into one version-2 record (see the layout above)."""
     lengths = [len(p) for p in payloads]
     if any(n >= 2**32 for n in lengths):
-        raise ValueError("a field payload exceeds 4 GiB; record lengths are stored as uint32")
-    head = RECORD_MAGIC + _U32.pack(len(payloads)) + struct.pack(f"<{len(payloads)}I", *lengths)
+        raise SampleError("a field payload exceeds 4 GiB; record lengths are stored as uint32")
+    n = len(payloads)
+    head = (RECORD_MAGIC + _U32.pack(n) + struct.pack(f"<{n}I", *lengths)
+            + struct.pack(f"<{n}I", *(crc32(p) for p in payloads)))
     return b"".join([head, *payloads])
 
 
-def unpack_record(buf: Buffer, nfields: int, what: str = "record") -> list[memoryview]:
-    """Split a record into zero-copy payload views, checking magic, field count and lengths."""
+def unpack_record(buf: Buffer, nfields: int, what: str = "record", *, version: int = 2,
+                  check: Sequence[int] | None = None,
+                  names: Sequence[str] = ()) -> list[memoryview]:
+    """Split a record into zero-copy payload views, checking magic, field count and lengths,
+    and (version 2) the crc32 of the payloads listed in ``check`` (default: all); ``names``
+    name the fields in messages."""
     mv = memoryview(buf)
-    if bytes(mv[:4]) != RECORD_MAGIC:
-        raise CorruptRecordError(f"{what}: bad record magic")
-    if len(mv) < 8 + 4 * nfields:
+    crcs = version >= 2
+    magic = RECORD_MAGIC if crcs else RECORD_MAGIC_V1
+    if bytes(mv[:4]) != magic:
+        raise CorruptRecordError(f"{what}: bad record magic (expected {magic!r})")
+    pos = 8 + (8 if crcs else 4) * nfields
+    if len(mv) < pos:
         raise CorruptRecordError(f"{what}: record of {len(mv)} bytes is shorter than its header")
     (n,) = _U32.unpack_from(mv, 4)
     if n != nfields:
         raise CorruptRecordError(f"{what}: record has {n} fields, schema has {nfields}")
     lengths = struct.unpack_from(f"<{n}I", mv, 8)
-    pos = 8 + 4 * n
     if pos + sum(lengths) != len(mv):
         raise CorruptRecordError(f"{what}: record length {len(mv)} does not match its header")
     out = []
     for length in lengths:
         out.append(mv[pos: pos + length])
         pos += length
+    if crcs:
+        stored = struct.unpack_from(f"<{n}I", mv, 8 + 4 * n)
+        for k in range(n) if check is None else check:
+            if crc32(out[k]) != stored[k]:
+                name = repr(names[k]) if k < len(names) else k
+                raise CorruptRecordError(f"{what}: field {name} fails its checksum (crc32 "
+                                         f"{crc32(out[k]):08x}, stored {stored[k]:08x})")
     return out
 
 

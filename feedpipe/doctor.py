@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
 from . import machine
-from .errors import ConfigError
+from .errors import ConfigError, EmptyDatasetError
 from .loader.config import auto_workers
 
 Severity = Literal["error", "high", "medium", "low", "info", "ok"]
@@ -204,6 +204,10 @@ def dataset_facts(path: str | os.PathLike[str]) -> DatasetFacts:
         from .manifest import Manifest
 
         m = Manifest.read(path)
+        if m.num_samples == 0:
+            raise EmptyDatasetError(f"{path}: the dataset holds 0 samples; its conversion wrote "
+                                    f"none (`feedpipe info {path}` lists skipped inputs). "
+                                    "Convert a source with readable images.", dataset=path)
         image = m.schema["image"] if "image" in m.schema else None
         return DatasetFacts(str(path), "packed", m.num_samples, sum(f.size for f in m.files),
                             m.format, getattr(image, "codec", None), len(m.files),

@@ -1,14 +1,41 @@
-"""Typed errors: every failure a user can act on has its own class and names the file or key."""
+"""Typed errors: every failure a user can act on has its own class and names the file or key.
+
+Classes that replace a builtin a caller may already catch keep it as a second base
+(``ConfigError`` is a ``ValueError``). ``dataset``, ``file`` and ``key`` say where, when known:
+for a damaged record, the dataset directory, the sample's source file (its stored ``path``
+field) and its key.
+"""
 
 from __future__ import annotations
+
+import re
+
+_OPTION = re.compile(r"^([a-z_][a-z0-9_]*)=")
 
 
 class FeedpipeError(Exception):
     """Base class for all errors raised by feedpipe."""
 
+    def __init__(self, message: str = "", *, dataset: object = None, file: object = None,
+                 key: str | None = None) -> None:
+        super().__init__(message)
+        self.dataset, self.file, self.key = dataset, file, key
+
+    def __str__(self) -> str:  # not KeyError's repr() for the classes that are also KeyErrors
+        return str(self.args[0]) if self.args else ""
+
 
 class ConfigError(FeedpipeError, ValueError):
-    """An option has a bad value; the message says how to fix it."""
+    """An option has a bad value; the message says how to fix it.
+
+    ``option`` is the Python name of the option (``size``), taken from a message that starts
+    with ``name=value:`` unless given, so the CLI can name its flag (``--size``) instead.
+    """
+
+    def __init__(self, message: str = "", *, option: str | None = None, **where: object) -> None:
+        super().__init__(message, **where)  # type: ignore[arg-type]
+        m = _OPTION.match(message)
+        self.option = option or (m[1] if m else None)
 
 
 class IncompleteDatasetError(FeedpipeError):
@@ -24,7 +51,8 @@ class UnsafeDataError(FeedpipeError):
 
 
 class CorruptRecordError(FeedpipeError):
-    """A stored record cannot be read or decoded; the message names the dataset and key."""
+    """A stored record cannot be read or decoded, or fails its checksum; the message names the
+    dataset, the key and (when readable) the sample's source file."""
 
 
 class BadInputError(FeedpipeError):
@@ -62,3 +90,20 @@ class DiskFullError(FeedpipeError, OSError):
 
 class DatasetReplacedError(FeedpipeError):
     """The dataset directory was replaced (re-converted) after its manifest was read; reopen it."""
+
+
+class EmptyDatasetError(FeedpipeError, ValueError):
+    """A dataset (or this rank's share of it) holds no samples: loading or measuring it would
+    never yield a batch."""
+
+
+class SampleError(FeedpipeError, ValueError):
+    """A sample handed to a writer does not fit the schema (a missing field, a bad value)."""
+
+
+class MissingFieldError(SampleError, KeyError):
+    """A sample handed to a writer lacks a field of the schema."""
+
+
+class LoaderError(FeedpipeError, RuntimeError):
+    """A loader backend broke its own contract (DALI ended an epoch early, or ran past it)."""

@@ -130,7 +130,8 @@ def check_pixels(width: int, height: int, max_pixels: int | None, what: str) -> 
     """Refuse an image that declares more than ``max_pixels`` pixels (a decompression bomb)."""
     if max_pixels is not None and width * height > max_pixels:
         raise BadInputError(f"{what}: declares {width}x{height} = {width * height:,} pixels, over "
-                            f"the limit of {max_pixels:,} (max_pixels / --max-pixels)")
+                            f"the limit of {max_pixels:,} (max_pixels={max_pixels:,}, "
+                            "--max-pixels); raise it if the image is real")
 
 
 def decode_with_pillow(data: bytes | memoryview, what: str = "image",

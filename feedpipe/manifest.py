@@ -18,7 +18,8 @@ from .schema import Schema
 
 MANIFEST_NAME = "feedpipe.json"
 MANIFEST_VERSION = 1
-FORMAT_VERSIONS = {"lmdb": 1, "hdf5": 1, "wds": 1}
+# Version 2 adds a crc32 per record and field, checked on every read; version 1 still reads.
+FORMAT_VERSIONS = {"lmdb": 2, "hdf5": 2, "wds": 2}
 #: files each format's reader opens by a fixed name, checked like the ones the manifest names
 FORMAT_FILES = {"lmdb": ("data.mdb",), "hdf5": ("data.h5",),
                 "wds": ("index-offsets.npy", "index-shards.npy", "index-keys.npy")}
@@ -118,11 +119,11 @@ class Manifest:
                                 f"supported (this feedpipe reads version {MANIFEST_VERSION}); "
                                 "upgrade feedpipe or re-convert")
         fmt = d.get("format")
-        if fmt not in FORMAT_VERSIONS:
+        if not isinstance(fmt, str) or fmt not in FORMAT_VERSIONS:
             raise ManifestError(f"{path}: unknown format {fmt!r}")
-        if d.get("format_version") != FORMAT_VERSIONS[fmt]:
+        if d.get("format_version") not in range(1, FORMAT_VERSIONS[fmt] + 1):
             raise ManifestError(f"{path}: {fmt} format version {d.get('format_version')!r} is not "
-                                f"supported (expected {FORMAT_VERSIONS[fmt]})")
+                                f"supported (expected 1 to {FORMAT_VERSIONS[fmt]})")
         try:
             manifest = cls(
                 format=fmt,
@@ -136,7 +137,7 @@ class Manifest:
                 extra=dict(d.get("extra", {})),
                 format_version=int(d["format_version"]),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise ManifestError(f"{path}: malformed manifest: {exc!r}") from exc
         manifest.check_paths(root)
         return manifest

@@ -13,6 +13,8 @@ from typing import Literal, Sequence
 
 import numpy as np
 
+from .errors import ConfigError, EmptyDatasetError
+
 Uneven = Literal["pad", "drop"]
 
 
@@ -25,7 +27,7 @@ class World:
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
-            raise ValueError(f"invalid world: rank {self.rank} of {self.size}")
+            raise ConfigError(f"invalid world: rank {self.rank} of {self.size}")
 
     @classmethod
     def detect(cls) -> "World":
@@ -108,7 +110,8 @@ def plan_batches(streams: list[np.ndarray], rank: int, batch_size: int, *, drop_
     mine = streams[rank]
     if target > len(mine):
         if len(mine) == 0:
-            raise ValueError(f"rank {rank} has no samples to pad from; use fewer ranks or more data")
+            raise EmptyDatasetError(f"rank {rank} has no samples to pad from; use fewer ranks or "
+                                    "more data")
         mine = np.resize(mine, target)  # wrap-around repeat
     mine = mine[:target]
     count = target // batch_size if drop_last else -(-target // batch_size)

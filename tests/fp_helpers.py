@@ -94,3 +94,39 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def downgrade_to_v1(root: Path, fmt: str) -> Path:
+    """Rewrite a packed dataset in place as format version 1 (records without checksums), the
+    layout datasets written before checksums hold."""
+    import json
+    import struct
+
+    import h5py
+    import lmdb
+
+    from feedpipe.codecs import unpack_record
+    from feedpipe.manifest import MANIFEST_NAME, FileEntry
+
+    d = json.loads((root / MANIFEST_NAME).read_text())
+    n = len(d["schema"])
+    if fmt == "lmdb":
+        env = lmdb.open(str(root), subdir=True,
+                        map_size=4 * (root / "data.mdb").stat().st_size + (1 << 20))
+        with env.begin(write=True) as txn:
+            for key, value in list(txn.cursor()):
+                parts = [bytes(p) for p in unpack_record(value, n)]
+                txn.put(key, b"".join([b"FPR1", struct.pack(f"<I{n}I", n, *map(len, parts)),
+                                       *parts]))
+        env.close()
+        (root / "lock.mdb").unlink()
+    elif fmt == "hdf5":
+        with h5py.File(root / "data.h5", "r+") as f:
+            del f["_feedpipe.crc32"]
+    else:
+        (root / "index-crc32.npy").unlink()
+        d["files"] = [f for f in d["files"] if f["name"] != "index-crc32.npy"]
+    d["format_version"] = 1
+    d["files"] = [vars(FileEntry.of(root, f["name"])) for f in d["files"]]
+    (root / MANIFEST_NAME).write_text(json.dumps(d))
+    return root

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -116,12 +117,31 @@ def test_npy_decode_of_garbage_raises_typed_error(junk):
 @given(st.lists(st.binary(max_size=200), max_size=12))
 def test_record_round_trip(payloads):
     rec = pack_record(payloads)
-    assert rec[:4] == b"FPR1"
-    assert struct.unpack_from("<I", rec, 4)[0] == len(payloads)
+    assert rec[:4] == b"FPR2"
+    n = struct.unpack_from("<I", rec, 4)[0]
+    assert n == len(payloads)
+    assert list(struct.unpack_from(f"<{n}I", rec, 8 + 4 * n)) == [zlib.crc32(p) for p in payloads]
     out = unpack_record(rec, len(payloads))
     assert [bytes(p) for p in out] == payloads
     assert all(isinstance(p, memoryview) for p in out)  # zero-copy views
     assert [bytes(p) for p in unpack_record(memoryview(rec), len(payloads))] == payloads
+
+
+def v1_record(payloads: list[bytes]) -> bytes:
+    """The version-1 layout (no checksums), as datasets of feedpipe <= 0.x hold it."""
+    n = len(payloads)
+    return b"".join([b"FPR1", struct.pack(f"<I{n}I", n, *map(len, payloads)), *payloads])
+
+
+@fast
+@given(st.lists(st.binary(max_size=50), max_size=6))
+def test_version_1_records_still_read(payloads):
+    rec = v1_record(payloads)
+    assert [bytes(p) for p in unpack_record(rec, len(payloads), version=1)] == payloads
+    with pytest.raises(CorruptRecordError):  # each version reads its own layout only
+        unpack_record(rec, len(payloads))
+    with pytest.raises(CorruptRecordError):
+        unpack_record(pack_record(payloads), len(payloads), version=1)
 
 
 @fast
@@ -136,7 +156,13 @@ def test_record_damage_is_detected(payloads, data):
     with pytest.raises(CorruptRecordError):
         unpack_record(rec + b"x", len(payloads))
     with pytest.raises(CorruptRecordError):
-        unpack_record(b"FPR2" + rec[4:], len(payloads))
+        unpack_record(b"FPR1" + rec[4:], len(payloads))
+    # any single flipped bit, header or payload, is caught: no wrong bytes come out
+    bit = data.draw(st.integers(0, 8 * len(rec) - 1))
+    flipped = bytearray(rec)
+    flipped[bit // 8] ^= 1 << (bit % 8)
+    with pytest.raises(CorruptRecordError):
+        unpack_record(bytes(flipped), len(payloads))
 
 
 # --- fields -------------------------------------------------------------------------------------------

@@ -320,7 +320,7 @@ def test_cli_monitor_without_nvml(capsys: pytest.CaptureFixture[str]) -> None:
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "feedpipe monitor: error:" in proc.stderr
     assert main(["monitor", "--interval", "0"]) == 2
-    assert "interval=0.0: use a positive" in capsys.readouterr().err
+    assert "--interval 0.0: use a positive" in capsys.readouterr().err  # the CLI's spelling
 
 
 def test_cli_monitor_with_sampler(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import pathlib
+import zlib
 
 import lmdb
 import numpy as np
@@ -102,6 +103,9 @@ def test_wds_pickle_payload_refused(tmp_path):
         assert np.load(io.BytesIO(fh.read(size)), allow_pickle=False)[0] == 1.0
         fh.seek(off)
         fh.write(armed_npy(marker, size))
+    crcs = np.load(root / "index-crc32.npy")  # a forger fixes the checksum up as well
+    crcs[1, 0] = zlib.crc32(armed_npy(marker, size))
+    np.save(root / "index-crc32.npy", crcs)
     assert_refused(root, 1, marker)
     with pytest.raises(UnsafeDataError):  # the sequential stream refuses it too
         list(ds.iter_shard(0))
@@ -175,3 +179,68 @@ def test_no_pickle_in_the_package():
         for needle in ("import pickle", "from pickle", "allow_pickle=True", "import marshal",
                        "import dill", "import cloudpickle"):
             assert needle not in text, (path, needle)
+
+
+def armed_pickle(marker: pathlib.Path) -> bytes:
+    """A plain pickle whose loading creates ``marker`` (what a ``.pickle`` member would hold)."""
+    import pickle
+
+    data = pickle.dumps(Armed(marker))
+    pickle.loads(data)  # guard: it really is armed...
+    assert marker.exists()
+    marker.unlink()  # ...and from here on it must never run again
+    return data
+
+
+@pytest.mark.parametrize("suffix", ["pickle", "pkl", "pyd", "pth", "arr.pickle"])
+def test_wds_pickle_members_refused(tmp_path, suffix):
+    import tarfile
+
+    root = write("wds", tmp_path / "ds")
+    marker = tmp_path / "ran"
+    data = armed_pickle(marker)
+    ds = feedpipe.open_dataset(root)
+    with tarfile.open(root / ds.shards[0], "a", format=tarfile.USTAR_FORMAT) as tar:
+        info = tarfile.TarInfo(f"{sample_key(N - 1)}.{suffix}")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    with pytest.raises(UnsafeDataError, match=rf"{sample_key(N - 1)}\.{suffix}"):
+        list(feedpipe.open_dataset(root).iter_shard(0))
+    report = verify(root)
+    assert any(f".{suffix}" in p and "unpickling" in p for p in report.problems)
+    assert [s["label"] for s in feedpipe.open_dataset(root)] == list(range(N))  # index reads
+    assert not marker.exists()
+
+
+def test_lmdb_stray_pickle_entry_reported_never_read(tmp_path):
+    root = write("lmdb", tmp_path / "ds")
+    marker = tmp_path / "ran"
+    env = lmdb.open(str(root), subdir=True)
+    with env.begin(write=True) as txn:
+        txn.put(b"000000001.pickle", armed_pickle(marker))
+    env.close()
+    report = verify(root)
+    assert any("000000001.pickle" in p and "pickle" in p for p in report.problems)
+    assert [s["label"] for s in feedpipe.open_dataset(root)] == list(range(N))
+    assert not marker.exists()
+
+
+def test_hdf5_object_dataset_and_pickle_dataset_refused(tmp_path):
+    import h5py
+
+    root = write("hdf5", tmp_path / "ds")
+    marker = tmp_path / "ran"
+    data = armed_pickle(marker)
+    with h5py.File(root / "data.h5", "r+") as f:
+        f.create_dataset("payload.pickle", data=np.frombuffer(data, np.uint8))
+    report = verify(root)
+    assert any("payload.pickle" in p and "pickle" in p for p in report.problems)
+    assert feedpipe.open_dataset(root)[1]["label"] == 1
+    with h5py.File(root / "data.h5", "r+") as f:  # the array field now holds Python objects
+        del f["arr"]
+        f.create_dataset("arr", data=np.array([np.void(data)] * N))  # opaque pickle bytes
+    with pytest.raises(UnsafeDataError, match="'arr'"):
+        feedpipe.open_dataset(root)[0]
+    report = verify(root)
+    assert any("'arr'" in p for p in report.problems)
+    assert not marker.exists()

@@ -54,8 +54,8 @@ def test_damaged_record_is_named_by_key(packed, photos, copy_dataset):
     root = copy_dataset(packed["lmdb"])
     jpg = photos[9].path.read_bytes()
     off = payload_offset(root / "data.mdb", jpg)
-    # the record is b"FPR1" + u32 count + 3 u32 lengths + the JPEG: break its magic
-    flip_byte(root / "data.mdb", off - 20)
+    # the record is b"FPR2" + u32 count + 3 u32 lengths + 3 u32 crc32 + the JPEG: break its magic
+    flip_byte(root / "data.mdb", off - 32)
     report = verify(root)
     keyed = [p for p in report.problems if sample_key(9) in p]
     assert len(keyed) == 1 and "magic" in keyed[0]

@@ -102,7 +102,8 @@ def test_manifest_round_trip(written, fmt):
     names = [f.name for f in ds.manifest.files]
     expected = {"lmdb": ["data.mdb"], "hdf5": ["data.h5"],
                 "wds": [f"shard-{k:06d}.tar" for k in range(5)]
-                + ["index-offsets.npy", "index-shards.npy", "index-keys.npy"]}[fmt]
+                + ["index-offsets.npy", "index-shards.npy", "index-keys.npy",
+                   "index-crc32.npy"]}[fmt]
     assert names == expected
     for f in ds.manifest.files:
         assert (written[fmt] / f.name).stat().st_size == f.size

@@ -13,11 +13,13 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
-from ..errors import CorruptRecordError, DatasetReplacedError
+from ..errors import (CorruptRecordError, DatasetReplacedError, EmptyDatasetError, FeedpipeError,
+                      MissingFieldError, UnsafeDataError)
 from ..manifest import Manifest
 from ..schema import Field, Schema
 
 KEY_DIGITS = 9
+UNSAFE_SUFFIXES = frozenset({"pickle", "pkl", "pyd", "pth"})  # what pickle-based tools unpickle
 Visitor = Callable[[int, dict[str, Any]], None]
 
 
@@ -28,6 +30,11 @@ def root_identity(root: str | os.PathLike[str]) -> tuple[int, int] | None:
     except OSError:
         return None
     return st.st_dev, st.st_ino
+
+
+def unsafe_name(name: str) -> bool:
+    """A member or entry name whose extension says "unpickle me"; feedpipe never opens those."""
+    return name.rsplit(".", 1)[-1].lower() in UNSAFE_SUFFIXES if "." in name else False
 
 
 def sample_key(index: int) -> str:
@@ -50,7 +57,8 @@ class DatasetWriter(ABC):
         """Validate and append one sample (a dict with every schema field)."""
         missing = [n for n in self.schema.names if n not in sample]
         if missing:
-            raise KeyError(f"sample {self.count} lacks fields {missing}")
+            raise MissingFieldError(f"sample {self.count} lacks fields {missing}; the schema has "
+                                    f"{self.schema.names}", key=sample_key(self.count))
         values = [f.validate(sample[f.name]) for f in self.schema]
         self._write(self.count, values)
         self.count += 1
@@ -122,6 +130,14 @@ class DatasetReader(ABC):
     def __len__(self) -> int:
         return self.manifest.num_samples
 
+    def require_samples(self, tool: str) -> None:
+        """Refuse an empty dataset at once: a loader over it would never yield a batch."""
+        if len(self) == 0:
+            raise EmptyDatasetError(
+                f"{self.root}: the dataset holds 0 samples, so {tool} has nothing to read; its "
+                f"conversion wrote none (`feedpipe info {self.root}` lists skipped inputs). "
+                "Convert a source with readable images.", dataset=self.root)
+
     def describe(self, index: int) -> str:
         """Where sample ``index`` lives, for error messages."""
         return f"{self.root} ({self.format_name}) key {sample_key(index)}"
@@ -139,11 +155,47 @@ class DatasetReader(ABC):
 
     def visit(self, indices: Sequence[int], fn: Visitor,
               fields: Sequence[str] | None = None) -> None:
-        """Public form of :meth:`_visit` with index checks; ``fields`` limits what is read."""
+        """Public form of :meth:`_visit` with index checks; ``fields`` limits what is read.
+
+        A damaged or unsafe record raises with its key and, when its ``path`` field is still
+        readable, the source file it was converted from."""
         idx = self.check_indices(indices)
         self._ensure_open()
-        self._visit(idx, fn, list(self.schema) if fields is None
-                    else [self.schema[name] for name in fields])
+        try:
+            self._visit(idx, fn, list(self.schema) if fields is None
+                        else [self.schema[name] for name in fields])
+        except (CorruptRecordError, UnsafeDataError) as exc:
+            raise self.located(exc)
+
+    @property
+    def checksums(self) -> bool:
+        """Whether every record carries a crc32 checked on each read (format version >= 2)."""
+        return self.manifest.format_version >= 2
+
+    def source_of(self, index: int) -> str | None:
+        """The source file of sample ``index`` (its stored ``path`` field), None if unreadable."""
+        if "path" not in self.schema or getattr(self, "_finding_source", False):
+            return None
+        found: list[Any] = []
+        self._finding_source = True
+        try:
+            self._ensure_open()
+            self._visit([index], lambda _, stored: found.append(stored["path"]),
+                        [self.schema["path"]])
+        except Exception:  # noqa: BLE001 - a damaged path field only leaves the source unnamed
+            return None
+        finally:
+            self._finding_source = False
+        return str(found[0]) if found else None
+
+    def located(self, exc: FeedpipeError) -> FeedpipeError:
+        """``exc`` (made by :meth:`corrupt` or :meth:`unsafe`) with the sample's source file added
+        to its message, once."""
+        index = getattr(exc, "index", None)
+        if index is not None and exc.file is None and "path" in self.schema:
+            exc.file = self.source_of(index) or "unknown (its path field is unreadable)"
+            exc.args = (f"{exc.args[0]} [source file: {exc.file}]", *exc.args[1:])
+        return exc
 
     def read_raw_batch(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Stored values (image bytes undecoded), copied out of the read buffers."""
@@ -163,8 +215,10 @@ class DatasetReader(ABC):
         idx = self.check_indices(indices)
 
         def decode(pos: int, stored: dict[str, Any]) -> None:
-            what = self.describe(idx[pos])
-            out[pos] = {f.name: f.to_user(stored[f.name], what) for f in fields}
+            try:
+                out[pos] = {f.name: f.to_user(stored[f.name], f.name) for f in fields}
+            except CorruptRecordError as exc:  # named by key, and (visit) by source file
+                raise self.corrupt(idx[pos], str(exc)) from exc
 
         self.visit(idx, decode)
         return out
@@ -180,9 +234,27 @@ class DatasetReader(ABC):
         for start in range(0, len(self), 256):
             yield from self.get_batch(range(start, min(start + 256, len(self))))
 
+    def key_of(self, index: int) -> str:
+        """The key sample ``index`` is stored under."""
+        return sample_key(index)
+
     def corrupt(self, index: int, detail: str) -> CorruptRecordError:
-        """A CorruptRecordError naming this dataset and key."""
-        return CorruptRecordError(f"{self.describe(index)}: {detail}")
+        """A CorruptRecordError naming this dataset and key (:meth:`visit` adds the source)."""
+        exc = CorruptRecordError(f"{self.describe(index)}: {detail}", dataset=self.root,
+                                 key=self.key_of(index))
+        exc.index = index  # type: ignore[attr-defined]
+        return exc
+
+    def unsafe(self, index: int, cause: Exception) -> UnsafeDataError:
+        """An UnsafeDataError naming this dataset and key: refused, never skipped."""
+        exc = UnsafeDataError(f"{self.describe(index)}: {cause}", dataset=self.root,
+                              key=self.key_of(index))
+        exc.index = index  # type: ignore[attr-defined]
+        return exc
+
+    def stray_entries(self) -> list[str]:
+        """Entries in the data files that no sample owns (``feedpipe verify`` reports them)."""
+        return []
 
     def close(self) -> None:
         """Close handles held by this process (reopened lazily on next use)."""

@@ -5,6 +5,9 @@ bytes and variable-shape arrays are variable-length uint8/dtype datasets (variab
 ``<name>__shape`` companion); labels are int64; JSON fields are UTF-8 strings. No compression by
 default (it costs decode time on the hot path); ``compression="lzf"|"gzip"`` is an option for the
 chunked datasets.
+
+Format version 2 adds ``_feedpipe.crc32`` (N × fields uint32): the crc32 of each stored
+value's bytes (a variable shape's companion row first), checked on every read.
 """
 
 from __future__ import annotations
@@ -17,12 +20,15 @@ from typing import Any, Literal, Sequence
 import h5py
 import numpy as np
 
+from ..codecs import crc32
+from ..errors import ConfigError, CorruptRecordError, UnsafeDataError
 from ..manifest import Manifest
 from ..schema import (ArrayField, BytesField, Field, ImageField, JsonField, LabelField, MaskField,
                       Schema)
-from .base import DatasetReader, DatasetWriter, Visitor
+from .base import DatasetReader, DatasetWriter, Visitor, unsafe_name
 
 FILE_NAME = "data.h5"
+CRC_NAME = "_feedpipe.crc32"  # not an identifier, so no field can be called that
 _BLOCK = 256
 Compression = Literal["lzf", "gzip"] | None
 
@@ -64,12 +70,15 @@ class Hdf5Writer(DatasetWriter):
     def __init__(self, root: Path, schema: Schema, compression: Compression = None) -> None:
         super().__init__(root, schema)
         if compression not in (None, "lzf", "gzip"):
-            raise ValueError(f"HDF5 compression {compression!r}: use None, 'lzf' or 'gzip'")
+            raise ConfigError(f"compression={compression!r}: HDF5 compression is None, 'lzf' "
+                              "or 'gzip'")
         self.compression = compression
         self._file = h5py.File(self.root / FILE_NAME, "w")
         self._block: list[list[Any]] = []
         for f in schema:
             self._create(f)
+        self._file.create_dataset(CRC_NAME, shape=(0, len(schema)), maxshape=(None, len(schema)),
+                                  chunks=(4096, len(schema)), dtype=np.uint32)
 
     def _create(self, f: Field) -> None:
         shape = _fixed_shape(f)
@@ -101,21 +110,25 @@ class Hdf5Writer(DatasetWriter):
             return
         n0 = self._file[self.schema.fields[0].name].shape[0]
         n1 = n0 + len(self._block)
+        crcs = np.zeros((len(self._block), len(self.schema)), np.uint32)
         for j, f in enumerate(self.schema):
             col = [row[j] for row in self._block]
             ds = self._file[f.name]
             ds.resize((n1, *ds.shape[1:]))
             if _fixed_shape(f) is not None:
-                ds[n0:n1] = np.stack(col)
+                block = np.stack(col)
+                ds[n0:n1] = block
+                crcs[:, j] = [crc32(row) for row in block]
             elif isinstance(f, LabelField):
-                ds[n0:n1] = np.asarray(col, dtype=np.int64)
+                labels = np.asarray(col, dtype=np.int64)
+                ds[n0:n1] = labels
+                crcs[:, j] = [crc32(labels[k: k + 1]) for k in range(len(labels))]
             elif isinstance(f, JsonField):
-                ds[n0:n1] = [json.dumps(v, ensure_ascii=False) for v in col]
+                texts = [json.dumps(v, ensure_ascii=False) for v in col]
+                ds[n0:n1] = texts
+                crcs[:, j] = [crc32(s.encode()) for s in texts]
             else:
-                # one element at a time: h5py would turn equal-length rows into a 2-D array
-                for k, v in enumerate(col):
-                    ds[n0 + k] = (np.frombuffer(bytes(v), np.uint8) if isinstance(
-                        v, (bytes, bytearray, memoryview)) else np.ravel(v))
+                shapes = None
                 if f"{f.name}__shape" in self._file:
                     sds = self._file[f"{f.name}__shape"]
                     sds.resize((n1, sds.shape[1]))
@@ -123,6 +136,15 @@ class Hdf5Writer(DatasetWriter):
                     for k, v in enumerate(col):
                         shapes[k, : np.ndim(v)] = np.shape(v)
                     sds[n0:n1] = shapes
+                # one element at a time: h5py would turn equal-length rows into a 2-D array
+                for k, v in enumerate(col):
+                    flat = np.ascontiguousarray(np.frombuffer(bytes(v), np.uint8) if isinstance(
+                        v, (bytes, bytearray, memoryview)) else np.ravel(v))
+                    ds[n0 + k] = flat
+                    crcs[k, j] = crc32(flat, 0 if shapes is None else crc32(shapes[k]))
+        cds = self._file[CRC_NAME]
+        cds.resize((n1, len(self.schema)))
+        cds[n0:n1] = crcs
         self._block.clear()
 
     def close(self) -> tuple[list[str], dict[str, Any]]:
@@ -144,10 +166,41 @@ class Hdf5Reader(DatasetReader):
         super().__init__(root, manifest)
 
     def _open(self) -> None:
-        self._file = h5py.File(self.root / FILE_NAME, "r")
-        n = self._file.attrs.get("num_samples")
+        path = self.root / FILE_NAME
+        try:
+            self._file = h5py.File(path, "r")
+            n = self._file.attrs.get("num_samples")
+            layout = {f.name: self._file[f.name].dtype for f in self.schema}
+            crc = self._file[CRC_NAME] if self.checksums else None
+        except (OSError, KeyError) as exc:  # truncated, not HDF5, or a dataset missing
+            raise CorruptRecordError(f"{path}: damaged HDF5 file ({exc}); re-convert the "
+                                     "dataset", dataset=self.root) from exc
         if n is not None and int(n) != len(self):
-            raise self.corrupt(0, f"{FILE_NAME} holds {n} samples, manifest says {len(self)}")
+            raise CorruptRecordError(f"{path}: holds {n} samples, manifest says {len(self)}",
+                                     dataset=self.root)
+        for f in self.schema:
+            self._check_dtype(f, layout[f.name], path)
+        if crc is not None and crc.shape != (len(self), len(self.schema)):
+            raise CorruptRecordError(f"{path}: {CRC_NAME} is {crc.shape}, expected "
+                                     f"{(len(self), len(self.schema))}", dataset=self.root)
+        self._col = {f.name: j for j, f in enumerate(self.schema)}
+
+    def _check_dtype(self, f: Field, dt: np.dtype, path: Path) -> None:
+        """The stored dtype is the one the schema implies: never an object, opaque or reference
+        type (h5py would hand those over as Python objects)."""
+        if isinstance(f, JsonField):
+            ok = h5py.check_string_dtype(dt) is not None
+        elif _fixed_shape(f) is not None:
+            want = np.uint8 if isinstance(f, ImageField) else f.dtype  # type: ignore[attr-defined]
+            ok = dt == np.dtype(want)
+        elif isinstance(f, LabelField):
+            ok = dt == np.int64
+        else:
+            ok = h5py.check_vlen_dtype(dt) == _vlen_base(f)
+        if not ok:
+            cls = UnsafeDataError if dt.kind in "OV" else CorruptRecordError
+            raise cls(f"{path}: dataset {f.name!r} is stored as {dt}, not what the schema's "
+                      f"{f.kind} field needs; refused", dataset=self.root)
 
     def _read(self, name: str, uniq: np.ndarray) -> Any:
         ds = self._file[name]
@@ -157,34 +210,62 @@ class Hdf5Reader(DatasetReader):
             return ds[int(uniq[0]): int(uniq[-1]) + 1]
         return ds[uniq]
 
+    def _columns(self, fields: list[Field], uniq: np.ndarray) -> tuple[dict[str, Any], ...]:
+        cols: dict[str, Any] = {}
+        shapes: dict[str, Any] = {}
+        for f in fields:
+            cols[f.name] = self._read(f.name, uniq)
+            if f"{f.name}__shape" in self._file:
+                shapes[f.name] = self._read(f"{f.name}__shape", uniq)
+        crcs = self._read(CRC_NAME, uniq) if self.checksums else None
+        return cols, shapes, crcs
+
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         idx = np.asarray(indices, dtype=np.int64)
         if not len(idx):  # an empty batch reads nothing
             return
         uniq, inverse = np.unique(idx, return_inverse=True)
-        cols: dict[str, Any] = {}
-        shapes: dict[str, Any] = {}
         try:
-            for f in fields:
-                cols[f.name] = self._read(f.name, uniq)
-                if f"{f.name}__shape" in self._file:
-                    shapes[f.name] = self._read(f"{f.name}__shape", uniq)
-        except (OSError, KeyError, ValueError) as exc:
-            raise self.corrupt(int(idx[0]), f"HDF5 read failed: {exc!r}") from exc
+            cols, shapes, crcs = self._columns(fields, uniq)
+        except (OSError, KeyError, ValueError) as exc:  # a damaged chunk: find its sample
+            bad = int(idx[0])
+            for i in uniq.tolist() if len(uniq) > 1 else ():
+                try:
+                    self._columns(fields, np.array([i]))
+                except (OSError, KeyError, ValueError):
+                    bad = i
+                    break
+            raise self.corrupt(bad, f"HDF5 read failed: {exc!r}") from exc
         for pos, (i, u) in enumerate(zip(idx.tolist(), inverse.tolist())):
             stored = {}
-            for f in fields:
-                v = cols[f.name][u]
-                if isinstance(f, LabelField):
-                    v = int(v)
-                elif isinstance(f, JsonField):
-                    v = json.loads(v)
-                elif f.name in shapes:
-                    v = v.reshape(tuple(int(d) for d in shapes[f.name][u] if d >= 0))
-                elif isinstance(f, BytesField):
-                    v = v.tobytes()
-                stored[f.name] = v
+            try:  # error context is formatted only on failure: this loop is the hot path
+                for f in fields:
+                    v = cols[f.name][u]
+                    shape = shapes[f.name][u] if f.name in shapes else None
+                    if crcs is not None:
+                        data = cols[f.name][u: u + 1] if isinstance(f, LabelField) else v
+                        crc = crc32(data, 0 if shape is None else crc32(shape))
+                        if crc != crcs[u, self._col[f.name]]:
+                            raise CorruptRecordError(f"field {f.name!r} fails its checksum")
+                    if isinstance(f, LabelField):
+                        v = int(v)
+                    elif isinstance(f, JsonField):
+                        v = json.loads(v)
+                    elif shape is not None:
+                        v = v.reshape(tuple(int(d) for d in shape if d >= 0))
+                    elif isinstance(f, BytesField):
+                        v = v.tobytes()
+                    stored[f.name] = v
+            except Exception as exc:  # a bad checksum, JSON or shape: this sample is damaged
+                raise self.corrupt(i, f"damaged record: {exc}") from exc
             fn(pos, stored)
+
+    def stray_entries(self) -> list[str]:
+        self._ensure_open()
+        known = {CRC_NAME, *(n for f in self.schema for n in (f.name, f"{f.name}__shape"))}
+        return [f"{self.root / FILE_NAME}: dataset {name!r} belongs to no field"
+                + (" (a pickle: never read)" if unsafe_name(name) else "")
+                for name in self._file if name not in known]
 
     def close(self) -> None:
         if self._file is not None and self._pid == os.getpid():

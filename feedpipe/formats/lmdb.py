@@ -9,10 +9,11 @@ from typing import Any, Sequence
 import lmdb
 
 from ..codecs import pack_record, unpack_record
-from ..errors import UnsafeDataError
+from ..errors import CorruptRecordError, UnsafeDataError
 from ..manifest import Manifest
 from ..schema import Field, Schema
-from .base import DatasetReader, DatasetWriter, Visitor, sample_key
+from .base import (KEY_DIGITS, DatasetReader, DatasetWriter, Visitor, sample_key,
+                   unsafe_name)
 
 _FLUSH_BYTES = 64 << 20
 _FLUSH_RECORDS = 2048
@@ -86,31 +87,68 @@ class LmdbReader(DatasetReader):
             _ENVS.pop(stale).close()
         env = _ENVS.get(key)
         if env is None:
-            env = _ENVS[key] = lmdb.open(str(self.root), subdir=True, readonly=True, lock=False,
-                                         readahead=self.readahead, meminit=False, max_readers=512)
+            try:
+                env = lmdb.open(str(self.root), subdir=True, readonly=True, lock=False,
+                                readahead=self.readahead, meminit=False, max_readers=512)
+            except lmdb.Error as exc:
+                raise CorruptRecordError(f"{self.root / 'data.mdb'}: not a readable LMDB "
+                                         f"environment ({exc}); the dataset is damaged: "
+                                         "re-convert it", dataset=self.root) from exc
+            info, psize = env.info(), env.stat()["psize"]
+            need = (info["last_pgno"] + 1) * psize
+            if st.st_size < need:  # reading a page past the end would kill us with SIGBUS
+                env.close()
+                raise CorruptRecordError(f"{self.root / 'data.mdb'}: truncated ({st.st_size} "
+                                         f"bytes, its pages need {need}); the dataset is "
+                                         "damaged: re-convert it", dataset=self.root)
+            _ENVS[key] = env
         self._env = env
 
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
-        nfields = len(self._fields)
+        nfields, version = len(self._fields), self.manifest.format_version
         wanted = [(self._fields.index(f), f) for f in fields]
+        check = [j for j, _ in wanted]  # crc32 of the fields read, not of the whole record
         with self._env.begin(buffers=True) as txn:
             for pos, i in enumerate(indices):
-                buf = txn.get(sample_key(i).encode())
-                if buf is None:
-                    raise self.corrupt(i, "record missing from LMDB")
                 try:  # error context is formatted only on failure: this loop is the hot path
-                    payloads = unpack_record(buf, nfields, "record")
+                    buf = txn.get(sample_key(i).encode())
+                    if buf is None:
+                        raise self.corrupt(i, "record missing from LMDB")
+                    payloads = unpack_record(buf, nfields, "record", version=version,
+                                             check=check, names=self.schema.names)
                     stored = {f.name: f.decode(payloads[j], f.name) for j, f in wanted}
                 except UnsafeDataError as exc:  # keep the type: callers refuse, not skip
-                    raise UnsafeDataError(f"{self.describe(i)}: {exc}") from exc
-                except Exception as exc:
-                    raise self.corrupt(i, f"undecodable record: {exc}") from exc
+                    raise self.unsafe(i, exc) from exc
+                except CorruptRecordError as exc:
+                    if hasattr(exc, "index"):
+                        raise
+                    raise self.corrupt(i, str(exc)) from exc
+                except Exception as exc:  # lmdb.Error: a damaged page or tree
+                    raise self.corrupt(i, f"undecodable record: {exc!r}") from exc
                 fn(pos, stored)
 
     def num_entries(self) -> int:
         """Entries actually in the environment (``feedpipe verify`` compares with the manifest)."""
         self._ensure_open()
-        return int(self._env.stat()["entries"])
+        try:
+            return int(self._env.stat()["entries"])
+        except lmdb.Error as exc:
+            raise CorruptRecordError(f"{self.root / 'data.mdb'}: damaged ({exc})",
+                                     dataset=self.root) from exc
+
+    def stray_entries(self) -> list[str]:
+        self._ensure_open()
+        n, out = len(self), []
+        try:
+            with self._env.begin() as txn:
+                for key in txn.cursor().iternext(values=False):
+                    k = bytes(key).decode("latin1")
+                    if not (len(k) == KEY_DIGITS and k.isdigit() and int(k) < n):
+                        out.append(f"{self.root} (lmdb): entry {k!r} belongs to no sample"
+                                   + (" (a pickle: never read)" if unsafe_name(k) else ""))
+        except lmdb.Error as exc:
+            out.append(f"{self.root / 'data.mdb'}: damaged B-tree ({exc})")
+        return out
 
     def close(self) -> None:
         self._env = None  # the shared handle stays open for other readers of this path

@@ -5,6 +5,9 @@ the ``webdataset`` library and DALI's ``readers.webdataset`` read the shards unc
 shards, ``index-offsets.npy`` (N×fields×[offset, size] int64), ``index-shards.npy`` (N int32) and
 ``index-keys.npy`` (N fixed-width bytes) give O(1) random access with ``os.pread``; sequential
 reading streams each tar as a chain of generators (members → samples → stored values).
+Format version 2 adds ``index-crc32.npy`` (N×fields uint32, the crc32 of each member's
+data), checked on every read, random or sequential. Members that would need unpickling
+(``.pickle``, ``.pkl``, ``.pyd``, ``.pth``) are refused, never opened.
 """
 
 from __future__ import annotations
@@ -17,20 +20,22 @@ from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import CorruptRecordError, UnsafeDataError
+from ..codecs import crc32
+from ..errors import ConfigError, CorruptRecordError, UnsafeDataError
 from ..manifest import Manifest
 from ..schema import Field, Schema
-from .base import DatasetReader, DatasetWriter, Visitor, sample_key
+from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
 
 _BAD_KEY = re.compile(r"[./\\\x00\s]")
 INDEX_FILES = ("index-offsets.npy", "index-shards.npy", "index-keys.npy")
+CRC_FILE = "index-crc32.npy"
 
 
 def check_key(key: str) -> str:
     """Reject keys that would break WebDataset grouping (dots, slashes, '..', whitespace)."""
     if not key or _BAD_KEY.search(key):
-        raise ValueError(f"WebDataset key {key!r} must be non-empty and contain no '.', '/', "
-                         "'\\', whitespace or NUL (the first '.' separates key and suffix)")
+        raise ConfigError(f"WebDataset key {key!r} must be non-empty and contain no '.', '/', "
+                          "'\\', whitespace or NUL (the first '.' separates key and suffix)")
     return key
 
 
@@ -44,13 +49,15 @@ class WdsWriter(DatasetWriter):
         super().__init__(root, schema)
         check_key(prefix)
         if shard_size <= 0 or shard_count <= 0:
-            raise ValueError("shard_size and shard_count must be positive")
+            raise ConfigError(f"shard_size={shard_size}, shard_count={shard_count}: both must be "
+                              "positive (bytes and samples per shard)")
         self.prefix, self.shard_size, self.shard_count = prefix, shard_size, shard_count
         self.shards: list[str] = []
         self._tar: BinaryIO | None = None
         self._offset = 0  # bytes written to the open shard
         self._in_shard = 0
         self._offsets: list[list[tuple[int, int]]] = []
+        self._crcs: list[list[int]] = []
         self._shard_of: list[int] = []
         self._keys: list[bytes] = []
         self._next_key: str | None = None
@@ -97,6 +104,7 @@ class WdsWriter(DatasetWriter):
             spans.append((self._offset + _BLOCK, len(data)))
             self._offset += _BLOCK + len(data) + pad
         self._offsets.append(spans)
+        self._crcs.append([crc32(p) for p in payloads])
         self._shard_of.append(len(self.shards) - 1)
         self._keys.append(key.encode())
         self._in_shard += 1
@@ -112,7 +120,9 @@ class WdsWriter(DatasetWriter):
         np.save(self.root / INDEX_FILES[1], np.asarray(self._shard_of, np.int32), allow_pickle=False)
         np.save(self.root / INDEX_FILES[2], np.asarray(self._keys, dtype="S").reshape(-1)
                 if self._keys else np.zeros(0, "S1"), allow_pickle=False)
-        return [*self.shards, *INDEX_FILES], {"shards": list(self.shards)}
+        np.save(self.root / CRC_FILE, np.asarray(self._crcs, np.uint32).reshape(-1, nf),
+                allow_pickle=False)
+        return [*self.shards, *INDEX_FILES, CRC_FILE], {"shards": list(self.shards)}
 
 
 _BLOCK, _RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
@@ -125,10 +135,10 @@ def ustar_header(name: str, size: int) -> bytes:
     time for WebDataset."""
     raw = name.encode(tarfile.ENCODING, "surrogateescape")
     if len(raw) > 100:
-        raise ValueError(f"WebDataset member {name}: name is too long (ustar names hold at most "
+        raise ConfigError(f"WebDataset member {name}: name is too long (ustar names hold at most "
                          "100 bytes)")
     if not 0 <= size < 8 ** 11:
-        raise ValueError(f"WebDataset member {name}: {size} bytes do not fit a ustar member")
+        raise ConfigError(f"WebDataset member {name}: {size} bytes do not fit a ustar member")
     head = b"%s0000444\x000000000\x000000000\x00%011o\x0000000000000\x00        %s" % (
         raw.ljust(100, b"\x00"), size, _USTAR_TAIL)
     return b"%s%06o\x00 %s" % (head[:148], sum(head), head[156:])
@@ -144,16 +154,45 @@ class WdsReader(DatasetReader):
         super().__init__(root, manifest)
         self.shards: list[str] = list(self.manifest.extra.get("shards", []))
         load = lambda name: np.load(self.root / name, mmap_mode="r", allow_pickle=False)  # noqa: E731
-        self._offsets, self._shard_of, self._keys = (load(n) for n in INDEX_FILES)
+        try:
+            self._offsets, self._shard_of, self._keys = (load(n) for n in INDEX_FILES)
+            self._crc = load(CRC_FILE) if self.checksums else None
+        except (OSError, ValueError) as exc:  # missing, cut short, or not plain npy
+            raise CorruptRecordError(f"{self.root}: damaged WebDataset index ({exc}); re-convert "
+                                     "the dataset", dataset=self.root) from exc
+        nf = len(self.schema)
+        if len(self._offsets) != len(self) or len(self._shard_of) != len(self) \
+                or len(self._keys) != len(self) or self._offsets.shape[1:] != (nf, 2) \
+                or (self._crc is not None and self._crc.shape != (len(self), nf)):
+            raise CorruptRecordError(f"{self.root}: index has {len(self._offsets)} entries of "
+                                     f"{self._offsets.shape[1:]}, manifest says {len(self)} "
+                                     f"samples of {nf} fields", dataset=self.root)
         self.check_root()  # the index came from the manifest's directory
-        if len(self._offsets) != len(self) or len(self._shard_of) != len(self):
-            raise CorruptRecordError(f"{self.root}: index has {len(self._offsets)} entries, "
-                                     f"manifest says {len(self)}")
+        self._check_index()
         self._fields = list(self.schema)
+
+    def _check_index(self) -> None:
+        """Shard numbers in range and in order, member spans inside their shard's recorded size:
+        a damaged index is refused before it can send a read astray."""
+        sizes = {f.name: f.size for f in self.manifest.files}
+        limit = np.asarray([sizes.get(s, 0) for s in self.shards] or [0], np.int64)
+        sh = np.asarray(self._shard_of, np.int64)
+        off = np.asarray(self._offsets, np.int64)
+        ok = not len(sh) or (
+            0 <= sh.min() and sh.max() < len(self.shards) and bool((np.diff(sh) >= 0).all())
+            and off.min() >= 0 and bool(((off[..., 0] + off[..., 1]).max(axis=1)
+                                         <= limit[sh]).all()))
+        if not ok:
+            raise CorruptRecordError(f"{self.root}: the WebDataset index points outside its "
+                                     "shards; it is damaged: re-convert the dataset",
+                                     dataset=self.root)
 
     def key(self, index: int) -> str:
         """The sample's WebDataset key (``__key__``)."""
-        return self._keys[index].decode()
+        return self._keys[index].decode("utf-8", "backslashreplace")  # a damaged index still names
+
+    def key_of(self, index: int) -> str:
+        return self.key(index)
 
     def describe(self, index: int) -> str:
         shard = self.shards[int(self._shard_of[index])]
@@ -182,28 +221,54 @@ class WdsReader(DatasetReader):
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         cols = [self._fields.index(f) for f in fields]
         for pos, i in enumerate(indices):
-            fd = self._fd(int(self._shard_of[i]))
+            try:
+                fd = self._fd(int(self._shard_of[i]))
+            except OSError as exc:  # a missing or unreadable shard: name the sample
+                raise self.corrupt(i, f"cannot open its shard: {exc}") from exc
             stored = {}
             spans = self._offsets[i].tolist()
-            for f, (off, size) in zip(fields, (spans[c] for c in cols)):
+            crcs = self._crc[i].tolist() if self._crc is not None else None
+            for f, c in zip(fields, cols):
+                off, size = spans[c]
                 data = os.pread(fd, size, off)
                 if len(data) != size:
                     raise self.corrupt(i, f"member {f.wds_suffix} truncated "
                                           f"({len(data)} of {size} bytes)")
+                if crcs is not None and crc32(data) != crcs[c]:
+                    raise self.corrupt(i, f"member {f.wds_suffix} fails its checksum")
                 try:
                     stored[f.name] = f.decode(data, f.wds_suffix)
                 except UnsafeDataError as exc:  # keep the type: callers refuse, not skip
-                    raise UnsafeDataError(f"{self.describe(i)}: {exc}") from exc
+                    raise self.unsafe(i, exc) from exc
                 except Exception as exc:
                     raise self.corrupt(i, f"undecodable member: {exc}") from exc
             fn(pos, stored)
 
     def iter_shard(self, shard: int) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Stream one shard sequentially: ``(key, stored values)`` in tar order."""
+        """Stream one shard sequentially: ``(key, stored values)`` in tar order, each sample
+        checked against the index (its key and, version 2, its members' crc32)."""
         path = self.root / self.shards[shard]
+        r = self.shard_ranges()[shard]
+        names = [f.wds_suffix for f in self.schema]
+        i = r.start
         with open(path, "rb") as fh:
             self.check_root()
-            yield from decode_samples(group_by_key(tar_members(fh, path)), self.schema, path)
+            for key, group in group_by_key(tar_members(fh, path), path):
+                if i >= r.stop or key != self.key(i):
+                    want = self.key(i) if i < r.stop else "the end of the shard"
+                    raise CorruptRecordError(f"{path} key {key}: found where the index has "
+                                             f"{want}; the shard is damaged", dataset=self.root,
+                                             key=key)
+                crcs = self._crc[i].tolist() if self._crc is not None else None
+                for c, suffix in enumerate(names):
+                    if crcs is not None and suffix in group \
+                            and crc32(group[suffix]) != crcs[c]:
+                        raise self.located(self.corrupt(i, f"member {suffix} fails its "
+                                                           "checksum"))
+                yield from decode_samples(iter([(key, group)]), self.schema, path)
+                i += 1
+        if i != r.stop:
+            raise self.corrupt(i, f"{path} ends after {i - r.start} of {len(r)} samples")
 
     def close(self) -> None:
         if self._fds and self._pid == os.getpid():
@@ -214,23 +279,35 @@ class WdsReader(DatasetReader):
 
 
 def tar_members(fh: BinaryIO, path: Path) -> Iterator[tuple[str, bytes]]:
-    """Yield ``(member name, data)`` for the regular files of a tar stream."""
+    """Yield ``(member name, data)`` for the regular files of a tar stream; a damaged header or
+    a cut-short member is a CorruptRecordError naming the last good member."""
+    last = "the first member"
     try:
         with tarfile.open(fileobj=fh, mode="r|") as tar:
             for info in tar:
                 if info.isfile():
                     data = tar.extractfile(info)
-                    yield info.name, data.read() if data else b""
-    except tarfile.TarError as exc:
-        raise CorruptRecordError(f"{path}: damaged tar shard: {exc}") from exc
+                    content = data.read() if data else b""
+                    if len(content) != info.size:
+                        raise tarfile.ReadError(f"member {info.name} is cut short "
+                                                f"({len(content)} of {info.size} bytes)")
+                    yield info.name, content
+                    last = f"member {info.name}"
+    except (tarfile.TarError, EOFError, UnicodeError, ValueError, OverflowError) as exc:
+        raise CorruptRecordError(f"{path}: damaged tar shard after {last}: {exc}") from exc
 
 
-def group_by_key(members: Iterator[tuple[str, bytes]]) -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Group consecutive members sharing a key (the name before the first '.')."""
+def group_by_key(members: Iterator[tuple[str, bytes]],
+                 path: Path | str = "shard") -> Iterator[tuple[str, dict[str, bytes]]]:
+    """Group consecutive members sharing a key (the name before the first '.'); a member
+    that would need unpickling is an UnsafeDataError, never opened."""
     key, group = None, {}
     for name, data in members:
         base = name.rsplit("/", 1)[-1]
         k, _, suffix = base.partition(".")
+        if unsafe_name(base):
+            raise UnsafeDataError(f"{path} key {k}: member {name} would need unpickling; "
+                                  "feedpipe never executes stored data", key=k)
         if k != key and group:
             yield key, group  # type: ignore[misc]
             group = {}

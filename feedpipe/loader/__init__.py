@@ -48,6 +48,7 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
     world = options.pop("world", None) or World.detect()
     cfg = LoaderConfig(batch_size=batch_size, **options)
     reader = source if isinstance(source, DatasetReader) else open_dataset(source)
+    reader.require_samples("make_loader")
     device = _device(cfg.device)
     fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
     decodes = any(isinstance(reader.schema[n], ImageField) and reader.schema[n].codec != "raw"

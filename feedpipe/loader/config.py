@@ -56,6 +56,7 @@ class LoaderConfig:
     multiprocessing_context: str | None = None
     shuffle_buffer: int = 1000
     on_error: OnError = "raise"
+    max_pixels: int | None = None  # None: the dataset's recorded limit, else DEFAULT_MAX_PIXELS
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -114,6 +115,10 @@ class LoaderConfig:
             bad(f"on_error={self.on_error!r}: use 'raise' or 'skip' (count and refill)")
         if self.shuffle_buffer < 1:
             bad(f"shuffle_buffer={self.shuffle_buffer}: use a positive sample count")
+        if self.max_pixels is not None and (not isinstance(self.max_pixels, int)
+                                            or self.max_pixels < 1):
+            bad(f"max_pixels={self.max_pixels!r}: use a positive pixel count (width x height) "
+                "or None for the dataset's own limit")
         if self.fields is not None:
             object.__setattr__(self, "fields", tuple(self.fields))
         ctx = self.multiprocessing_context

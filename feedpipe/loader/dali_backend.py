@@ -19,7 +19,7 @@ from typing import Any, Iterator, Literal
 import numpy as np
 import torch
 
-from ..errors import ConfigError, CorruptRecordError, FeedpipeError
+from ..errors import ConfigError, CorruptRecordError, FeedpipeError, LoaderError
 from ..formats import DatasetReader
 from ..formats.wds import WdsReader
 from ..formats.wds_index import DaliIndex
@@ -119,8 +119,8 @@ class DaliLoader(EpochPosition):
 
     def _check_state(self, state: dict[str, Any]) -> None:
         if state.get("dali_reader", "plan") != self.cfg.dali_reader:
-            raise ValueError(f"state was saved with dali_reader={state.get('dali_reader')!r}, "
-                             f"whose order differs from this loader's {self.cfg.dali_reader!r}")
+            raise ConfigError(f"state was saved with dali_reader={state.get('dali_reader')!r}, "
+                              f"whose order differs from this loader's {self.cfg.dali_reader!r}")
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """One epoch from its first batch (or, once, from where ``load_state_dict`` says)."""
@@ -132,8 +132,8 @@ class DaliLoader(EpochPosition):
                 out = next(it)[0]
             except StopIteration:
                 self._close()
-                raise RuntimeError(f"DALI ended epoch {epoch} after {number} of {count} "
-                                   "batches") from None
+                raise LoaderError(f"DALI ended epoch {epoch} after {number} of {count} "
+                                  "batches") from None
             except Exception as exc:
                 self._close()
                 err = self._explain(exc, epoch, number)
@@ -147,7 +147,7 @@ class DaliLoader(EpochPosition):
         try:
             next(it)  # DALI's end of epoch (our source's StopIteration) lets reset() go on
             self._close()
-            raise RuntimeError(f"DALI produced more than the {count} batches of epoch {epoch}")
+            raise LoaderError(f"DALI produced more than the {count} batches of epoch {epoch}")
         except StopIteration:
             self._ended = True
         self._epoch, self._consumed = epoch + 1, 0
@@ -291,8 +291,8 @@ class DaliWdsLoader(DaliLoader):
         super().load_state_dict(state)
         cp = state.get("dali_checkpoint")
         if self._consumed and cp is None:
-            raise ValueError("a mid-epoch state of dali_reader='webdataset' needs its "
-                             "'dali_checkpoint'; save it with this loader's state_dict()")
+            raise ConfigError("a mid-epoch state of dali_reader='webdataset' needs its "
+                              "'dali_checkpoint'; save it with this loader's state_dict()")
         self._resume = base64.b64decode(cp) if self._consumed else None
         self._close()
 
@@ -304,8 +304,8 @@ class DaliWdsLoader(DaliLoader):
 
         checkpoint = self._resume if start else None
         if start and checkpoint is None:
-            raise ValueError(f"cannot start epoch {epoch} at batch {start} without a DALI "
-                             "checkpoint (load_state_dict with one)")
+            raise ConfigError(f"cannot start epoch {epoch} at batch {start} without a DALI "
+                              "checkpoint (load_state_dict with one)")
         self._resume = None
         w = self.world.size
         args = dict(paths=[str(self.reader.root / s) for s in self.reader.shards],

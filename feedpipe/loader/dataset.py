@@ -8,7 +8,7 @@ tensors, never as per-sample Python objects.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,12 +19,14 @@ from ..formats import DatasetReader
 from ..schema import ArrayField, Field, ImageField, LabelField, MaskField, TargetField, \
     decode_mask_png
 from ..codecs import jpeg_complete, jpeg_info
+from ..imaging import DEFAULT_MAX_PIXELS
 from ..sharding import rng_for
 from .device_decode import EncodedBatch
 from .transforms import Geometry, ImageOp
 
 log = logging.getLogger(__name__)
 SKIPPED_KEY = "_feedpipe_skipped"
+FALLBACK_KEY = "_feedpipe_fallback"  # records whose JPEG only Pillow could decode
 _MAX_REFILL = 16
 
 
@@ -79,7 +81,11 @@ class BatchDataset(torch.utils.data.Dataset):
     """Reads, decodes and collates whole batches (``__getitems__``) from a format reader."""
 
     def __init__(self, reader: DatasetReader, fields: Sequence[str], op: ImageOp, *, seed: int,
-                 on_error: str, encoded_images: bool = False) -> None:
+                 on_error: str, encoded_images: bool = False,
+                 max_pixels: int | None = None) -> None:
+        # the pixel limit: the caller's, else the one the converter recorded, else the default
+        limit = max_pixels or reader.manifest.conversion.get("max_pixels") or DEFAULT_MAX_PIXELS
+        op = replace(op, max_pixels=int(limit))
         self.reader, self.op, self.seed, self.on_error = reader, op, seed, on_error
         # decode on the device: images leave the worker still encoded (see device_decode.py)
         self.encoded_images = encoded_images
@@ -123,7 +129,7 @@ class BatchDataset(torch.utils.data.Dataset):
         self.names = [c.field.name for c in self.columns]
         # shared-memory output ring (set by the torch backend when workers run): reusing these
         # pages avoids faulting in a fresh shared-memory segment for every batch
-        self.slots: dict[str, torch.Tensor] = {}
+        self.slots: dict[str, list[torch.Tensor]] = {}
 
     def __len__(self) -> int:
         return len(self.reader)
@@ -139,11 +145,12 @@ class BatchDataset(torch.utils.data.Dataset):
             if col.shape is None:
                 out[col.field.name] = [None] * n
             elif req.slot >= 0 and col.field.name in self.slots:
-                out[col.field.name] = self.slots[col.field.name][req.slot, :n]
+                out[col.field.name] = self.slots[col.field.name][req.slot][:n]
             else:
                 out[col.field.name] = torch.from_numpy(np.empty((n, *col.shape), col.dtype))
         views = {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
         rng = rng_for(self.seed, req.epoch, req.rank, req.number) if self.op.random else None
+        fallbacks: dict[int, str] = {}  # by batch position: a retried or refilled one replaces
 
         def fill(pos: int, stored: dict[str, Any], index: int) -> None:
             geo: Geometry | None = None
@@ -156,6 +163,8 @@ class BatchDataset(torch.utils.data.Dataset):
                         out[name][pos] = (np.frombuffer(data, np.uint8), geo, index)
                     elif isinstance(f, ImageField):
                         geo = self.op.apply(stored[name], f.codec, views[name][pos], rng, name)
+                        if geo.fallback:
+                            fallbacks[pos] = self.reader.describe(index)
                     elif isinstance(f, MaskField):
                         m = stored[name]
                         m = decode_mask_png(m, name) if f.codec == "png" else m
@@ -170,8 +179,7 @@ class BatchDataset(torch.utils.data.Dataset):
                     else:
                         out[name][pos] = f.to_user(stored[name], name)
                 except Exception as exc:
-                    raise CorruptRecordError(f"{self.reader.describe(index)}: cannot decode "
-                                             f"{name}: {exc}") from exc
+                    raise self.reader.corrupt(index, f"cannot decode {name}: {exc}") from exc
 
         skipped: list[str] = []
         if self.on_error == "raise":
@@ -192,6 +200,8 @@ class BatchDataset(torch.utils.data.Dataset):
                     out[name] = SlotRef(req.slot, n)
         if skipped:
             out[SKIPPED_KEY] = skipped
+        if fallbacks:
+            out[FALLBACK_KEY] = list(fallbacks.values())
         return out
 
     def _plan_encoded(self, data: bytes, rng: np.random.Generator | None, what: str) -> Geometry:
@@ -203,6 +213,7 @@ class BatchDataset(torch.utils.data.Dataset):
         if not jpeg_complete(data):
             raise ValueError(f"{what}: truncated JPEG (no end-of-image marker)")
         w, h = info[:2]
+        self.op.check_pixels(h, w, what)
         size = self.op.size
         if self.op.crop == "none" and size is not None and (h, w) != tuple(size):
             raise ValueError(f"{what}: image is {w}x{h}, batch is {size[1]}x{size[0]}; pass "
@@ -212,26 +223,29 @@ class BatchDataset(torch.utils.data.Dataset):
     def _fill_skipping(self, req: BatchRequest, fill: Any, skipped: list[str]) -> None:
         """on_error="skip": replace each corrupt sample by a seeded substitute, keeping the size."""
         bad: list[int] = []
+        errors: list[CorruptRecordError] = []
 
         def guarded(pos: int, stored: dict[str, Any]) -> None:
             try:
                 fill(pos, stored, req[pos])
             except CorruptRecordError as exc:
                 bad.append(pos)
-                skipped.append(str(exc))
+                errors.append(exc)
 
         try:
             self.reader.visit(req, guarded, self.names)
         except CorruptRecordError:  # the read itself failed: go sample by sample
             bad.clear()
-            skipped.clear()
+            errors.clear()
             for pos in range(len(req)):
                 try:
                     self.reader.visit([req[pos]], lambda _, stored, p=pos: guarded(p, stored),
                                       self.names)
                 except CorruptRecordError as exc:
                     bad.append(pos)
-                    skipped.append(str(exc))
+                    errors.append(exc)
+        # named by key and source file, read after the batch's transaction has ended
+        skipped += [str(self.reader.located(exc)) for exc in errors]
         rng = rng_for(self.seed, req.epoch, req.rank, req.number, 1)
         for pos in bad:
             for _ in range(_MAX_REFILL):

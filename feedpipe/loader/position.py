@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import ConfigError
 from ..sharding import World
 from .config import LoaderConfig
 
@@ -42,9 +43,9 @@ class EpochPosition:
         """Make the next iteration continue exactly after the last batch the saved loader
         yielded (later iterations start their epoch from the first batch again)."""
         if state.get("seed") != self.cfg.seed or state.get("world_size") != self.world.size:
-            raise ValueError(f"state is for seed={state.get('seed')}, world_size="
-                             f"{state.get('world_size')}; this loader has seed={self.cfg.seed}, "
-                             f"world_size={self.world.size}")
+            raise ConfigError(f"state is for seed={state.get('seed')}, world_size="
+                              f"{state.get('world_size')}; this loader has seed="
+                              f"{self.cfg.seed}, world_size={self.world.size}")
         self._check_state(state)
         self._epoch, self._consumed = int(state["epoch"]), int(state["batches"])
         self._resume_at = self._consumed

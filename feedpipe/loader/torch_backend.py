@@ -12,17 +12,18 @@ import os
 import shutil
 import warnings
 from collections import deque
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from ..errors import ConfigError
 from ..formats import DatasetReader
 from ..formats.wds import WdsReader
 from ..sharding import World, plan_batches, rank_streams
 from .config import LoaderConfig
-from .dataset import SKIPPED_KEY, BatchDataset, BatchRequest, SlotRef
+from .dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, BatchRequest, SlotRef
 from .device_decode import DeviceDecoder, EncodedBatch
 from .position import EpochPosition
 from .protocol import LoaderView
@@ -32,6 +33,16 @@ log = logging.getLogger("feedpipe.loader")
 
 
 SLOT_KEY = "_feedpipe_slot"
+_LEND_MIN_BYTES = 1 << 12  # smaller ring columns are copied out, so keeping them pins no slot
+
+
+def _use_count(t: torch.Tensor) -> int:
+    """References to ``t``'s storage (tensors, views, numpy arrays over it) in this process."""
+    return _STORAGE_USE_COUNT(t.untyped_storage()._cdata)
+
+
+# torch's own storage reference count (torch._C); without it slots are never lent, only copied
+_STORAGE_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)
 
 
 class SlotRing:
@@ -40,23 +51,38 @@ class SlotRing:
     A fresh shared-memory segment per batch costs ~8 ms of page faults for 64×224² images on the
     2-core reference machine (~12% of a worker's time); reusing a small ring removes that. The main
     process owns the ring: the sampler hands a free slot to each request, and the device stage
-    releases it once the batch has been copied out (pinned/device memory, or a new tensor).
+    either releases it once the batch has been copied out (pinned/device memory, or a converted
+    tensor), or *lends* it: the batch handed to the caller is the slot itself (no copy), and the
+    slot returns to the ring only once nothing in this process refers to it any more (its storage's
+    reference count is back to the ring's own), so a batch the caller keeps is never overwritten.
+    Each slot has its own storage so that count is per slot.
     """
 
     def __init__(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]], count: int) -> None:
         self.count = count
-        self.tensors = {name: torch.from_numpy(np.empty((count, *shape), dtype)).share_memory_()
+        self.tensors = {name: [torch.from_numpy(np.empty(shape, dtype)).share_memory_()
+                               for _ in range(count)]
                         for name, (shape, dtype) in shapes.items()}
         self._free: deque[int] = deque(range(count))
+        self._lent: list[int] = []
+        self._base = [self._refs(i) for i in range(count)]
 
     @staticmethod
     def slots(workers: int, prefetch: int) -> int:
-        """Ring size: the prefetched batches, plus the one being copied out and the one in use."""
+        """Ring size: the prefetched batches, plus the one being handed out and the one in use."""
         return workers * prefetch + 2
 
     @staticmethod
     def nbytes(shapes: dict[str, tuple[tuple[int, ...], np.dtype]], count: int) -> int:
         return count * sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes.values())
+
+    @staticmethod
+    def can_lend() -> bool:
+        return _STORAGE_USE_COUNT is not None
+
+    def _refs(self, slot: int) -> int:
+        return sum(_use_count(t[slot]) for t in self.tensors.values()) \
+            if self.can_lend() else 0
 
     def acquire(self) -> int:
         """A free slot, or -1 when all are in flight (the worker then allocates a fresh buffer)."""
@@ -65,12 +91,25 @@ class SlotRing:
     def release(self, slot: int) -> None:
         self._free.append(slot)
 
+    def lend(self, slot: int) -> None:
+        """The slot's tensors were handed to the caller; :meth:`reclaim` takes it back later."""
+        self._lent.append(slot)
+
+    def reclaim(self) -> None:
+        """Return the lent slots nothing refers to any more (the caller let go of the batch)."""
+        if self._lent:
+            kept = [s for s in self._lent if self._refs(s) > self._base[s]]
+            self._free.extend(s for s in self._lent if s not in kept)
+            self._lent = kept
+
     def reset(self) -> None:
-        """Start of an iteration: nothing from an abandoned one is in flight any more."""
-        self._free = deque(range(self.count))
+        """Start of an iteration: nothing from an abandoned one is in flight any more (slots the
+        caller still holds stay lent)."""
+        self.reclaim()
+        self._free = deque(s for s in range(self.count) if s not in self._lent)
 
     def view(self, name: str, ref: SlotRef) -> torch.Tensor:
-        return self.tensors[name][ref.index, : ref.rows]
+        return self.tensors[name][ref.index][: ref.rows]
 
 
 class PlanSampler(Sampler[BatchRequest]):
@@ -123,11 +162,14 @@ class DeviceStage:
         self.cfg, self.device = cfg, device
         self.image_fields: tuple[str, ...] = ()
         self.float_fields: tuple[str, ...] = ()  # targets resampled as values: float32 out
-        self.release: Callable[[int], None] = lambda slot: None
+        self.ring: SlotRing | None = None  # set when workers fill a shared-memory ring
         self.decoder: DeviceDecoder | None = None  # set when JPEGs are decoded on the device
+        self.fallbacks: list[str] = []  # records whose JPEG only Pillow could decode
         self.size: tuple[int, int] | None = cfg.size
         self.dtype = getattr(torch, cfg.dtype)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # with workers on a CPU device, conversions run on one thread: the workers own the cores
+        self.threads = 1 if device.type == "cpu" and cfg.num_workers else None
         self._mean = self._std = None
         if cfg.mean is not None and cfg.dtype != "uint8":
             self._mean = torch.tensor(cfg.mean, device=device).mul(255).view(1, 3, 1, 1)
@@ -136,38 +178,47 @@ class DeviceStage:
     def convert(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Copy (non_blocking from pinned memory) and convert one batch; runs on self.stream.
 
-        Ring-slot tensors are copied out first (into cached pinned memory for CUDA, into a new
-        tensor on CPU unless the conversion makes one anyway) so the slot can be recycled right
-        away. Float targets become float32; masks arrive as batched (uint8, or int32 for uint16
+        Ring-slot tensors are copied out first into cached pinned memory for CUDA, so the slot is
+        recycled at once. On CPU a conversion (normalizing, float targets) reads the slot directly
+        and releases it; a field that needs no conversion is handed out *as the slot itself* (no
+        copy): the slot goes back to the ring only once nothing refers to it (see SlotRing), so
+        keeping batches is safe, and a caller that lets go of each batch gets the ring's speed.
+        Float targets become float32; masks arrive as batched (uint8, or int32 for uint16
         masks: call ``.long()`` for ``cross_entropy``, as with DALI or torchvision).
         """
         slot = batch.pop(SLOT_KEY, -1)
+        fallbacks = batch.pop(FALLBACK_KEY, None)
+        if fallbacks:
+            self.fallbacks.extend(fallbacks)
+        ring = self.ring if slot >= 0 else None
+        lend = False
         out = {}
         for k, v in batch.items():
             if isinstance(v, EncodedBatch):
                 v = self._image(self.decoder(v, self.size))  # type: ignore[misc,arg-type]
             elif isinstance(v, torch.Tensor):
-                if slot >= 0 and k in self.ring_fields:
+                if ring is not None and k in ring.tensors:
                     if self.device.type == "cuda":
                         v = v.pin_memory()
                     elif not self._converts(k, v):
-                        v = v.clone()
+                        if ring.can_lend() and v.nbytes >= _LEND_MIN_BYTES:
+                            lend = True
+                        else:  # labels and other small columns: a copy costs less than a slot
+                            v = v.clone()
                 v = v.to(self.device, non_blocking=True)
                 if k in self.image_fields:
                     v = self._image(v)
                 elif k in self.float_fields:
                     v = v.float()
             out[k] = v
-        if slot >= 0:
-            self.release(slot)
+        if ring is not None:
+            ring.lend(slot) if lend else ring.release(slot)
         return out
-
-    ring_fields: tuple[str, ...] = ()
 
     def _converts(self, name: str, v: torch.Tensor) -> bool:
         """Whether converting ``name`` on this device already yields a new tensor."""
         if name in self.image_fields:
-            return self.cfg.dtype != "uint8"
+            return self.cfg.dtype != "uint8" or not self.cfg.channels_last
         return name in self.float_fields and v.dtype != torch.float32
 
     def _image(self, x: torch.Tensor) -> torch.Tensor:
@@ -184,8 +235,23 @@ class DeviceStage:
 
     def __call__(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         if self.stream is None:
-            for b in batches:
-                yield self.convert(b)
+            it = iter(batches)
+            while True:
+                if self.ring is not None:  # before the DataLoader asks the sampler for a slot
+                    self.ring.reclaim()
+                b = next(it, None)
+                if b is None:
+                    return
+                if self.threads is None:
+                    yield self.convert(b)
+                    continue
+                before = torch.get_num_threads()
+                torch.set_num_threads(self.threads)
+                try:
+                    converted = self.convert(b)
+                finally:
+                    torch.set_num_threads(before)
+                yield converted
             return
         current = torch.cuda.current_stream(self.device)
         pending = None
@@ -211,12 +277,13 @@ class TorchLoader(EpochPosition):
                  device: torch.device, decoder: DeviceDecoder | None = None) -> None:
         fields = cfg.fields or tuple(n for n in ("image", "label") if n in reader.schema)
         if not fields:
-            raise ValueError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
-                             f"from {reader.schema.names}")
+            raise ConfigError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
+                              f"from {reader.schema.names}")
         self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
         op = ImageOp(cfg.size, cfg.crop, cfg.scale, cfg.ratio, cfg.flip)
         self.dataset = BatchDataset(reader, fields, op, seed=cfg.seed, on_error=cfg.on_error,
-                                    encoded_images=decoder is not None)
+                                    encoded_images=decoder is not None,
+                                    max_pixels=cfg.max_pixels)
         self.sampler = PlanSampler(reader, cfg, world)
         self.stage = DeviceStage(cfg, device)
         if decoder is not None:
@@ -262,8 +329,9 @@ class TorchLoader(EpochPosition):
                              if c.shape is not None and c.dtype is not None))
 
     def _attach_ring(self, cfg: LoaderConfig) -> None:
+        # every stacked column, labels included: a batch then crosses as slot numbers only
         shapes = {c.field.name: ((cfg.batch_size, *c.shape), c.dtype) for c in self.dataset.columns
-                  if (c.field.kind == "image" or c.spatial) and c.shape is not None}
+                  if c.shape is not None and c.dtype is not None}
         count = SlotRing.slots(int(cfg.num_workers), int(cfg.prefetch_factor))
         need = SlotRing.nbytes(shapes, count)
         try:
@@ -278,8 +346,12 @@ class TorchLoader(EpochPosition):
         self.ring = SlotRing(shapes, count)
         self.dataset.slots = self.ring.tensors
         self.sampler.ring = self.ring
-        self.stage.release = self.ring.release
-        self.stage.ring_fields = tuple(shapes)
+        self.stage.ring = self.ring
+
+    @property
+    def decoder_fallbacks(self) -> list[str]:
+        """Records (described by name) whose JPEG simplejpeg refused and Pillow decoded."""
+        return self.stage.fallbacks
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""

@@ -101,7 +101,7 @@ def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[i
     """
     n = len(waits)
     if warmup < 1 or n - warmup < windows:
-        raise ValueError(f"need {warmup} warm-up + {windows} batches to measure, got {n}")
+        raise ConfigError(f"need {warmup} warm-up + {windows} batches to measure, got {n}")
     arrivals, t = [], 0.0
     for i, wait in enumerate(waits):
         t += wait
@@ -263,6 +263,7 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
     depths = PREFETCH_DEPTHS if fixed == "auto" else (fixed,)
     max_workers = budget_cpus or auto_workers(True)  # this rank's share of the usable cores
     reader = source if isinstance(source, DatasetReader) else open_dataset(source)
+    reader.require_samples("autotune")
     settings = {"budget_cpus": max_workers, "budget_ram": budget_ram, "depths": depths,
                 "tolerance": tolerance, "trial_batches": trial_batches, "repeats": repeats,
                 "options": {k: v for k, v in loader_options.items() if k != "world"}}

@@ -24,18 +24,22 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add the ``tune`` subcommand to the ``feedpipe`` CLI's subparsers."""
+    from ..cli import hw_size, size_arg
+
     t = sub.add_parser("tune", help="measure num_workers/prefetch for a dataset and cache the "
                        "choice (make_loader(..., num_workers='tune') then starts tuned)")
     t.add_argument("path", help="a packed dataset directory")
     t.add_argument("--batch-size", type=int, required=True)
-    t.add_argument("--size", type=int, help="output side in pixels (as make_loader's size=)")
+    t.add_argument("--size", type=hw_size, help="output size: N (square) or HxW, e.g. 96x128 "
+                   "(as make_loader's size=)")
     t.add_argument("--crop", default="center_crop",
                    choices=["resize", "center_crop", "random_resized_crop", "none"])
     t.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16",
                                                           "uint8"])
     t.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     t.add_argument("--budget-cpus", type=int, help="most workers to try (default: usable cores)")
-    t.add_argument("--budget-ram", help="most bytes of batches the loader may hold, e.g. 2G")
+    t.add_argument("--budget-ram", type=size_arg,
+                   help="most bytes of batches the loader may hold, e.g. 2G")
     t.add_argument("--trial-batches", type=int, default=24, help="batches timed per trial")
     t.add_argument("--tolerance", type=float, default=0.05,
                    help="take the cheapest configuration within this fraction of the best")

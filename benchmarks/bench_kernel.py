@@ -1,0 +1,251 @@
+"""feedpipe's hot path against the bare decode kernel, side by side in one run (issue 13).
+
+For ~500×375 and ≥1280 px photos × centre / random-resized crop, on the same files: the bare
+kernel (``simplejpeg.decode_jpeg`` + crop + torch's antialiased uint8 bilinear resize + copy into
+a batch slot; one process, and one process per core at once = the parallel ceiling) against
+``make_loader`` from LMDB, WebDataset and HDF5, in-process and with 2 workers; plus raw uint8
+data in-process against workers. The kernel is timed twice: at full decode size (the issue's
+definition) and at the DCT scale feedpipe picks for the same crop (the same work feedpipe does).
+Every configuration of a group runs in interleaved rounds (benchmarks/harness.py), so ratios
+hold on a busy machine. 224² uint8 output, batch 64, one epoch per round.
+
+    python benchmarks/bench_kernel.py [--images 512] [--large-images 256] [--rounds 5]
+                                      [--data bench-data] [--json results/kernel.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import psutil
+import simplejpeg
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import drain, machine, measure_side_by_side, save  # noqa: E402
+
+import feedpipe  # noqa: E402
+from converters import convert  # noqa: E402
+from converters.synth import make_photos  # noqa: E402
+from feedpipe.loader.transforms import ImageOp  # noqa: E402
+
+SIZE, BATCH, WORKERS = 224, 64, 2
+PHOTOS = {"500x375": (500, 375), "1280x853": (1280, 853)}
+FORMATS = ("lmdb", "wds", "hdf5")
+
+
+def plan(blobs: list[bytes], crop: str, seed: int = 0) -> list[tuple[int, int, int, int, int]]:
+    """Per file: the crop box (feedpipe's own box policy, seeded) and the DCT factor feedpipe's
+    current margin picks for it — fixed up front so the kernel times only decode/crop/resize."""
+    op, rng = ImageOp((SIZE, SIZE), crop), np.random.default_rng(seed)  # type: ignore[arg-type]
+    out = []
+    for b in blobs:
+        h, w = simplejpeg.decode_jpeg_header(b)[:2]
+        top, left, ch, cw = op.box(h, w, rng)
+        out.append((top, left, ch, cw, op._dct_factor(ch, cw, (SIZE, SIZE))))
+    return out
+
+
+def kernel_one(blob: bytes, box: tuple[int, ...], scaled: bool) -> torch.Tensor:
+    """The bare kernel on one file: decode (full size, or at the planned 1/f when ``scaled``),
+    crop, channels-last antialiased uint8 resize; returns the 224² image as H×W×3 (a view)."""
+    top, left, ch, cw, f = box
+    f = f if scaled else 1
+    if f > 1:  # min_factor alone does not scale: the minimum size must allow it too
+        h, w = simplejpeg.decode_jpeg_header(blob)[:2]
+        img = simplejpeg.decode_jpeg(blob, colorspace="RGB", min_factor=f,
+                                     min_height=-(-h // f), min_width=-(-w // f))
+    else:
+        img = simplejpeg.decode_jpeg(blob, colorspace="RGB")
+    top, left = top // f, left // f  # the box snapped to the scaled grid, as feedpipe does
+    x = torch.from_numpy(img[top: top + ch // f, left: left + cw // f])
+    x = x.permute(2, 0, 1).unsqueeze(0).contiguous(memory_format=torch.channels_last)
+    y = F.interpolate(x, size=(SIZE, SIZE), mode="bilinear", antialias=True, align_corners=False)
+    return y[0].permute(1, 2, 0)
+
+
+def kernel(blobs: list[bytes], boxes: list[tuple[int, ...]], scaled: bool) -> int:
+    """:func:`kernel_one` over every file, each copied into a slot of one HWC batch."""
+    batch = torch.empty((BATCH, SIZE, SIZE, 3), dtype=torch.uint8)
+    for i, (b, box) in enumerate(zip(blobs, boxes)):
+        batch[i % BATCH].copy_(kernel_one(b, box, scaled))
+    return len(blobs)
+
+
+_STATE: dict[str, object] = {}
+
+
+def _init(blobs: list[bytes], boxes: list[tuple[int, ...]]) -> None:
+    torch.set_num_threads(1)
+    _STATE.update(blobs=blobs, boxes=boxes)
+
+
+def _pool_kernel(scaled: bool) -> int:
+    return kernel(_STATE["blobs"], _STATE["boxes"], scaled)  # type: ignore[arg-type]
+
+
+def _cpu() -> tuple[float, float]:
+    """CPU seconds of this process, and of it plus all its live children (workers, pool)."""
+    me = psutil.Process()
+    own = sum(me.cpu_times()[:2])
+    kids = 0.0
+    for p in me.children(recursive=True):
+        try:
+            kids += sum(p.cpu_times()[:2])
+        except psutil.Error:  # exited meanwhile
+            pass
+    return own, own + kids
+
+
+class Timed:
+    """Wraps a run to also record CPU seconds per item: the main process's, and all processes'
+    (main + workers / pool). On a loaded machine wall-clock rates move with the neighbours'
+    load; CPU per image is what the configuration itself costs."""
+
+    def __init__(self, run: Callable[[], int]) -> None:
+        self.run, self.cpu, self.tree, self.items = run, 0.0, 0.0, 0
+
+    def __call__(self) -> int:
+        own0, tree0 = _cpu()
+        n = self.run()
+        own1, tree1 = _cpu()
+        self.cpu += own1 - own0
+        self.tree += tree1 - tree0
+        self.items += n
+        return n
+
+
+def packed(data: Path, label: str, n: int, store: str = "passthrough") -> dict[str, Path]:
+    """The photos and their LMDB / WebDataset / HDF5 packings (made once, reused)."""
+    photos = data / f"kernel-photos-{label}-{n}"
+    if not photos.exists():
+        print(f"generating {n} photos ({label}) in {photos}", flush=True)
+        make_photos(photos, n, size=PHOTOS[label], classes=7, seed=1)
+    out = {"photos": photos}
+    for fmt in FORMATS if store == "passthrough" else ("lmdb",):
+        dst = data / f"kernel-{fmt}-{store}-{label}-{n}"
+        if not dst.exists():
+            convert(photos, dst, to=fmt, store=store, workers=0,
+                    resize=SIZE if store == "raw" else None,
+                    writer_options={"shard_size": 32 << 20} if fmt == "wds" else None)
+        out[fmt] = dst
+    return out
+
+
+def loader(path: Path, crop: str, workers: int) -> object:
+    return feedpipe.make_loader(path, BATCH, size=SIZE, crop=crop, dtype="uint8", device="cpu",
+                                num_workers=workers, seed=0)
+
+
+def group(name: str, runs: dict[str, Callable[[], int]], rounds: int) -> dict[str, dict]:
+    print(f"\n{name}:", flush=True)
+    timed = {k: Timed(v) for k, v in runs.items()}
+    results = measure_side_by_side(timed, repeats=rounds)  # type: ignore[arg-type]
+    return {r.name: {"rate": r.rate, "seconds": r.seconds, "items": r.items,
+                     "main_cpu_ms_per_image": 1e3 * timed[r.name].cpu / timed[r.name].items,
+                     "cpu_ms_per_image": 1e3 * timed[r.name].tree / timed[r.name].items}
+            for r in results}
+
+
+def photo_group(data: Path, label: str, n: int, crop: str, rounds: int) -> dict[str, dict]:
+    paths = packed(data, label, n)
+    blobs = [p.read_bytes() for p in sorted(paths["photos"].rglob("*.jpg"))]
+    boxes = plan(blobs, crop)
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(WORKERS, initializer=_init, initargs=(blobs, boxes)) as pool:
+        runs: dict[str, Callable[[], int]] = {
+            "kernel full-decode 1p": lambda: kernel(blobs, boxes, False),
+            "kernel 1p": lambda: kernel(blobs, boxes, True),
+            f"kernel {WORKERS}p": lambda: sum(pool.map(_pool_kernel, [True] * WORKERS)),
+        }
+        loaders = {}
+        for fmt in FORMATS:
+            for w in (0, WORKERS):
+                ld = loaders[f"{fmt} w{w}"] = loader(paths[fmt], crop, w)
+                runs[f"feedpipe {fmt} workers={w}"] = lambda ld=ld: drain(ld)
+        res = group(f"{label} photos, {crop}, {n} images", runs, rounds)
+        del loaders
+    return res
+
+
+def raw_group(data: Path, n: int, rounds: int) -> dict[str, dict]:
+    paths = packed(data, "500x375", n, store="raw")
+    runs = {f"raw lmdb workers={w}": (lambda ld=loader(paths["lmdb"], "center_crop", w):
+                                      drain(ld)) for w in (0, WORKERS)}
+    auto = feedpipe.make_loader(paths["lmdb"], BATCH, size=SIZE, dtype="uint8", device="cpu")
+    res = group(f"raw uint8 LMDB (stored {SIZE}px), {n} images", runs, rounds)
+    res["auto_workers"] = {"num_workers": auto.cfg.num_workers}  # type: ignore[attr-defined]
+    return res
+
+
+def ratios(res: dict[str, dict]) -> dict[str, float]:
+    """In-process: CPU per image over the kernel's (and wall-clock rate ratio); workers: rate
+    over the 2-process ceiling's, by wall clock and by CPU per image (all processes)."""
+    k1, kf, kp = (res[f"kernel {s}"] for s in ("1p", "full-decode 1p", f"{WORKERS}p"))
+    out = {}
+    for name, r in res.items():
+        if name.startswith("feedpipe") and name.endswith("workers=0"):
+            out[f"{name}: CPU/img vs kernel"] = r["cpu_ms_per_image"] / k1["cpu_ms_per_image"]
+            out[f"{name}: CPU/img vs full-decode kernel"] = \
+                r["cpu_ms_per_image"] / kf["cpu_ms_per_image"]
+            out[f"{name}: wall cost vs kernel"] = k1["rate"] / r["rate"]
+        elif name.startswith("feedpipe"):
+            out[f"{name}: wall share of {WORKERS}p ceiling"] = r["rate"] / kp["rate"]
+            out[f"{name}: CPU share of {WORKERS}p ceiling"] = \
+                kp["cpu_ms_per_image"] / r["cpu_ms_per_image"]
+    return out
+
+
+def raw_ratios(res: dict[str, dict]) -> dict[str, float]:
+    w0, w2 = res["raw lmdb workers=0"], res[f"raw lmdb workers={WORKERS}"]
+    return {f"raw lmdb workers={WORKERS}: in-process rate / workers rate": w0["rate"] / w2["rate"],
+            f"raw lmdb workers={WORKERS}: CPU/img vs in-process":
+                w2["cpu_ms_per_image"] / w0["cpu_ms_per_image"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--images", type=int, default=512, help="~500x375 photos")
+    ap.add_argument("--large-images", type=int, default=256, help="1280x853 photos")
+    ap.add_argument("--raw-images", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--data", type=Path, default=Path("bench-data"))
+    ap.add_argument("--json", type=Path, default=Path("benchmarks/results/kernel.json"))
+    args = ap.parse_args()
+    torch.set_num_threads(1)  # the bare kernel's setting; feedpipe must not need more
+    m = machine()
+    print(f"machine: {m['cpu']}, {m['usable_cores']} usable cores, torch {m['torch']}, "
+          f"simplejpeg {m['simplejpeg']}; {SIZE}² uint8, batch {BATCH}", flush=True)
+    groups: dict[str, dict] = {}
+    for label, n in (("500x375", args.images), ("1280x853", args.large_images)):
+        for crop in ("center_crop", "random_resized_crop"):
+            groups[f"{label} {crop}"] = photo_group(args.data, label, n, crop, args.rounds)
+    groups["raw"] = raw_group(args.data, args.raw_images, args.rounds)
+
+    print("\n| group | configuration | images/s | CPU ms/img (all processes) | main CPU ms/img | "
+          "ratios |\n|---|---|---|---|---|---|")
+    table = {}
+    for g, res in groups.items():
+        rat = ratios(res) if g != "raw" else raw_ratios(res)
+        table[g] = rat
+        for name, r in res.items():
+            if "rate" not in r:
+                continue
+            rs = [f"{k.split(': ')[1]} {v:.2f}" for k, v in rat.items() if k.startswith(name + ":")]
+            print(f"| {g} | {name} | {r['rate']:,.0f} | {r['cpu_ms_per_image']:.3f} | "
+                  f"{r['main_cpu_ms_per_image']:.3f} | {'; '.join(rs)} |")
+    print(f"load average during the run (1/5/15 min): {psutil.getloadavg()}")
+    print(f"\nraw: num_workers='auto' picks {groups['raw']['auto_workers']['num_workers']}")
+    save(args.json, [], {"groups": groups, "ratios": table, "args": {
+        k: str(v) for k, v in vars(args).items()}, "size": SIZE, "batch": BATCH})
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Import-only package for ``torchvision.transforms.functional``."""

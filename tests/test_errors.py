@@ -1,0 +1,176 @@
+"""Typed errors: what a user can act on is a FeedpipeError naming dataset, file and key; the CLI
+shows those as one line (exit 2) in its own terms, keeps tracebacks for bugs, and refuses empty
+datasets at once instead of spinning."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import zlib
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+import feedpipe
+from feedpipe import cli
+from feedpipe.errors import (ConfigError, CorruptRecordError, EmptyDatasetError, FeedpipeError,
+                             MissingFieldError)
+from feedpipe.formats import WRITERS
+from feedpipe.formats.hdf5 import CRC_NAME
+from feedpipe.formats.wds import check_key
+from feedpipe.manifest import FileEntry, Manifest
+from feedpipe.schema import ImageField, JsonField, LabelField, Schema
+from feedpipe.sharding import World, plan_batches
+
+from fp_helpers import CLI, cli_main, jpeg_bytes, run_cli
+
+SCHEMA = Schema((ImageField("image"), LabelField("label"), JsonField("path")))
+U8 = dict(dtype="uint8", mean=None, std=None, device="cpu")
+
+
+def pack(fmt: str, root: Path, n: int, skipped: int = 0) -> Path:
+    """A dataset of ``n`` small JPEGs (``img<i>.jpg``), written through the real writer."""
+    w = WRITERS[fmt](root, SCHEMA)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        img = rng.integers(0, 255, (24 + i % 3, 32, 3), np.uint8)
+        w.write({"image": jpeg_bytes(img), "label": i, "path": f"src/img{i}.jpg"})
+    files, extra = w.close()
+    gone = tuple({"path": f"gone/{k:05d}.jpg", "reason": "not an image"} for k in range(skipped))
+    Manifest(fmt, n, SCHEMA, ("a",), tuple(FileEntry.of(root, f) for f in files), {}, gone,
+             extra).write(root)
+    return root
+
+
+# --- the classes -----------------------------------------------------------------------------
+
+def test_library_errors_are_typed_and_keep_their_builtin(tmp_path):
+    with pytest.raises(ConfigError, match="rank 3 of 2") as exc:
+        World(3, 2)
+    assert isinstance(exc.value, ValueError)
+    with pytest.raises(EmptyDatasetError, match="no samples to pad"):
+        plan_batches([np.arange(4), np.zeros(0, np.int64)], 1, 2, drop_last=False, uneven="pad")
+    with pytest.raises(ConfigError, match="must be non-empty"):
+        check_key("a.b")
+    with pytest.raises(ConfigError, match="compression"):
+        WRITERS["hdf5"](tmp_path / "h", SCHEMA, compression="zstd")
+    w = WRITERS["lmdb"](tmp_path / "l", SCHEMA)
+    with pytest.raises(MissingFieldError) as missing:
+        w.write({"image": b"x", "label": 0})
+    assert isinstance(missing.value, KeyError) and missing.value.key == "000000000"
+    assert str(missing.value).startswith("sample 0 lacks fields ['path']")  # no KeyError quotes
+    w.close()
+    ld = feedpipe.make_loader(pack("lmdb", tmp_path / "ds", 8), 4, size=16, **U8)
+    with pytest.raises(ConfigError, match="seed"):
+        ld.load_state_dict({**ld.state_dict(), "seed": 5})
+
+
+@pytest.mark.parametrize("fmt", ["hdf5"])
+def test_bad_json_record_is_a_corrupt_record_under_both_policies(tmp_path, fmt):
+    root = pack(fmt, tmp_path / "ds", 16)
+    with h5py.File(root / "data.h5", "r+") as f:  # a damaged record whose checksum matches
+        f["path"][5] = "{not json"
+        f[CRC_NAME][5, 2] = zlib.crc32(b"{not json")
+    kw = dict(size=16, shuffle=False, num_workers=0, fields=("image", "label", "path"), **U8)
+    with pytest.raises(CorruptRecordError, match="key 000000005") as exc:
+        list(feedpipe.make_loader(root, 4, **kw))
+    assert exc.value.key == "000000005"
+    ld = feedpipe.make_loader(root, 4, on_error="skip", **kw)
+    with pytest.warns(UserWarning, match="skipped 1 corrupt"):
+        labels = [int(v) for b in ld for v in b["label"]]
+    assert len(labels) == 16 and 5 not in labels
+    assert "key 000000005" in ld.skipped[0]
+
+
+# --- the CLI ---------------------------------------------------------------------------------
+
+def test_user_errors_are_one_line_and_bugs_keep_their_traceback(tmp_path, capsys, monkeypatch):
+    (tmp_path / "plain").mkdir()
+    rc, out, err = cli_main(capsys, "info", tmp_path / "plain")
+    assert rc == 2 and err.count("\n") == 1 and "feedpipe info: error:" in err
+    assert "Traceback" not in err
+    rc, _, err = cli_main(capsys, "info", tmp_path / "nowhere")  # an OS error about a path
+    assert rc == 2 and "nowhere" in err and "Traceback" not in err
+    rc, _, err = cli_main(capsys, "--debug", "info", tmp_path / "plain")
+    assert rc == 2 and "Traceback" in err and "IncompleteDatasetError" in err
+
+    def buggy(args: object) -> int:
+        raise ValueError("a bug, not the user's mistake")
+
+    monkeypatch.setattr(cli, "cmd_info", buggy)
+    with pytest.raises(ValueError, match="a bug"):  # not turned into "error: ..." and exit 2
+        cli.main(["info", str(tmp_path / "plain")])
+
+
+def test_cli_messages_name_flags_not_python(tmp_path, capsys):
+    root = pack("lmdb", tmp_path / "ds", 8)  # images of varying size
+    rc, _, err = cli_main(capsys, "tune", root, "--batch-size", "4", "--no-cache",
+                          "--device", "cpu")
+    assert rc == 2 and "--size HxW" in err and "size=" not in err, err
+    rc, _, err = cli_main(capsys, "tune", root, "--batch-size", "0", "--size", "16")
+    assert rc == 2 and "--batch-size 0" in err and "batch_size=" not in err, err
+    rc, _, err = cli_main(capsys, "bench", root, "--batches", "1")
+    assert rc == 2 and "--batches 1:" in err and "batches=" not in err, err
+    rc, _, err = cli_main(capsys, "doctor", root, "--batches", "1")
+    assert rc == 2 and "--batches 1:" in err and "batches=" not in err, err
+    assert cli.hw_size("96x128") == (96, 128) and cli.hw_size("224") == 224
+    with pytest.raises(SystemExit):  # argparse names the flag itself
+        cli_main(capsys, "tune", root, "--batch-size", "4", "--size", "0x9")
+    assert "argument --size" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # was a bare ValueError from float('abc') after parsing
+        cli_main(capsys, "convert", tmp_path, "--to", "wds", "-o", tmp_path / "o",
+                 "--shard-size", "abc")
+    assert "argument --shard-size: 'abc' is not a size" in capsys.readouterr().err
+
+
+def test_closed_stdout_pipe_ends_quietly(tmp_path):
+    root = pack("lmdb", tmp_path / "ds", 2, skipped=4000)  # info --json prints > 64 KiB
+    cmd = " ".join([*CLI, "info", "--json", str(root)]) + " | head -n 2"
+    proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.stdout.splitlines()[0] == "{"
+    assert "Traceback" not in proc.stderr and "BrokenPipeError" not in proc.stderr, proc.stderr
+    assert proc.returncode == 141  # 128 + SIGPIPE from the writer, through pipefail
+
+
+# --- empty datasets --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "wds"])
+def test_empty_dataset_is_refused_by_the_library(tmp_path, fmt):
+    root = pack(fmt, tmp_path / fmt, 0)
+    with pytest.raises(EmptyDatasetError, match="0 samples"):
+        feedpipe.make_loader(root, 4, size=16, **U8)
+    from feedpipe.tune import autotune
+
+    with pytest.raises(EmptyDatasetError, match="0 samples"):
+        autotune(root, 4, cache=False, size=16, **U8)
+
+
+@pytest.mark.parametrize("command, fmt", [("bench", "lmdb"), ("doctor", "hdf5"),
+                                          ("tune", "wds")])
+def test_empty_dataset_is_refused_by_every_tool_at_once(tmp_path, command, fmt):
+    root = pack(fmt, tmp_path / fmt, 0)
+    args = {"bench": ["--batches", "3"], "doctor": [], "tune": ["--batch-size", "4"]}[command]
+    proc = run_cli(command, root, *args, timeout=90)  # it used to spin at 100% CPU forever
+    assert proc.returncode == 2, proc.stderr
+    assert "0 samples" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_bench_refuses_a_loader_that_yields_no_batch():
+    from feedpipe.bench import _stream
+
+    with pytest.raises(EmptyDatasetError, match="no batch"):
+        next(_stream([], batches=5, epochs=None))
+
+
+def test_every_feedpipe_error_names_where(tmp_path):
+    root = pack("lmdb", tmp_path / "ds", 4)
+    ds = feedpipe.open_dataset(root)
+    exc = ds.corrupt(2, "example")
+    assert isinstance(exc, FeedpipeError) and exc.key == "000000002" and exc.dataset == root
+    located = ds.located(exc)
+    assert located.file == "src/img2.jpg" and "src/img2.jpg" in str(located)
+    assert json.loads((root / "feedpipe.json").read_text())["format_version"] == 2
+    assert ConfigError("size=3: x").option == "size"

@@ -1,0 +1,197 @@
+"""The decode hot path (issue 13): per-image decoder fallback, the pixel limit, "mixed" fields,
+the DCT-downscale margin's fidelity, and the zero-copy ring slots handed out on CPU."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import simplejpeg
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+import feedpipe
+from converters import convert
+from converters.synth import make_photos
+from feedpipe.errors import BadInputError, CorruptRecordError
+from feedpipe.loader.transforms import DCT_MARGIN, ImageOp
+
+U8 = dict(dtype="uint8", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def refused_dir(tmp_path_factory) -> Path:
+    """An ImageFolder tree of photos plus one 4:1:0 JPEG that simplejpeg refuses."""
+    root = make_photos(tmp_path_factory.mktemp("refused") / "src", 12, size=(96, 72), classes=2,
+                       seed=4)
+    data = (Path(__file__).parent / "data" / "odd-sampling" / "s410.jpg").read_bytes()  # cjpeg's
+    with pytest.raises(ValueError):
+        simplejpeg.decode_jpeg_header(data)  # the premise: the fast decoder refuses it
+    (root / "astronaut" / "zz_410.jpg").write_bytes(data)
+    return root
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_refused_jpeg_falls_back_to_pillow_and_is_counted(tmp_path, refused_dir, workers):
+    out = tmp_path / "ds"
+    convert(refused_dir, out, to="lmdb", workers=0)
+    ds = feedpipe.open_dataset(out)
+    key = next(i for i in range(len(ds)) if ds.read_raw(i)["path"].endswith("zz_410.jpg"))
+    ld = feedpipe.make_loader(out, 4, size=32, shuffle=False, num_workers=workers,
+                              fields=["image", "label", "path"], **U8)
+    batches = list(ld)
+    assert sum(len(b["label"]) for b in batches) == len(ds)
+    assert len(ld.decoder_fallbacks) == 1 and ds.describe(key) == ld.decoder_fallbacks[0]
+    img = torch.cat([b["image"] for b in batches])[key].permute(1, 2, 0).numpy()
+    ref = np.empty_like(img)
+    with Image.open(io.BytesIO(ds.read_raw(key)["image"])) as im:
+        ImageOp((32, 32)).apply(np.asarray(im.convert("RGB")), "raw", ref, None, "ref")
+    assert np.abs(img.astype(int) - ref).max() <= 1
+
+
+def test_no_decoder_reads_it_is_corrupt():
+    bad = b"\xff\xd8\xff\xe0" + b"\x00\x10JFIF" + bytes(200)
+    with pytest.raises(BadInputError, match="cannot decode image"):
+        ImageOp((16, 16)).apply(bad, "jpeg", np.empty((16, 16, 3), np.uint8), None, "image")
+
+
+def test_pixel_limit_refuses_before_decoding(tmp_path, photo_dir):
+    out = tmp_path / "ds"
+    convert(photo_dir, out, to="lmdb", workers=0)
+    with pytest.raises(CorruptRecordError, match="max_pixels=1,000"):
+        next(iter(feedpipe.make_loader(out, 4, size=16, max_pixels=1000, num_workers=0, **U8)))
+    # the limit the converter recorded in the manifest applies when the caller sets none
+    manifest = out / "feedpipe.json"
+    doc = json.loads(manifest.read_text())
+    doc.setdefault("conversion", {})["max_pixels"] = 2000
+    manifest.write_text(json.dumps(doc))
+    with pytest.raises(CorruptRecordError, match="max_pixels=2,000"):
+        next(iter(feedpipe.make_loader(out, 4, size=16, num_workers=0, **U8)))
+    assert len(next(iter(feedpipe.make_loader(out, 4, size=16, num_workers=0,
+                                              max_pixels=10**6, **U8)))["image"]) == 4
+
+
+def test_pixel_limit_on_a_huge_header_never_allocates():
+    """A 65500×65500 JPEG header (4.3 gigapixels) over a few bytes: refused from the header."""
+    data = bytearray(_tiny_jpeg())
+    sof = data.index(b"\xff\xc0")
+    data[sof + 5: sof + 9] = (65500).to_bytes(2, "big") * 2
+    with pytest.raises(BadInputError, match="max_pixels"):
+        ImageOp((16, 16)).apply(bytes(data), "jpeg", np.empty((16, 16, 3), np.uint8), None, "x")
+
+
+def _tiny_jpeg() -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(buf, "JPEG")
+    return buf.getvalue()
+
+
+def test_mixed_field_routes_by_magic_bytes():
+    rng = np.random.default_rng(0)
+    arr = (rng.random((40, 60, 3)) * 255).astype(np.uint8)
+    png, jpg = io.BytesIO(), io.BytesIO()
+    Image.fromarray(arr).save(png, "PNG")
+    Image.fromarray(arr).save(jpg, "JPEG", quality=95)
+    op = ImageOp((20, 20))
+    for data, codec in ((png.getvalue(), "png"), (jpg.getvalue(), "jpeg")):
+        a, b = np.empty((20, 20, 3), np.uint8), np.empty((20, 20, 3), np.uint8)
+        op.apply(data, "mixed", a, None, "x")
+        op.apply(data, codec, b, None, "x")
+        assert np.array_equal(a, b)
+    exact = np.empty((40, 60, 3), np.uint8)
+    ImageOp((40, 60), "none").apply(png.getvalue(), "mixed", exact, None, "x")
+    assert np.array_equal(exact, arr)  # the PNG went through a lossless decoder
+
+
+def test_dct_margin_scales_common_large_crops():
+    """A 1280×853 photo centre-cropped to 224 decodes at 1/2 (the old 2× margin never scaled)."""
+    assert ImageOp._dct_factor(853, 853, (224, 224)) == 2
+    assert ImageOp._dct_factor(853, 853, (224, 224), margin=2.0) == 1
+    assert ImageOp._dct_factor(400, 400, (224, 224)) == 1  # never below 1.5× the output
+
+
+def test_dct_downscale_error_against_float_reference(tmp_path):
+    """The documented tolerance (see ImageOp._dct_factor): at DCT_MARGIN, 1280-px photos to 224
+    stay within 0.5 level on average of a float64 resize of the full-resolution decode."""
+    root = make_photos(tmp_path / "big", 6, size=(1280, 853), classes=3, seed=2)
+    op = ImageOp((224, 224), "center_crop")
+    out = np.empty((224, 224, 3), np.uint8)
+    errs = []
+    for p in sorted(root.rglob("*.jpg")):
+        data = p.read_bytes()
+        geo = op.apply(data, "jpeg", out, None, "x")
+        assert geo.height < 1000 and DCT_MARGIN == 1.5
+        full = simplejpeg.decode_jpeg(data, colorspace="RGB")
+        box = full[geo.top: geo.top + geo.height, geo.left: geo.left + geo.width]
+        x = torch.from_numpy(np.ascontiguousarray(box)).permute(2, 0, 1)[None].double()
+        ref = F.interpolate(x, size=(224, 224), mode="bilinear", antialias=True)[0]
+        errs.append(np.abs(out.astype(np.float64) - ref.permute(1, 2, 0).numpy()).mean())
+    assert max(errs) <= 0.5, errs
+
+
+def test_bench_kernel_does_the_same_work(tmp_path):
+    """benchmarks/bench_kernel.py's bare kernel decodes at the DCT scale feedpipe picks and cuts
+    the same box: its pixels equal feedpipe's (a fair baseline, not a cheaper or dearer one)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_kernel
+
+    root = make_photos(tmp_path / "big", 3, size=(1280, 853), classes=1, seed=3)
+    blobs = [p.read_bytes() for p in sorted(root.rglob("*.jpg"))]
+    out = np.empty((224, 224, 3), np.uint8)
+    for blob, box in zip(blobs, bench_kernel.plan(blobs, "center_crop")):
+        assert box[4] == 2
+        ImageOp((224, 224)).apply(blob, "jpeg", out, None, "x")
+        assert np.array_equal(bench_kernel.kernel_one(blob, box, True).numpy(), out)
+
+
+def _ring_ptrs(ld) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in ld.ring.tensors["image"]}
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_cpu_batches_are_the_ring_slots_and_slots_come_back(packed, context):
+    """uint8 on CPU with workers: each batch is handed out as its ring slot (no copy), and a
+    caller that lets go of each batch gets every slot back."""
+    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2,
+                              multiprocessing_context=context, **U8)
+    ptrs, n = _ring_ptrs(ld), 0
+    for batch in ld:
+        assert batch["image"].untyped_storage().data_ptr() in ptrs
+        n += 1
+    del batch
+    assert n == len(ld)
+    ld.ring.reclaim()
+    assert sorted(ld.ring._free) == list(range(ld.ring.count)) and not ld.ring._lent
+
+
+def test_kept_batches_are_never_overwritten(packed):
+    """Holding batches (or views of them) keeps their slots out of the ring: every kept batch
+    still holds its own pixels at the end of the epoch, as with workers=0."""
+    kw = dict(size=32, seed=1, crop="random_resized_crop", flip=True, **U8)
+    ref = [b["image"].clone() for b in feedpipe.make_loader(packed["lmdb"], 8, num_workers=0,
+                                                            **kw)]
+    ld = feedpipe.make_loader(packed["lmdb"], 8, num_workers=2, **kw)
+    views, copies = [], []
+    for batch in ld:
+        views.append(batch["image"][1:])  # a view only: the batch dict itself is dropped
+        copies.append(batch["image"][1:].clone())
+    for a, b, r in zip(views, copies, ref):
+        assert torch.equal(a, b) and torch.equal(a, r[1:])
+    views.clear()
+    del batch, a  # the loop variables were the last references
+    ld.ring.reclaim()
+    assert not ld.ring._lent  # released once the caller let go
+
+
+def test_main_process_threads_restored(packed):
+    before = torch.get_num_threads()
+    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2, device="cpu")
+    assert ld.stage.threads == 1
+    for _ in ld:
+        pass
+    assert torch.get_num_threads() == before
