@@ -54,16 +54,18 @@ def tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in files_of(folder))
 
 
-def cli(src: Path, fmt: str, out: Path, n: int, extra: list[str], code: str | None = None):
+def cli(src: Path, fmt: str, out: Path, n: int, extra: list[str], code: Path | None = None):
     """A run of the real CLI (a fresh process each time) converting ``src`` to ``out``, with
     feedpipe imported from ``code`` (a checkout) when given."""
-    cmd = [sys.executable, "-m", "feedpipe.cli", "convert", str(src), "--to", fmt, "-o", str(out),
-           "--store", "passthrough", "-q", *extra]
-    env = {**os.environ, "PYTHONPATH": str(code)} if code else None
+    cmd = [sys.executable, "-m", "feedpipe.cli", "convert", str(src.resolve()), "--to", fmt,
+           "-o", str(out.resolve()), "--store", "passthrough", "-q", *extra]
+    # ``python -m`` puts the working directory first on sys.path: run in the checkout itself
+    env = {**os.environ, "PYTHONPATH": str(code.resolve())} if code else None
+    cwd = code.resolve() if code else None
 
     def run() -> int:
         shutil.rmtree(out, ignore_errors=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=cwd)
         return n
 
     return run
