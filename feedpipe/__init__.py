@@ -21,7 +21,12 @@ _EXPORTS = {
     "LabelField": "schema", "Schema": "schema",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ArrayField", "BadInputError", "BytesField", "ConfigError", "CorruptRecordError",
+    "DatasetReader", "FeedpipeError", "ImageField", "IncompleteDatasetError", "JsonField",
+    "LabelField", "LoaderConfig", "Manifest", "ManifestError", "Schema", "UnsafeDataError",
+    "make_loader", "open_dataset",
+]
 
 if TYPE_CHECKING:
     from .errors import (BadInputError, ConfigError, CorruptRecordError, FeedpipeError,
