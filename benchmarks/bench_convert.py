@@ -10,6 +10,7 @@ and, as the ceiling, two bare loops over the same files: open+read every file, a
 the same bytes into one file (fsync'd once at the end, as the LMDB writer and the manifest are).
 
     python benchmarks/bench_convert.py [--images 20000] [--size 500x375] [--rounds 3]
+                                       [--baseline /path/to/other/checkout]
 
 The generated photos are cached in ``--data`` (``photos-<N>-<W>x<H>``), so reruns reuse them.
 """
@@ -53,14 +54,18 @@ def tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in files_of(folder))
 
 
-def cli(src: Path, fmt: str, out: Path, n: int, extra: list[str]):
-    """A run of the real CLI (a fresh process each time) converting ``src`` to ``out``."""
-    cmd = [sys.executable, "-m", "feedpipe.cli", "convert", str(src), "--to", fmt, "-o", str(out),
-           "--store", "passthrough", "-q", *extra]
+def cli(src: Path, fmt: str, out: Path, n: int, extra: list[str], code: Path | None = None):
+    """A run of the real CLI (a fresh process each time) converting ``src`` to ``out``, with
+    feedpipe imported from ``code`` (a checkout) when given."""
+    cmd = [sys.executable, "-m", "feedpipe.cli", "convert", str(src.resolve()), "--to", fmt,
+           "-o", str(out.resolve()), "--store", "passthrough", "-q", *extra]
+    # ``python -m`` puts the working directory first on sys.path: run in the checkout itself
+    env = {**os.environ, "PYTHONPATH": str(code.resolve())} if code else None
+    cwd = code.resolve() if code else None
 
     def run() -> int:
         shutil.rmtree(out, ignore_errors=True)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=cwd)
         return n
 
     return run
@@ -96,6 +101,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     ap.add_argument("--cli-args", default="", help="extra convert options, e.g. '--workers 2'")
+    ap.add_argument("--baseline", type=Path, help="another checkout (e.g. main) whose CLI runs in "
+                    "the same rounds, for a before/after ratio from one run")
     ap.add_argument("--data", type=Path, default=Path("bench-data"))
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/convert.json"))
     args = ap.parse_args()
@@ -110,17 +117,23 @@ def main() -> None:
     outs = {fmt: args.data / f"convert-{fmt}" for fmt in args.formats}
     for fmt, out in outs.items():
         runs[f"CLI convert --to {fmt}"] = cli(src, fmt, out, len(files), args.cli_args.split())
+        if args.baseline:
+            runs[f"baseline CLI convert --to {fmt}"] = cli(
+                src, fmt, args.data / f"convert-baseline-{fmt}", len(files),
+                args.cli_args.split(), args.baseline)
     results = measure_side_by_side(runs, repeats=args.rounds)
     (args.data / "ceiling.bin").unlink(missing_ok=True)
     ratios = {fmt: tree_bytes(out) / bytes_in for fmt, out in outs.items()}
     for r in results:
         fmt = r.name.rsplit(" ", 1)[-1]
-        if fmt in ratios:
+        if fmt in ratios and not r.name.startswith("baseline"):
             r.note = f"output {ratios[fmt]:.3f}x input bytes"
             print(f"  {fmt:<5} output/input size {ratios[fmt]:.3f}")
     save(args.json, results, {"size_ratio": ratios, "images": len(files), "photo_size": [w, h],
                               "bytes_in": bytes_in, "rounds": args.rounds,
-                              "cli_args": args.cli_args, "command": " ".join(sys.argv)})
+                              "cli_args": args.cli_args,
+                              "baseline": str(args.baseline) if args.baseline else None,
+                              "command": " ".join(sys.argv)})
 
 
 if __name__ == "__main__":

@@ -33,7 +33,12 @@ _EXPORTS = {  # public name -> the module (under feedpipe) that defines it
     "autotune": "tools.tune", "find_batch_size": "tools.tune",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "ArrayField", "BadInputError", "BytesField", "ConfigError", "CorruptRecordError",
+    "DatasetReader", "FeedpipeError", "ImageField", "IncompleteDatasetError", "JsonField",
+    "LabelField", "LoaderConfig", "Manifest", "ManifestError", "Schema", "UnsafeDataError",
+    "make_loader", "open_dataset",
+]
 
 if TYPE_CHECKING:
     from .dataset.manifest import Manifest

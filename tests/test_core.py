@@ -208,3 +208,4 @@ def test_import_and_convert_cli_do_not_import_torch(tmp_path, photos):
     assert run.returncode == 0, run.stderr
     with pytest.raises(AttributeError):
         feedpipe.no_such_name  # noqa: B018
+    assert all(getattr(feedpipe, name) is not None for name in feedpipe.__all__)

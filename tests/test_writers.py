@@ -240,3 +240,17 @@ def test_lmdb_writer_grows_for_one_huge_record(tmp_path):
     Manifest("lmdb", 1, schema, (), tuple(FileEntry.of(root, f) for f in files), {}, (),
              extra).write(root)
     assert feedpipe.open_dataset(root)[0]["blob"] == big
+
+
+def test_equal_length_variable_rows_in_one_block(tmp_path, fmt):
+    # the HDF5 writer stores a block of variable-length rows in one call: rows that happen to
+    # have the same length (and rank) must stay separate rows, not become one 2-D array
+    schema = Schema((BytesField("blob"), ArrayField("mask", "uint8", (None, None))))
+    rows = [{"blob": bytes([i % 256]) * 5, "mask": np.full((2, 3), i % 256, np.uint8)}
+            for i in range(300)]
+    ds = feedpipe.open_dataset(write_dataset(fmt, tmp_path / fmt, rows, schema))
+    assert len(ds) == 300
+    for i in (0, 255, 256, 299):
+        assert ds[i]["blob"] == bytes([i % 256]) * 5
+        assert_exact(ds[i]["mask"], np.full((2, 3), i % 256, np.uint8), i)
+    assert verify(tmp_path / fmt).ok

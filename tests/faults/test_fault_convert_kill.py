@@ -113,7 +113,7 @@ def test_sigint_with_workers(tmp_path, many_photos, existing):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "conversion never started"
             time.sleep(0.01)
-        time.sleep(0.5)  # workers are decoding and re-encoding
+        time.sleep(0.2)  # workers are decoding and re-encoding
         assert proc.poll() is None, "finished before it could be interrupted"
         os.killpg(proc.pid, signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=60)
@@ -133,12 +133,13 @@ def test_sigint_with_workers(tmp_path, many_photos, existing):
 
 @pytest.fixture(scope="module")
 def many_photos(tmp_path_factory, photos) -> Path:
-    """1200 small JPEGs in two class folders: re-encoding them takes a few seconds."""
+    """6000 small JPEGs in two class folders: re-encoding them takes seconds even on a quiet
+    machine, so the interrupt always lands mid-conversion."""
     import shutil
 
     root = tmp_path_factory.mktemp("many") / "src"
     for c in range(2):
         (root / f"class{c}").mkdir(parents=True)
-    for i in range(1200):
+    for i in range(6000):
         shutil.copyfile(photos[i % len(photos)].path, root / f"class{i % 2}" / f"{i:05d}.jpg")
     return root

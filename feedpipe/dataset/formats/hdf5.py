@@ -137,12 +137,16 @@ class Hdf5Writer(DatasetWriter):
                     for k, v in enumerate(col):
                         shapes[k, : np.ndim(v)] = np.shape(v)
                     sds[n0:n1] = shapes
-                # one element at a time: h5py would turn equal-length rows into a 2-D array
+                # one write per block, straight to HDF5 (``ds[a:b] = rows`` would turn rows of
+                # equal length into a 2-D array): the vlen dtype's array of row arrays, filled one
+                # by one; in memory only
+                rows = np.empty(len(col), dtype=ds.dtype)
                 for k, v in enumerate(col):
                     flat = np.ascontiguousarray(np.frombuffer(bytes(v), np.uint8) if isinstance(
                         v, (bytes, bytearray, memoryview)) else np.ravel(v))
-                    ds[n0 + k] = flat
+                    rows[k] = flat
                     crcs[k, j] = crc32(flat, 0 if shapes is None else crc32(shapes[k]))
+                ds.write_direct(rows, dest_sel=np.s_[n0:n1])
         cds = self._file[CRC_NAME]
         cds.resize((n1, len(self.schema)))
         cds[n0:n1] = crcs
