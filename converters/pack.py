@@ -8,27 +8,24 @@ that reads as a dataset, and a re-run clears the leftover by itself.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import time
 from dataclasses import dataclass, field, replace
 from dataclasses import fields as dc_fields
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
-from PIL import Image
 
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import WRITERS, DatasetWriter
-from feedpipe.errors import BadInputError, ConfigError, CorruptRecordError
+from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.schema.fields import Field, ImageField, JsonField, LabelField
-from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png, encode_mask_png
+from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
 from feedpipe.schema.masks import MaskField
 from feedpipe.schema.model import Schema
-from feedpipe.workers import single_threaded
 
-from .images import Refused, geometry, image_codec, likely_jpeg, store_image
+from .images import image_codec, likely_jpeg
 from .options import (
     PACK_DEFAULTS,
     Check,
@@ -44,11 +41,10 @@ from .options import (
 )
 from .output import Output, disk_full, empty_result
 from .report import account, settle_codec, tally
-from .sources import Source, SourceItem, attach_masks, scan
+from .sources import Source, attach_masks, scan
 from .targets import Target
+from .worker import INFO_KEY, MASK_MAX_KEY, results
 
-MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
-INFO_KEY = "_info"  # a prepared sample's stored codec and notes for the summary, not stored
 Progress = Callable[[int, int], None]
 
 
@@ -77,80 +73,6 @@ class ConvertResult:
     @property
     def rate(self) -> float:
         return (self.written + len(self.skipped)) / self.seconds if self.seconds else 0.0
-
-
-# --- per-image work (runs in worker processes) --------------------------------------------------
-
-def read_mask(path: Path, dtype: str) -> np.ndarray:
-    """A mask file → H×W index array (:func:`~feedpipe.schema.fields.decode_mask_png`, any
-    format Pillow reads); no colour masks. A CorruptRecordError names the file."""
-    arr = decode_mask_png(path.read_bytes(), f"mask {path.name}", png_only=False)
-    if arr.size and int(arr.max()) > np.iinfo(dtype).max:
-        raise ValueError(f"mask index {int(arr.max())} does not fit {dtype}; pass "
-                         "mask_dtype='uint16' (--mask-dtype uint16)")
-    return np.ascontiguousarray(arr.astype(dtype))
-
-
-def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
-               opts: PackOptions) -> str | None:
-    """Add the mask (and the targets computed from it) to ``values``; a reason if it fails.
-
-    ``size`` is the upright image's (W, H) before any resize; the mask must match it and is then
-    resized like the image (nearest-neighbour), so targets are computed at the stored resolution.
-    """
-    if item.mask is None:
-        return "no mask file matches this image"
-    try:
-        mask = read_mask(item.mask, opts.mask_dtype)
-    except CorruptRecordError as exc:  # already names the mask file
-        return str(exc)
-    except (OSError, ValueError, Image.DecompressionBombError) as exc:
-        return f"mask {item.mask.name}: {exc}"
-    if (mask.shape[1], mask.shape[0]) != size:
-        return (f"mask {item.mask.name} is {mask.shape[1]}x{mask.shape[0]}, image is "
-                f"{size[0]}x{size[1]}")
-    geo = geometry(size[0], size[1], opts)
-    if geo is not None:
-        mask = np.asarray(Image.fromarray(mask).resize(geo[0], Image.NEAREST, box=geo[1]),
-                          dtype=mask.dtype)
-    if opts.num_classes is not None and mask.size and int(mask.max()) >= opts.num_classes:
-        return f"mask {item.mask.name}: index {int(mask.max())} >= num_classes {opts.num_classes}"
-    for t in opts.targets:
-        values[t.name] = t.compute(mask, item.rel)  # a failing user target is a bug: it raises
-    values["mask"] = encode_mask_png(mask) if opts.mask_store == "png" else mask
-    values[MASK_MAX_KEY] = int(mask.max()) if mask.size else 0
-    return None
-
-
-def prepare(item: SourceItem, opts: PackOptions) -> tuple[dict[str, Any] | None, str, int]:
-    """Read and check one image (and its mask and targets); (stored values or None, reason or
-    how it was stored, input bytes). ``values[INFO_KEY]`` carries notes for the summary."""
-    try:
-        data = item.path.read_bytes()
-    except OSError as exc:
-        return None, f"unreadable: {exc.strerror or exc}", 0
-    if not data:
-        return None, "empty file", 0
-    try:
-        stored = store_image(data, opts)
-    except Refused as exc:
-        return None, str(exc), len(data)
-    values: dict[str, Any] = {"image": stored.value, INFO_KEY: stored}
-    if opts.masks:
-        reason = _with_mask(item, values, stored.size, opts)
-        if reason is not None:
-            return None, reason, len(data)
-    return values, stored.how, len(data)
-
-
-def _prepare_star(args: tuple[SourceItem, PackOptions]) -> tuple[dict[str, Any] | None, str, int]:
-    return prepare(*args)
-
-
-def _worker_init() -> None:
-    """Pool initializer: one thread; Ctrl-C is the main process's to handle (it ends the pool
-    and removes the partial output)."""
-    single_threaded(ignore_sigint=True)
 
 
 # --- orchestration ------------------------------------------------------------------------------
@@ -182,23 +104,6 @@ def split_indices(n: int, val_fraction: float, seed: int) -> np.ndarray:
     k = round(n * val_fraction)
     mask[np.random.default_rng(seed).permutation(n)[:k]] = True
     return mask
-
-
-def _results(items: list[SourceItem], opts: PackOptions, workers: int, codec: str
-             ) -> Iterator[tuple[dict[str, Any] | None, str, int]]:
-    # Passthrough with header checks is I/O-bound: shipping the bytes through worker pipes costs
-    # more than it saves (20k photos, 2 cores: ~11k images/s in this process, ~5k with 2 worker
-    # processes; a read-ahead thread was slower too, on the GIL), so only decoding work fans out
-    # (any non-JPEG input is decoded in full to check it).
-    decodes = opts.store != "passthrough" or opts.resize is not None or codec != "jpeg" \
-        or opts.check == "decode" or opts.masks
-    if workers <= 1 or len(items) < 64 or not decodes:
-        yield from (prepare(it, opts) for it in items)
-        return
-    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-    with ctx.Pool(workers, initializer=_worker_init) as pool:
-        chunk = max(1, min(64, len(items) // (workers * 8)))
-        yield from pool.imap(_prepare_star, ((it, opts) for it in items), chunksize=chunk)
 
 
 def convert(src: str | Path | Source, out: str | Path, *, to: Format,
@@ -275,7 +180,7 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     try:
         writers = {name: WRITERS[to](path, schema, **(writer_options or {}))
                    for name, path in splits.items()}
-        for k, (values, how, nbytes) in enumerate(_results(items, opts, workers, guess)):
+        for k, (values, how, nbytes) in enumerate(results(items, opts, workers, guess)):
             item = items[k]
             split = "" if val_mask is None else ("val" if val_mask[k] else "train")
             result.bytes_in += nbytes
