@@ -35,6 +35,7 @@ test-faults: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_convert.py
+	$(BIN)/python benchmarks/bench_kernel.py
 	$(BIN)/python benchmarks/bench_loader.py
 
 # feedpipe against FFCV, WebDataset, LitData, Mosaic Streaming and a hand-tuned DataLoader
