@@ -1,8 +1,9 @@
 """A small benchmark harness: warm-up, median of repeats, one table, JSON out, machine info.
 
 A run returns the items it processed (timed here, call to return), or, for a loader epoch
-(:func:`drain`), a :class:`~feedpipe.tools.throughput.Throughput`: then the rate is the steady-state
-samples/s that ``feedpipe bench`` and ``feedpipe tune`` report, one definition for all three."""
+(:func:`drain`), a :class:`~feedpipe.tools.throughput.Throughput`, the record ``feedpipe bench`` and
+``feedpipe tune`` rate too: the harness takes its whole-pass rate (``epoch_samples_per_s``), since
+benchmark epochs are a few batches, where a steady-state window would time the prefetch queue."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ Items = Union[int, Throughput]
 @dataclass
 class Result:
     """One configuration's figures: ``items`` per run, the per-run seconds, the per-run
-    steady-state rates of loader runs, and notes."""
+    whole-epoch rates of loader runs, and notes."""
 
     name: str
     items: int
@@ -32,7 +33,7 @@ class Result:
 
     @property
     def rate(self) -> float:
-        """Median steady-state samples/s of loader runs, else items / median seconds."""
+        """Median whole-epoch samples/s of loader runs, else items / median seconds."""
         if self.rates:
             return statistics.median(self.rates)
         return self.items / statistics.median(self.seconds)
@@ -41,7 +42,7 @@ class Result:
         """Record one run's result and duration."""
         if isinstance(got, Throughput):
             self.items = got.samples
-            self.rates.append(got.samples_per_s)
+            self.rates.append(got.epoch_samples_per_s)
         else:
             self.items = got
         self.seconds.append(seconds)

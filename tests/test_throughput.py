@@ -55,6 +55,8 @@ def test_warmup_excludes_startup_and_short_runs_keep_one_window():
     assert (th.warmup_batches, th.windows, th.first_batch_s) == (2, 3, 5.0)
     assert th.samples_per_s == pytest.approx(8 / 0.2)
     assert th.wait_fraction == pytest.approx(0.5)
+    # the whole pass, start-up included: 40 samples over 5.3 s of waits and 0.5 s of steps
+    assert (th.epoch_s, th.epoch_samples_per_s) == (pytest.approx(5.8), pytest.approx(40 / 5.8))
     short = tp.throughput([5.0, 0.1], [0.1, 0.1], [8, 8], workers=4)
     assert (short.warmup_batches, short.windows) == (1, 1)
     assert short.samples_per_s == pytest.approx(8 / 0.2)

@@ -8,6 +8,11 @@ at once, so the first ``max(1, w)`` batches are warm-up. The steady-state rate i
 to three equal windows of the batches after warm-up, each spanning arrival to arrival (wait and
 step both count): the median shrugs off one window disturbed by other processes. Wait statistics
 cover the same post-warm-up batches.
+
+A whole pass is also rated as it ran (``epoch_samples_per_s``: all samples over the time from asking
+for the first batch to the end of the last step, start-up included). The benchmarks compare short
+epochs side by side with it: when an epoch is only a few batches, those after warm-up were
+prefetched during it and the steady-state windows would time a queue, not the pipeline.
 """
 
 from __future__ import annotations
@@ -52,7 +57,8 @@ def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[i
 @dataclass(frozen=True)
 class Throughput:
     """One timed run: steady-state ``samples_per_s`` (see the module doc), the start-up
-    (``first_batch_s``), and the share and percentiles of waiting after warm-up."""
+    (``first_batch_s``), the share and percentiles of waiting after warm-up, and the whole
+    pass (``epoch_s``, ``epoch_samples_per_s``: start-up included)."""
 
     samples_per_s: float
     first_batch_s: float
@@ -64,6 +70,8 @@ class Throughput:
     wait_p50_ms: float
     wait_p95_ms: float
     wait_p99_ms: float
+    epoch_s: float
+    epoch_samples_per_s: float
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types."""
@@ -147,10 +155,12 @@ def throughput(waits: Sequence[float], steps: Sequence[float], rows: Sequence[in
     after = np.asarray(waits[warmup:], dtype=np.float64)
     wait_s, step_s = float(after.sum()), float(sum(steps[warmup - 1:n - 1]))
     p50, p95, p99 = np.percentile(after, (50, 95, 99)) * 1e3
+    epoch_s = float(sum(waits) + sum(steps))
     return Throughput(steady_rate(waits, steps, rows, warmup, windows), float(waits[0]),
                       int(sum(rows)), n, warmup, windows,
                       wait_s / (wait_s + step_s) if wait_s + step_s > 0 else 0.0,
-                      float(p50), float(p95), float(p99))
+                      float(p50), float(p95), float(p99), epoch_s,
+                      sum(rows) / epoch_s if epoch_s > 0 else 0.0)
 
 
 def of_meter(meter: StallMeter, workers: int | None) -> Throughput:
