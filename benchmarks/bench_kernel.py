@@ -11,6 +11,7 @@ hold on a busy machine. 224² uint8 output, batch 64, one epoch per round.
 
     python benchmarks/bench_kernel.py [--images 512] [--large-images 256] [--rounds 5]
                                       [--data bench-data] [--json results/kernel.json]
+                                      [--groups "500x375 random_resized_crop" raw ...]
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from feedpipe.loader.transforms import ImageOp  # noqa: E402
 SIZE, BATCH, WORKERS = 224, 64, 2
 PHOTOS = {"500x375": (500, 375), "1280x853": (1280, 853)}
 FORMATS = ("lmdb", "wds", "hdf5")
+GROUPS = (*(f"{p} {c}" for p in PHOTOS for c in ("center_crop", "random_resized_crop")), "raw")
 
 
 def plan(blobs: list[bytes], crop: str, seed: int = 0) -> list[tuple[int, int, int, int, int]]:
@@ -217,6 +219,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--data", type=Path, default=Path("bench-data"))
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/kernel.json"))
+    ap.add_argument("--groups", nargs="+", choices=GROUPS, default=list(GROUPS),
+                    help="run only these groups (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # the bare kernel's setting; feedpipe must not need more
     m = machine()
@@ -225,8 +229,10 @@ def main() -> None:
     groups: dict[str, dict] = {}
     for label, n in (("500x375", args.images), ("1280x853", args.large_images)):
         for crop in ("center_crop", "random_resized_crop"):
-            groups[f"{label} {crop}"] = photo_group(args.data, label, n, crop, args.rounds)
-    groups["raw"] = raw_group(args.data, args.raw_images, args.rounds)
+            if f"{label} {crop}" in args.groups:
+                groups[f"{label} {crop}"] = photo_group(args.data, label, n, crop, args.rounds)
+    if "raw" in args.groups:
+        groups["raw"] = raw_group(args.data, args.raw_images, args.rounds)
 
     print("\n| group | configuration | images/s | CPU ms/img (all processes) | main CPU ms/img | "
           "ratios |\n|---|---|---|---|---|---|")
@@ -241,7 +247,8 @@ def main() -> None:
             print(f"| {g} | {name} | {r['rate']:,.0f} | {r['cpu_ms_per_image']:.3f} | "
                   f"{r['main_cpu_ms_per_image']:.3f} | {'; '.join(rs)} |")
     print(f"load average during the run (1/5/15 min): {psutil.getloadavg()}")
-    print(f"\nraw: num_workers='auto' picks {groups['raw']['auto_workers']['num_workers']}")
+    if "raw" in groups:
+        print(f"\nraw: num_workers='auto' picks {groups['raw']['auto_workers']['num_workers']}")
     save(args.json, [], {"groups": groups, "ratios": table, "args": {
         k: str(v) for k, v in vars(args).items()}, "size": SIZE, "batch": BATCH})
     print(f"wrote {args.json}")

@@ -13,6 +13,7 @@ _EXPORTS = {
     "ConvertResult": "pack", "convert": "pack", "PackOptions": "options", "parse_resize": "options",
     "IMAGE_EXTS": "sources", "Source": "sources", "SourceItem": "sources",
     "attach_masks": "sources", "scan": "sources",
+    "LabelColumns": "columns", "apply_columns": "columns", "scan_coco": "coco",
     "BUILTINS": "targets", "Target": "targets", "boundary": "targets",
     "distance_map": "targets", "make_boundary": "targets", "make_distance_map": "targets",
 }

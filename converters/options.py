@@ -52,6 +52,8 @@ class PackOptions:
     targets: tuple[Target, ...] = ()
     extra_channels: ExtraChannels = "refuse"  # alpha, channels beyond RGB, 16-bit RGB
     max_pixels: int | None = DEFAULT_MAX_PIXELS  # decompression-bomb limit (width × height)
+    # colour masks: (r, g, b, class index) per colour (converters.palette); None: index masks only
+    mask_palette: tuple[tuple[int, int, int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.resize, list):

@@ -19,7 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from feedpipe.dataset.manifest import MANIFEST_NAME
+from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
+from feedpipe.dataset.registry import DatasetWriter
 from feedpipe.errors import (
     DiskFullError,
     NothingConvertedError,
@@ -47,7 +48,7 @@ def foreign_entries(path: Path) -> list[str] | None:
     names = sorted(os.listdir(path))
     if not names or MARKER in names:
         return []
-    if set(names) <= {"train", "val"}:
+    if set(names) <= {"train", "val", "test"}:
         parts = [foreign_entries(path / n) if (path / n).is_dir() and not (path / n).is_symlink()
                  else None for n in names]
         if any(p is None for p in parts):
@@ -64,7 +65,10 @@ def _manifest_files(path: Path) -> set[str] | None:
     for name in (MANIFEST_NAME, MANIFEST_NAME + ".tmp"):
         try:
             d = json.loads((path / name).read_text(encoding="utf-8"))
-            return {str(f["name"]) for f in d["files"]} if "feedpipe_manifest" in d else None
+            if "feedpipe_manifest" not in d:
+                return None
+            theirs = set(d.get("extra", {}).get("foreign_files", []))  # indexed in place
+            return {str(f["name"]) for f in d["files"]} - theirs
         except FileNotFoundError:
             continue
         except (OSError, ValueError, KeyError, TypeError):
@@ -199,6 +203,13 @@ class Output:
             raise
         return self.partial
 
+    def after_write(self, root: Path, writer: DatasetWriter) -> None:
+        """Nothing to do locally (a remote output uploads finished shards here)."""
+
+    def entry(self, root: Path, name: str) -> FileEntry:
+        """A data file's size and SHA-256 for the manifest."""
+        return FileEntry.of(root, name)
+
     def abort(self) -> None:
         try:
             shutil.rmtree(self.partial, ignore_errors=True)
@@ -321,7 +332,9 @@ def _why_empty(source: Source, skipped: list[dict[str, Any]]) -> str:
     tars = [f for f in files if f.lower().endswith(".tar")]
     if tars:
         return (f"{root} holds {len(tars)} .tar files ({_shown(tars, 3)}): looks like WebDataset "
-                "shards; converting foreign shards is not supported yet")
+                f"shards; `feedpipe convert {root}` packs them, or from Python "
+                "converters.records.pack_records(converters.foreign_wds.source([DIR]), ...); "
+                "`feedpipe index` reads them in place")
     if files:
         return f"no image files found ({len(files)} other files, e.g. {_shown(files, 3)})"
     return "the source holds no files"

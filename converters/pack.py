@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from feedpipe.dataset.manifest import FileEntry, Manifest
+from feedpipe.dataset.formats.base import sample_key
+from feedpipe.dataset.manifest import Manifest, refuse_url
 from feedpipe.dataset.registry import WRITERS, DatasetWriter
 from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.schema.fields import Field, ImageField, JsonField, LabelField
@@ -25,6 +26,8 @@ from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
 from feedpipe.schema.masks import MaskField
 from feedpipe.schema.model import Schema
 
+from .coco import scan_coco
+from .columns import LabelColumns, apply_columns
 from .images import image_codec, likely_jpeg
 from .options import (
     PACK_DEFAULTS,
@@ -40,8 +43,13 @@ from .options import (
     resolve_targets,
 )
 from .output import Output, disk_full, empty_result
+from .palette import resolve_palette
+from .parts import Part, plan_part
+from .remote_merge import refuse_merged
+from .remote_output import RemoteOutput, is_remote
 from .report import account, settle_codec, tally
 from .sources import Source, attach_masks, scan
+from .split_root import SplitClasses, SplitRoot, scan_split_root, split_of
 from .targets import Target
 from .worker import INFO_KEY, MASK_MAX_KEY, results
 
@@ -52,7 +60,7 @@ Progress = Callable[[int, int], None]
 class ConvertResult:
     """What a conversion did, for the CLI summary and for callers."""
 
-    out: Path
+    out: Path | str  # a str for a URL output
     written: int = 0
     skipped: list[dict[str, str]] = field(default_factory=list)
     passthrough: int = 0
@@ -92,7 +100,10 @@ def build_schema(source: Source, opts: PackOptions, codec: str | None = None) ->
             if hw is not None:
                 f = replace(f, shape=(*hw, *f.shape[2:]))
             fields.append(f)
+    fields.extend(source.typed)
     fields.append(JsonField("path"))
+    if source.split_by == "field":
+        fields.append(JsonField("split"))
     if source.has_extra:
         fields.append(JsonField("meta"))
     return Schema(tuple(fields))
@@ -118,7 +129,12 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
             targets: Sequence[str | Target] | Mapping[str, Any] | None = None,
             extra_channels: ExtraChannels = "refuse",
             max_pixels: int | None = DEFAULT_MAX_PIXELS, layout: Layout = "auto",
-            options: PackOptions | None = None) -> ConvertResult:
+            options: PackOptions | None = None,
+            mask_palette: str | Path | None = None, split_root: SplitRoot | None = None,
+            split_classes: SplitClasses = "agree", coco: str | Path | None = None,
+            columns: LabelColumns | None = None,
+            storage_options: Mapping[str, Any] | None = None,
+            part: Part | None = None) -> ConvertResult:
     """Pack a source (folder, ImageFolder tree or CSV/JSONL manifest) into ``out`` as ``to``.
 
     Lossless inputs stay lossless unless ``codec`` asks otherwise (see :mod:`converters.images`).
@@ -132,9 +148,23 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     tuple is (height, width), the order of ``make_loader(size=)`` and ``--resize HxW``.
     Every option after ``out`` is keyword-only and checked by type and value (ConfigError).
     ``options``: the image options (``store`` ... ``max_pixels``, ``targets``) as one
-    :class:`PackOptions`, instead of the separate keywords.
+    :class:`PackOptions`, instead of the separate keywords. ``mask_palette``: colour masks
+    mapped to classes, ``"auto"`` or a palette JSON file (:mod:`converters.palette`).
+    ``split_root``: ``src`` holds train/val(/test) ImageFolder trees, written as one dataset each
+    or as one with a ``split`` field (:mod:`converters.split_root`).
+    Labels that follow the image (docs/fields.md): ``coco`` (an ``instances.json`` whose images
+    are in ``src``: boxes, categories, iscrowd) or ``columns`` (a manifest's keypoints, boxes,
+    text and array columns, :class:`~converters.columns.LabelColumns`).
+    A URL ``out`` (``s3://bucket/ds``; credentials and endpoint from the environment or
+    ``storage_options``, as fsspec takes them) is packed in a local staging folder, uploaded shard
+    by shard and committed by its manifest, uploaded last (:mod:`converters.remote_output`).
+    ``part``: pack only that contiguous slice of the sorted source list, into
+    ``out/parts/part-IIIII-of-NNNNN`` (see :mod:`converters.parts`); ``feedpipe merge`` joins them.
     """
     t0 = time.perf_counter()
+    for where, what in ((src, "the source"), (out, "the output")):
+        if not isinstance(where, Source) and not (where is out and is_remote(out)):
+            refuse_url(where, what)
     if to not in WRITERS:
         raise ConfigError(f"to={to!r}: use one of {sorted(WRITERS)}")
     if not 0.0 <= val_fraction < 1.0:
@@ -142,12 +172,20 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     workers = workers if workers is not None else len(os.sched_getaffinity(0))
     if workers < 0:
         raise ConfigError(f"workers={workers}: use 0 or 1 for in-process, or a positive count")
-    source = src if isinstance(src, Source) else scan(src, layout)
+    if coco is not None:
+        source = scan_coco(src, coco) if not isinstance(src, Source) else src
+    else:
+        source = src if isinstance(src, Source) else scan_split_root(src, split_root, split_classes) \
+            if split_root else scan(src, layout)
+        source = apply_columns(source, columns) if source.kind == "manifest" or columns else source
+    if source.split_by and val_fraction:
+        raise ConfigError("val_fraction splits a dataset; a split root has its splits already")
     if masks is not None:
         source = attach_masks(source, masks)
     kept = {"store": store, "resize": resize, "codec": codec, "quality": quality, "check": check,
             "mask_store": mask_store, "mask_dtype": mask_dtype, "num_classes": num_classes,
-            "extra_channels": extra_channels, "max_pixels": max_pixels}
+            "extra_channels": extra_channels, "max_pixels": max_pixels,
+            "mask_palette": resolve_palette(mask_palette, [i.mask for i in source.items if i.mask])}
     if options is None:
         options = PackOptions(**kept, targets=resolve_targets(targets))  # type: ignore[arg-type]
     elif targets or any(v != PACK_DEFAULTS[k] for k, v in kept.items()):
@@ -155,22 +193,36 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
             (["targets"] if targets else [])
         raise ConfigError(f"options= holds the image options: set {', '.join(changed)} in "
                           "PackOptions(...), or pass them as keywords without options=")
+    if mask_palette is not None and not source.masked:
+        raise ConfigError("mask_palette maps colour masks: pass masks=DIR (--masks) too")
     if options.targets and not source.masked:
         raise ConfigError("targets are computed from masks: pass masks=DIR (--masks) or a "
                           "manifest with a 'mask' column")
     opts = replace(options, masks=source.masked)
+    if opts.resize is not None and any(f.kind in ("keypoints", "boxes") for f in source.typed):
+        raise ConfigError("resize= with keypoints or boxes: their pixel coordinates refer to the "
+                          "source images; convert without resize (the loader resizes both)")
     if strict and source.refused:
         raise BadInputError(f"{source.root / source.refused[0][0]}: {source.refused[0][1]}")
-    out = Path(out)
+    remote = is_remote(out)
+    out = out if remote else Path(out)
     sniff = to == "wds"  # WebDataset member names carry the codec: it is decided before writing
     schema = build_schema(source, opts, image_codec(source.items, opts, sniff))
     codec = schema["image"].codec  # type: ignore[attr-defined]
     guess = "jpeg" if codec == "mixed" and not sniff and likely_jpeg(source.items) else codec
-    items = list(source.items)
+    items, key0, part_info = list(source.items), 0, None
+    if part is not None:
+        if remote:  # a local output is checked by plan_part
+            refuse_merged(str(out), storage_options)
+        out, key0, stop, part_info = plan_part(part, source, out, to, opts, val_fraction)
+        items = items[key0:stop]
     val_mask = split_indices(len(items), val_fraction, seed) if val_fraction else None
-    output = Output(out, overwrite)
+    output = RemoteOutput(str(out), overwrite, storage_options) if remote else \
+        Output(Path(out), overwrite)
     tmp = output.claim(source)  # checks, locks and clears leftovers; see converters/output.py
     splits = {"train": tmp / "train", "val": tmp / "val"} if val_mask is not None else {"": tmp}
+    if source.split_by == "separate":
+        splits = {n: tmp / n for n in source.split_names}
     writers: dict[str, DatasetWriter] = {}
     skipped: dict[str, list[dict[str, str]]] = {name: [] for name in splits}
     labeled, has_extra = source.labeled, source.has_extra
@@ -183,6 +235,8 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
         for k, (values, how, nbytes) in enumerate(results(items, opts, workers, guess)):
             item = items[k]
             split = "" if val_mask is None else ("val" if val_mask[k] else "train")
+            if source.split_by == "separate":
+                split = split_of(item.rel)
             result.bytes_in += nbytes
             if values is not None and codec not in ("mixed", values[INFO_KEY].codec):
                 values, how = None, f"changed while converting (now {values[INFO_KEY].codec})"
@@ -196,9 +250,16 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
                 if labeled:
                     values["label"] = item.label
                 values["path"] = item.rel
+                if source.split_by == "field":
+                    values["split"] = split_of(item.rel)
+                values.update(item.fields or {})
                 if has_extra:
                     values["meta"] = item.extra or {}
-                writers[split].write(values)
+                if part_info is not None and to == "wds":  # keys stay unique once merged
+                    writers[split].write(values, key=sample_key(key0 + writers[split].count))
+                else:
+                    writers[split].write(values)
+                output.after_write(splits[split], writers[split])
             if progress is not None:
                 progress(k + 1, len(items))
         empty = empty_result(source, {n: w.count for n, w in writers.items()},
@@ -212,7 +273,8 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
                          if f.name != "targets"},
                       "targets": {t.name: {"target": t.spec or t.name, **t.params}
                                   for t in opts.targets},
-                      **account(source, result, items, skipped, strict)}
+                      **account(source, result, items, skipped, strict, whole=not part_info),
+                      **({"part": part_info} if part_info else {})}
         if source.masked:
             conversion["masks"] = str(masks) if masks is not None else "manifest column 'mask'"
             conversion["masks_without_images"] = list(source.unmatched_masks)
@@ -224,13 +286,13 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
         for name, writer in writers.items():
             files, extra = writer.close()
             root = splits[name]
-            Manifest(to, writer.count, schema, source.classes,
-                     tuple(FileEntry.of(root, f) for f in files),
+            entries = tuple(output.entry(root, f) for f in files)
+            Manifest(to, writer.count, schema, source.classes, entries,
                      {**conversion, "split": name or None}, tuple(skipped[name]), extra
                      ).write(root)
             result.splits[name or "all"] = writer.count
             result.written += writer.count
-            result.bytes_out += sum((root / f).stat().st_size for f in files)
+            result.bytes_out += sum(e.size for e in entries)
         result.skipped = [s for name in splits for s in skipped[name]]
     except BaseException as exc:
         for writer in writers.values():
@@ -238,7 +300,7 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
                 writer.close()
             except Exception:  # the original error matters more than a failed cleanup
                 pass
-        full = disk_full(exc, out, tmp)
+        full = disk_full(exc, Path(out), tmp)
         output.abort()
         if full is not None:
             raise full from exc

@@ -32,13 +32,16 @@ def tally(result: ConvertResult, stored: Stored, rel: str) -> None:
 
 
 def account(source: Source, result: ConvertResult, items: list[SourceItem],
-            skipped: dict[str, list[dict[str, str]]], strict: bool) -> dict[str, Any]:
+            skipped: dict[str, list[dict[str, str]]], strict: bool,
+            whole: bool = True) -> dict[str, Any]:
     """The manifest's account of what was stored and what was not; classes left with no samples
-    are a warning (an error under ``strict``)."""
+    are a warning (an error under ``strict``), unless ``items`` are one part of the source
+    (``whole=False``: the merge checks the classes across parts)."""
     gone = {s["path"] for v in skipped.values() for s in v}
     have = {it.label for it in items if it.rel not in gone}
-    result.empty_classes = [c for k, c in enumerate(source.classes) if k not in have]
-    if result.empty_classes:
+    result.empty_classes = [c for k, c in enumerate(source.classes) if k not in have] \
+        if source.labeled else []  # COCO's classes name box categories, not sample labels
+    if result.empty_classes and whole:
         msg = (f"{source.root}: class(es) with no samples: {', '.join(result.empty_classes)} "
                "(their files were skipped or not images; see the manifest)")
         if strict:

@@ -35,6 +35,7 @@ class SourceItem:
     label: int = -1
     extra: dict[str, Any] | None = None
     mask: Path | None = None
+    fields: dict[str, Any] | None = None  # values of the source's typed fields (Source.typed)
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,9 @@ class Source:
     masked: bool = False  # a segmentation source: every item should have a mask
     unmatched_masks: tuple[str, ...] = ()  # mask files that no image matched
     refused: tuple[Entry, ...] = ()
+    split_by: str = ""  # a split root (converters.split_root): "separate" or "field"
+    split_names: tuple[str, ...] = ()
+    typed: tuple[Any, ...] = ()  # label fields (keypoints, boxes, text...) the items fill
 
     @property
     def labeled(self) -> bool:
@@ -152,6 +156,11 @@ def scan(src: str | Path, layout: Layout = "auto") -> Source:
         if src.suffix.lower() in (".csv", ".jsonl"):
             return _scan_manifest(src)
         raise ConfigError(f"{src}: a source file must be a .csv or .jsonl manifest")
+    if layout == "auto" and _split_root(src):
+        raise ConfigError(f"{src} holds {' and '.join(_split_root(src))} split folders: pass "
+                          "split_root='separate' (--split-root separate: one dataset each) or "
+                          "'field' (one dataset with a split field), or layout='imagefolder' "
+                          "(--layout imagefolder) to read them as classes")
     tree = _walk_root(src)
     in_dirs = any("/" in rel for _, rel in tree.files)
     if layout == "flat" or (layout == "auto" and not in_dirs):
@@ -171,6 +180,12 @@ def scan(src: str | Path, layout: Layout = "auto") -> Source:
     items.sort(key=lambda i: i.label)  # stable: class order, then path order within a class
     return Source(src, "imagefolder", tuple(items), tuple(classes), tuple(tree.ignored),
                   refused=tuple(refused))
+
+
+def _split_root(src: Path) -> list[str]:
+    from .split_root import split_dirs  # split_root builds on scan()
+
+    return split_dirs(src)
 
 
 def _is_dir(path: Path) -> bool:
@@ -249,6 +264,6 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
         m = by_rel.get(rel) or (stem[0] if len(stem) == 1 and image_stems[name] == 1 else None)
         if m is not None:
             used.add(m)
-        items.append(SourceItem(it.path, it.rel, it.label, it.extra, m))
+        items.append(SourceItem(it.path, it.rel, it.label, it.extra, m, it.fields))
     unmatched = tuple(p.relative_to(root).as_posix() for p in files if p not in used)
     return replace(source, items=tuple(items), masked=True, unmatched_masks=unmatched)

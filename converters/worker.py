@@ -17,6 +17,7 @@ from feedpipe.workers import single_threaded
 
 from .images import Refused, geometry, store_image
 from .options import PackOptions
+from .palette import Palette, colour_mask
 from .sources import SourceItem
 
 MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
@@ -24,10 +25,20 @@ INFO_KEY = "_info"  # a prepared sample's stored codec and notes for the summary
 Prepared = tuple[dict[str, Any] | None, str, int]  # (stored values or None, how or why, bytes in)
 
 
-def read_mask(path: Path, dtype: str) -> np.ndarray:
+def read_mask(path: Path, dtype: str, palette: Palette | None = None) -> np.ndarray:
     """A mask file → H×W index array (:func:`~feedpipe.schema.fields.decode_mask_png`, any
-    format Pillow reads); no colour masks. A CorruptRecordError names the file."""
-    arr = decode_mask_png(path.read_bytes(), f"mask {path.name}", png_only=False)
+    format Pillow reads); colour masks through ``palette`` (converters.palette). A
+    CorruptRecordError names the file."""
+    arr = colour_mask(path, palette) if palette is not None else None
+    if arr is None:
+        try:
+            arr = decode_mask_png(path.read_bytes(), f"mask {path.name}", png_only=False)
+        except CorruptRecordError as exc:
+            if "mode RGB" in str(exc):  # say what to do about a colour mask
+                raise CorruptRecordError(f"mask {path.name} is an RGB colour mask: map its "
+                                         "colours to classes with mask_palette='auto' or a "
+                                         "palette file (--mask-palette)") from exc
+            raise
     if arr.size and int(arr.max()) > np.iinfo(dtype).max:
         raise ValueError(f"mask index {int(arr.max())} does not fit {dtype}; pass "
                          "mask_dtype='uint16' (--mask-dtype uint16)")
@@ -44,7 +55,7 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
     if item.mask is None:
         return "no mask file matches this image"
     try:
-        mask = read_mask(item.mask, opts.mask_dtype)
+        mask = read_mask(item.mask, opts.mask_dtype, opts.mask_palette)
     except CorruptRecordError as exc:  # already names the mask file
         return str(exc)
     except (OSError, ValueError, Image.DecompressionBombError) as exc:

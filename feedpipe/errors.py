@@ -42,6 +42,11 @@ class IncompleteDatasetError(FeedpipeError):
     """A dataset directory has no complete manifest: its conversion did not finish."""
 
 
+class NotADatasetError(FeedpipeError, NotADirectoryError):
+    """A path given as a dataset is a file (a tar shard, an image...); the message says what it
+    is and what to run."""
+
+
 class ManifestError(FeedpipeError):
     """The manifest exists but is malformed or from an unsupported version."""
 
@@ -107,3 +112,41 @@ class MissingFieldError(SampleError, KeyError):
 
 class LoaderError(FeedpipeError, RuntimeError):
     """A loader backend broke its own contract (DALI ended an epoch early, or ran past it)."""
+
+
+class StorageError(FeedpipeError, OSError):
+    """Object storage (s3://, gs://, https://, hf://) failed; the message names the URL.
+    ``url`` is the object's address."""
+
+    def __init__(self, message: str = "", *, url: str | None = None, **where: object) -> None:
+        super().__init__(message, **where)  # type: ignore[arg-type]
+        self.url = url
+
+
+class RemoteNotFoundError(StorageError, FileNotFoundError):
+    """The object (or its bucket) does not exist (404): failed at once; check the path."""
+
+
+class AccessDeniedError(StorageError, PermissionError):
+    """The store refused the credentials (401/403): failed at once; the message says which
+    credential to check."""
+
+
+class RetriesExhaustedError(StorageError):
+    """A transient failure (timeout, 5xx, 429/503 SlowDown, a connection cut mid-body) outlasted
+    the retry budget; the message names the URL, the attempts and the last error."""
+
+
+class ChecksumMismatchError(CorruptRecordError):
+    """A downloaded file's SHA-256 differs from its manifest's, also after a fresh download;
+    nothing of it was kept or read."""
+
+
+class CacheFullError(StorageError):
+    """A remote file cannot fit the cache's ``cache_limit`` (or the cache is full of files in
+    use); the message gives the sizes and what to change."""
+
+
+class PartsError(FeedpipeError):
+    """Parts of a split conversion (``--part i/N``) cannot be merged into one dataset: one is
+    missing, given twice, or converted from another source, schema or class list (named)."""

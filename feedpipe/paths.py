@@ -3,13 +3,27 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_MANGLED = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")  # Path("s3://b/k") is "s3:/b/k"
 
 
 def cache_dir() -> Path:
     """``$XDG_CACHE_HOME/feedpipe`` (default ``~/.cache/feedpipe``): tuning results, DALI indexes."""
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "feedpipe"
+
+
+def url_scheme(location: str | os.PathLike[str]) -> str | None:
+    """The scheme of a URL-looking location (``s3`` for ``s3://bucket/ds``), else None.
+
+    A URL that went through ``pathlib.Path`` (``s3:/bucket/ds``: one slash dropped) counts too,
+    so a remote location is never taken for a local folder named ``s3:``.
+    """
+    m = _URL.match(os.fspath(location)) or _MANGLED.match(os.fspath(location))
+    return m[1].lower() if m else None
 
 
 def write_atomic(path: Path, data: str | bytes) -> None:

@@ -100,3 +100,7 @@ def copy_dataset(tmp_path: Path):
         return dst
 
     return copy
+
+
+# real S3 (moto) and HTTP servers on 127.0.0.1 for the remote-storage tests (tests/servers.py)
+from servers import http_packed, moto_s3, s3_packed  # noqa: E402,F401

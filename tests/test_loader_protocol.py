@@ -60,10 +60,12 @@ def test_peek_and_break_never_shorten_the_next_epoch(packed, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_load_state_dict_resumes_once(packed, backend):
-    ref = loader(packed["wds"], *backend)
+    """A state in the format before global states (no 'samples') still resumes at its world
+    size; its sharded order is the shuffle buffer's, as it was then (shuffle_window=None)."""
+    ref = loader(packed["wds"], *backend, shuffle_window=None)
     ref.set_epoch(2)
     full = list(ref)
-    ld = loader(packed["wds"], *backend)
+    ld = loader(packed["wds"], *backend, shuffle_window=None)
     ld.load_state_dict({"epoch": 2, "batches": 4, "seed": 5, "rank": 0, "world_size": 1})
     assert ld.state_dict()["batches"] == 4  # saved again before iterating: the same position
     head = next(iter(ld))  # the resumed iteration begins at batch 4 ...

@@ -69,8 +69,9 @@ def _everything(root: Path) -> list[str]:
     return errors
 
 
-@pytest.mark.parametrize("bad", ["../../elsewhere/outside.tar", "ABS", "sub/shard.tar", "..",
-                                 "a\\b.tar", ""])
+@pytest.mark.parametrize("bad", ["../../elsewhere/outside.tar", "ABS", "..", "a\\b.tar", "",
+                                 "sub/../shard-000001.tar", "./shard-000001.tar",
+                                 "sub//shard-000001.tar", "sub/", "LINK"])
 def test_bad_shard_names_are_refused_before_any_open(packed, copy_dataset, watched, bad):
     outside, touched = watched
     shutil.copy(packed["wds"] / "shard-000000.tar", outside / "outside.tar")
@@ -78,6 +79,9 @@ def test_bad_shard_names_are_refused_before_any_open(packed, copy_dataset, watch
     name = str(outside / "outside.tar") if bad == "ABS" else bad
     if bad.startswith("../"):
         name = os.path.relpath(outside / "outside.tar", root)
+    if bad == "LINK":  # a relative sub-path through a folder symlinked outside
+        (root / "sub").symlink_to(outside)
+        name = "sub/outside.tar"
     _WATCHED.add(os.path.realpath(outside / "outside.tar"))
 
     def change(d):
@@ -157,3 +161,18 @@ def test_planted_dali_index_symlink_is_replaced_not_followed(packed, copy_datase
     assert paths[0] == root / "shard-000000.idx" and not paths[0].is_symlink()
     assert paths[0].read_text().startswith("v1.2 ")
     assert target.read_text() == "keep me\n"
+
+
+def test_relative_sub_paths_inside_are_allowed(packed, copy_dataset):
+    """A merged dataset names its parts' files as ``parts/.../file``: allowed inside."""
+    root = copy_dataset(packed["wds"])
+    (root / "parts" / "p0").mkdir(parents=True)
+    shutil.move(root / "shard-000000.tar", root / "parts" / "p0" / "shard-000000.tar")
+
+    def change(d):
+        d["files"][0]["name"] = d["extra"]["shards"][0] = "parts/p0/shard-000000.tar"
+
+    _edit(root, change)
+    ds = feedpipe.open_dataset(root)
+    assert len(ds) == 72 and ds[0]["image"].ndim == 3
+    assert verify(root, decode=False).ok

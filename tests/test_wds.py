@@ -4,7 +4,6 @@ the ``webdataset`` library reading our shards unchanged."""
 from __future__ import annotations
 
 import io
-import json
 import tarfile
 import warnings
 from pathlib import Path
@@ -19,7 +18,8 @@ import feedpipe
 from feedpipe.dataset.formats.wds import WdsWriter, ustar_header
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import sample_key
-from feedpipe.schema.fields import ArrayField, BytesField, LabelField
+from feedpipe.errors import CorruptRecordError
+from feedpipe.schema.fields import ArrayField, BytesField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
 SCHEMA = Schema((BytesField("blob"), LabelField("label"), ArrayField("vec", "int32", (3,))))
@@ -151,12 +151,12 @@ def test_webdataset_library_reads_our_shards(packed, photos):
         got = list(webdataset.WebDataset(urls, shardshuffle=False))
     assert len(got) == N_PHOTOS
     for i, (s, ph) in enumerate(zip(got, photos)):
-        assert {"__key__", "jpg", "cls", "path.json"} <= set(s)
+        # format version 3: the source path lives in the index, not in the shards
+        assert set(s) - {"__url__", "__local_path__"} == {"__key__", "jpg", "cls"}
         assert s["__key__"] == ds.key(i) == sample_key(i)
         assert s["jpg"] == ph.path.read_bytes() == ds.read_raw(i)["image"]
         assert s["cls"] == str(ph.label).encode()
-        assert json.loads(s["path.json"]) == ph.rel
-        assert s["path.json"] == json.dumps(ph.rel, ensure_ascii=False).encode()
+        assert ds[i]["path"] == ph.rel
 
 
 @settings(max_examples=200, deadline=None)
@@ -193,3 +193,64 @@ def test_shards_are_byte_for_byte_what_tarfile_writes(tmp_path):
                 tar.addfile(info, io.BytesIO(data))
         assert (tmp_path / "w" / shard).read_bytes() == ref.read_bytes()
     assert [len(m) for m in members] == [7 * 3, 3 * 3]
+
+
+def test_path_lives_in_the_index_and_reads_as_before(packed, photos):
+    root = packed["wds"]
+    ds = feedpipe.open_dataset(root)
+    assert ds.manifest.format_version == 3 and ds.manifest.extra["index_fields"] == ["path"]
+    assert "index-values.npy" in {f.name for f in ds.manifest.files}
+    with tarfile.open(root / ds.shards[0]) as tar:
+        assert tar.getnames()[:4] == [f"{sample_key(0)}.jpg", f"{sample_key(0)}.cls",
+                                      f"{sample_key(1)}.jpg", f"{sample_key(1)}.cls"]
+    want = [ph.rel for ph in photos]
+    assert [ds[i]["path"] for i in range(len(ds))] == want  # random access
+    assert [v["path"] for s in range(len(ds.shards)) for _, v in ds.iter_shard(s)] == want
+    got = feedpipe.make_loader(root, 16, size=32, device="cpu", num_workers=0, shuffle=False,
+                               fields=["label", "path"])
+    assert [p for b in got for p in b["path"]] == want
+
+
+def test_version_2_layout_with_path_members_still_reads(tmp_path, packed):
+    # a dataset written before version 3: every field a tar member, manifest version 2
+    ref = feedpipe.open_dataset(packed["wds"])
+    w = WdsWriter(tmp_path / "v2", ref.schema, shard_count=WDS_SHARD_COUNT, index_fields=())
+    for s in ref.read_raw_batch(range(len(ref))):
+        w.write(s)
+    files, extra = w.close()
+    assert "index_fields" not in extra and "index-values.npy" not in files
+    Manifest("wds", w.count, ref.schema, ref.classes,
+             tuple(FileEntry.of(w.root, f) for f in files), {}, (), extra,
+             format_version=2).write(w.root)
+    with tarfile.open(w.root / "shard-000000.tar") as tar:
+        assert f"{sample_key(0)}.path.json" in tar.getnames()
+    ds = feedpipe.open_dataset(w.root)
+    assert ds.manifest.format_version == 2
+    assert [ds[i]["path"] for i in range(len(ds))] == [ref[i]["path"] for i in range(len(ref))]
+    assert [v["path"] for _, v in ds.iter_shard(1)] == [ref[i]["path"]
+                                                        for i in ref.shard_ranges()[1]]
+
+
+def test_damaged_packed_values_are_refused(tmp_path):
+    schema = Schema((LabelField("label"), JsonField("path")))
+    w = WdsWriter(tmp_path / "d", schema)
+    for i in range(3):
+        w.write({"label": i, "path": f"dir/{i}.jpg"})
+    root = finish(w)
+    assert [feedpipe.open_dataset(root)[i]["path"] for i in range(3)] == \
+        [f"dir/{i}.jpg" for i in range(3)]
+    values = np.load(root / "index-values.npy")
+    values[1] ^= 1  # one flipped bit in sample 0's path
+    np.save(root / "index-values.npy", values)
+    ds = feedpipe.open_dataset(root)
+    with pytest.raises(CorruptRecordError, match="checksum"):
+        ds[0]
+    assert ds[1]["path"] == "dir/1.jpg"
+    np.save(root / "index-values.npy", values[:-5])  # cut short: spans point past its end
+    with pytest.raises(CorruptRecordError, match="outside"):
+        feedpipe.open_dataset(root)
+
+
+def test_only_json_fields_go_in_the_index(tmp_path):
+    with pytest.raises(ValueError, match="only JSON fields"):
+        WdsWriter(tmp_path / "x", SCHEMA, index_fields=("blob",))

@@ -12,11 +12,11 @@ import traceback
 from typing import Sequence
 
 from ..errors import ConfigError, FeedpipeError
-from . import bench, convert, decoders, demo, doctor, info, monitor, tune, verify
+from . import bench, convert, decoders, demo, doctor, index, info, merge, monitor, tune, verify
 
 # One module per subcommand, in --help order. Registering is argparse only: a command imports
 # what it runs (torch for bench, doctor, monitor, tune, demo) when it runs.
-COMMANDS = (convert, info, verify, demo, decoders, monitor, bench, doctor, tune)
+COMMANDS = (convert, merge, index, info, verify, demo, decoders, monitor, bench, doctor, tune)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,13 +12,15 @@ from typing import Any
 from ..errors import ConfigError
 from ..loader.config import _DTYPES as DTYPES
 from ..paths import write_atomic
+from .remote_args import add_cache_args, add_storage_args, cache_options, storage_options
 
 
 def register(sub: Any) -> None:
     """Add the ``bench`` subcommand to the ``feedpipe`` CLI's subparsers."""
     b = sub.add_parser("bench", help="measure loader throughput on your data, per configuration")
-    b.add_argument("path", type=Path, help="packed dataset, or image folder (packed first into a "
-                   "temporary dataset per --formats)")
+    b.add_argument("path", help="packed dataset, dataset URL (s3://bucket/ds/, read through "
+                   "the cache), or image folder (packed first into a temporary dataset per "
+                   "--formats)")
     b.add_argument("--backend", default="torch", help="comma-separated: torch,dali")
     b.add_argument("--workers", help="comma-separated num_workers, e.g. 0,2,4,auto (default: 0 "
                    "and powers of two up to the usable cores)")
@@ -44,6 +46,8 @@ def register(sub: Any) -> None:
     b.add_argument("--json", type=Path, help="write every figure + the machine to this file")
     b.add_argument("--plot", type=Path, help="write a PNG: samples/s vs workers (matplotlib)")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_storage_args(b)
+    add_cache_args(b)
     b.set_defaults(func=cmd_bench)
 
 
@@ -94,7 +98,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bar.update(done - bar.n)
 
     try:
-        report = run_bench(args.path, cfg, progress)
+        report = run_bench(args.path, cfg, progress, **cache_options(args),
+                           storage_options=storage_options(args))
     finally:
         for b in bars.values():
             b.close()

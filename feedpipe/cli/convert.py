@@ -23,6 +23,7 @@ from converters.options import (
 from ..errors import ConfigError
 from ..schema.imaging import DEFAULT_MAX_PIXELS
 from .args import human, parse_size, size_arg
+from .remote_args import add_storage_args, storage_options
 
 if TYPE_CHECKING:
     from converters import ConvertResult
@@ -31,9 +32,13 @@ if TYPE_CHECKING:
 def register(sub: Any) -> None:
     """Add the ``convert`` subcommand to the ``feedpipe`` CLI's subparsers."""
     c = sub.add_parser("convert", help="pack images into LMDB, HDF5 or WebDataset shards")
-    c.add_argument("src", help="image folder, ImageFolder tree, or .csv/.jsonl manifest")
+    c.add_argument("src", help="image folder, ImageFolder tree, .csv/.jsonl manifest, WebDataset "
+                   "shards (folder, .tar/.tgz, brace pattern), or hf://org/name or a "
+                   "save_to_disk folder (docs/sources.md)")
+    c.add_argument("--split", default="train", help="Hugging Face source: the split to read")
     c.add_argument("--to", required=True, choices=get_args(Format))
-    c.add_argument("-o", "--out", required=True, type=Path)
+    c.add_argument("-o", "--out", required=True, help="output folder, or an object-store URL "
+                   "(s3://bucket/ds/: shards upload as they finish, the manifest last)")
     c.add_argument("--workers", type=int, default=None, help="processes (default: usable cores)")
     c.add_argument("--store", default="passthrough", choices=get_args(Store),
                    help="passthrough keeps JPEG bytes unchanged; raw stores decoded uint8 RGB")
@@ -59,6 +64,11 @@ def register(sub: Any) -> None:
     c.add_argument("--strict", action="store_true", help="fail on the first bad or refused "
                    "input, and on a class left with no samples")
     c.add_argument("--val-fraction", type=float, default=0.0)
+    c.add_argument("--split-root", choices=["separate", "field"],
+                   help="SRC holds train/val(/test) ImageFolder trees: one dataset each "
+                   "(separate) or one with a split field")
+    c.add_argument("--split-classes", default="agree", choices=["agree", "union"],
+                   help="split root: refuse differing class lists (agree) or use their union")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--overwrite", action="store_true")
     c.add_argument("--shard-size", default="256MB", type=size_arg,
@@ -66,8 +76,16 @@ def register(sub: Any) -> None:
     c.add_argument("--shard-count", type=int, default=10_000, help="wds: max samples per shard")
     c.add_argument("--compression", choices=["lzf", "gzip"], help="hdf5 chunk compression")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_storage_args(c)
+    c.add_argument("--part", metavar="i/N|auto/N",
+                   help="pack only the i-th of N slices of the sorted source into "
+                   "OUT/parts/ (auto: $SLURM_ARRAY_TASK_ID or $JOB_COMPLETION_INDEX); join "
+                   "the parts with `feedpipe merge OUT`")
     g = c.add_argument_group("segmentation masks and targets")
     g.add_argument("--masks", type=Path, help="mask folder, matched to images by file name")
+    g.add_argument("--mask-palette", metavar="auto|FILE.json",
+                   help="RGB colour masks: map colours to class indices with a palette file "
+                   "({\"#rrggbb\": index}) or auto (<= 256 colours, sorted; docs/sources.md)")
     g.add_argument("--mask-store", default="raw", choices=get_args(MaskStore),
                    help="lossless mask storage: raw (default, no decode when loading) or png "
                    "(smaller, ~0.4 ms to decode a 500x375 mask)")
@@ -86,13 +104,43 @@ def register(sub: Any) -> None:
     g.add_argument("--distance-dtype", default="float16", choices=get_args(TargetDtype),
                    help="storage; uint8/uint16 need --distance-truncate or --distance-normalize")
     g.add_argument("--boundary-width", type=float, default=1.0)
+    _label_args(c)
     c.set_defaults(func=cmd_convert)
+
+
+def _label_args(c: Any) -> None:
+    """Labels that follow the image (docs/fields.md): COCO boxes, typed manifest columns."""
+    g = c.add_argument_group("keypoints, boxes, text and arrays (docs/fields.md)")
+    g.add_argument("--coco", type=Path, help="a COCO instances.json whose images are in SRC: "
+                   "boxes, categories and iscrowd per image")
+    g.add_argument("--keypoints-column", help="manifest column of [[x, y(, v)], ...] pixels")
+    g.add_argument("--boxes-column", help="manifest column of [[x1, y1, x2, y2, label], ...]")
+    g.add_argument("--text-column", help="manifest column of text labels (UTF-8)")
+    g.add_argument("--array-column", action="append", default=[],
+                   help="manifest column of .npy paths or JSON lists (repeatable)")
+    g.add_argument("--flip-indices", help="comma-separated landmark order after a horizontal "
+                   "flip (left/right pairs swapped), e.g. 1,0,2")
+    g.add_argument("--vocab", help="the characters text labels may use (CTC index = position+1)")
+
+
+def _columns(args: argparse.Namespace) -> object:
+    from converters import LabelColumns
+
+    if not (args.keypoints_column or args.boxes_column or args.text_column or args.array_column):
+        return None
+    try:
+        flip = tuple(int(i) for i in args.flip_indices.split(",")) if args.flip_indices else None
+    except ValueError as exc:
+        raise ConfigError(f"--flip-indices {args.flip_indices}: use comma-separated ints") from exc
+    return LabelColumns(args.keypoints_column, args.boxes_column, args.text_column,
+                        tuple(args.array_column), flip, args.vocab)
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     from converters import convert, parse_resize
+    from converters.parts import parse_part
 
     writer_options: dict[str, object] = {}
     if args.to == "wds":
@@ -106,18 +154,26 @@ def cmd_convert(args: argparse.Namespace) -> int:
         bar.update(done - bar.n)
 
     try:
-        res = convert(args.src, args.out, to=args.to, workers=args.workers, store=args.store,
+        res = _convert_records(args, writer_options, progress)
+        res = res or convert(args.src, args.out, to=args.to, workers=args.workers, store=args.store,
                       resize=parse_resize(args.resize), codec=args.codec, quality=args.quality,
                       check=args.check, strict=args.strict, val_fraction=args.val_fraction,
                       seed=args.seed, overwrite=args.overwrite, writer_options=writer_options,
                       progress=progress, masks=args.masks, mask_store=args.mask_store,
                       mask_dtype=args.mask_dtype, num_classes=args.num_classes,
                       targets=_targets(args), extra_channels=args.extra_channels,
-                      max_pixels=args.max_pixels, layout=args.layout)
+                      max_pixels=args.max_pixels, layout=args.layout,
+                      mask_palette=args.mask_palette, split_root=args.split_root,
+                      split_classes=args.split_classes, coco=args.coco,
+                      columns=_columns(args),  # type: ignore[arg-type]
+                      storage_options=storage_options(args),
+                      part=parse_part(args.part) if args.part else None)
     except KeyboardInterrupt:
         bar.close()
-        print(f"feedpipe convert: interrupted; the partial output was removed and {args.out} was "
-              "left as it was", file=sys.stderr)
+        kept = ("the uploaded shards were kept without a manifest (nothing reads them as a "
+                "dataset); run the same command again to resume" if "://" in args.out else
+                f"the partial output was removed and {args.out} was left as it was")
+        print(f"feedpipe convert: interrupted; {kept}", file=sys.stderr)
         return 130
     finally:
         bar.close()
@@ -139,6 +195,32 @@ def cmd_convert(args: argparse.Namespace) -> int:
               + ", ".join(res.unmatched_masks[:5]) + (" ..." if len(res.unmatched_masks) > 5
                                                       else ""))
     return 0
+
+
+def _convert_records(args: argparse.Namespace, writer_options: dict[str, object],
+                     progress: Any) -> ConvertResult | None:
+    """Foreign WebDataset shards and Hugging Face datasets (converters.records); None for the
+    sources :func:`converters.convert` reads."""
+    from converters import PackOptions, parse_resize
+    from converters.external import record_source
+
+    src = record_source(args.src, args.split)
+    if src is None:
+        return None
+    from converters.records import pack_records
+
+    unused = [flag for flag, v in (("--masks", args.masks), ("--targets", args.targets),
+                                   ("--target", args.target), ("--split-root", args.split_root),
+                                   ("--mask-palette", args.mask_palette)) if v]
+    if unused:
+        raise ConfigError(f"{args.src}: {', '.join(unused)} apply to image folders and "
+                          "manifests, not to WebDataset shards or Hugging Face datasets")
+    opts = PackOptions(store=args.store, resize=parse_resize(args.resize), codec=args.codec,
+                       quality=args.quality, check=args.check, extra_channels=args.extra_channels,
+                       max_pixels=args.max_pixels)
+    return pack_records(src, args.out, to=args.to, options=opts, strict=args.strict,
+                        overwrite=args.overwrite, val_fraction=args.val_fraction, seed=args.seed,
+                        writer_options=writer_options, progress=progress)
 
 
 def _print_stored(res: ConvertResult) -> None:

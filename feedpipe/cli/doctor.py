@@ -5,19 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any
+
+from .remote_args import add_storage_args, storage_options
 
 
 def register(sub: Any) -> None:
     """Add the ``doctor`` subcommand to the ``feedpipe`` CLI's subparsers."""
     d = sub.add_parser("doctor", help="check the machine and a dataset for slow-loading causes")
-    d.add_argument("path", type=Path, nargs="?", help="packed dataset or image folder (optional)")
+    d.add_argument("path", nargs="?", help="packed dataset, image folder or URL (optional; a URL "
+                   "gets the fetch bandwidth against the decode rate)")
     d.add_argument("--no-bench", action="store_true", help="skip the short bench of PATH")
     d.add_argument("--batches", type=int, default=8, help="short bench: batches (default 8)")
     d.add_argument("--batch-size", type=int, default=64, help="for the bench and /dev/shm sizing")
     d.add_argument("--size", type=int, default=224, help="output HxW for the bench and sizing")
     d.add_argument("--json", action="store_true", help="print the findings as JSON")
+    add_storage_args(d)
     d.set_defaults(func=cmd_doctor)
 
 
@@ -28,8 +31,15 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     if args.path is not None and not args.no_bench and not args.json:
         print("running a short bench ...", file=sys.stderr)
-    rep = run_doctor(args.path, bench=not args.no_bench, batches=args.batches,
-                     batch_size=args.batch_size, size=args.size)
+    from ..storage import is_remote
+
+    remote = args.path is not None and is_remote(args.path)
+    rep = run_doctor(None if remote else args.path, bench=not args.no_bench,
+                     batches=args.batches, batch_size=args.batch_size, size=args.size)
+    if remote:  # the fetch bandwidth against the decode rate (feedpipe.tools.remote_doctor)
+        from ..tools.remote_doctor import with_network
+
+        rep = with_network(rep, args.path, storage_options(args))
     if args.json:
         print(json.dumps(rep.to_json(), indent=1))
         return rep.exit_code

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,18 +11,27 @@ import numpy as np
 from ..dataset.manifest import Manifest
 from ..schema.masks import MaskField, TargetField
 from .args import human
+from .remote_args import add_storage_args, storage_options
 
 
 def register(sub: Any) -> None:
     """Add the ``info`` subcommand to the ``feedpipe`` CLI's subparsers."""
     i = sub.add_parser("info", help="print a dataset's manifest summary")
-    i.add_argument("path", type=Path)
+    i.add_argument("path", help="dataset folder or URL (s3://bucket/ds/)")
     i.add_argument("--json", action="store_true", help="print the whole manifest")
+    add_storage_args(i)
     i.set_defaults(func=cmd_info)
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    m = Manifest.read(args.path)
+    from ..storage import is_remote
+
+    if is_remote(args.path):
+        from ..dataset.remote_verify import read_manifest
+
+        m = read_manifest(args.path, storage_options(args))
+    else:
+        m = Manifest.read(args.path)
     if args.json:
         print(json.dumps(m.to_json(), indent=1))
         return 0

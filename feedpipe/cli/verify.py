@@ -3,22 +3,32 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
+
+from .remote_args import add_storage_args, storage_options
 
 
 def register(sub: Any) -> None:
     """Add the ``verify`` subcommand to the ``feedpipe`` CLI's subparsers."""
     v = sub.add_parser("verify", help="re-read every record; non-zero exit on damage")
-    v.add_argument("path", type=Path)
+    v.add_argument("path", help="dataset folder or URL (every object fetched, its SHA-256 "
+                   "checked)")
     v.add_argument("--no-decode", action="store_true", help="skip decoding images")
+    add_storage_args(v)
     v.set_defaults(func=cmd_verify)
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from ..dataset.verify import verify  # the format readers (h5py, lmdb): only when it runs
+    from ..storage import is_remote
 
-    report = verify(args.path, decode=not args.no_decode)
+    if is_remote(args.path):
+        from ..dataset.remote_verify import verify_remote
+
+        report = verify_remote(args.path, decode=not args.no_decode,
+                               storage_options=storage_options(args))
+    else:
+        report = verify(args.path, decode=not args.no_decode)
     for line in report.notes:
         print(f"NOTE {line}")
     for line in report.problems:

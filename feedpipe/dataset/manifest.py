@@ -14,17 +14,37 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..errors import IncompleteDatasetError, ManifestError, UnsafePathError
-from ..paths import write_atomic
+from ..errors import (
+    ConfigError,
+    IncompleteDatasetError,
+    ManifestError,
+    NotADatasetError,
+    UnsafePathError,
+)
+from ..paths import url_scheme, write_atomic
 from ..schema.model import Schema
 
 MANIFEST_NAME = "feedpipe.json"
 MANIFEST_VERSION = 1
 # Version 2 adds a crc32 per record and field, checked on every read; version 1 still reads.
-FORMAT_VERSIONS = {"lmdb": 2, "hdf5": 2, "wds": 2}
+# WebDataset version 3 keeps the source path in the index, not the tars; 1 and 2 still read.
+FORMAT_VERSIONS = {"lmdb": 2, "hdf5": 2, "wds": 3}
 #: files each format's reader opens by a fixed name, checked like the ones the manifest names
 FORMAT_FILES = {"lmdb": ("data.mdb",), "hdf5": ("data.h5",),
-                "wds": ("index-offsets.npy", "index-shards.npy", "index-keys.npy")}
+                "wds": ("index-offsets.npy", "index-shards.npy", "index-keys.npy",
+                        "index-values.npy")}
+
+
+def refuse_url(location: str | os.PathLike[str], what: str) -> None:
+    """Raise ConfigError for a URL-looking ``location`` where only a local path works, so that
+    ``s3://bucket/ds`` never becomes a local folder named ``s3:``."""
+    scheme = url_scheme(location)
+    if scheme is not None:
+        mangled = "://" not in os.fspath(location)
+        raise ConfigError(f"{location}: {what} is a {scheme}:// URL, and this takes a local path "
+                          "only (remote datasets: docs/remote.md)"
+                          + ("; pass a URL as a str: pathlib.Path drops one of its slashes"
+                             if mangled else ""))
 
 
 @dataclass(frozen=True)
@@ -91,8 +111,11 @@ class Manifest:
     @classmethod
     def read(cls, root: str | os.PathLike[str]) -> "Manifest":
         """Read and validate; a missing or partial manifest means the conversion did not finish."""
+        refuse_url(root, "the dataset")
         root = Path(root)
         path = root / MANIFEST_NAME
+        if root.is_file():
+            raise NotADatasetError(_what_file(root))
         if not root.is_dir():
             raise FileNotFoundError(f"{root}: no such dataset directory")
         if not path.is_file():
@@ -140,8 +163,11 @@ class Manifest:
 
     def check_paths(self, root: Path) -> None:
         """Refuse every file name this manifest makes a reader open (or a DALI index be written
-        beside) unless it is a plain name of a file inside ``root``: a manifest must never lead
-        feedpipe outside its dataset."""
+        beside) unless it names a file inside ``root``: a plain name, or a relative ``a/b`` path
+        of plain components (a merged dataset names its parts' files, ``parts/part-00000-of-00004/
+        shard-000000.tar``). Absolute paths, ``..``, ``.``, empty components, backslashes and
+        symlinks that resolve outside are refused: a manifest must never lead feedpipe outside
+        its dataset."""
         path = root / MANIFEST_NAME
         names = [(f"files[{i}].name", f.name) for i, f in enumerate(self.files)]
         shards = self.extra.get("shards", [])
@@ -149,14 +175,20 @@ class Manifest:
             raise ManifestError(f"{path}: extra.shards is {type(shards).__name__}, not a list of "
                                 "shard file names")
         names += [(f"extra.shards[{i}]", s) for i, s in enumerate(shards)]
+        parts = self.extra.get("parts", [])
+        if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
+            raise ManifestError(f"{path}: extra.parts is not a list of part entries")
+        names += [(f"extra.parts[{i}].dir", p.get("dir")) for i, p in enumerate(parts)]
         names += [(f"{self.format} data file", n) for n in FORMAT_FILES[self.format]]
         inside = root.resolve()
         for what, name in names:
-            if not isinstance(name, str) or name in ("", ".", "..") or os.path.isabs(name) \
-                    or any(c in name for c in ("/", "\\", "\0")):
+            if not isinstance(name, str) or os.path.isabs(name) \
+                    or any(c in name for c in ("\\", "\0")) \
+                    or any(part in ("", ".", "..") for part in name.split("/")):
                 raise UnsafePathError(f"{path}: {what} is {name!r}: a dataset file must be a plain "
-                                      "name inside the dataset directory (no absolute path, no "
-                                      "'..', no path separator); refusing to open it")
+                                      "name or a relative path inside the dataset directory (no "
+                                      "absolute path, no '..' or '.', no empty component, no "
+                                      "backslash); refusing to open it")
             try:
                 real = (root / name).resolve()
             except (OSError, RuntimeError) as exc:  # a symlink loop
@@ -165,3 +197,22 @@ class Manifest:
             if not real.is_relative_to(inside):
                 raise UnsafePathError(f"{path}: {what} {name!r} is a symlink to {real}, outside "
                                       f"the dataset directory {inside}; refusing to open it")
+
+
+def _what_file(path: Path) -> str:
+    """Why a file is not a dataset, and what to run: a dataset is a directory."""
+    with open(path, "rb") as fh:
+        head = fh.read(512)
+    if head[:2] == b"\x1f\x8b":
+        what = "a gzip file (a .tgz WebDataset shard?)"
+        run = (f"feedpipe convert {path.parent} --to wds -o OUT (gzip cannot be read in "
+               "place), then open OUT")
+    elif head[257:262] == b"ustar" or path.suffix.lower() == ".tar":
+        what = "a tar file (a WebDataset shard?)"
+        run = (f"feedpipe index {path.parent} (reads the shards in place) or feedpipe convert "
+               f"{path.parent} --to lmdb -o OUT")
+    else:
+        what = "a file"
+        run = "feedpipe convert SRC --to lmdb -o OUT, then open OUT"
+    return (f"{path}: is {what}, not a dataset directory; feedpipe opens the folder a conversion "
+            f"or an index wrote. Run: {run}")

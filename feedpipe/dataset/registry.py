@@ -3,25 +3,38 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import DatasetReplacedError
+from ..storage import is_remote, local_path
 from .formats.base import DatasetReader, DatasetWriter, root_identity, sample_key
 from .formats.hdf5 import Hdf5Reader, Hdf5Writer
 from .formats.lmdb import LmdbReader, LmdbWriter
 from .formats.wds import WdsReader, WdsWriter
 from .manifest import Manifest
+from .remote import open_remote
 
 READERS: dict[str, type[DatasetReader]] = {"lmdb": LmdbReader, "hdf5": Hdf5Reader, "wds": WdsReader}
 WRITERS: dict[str, type[DatasetWriter]] = {"lmdb": LmdbWriter, "hdf5": Hdf5Writer, "wds": WdsWriter}
 
 
-def open_dataset(path: str | os.PathLike[str], **options: Any) -> DatasetReader:
-    """Open a packed dataset directory; the format comes from its manifest.
+def open_dataset(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_limit: str | int | None = None,
+                 storage_options: Mapping[str, Any] | None = None,
+                 **options: Any) -> DatasetReader:
+    """Open a packed dataset directory, or a dataset URL (s3://, gs://, https://, hf://,
+    file://); the format comes from its manifest.
 
     Raises IncompleteDatasetError when the directory has no complete manifest (an unfinished
-    conversion). ``options`` go to the format's reader (e.g. ``readahead=False`` for LMDB).
+    conversion). ``options`` go to the format's reader (e.g. ``readahead=False`` for LMDB). A URL
+    is read through the node-local cache ``cache_dir`` bounded by ``cache_limit`` (bytes or
+    "200GB"), with ``storage_options`` passed to its fsspec filesystem
+    (:mod:`feedpipe.dataset.remote`).
     """
+    if is_remote(path):
+        return open_remote(str(path), cache_dir=cache_dir, cache_limit=cache_limit,
+                           storage_options=storage_options, **options)
+    path = local_path(path)
     for _ in range(3):  # a re-conversion may swap the directory between these steps
         before = root_identity(path)
         manifest = Manifest.read(path)

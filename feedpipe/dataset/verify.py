@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import FeedpipeError
 from .formats.wds import WdsReader
-from .manifest import FileEntry, Manifest
+from .manifest import FileEntry, Manifest, refuse_url
 from .registry import open_dataset
 
 
@@ -33,6 +33,7 @@ class VerifyReport:
 
 def verify(path: str | os.PathLike[str], *, decode: bool = True, chunk: int = 256) -> VerifyReport:
     """Check sizes and SHA-256 of the manifest's files, then read every record."""
+    refuse_url(path, "the dataset")
     root = Path(path)
     manifest = Manifest.read(root)
     report = VerifyReport()

@@ -9,10 +9,11 @@ import logging
 import os
 from dataclasses import fields as dataclass_fields
 from dataclasses import replace
-from typing import Any, Callable, ParamSpec, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Mapping, ParamSpec, Protocol, Sequence, TypeVar
 
 import torch
 
+from ..dataset.mixed import MixedReader
 from ..dataset.registry import DatasetReader, open_dataset
 from ..errors import ConfigError
 from ..schema.fields import ImageField
@@ -27,14 +28,18 @@ from .config import (
     DecodeOn,
     Dtype,
     LoaderConfig,
+    MixClasses,
     MpContext,
     OnError,
+    Ragged,
     Tune,
     Uneven,
     auto_workers,
     usable_cores,
 )
 from .dali.backend import DaliLoader, choose_backend, dali_loader
+from .mixing import Sources, open_mix
+from .passthrough import warn_meta
 from .protocol import Loader, LoaderView
 from .sampler import World
 from .torch.backend import TorchLoader
@@ -100,7 +105,7 @@ def _keywords_checked(fn: Callable[P, R]) -> Callable[P, R]:
 
 
 @_keywords_checked
-def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
+def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_size: int, *,
                 shuffle: bool = True, seed: int = 0, drop_last: bool = False,
                 uneven: Uneven = "pad", fields: Sequence[str] | None = None,
                 size: int | tuple[int, int] | None = None, crop: Crop = "center_crop",
@@ -115,9 +120,20 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
                 prefetch_factor: int | Auto = "auto", pin_memory: bool | Auto = "auto",
                 persistent_workers: bool | Auto = "auto",
                 multiprocessing_context: MpContext | None = None, shuffle_buffer: int = 1000,
+                shuffle_window: int | None = 8,
                 on_error: OnError = "raise", max_pixels: int | None = None,
-                world: World | None = None) -> Loader:
-    """Open ``source`` (a packed dataset path or an opened dataset) and return a batch loader.
+                ragged: Ragged = "pad", min_box_fraction: float = 0.0,
+                cache_dir: str | os.PathLike[str] | None = None,
+                cache_limit: int | str | None = None,
+                storage_options: dict[str, Any] | None = None,
+                world: World | None = None, weights: Sequence[float] | None = None,
+                epoch_size: int | None = None, mix_classes: MixClasses = "equal") -> Loader:
+    """Open ``source`` (a packed dataset path or URL, or an opened dataset) and return a batch
+    loader.
+
+    ``source`` may also be a list of them, or a dict ``{name: dataset}``: a mix, read as one
+    dataset with a ``source`` field (the dataset's position; names in ``loader.source_names``);
+    see docs/mixing.md.
 
     Yields dicts of tensors on the target device — ``image`` as N×C×H×W (normalized ``dtype``,
     channels_last by default), ``label`` as N int64 — plus any other requested ``fields``. Either
@@ -153,10 +169,25 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
     - ``pin_memory``: page-locked host batches for faster copies; "auto": on for CUDA.
     - ``persistent_workers``: keep workers between epochs; "auto": when there are workers.
     - ``multiprocessing_context``: "fork", "spawn", "forkserver" or None (torch's default).
-    - ``shuffle_buffer``: WebDataset's in-shard shuffle window, in samples.
+    - ``shuffle_buffer``: WebDataset's shuffle buffer, in samples (with ``shuffle_window=None``,
+      and DALI's ``dali_reader="webdataset"``).
+    - ``shuffle_window``: sharded data: each rank's samples shuffled within windows of this many
+      of its shards, so each shard is read once, inside one window (docs/shuffle.md); None:
+      the shuffle buffer instead.
     - ``on_error``: a corrupt sample "raise"s, or is "skip"ped (counted, named, refilled).
     - ``max_pixels``: decompression-bomb limit (width × height); None: the dataset's own.
+    - ``ragged``: boxes and variable-shape arrays as "pad" (N×max rows + counts/lengths) or
+      "list" (a tensor per sample); keypoints, text and boxes: see docs/fields.md.
+    - ``min_box_fraction``: drop boxes keeping less of their area inside the crop (0..1).
+    - ``cache_dir``: for a URL source (s3://, gs://, https://, hf://), the node-local cache all
+      ranks and workers share (default ``$FEEDPIPE_CACHE`` or ``~/.cache/feedpipe/remote``).
+    - ``cache_limit``: that cache's bound, bytes or "200GB"; None: unbounded.
+    - ``storage_options``: passed to the URL's fsspec filesystem (endpoint, credentials).
     - ``world``: this process's rank and world size (default: from the torchrun environment).
+    - ``weights``: a mix's shares of each epoch, one per dataset (None: each sample once).
+    - ``epoch_size``: a mix's samples per epoch (None: the datasets' sizes summed).
+    - ``mix_classes``: a mix whose ``label`` class lists differ: "equal" refuses, "union"
+      remaps the labels into one list.
 
     An unknown keyword raises ``TypeError`` naming it and the closest option.
     """
@@ -164,13 +195,22 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
                if name in _DEFAULTS and not _same(value, _DEFAULTS[name])}
     world = world or World.detect()
     cfg = LoaderConfig(batch_size=batch_size, **options)
-    reader = source if isinstance(source, DatasetReader) else open_dataset(source)
+    if isinstance(source, (list, tuple, Mapping)):
+        reader: DatasetReader = open_mix(source, cfg)
+    elif cfg.weights is not None or cfg.epoch_size is not None:
+        raise ConfigError("weights and epoch_size mix several datasets: pass a list of them "
+                          "(make_loader([a, b], ..., weights=[0.7, 0.3]))", option="weights")
+    else:
+        reader = source if isinstance(source, DatasetReader) else open_dataset(
+            source, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit,  # type: ignore[arg-type]
+            storage_options=cfg.storage_options)  # a path or URL: lists are mixes, above
     reader.require_samples("make_loader")
     device = _device(cfg.device)
     fields = cfg.fields_in(reader.schema)
     images = [f for f in (reader.schema[n] for n in fields if n in reader.schema)
               if isinstance(f, ImageField)]
     decodes = any(f.codec != "raw" for f in images)
+    warn_meta(reader.root, cfg, reader.schema, fields, images)
     if cfg.num_workers == "tune":  # either backend: autotune measures the one chosen here
         if _tuner is None:
             raise ConfigError("num_workers='tune' is measured by feedpipe.tools.tune.autotune: "
@@ -180,13 +220,21 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader, batch_size: int,
                        **{k: v for k, v in options.items() if k != "num_workers"})
         cfg = replace(cfg, **tuned.loader_options())
     if choose_backend(reader, cfg, device) == "dali":
-        return dali_loader(reader, cfg, world, device)  # resolves its own "auto" values
+        return _named(dali_loader(reader, cfg, world, device), reader)  # resolves its "auto"s
     cfg = cfg.resolve(cuda=device.type == "cuda", decodes=decodes)
     log.info("feedpipe loader: %s (%s), %d samples, rank %d/%d, device %s, workers %s, "
              "jpeg decoder %s", reader.root, reader.format_name, len(reader), world.rank,
              world.size, device, cfg.num_workers, decoder_info()["jpeg_decoder"])
     jpeg = any(f.codec == "jpeg" for f in images)
-    return TorchLoader(reader, cfg, world, device, choose_decoder(cfg.decode_on, device, jpeg))
+    return _named(TorchLoader(reader, cfg, world, device,
+                              choose_decoder(cfg.decode_on, device, jpeg)), reader)
+
+
+def _named(loader: Loader, reader: DatasetReader) -> Loader:
+    """A mix's loader says which dataset each ``source`` value stands for."""
+    if isinstance(reader, MixedReader):
+        loader.source_names = reader.names  # type: ignore[attr-defined]
+    return loader
 
 
 __all__ = ["DaliLoader", "Loader", "LoaderConfig", "LoaderView", "TorchLoader", "auto_workers",

@@ -14,6 +14,7 @@ from typing import Any, Container, Literal, get_args, get_type_hints
 
 from ..checks import conforms, describe
 from ..errors import ConfigError
+from ..storage.cache import parse_size
 
 Crop = Literal["resize", "center_crop", "random_resized_crop", "none"]
 Backend = Literal["auto", "torch", "dali"]
@@ -23,7 +24,9 @@ DecodeOn = Literal["auto", "cpu", "device"]
 Dtype = Literal["float32", "float16", "bfloat16", "uint8"]
 Uneven = Literal["pad", "drop"]
 MpContext = Literal["fork", "spawn", "forkserver"]
+Ragged = Literal["pad", "list"]  # boxes and variable-shape arrays: see loader/labels.py
 Auto = Literal["auto"]
+MixClasses = Literal["equal", "union"]
 Tune = Literal["tune"]  # measured by make_loader through feedpipe.tools.tune.autotune
 
 _DTYPES = get_args(Dtype)
@@ -31,6 +34,7 @@ _DTYPES = get_args(Dtype)
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_FIELDS = ("image", "label")  # what a loader yields when ``fields`` is not given
+RAW_WORKERS = 2  # "auto" workers for decode-free data: memory-bound, more were not measured
 PREFETCH_DECODE = 4  # batches each worker keeps ahead when it decodes ("auto"; 2 when it does not)
 SHM_HEADROOM = 2  # /dev/shm must hold this many times the slot ring before the ring is used
 
@@ -50,8 +54,17 @@ _HOW = {
                    "main process)",
     "prefetch_factor": "use 'auto' or an int >= 1",
     "on_error": "use 'raise' or 'skip' (count and refill)",
+    "shuffle_window": "use a positive shard count, or None for the shuffle buffer",
     "max_pixels": "use a positive pixel count (width x height) or None for the dataset's own "
                   "limit",
+    "ragged": "use 'pad' (N×max rows plus counts/lengths: fixed-rank tensors, for DDP and "
+              "torch.compile) or 'list' (one tensor per sample)",
+    "min_box_fraction": "use a fraction in [0, 1] of a box's area that must stay in the crop",
+    "weights": "give one positive weight per mixed dataset (make_loader([a, b], ...)), or None "
+               "(each sample once per epoch)",
+    "epoch_size": "use a positive sample count per epoch, or None (the datasets' sizes summed)",
+    "mix_classes": "use 'equal' (refuse differing class lists) or 'union' (remap labels into "
+                   "one list)",
     "mean": "give three per-channel values (RGB, in 0..1 units), or None",
     "std": "give three per-channel values (RGB, in 0..1 units), or None",
 }
@@ -91,8 +104,17 @@ class LoaderConfig:
     persistent_workers: bool | Auto = "auto"
     multiprocessing_context: MpContext | None = None
     shuffle_buffer: int = 1000
+    shuffle_window: int | None = 8  # sharded data: shards per shuffle window (None: the buffer)
     on_error: OnError = "raise"
     max_pixels: int | None = None  # None: the dataset's recorded limit, else DEFAULT_MAX_PIXELS
+    ragged: Ragged = "pad"  # boxes and variable-shape arrays: padded with counts, or lists
+    min_box_fraction: float = 0.0  # boxes keeping less of their area in the crop are dropped
+    weights: tuple[float, ...] | None = None  # a mix's shares (feedpipe.loader.mixing)
+    epoch_size: int | None = None  # a mix's samples per epoch; None: the sizes summed
+    mix_classes: MixClasses = "equal"
+    cache_dir: str | None = None  # a URL's node-local cache (None: $FEEDPIPE_CACHE or ~/.cache)
+    cache_limit: int | str | None = None  # its size bound: bytes or "200GB"; None: unbounded
+    storage_options: dict[str, Any] | None = None  # passed to the URL's fsspec filesystem
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -128,21 +150,33 @@ class LoaderConfig:
             bad(f"prefetch_factor={self.prefetch_factor!r}: {_HOW['prefetch_factor']}")
         if self.shuffle_buffer < 1:
             bad(f"shuffle_buffer={self.shuffle_buffer}: use a positive sample count")
+        if self.shuffle_window is not None and self.shuffle_window < 1:
+            bad(f"shuffle_window={self.shuffle_window}: {_HOW['shuffle_window']}")
         if self.max_pixels is not None and self.max_pixels < 1:
             bad(f"max_pixels={self.max_pixels!r}: {_HOW['max_pixels']}")
+        if not 0.0 <= self.min_box_fraction <= 1.0:
+            bad(f"min_box_fraction={self.min_box_fraction!r}: {_HOW['min_box_fraction']}")
+        if self.weights is not None and (not self.weights or min(self.weights) < 0
+                                         or sum(self.weights) <= 0):
+            bad(f"weights={self.weights!r}: {_HOW['weights']}")
+        if self.epoch_size is not None and self.epoch_size < 1:
+            bad(f"epoch_size={self.epoch_size!r}: {_HOW['epoch_size']}")
+        parse_size(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
 
     def _normalize(self) -> None:
         """The spellings taken for convenience: an int size is a square, lists are tuples, and
         mean/std become floats, and a ``torch.device`` its string."""
+        if isinstance(self.cache_dir, os.PathLike):
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
         if not isinstance(self.device, str) and hasattr(self.device, "type"):
             object.__setattr__(self, "device", str(self.device))
         if isinstance(self.size, int) and not isinstance(self.size, bool):
             object.__setattr__(self, "size", (self.size, self.size))
-        for name in ("fields", "size", "scale", "ratio", "mean", "std"):
+        for name in ("fields", "size", "scale", "ratio", "mean", "std", "weights"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
-        for name in ("mean", "std", "scale", "ratio"):
+        for name in ("mean", "std", "scale", "ratio", "weights"):
             value = getattr(self, name)
             if isinstance(value, tuple) and all(conforms(v, float) for v in value):
                 object.__setattr__(self, name, tuple(float(v) for v in value))
@@ -188,11 +222,12 @@ def auto_workers(decodes: bool, cores: int | None = None, local_procs: int | Non
     Usable cores are shared among the local data-parallel processes (``LOCAL_WORLD_SIZE``, one
     per local GPU under torchrun). Decoding is CPU-bound, so each process gets one worker per
     core of its share (the main process mostly waits on the queue and copies to the device).
-    Raw, decode-free data is memory-bound and loads fastest in the main process (0 workers):
-    zero-copy reads plus one copy per sample beat shipping each batch through worker shared
-    memory, whose fresh pages cost more than the copy (benchmarks/bench_loader.py).
+    Raw, decode-free data is memory-bound: at most :data:`RAW_WORKERS` workers. Since batches
+    travel in a reused shared-memory ring, 2 workers load it faster than the main process
+    (1.1-2.9x in four side-by-side runs of ``benchmarks/bench_kernel.py --groups raw``) for
+    about the same CPU per sample, and leave the main process free for the training step.
     """
     cores = cores or usable_cores()
     local = local_procs or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     share = max(1, cores // max(1, local))
-    return share if decodes else 0
+    return share if decodes else min(share, RAW_WORKERS)

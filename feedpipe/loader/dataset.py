@@ -19,6 +19,7 @@ from ..errors import ConfigError, CorruptRecordError
 from ..schema.fields import ArrayField, Field, ImageField, LabelField
 from ..schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png
 from ..schema.masks import MaskField, TargetField
+from .labels import Collector, Ragged, check_keys, collects
 from .sampler import BatchRequest, rng_for
 from .torch.device_decode import EncodedBatch, plan_encoded
 from .transforms import Geometry, ImageOp
@@ -42,6 +43,7 @@ class _Column:
     field: Field
     shape: tuple[int, ...] | None  # per-sample shape when the column stacks into one array
     dtype: np.dtype | None = None  # batch dtype of a stacked column
+    collect: bool = False  # keypoints, boxes, text, padded arrays: see loader/labels.py
 
     @property
     def spatial(self) -> bool:
@@ -68,13 +70,15 @@ class BatchDataset(torch.utils.data.Dataset):
 
     def __init__(self, reader: DatasetReader, fields: Sequence[str], op: ImageOp, *, seed: int,
                  on_error: str, encoded_images: bool = False,
-                 max_pixels: int | None = None) -> None:
+                 max_pixels: int | None = None, ragged: Ragged = "pad",
+                 min_box_fraction: float = 0.0) -> None:
         # the pixel limit: the caller's, else the one the converter recorded, else the default
         limit = max_pixels or reader.manifest.conversion.get("max_pixels") or DEFAULT_MAX_PIXELS
         op = replace(op, max_pixels=int(limit))
         self.reader, self.op, self.seed, self.on_error = reader, op, seed, on_error
         # decode on the device: images leave the worker still encoded (see device_decode.py)
         self.encoded_images = encoded_images
+        self.ragged, self.min_box_fraction = ragged, min_box_fraction
         self.columns: list[_Column] = []
         for name in fields:
             if name not in reader.schema:
@@ -103,6 +107,9 @@ class BatchDataset(torch.utils.data.Dataset):
                 shape = (*hw, *extra)  # type: ignore[arg-type]
                 dtype = _torch_int(np.dtype(f.dtype)) if isinstance(f, MaskField) \
                     else target_batch_dtype(f)
+            elif collects(f, ragged):
+                self.columns.append(_Column(f, None, None, True))
+                continue
             elif isinstance(f, LabelField):
                 shape, dtype = (), np.dtype(np.int64)
             elif isinstance(f, ArrayField) and f.fixed:
@@ -110,6 +117,7 @@ class BatchDataset(torch.utils.data.Dataset):
             else:
                 shape = None
             self.columns.append(_Column(f, shape, dtype))
+        check_keys([c.field for c in self.columns], ragged)
         # the image goes first: its decode fixes the geometry the masks and targets follow
         self.columns.sort(key=lambda c: not isinstance(c.field, ImageField))
         self.names = [c.field.name for c in self.columns]
@@ -137,6 +145,9 @@ class BatchDataset(torch.utils.data.Dataset):
         views = {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
         rng = rng_for(self.seed, req.epoch, req.rank, req.number) if self.op.random else None
         fallbacks: dict[int, str] = {}  # by batch position: a retried or refilled one replaces
+        collected = {c.field.name: Collector(c.field, n, self.op.size, self.ragged,
+                                             self.min_box_fraction)
+                     for c in self.columns if c.collect}
 
         def fill(pos: int, stored: dict[str, Any], index: int) -> None:
             geo: Geometry | None = None
@@ -160,6 +171,8 @@ class BatchDataset(torch.utils.data.Dataset):
                         t = stored[name]
                         geo = geo or self.op.plan(t.shape[0], t.shape[1], rng)
                         self.op.apply_target(t, f, geo, views[name][pos], name)
+                    elif col.collect:
+                        collected[name].put(pos, stored[name], geo, name)
                     elif name in views:
                         views[name][pos] = stored[name]
                     else:
@@ -172,7 +185,12 @@ class BatchDataset(torch.utils.data.Dataset):
             self.reader.visit(req, lambda pos, stored: fill(pos, stored, req[pos]), self.names)
         else:
             self._fill_skipping(req, fill, skipped)
+        for name, collector in collected.items():  # transformed and padded once per batch
+            del out[name]
+            out.update(collector.finish())
         for col in self.columns:  # variable-shape arrays travel as a list of tensors
+            if col.collect:
+                continue
             if col.shape is None and isinstance(col.field, ImageField):
                 files, geos, idx = zip(*out[col.field.name]) if n else ((), (), ())
                 out[col.field.name] = EncodedBatch.pack(files, [g[:4] for g in geos],

@@ -1,8 +1,14 @@
-"""Who reads what, shared by both backends: the process layout, per-epoch sample order, equal
-per-rank batch plans (:class:`PlanSampler`) and the resumable position (:class:`EpochPosition`).
+"""Who reads what, shared by both backends: the process layout, equal per-rank batch plans
+(:class:`PlanSampler`) dealt from each epoch's global order (:mod:`feedpipe.loader.order`).
 
 Everything here is a pure function of (dataset layout, seed, epoch, world), so every rank computes
 the same global order without communicating, and the order never depends on ``num_workers``.
+
+The seam, for any order (a mix of datasets included): an :class:`~feedpipe.loader.order.OrderSpec`
+builds an epoch's streams; their interleaving is the epoch's global order; a fresh epoch gives
+rank r stream r, a resumed one (:class:`Segment`) deals the unread rest of the global order
+round-robin; :func:`plan_batches` equalizes and batches. A position is then one number, the
+samples of the global order consumed (:mod:`feedpipe.loader.position`).
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ import numpy as np
 from torch.utils.data import Sampler
 
 from ..dataset.formats.base import DatasetReader
+from ..dataset.mixed import MixedReader
 from ..errors import ConfigError, EmptyDatasetError
 from .config import LoaderConfig
+from .mixing import mix_order
+from .order import OrderSpec, consumed, interleave, rng_for, shuffle_buffer
 
 Uneven = Literal["pad", "drop"]
 
@@ -46,62 +55,6 @@ class World:
         return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
 
 
-def rng_for(*key: int) -> np.random.Generator:
-    """A generator determined only by the non-negative integer key (seed, epoch, ...)."""
-    return np.random.Generator(np.random.Philox(np.random.SeedSequence([int(k) for k in key])))
-
-
-def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
-    """The order a WebDataset-style shuffle buffer of ``size`` produces from ``stream``."""
-    if size <= 1 or len(stream) <= 1:
-        return stream.copy()
-    out = np.empty_like(stream)
-    buf = list(stream[:size])
-    picks = rng.integers(0, 1 << 62, size=len(stream))
-    k = 0
-    for item in stream[size:]:
-        j = int(picks[k] % len(buf))
-        out[k] = buf[j]
-        buf[j] = item
-        k += 1
-    rest = np.asarray(buf, dtype=stream.dtype)
-    rng.shuffle(rest)
-    out[k:] = rest
-    return out
-
-
-def rank_streams(n: int, world: World, *, seed: int, epoch: int, shuffle: bool,
-                 shards: Sequence[range] | None = None, buffer: int = 1000) -> list[np.ndarray]:
-    """Each rank's sample indices for one epoch (before equalizing lengths).
-
-    Map-style data: one seeded permutation, dealt round-robin to ranks. Sharded data: a seeded
-    shard shuffle, whole shards dealt to ranks, then a seeded shuffle buffer within each rank;
-    with fewer shards than ranks it falls back to sample-level splitting and warns.
-    """
-    rng = rng_for(seed, epoch)
-    if shards is None or len(shards) == 0:
-        order = rng.permutation(n) if shuffle else np.arange(n)
-        return [order[r:: world.size] for r in range(world.size)]
-    shard_order = rng.permutation(len(shards)) if shuffle else np.arange(len(shards))
-    if len(shards) < world.size:
-        warnings.warn(f"{len(shards)} shards for {world.size} ranks: splitting by sample instead "
-                      "of by shard (write more, smaller shards to keep reads shard-local)",
-                      stacklevel=3)
-        flat = np.concatenate([np.arange(shards[s].start, shards[s].stop) for s in shard_order])
-        if shuffle:
-            flat = shuffle_buffer(flat, buffer, rng)
-        return [flat[r:: world.size] for r in range(world.size)]
-    streams = []
-    for r in range(world.size):
-        mine = shard_order[r:: world.size]
-        flat = np.concatenate([np.arange(shards[s].start, shards[s].stop, dtype=np.int64)
-                               for s in mine]) if len(mine) else np.zeros(0, np.int64)
-        if shuffle:
-            flat = shuffle_buffer(flat, buffer, rng_for(seed, epoch, r + 1))
-        streams.append(flat)
-    return streams
-
-
 def plan_batches(streams: list[np.ndarray], rank: int, batch_size: int, *, drop_last: bool,
                  uneven: Uneven) -> list[np.ndarray]:
     """This rank's batches, with exactly the same count on every rank.
@@ -120,53 +73,6 @@ def plan_batches(streams: list[np.ndarray], rank: int, batch_size: int, *, drop_
     mine = mine[:target]
     count = target // batch_size if drop_last else -(-target // batch_size)
     return [mine[b * batch_size: (b + 1) * batch_size] for b in range(count)]
-
-
-# --- position: where the next iteration starts ----------------------------------------------------
-
-class EpochPosition:
-    """``set_epoch`` / ``state_dict`` / ``load_state_dict`` over ``_epoch`` and ``_consumed``.
-
-    ``_consumed`` counts the batches the latest iteration yielded (so ``state_dict()`` taken
-    mid-iteration, or after a ``break``, is exact); ``_resume_at`` is the start a loaded state
-    gives the next iteration.
-    """
-
-    cfg: LoaderConfig
-    world: World
-    _epoch: int = 0
-    _consumed: int = 0
-    _resume_at: int | None = None
-
-    def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch (and so the order) of the next iteration."""
-        if epoch != self._epoch:
-            self._epoch, self._consumed, self._resume_at = int(epoch), 0, None
-
-    def state_dict(self) -> dict[str, Any]:
-        """Position to resume from: epoch and batches already yielded in it."""
-        return {"epoch": self._epoch, "batches": self._consumed, "seed": self.cfg.seed,
-                "rank": self.world.rank, "world_size": self.world.size}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Make the next iteration continue exactly after the last batch the saved loader
-        yielded (later iterations start their epoch from the first batch again)."""
-        if state.get("seed") != self.cfg.seed or state.get("world_size") != self.world.size:
-            raise ConfigError(f"state is for seed={state.get('seed')}, world_size="
-                              f"{state.get('world_size')}; this loader has seed="
-                              f"{self.cfg.seed}, world_size={self.world.size}")
-        self._check_state(state)
-        self._epoch, self._consumed = int(state["epoch"]), int(state["batches"])
-        self._resume_at = self._consumed
-
-    def _begin(self) -> tuple[int, int]:
-        """(epoch, first batch) of an iteration that starts now; a loaded state is used once."""
-        start, self._resume_at = self._resume_at or 0, None
-        self._consumed = start
-        return self._epoch, start
-
-    def _check_state(self, state: dict[str, Any]) -> None:
-        """Backend-specific refusals, raised before the position changes."""
 
 
 # --- the batch plan both backends iterate ---------------------------------------------------------
@@ -190,35 +96,108 @@ class BatchRequest(list):
         return BatchRequest, (list(self), self.epoch, self.number, self.rank, self.slot)
 
 
+
+@dataclass(frozen=True)
+class Segment:
+    """A resumed iteration's plan: ``epoch``'s global order as ``order`` builds it, dealt anew to
+    this world from sample ``start`` of that order on (the samples before it were consumed)."""
+
+    epoch: int
+    order: OrderSpec
+    start: int
+
+
+def order_spec(reader: DatasetReader, cfg: LoaderConfig, world: World, *,
+               window: int | None | Literal["config"] = "config") -> OrderSpec:
+    """The order a fresh epoch of this loader follows (``window`` overrides the config's, e.g.
+    None for the shuffle-buffer order of states saved before ``shuffle_window`` existed)."""
+    if not reader.shard_ranges():
+        return OrderSpec(cfg.shuffle, 1, None, 0)  # map-style: the same order at any world size
+    return OrderSpec(cfg.shuffle, world.size, cfg.shuffle_window if window == "config" else window,
+                     cfg.shuffle_buffer)
+
+
 class PlanSampler(Sampler[BatchRequest]):
     """Both backends' batch order: this rank's batches for the current epoch, from ``start``
-    (for resume); sharded formats keep each rank on whole shards."""
+    (for resume); sharded formats keep each rank on whole shards.
+
+    A fresh epoch gives rank r stream r of :attr:`order`; ``resumed`` (set by
+    :class:`~feedpipe.loader.position.EpochPosition` for the iteration a loaded state resumes)
+    deals the rest of that epoch's global order round-robin instead.
+    """
 
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World) -> None:
         self.reader, self.cfg, self.world = reader, cfg, world
         self.shards = reader.shard_ranges()
+        self.order = order_spec(reader, cfg, world)
         self.epoch, self.start = 0, 0
+        self.resumed: Segment | None = None
         self.ring: Slots | None = None
-        self._cache: tuple[int, list[np.ndarray]] | None = None
+        self._cache: tuple[tuple[int, Segment | None], list[np.ndarray], list[int]] | None = None
+
+    def segment(self, epoch: int) -> Segment | None:
+        """The resumed segment when it is for ``epoch``; None: the epoch's fresh plan."""
+        return self.resumed if self.resumed is not None and self.resumed.epoch == epoch else None
+
+    def _build(self, epoch: int) -> tuple[list[np.ndarray], list[int]]:
+        """(this rank's batches, every rank's count of real samples) for ``epoch``."""
+        seg = self.segment(epoch)
+        spec, start = (seg.order, seg.start) if seg else (self.order, 0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always" if epoch == 0 and seg is None else "ignore")
+            if isinstance(self.reader, MixedReader):  # one global order (spec.streams is 1)
+                streams = [mix_order(self.reader, self.cfg, epoch)]
+            else:
+                streams = spec.build(len(self.reader), self.shards, seed=self.cfg.seed,
+                                     epoch=epoch)
+        size = self.world.size
+        if start or spec.streams != size:  # deal the global order (from ``start``) round-robin
+            rest = interleave(streams)[start:]
+            streams = [rest[r::size] for r in range(size)]
+        batches = plan_batches(streams, self.world.rank, self.cfg.batch_size,
+                               drop_last=self.cfg.drop_last, uneven=self.cfg.uneven)
+        return batches, [len(s) for s in streams]
+
+    def _cached(self, epoch: int) -> tuple[list[np.ndarray], list[int]]:
+        key = (epoch, self.segment(epoch))
+        if self._cache is None or self._cache[0] != key:
+            self._cache = (key, *self._build(epoch))
+        return self._cache[1], self._cache[2]
 
     def plan(self, epoch: int) -> list[np.ndarray]:
         """All of this rank's batches (index arrays) for ``epoch``."""
-        if self._cache is None or self._cache[0] != epoch:
-            with warnings.catch_warnings():
-                warnings.simplefilter("always" if epoch == 0 else "ignore")
-                streams = rank_streams(len(self.reader), self.world, seed=self.cfg.seed,
-                                       epoch=epoch, shuffle=self.cfg.shuffle, shards=self.shards,
-                                       buffer=self.cfg.shuffle_buffer)
-            self._cache = (epoch, plan_batches(streams, self.world.rank, self.cfg.batch_size,
-                                               drop_last=self.cfg.drop_last,
-                                               uneven=self.cfg.uneven))
-        return self._cache[1]
+        return self._cached(epoch)[0]
+
+    def consumed(self, epoch: int, batches: int) -> int:
+        """Samples of ``epoch``'s global order that ``batches`` batches on every rank have read,
+        counted from the plan's start (padding repeats are not counted)."""
+        return consumed(self._cached(epoch)[1], batches * self.cfg.batch_size)
+
+    def shard_order(self, epoch: int | None = None) -> list[int]:
+        """The shards this rank reads in ``epoch`` (default: the current one, from ``start``), in
+        the order it first reads them: what a prefetcher fetches next ([] for map-style data)."""
+        if not self.shards:
+            return []
+        plan = self.plan(self.epoch if epoch is None else epoch)
+        rest = plan[self.start:] if epoch is None else plan
+        if not rest:
+            return []
+        ids = np.searchsorted([r.start for r in self.shards], np.concatenate(rest), "right") - 1
+        _, first = np.unique(ids, return_index=True)
+        return [int(i) for i in ids[np.sort(first)]]
 
     def __iter__(self) -> Iterator[BatchRequest]:
         plan = self.plan(self.epoch)
+        ahead = getattr(self.reader, "plan_ahead", None)  # remote shards: prefetch in plan order
         for b in range(self.start, len(plan)):
+            if ahead is not None:
+                ahead(plan, b)
             slot = self.ring.acquire() if self.ring is not None else -1
             yield BatchRequest(plan[b], self.epoch, b, self.world.rank, slot)
 
     def __len__(self) -> int:
         return len(self.plan(self.epoch)) - self.start
+
+
+__all__ = ["BatchRequest", "PlanSampler", "Segment", "Slots", "World", "order_spec",
+           "plan_batches", "rng_for", "shuffle_buffer"]

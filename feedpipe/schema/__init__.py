@@ -1,4 +1,4 @@
-"""Schema layer: the field model (:mod:`.fields`, :mod:`.masks`), the dataset schema
+"""Schema layer: the field model (:mod:`.fields`, :mod:`.masks`, :mod:`.geometric`), the dataset schema
 (:mod:`.model`), the record codecs (:mod:`.codecs`) and image decoding (:mod:`.imaging`);
 imports only ``feedpipe.errors``.
 
@@ -15,10 +15,12 @@ _EXPORTS = {
     "IMAGE_CODECS": "fields", "ArrayField": "fields", "BytesField": "fields", "Field": "fields",
     "ImageField": "fields", "JsonField": "fields", "LabelField": "fields",
     "MaskField": "masks", "TargetField": "masks",
+    "BoxesField": "geometric", "KeypointsField": "geometric", "TextField": "geometric",
     "Schema": "model", "field_from_json": "model",
 }
-__all__ = ["IMAGE_CODECS", "ArrayField", "BytesField", "Field", "ImageField", "JsonField",
-           "LabelField", "MaskField", "Schema", "TargetField", "field_from_json"]
+__all__ = ["IMAGE_CODECS", "ArrayField", "BoxesField", "BytesField", "Field", "ImageField",
+           "JsonField", "KeypointsField", "LabelField", "MaskField", "Schema", "TargetField",
+           "TextField", "field_from_json"]
 
 if TYPE_CHECKING:
     from .fields import (
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
         JsonField,
         LabelField,
     )
+    from .geometric import BoxesField, KeypointsField, TextField
     from .masks import MaskField, TargetField
     from .model import Schema, field_from_json
 

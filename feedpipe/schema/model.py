@@ -8,11 +8,12 @@ from typing import Any, Iterator
 
 from ..errors import ManifestError
 from .fields import ArrayField, BytesField, Field, ImageField, JsonField, LabelField
+from .geometric import BoxesField, KeypointsField, TextField
 from .masks import MaskField, TargetField
 
 FIELD_KINDS: dict[str, type[Field]] = {
     cls.kind: cls for cls in (ImageField, LabelField, ArrayField, BytesField, JsonField, MaskField,
-                              TargetField)}
+                              TargetField, KeypointsField, BoxesField, TextField)}
 
 
 def field_from_json(d: dict[str, Any]) -> Field:

@@ -8,6 +8,10 @@ reads packed data, so that is what a user will train from (``pack_dir`` keeps it
 (workers=0, PIL, default collate) on the loose image files, or on the packed bytes one sample at a
 time when the files are gone.
 
+A URL (s3://, gs://, https://, hf://) names a packed dataset in object storage, read through the
+node-local cache as ``make_loader`` reads it (``cache_dir``, ``cache_limit``, ``storage_options``);
+the storage options stay out of the report, which records the cache only.
+
 Figures and the JSON schema: :mod:`feedpipe.tools.benchreport`. The CLI adds a progress bar, the
 table, ``--json`` and ``--plot``.
 """
@@ -28,12 +32,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ..dataset.manifest import MANIFEST_NAME
+from ..dataset.manifest import MANIFEST_NAME, refuse_url
 from ..dataset.registry import DatasetReader, open_dataset
 from ..errors import ConfigError, EmptyDatasetError, FeedpipeError
 from ..loader.api import Loader, make_loader
 from ..loader.config import _DTYPES as DTYPES
 from ..loader.config import auto_workers, usable_cores
+from ..storage import is_remote, local_path
 from . import machine
 from .baseline import naive_loader, stored_bytes_per_sample
 from .benchreport import BenchReport
@@ -181,6 +186,16 @@ def is_packed(path: Path) -> bool:
     return (path / MANIFEST_NAME).is_file() or (path / "train" / MANIFEST_NAME).is_file()
 
 
+def _packed(reader: DatasetReader, path: str | Path) -> dict[str, Any]:
+    """The description of a packed dataset (local or URL) that bench can measure."""
+    reader.require_samples("feedpipe bench")
+    if "image" not in reader.schema:
+        raise ConfigError(f"{path}: bench measures image datasets; this one has no 'image' "
+                          f"field ({reader.schema.names})")
+    return {"path": str(path), "kind": "packed", "format": reader.format_name,
+            "samples": len(reader), "codec": getattr(reader.schema["image"], "codec", None)}
+
+
 def prepare(path: Path, cfg: BenchConfig, workdir: Path,
             progress: Progress | None = None) -> tuple[dict[str, Path], dict[str, Any], Any]:
     """Resolve PATH to packed datasets {format: path}, a dataset description and its source.
@@ -192,13 +207,7 @@ def prepare(path: Path, cfg: BenchConfig, workdir: Path,
 
     if is_packed(path):
         reader = open_dataset(path)
-        reader.require_samples("feedpipe bench")
-        if "image" not in reader.schema:
-            raise ConfigError(f"{path}: bench measures image datasets; this one has no 'image' "
-                              f"field ({reader.schema.names})")
-        return {reader.format_name: path}, {
-            "path": str(path), "kind": "packed", "format": reader.format_name,
-            "samples": len(reader), "codec": getattr(reader.schema["image"], "codec", None)}, None
+        return {reader.format_name: path}, _packed(reader, path), None
     src = scan(path)
     if not src.items:
         raise ConfigError(f"{path}: neither a packed feedpipe dataset (no {MANIFEST_NAME}) nor a "
@@ -219,25 +228,45 @@ def prepare(path: Path, cfg: BenchConfig, workdir: Path,
 
 
 def run_bench(path: str | Path, cfg: BenchConfig = BenchConfig(),
-              progress: Progress | None = None) -> BenchReport:
-    """Measure every configuration of ``cfg`` on PATH; see the module docstring for the figures."""
+              progress: Progress | None = None, *, cache_dir: str | Path | None = None,
+              cache_limit: int | str | None = None,
+              storage_options: dict[str, Any] | None = None) -> BenchReport:
+    """Measure every configuration of ``cfg`` on PATH (a folder, packed dataset or dataset URL);
+    see the module docstring for the figures. ``cache_dir``, ``cache_limit`` and
+    ``storage_options`` are make_loader's, for a URL; the storage options (credentials) are
+    passed to the filesystem only, never written into the report."""
     if not isinstance(cfg, BenchConfig):
         raise ConfigError(f"cfg={cfg!r}: pass a feedpipe.tools.bench.BenchConfig(...)")
-    path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such dataset or image folder")
+    remote: dict[str, Any] = {}
+    if is_remote(path):
+        remote = {"cache_dir": cache_dir, "cache_limit": cache_limit,
+                  "storage_options": storage_options}
+    else:
+        refuse_url(local_path(path), "the dataset")  # e.g. a Path that dropped a URL's slash
+        path = Path(local_path(path))
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such dataset or image folder")
     torch.manual_seed(cfg.seed)
     threads = torch.get_num_threads()
     torch.set_num_threads(cfg.threads or threads)
     workdir = Path(tempfile.mkdtemp(prefix="feedpipe-bench-"))
     try:
-        packed, dataset, src = prepare(path, cfg, workdir, progress)
+        if remote:  # a packed dataset in object storage, read through the cache
+            reader = open_dataset(path, **remote)
+            packed: dict[str, Path | str] = {reader.format_name: str(path)}
+            dataset = {**_packed(reader, path), "cache_dir": str(cache_dir) if cache_dir else None,
+                       "cache_limit": cache_limit}
+            src = None
+        else:
+            local, dataset, src = prepare(Path(path), cfg, workdir, progress)
+            packed = dict(local)
         trials = []
         for fmt, bs, backend in itertools.product(packed, cfg.batch_sizes, cfg.backends):
-            trials += _trials(packed[fmt], fmt, bs, backend, cfg, progress)
+            trials += _trials(packed[fmt], fmt, bs, backend, cfg, progress, remote)
         baseline = None
         if cfg.baseline:
-            baseline = _baseline(open_dataset(next(iter(packed.values()))), src, cfg, progress)
+            baseline = _baseline(open_dataset(next(iter(packed.values())), **remote), src, cfg,
+                                 progress)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         torch.set_num_threads(threads)
@@ -251,10 +280,11 @@ def run_bench(path: str | Path, cfg: BenchConfig = BenchConfig(),
                        datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
-def _trials(path: Path, fmt: str, bs: int, backend: str, cfg: BenchConfig,
-            progress: Progress | None) -> list[Trial]:
-    """The worker sweep of one format × batch size × backend; 'auto' merged with its value."""
-    reader = open_dataset(path)
+def _trials(path: Path | str, fmt: str, bs: int, backend: str, cfg: BenchConfig,
+            progress: Progress | None, remote: dict[str, Any]) -> list[Trial]:
+    """The worker sweep of one format × batch size × backend; 'auto' merged with its value.
+    ``remote``: open_dataset's cache and storage options for a URL (else empty)."""
+    reader = open_dataset(path, **remote)
     image = reader.schema["image"] if "image" in reader.schema else None
     decodes = image is not None and getattr(image, "codec", "raw") != "raw"
     auto = auto_workers(decodes)

@@ -20,7 +20,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from converters import scan
 
-from ..dataset.manifest import Manifest
+from ..dataset.manifest import Manifest, refuse_url
 from ..errors import ConfigError, EmptyDatasetError
 from ..loader.config import PREFETCH_DECODE, SHM_HEADROOM, auto_workers
 from ..loader.dali.pipeline import dali_package
@@ -202,6 +202,7 @@ class DatasetFacts:
 
 def dataset_facts(path: str | os.PathLike[str]) -> DatasetFacts:
     """Read the facts from a packed dataset's manifest, or by listing an image folder."""
+    refuse_url(path, "the dataset")
     path = Path(path)
     ram, fs = machine.memory()["total"], machine.fs_type(path)
     if is_packed(path):

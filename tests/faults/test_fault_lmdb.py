@@ -115,7 +115,7 @@ def test_read_only_directory_loads(packed, copy_dataset, fmt):
         if fmt == "lmdb":  # as root chmod stops nothing: the open flags are what keep it honest
             reader = feedpipe.open_dataset(root)
             reader.visit([0], lambda pos, stored: None, ["label"])
-            flags = reader._env.flags()
+            flags = reader._envs[0].flags()
             assert flags["readonly"] and not flags["lock"], flags
     finally:
         for p in [root, *root.rglob("*")]:

@@ -8,19 +8,33 @@ chunked datasets.
 
 Format version 2 adds ``_feedpipe.crc32`` (N × fields uint32): the crc32 of each stored
 value's bytes (a variable shape's companion row first), checked on every read.
+
+A merged dataset (``feedpipe merge``) is a ``data.h5`` of virtual datasets over its parts' files;
+the reader refuses a virtual dataset whose source file is missing (HDF5 would read fill values)
+or lies outside the dataset.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import resource
+import shutil
 from pathlib import Path
 from typing import Any, Literal, Sequence
 
 import h5py
 import numpy as np
+from h5py import h5s
 
-from ...errors import ConfigError, CorruptRecordError, UnsafeDataError
+from ...errors import (
+    ConfigError,
+    CorruptRecordError,
+    DiskFullError,
+    UnsafeDataError,
+    UnsafePathError,
+)
 from ...schema.codecs import crc32
 from ...schema.fields import ArrayField, BytesField, Field, ImageField, JsonField, LabelField
 from ...schema.masks import MaskField
@@ -31,6 +45,8 @@ from .base import DatasetReader, DatasetWriter, Visitor, unsafe_name
 FILE_NAME = "data.h5"
 CRC_NAME = "_feedpipe.crc32"  # not an identifier, so no field can be called that
 _BLOCK = 256
+_LABEL, _JSON, _BYTES = 1, 2, 3  # field kinds the read loop converts
+_HEADROOM = 1 << 20  # free bytes kept beyond a block's data, for HDF5's metadata and heaps
 Compression = Literal["lzf", "gzip"] | None
 
 
@@ -106,9 +122,28 @@ class Hdf5Writer(DatasetWriter):
         if len(self._block) >= _BLOCK:
             self._flush()
 
+    def _check_space(self) -> None:
+        """Refuse a block the output's filesystem cannot hold: the HDF5 library crashes
+        (SIGSEGV) when a write meets a full disk, so it must never get there."""
+        need = _HEADROOM + sum(len(v) if isinstance(v, (bytes, bytearray, memoryview))
+                               else np.asarray(v).nbytes if not isinstance(v, (str, dict, list))
+                               else len(json.dumps(v)) for row in self._block for v in row)
+        free = shutil.disk_usage(self.root).free
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]  # a file size limit crashes it too
+        if limit != resource.RLIM_INFINITY:
+            free = min(free, limit - self._file.id.get_filesize())
+        if free < need:
+            exc = DiskFullError(f"{self.root / FILE_NAME}: the next {len(self._block)} samples "
+                                f"need ~{need:,} bytes, the filesystem (or file size limit) "
+                                f"leaves {free:,}; stopped before HDF5 runs out of space",
+                                file=self.root / FILE_NAME)
+            exc.errno = errno.ENOSPC
+            raise exc
+
     def _flush(self) -> None:
         if not self._block:
             return
+        self._check_space()
         n0 = self._file[self.schema.fields[0].name].shape[0]
         n1 = n0 + len(self._block)
         crcs = np.zeros((len(self._block), len(self.schema)), np.uint32)
@@ -165,7 +200,7 @@ class Hdf5Reader(DatasetReader):
     """Reads each field of a batch with one h5py call (sorted, de-duplicated indices)."""
 
     format_name = "hdf5"
-    _handles = ("_file",)
+    _handles = ("_file", "_ds")
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None) -> None:
         super().__init__(root, manifest)
@@ -185,10 +220,14 @@ class Hdf5Reader(DatasetReader):
                                      dataset=self.root)
         for f in self.schema:
             self._check_dtype(f, layout[f.name], path)
+        self._check_sources(path)
         if crc is not None and crc.shape != (len(self), len(self.schema)):
             raise CorruptRecordError(f"{path}: {CRC_NAME} is {crc.shape}, expected "
                                      f"{(len(self), len(self.schema))}", dataset=self.root)
         self._col = {f.name: j for j, f in enumerate(self.schema)}
+        # dataset handles looked up once: ``file[name]`` costs ~20 µs a call, three a batch
+        names = [n for f in self.schema for n in (f.name, f"{f.name}__shape") if n in self._file]
+        self._ds = {n: self._file[n] for n in names + ([CRC_NAME] if crc is not None else [])}
 
     def _check_dtype(self, f: Field, dt: np.dtype, path: Path) -> None:
         """The stored dtype is the one the schema implies: never an object, opaque or reference
@@ -207,12 +246,38 @@ class Hdf5Reader(DatasetReader):
             raise cls(f"{path}: dataset {f.name!r} is stored as {dt}, not what the schema's "
                       f"{f.kind} field needs; refused", dataset=self.root)
 
+    def _check_sources(self, path: Path) -> None:
+        """Every virtual dataset's source files: relative, inside the dataset, present."""
+        inside = self.root.resolve()
+        for name in self._file:
+            ds = self._file[name]
+            if not ds.is_virtual:
+                continue
+            for src in ds.virtual_sources():
+                rel = src.file_name
+                real = (self.root / rel).resolve()
+                if os.path.isabs(rel) or ".." in rel.split("/") or not real.is_relative_to(inside):
+                    raise UnsafePathError(f"{path}: virtual dataset {name!r} reads {rel!r}, "
+                                          "outside the dataset directory; refusing to open it")
+                if not real.is_file():
+                    raise CorruptRecordError(f"{path}: virtual dataset {name!r} reads {rel!r}, "
+                                             "which is missing (HDF5 would return fill values); "
+                                             "the dataset is damaged", dataset=self.root)
+
     def _read(self, name: str, uniq: np.ndarray) -> Any:
-        ds = self._file[name]
+        ds = self._ds[name]
         if len(uniq) == 1:
             return ds[int(uniq[0]): int(uniq[0]) + 1]
         if uniq[-1] - uniq[0] + 1 == len(uniq):  # a contiguous run: one hyperslab
             return ds[int(uniq[0]): int(uniq[-1]) + 1]
+        if ds.ndim == 1 and h5py.check_vlen_dtype(ds.dtype) is not None:
+            # scattered variable-length rows: a point selection read directly, ~30% cheaper
+            # than h5py's fancy index (a union of one hyperslab per row)
+            space = ds.id.get_space()
+            space.select_elements(uniq.reshape(-1, 1))
+            out = np.empty(len(uniq), dtype=ds.dtype)
+            ds.id.read(h5s.create_simple((len(uniq),)), space, out)
+            return out
         return ds[uniq]
 
     def _columns(self, fields: list[Field], uniq: np.ndarray) -> tuple[dict[str, Any], ...]:
@@ -220,7 +285,7 @@ class Hdf5Reader(DatasetReader):
         shapes: dict[str, Any] = {}
         for f in fields:
             cols[f.name] = self._read(f.name, uniq)
-            if f"{f.name}__shape" in self._file:
+            if f"{f.name}__shape" in self._ds:
                 shapes[f.name] = self._read(f"{f.name}__shape", uniq)
         crcs = self._read(CRC_NAME, uniq) if self.checksums else None
         return cols, shapes, crcs
@@ -241,26 +306,32 @@ class Hdf5Reader(DatasetReader):
                     bad = i
                     break
             raise self.corrupt(bad, f"HDF5 read failed: {exc!r}") from exc
+        # per field, once a batch: its column, shapes, crc column and kind (the loop below is
+        # the hot path: no per-sample lookups or isinstance chains)
+        plan = [(f.name, cols[f.name], shapes.get(f.name), self._col[f.name],
+                 _LABEL if isinstance(f, LabelField) else _JSON if isinstance(f, JsonField)
+                 else _BYTES if isinstance(f, BytesField) else 0) for f in fields]
+        crc_rows = crcs.tolist() if crcs is not None else None
         for pos, (i, u) in enumerate(zip(idx.tolist(), inverse.tolist())):
             stored = {}
             try:  # error context is formatted only on failure: this loop is the hot path
-                for f in fields:
-                    v = cols[f.name][u]
-                    shape = shapes[f.name][u] if f.name in shapes else None
-                    if crcs is not None:
-                        data = cols[f.name][u: u + 1] if isinstance(f, LabelField) else v
+                for name, col, shp, c, kind in plan:
+                    v = col[u]
+                    shape = shp[u] if shp is not None else None
+                    if crc_rows is not None:
+                        data = col[u: u + 1] if kind == _LABEL else v
                         crc = crc32(data, 0 if shape is None else crc32(shape))
-                        if crc != crcs[u, self._col[f.name]]:
-                            raise CorruptRecordError(f"field {f.name!r} fails its checksum")
-                    if isinstance(f, LabelField):
+                        if crc != crc_rows[u][c]:
+                            raise CorruptRecordError(f"field {name!r} fails its checksum")
+                    if kind == _LABEL:
                         v = int(v)
-                    elif isinstance(f, JsonField):
+                    elif kind == _JSON:
                         v = json.loads(v)
                     elif shape is not None:
                         v = v.reshape(tuple(int(d) for d in shape if d >= 0))
-                    elif isinstance(f, BytesField):
+                    elif kind == _BYTES:
                         v = v.tobytes()
-                    stored[f.name] = v
+                    stored[name] = v
             except Exception as exc:  # a bad checksum, JSON or shape: this sample is damaged
                 raise self.corrupt(i, f"damaged record: {exc}") from exc
             fn(pos, stored)

@@ -1,12 +1,18 @@
-"""LMDB: one environment, zero-padded integer keys, one record per sample (see codecs.pack_record)."""
+"""LMDB: one environment, zero-padded integer keys, one record per sample (see codecs.pack_record).
+
+A merged dataset (``feedpipe merge``) is several environments, its parts' (``extra.parts``), read
+as one: global index ``i`` is key ``i - start`` of the part holding it.
+"""
 
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
 
 import lmdb
+import numpy as np
 
 from ...errors import CorruptRecordError, UnsafeDataError
 from ...schema.codecs import pack_record, unpack_record
@@ -69,49 +75,67 @@ class LmdbReader(DatasetReader):
     """Opens lazily per process (``readonly=True, lock=False``) and reads zero-copy buffers."""
 
     format_name = "lmdb"
-    _handles = ("_env",)
+    _handles = ("_envs",)
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None, *,
                  readahead: bool = True) -> None:
         super().__init__(root, manifest)
         self.readahead = readahead
         self._fields = list(self.schema)
+        parts = self.manifest.extra.get("parts") or [{"dir": ".", "num_samples": len(self)}]
+        self._dirs = [self.root / str(p["dir"]) for p in parts]  # names checked by the manifest
+        self._ends = np.cumsum([int(p["num_samples"]) for p in parts])
+        if self._ends[-1] != len(self):
+            raise CorruptRecordError(f"{self.root}: its parts hold {self._ends[-1]} samples, the "
+                                     f"manifest says {len(self)}", dataset=self.root)
 
     def _open(self) -> None:
+        self._envs = [self._open_env(d) for d in self._dirs]
+
+    def _open_env(self, root: Path) -> lmdb.Environment:
         # py-lmdb allows one handle per data file and process: readers of the same file share it
         # (the first one's readahead applies). Keyed by the file's identity, not its path, so a
         # re-converted directory is a new environment.
-        st = os.stat(self.root / "data.mdb")
+        st = os.stat(root / "data.mdb")
         key = (os.getpid(), st.st_dev, st.st_ino)
         for stale in [k for k in _ENVS if k[0] != key[0]]:  # inherited through fork: unusable
             _ENVS.pop(stale).close()
         env = _ENVS.get(key)
         if env is None:
             try:
-                env = lmdb.open(str(self.root), subdir=True, readonly=True, lock=False,
+                env = lmdb.open(str(root), subdir=True, readonly=True, lock=False,
                                 readahead=self.readahead, meminit=False, max_readers=512)
             except lmdb.Error as exc:
-                raise CorruptRecordError(f"{self.root / 'data.mdb'}: not a readable LMDB "
+                raise CorruptRecordError(f"{root / 'data.mdb'}: not a readable LMDB "
                                          f"environment ({exc}); the dataset is damaged: "
                                          "re-convert it", dataset=self.root) from exc
             info, psize = env.info(), env.stat()["psize"]
             need = (info["last_pgno"] + 1) * psize
             if st.st_size < need:  # reading a page past the end would kill us with SIGBUS
                 env.close()
-                raise CorruptRecordError(f"{self.root / 'data.mdb'}: truncated ({st.st_size} "
+                raise CorruptRecordError(f"{root / 'data.mdb'}: truncated ({st.st_size} "
                                          f"bytes, its pages need {need}); the dataset is "
                                          "damaged: re-convert it", dataset=self.root)
             _ENVS[key] = env
-        self._env = env
+        return env
 
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         nfields, version = len(self._fields), self.manifest.format_version
         wanted = [(self._fields.index(f), f) for f in fields]
         check = [j for j, _ in wanted]  # crc32 of the fields read, not of the whole record
-        with self._env.begin(buffers=True) as txn:
+        single = len(self._envs) == 1
+        part = [0] * len(indices) if single else \
+            np.searchsorted(self._ends, indices, side="right").tolist()
+        with ExitStack() as stack:
+            txns: dict[int, Any] = {}
             for pos, i in enumerate(indices):
+                j = part[pos]
+                txn = txns.get(j)
+                if txn is None:  # one read transaction per environment and batch
+                    txn = txns[j] = stack.enter_context(self._envs[j].begin(buffers=True))
                 try:  # error context is formatted only on failure: this loop is the hot path
-                    buf = txn.get(sample_key(i).encode())
+                    buf = txn.get(sample_key(i if single else
+                                             i - int(self._ends[j - 1] if j else 0)).encode())
                     if buf is None:
                         raise self.corrupt(i, "record missing from LMDB")
                     payloads = unpack_record(buf, nfields, "record", version=version,
@@ -130,26 +154,32 @@ class LmdbReader(DatasetReader):
     def num_entries(self) -> int:
         """Entries actually in the environment (``feedpipe verify`` compares with the manifest)."""
         self._ensure_open()
-        try:
-            return int(self._env.stat()["entries"])
-        except lmdb.Error as exc:
-            raise CorruptRecordError(f"{self.root / 'data.mdb'}: damaged ({exc})",
-                                     dataset=self.root) from exc
+        total = 0
+        for d, env in zip(self._dirs, self._envs):
+            try:
+                total += int(env.stat()["entries"])
+            except lmdb.Error as exc:
+                raise CorruptRecordError(f"{d / 'data.mdb'}: damaged ({exc})",
+                                         dataset=self.root) from exc
+        return total
 
     def stray_entries(self) -> list[str]:
         self._ensure_open()
-        n, out = len(self), []
-        try:
-            with self._env.begin() as txn:
-                for key in txn.cursor().iternext(values=False):
-                    k = bytes(key).decode("latin1")
-                    if not (len(k) == KEY_DIGITS and k.isdigit() and int(k) < n):
-                        out.append(f"{self.root} (lmdb): entry {k!r} belongs to no sample"
-                                   + (" (a pickle: never read)" if unsafe_name(k) else ""))
-        except lmdb.Error as exc:
-            out.append(f"{self.root / 'data.mdb'}: damaged B-tree ({exc})")
+        out: list[str] = []
+        starts = [0, *self._ends[:-1].tolist()]
+        for d, env, start, end in zip(self._dirs, self._envs, starts, self._ends.tolist()):
+            n = end - start
+            try:
+                with env.begin() as txn:
+                    for key in txn.cursor().iternext(values=False):
+                        k = bytes(key).decode("latin1")
+                        if not (len(k) == KEY_DIGITS and k.isdigit() and int(k) < n):
+                            out.append(f"{d} (lmdb): entry {k!r} belongs to no sample"
+                                       + (" (a pickle: never read)" if unsafe_name(k) else ""))
+            except lmdb.Error as exc:
+                out.append(f"{d / 'data.mdb'}: damaged B-tree ({exc})")
         return out
 
     def close(self) -> None:
-        self._env = None  # the shared handle stays open for other readers of this path
+        self._envs = None  # the shared handles stay open for other readers of these paths
         super().close()

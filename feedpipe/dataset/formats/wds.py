@@ -6,8 +6,12 @@ shards, ``index-offsets.npy`` (N×fields×[offset, size] int64), ``index-shards.
 ``index-keys.npy`` (N fixed-width bytes) give O(1) random access with ``os.pread``; sequential
 reading streams each tar as a chain of generators (members → samples → stored values).
 Format version 2 adds ``index-crc32.npy`` (N×fields uint32, the crc32 of each member's
-data), checked on every read, random or sequential. Members that would need unpickling
-(``.pickle``, ``.pkl``, ``.pyd``, ``.pth``) are refused, never opened.
+data), checked on every read, random or sequential. Format version 3 keeps the source ``path``
+out of the tars (manifest ``extra.index_fields``): its encoded bytes are packed in
+``index-values.npy`` (uint8), and its ``index-offsets.npy`` spans point there. A tar member costs a
+512-byte header plus padding to 512 bytes, ~1 kB for a 30-byte path: 2.7% of a 39 kB photo.
+Members that would need unpickling (``.pickle``, ``.pkl``, ``.pyd``, ``.pth``) are refused, never
+opened.
 
 The tar streaming and grouping below are feedpipe's own rather than ``webdataset.tariterators``:
 measured side by side with the same checks (``benchmarks/bench_wds_stream.py``), they stream
@@ -27,9 +31,9 @@ from typing import Any, BinaryIO, Iterator, Sequence
 
 import numpy as np
 
-from ...errors import ConfigError, CorruptRecordError, UnsafeDataError
+from ...errors import ConfigError, CorruptRecordError, ManifestError, UnsafeDataError
 from ...schema.codecs import crc32
-from ...schema.fields import Field
+from ...schema.fields import Field, JsonField
 from ...schema.model import Schema
 from ..manifest import Manifest
 from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
@@ -37,6 +41,8 @@ from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
 _BAD_KEY = re.compile(r"[./\\\x00\s]")
 INDEX_FILES = ("index-offsets.npy", "index-shards.npy", "index-keys.npy")
 CRC_FILE = "index-crc32.npy"
+VALUES_FILE = "index-values.npy"  # version 3: index fields' encoded values, packed
+INDEX_FIELDS = ("path",)  # JSON fields kept in the index, not the tars, by default
 
 
 def check_key(key: str) -> str:
@@ -53,12 +59,21 @@ class WdsWriter(DatasetWriter):
     format_name = "wds"
 
     def __init__(self, root: Path, schema: Schema, *, prefix: str = "shard",
-                 shard_size: int = 256 << 20, shard_count: int = 10_000) -> None:
+                 shard_size: int = 256 << 20, shard_count: int = 10_000,
+                 index_fields: Sequence[str] = INDEX_FIELDS) -> None:
+        """``index_fields``: the JSON fields of ``schema`` stored in the index instead of as tar
+        members (``()`` keeps every field in the tars, e.g. for other tools that want them)."""
         super().__init__(root, schema)
         check_key(prefix)
         if shard_size <= 0 or shard_count <= 0:
             raise ConfigError(f"shard_size={shard_size}, shard_count={shard_count}: both must be "
                               "positive (bytes and samples per shard)")
+        bad = [f.name for f in schema if f.name in index_fields and not isinstance(f, JsonField)]
+        if bad:
+            raise ConfigError(f"index_fields {bad}: only JSON fields (small metadata such as the "
+                              "source path) can be kept in the WebDataset index")
+        self._in_index = [f.name in index_fields for f in schema]
+        self._values = bytearray()  # the index fields' payloads, packed
         self.prefix, self.shard_size, self.shard_count = prefix, shard_size, shard_count
         self.shards: list[str] = []
         self._tar: BinaryIO | None = None
@@ -95,15 +110,19 @@ class WdsWriter(DatasetWriter):
         payloads = [f.encode(v) for f, v in zip(self.schema, values)]
         # headers first: a bad name fails before any member is written (half a sample breaks
         # grouping)
-        headers = [ustar_header(f"{key}.{f.wds_suffix}", len(p)) for f, p in zip(self.schema,
-                                                                                  payloads)]
-        size = sum(len(p) + 1024 for p in payloads)
+        headers = [None if kept else ustar_header(f"{key}.{f.wds_suffix}", len(p))
+                   for f, p, kept in zip(self.schema, payloads, self._in_index)]
+        size = sum(len(p) + 1024 for p, h in zip(payloads, headers) if h is not None)
         if (self._tar is None or self._in_shard >= self.shard_count
                 or (self._in_shard and self._offset + size > self.shard_size)):
             self._start_shard()
         assert self._tar is not None
         spans = []
         for head, data in zip(headers, payloads):
+            if head is None:  # an index field: its span is in the packed values
+                spans.append((len(self._values), len(data)))
+                self._values += data
+                continue
             pad = (-len(data)) % _BLOCK
             self._tar.write(head)
             self._tar.write(data)
@@ -122,15 +141,27 @@ class WdsWriter(DatasetWriter):
         if not self.shards:  # an empty dataset still has one (empty) shard
             self._start_shard()
             self._close_shard()
-        nf = len(self.schema)
-        offsets = np.asarray(self._offsets, dtype=np.int64).reshape(len(self._offsets), nf, 2)
-        np.save(self.root / INDEX_FILES[0], offsets, allow_pickle=False)
-        np.save(self.root / INDEX_FILES[1], np.asarray(self._shard_of, np.int32), allow_pickle=False)
-        np.save(self.root / INDEX_FILES[2], np.asarray(self._keys, dtype="S").reshape(-1)
-                if self._keys else np.zeros(0, "S1"), allow_pickle=False)
-        np.save(self.root / CRC_FILE, np.asarray(self._crcs, np.uint32).reshape(-1, nf),
+        write_index(self.root, len(self.schema), self._offsets, self._shard_of, self._keys,
+                    self._crcs)
+        kept = [f.name for f, k in zip(self.schema, self._in_index) if k]
+        if not kept:  # the version 2 layout: every field a tar member
+            return [*self.shards, *INDEX_FILES, CRC_FILE], {"shards": list(self.shards)}
+        np.save(self.root / VALUES_FILE, np.frombuffer(self._values, np.uint8),
                 allow_pickle=False)
-        return [*self.shards, *INDEX_FILES, CRC_FILE], {"shards": list(self.shards)}
+        return ([*self.shards, *INDEX_FILES, CRC_FILE, VALUES_FILE],
+                {"shards": list(self.shards), "index_fields": kept})
+
+
+def write_index(root: Path, nf: int, offsets: list[list[tuple[int, int]]], shard_of: list[int],
+                keys: list[bytes], crcs: list[list[int]], save: Any = None) -> None:
+    """The index files beside the shards (also written for foreign shards indexed in place by
+    ``feedpipe index``); ``save(path, array)`` defaults to ``np.save``."""
+    save = save or (lambda path, arr: np.save(path, arr, allow_pickle=False))
+    save(root / INDEX_FILES[0], np.asarray(offsets, dtype=np.int64).reshape(len(offsets), nf, 2))
+    save(root / INDEX_FILES[1], np.asarray(shard_of, np.int32))
+    save(root / INDEX_FILES[2], np.asarray(keys, dtype="S").reshape(-1) if keys
+         else np.zeros(0, "S1"))
+    save(root / CRC_FILE, np.asarray(crcs, np.uint32).reshape(-1, nf))
 
 
 _BLOCK, _RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
@@ -162,16 +193,25 @@ class WdsReader(DatasetReader):
         super().__init__(root, manifest)
         self.shards: list[str] = list(self.manifest.extra.get("shards", []))
         load = lambda name: np.load(self.root / name, mmap_mode="r", allow_pickle=False)  # noqa: E731
+        kept = self.manifest.extra.get("index_fields", []) \
+            if self.manifest.format_version >= 3 else []
+        if not isinstance(kept, list) or not set(kept) <= {
+                f.name for f in self.schema if isinstance(f, JsonField)}:
+            raise ManifestError(f"{self.root}: extra.index_fields {kept!r} must list JSON fields "
+                                "of the schema")
+        self._in_index = [f.name in kept for f in self.schema]
         try:
             self._offsets, self._shard_of, self._keys = (load(n) for n in INDEX_FILES)
             self._crc = load(CRC_FILE) if self.checksums else None
+            self._values = load(VALUES_FILE) if kept else None
         except (OSError, ValueError) as exc:  # missing, cut short, or not plain npy
             raise CorruptRecordError(f"{self.root}: damaged WebDataset index ({exc}); re-convert "
                                      "the dataset", dataset=self.root) from exc
         nf = len(self.schema)
         if len(self._offsets) != len(self) or len(self._shard_of) != len(self) \
                 or len(self._keys) != len(self) or self._offsets.shape[1:] != (nf, 2) \
-                or (self._crc is not None and self._crc.shape != (len(self), nf)):
+                or (self._crc is not None and self._crc.shape != (len(self), nf)) \
+                or (self._values is not None and self._values.dtype != np.uint8):
             raise CorruptRecordError(f"{self.root}: index has {len(self._offsets)} entries of "
                                      f"{self._offsets.shape[1:]}, manifest says {len(self)} "
                                      f"samples of {nf} fields", dataset=self.root)
@@ -186,14 +226,27 @@ class WdsReader(DatasetReader):
         limit = np.asarray([sizes.get(s, 0) for s in self.shards] or [0], np.int64)
         sh = np.asarray(self._shard_of, np.int64)
         off = np.asarray(self._offsets, np.int64)
+        end = off[..., 0] + off[..., 1]
+        kept = np.asarray(self._in_index, bool)
+        packed = len(self._values) if self._values is not None else 0
         ok = not len(sh) or (
             0 <= sh.min() and sh.max() < len(self.shards) and bool((np.diff(sh) >= 0).all())
-            and off.min() >= 0 and bool(((off[..., 0] + off[..., 1]).max(axis=1)
-                                         <= limit[sh]).all()))
+            and off.min() >= 0 and bool((end[:, ~kept].max(axis=1, initial=0)
+                                         <= limit[sh]).all())
+            and end[:, kept].max(initial=0) <= packed)
         if not ok:
             raise CorruptRecordError(f"{self.root}: the WebDataset index points outside its "
                                      "shards; it is damaged: re-convert the dataset",
                                      dataset=self.root)
+
+    def tar_fields(self) -> list[tuple[int, Field]]:
+        """(schema position, field) of the fields stored as tar members (not in the index)."""
+        return [(c, f) for c, f in enumerate(self.schema) if not self._in_index[c]]
+
+    def _packed(self, index: int, column: int) -> bytes:
+        """An index field's encoded value (its span was checked against the packed values)."""
+        off, size = self._offsets[index, column].tolist()
+        return bytes(self._values[off: off + size])  # type: ignore[index]
 
     def key(self, index: int) -> str:
         """The sample's WebDataset key (``__key__``)."""
@@ -214,10 +267,15 @@ class WdsReader(DatasetReader):
     def _open(self) -> None:
         self._fds = {}
 
+    def _open_shard(self, shard: int) -> int:
+        """A read-only descriptor of shard ``shard``; the remote reader
+        (:mod:`feedpipe.dataset.remote`) fetches it into its cache first."""
+        return os.open(self.root / self.shards[shard], os.O_RDONLY)
+
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
         if fd is None:
-            fd = os.open(self.root / self.shards[shard], os.O_RDONLY)
+            fd = self._open_shard(shard)
             try:
                 self.check_root()  # shards open lazily: maybe after a re-conversion's swap
             except BaseException:
@@ -238,7 +296,7 @@ class WdsReader(DatasetReader):
             crcs = self._crc[i].tolist() if self._crc is not None else None
             for f, c in zip(fields, cols):
                 off, size = spans[c]
-                data = os.pread(fd, size, off)
+                data = self._packed(i, c) if self._in_index[c] else os.pread(fd, size, off)
                 if len(data) != size:
                     raise self.corrupt(i, f"member {f.wds_suffix} truncated "
                                           f"({len(data)} of {size} bytes)")
@@ -258,15 +316,30 @@ class WdsReader(DatasetReader):
         path = self.root / self.shards[shard]
         r = self.shard_ranges()[shard]
         names = [f.wds_suffix for f in self.schema]
+        # foreign shards indexed in place (feedpipe index): their own member suffixes, and the
+        # keys left out of the index (named in the manifest)
+        members = self.manifest.extra.get("members") or {}
+        alts = [members.get(f.name, [f.wds_suffix]) for f in self.schema]
+        unindexed = set((self.manifest.extra.get("unindexed") or {}).get(self.shards[shard], []))
         i = r.start
-        with open(path, "rb") as fh:
+        with os.fdopen(self._open_shard(shard), "rb") as fh:
             self.check_root()
             for key, group in group_by_key(tar_members(fh, path), path):
+                if key in unindexed:
+                    continue
+                if members:
+                    group = {n: group[s] for n, alt in zip(names, alts) for s in alt
+                             if s in group}
                 if i >= r.stop or key != self.key(i):
                     want = self.key(i) if i < r.stop else "the end of the shard"
                     raise CorruptRecordError(f"{path} key {key}: found where the index has "
                                              f"{want}; the shard is damaged", dataset=self.root,
                                              key=key)
+                for c, suffix in enumerate(names):
+                    if self._in_index[c]:
+                        group[suffix] = self._packed(i, c)
+                    elif suffix not in group:  # e.g. a shard cut short: name the source
+                        raise self.located(self.corrupt(i, f"{path}: member .{suffix} missing"))
                 crcs = self._crc[i].tolist() if self._crc is not None else None
                 for c, suffix in enumerate(names):
                     if crcs is not None and suffix in group \

@@ -25,8 +25,9 @@ from ...errors import ConfigError, CorruptRecordError, FeedpipeError, LoaderErro
 from ..config import LoaderConfig, auto_workers
 from ..dataset import BatchDataset
 from ..geometry import Framing
+from ..position import EpochPosition
 from ..protocol import LoaderView
-from ..sampler import BatchRequest, EpochPosition, PlanSampler, World, rng_for
+from ..sampler import BatchRequest, PlanSampler, Segment, World, rng_for
 from ..transforms import ImageOp
 from .index import DaliIndex
 from .pipeline import PlanSource, dali_fields, dali_installed, define_graph, graph_spec, import_dali
@@ -74,7 +75,7 @@ class DaliLoader(EpochPosition):
         # host fields (labels, paths, arrays) have no geometry: a fixed op spares the per-batch
         # random generator the image's windows already drew in PlanSource
         self.host = BatchDataset(reader, host, ImageOp(cfg.size), seed=cfg.seed,
-                                 on_error="raise") if host else None
+                                 on_error="raise", ragged=cfg.ragged) if host else None
         self.sampler = PlanSampler(reader, cfg, world)
         # DALI's CPU threads decode (CPU mode) and assist nvJPEG (GPU mode): this rank's cores;
         # num_workers > 0 adds processes that read and plan batches (parallel external_source)
@@ -92,6 +93,7 @@ class DaliLoader(EpochPosition):
         self._it: Any = None                       # the DALIGenericIterator being drained
         self._next: tuple[int, int] | None = None  # the (epoch, batch) it yields next
         self._ended = False                         # it raised StopIteration: reset() goes on
+        self._seg: Segment | None = None            # the resumed plan it was built for
         self.skipped: list[str] = []                # always empty: DALI raises, never skips
         self.classes: tuple[str, ...] = reader.classes
 
@@ -158,8 +160,8 @@ class DaliLoader(EpochPosition):
         """Whether the running pipeline can go on to (epoch, start): it is positioned there, or
         it ended the epoch before (its source maps DALI's next epoch to ours)."""
         if not self._ended:
-            return self._next == (epoch, start)
-        if self._next == (epoch, 0) and start == 0:
+            return self._next == (epoch, start) and self._seg == self.sampler.segment(epoch)
+        if self._next == (epoch, 0) and start == 0 and self.sampler.segment(epoch) is None:
             self._it.reset()
             self._ended = False
             return True
@@ -169,7 +171,7 @@ class DaliLoader(EpochPosition):
         """A new pipeline that starts at batch ``start`` of ``epoch``, and iterator options."""
         source = PlanSource(self.reader, self.cfg, self.world, self.image, self.op, epoch, start,
                             windows=self.spec.encoded or self.spec.resize,
-                            parallel=self.py_workers > 0)
+                            parallel=self.py_workers > 0, segment=self.sampler.segment(epoch))
         # fork is cheap but impossible once this process holds a CUDA context (DALI's or torch's)
         method = self.cfg.multiprocessing_context or (
             "spawn" if self.dali.backend.IsDriverInitialized() else "fork")
@@ -205,6 +207,7 @@ class DaliLoader(EpochPosition):
         self._it = DALIGenericIterator(pipe, list(self.outputs), prepare_first_batch=False,
                                        **options)
         self._next, self._ended = (epoch, start), False
+        self._seg = self.sampler.segment(epoch)
         return self._it
 
     def _close(self) -> None:
@@ -255,6 +258,7 @@ class DaliWdsLoader(DaliLoader):
     """
 
     outputs = ("image", "source")
+    elastic = False  # DALI deals its own order: a state resumes at the world size it was saved at
 
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World,
                  device: torch.device) -> None:
@@ -293,6 +297,9 @@ class DaliWdsLoader(DaliLoader):
                               "'dali_checkpoint'; save it with this loader's state_dict()")
         self._resume = base64.b64decode(cp) if self._consumed else None
         self._close()
+
+    def _order_name(self) -> str:
+        return "dali_reader='webdataset' (DALI's own order, per world size)"
 
     def _reuse(self, epoch: int, start: int) -> bool:
         return not self._ended and self._next == (epoch, start)  # each epoch has its own seed

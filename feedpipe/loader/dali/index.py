@@ -39,12 +39,12 @@ class DaliIndex:
     def text(self, shard: int) -> str:
         """The index file of one shard."""
         lines = [f"{VERSION} {len(self.ranges[shard])}"]
-        fields = list(self.reader.schema)
+        fields = self.reader.tar_fields()  # not the fields kept in the index (version 3)
         for i in self.ranges[shard]:
             key = self.keys[i].decode()
             spans = self.offsets[i].tolist()
-            lines.append(" ".join(f"{f.wds_suffix} {off} {size} {key}.{f.wds_suffix}"
-                                  for f, (off, size) in zip(fields, spans)))
+            lines.append(" ".join(f"{f.wds_suffix} {spans[c][0]} {spans[c][1]} {key}.{f.wds_suffix}"
+                                  for c, f in fields))
         return "\n".join(lines) + "\n"
 
     def paths(self) -> list[Path]:

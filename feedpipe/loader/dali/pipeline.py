@@ -24,11 +24,12 @@ from ...dataset.registry import DatasetReader
 from ...errors import ConfigError, CorruptRecordError, MissingDependencyError
 from ...schema.codecs import jpeg_info
 from ...schema.fields import ImageField
+from ...schema.geometric import BoxesField, KeypointsField
 from ...schema.masks import MaskField, TargetField
 from ..config import Crop, LoaderConfig
 from ..geometry import CROP_ATTEMPTS, Framing
 from ..gpu import driver_cuda
-from ..sampler import PlanSampler, World, rng_for
+from ..sampler import PlanSampler, Segment, World, rng_for
 
 #: the module ``backend="dali"`` imports; a seam for tests, which point it at a missing module
 DALI_MODULE = "nvidia.dali"
@@ -162,6 +163,10 @@ def dali_fields(reader: DatasetReader, cfg: LoaderConfig) -> tuple[str, tuple[st
     if spatial:
         raise ConfigError(f"backend='dali' does not load masks or targets ({spatial}); use "
                           "backend='torch', which applies the image's geometry to them")
+    geometric = [n for n in fields if isinstance(reader.schema[n], (KeypointsField, BoxesField))]
+    if geometric:
+        raise ConfigError(f"backend='dali' does not load keypoints or boxes ({geometric}): it "
+                          "cannot apply the image's crop and flip to them; use backend='torch'")
     if cfg.on_error != "raise":
         raise ConfigError("on_error='skip' needs backend='torch': a DALI pipeline cannot replace "
                           "a sample that fails to decode")
@@ -203,18 +208,20 @@ class PlanSource:
 
     Stateless given the BatchInfo (so it also runs in DALI's parallel worker processes): DALI
     epoch ``e`` is feedpipe epoch ``epoch + e``, starting at batch ``start`` when ``e == 0``
-    (resume). The order is the shared :class:`PlanSampler` plan, and the windows and flips are
-    the samples' :meth:`Framing.plan` over the torch backend's generator for the batch
+    (resume; of ``segment``'s plan when a state resumed it at another world). The order is the
+    shared :class:`PlanSampler` plan, and the windows and flips are the samples'
+    :meth:`Framing.plan` over the torch backend's generator for the batch
     (``rng_for(seed, epoch, rank, batch)``).
     """
 
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World, field: str,
                  op: Framing, epoch: int, start: int, *, windows: bool,
-                 parallel: bool = False) -> None:
+                 parallel: bool = False, segment: Segment | None = None) -> None:
         self.reader, self.cfg, self.world, self.field, self.op = reader, cfg, world, field, op
         self.epoch, self.start, self.windows, self.parallel = epoch, start, windows, parallel
         self.codec = reader.schema[field].codec  # type: ignore[attr-defined]
         self.sampler = PlanSampler(reader, cfg, world)
+        self.sampler.resumed = segment  # the plan of a resumed first epoch
 
     def batch(self, epoch_idx: int, iteration: int) -> tuple[int, int]:
         """(feedpipe epoch, batch number) of a DALI (epoch_idx, iteration)."""

@@ -22,8 +22,10 @@ from ...errors import ConfigError
 from ...workers import single_threaded
 from ..config import SHM_HEADROOM, LoaderConfig
 from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, SlotRef
+from ..labels import RaggedList
+from ..position import EpochPosition
 from ..protocol import LoaderView
-from ..sampler import EpochPosition, PlanSampler, World
+from ..sampler import PlanSampler, World
 from ..transforms import ImageOp
 from .device_decode import DeviceDecoder, EncodedBatch
 
@@ -160,6 +162,8 @@ class DeviceStage:
         for k, v in batch.items():
             if isinstance(v, EncodedBatch):
                 v = self._image(self.decoder(v, self.size))  # type: ignore[misc,arg-type]
+            elif isinstance(v, RaggedList):  # ragged="list": per-sample views of one tensor
+                v = v.split(self.device)
             elif isinstance(v, torch.Tensor):
                 if ring is not None and k in ring.tensors:
                     if self.device.type == "cuda":
@@ -247,7 +251,8 @@ class TorchLoader(EpochPosition):
         op = ImageOp.of(cfg)
         self.dataset = BatchDataset(reader, fields, op, seed=cfg.seed, on_error=cfg.on_error,
                                     encoded_images=decoder is not None,
-                                    max_pixels=cfg.max_pixels)
+                                    max_pixels=cfg.max_pixels, ragged=cfg.ragged,
+                                    min_box_fraction=cfg.min_box_fraction)
         self.sampler = PlanSampler(reader, cfg, world)
         self.stage = DeviceStage(cfg, device)
         if decoder is not None:

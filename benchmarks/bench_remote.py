@@ -1,0 +1,136 @@
+"""The write side of remote datasets: ``convert -o s3://...`` against the same conversion to a local
+folder, and against converting locally then uploading the folder (no overlap), through moto's S3
+server on 127.0.0.1 (tests/servers.py), in interleaved rounds:
+
+    python benchmarks/bench_remote.py [--images 2000] [--size 500x375] [--rounds 3]
+
+Figures: images/s of each way (the same passthrough JPEG conversion, in-process, 2 workers), bytes
+stored remotely against the local dataset's size (each byte uploaded once). Resume after a kill
+is tested, not timed (tests/test_remote_convert.py).
+
+Then the read side, through the fault proxy in front of moto with a bandwidth cap per GET body
+(``--caps``, bytes/s): one ``make_loader`` epoch cold (an empty cache) and one warm (the cache
+kept), against the same dataset read locally, and the shard bytes fetched per epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT.parent / "tests"))
+from harness import measure_side_by_side, save  # noqa: E402
+from servers import FaultServer, MotoServer, s3_options, upload_tree  # noqa: E402
+
+import feedpipe  # noqa: E402
+from converters import convert  # noqa: E402
+from converters.synth import make_photos  # noqa: E402
+from feedpipe.dataset.manifest import Manifest  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--size", default="500x375")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--shard-size", type=int, default=8 << 20)
+    ap.add_argument("--caps", default="100e6,1e9", help="bandwidth caps, bytes/s")
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "remote.json")
+    a = ap.parse_args()
+    w, h = (int(v) for v in a.size.split("x"))
+    work = Path(tempfile.mkdtemp(prefix="feedpipe-bench-remote-"))
+    moto = MotoServer()
+    try:
+        import fsspec
+
+        opts = s3_options(moto.url)
+        fs = fsspec.filesystem("s3", **opts)
+        fs.mkdir("bench")
+        src = make_photos(work / "src", a.images, size=(w, h), classes=4, seed=0)
+        wo = {"shard_size": a.shard_size}
+        local, n = work / "local", {"i": 0}
+
+        def to_local() -> int:
+            return convert(src, local, to="wds", workers=2, overwrite=True,
+                           writer_options=wo).written
+
+        def to_s3() -> int:
+            return convert(src, "s3://bench/ds", to="wds", workers=2, overwrite=True,
+                           writer_options=wo, storage_options=opts).written
+
+        def local_then_upload() -> int:
+            n["i"] += 1
+            written = convert(src, work / "staged", to="wds", workers=2, overwrite=True,
+                              writer_options=wo).written
+            upload_tree(work / "staged", f"s3://bench/copy{n['i']}", opts)
+            return written
+
+        results = measure_side_by_side({"convert -> local folder": to_local,
+                                        "convert -> s3:// (streamed uploads)": to_s3,
+                                        "convert local, then upload": local_then_upload},
+                                       repeats=a.rounds, warmup=0)
+        m = Manifest.read(local)
+        fs.invalidate_cache()
+        stored = sum(fs.info(f"bench/ds/{f.name}")["size"] for f in m.files)
+        reads = read_side(local, fs, moto, opts, [float(c) for c in a.caps.split(",")],
+                          a.batch_size, work)
+        extra = {"read": reads, "images": a.images, "size": a.size, "shard_size": a.shard_size,
+                 "dataset_bytes": sum(f.size for f in m.files), "stored_bytes": stored,
+                 "files": len(m.files),
+                 "note": "loaded shared 2-core machine; moto S3 server on loopback"}
+        save(a.out, results, extra)
+        print(json.dumps(extra, indent=1))
+    finally:
+        moto.stop()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def epoch(source: object, bs: int, **kw: object) -> float:
+    """Images/s of one whole epoch (loader start included: a cold epoch pays its first fetch)."""
+    t = time.perf_counter()
+    n = sum(len(b["label"]) for b in feedpipe.make_loader(  # type: ignore[arg-type]
+        source, bs, size=224, num_workers=2, shuffle=True, seed=0, **kw))
+    return n / (time.perf_counter() - t)
+
+
+def read_side(local: Path, fs: object, moto: MotoServer, opts: dict, caps: list[float], bs: int,
+              work: Path) -> list[dict[str, object]]:
+    """Per cap: local, cold and warm epochs side by side, and the shard bytes fetched."""
+    size = sum(f.size for f in Manifest.read(local).files)
+    mean = size / len(feedpipe.open_dataset(local))
+    proxy = FaultServer(upstream=moto.url)
+    out = []
+    try:
+        popts = {**opts, "client_kwargs": {"endpoint_url": proxy.url}}
+        for cap in caps:
+            cache = work / f"cache-{cap:g}"
+            shutil.rmtree(cache, ignore_errors=True)
+            proxy.faults([{"kind": "throttle", "rate": cap}])
+            kw = {"cache_dir": cache, "storage_options": popts}
+            row: dict[str, object] = {"cap_bytes_per_s": cap, "dataset_bytes": size,
+                                      "mean_sample_bytes": mean}
+            row["local"] = epoch(local, bs)
+            row["cold"] = epoch("s3://bench/ds", bs, **kw)
+            row["cold_fetched_bytes"] = sum(proxy.fetched(".tar").values())
+            proxy.faults([{"kind": "throttle", "rate": cap}])  # clears the log
+            row["warm"] = epoch("s3://bench/ds", bs, **kw)
+            row["warm_fetched_bytes"] = sum(proxy.fetched(".tar").values())
+            row["local_again"] = epoch(local, bs)
+            row["cold_goal"] = min(row["local"], cap / mean)  # type: ignore[type-var]
+            print(json.dumps(row), flush=True)
+            out.append(row)
+    finally:
+        proxy.stop()
+    return out
+
+
+if __name__ == "__main__":
+    main()

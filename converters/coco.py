@@ -1,0 +1,52 @@
+"""A COCO ``instances.json`` as a conversion source: its images, each with its boxes (xywh → xyxy
+pixels), category ids mapped to contiguous indices (the category names, in id order, become the
+classes) and ``iscrowd`` kept per box. Images without annotations are kept with 0 boxes.
+
+Read with the json module: the file is plain JSON; its segmentation polygons / RLE are not used.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from feedpipe.errors import BadInputError
+from feedpipe.schema.geometric import BoxesField
+
+from .sources import Source, SourceItem
+
+
+def scan_coco(images: str | Path, instances: str | Path) -> Source:
+    """The images of ``instances`` (paths relative to ``images``) with a ``boxes`` field each."""
+    images, instances = Path(images), Path(instances)
+    try:
+        doc = json.loads(instances.read_text(encoding="utf-8"))
+        imgs, anns, cats = doc["images"], doc.get("annotations", []), doc["categories"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise BadInputError(f"{instances}: not a COCO instances file: {exc!r}") from exc
+    cats = sorted(cats, key=lambda c: c["id"])
+    index = {c["id"]: k for k, c in enumerate(cats)}
+    classes = tuple(str(c["name"]) for c in cats)
+    per_image: dict[Any, list[dict[str, Any]]] = {im["id"]: [] for im in imgs}
+    for a in anns:
+        if a.get("image_id") not in per_image or a.get("category_id") not in index:
+            raise BadInputError(f"{instances}: annotation {a.get('id')!r} names image "
+                                f"{a.get('image_id')!r} / category {a.get('category_id')!r}, "
+                                "which the file does not list")
+        per_image[a["image_id"]].append(a)
+    field = BoxesField("boxes", classes=classes, attrs=("iscrowd",))
+    items = []
+    for im in sorted(imgs, key=lambda i: i["file_name"]):
+        rows = sorted(per_image[im["id"]], key=lambda a: a["id"])
+        xywh = np.array([a["bbox"] for a in rows], np.float64).reshape(-1, 4)
+        boxes = np.concatenate([xywh[:, :2], xywh[:, :2] + xywh[:, 2:]], axis=1)
+        value = {"boxes": boxes, "labels": np.array([index[a["category_id"]] for a in rows],
+                                                    np.int64),
+                 "iscrowd": np.array([int(a.get("iscrowd", 0)) for a in rows], np.int64)}
+        rel = str(im["file_name"])
+        items.append(SourceItem(images / rel, rel, extra={"coco_id": im["id"]},
+                                fields={"boxes": value}))
+    return Source(images, "coco", tuple(items), classes, typed=(field,))

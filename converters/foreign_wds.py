@@ -1,0 +1,292 @@
+"""WebDataset shards written by other tools (``webdataset.TarWriter``, tarp, hand-made tars):
+plain ``.tar`` or gzipped ``.tgz``/``.tar.gz``, in one or several folders or as brace patterns
+(``train-{000..099}.tar``), with any member suffixes.
+
+The schema is inferred from the members: the image by magic bytes (``jpg``, ``png``...), ``cls``
+→ ``label``, ``json`` → a JSON field, ``npy`` → an array field (``allow_pickle=False``), ``txt``
+→ a text field (UTF-8, byte for byte; a captcha's characters come out of the loader as padded
+int64 + lengths for CTC), anything else → a bytes field kept byte for byte. A sample whose
+``.txt`` is not UTF-8 is skipped and named by shard and key. A suffix becomes a field when more
+than half of the samples have it; samples missing a field's member, members of other suffixes,
+and members that would need unpickling (``.pyd``, ``.pth``, ``.pickle``; never opened) are named
+in the report.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import tarfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+
+from feedpipe.dataset.formats.base import unsafe_name
+from feedpipe.errors import BadInputError, CorruptRecordError
+from feedpipe.schema.fields import ArrayField, BytesField, Field, JsonField
+from feedpipe.schema.geometric import TextField
+
+from .records import Record, RecordSource, field_name
+from .sources import IMAGE_EXTS
+
+SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz")
+IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "img", "ppm", "pgm", "bmp", "tif", "tiff", "gif")
+
+
+def expand(pattern: str) -> list[str]:
+    """Brace patterns as WebDataset writes them: ``a-{000..009}.tar``, ``{train,val}.tar``.
+
+    Uses the ``braceexpand`` package (a webdataset dependency) when installed; else this
+    expansion of numeric ranges (zero padding kept) and comma lists, nested left to right."""
+    try:
+        from braceexpand import braceexpand
+        return list(braceexpand(pattern))
+    except ImportError:
+        pass
+    m = re.search(r"\{([^{}]*)\}", pattern)
+    if m is None:
+        return [pattern]
+    body, head, tail = m[1], pattern[:m.start()], pattern[m.end():]
+    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
+    if r:
+        width = len(r[1]) if r[1].startswith("0") else 0
+        parts = [f"{n:0{width}d}" for n in range(int(r[1]), int(r[2]) + 1)]
+    else:
+        parts = body.split(",")
+    return [x for p in parts for x in expand(head + p + tail)]
+
+
+def is_shard(path: Path) -> bool:
+    return path.name.lower().endswith(SHARD_SUFFIXES)
+
+
+def find_shards(specs: Sequence[str | Path]) -> tuple[list[Path], list[dict[str, str]]]:
+    """The shard files named by ``specs`` (folders, searched recursively; files; brace
+    patterns), in order, and the other files of those folders (not taken, named)."""
+    shards: list[Path] = []
+    other: list[dict[str, str]] = []
+    for spec in specs:
+        names = expand(str(spec)) if "{" in str(spec) else [str(spec)]
+        for name in names:
+            p = Path(name)
+            if p.is_dir():
+                for f in sorted(p.rglob("*")):
+                    if f.is_file() and is_shard(f):
+                        shards.append(f)
+                    elif f.is_file():
+                        other.append({"path": str(f), "reason": "not a .tar/.tgz shard"})
+            elif p.is_file():
+                if not is_shard(p):
+                    raise BadInputError(f"{p}: not a WebDataset shard (.tar, .tgz or .tar.gz)")
+                shards.append(p)
+            else:
+                raise BadInputError(f"{p}: no such shard or folder" +
+                                    (f" (from the pattern {spec})" if name != str(spec) else ""))
+    if not shards:
+        raise BadInputError(f"{', '.join(map(str, specs))}: no .tar/.tgz shards found")
+    return shards, other
+
+
+def looks_like_shards(src: str | Path) -> bool:
+    """Whether ``feedpipe convert SRC`` means foreign shards: a shard file, a brace pattern,
+    or a folder holding shards, no image files and no feedpipe manifest (an image folder with a
+    stray .tar stays an image folder; the .tar is listed as not taken)."""
+    s = str(src)
+    if "{" in s or is_shard(Path(s)):
+        return True
+    p = Path(s)
+    if not p.is_dir() or (p / "feedpipe.json").exists():
+        return False
+    files = [f for f in p.rglob("*") if f.is_file()]
+    return any(is_shard(f) for f in files) and \
+        not any(f.suffix.lower() in IMAGE_EXTS for f in files)
+
+
+@dataclass
+class Member:
+    """One regular tar member: its name, the offset of its data in the (uncompressed) stream,
+    and its bytes."""
+
+    name: str
+    offset: int
+    data: bytes
+
+
+def members(path: Path) -> Iterator[Member | str]:
+    """A shard's regular members, streamed (gzip read transparently); a non-regular member
+    (link, device) comes as its name; a damaged tar is a CorruptRecordError naming the shard."""
+    last = "the first member"
+    try:
+        with open(path, "rb") as fh, tarfile.open(fileobj=fh, mode="r|*") as tar:
+            for info in tar:
+                if info.isdir():
+                    continue
+                if not info.isfile():
+                    yield info.name
+                    continue
+                f = tar.extractfile(info)
+                data = f.read() if f else b""
+                if len(data) != info.size:
+                    raise tarfile.ReadError(f"member {info.name} is cut short")
+                yield Member(info.name, info.offset_data, data)
+                last = f"member {info.name}"
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        raise CorruptRecordError(f"{path}: damaged tar shard after {last}: {exc}") from exc
+
+
+Group = tuple[str, dict[str, Member]]
+
+
+def samples(path: Path, odd: list[dict[str, str]]) -> Iterator[Group]:
+    """Consecutive members sharing a key (the base name before its first '.', as feedpipe's
+    own reader groups them); non-regular and unpickle-requiring members go to ``odd``."""
+    key: str | None = None
+    group: dict[str, Member] = {}
+    for m in members(path):
+        if isinstance(m, str):
+            odd.append({"path": f"{path}/{m}", "reason": "not a regular file"})
+            continue
+        base = m.name.rsplit("/", 1)[-1]
+        k, _, suffix = base.partition(".")
+        if unsafe_name(base):
+            odd.append({"path": f"{path}/{m.name}",
+                        "reason": "would need unpickling; never opened"})
+            continue
+        if k != key and group:
+            yield key, group  # type: ignore[misc]
+            group = {}
+        key = k
+        group[suffix] = m
+    if group:
+        yield key, group  # type: ignore[misc]
+
+
+def _image_suffix(group: dict[str, Member]) -> str | None:
+    found = [s for s in IMAGE_SUFFIXES if s in group]
+    return found[0] if found else None
+
+
+@dataclass
+class Plan:
+    """The schema inferred from a set of shards: suffix → field, and what was not taken."""
+
+    shards: list[Path]
+    fields: dict[str, Field]  # member suffix → field (image and label excluded)
+    labeled: bool
+    count: int
+    not_taken: list[dict[str, str]]
+    image_suffixes: list[str]
+
+
+def _npy(data: bytes, what: str) -> np.ndarray:
+    try:
+        return np.load(io.BytesIO(data), allow_pickle=False)
+    except ValueError as exc:  # object arrays need pickle: refused
+        raise ValueError(f"{what}: not a plain .npy array ({exc})") from exc
+
+
+def plan(specs: Sequence[str | Path]) -> Plan:
+    """Read every shard once and infer the schema (see the module docstring)."""
+    shards, not_taken = find_shards(specs)
+    seen: Counter[str] = Counter()
+    npy: dict[str, set[tuple[str, tuple[int, ...]]]] = {}
+    images: Counter[str] = Counter()
+    n = 0
+    for path in shards:
+        for key, group in samples(path, not_taken):
+            n += 1
+            img = _image_suffix(group)
+            if img:
+                images[img] += 1
+            for s, m in group.items():
+                if s == img:
+                    continue
+                seen[s] += 1
+                if s.rsplit(".", 1)[-1] == "npy":
+                    try:
+                        a = _npy(m.data, f"{path} key {key}")
+                        npy.setdefault(s, set()).add((a.dtype.str, a.shape))
+                    except ValueError:
+                        npy.setdefault(s, set())
+    fields: dict[str, Field] = {}
+    taken: list[str] = ["image", "label", "path"]
+    labeled = seen.get("cls", 0) * 2 > n
+    for s, c in sorted(seen.items()):
+        if s == "cls" and labeled:
+            continue
+        if c * 2 <= n:
+            not_taken.append({"path": f"*.{s}", "reason": f"only {c} of {n} samples have a "
+                              f".{s} member: not a field"})
+            continue
+        name = field_name(s, taken)
+        taken.append(name)
+        ext = s.rsplit(".", 1)[-1]
+        if ext == "json":
+            fields[s] = JsonField(name)
+        elif ext == "npy" and npy.get(s):
+            dtypes = {d for d, _ in npy[s]}
+            shapes = {sh for _, sh in npy[s]}
+            shape = next(iter(shapes)) if len(shapes) == 1 else None
+            fields[s] = ArrayField(name, dtype=sorted(dtypes)[0], shape=shape)
+        elif ext == "txt":
+            fields[s] = TextField(name)
+        else:
+            fields[s] = BytesField(name)
+    return Plan(shards, fields, labeled, n, not_taken, sorted(images))
+
+
+def _values(path: Path, key: str, group: dict[str, Member], p: Plan
+            ) -> tuple[dict[str, Any], int, str | None]:
+    """A sample's stored values, its label, and a reason when it cannot be stored."""
+    missing = [s for s in p.fields if s not in group]
+    if p.labeled and "cls" not in group:
+        missing.insert(0, "cls")
+    if missing:
+        return {}, -1, "no " + ", ".join(f".{s}" for s in missing) + " member"
+    values: dict[str, Any] = {}
+    label = -1
+    try:
+        if p.labeled:
+            label = int(group["cls"].data.strip())
+        for s, f in p.fields.items():
+            data = group[s].data
+            values[f.name] = (_npy(data, f".{s}") if isinstance(f, ArrayField) else
+                              f.decode(data, f".{s}") if isinstance(f, JsonField) else
+                              check_text(f, data, f".{s}") if isinstance(f, TextField) else data)
+    except (ValueError, TypeError, CorruptRecordError) as exc:
+        return {}, -1, f"unreadable member: {exc}"
+    return values, label, None
+
+
+def check_text(f: TextField, data: bytes, what: str) -> bytes:
+    """A ``.txt`` member's bytes, unchanged, once they are UTF-8 text the field accepts (no NUL;
+    the loader's CTC padding is 0); else a CorruptRecordError saying why."""
+    try:
+        f.validate(f.text(data, what))
+    except ValueError as exc:
+        raise CorruptRecordError(f"{what}: {exc}") from exc
+    return data
+
+
+def source(specs: Sequence[str | Path]) -> RecordSource:
+    """Foreign shards as a :class:`RecordSource` for :func:`converters.records.pack_records`."""
+    p = plan(specs)
+
+    def records() -> Iterator[Record]:
+        for path in p.shards:
+            for key, group in samples(path, []):
+                name = f"{path.name}/{key}"
+                img = _image_suffix(group)
+                values, label, why = _values(path, key, group, p)
+                if img is None:
+                    why = "no image member (" + ", ".join(f".{s}" for s in group) + ")"
+                yield Record(name, group[img].data if img else None, label, values, why)
+
+    roots = tuple(sorted({s.parent for s in p.shards}))
+    return RecordSource(roots, "wds-shards", tuple(p.fields.values()), (), p.labeled, p.count,
+                        records, tuple(p.not_taken),
+                        {"shards": [str(s) for s in p.shards],
+                         "members": {f.name: s for s, f in p.fields.items()}})

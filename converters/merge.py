@@ -1,0 +1,333 @@
+"""``feedpipe merge OUT [PART...]``: one dataset out of the parts of a split conversion.
+
+The merged dataset contains its parts: each part directory lives at
+``OUT/parts/part-IIIII-of-NNNNN`` (``convert --part`` writes it there; a part given from
+elsewhere on the same filesystem is moved in with one ``rename``, so it is always whole in its old
+place or its new one). Nothing is copied: WebDataset gets one shard list and one index over the
+parts' shards, HDF5 a ``data.h5`` of virtual datasets (h5py VDS) over the parts' files, LMDB a list
+of environments the reader opens together. The manifest, written last, names the parts' files as
+relative ``parts/...`` paths (``Manifest.check_paths`` keeps them inside the dataset). An
+interrupted merge leaves no manifest, so it never reads as a dataset, and running the merge again
+finishes it: the parts already moved in are always taken.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import glob
+import logging
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
+from feedpipe.errors import OutputRefusedError, PartsError
+from feedpipe.schema.model import Schema
+
+from .merge_formats import BUILDERS
+from .output import OutputLock
+from .parts import PARTS_DIR, Part
+from .remote_output import is_remote
+
+log = logging.getLogger(__name__)
+#: conversion entries that describe one part only; the merged manifest sums or drops them
+_PER_PART = ("part", "inputs", "stored", "ignored", "empty_classes", "split",
+             "jpegs_needing_fallback_decoder", "channels_dropped")
+
+
+@dataclass
+class MergeResult:
+    """What a merge did, for the CLI summary and for callers."""
+
+    out: Path | str  # a URL for a merge in object storage
+    parts: int = 0
+    moved: int = 0
+    num_samples: int = 0
+    empty_classes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class PartInfo:
+    """One part as found: where it is, its manifest and its ``conversion.part`` entry."""
+
+    path: Path | str  # a URL for a part in object storage
+    manifest: Manifest
+    part: Part
+    start: int
+    stop: int
+    source_items: int
+    fingerprint: str
+
+
+class LocalStore:
+    """Every file-system step of a merge, in one place (a remote store can take its place):
+    list and adopt parts, write the merged files atomically, write the manifest last."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.parts = out / PARTS_DIR
+
+    def listed_parts(self) -> list[Path]:
+        """Part directories already inside the dataset (not the hidden partial ones)."""
+        if not self.parts.is_dir():
+            return []
+        return sorted(p for p in self.parts.iterdir()
+                      if p.is_dir() and fnmatch.fnmatch(p.name, "part-*-of-*"))
+
+    def check_target(self, names: set[str]) -> None:
+        """OUT may hold only its parts and what an interrupted merge of it left."""
+        if (self.out / MANIFEST_NAME).exists():
+            raise OutputRefusedError(f"{self.out}: already a complete dataset (it has "
+                                     f"{MANIFEST_NAME}); merge into a new output")
+        if self.out.is_symlink() or (self.out.exists() and not self.out.is_dir()):
+            raise OutputRefusedError(f"{self.out}: not a directory; choose another output")
+        foreign = [n for n in (os.listdir(self.out) if self.out.is_dir() else [])
+                   if n != PARTS_DIR and n not in names and not n.startswith(".")]
+        if foreign:
+            raise OutputRefusedError(f"{self.out}: holds files a merge did not make "
+                                     f"({', '.join(sorted(foreign)[:5])}); choose another output")
+
+    def adopt(self, src: Path | str, name: str) -> bool:
+        """Move a part directory into ``OUT/parts/<name>`` with one rename; False when it is
+        already there."""
+        src = Path(src)
+        dest = self.parts / name
+        if src.resolve() == dest.resolve():
+            return False
+        if dest.exists() or dest.is_symlink():
+            raise PartsError(f"{src}: {dest} already exists and is another directory; move one "
+                             "of them away")
+        self.parts.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(src, dest)
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                raise PartsError(f"{src}: on another filesystem than {self.out}; a merge moves "
+                                 "parts, it never copies them: write the parts with "
+                                 f"`feedpipe convert ... -o {self.out} --part i/N` (they land in "
+                                 f"{self.parts}) or move them there yourself") from exc
+            raise
+        _fsync_dir(self.parts)
+        return True
+
+    def part_path(self, name: str) -> Path:
+        return self.parts / name
+
+    def path(self, name: str) -> Path:
+        """The local path of a merged file (HDF5 writes through h5py)."""
+        return self.out / name
+
+    def load(self, name: str) -> Any:
+        """The .npy array ``OUT/name`` (no pickle)."""
+        return np.load(self.out / name, allow_pickle=False)
+
+    def write(self, name: str, write_fn: Any) -> None:
+        """Write ``OUT/name`` atomically: ``write_fn(tmp_path)`` then a rename."""
+        tmp = self.out / f".{name}.tmp"
+        write_fn(tmp)
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, self.out / name)
+
+    def entry(self, name: str) -> FileEntry:
+        return FileEntry.of(self.out, name)
+
+    def commit(self, manifest: Manifest) -> None:
+        _fsync_dir(self.out)
+        manifest.write(self.out)
+        _fsync_dir(self.out)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def expand(parts: Sequence[str | os.PathLike[str]]) -> list[Path]:
+    """Part arguments as paths: a glob pattern (quoted on the command line) is expanded."""
+    out: list[Path] = []
+    for p in parts:
+        text = os.fspath(p)
+        if not os.path.exists(text) and glob.has_magic(text):
+            found = sorted(glob.glob(text))
+            if not found:
+                raise PartsError(f"{text}: the pattern matches no part directory")
+            out += [Path(f) for f in found]
+        else:
+            out.append(Path(text))
+    return out
+
+
+def read_part(path: Path | str, manifest: Manifest | None = None) -> PartInfo:
+    """A part's manifest (complete, or IncompleteDatasetError naming it) and its part entry."""
+    m = Manifest.read(path) if manifest is None else manifest
+    p = m.conversion.get("part")
+    if not isinstance(p, dict):
+        raise PartsError(f"{path}: not a part of a split conversion (its manifest has no "
+                         "conversion.part; convert with --part i/N)")
+    try:
+        return PartInfo(path, m, Part(int(p["index"]), int(p["count"])), int(p["start"]),
+                        int(p["stop"]), int(p["source_items"]), str(p["fingerprint"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PartsError(f"{path}: malformed conversion.part in its manifest: {exc!r}") from exc
+
+
+def check_parts(infos: list[PartInfo]) -> tuple[list[PartInfo], Schema]:
+    """All N parts of one conversion, each once: returns them in part order and the merged
+    schema. Every refusal names the parts and the difference."""
+    if not infos:
+        raise PartsError("no parts given and none inside the output's parts/ folder")
+    first = infos[0]
+    schema = first.manifest.schema
+    for info in infos[1:]:
+        where = f"{info.path} and {first.path}"
+        if info.manifest.format != first.manifest.format:
+            raise PartsError(f"{where}: formats differ ({info.manifest.format} and "
+                             f"{first.manifest.format})")
+        if info.part.count != first.part.count:
+            raise PartsError(f"{where}: split into {info.part.count} and {first.part.count} "
+                             "parts; convert every part with the same --part i/N count")
+        if info.manifest.classes != first.manifest.classes:
+            a, b = set(info.manifest.classes), set(first.manifest.classes)
+            diff = (f"only in {info.path}: {sorted(a - b)}; only in {first.path}: {sorted(b - a)}"
+                    if a != b else "same names in another order")
+            raise PartsError(f"{where}: class lists differ ({diff})")
+        schema = _merge_schema(schema, info, first)
+        if info.fingerprint != first.fingerprint or info.source_items != first.source_items:
+            raise PartsError(f"{where}: converted from different source lists or options (source "
+                             f"items {info.source_items} and {first.source_items}, fingerprints "
+                             f"{info.fingerprint[:12]} and {first.fingerprint[:12]})")
+    by_index: dict[int, PartInfo] = {}
+    for info in infos:
+        if info.part.index in by_index:
+            raise PartsError(f"part {info.part.index} of {info.part.count} given twice: "
+                             f"{by_index[info.part.index].path} and {info.path}")
+        by_index[info.part.index] = info
+    missing = [i for i in range(first.part.count) if i not in by_index]
+    if missing:
+        names = ", ".join(Part(i, first.part.count).name for i in missing[:5])
+        raise PartsError(f"{len(missing)} of {first.part.count} parts missing: {names}"
+                         + (" ..." if len(missing) > 5 else "") + "; convert them, then merge")
+    ordered = [by_index[i] for i in range(first.part.count)]
+    for info in ordered:
+        want = info.part.bounds(info.source_items)
+        if (info.start, info.stop) != want:
+            raise PartsError(f"{info.path}: holds source items {info.start}..{info.stop}, part "
+                             f"{info.part.index}/{info.part.count} is {want[0]}..{want[1]}")
+    return ordered, schema
+
+
+def _merge_schema(schema: Schema, info: PartInfo, first: PartInfo) -> Schema:
+    """The schemas must agree field by field; only the image codec of LMDB/HDF5 parts may
+    differ (their records do not depend on it: the merged field says "mixed")."""
+    other = info.manifest.schema
+    if schema.names != other.names:
+        raise PartsError(f"{info.path} and {first.path}: schemas have different fields "
+                         f"({other.names} and {schema.names})")
+    fields = []
+    for a, b in zip(schema, other):
+        if a.to_json() == b.to_json():
+            fields.append(a)
+        elif (a.name == "image" and info.manifest.format != "wds"
+              and {**a.to_json(), "codec": ""} == {**b.to_json(), "codec": ""}):
+            fields.append(replace(a, codec="mixed"))
+        else:
+            raise PartsError(f"{info.path} and {first.path}: schemas differ in field {a.name!r} "
+                             f"({b.to_json()} and {a.to_json()})")
+    return Schema(tuple(fields))
+
+
+def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] = (),
+          storage_options: Mapping[str, Any] | None = None) -> MergeResult:
+    """Merge the parts of a split conversion into the dataset ``out``.
+
+    ``parts``: part directories or glob patterns; the parts already in ``out/parts/`` are always
+    taken. Raises :class:`~feedpipe.errors.PartsError` when a part is missing, given twice, or
+    from another source, schema or class list, before anything is moved. An object-storage
+    ``out`` (``s3://...``, WebDataset only) merges the parts already under ``out/parts/`` in
+    place (:mod:`converters.remote_merge`).
+    """
+    t0 = time.perf_counter()
+    store: Any
+    if is_remote(out):
+        from .remote_merge import RemoteStore
+
+        store = RemoteStore(str(out), storage_options)
+        infos = [read_part(u, store.read_manifest(u)) for u in store.listed_parts()]
+        infos += [read_part(str(p), store.read_manifest(str(p))) for p in parts
+                  if str(p).rstrip("/") not in {str(i.path) for i in infos}]
+        lock = store.lock
+    else:
+        out = Path(out)
+        store = LocalStore(out)
+        seen: dict[Path, Path] = {}
+        for p in [*store.listed_parts(), *expand(parts)]:
+            seen.setdefault(p.resolve(), p)
+        infos = [read_part(p) for p in seen.values()]
+        out.parent.mkdir(parents=True, exist_ok=True)
+        lock = OutputLock(out)
+    ordered, schema = check_parts(infos)
+    fmt = ordered[0].manifest.format
+    if is_remote(out) and fmt != "wds":
+        raise PartsError(f"{out}: parts are {fmt}; on object storage only WebDataset parts "
+                         "merge (LMDB and HDF5 would need several files opened together). Use "
+                         "--to wds for remote data, or merge the parts in a local folder")
+    builder = BUILDERS[fmt]
+    lock.acquire()
+    result = MergeResult(out if isinstance(out, Path) else str(out), parts=len(ordered))
+    try:
+        store.check_target(set(builder.names))
+        adopted = []
+        for info in ordered:
+            result.moved += store.adopt(info.path, info.part.name)
+            adopted.append(replace(info, path=store.part_path(info.part.name)))
+        dirs = [f"{PARTS_DIR}/{info.part.name}" for info in adopted]
+        files, extra = builder.build(store, [i.manifest for i in adopted], dirs, schema)
+        for d, info in zip(dirs, adopted):
+            files += [FileEntry(f"{d}/{f.name}", f.size, f.sha256) for f in info.manifest.files]
+            files.append(store.entry(f"{d}/{MANIFEST_NAME}"))
+        extra["parts"] = [{"dir": d, "num_samples": i.manifest.num_samples,
+                           "start": i.start, "stop": i.stop} for d, i in zip(dirs, adopted)]
+        manifest = _merged_manifest(adopted, schema, files, extra, result)
+        store.commit(manifest)
+    finally:
+        lock.release()
+        if hasattr(store, "close"):
+            store.close()
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+def _merged_manifest(infos: list[PartInfo], schema: Schema, files: list[FileEntry],
+                     extra: dict[str, Any], result: MergeResult) -> Manifest:
+    """Counts summed, per-part accounts joined, and the classes no part holds named."""
+    first = infos[0].manifest
+    conversion = {k: v for k, v in first.conversion.items() if k not in _PER_PART}
+    stored: dict[str, int] = {}
+    for info in infos:
+        for how, n in info.manifest.conversion.get("stored", {}).items():
+            stored[how] = stored.get(how, 0) + int(n)
+    ignored = list(first.conversion.get("ignored", []))  # the source's, the same in every part
+    empty = set(first.classes)
+    for info in infos:
+        empty &= set(info.manifest.conversion.get("empty_classes", first.classes))
+    result.empty_classes = [c for c in first.classes if c in empty]
+    if result.empty_classes:
+        log.warning("%s: class(es) with no samples in any part: %s", result.out,
+                    ", ".join(result.empty_classes))
+    result.num_samples = sum(i.manifest.num_samples for i in infos)
+    conversion.update({"inputs": infos[0].source_items, "stored": stored, "ignored": ignored,
+                       "empty_classes": result.empty_classes,
+                       "merged": {"parts": len(infos), "fingerprint": infos[0].fingerprint}})
+    skipped = tuple(s for i in infos for s in i.manifest.skipped)
+    return Manifest(first.format, result.num_samples, schema, first.classes, tuple(files),
+                    conversion, skipped, extra)

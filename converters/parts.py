@@ -1,0 +1,130 @@
+"""Conversion split into parts (``feedpipe convert --part i/N``): which slice a part packs,
+where it is written, and the fingerprint that tells :mod:`converters.merge` the parts belong
+together.
+
+Part ``i`` of ``N`` packs the contiguous slice ``[i*n//N, (i+1)*n//N)`` of the source's sorted
+item list, so every machine computes the same slice and the merged dataset keeps the source
+order. ``auto/N`` takes ``i`` from ``$SLURM_ARRAY_TASK_ID`` (Slurm job arrays) or
+``$JOB_COMPLETION_INDEX`` (Kubernetes indexed Jobs).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from feedpipe.dataset.manifest import MANIFEST_NAME
+from feedpipe.errors import ConfigError
+
+from .options import PackOptions
+from .remote_output import is_remote
+from .sources import Source
+
+PARTS_DIR = "parts"
+#: environment variables holding a task's index, in the order they are looked up
+INDEX_VARS = ("SLURM_ARRAY_TASK_ID", "JOB_COMPLETION_INDEX")
+
+
+@dataclass(frozen=True)
+class Part:
+    """Part ``index`` of ``count`` (0-based)."""
+
+    index: int
+    count: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.count, int) and self.count >= 1
+                and isinstance(self.index, int) and 0 <= self.index < self.count):
+            raise ConfigError(f"part {self.index}/{self.count}: use i/N with N >= 1 and "
+                              "0 <= i < N (parts are numbered from 0)")
+
+    @property
+    def name(self) -> str:
+        """The part's directory name inside ``OUT/parts/``; sorts in part order."""
+        return f"part-{self.index:05d}-of-{self.count:05d}"
+
+    def bounds(self, n: int) -> tuple[int, int]:
+        """The slice ``[start, stop)`` of an ``n``-item source list this part packs."""
+        return self.index * n // self.count, (self.index + 1) * n // self.count
+
+
+def parse_part(text: str, env: Mapping[str, str] | None = None) -> Part:
+    """``"3/8"`` → Part(3, 8); ``"auto/8"`` reads the index from Slurm's or Kubernetes' variable."""
+    env = os.environ if env is None else env
+    i, slash, n = text.partition("/")
+    if not slash:
+        raise ConfigError(f"--part {text}: use i/N (e.g. 0/4) or auto/N")
+    try:
+        count = int(n)
+    except ValueError:
+        raise ConfigError(f"--part {text}: N must be an integer (parts in all)") from None
+    if i == "auto":
+        found = [(v, env[v]) for v in INDEX_VARS if env.get(v, "").strip()]
+        if not found:
+            raise ConfigError(f"--part {text}: neither {' nor '.join('$' + v for v in INDEX_VARS)}"
+                              " is set; run it as a Slurm array task or a Kubernetes indexed "
+                              "Job, or give the index (--part 0/4)")
+        var, i = found[0]
+        text = f"{text} (${var}={i})"
+    try:
+        index = int(i)
+    except ValueError:
+        raise ConfigError(f"--part {text}: the index must be an integer or 'auto'") from None
+    try:
+        return Part(index, count)
+    except ConfigError as exc:
+        raise ConfigError(f"--part {text}: {exc}") from None
+
+
+def part_dir(out: str | Path, part: Part) -> str | Path:
+    """Where ``convert(..., part=)`` writes: inside the dataset it will be merged into (a URL
+    under an object-storage ``out``)."""
+    if is_remote(out):
+        return f"{str(out).rstrip('/')}/{PARTS_DIR}/{part.name}"
+    return Path(out) / PARTS_DIR / part.name
+
+
+def fingerprint(source: Source, to: str, options: Mapping[str, Any]) -> str:
+    """SHA-256 of what every part must share: the whole sorted source list (paths and labels),
+    the classes, the format and the conversion options."""
+    h = hashlib.sha256()
+    h.update(json.dumps({"format": to, "classes": list(source.classes), "kind": source.kind,
+                         "options": options}, sort_keys=True, default=str).encode())
+    for it in source.items:
+        h.update(json.dumps([it.rel, it.label, it.extra], sort_keys=True, default=str).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+def plan_part(part: Part, source: Source, out: str | Path, to: str, opts: PackOptions,
+              val_fraction: float) -> tuple[str | Path, int, int, dict[str, Any]]:
+    """Check a part conversion and return its directory, slice and the manifest's ``part``
+    entry (what :func:`converters.merge.merge` checks)."""
+    options = {f.name: getattr(opts, f.name) for f in fields(opts) if f.name != "targets"}
+    options["targets"] = [[t.name, t.spec, t.params] for t in opts.targets]
+
+    if val_fraction:
+        raise ConfigError("--part with --val-fraction: split the merged dataset instead, or "
+                          "convert train and val as separate sources")
+    if source.masked and options.get("num_classes") is None:
+        raise ConfigError("--part with --masks needs --num-classes: each part would otherwise "
+                          "record only the classes its own masks hold")
+    n = len(source.items)
+    if n < part.count:
+        raise ConfigError(f"--part {part.index}/{part.count}: the source has {n} items, fewer "
+                          "than the parts; use fewer parts")
+    if is_remote(out) and to != "wds":
+        raise ConfigError(f"--part into object storage ({out}): only --to wds parts can be "
+                          "merged there (LMDB and HDF5 merge into several files a remote reader "
+                          "cannot open together); use --to wds for remote data, or convert the "
+                          "parts to a local folder")
+    if not is_remote(out) and (Path(out) / MANIFEST_NAME).exists():
+        raise ConfigError(f"{out} is already a merged dataset; convert parts into a new output")
+    start, stop = part.bounds(n)
+    info = {"index": part.index, "count": part.count, "start": start, "stop": stop,
+            "source_items": n, "fingerprint": fingerprint(source, to, options)}
+    return part_dir(out, part), start, stop, info

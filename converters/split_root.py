@@ -1,0 +1,70 @@
+"""A split root: ``data/train``, ``data/val`` (and ``data/test``), each an ImageFolder tree.
+
+``split_root="separate"`` writes one dataset per split (``out/train``, ``out/val``..., the layout
+of ``--val-fraction``); ``"field"`` writes one dataset with a ``split`` field. The class lists of
+the splits must agree (refused with the difference named) unless ``split_classes="union"``: then
+labels index the sorted union and a class a split lacks is listed as empty there.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal
+
+from feedpipe.errors import ConfigError
+
+from .sources import Source, _is_dir, scan
+
+SPLIT_NAMES = ("train", "val", "test")
+SplitRoot = Literal["separate", "field"]
+SplitClasses = Literal["agree", "union"]
+
+
+def split_dirs(src: Path) -> list[str]:
+    """The split folders of ``src`` when its visible top level is only 2-3 of train/val/test,
+    each holding sub-folders (class folders); else []."""
+    if not src.is_dir():
+        return []
+    names = sorted(e.name for e in os.scandir(src) if not e.name.startswith("."))
+    if len(names) < 2 or not set(names) <= set(SPLIT_NAMES):
+        return []
+    if not all(_is_dir(src / n) and any(_is_dir(p) for p in (src / n).iterdir()) for n in names):
+        return []
+    return [n for n in SPLIT_NAMES if n in names]
+
+
+def scan_split_root(src: str | Path, mode: SplitRoot, classes: SplitClasses = "agree"
+                    ) -> Source:
+    """Scan each split as an ImageFolder tree and merge them (see the module docstring)."""
+    src = Path(src)
+    names = split_dirs(src)
+    if not names:
+        raise ConfigError(f"split_root={mode!r}: {src} is not a split root (its top level must "
+                          f"be only 2 or 3 of {', '.join(SPLIT_NAMES)}, each with class folders)")
+    parts = {n: scan(src / n, "imagefolder") for n in names}
+    lists = {n: set(s.classes) for n, s in parts.items()}
+    union = sorted(set().union(*lists.values()))
+    if classes == "agree":
+        diff = [f"{n} lacks {', '.join(sorted(set(union) - c))}" for n, c in lists.items()
+                if set(union) - c]
+        if diff:
+            raise ConfigError(f"{src}: the splits' class lists differ ({'; '.join(diff)}); "
+                              "labels would not mean the same class across splits. Add the "
+                              "missing class folders, or pass split_classes='union' "
+                              "(--split-classes union)")
+    label = {c: k for k, c in enumerate(union)}
+    items, ignored, refused = [], [], []
+    for n, s in parts.items():
+        for it in s.items:
+            items.append(replace(it, rel=f"{n}/{it.rel}", label=label[s.classes[it.label]]))
+        ignored += [(f"{n}/{p}", r) for p, r in s.ignored]
+        refused += [(f"{n}/{p}", r) for p, r in s.refused]
+    return Source(src, "splitroot", tuple(items), tuple(union), tuple(ignored),
+                  refused=tuple(refused), split_by=mode, split_names=tuple(names))
+
+
+def split_of(rel: str) -> str:
+    """The split an item of a split root belongs to (its first path component)."""
+    return rel.partition("/")[0]

@@ -1,0 +1,163 @@
+"""``feedpipe index DIR``: a feedpipe manifest and WebDataset index written beside foreign
+``.tar`` shards, which are never rewritten, so ``make_loader(DIR)`` reads them in place.
+
+Only plain ``.tar`` shards can be indexed: reads are ``os.pread`` at member offsets, which gzip
+cannot serve, so a ``.tgz`` is refused with the ``feedpipe convert`` command that packs it. The
+index holds the samples that have every field's member; the others stay in the shards, are left
+out of the index and are named in the manifest (``skipped``) and the result, as are samples whose
+``.txt`` member is not UTF-8 text (the reader decodes it as it stands; it is never rewritten).
+Shards holding a member that would need unpickling are refused (convert leaves such members out,
+by name).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from feedpipe.dataset.formats.wds import CRC_FILE, INDEX_FILES, write_index
+from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
+from feedpipe.errors import BadInputError, CorruptRecordError, OutputRefusedError, UnsafeDataError
+from feedpipe.schema.codecs import crc32
+from feedpipe.schema.fields import Field, ImageField, LabelField
+from feedpipe.schema.geometric import TextField
+from feedpipe.schema.imaging import sniff_codec
+from feedpipe.schema.model import Schema
+
+from . import foreign_wds as fw
+
+IN_PLACE_CODECS = ("jpeg", "png", "webp")
+
+
+@dataclass
+class IndexResult:
+    """What ``feedpipe index`` did."""
+
+    root: Path
+    indexed: int = 0
+    shards: list[str] = field(default_factory=list)
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    not_taken: list[dict[str, str]] = field(default_factory=list)
+    schema: list[str] = field(default_factory=list)
+
+
+def _check_folder(root: Path, overwrite: bool) -> list[Path]:
+    if not root.is_dir():
+        raise BadInputError(f"{root}: not a folder of .tar shards")
+    shards, _ = fw.find_shards([root])
+    packed = [s for s in shards if not s.name.lower().endswith(".tar")]
+    if packed:
+        raise BadInputError(f"{packed[0]}: a gzipped shard cannot be read in place (no random "
+                            f"access into gzip); pack it instead: feedpipe convert {root} --to "
+                            "wds -o OUT (or --to lmdb|hdf5)")
+    nested = [s for s in shards if s.parent != root]
+    if nested:
+        raise BadInputError(f"{nested[0]}: shards in sub-folders; index each folder on its own "
+                            f"(feedpipe index {nested[0].parent}) or convert them into one "
+                            "dataset")
+    if (root / MANIFEST_NAME).exists():
+        extra = Manifest.read(root).extra
+        if not extra.get("in_place"):
+            raise OutputRefusedError(f"{root}: already a feedpipe dataset; nothing to index")
+        if not overwrite:
+            raise FileExistsError(f"{root}: already indexed; pass --overwrite to index again")
+        os.unlink(root / MANIFEST_NAME)  # incomplete until the new manifest is written
+    clash = [n for n in (*INDEX_FILES, CRC_FILE) if (root / n).exists()
+             and not (root / n).is_file()]
+    if clash:
+        raise OutputRefusedError(f"{root / clash[0]}: not a file; refusing to write the index")
+    return shards
+
+
+def index_shards(root: str | Path, overwrite: bool = False) -> IndexResult:
+    """Index the foreign ``.tar`` shards of ``root`` in place (see the module docstring)."""
+    root = Path(root)
+    shards = _check_folder(root, overwrite)
+    p = fw.plan([root])
+    unsafe = [t for t in p.not_taken if "unpickling" in t["reason"]]
+    if unsafe:
+        raise UnsafeDataError(f"{unsafe[0]['path']}: would need unpickling; feedpipe never "
+                              f"executes stored data. Convert instead (it leaves such members "
+                              f"out, by name): feedpipe convert {root} --to wds -o OUT")
+    res = IndexResult(root, shards=[s.name for s in shards], not_taken=p.not_taken)
+    offsets: list[list[tuple[int, int]]] = []
+    crcs: list[list[int]] = []
+    shard_of: list[int] = []
+    keys: list[bytes] = []
+    codecs: set[str] = set()
+    image_suffixes: set[str] = set()
+    unindexed: dict[str, list[str]] = {}
+    order = (["cls"] if p.labeled else []) + list(p.fields)
+    for n, path in enumerate(shards):
+        for key, group in fw.samples(path, []):
+            img = fw._image_suffix(group)
+            why = None if img else "no image member"
+            if why is None:
+                missing = [s for s in order if s not in group]
+                why = ("no " + ", ".join(f".{s}" for s in missing) + " member") if missing \
+                    else None
+            if why is None:
+                why = _unreadable_text(p, group)
+            if why is None:
+                codec = sniff_codec(group[img].data)  # type: ignore[index]
+                if codec not in IN_PLACE_CODECS:
+                    raise BadInputError(f"{path} key {key}: a {codec} image cannot be decoded "
+                                        f"in place; convert instead: feedpipe convert {root} "
+                                        "--to wds -o OUT (lossless formats become PNG)")
+                codecs.add(codec)
+                image_suffixes.add(img)  # type: ignore[arg-type]
+            if why is not None:
+                unindexed.setdefault(path.name, []).append(key)
+                res.skipped.append({"path": f"{path.name}/{key}", "reason": why})
+                continue
+            picked = [group[img], *(group[s] for s in order)]  # type: ignore[index]
+            offsets.append([(m.offset, len(m.data)) for m in picked])
+            crcs.append([crc32(m.data) for m in picked])
+            shard_of.append(n)
+            keys.append(key.encode("utf-8", "surrogateescape"))
+    if not keys:
+        raise BadInputError(f"{root}: no sample can be indexed: " + "; ".join(
+            f"{s['path']}: {s['reason']}" for s in res.skipped[:3]))
+    fields: list[Field] = [ImageField("image", codecs.pop() if len(codecs) == 1 else "mixed")]
+    if p.labeled:
+        fields.append(LabelField("label"))
+    fields += list(p.fields.values())
+    schema = Schema(tuple(fields))
+    write_index(root, len(schema), offsets, shard_of, keys, crcs, save=_save_atomic)
+    members: dict[str, Any] = {"image": sorted(image_suffixes)}
+    if p.labeled:
+        members["label"] = ["cls"]
+    members.update({f.name: [s] for s, f in p.fields.items()})
+    names = [*res.shards, *INDEX_FILES, CRC_FILE]
+    Manifest("wds", len(keys), schema, (), tuple(FileEntry.of(root, f) for f in names),
+             {"source": str(root), "source_kind": "wds-in-place", "ignored": p.not_taken},
+             tuple(res.skipped),
+             {"shards": res.shards, "members": members, "unindexed": unindexed,
+              "in_place": True, "foreign_files": res.shards}).write(root)
+    res.indexed, res.schema = len(keys), schema.names
+    return res
+
+
+def _unreadable_text(p: fw.Plan, group: dict[str, fw.Member]) -> str | None:
+    """Why a sample's text members cannot be read in place as they stand (not UTF-8, a NUL),
+    or None: the reader decodes them as they are, so each is checked here, never rewritten."""
+    for s, f in p.fields.items():
+        if isinstance(f, TextField):
+            try:
+                fw.check_text(f, group[s].data, f".{s}")
+            except CorruptRecordError as exc:
+                return f"unreadable member: {exc}"
+    return None
+
+
+def _save_atomic(path: Path, arr: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as fh:
+        np.save(fh, arr, allow_pickle=False)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)

@@ -1,0 +1,221 @@
+"""Datasets in object storage: the manifest and index files are fetched into the node-local
+cache (:class:`feedpipe.storage.cache.Cache`), then a local reader runs on the cache folder.
+
+WebDataset shards are fetched one by one as the reader opens them (:class:`RemoteWdsReader`),
+and ahead of it: the loader's plan tells :meth:`RemoteWdsReader.plan_ahead` which shards come
+next, and a small thread pool downloads them in plan order. LMDB and HDF5 are one file each:
+fetched whole, refused when larger than ``cache_limit`` (``--to wds`` streams instead).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import CacheFullError, IncompleteDatasetError, RemoteNotFoundError
+from ..paths import write_atomic
+from ..schema.fields import Field
+from ..storage import DEFAULT_POLICY, RetryPolicy, join, read_bytes
+from ..storage.cache import Cache
+from .formats.base import DatasetReader, Visitor
+from .formats.hdf5 import Hdf5Reader
+from .formats.lmdb import LmdbReader
+from .formats.wds import CRC_FILE, INDEX_FILES, VALUES_FILE, WdsReader
+from .manifest import FORMAT_FILES, MANIFEST_NAME, FileEntry, Manifest
+
+log = logging.getLogger("feedpipe.storage")
+_READERS: weakref.WeakSet[RemoteWdsReader] = weakref.WeakSet()
+
+
+class RemoteSource:
+    """Where one cached dataset's files come from: its URL, the cache folder, the manifest's
+    sizes and SHA-256s, and how to reach the store."""
+
+    def __init__(self, url: str, cache: Cache, folder: Path, files: Sequence[FileEntry],
+                 storage_options: Mapping[str, Any] | None, policy: RetryPolicy) -> None:
+        self.url, self.cache, self.folder, self.policy = url, cache, folder, policy
+        self.files = {f.name: f for f in files}
+        self.storage_options = dict(storage_options or {})
+
+    def open(self, name: str, block: bool = True, evict: bool = True) -> int | None:
+        """A shared-locked descriptor of the cached file ``name`` (fetched and verified first)."""
+        entry = self.files.get(name)
+        if entry is None:
+            raise IncompleteDatasetError(f"{self.url}: its manifest lists no file {name}; "
+                                         "re-convert the dataset")
+        flat = name.replace("%", "%25").replace("/", "%2F")  # a merged dataset's parts/.../x.tar
+        return self.cache.open(self.folder, flat, join(self.url, name), entry.size, entry.sha256,
+                               storage_options=self.storage_options, policy=self.policy,
+                               block=block, evict=evict)
+
+    def fetch(self, name: str) -> None:
+        """Make sure ``name`` is cached (the index files: kept beside the manifest)."""
+        fd = self.open(name)
+        assert fd is not None
+        os.close(fd)
+
+
+class RemoteWdsReader(WdsReader):
+    """A WdsReader over the cache folder whose shard opens fetch through the cache. A batch is
+    read one shard at a time, each released before the next is opened, so a process holds (and
+    keeps from eviction) one shard at a most: a cache of a few shards per process never stalls."""
+
+    def __init__(self, root: Path, manifest: Manifest, source: RemoteSource,
+                 prefetch: int = 2) -> None:
+        self.source, self.prefetch = source, prefetch
+        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._queued: set[int] = set()
+        super().__init__(root, manifest)
+        _READERS.add(self)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.update(_pool=None, _queued=set())
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        _READERS.add(self)
+
+    @property
+    def url(self) -> str:
+        return self.source.url
+
+    def describe(self, index: int) -> str:
+        return f"{self.url} (wds, cached in {self.root}) shard " \
+               f"{self.shards[int(self._shard_of[index])]} key {self.key(index)}"
+
+    def _open_shard(self, shard: int) -> int:
+        fd = self.source.open(self.shards[shard])
+        assert fd is not None
+        return fd
+
+    def _release(self) -> None:
+        for shard in list(self._fds or ()):
+            os.close(self._fds.pop(shard))  # its shared lock goes: evictable once unused
+
+    def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
+        shard_of = self._shard_of[np.asarray(indices, np.int64)]
+        stored: list[dict[str, Any] | None] = [None] * len(indices)
+        for shard in dict.fromkeys(int(s) for s in shard_of):  # in the batch's order
+            positions = [p for p, s in enumerate(shard_of) if s == shard]
+            self._release()
+            self._fd(shard)  # fetched here: a StorageError stays typed (not a damaged record)
+
+            def keep(pos: int, values: dict[str, Any], positions: list[int] = positions) -> None:
+                stored[positions[pos]] = values  # pread copies: valid after the callback
+
+            super()._visit([indices[p] for p in positions], keep, fields)
+        self._release()
+        for pos, values in enumerate(stored):  # the caller's order: its random draws follow it
+            assert values is not None
+            fn(pos, values)
+
+    def plan_ahead(self, plan: Sequence[Sequence[int]], position: int) -> None:
+        """Called by the loader's sampler as it hands out batch ``position`` of ``plan``: fetch
+        the shards of the next batches, up to ``prefetch`` beyond this batch's, in plan order,
+        in a small thread pool. Prefetching only fills free room (it never evicts), and a
+        cached shard it meets is marked recently used, so the plan's next shards are evicted
+        last."""
+        if self.prefetch <= 0 or not len(plan):
+            return
+        window: list[int] = []
+        current = 0
+        for b in range(position, len(plan)):
+            for s in self._shard_of[np.asarray(plan[b], np.int64)].tolist():
+                if s not in window:
+                    window.append(int(s))
+            if b == position:
+                current = len(window)
+            if len(window) >= current + self.prefetch:
+                break
+        pid = os.getpid()
+        if self._pool is None or self._pool[0] != pid:
+            self._pool = (pid, ThreadPoolExecutor(min(self.prefetch, 4),
+                                                  thread_name_prefix="feedpipe-prefetch"))
+            self._queued = set()
+        self._queued &= set(window)
+        for shard in window:
+            if shard in self._queued:  # fetched already: mark it used, so the shards the plan
+                try:                   # has passed are the least recently used, evicted first
+                    os.utime(self.root / self.shards[shard])
+                except FileNotFoundError:
+                    self._queued.discard(shard)  # evicted meanwhile: fetch it again
+            if shard not in self._queued:
+                self._queued.add(shard)
+                self._pool[1].submit(self._prefetch, shard)
+
+    def _prefetch(self, shard: int) -> None:
+        try:
+            fd = self.source.open(self.shards[shard], block=False, evict=False)
+        except Exception:  # noqa: BLE001 - the reader's own open raises it, named, if needed
+            log.debug("prefetch of %s failed; the reader fetches it on demand",
+                      self.shards[shard], exc_info=True)
+            return
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        if self._fds and self._pid == os.getpid():
+            self._release()
+        super().close()
+
+
+def _after_fork() -> None:
+    """A forked worker must not keep the parent's shard locks alive: it closes its copies."""
+    for reader in list(_READERS):
+        for fd in (reader._fds or {}).values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        reader._pool, reader._queued, reader._pid = None, set(), None
+        reader._fds = None  # type: ignore[assignment]
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
+                cache_limit: str | int | None = None,
+                storage_options: Mapping[str, Any] | None = None, prefetch: int = 2,
+                policy: RetryPolicy = DEFAULT_POLICY, **options: Any) -> DatasetReader:
+    """Open the dataset at ``url`` through the node-local cache (see the module docstring)."""
+    try:
+        raw = read_bytes(join(url, MANIFEST_NAME), storage_options, policy)
+    except RemoteNotFoundError as exc:
+        raise IncompleteDatasetError(
+            f"{url}: no {MANIFEST_NAME}; the path is wrong, or the conversion did not finish "
+            "(the manifest is written last). Check the URL, or re-run `feedpipe convert`.",
+            dataset=url) from exc
+    cache = Cache(cache_dir, cache_limit)
+    folder = cache.dataset_dir(url, raw)
+    if not (folder / MANIFEST_NAME).is_file():
+        write_atomic(folder / MANIFEST_NAME, raw)
+    manifest = Manifest.read(folder)
+    source = RemoteSource(url, cache, folder, manifest.files, storage_options, policy)
+    if manifest.format == "wds":
+        for name in (*INDEX_FILES, CRC_FILE, VALUES_FILE):
+            if name in source.files:
+                source.fetch(name)
+        return RemoteWdsReader(folder, manifest, source, prefetch)
+    data = FORMAT_FILES[manifest.format][0]
+    entry = source.files.get(data)
+    if entry is not None and cache.limit is not None and entry.size > cache.limit:
+        raise CacheFullError(f"{url}: {manifest.format} keeps all samples in one file "
+                             f"({data}, {entry.size:,} bytes), larger than cache_limit="
+                             f"{cache.limit:,}, and must be fetched whole. Convert it with "
+                             "`feedpipe convert ... --to wds` for remote data (shards stream one "
+                             "by one within the limit), or raise cache_limit", url=url)
+    pin = source.open(data)  # held while this process lives: the file is never evicted under it
+    single: dict[str, type[DatasetReader]] = {"lmdb": LmdbReader, "hdf5": Hdf5Reader}
+    reader = single[manifest.format](folder, manifest, **options)
+    reader._remote_pin = pin  # type: ignore[attr-defined]
+    reader.remote_url = url  # type: ignore[attr-defined]
+    return reader

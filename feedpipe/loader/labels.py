@@ -1,0 +1,246 @@
+"""Labels that follow the image (keypoints, boxes) and ragged values (boxes, text, variable-shape
+arrays), gathered per sample and collated once per batch.
+
+A :class:`Collector` copies each sample's stored value out of the read buffer (``put``) together
+with the geometry its image was cut with, and ``finish`` transforms and pads the whole batch in a
+few vectorized numpy operations: a batch leaves the worker as a handful of tensors, never as one
+Python object per sample or per box.
+
+Coordinates: pixel ``i`` covers ``[i, i+1)``, the convention of the image resize (pixel centres
+at ``i + 0.5``, ``align_corners=False``). A sample cut from box (top, left, h, w) of its source and
+resized to oh×ow maps ``x → (x - left) * ow / w`` and ``y → (y - top) * oh / h``; a horizontal
+flip then maps ``x → ow - x``. A point is inside the output when ``0 <= x <= ow`` and
+``0 <= y <= oh`` (closed, so a flip never changes it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import ConfigError, CorruptRecordError
+from ..schema.fields import ArrayField, Field
+from ..schema.geometric import BoxesField, KeypointsField, TextField
+from .config import Ragged
+from .geometry import Geometry
+
+PAD_LABEL = -1  # padding of box labels and attributes (counts say how many rows are real)
+_GEO = 7  # top, left, height, width, flip, out height, out width
+_UNKNOWN = (0.0, 0.0, 1.0, 1.0, 0.0, np.inf, np.inf)  # no image in the batch: identity, no clip
+
+
+@dataclass(frozen=True)
+class RaggedList:
+    """Rows of every sample packed flat (``values``) with a count per sample: crosses the worker
+    boundary as two tensors and becomes a list of per-sample views on the device stage."""
+
+    values: torch.Tensor
+    counts: torch.Tensor
+
+    def split(self, device: torch.device) -> list[torch.Tensor]:
+        v = self.values.to(device, non_blocking=True)
+        return list(v.split(self.counts.tolist()))
+
+
+def collects(f: Field, ragged: Ragged) -> bool:
+    """Whether ``f`` is gathered by a :class:`Collector` rather than stacked or listed as is."""
+    if isinstance(f, (KeypointsField, BoxesField, TextField)):
+        return True
+    return isinstance(f, ArrayField) and not f.fixed and ragged == "pad"
+
+
+def batch_keys(f: Field, ragged: Ragged) -> list[str]:
+    """The keys a collected field adds to a batch (its own name first)."""
+    n = f.name
+    if isinstance(f, KeypointsField):
+        return [n, f"{n}_visible"]
+    if isinstance(f, BoxesField):
+        return [n, f"{n}_labels", *(f"{n}_{a}" for a in f.attrs), f"{n}_count"]
+    return [n, f"{n}_lengths"]
+
+
+def check_keys(fields: list[Field], ragged: Ragged) -> None:
+    """Refuse a request where a collected field's extra keys collide with another field's name."""
+    names = {f.name for f in fields}
+    for f in fields:
+        if collects(f, ragged):
+            clash = sorted(set(batch_keys(f, ragged)[1:]) & names)
+            if clash:
+                raise ConfigError(f"field {f.name!r} adds batch keys {clash} that are also field "
+                                  "names; load one of them, or rename it at conversion")
+
+
+def geometry_row(geo: Geometry | None, size: tuple[int, int] | None) -> tuple[float, ...]:
+    """The sample's geometry as one row: box, flip, output size (the crop's own when unsized)."""
+    if geo is None:
+        return _UNKNOWN
+    oh, ow = size if size is not None else (geo.height, geo.width)
+    return (geo.top, geo.left, geo.height, geo.width, float(geo.flip), oh, ow)
+
+
+def _map_x(x: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """x in source pixels → output pixels, before any flip (``g``: geometry rows, broadcast)."""
+    return (x - g[..., 1]) * (np.where(np.isinf(g[..., 6]), 1.0, g[..., 6] / g[..., 3]))
+
+
+def _map_y(y: np.ndarray, g: np.ndarray) -> np.ndarray:
+    return (y - g[..., 0]) * (np.where(np.isinf(g[..., 5]), 1.0, g[..., 5] / g[..., 2]))
+
+
+class Collector:
+    """Gathers one field's values for one batch of ``n`` samples; see the module docstring."""
+
+    def __init__(self, field: Field, n: int, size: tuple[int, int] | None, ragged: Ragged,
+                 min_box_fraction: float) -> None:
+        self.field, self.n, self.size = field, n, size
+        self.ragged, self.min_box_fraction = ragged, min_box_fraction
+        self.geo = np.tile(np.asarray(_UNKNOWN), (n, 1))
+        self.rows: list[Any] = [None] * n
+        if isinstance(field, KeypointsField):
+            self.points = np.zeros((n, *field.shape), np.float32)  # type: ignore[misc]
+
+    def put(self, pos: int, stored: Any, geo: Geometry | None, what: str) -> None:
+        """Copy sample ``pos``'s stored value out of the read buffer, with its geometry."""
+        f = self.field
+        self.geo[pos] = geometry_row(geo, self.size)
+        if isinstance(f, KeypointsField):
+            self.points[pos] = stored
+        elif isinstance(f, BoxesField):
+            boxes, ints = f.parse(stored, what)
+            self.rows[pos] = (boxes.copy(), ints.copy())
+        elif isinstance(f, TextField):
+            text = f.text(stored, what)
+            self.rows[pos] = np.frombuffer(text.encode("utf-32-le"), "<u4").astype(np.int64)
+        else:
+            self.rows[pos] = np.array(stored)
+
+    def finish(self) -> dict[str, Any]:
+        f = self.field
+        if isinstance(f, KeypointsField):
+            return self._keypoints(f)
+        if isinstance(f, BoxesField):
+            return self._boxes(f)
+        if isinstance(f, TextField):
+            return self._text(f)
+        return self._arrays(f)  # type: ignore[arg-type]
+
+    # --- keypoints ------------------------------------------------------------------------------
+    def _keypoints(self, f: KeypointsField) -> dict[str, Any]:
+        g = self.geo[:, None, :]
+        p = self.points.astype(np.float64)
+        x, y = _map_x(p[..., 0], g), _map_y(p[..., 1], g)
+        flip = self.geo[:, 4] > 0
+        x = np.where(flip[:, None], self.geo[:, None, 6] - x, x)
+        visible = (x >= 0) & (x <= g[..., 6]) & (y >= 0) & (y <= g[..., 5])
+        if f.has_visibility:
+            visible &= p[..., 2] > 0
+        out = np.stack([x, y], axis=-1).astype(np.float32)
+        if f.flip_indices is not None and flip.any():
+            perm = np.asarray(f.flip_indices)
+            out[flip] = out[flip][:, perm]
+            visible[flip] = visible[flip][:, perm]
+        return {f.name: torch.from_numpy(out), f"{f.name}_visible": torch.from_numpy(visible)}
+
+    # --- boxes ----------------------------------------------------------------------------------
+    def _boxes(self, f: BoxesField) -> dict[str, Any]:
+        width = 1 + len(f.attrs)
+        rows = [r if r is not None else (np.zeros((0, 4), np.float32),
+                                         np.zeros((0, width), np.int64)) for r in self.rows]
+        counts = np.fromiter((len(r[0]) for r in rows), np.int64, self.n)
+        boxes = np.concatenate([r[0] for r in rows]).astype(np.float64) if self.n \
+            else np.zeros((0, 4))
+        ints = np.concatenate([r[1] for r in rows]) if self.n else np.zeros((0, width), np.int64)
+        sample = np.repeat(np.arange(self.n), counts)
+        g = self.geo[sample]
+        x1, x2 = _map_x(boxes[:, 0], g), _map_x(boxes[:, 2], g)
+        y1, y2 = _map_y(boxes[:, 1], g), _map_y(boxes[:, 3], g)
+        flip = g[:, 4] > 0
+        x1, x2 = np.where(flip, g[:, 6] - x2, x1), np.where(flip, g[:, 6] - x1, x2)
+        area = (x2 - x1) * (y2 - y1)
+        cx1, cx2 = np.clip(x1, 0, g[:, 6]), np.clip(x2, 0, g[:, 6])
+        cy1, cy2 = np.clip(y1, 0, g[:, 5]), np.clip(y2, 0, g[:, 5])
+        inside = (cx1 == x1) & (cx2 == x2) & (cy1 == y1) & (cy2 == y2)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(area > 0, (cx2 - cx1) * (cy2 - cy1) / area, inside.astype(float))
+        keep = (frac > 0) & (frac >= self.min_box_fraction)
+        out = np.stack([cx1, cy1, cx2, cy2], axis=1)[keep].astype(np.float32)
+        ints, sample = ints[keep], sample[keep]
+        counts = np.bincount(sample, minlength=self.n).astype(np.int64)
+        keys = batch_keys(f, self.ragged)
+        cols = [out, *(ints[:, j] for j in range(width))]
+        if self.ragged == "list":
+            t = torch.from_numpy(counts)
+            res: dict[str, Any] = {k: RaggedList(torch.from_numpy(np.ascontiguousarray(c)), t)
+                                   for k, c in zip(keys, cols)}
+        else:
+            rank = np.arange(len(sample)) - (np.cumsum(counts) - counts)[sample]
+            m = int(counts.max()) if self.n else 0
+            res = {}
+            for k, c in zip(keys, cols):
+                pad = np.full((self.n, m, *c.shape[1:]), 0 if c is out else PAD_LABEL, c.dtype)
+                pad[sample, rank] = c
+                res[k] = torch.from_numpy(pad)
+        res[keys[-1]] = torch.from_numpy(counts)
+        return res
+
+    # --- text -----------------------------------------------------------------------------------
+    def _text(self, f: TextField) -> dict[str, Any]:
+        rows = [r if r is not None else np.zeros(0, np.int64) for r in self.rows]
+        lengths = np.fromiter((len(r) for r in rows), np.int64, self.n)
+        codes = np.concatenate(rows) if self.n else np.zeros(0, np.int64)
+        if f.vocab is not None:
+            keys, idx = _vocab_table(f.vocab)
+            at = np.minimum(np.searchsorted(keys, codes), len(keys) - 1)
+            if len(codes) and not (keys[at] == codes).all():
+                bad = "".join(sorted({chr(c) for c in codes[keys[at] != codes]}))
+                raise CorruptRecordError(f"field {f.name!r}: characters {bad!r} are not in the "
+                                         "schema's vocabulary")
+            codes = idx[at]
+        return {f.name: torch.from_numpy(_pad_flat(codes, lengths, 0)),
+                f"{f.name}_lengths": torch.from_numpy(lengths)}
+
+    # --- variable-shape arrays ------------------------------------------------------------------
+    def _arrays(self, f: ArrayField) -> dict[str, Any]:
+        rows = self.rows
+        ranks = {r.ndim for r in rows if r is not None}
+        if len(ranks) > 1:
+            raise ConfigError(f"field {f.name!r} holds arrays of ranks {sorted(ranks)}: they "
+                              "cannot be padded into one batch; pass ragged='list'")
+        ndim = ranks.pop() if ranks else len(f.shape or ())
+        shapes = np.array([r.shape if r is not None else (0,) * ndim for r in rows],
+                          np.int64).reshape(self.n, ndim)
+        top = shapes.max(axis=0) if self.n else np.zeros(ndim, np.int64)
+        out = np.zeros((self.n, *top), np.dtype(f.dtype))
+        for pos, r in enumerate(rows):  # one slice assignment per sample, into one buffer
+            if r is not None:
+                at: tuple[Any, ...] = (pos, *(slice(0, d) for d in r.shape))
+                out[at] = r
+        var = list(range(ndim)) if f.shape is None else \
+            [i for i, s in enumerate(f.shape) if s is None]
+        lengths = shapes[:, var[0]] if len(var) == 1 else shapes[:, var]
+        return {f.name: torch.from_numpy(out), f"{f.name}_lengths": torch.from_numpy(lengths)}
+
+
+def _pad_flat(flat: np.ndarray, lengths: np.ndarray, fill: int) -> np.ndarray:
+    """Rows given flat with their lengths → an N×max(lengths) array padded with ``fill``."""
+    n = len(lengths)
+    out = np.full((n, int(lengths.max()) if n else 0), fill, flat.dtype)
+    sample = np.repeat(np.arange(n), lengths)
+    out[sample, np.arange(len(flat)) - (np.cumsum(lengths) - lengths)[sample]] = flat
+    return out
+
+
+_VOCABS: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _vocab_table(vocab: str) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted code points, their 1-based vocabulary indices) for a searchsorted lookup."""
+    table = _VOCABS.get(vocab)
+    if table is None:
+        cps = np.array([ord(c) for c in vocab], np.int64)
+        order = np.argsort(cps)
+        table = _VOCABS[vocab] = (cps[order], (order + 1).astype(np.int64))
+    return table

@@ -1,0 +1,126 @@
+"""The per-epoch sample order of a mix of datasets (a :class:`MixedReader`).
+
+One epoch holds ``epoch_size`` samples (default: every source's size summed), split between the
+sources by ``weights`` with exact counts (largest remainders), so the proportions are a plan, not
+a coin toss. Each source is read as an endless stream of passes (pass ``p``: a permutation seeded
+by ``(seed, source, p)``; for sharded sources the shards in seeded order, each shuffled within
+itself, so reads stay shard-local); epoch ``e`` takes the next ``count`` samples of it. A
+down-weighted source therefore sees all its samples before any repeats, across epochs, and an
+up-weighted one repeats each sample ``count // size`` or one more times. The sources' picks are
+then interleaved by a seeded shuffle of their labels (each source keeps its own order), and the
+global order is dealt round-robin to ranks like map-style data; the usual pad/drop equalizes them.
+
+Everything is a pure function of (sizes, weights, epoch_size, seed, epoch, world): the same on
+every rank, for any ``num_workers``, and a saved (epoch, batch) position resumes it exactly.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping, Sequence, Union
+
+import numpy as np
+
+from ..dataset.mixed import MixedReader
+from ..dataset.registry import DatasetReader, open_dataset
+from ..errors import ConfigError
+from .config import DEFAULT_FIELDS, LoaderConfig
+
+Dataset = Union[str, "os.PathLike[str]", DatasetReader]
+Sources = Union[Sequence[Dataset], Mapping[str, Dataset]]  # a list, or {name: dataset}
+_MIX = 0x6D6978  # "mix": keeps the mix's generators apart from the sampler's
+
+
+def _rng(*key: int) -> np.random.Generator:
+    """A generator determined only by ``key`` (the sampler's construction; the sampler builds
+    on this module, so it is not imported from there)."""
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence([int(k) for k in key])))
+
+
+def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None,
+                 epoch_size: int | None) -> list[int]:
+    """Samples each source gives one epoch: ``epoch_size`` split by ``weights`` (default: the
+    sizes) with largest remainders (ties to the earlier source), so they sum to the epoch."""
+    total = int(epoch_size) if epoch_size is not None else int(sum(sizes))
+    w = np.asarray(weights if weights is not None else sizes, np.float64)
+    if len(w) != len(sizes):
+        raise ConfigError(f"weights={tuple(weights or ())}: give one weight per dataset "
+                          f"({len(sizes)})", option="weights")
+    quota = total * w / w.sum()
+    counts = np.floor(quota).astype(np.int64)
+    extra = total - int(counts.sum())
+    order = sorted(range(len(w)), key=lambda s: (-(quota[s] - counts[s]), s))
+    for s in order[:extra]:
+        counts[s] += 1
+    return [int(c) for c in counts]
+
+
+def _pass(n: int, source: int, p: int, seed: int, shuffle: bool,
+          shards: Sequence[range] | None) -> np.ndarray:
+    """Pass ``p`` over one source of ``n`` samples (local indices): a permutation, or for a
+    sharded source its shards in seeded order, each shuffled within itself."""
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    rng = _rng(seed, _MIX, source, p)
+    if not shards:
+        return rng.permutation(n).astype(np.int64)
+    return np.concatenate([shards[k].start + rng.permutation(len(shards[k])).astype(np.int64)
+                           for k in rng.permutation(len(shards))])
+
+
+def source_take(n: int, count: int, source: int, *, seed: int, epoch: int, shuffle: bool,
+                shards: Sequence[range] | None = None) -> np.ndarray:
+    """The ``count`` local indices source ``source`` gives epoch ``epoch``: positions
+    ``[epoch * count, (epoch + 1) * count)`` of its stream of passes."""
+    if count == 0:
+        return np.zeros(0, np.int64)
+    lo, hi = epoch * count, (epoch + 1) * count
+    parts = [_pass(n, source, p, seed, shuffle, shards)
+             for p in range(lo // n, (hi - 1) // n + 1)]
+    stream = np.concatenate(parts)
+    start = lo - (lo // n) * n
+    return stream[start: start + count]
+
+
+def mix_order(reader: MixedReader, cfg: LoaderConfig, epoch: int) -> np.ndarray:
+    """The epoch's global order: mixed (global) indices, ``epoch_size`` of them."""
+    sizes = reader.sizes()
+    counts = epoch_counts(sizes, cfg.weights, cfg.epoch_size)
+    takes = [reader.offsets[s] + source_take(
+        n, counts[s], s, seed=cfg.seed, epoch=epoch, shuffle=cfg.shuffle,
+        shards=reader.sources[s].shard_ranges())
+        for s, n in enumerate(sizes)]
+    labels = np.repeat(np.arange(len(sizes)), counts)
+    if cfg.shuffle:
+        labels = _rng(cfg.seed, _MIX, epoch).permutation(labels)
+    else:  # evenly spread: the j-th of c samples sits at (j + 1/2) / c of the epoch
+        spread = np.concatenate([(np.arange(c) + 0.5) / c for c in counts if c])
+        labels = labels[np.argsort(spread, kind="stable")]
+    order = np.empty(len(labels), np.int64)
+    for s, take in enumerate(takes):
+        order[labels == s] = take
+    return order
+
+
+def mix_state(reader: MixedReader, cfg: LoaderConfig) -> dict[str, object]:
+    """What a saved position of a mix depends on besides the seed: sources, weights, size."""
+    return {**reader.fingerprint(), "weights": list(cfg.weights or ()),
+            "epoch_size": cfg.epoch_size}
+
+
+def open_mix(sources: Sources, cfg: LoaderConfig) -> MixedReader:
+    """``make_loader``'s mix: open each path, check the schemas on the fields to read."""
+    named = dict(sources) if isinstance(sources, Mapping) else None
+    items = list(named.values()) if named is not None else list(sources)
+    readers = [s if isinstance(s, DatasetReader) else open_dataset(
+        s, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit,
+        storage_options=cfg.storage_options) for s in items]  # local paths or URLs
+    if cfg.weights is not None and len(cfg.weights) != len(readers):
+        raise ConfigError(f"weights={cfg.weights!r}: give one weight per dataset "
+                          f"({len(readers)})", option="weights")
+    if cfg.num_workers == "tune":
+        raise ConfigError("num_workers='tune' measures one dataset; for a mix, tune each "
+                          "dataset alone and pass the int", option="num_workers")
+    fields = cfg.fields or tuple(n for n in DEFAULT_FIELDS if all(n in r.schema for r in readers))
+    return MixedReader(readers, None if named is None else [str(k) for k in named],
+                       fields=fields, classes=cfg.mix_classes)

@@ -1,0 +1,141 @@
+"""An epoch's global sample order: the seam between "which samples, in what order" and "which
+rank reads them" (:mod:`feedpipe.loader.sampler` deals; :mod:`feedpipe.loader.position` resumes).
+
+An :class:`OrderSpec` builds an epoch's order as ``streams`` lists of sample indices (one per rank
+of the world the epoch began at: shard-local for sharded data). The epoch's *global order* is
+their interleaving (:func:`interleave`: round j takes element j of every stream still running).
+Since every rank yields the same number of batches, after k batches of B the samples consumed by
+all ranks together are exactly the first ``consumed(lengths, k * B)`` of the global order, so a
+position is one number, and a resume at any world size deals the rest of the global order anew.
+Another order (a mix of datasets) plugs in as a spec whose ``build`` returns its streams.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import ConfigError
+
+
+def rng_for(*key: int) -> np.random.Generator:
+    """A generator determined only by the non-negative integer key (seed, epoch, ...)."""
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence([int(k) for k in key])))
+
+
+def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
+    """The order a WebDataset-style shuffle buffer of ``size`` produces from ``stream``."""
+    if size <= 1 or len(stream) <= 1:
+        return stream.copy()
+    out = np.empty_like(stream)
+    buf = list(stream[:size])
+    picks = rng.integers(0, 1 << 62, size=len(stream))
+    k = 0
+    for item in stream[size:]:
+        j = int(picks[k] % len(buf))
+        out[k] = buf[j]
+        buf[j] = item
+        k += 1
+    rest = np.asarray(buf, dtype=stream.dtype)
+    rng.shuffle(rest)
+    out[k:] = rest
+    return out
+
+
+def _concat(shards: Sequence[range]) -> np.ndarray:
+    return np.concatenate([np.arange(s.start, s.stop, dtype=np.int64) for s in shards]) \
+        if len(shards) else np.zeros(0, np.int64)
+
+
+def window_shuffle(shards: Sequence[range], window: int, rng: np.random.Generator) -> np.ndarray:
+    """The samples of ``shards`` (read in that order), uniformly permuted within consecutive
+    windows of ``window`` shards: each shard is read within one window, so only its window's
+    shards are open (or cached) at a time and each is read once. The shards split into
+    ``len // window`` windows as equal as possible (``window`` to ``2 * window - 1`` shards
+    each), so no short last window leaves a shard unmixed."""
+    cuts = np.linspace(0, len(shards), max(1, len(shards) // window) + 1).round().astype(int)
+    parts = [rng.permutation(_concat(shards[a:b])) for a, b in zip(cuts[:-1], cuts[1:])]
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def interleave(streams: Sequence[np.ndarray]) -> np.ndarray:
+    """The global order of ``streams``: element j of every stream longer than j, by stream, for
+    j = 0, 1, ... (a prefix of it is what equal batch counts on every stream consumed)."""
+    if len(streams) == 1:
+        return np.asarray(streams[0], np.int64)
+    lengths = [len(s) for s in streams]
+    step = np.concatenate([np.arange(n) for n in lengths]) if sum(lengths) else np.zeros(0, int)
+    stream = np.repeat(np.arange(len(streams)), lengths)
+    return np.concatenate(streams).astype(np.int64)[np.lexsort((stream, step))]
+
+
+def consumed(lengths: Sequence[int], taken: int) -> int:
+    """Samples of the global order that ``taken`` samples from the head of each stream cover
+    (streams shorter than ``taken`` were padded past their end: the padding is not counted)."""
+    return int(np.minimum(np.asarray(lengths, np.int64), taken).sum())
+
+
+@dataclass(frozen=True)
+class OrderSpec:
+    """How an epoch's global order is built; saved in state dicts so that a resume rebuilds the
+    very order it was interrupted in, whatever the resuming loader's own options.
+
+    Map-style data: one seeded permutation (``streams`` 1: the order does not depend on the world).
+    Sharded data: a seeded shard shuffle, whole shards dealt round-robin to ``streams`` streams,
+    then within each stream either a window shuffle over ``window`` shards or (``window`` None)
+    a shuffle buffer of ``buffer`` samples; fewer shards than streams split by sample instead.
+    """
+
+    shuffle: bool = True
+    streams: int = 1
+    window: int | None = None
+    buffer: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "OrderSpec":
+        """The spec a state dict recorded; a malformed one is a ConfigError naming the key."""
+        if not isinstance(d, dict) or set(d) != {"shuffle", "streams", "window", "buffer"}:
+            raise ConfigError(f"state 'order' must be a dict with shuffle, streams, window and "
+                              f"buffer; got {d!r}")
+
+        def count(key: str, low: int) -> int:
+            v = d[key]
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ConfigError(f"state 'order'[{key!r}]={v!r}: expected an int >= {low}")
+            return v
+
+        if not isinstance(d["shuffle"], bool):
+            raise ConfigError(f"state 'order'['shuffle']={d['shuffle']!r}: expected a bool")
+        return cls(d["shuffle"], count("streams", 1),
+                   None if d["window"] is None else count("window", 1), count("buffer", 0))
+
+    def build(self, n: int, shards: Sequence[range] | None, *, seed: int,
+              epoch: int) -> list[np.ndarray]:
+        """The epoch's streams of sample indices (their :func:`interleave` is the global order)."""
+        rng, w = rng_for(seed, epoch), self.streams
+        if shards is None or len(shards) == 0:
+            order = rng.permutation(n) if self.shuffle else np.arange(n)
+            return [order[r::w] for r in range(w)]
+        shard_order = rng.permutation(len(shards)) if self.shuffle else np.arange(len(shards))
+        if len(shards) < w:
+            warnings.warn(f"{len(shards)} shards for {w} ranks: splitting by sample instead "
+                          "of by shard (write more, smaller shards to keep reads shard-local)",
+                          stacklevel=4)
+            ordered = [shards[s] for s in shard_order]
+            flat = self._within(ordered, rng) if self.shuffle else _concat(ordered)
+            return [flat[r::w] for r in range(w)]
+        return [self._within([shards[s] for s in shard_order[r::w]], rng_for(seed, epoch, r + 1))
+                if self.shuffle else _concat([shards[s] for s in shard_order[r::w]])
+                for r in range(w)]
+
+    def _within(self, shards: Sequence[range], rng: np.random.Generator) -> np.ndarray:
+        """One stream's samples, shuffled shard-locally (window) or by the shuffle buffer."""
+        if self.window is not None:
+            return window_shuffle(shards, self.window, rng)
+        return shuffle_buffer(_concat(shards), self.buffer, rng)

@@ -1,0 +1,11 @@
+"""Object storage (s3://, gs://, https://, hf://) through fsspec: URLs, retries, transfers, and the
+node-local shard cache. Sits between ``dataset`` (which opens remote datasets through it) and
+``schema``; it knows nothing of formats."""
+
+from .retry import DEFAULT_POLICY, RetryPolicy, classify, with_retries
+from .transfer import download, exists, read_bytes, remote_size, remove, upload, write_bytes
+from .urls import filesystem, is_remote, join, local_path, scheme_of
+
+__all__ = ["DEFAULT_POLICY", "RetryPolicy", "classify", "download", "exists", "filesystem",
+           "is_remote", "join", "local_path", "read_bytes", "remote_size", "remove", "scheme_of",
+           "upload", "with_retries", "write_bytes"]

@@ -1,0 +1,287 @@
+"""The node-local cache of remote dataset files: bounded in bytes, shared by every process on
+the node, one download per file per node, and nothing partial ever read as whole.
+
+Layout: ``<cache_dir>/<name>-<key>/`` per dataset, ``key`` a hash of the URL and the manifest's
+bytes, so a re-converted dataset never mixes with a stale copy. In it, the manifest and index
+files (kept, not counted), the data files (shards, ``data.mdb``, ``data.h5``: counted against
+``limit`` and evicted least recently used first), and per data file ``.NAME.lock`` (the download
+lock; while held it holds the size reserved for the download) and ``.NAME.part`` (the bytes so far).
+
+Protocol (fcntl locks, released by the kernel when a process dies): a reader opens a data file
+and takes a shared lock on it, so the file cannot be evicted while open; a downloader takes the
+file's exclusive download lock, reserves room under the cache-wide ``.lock`` (evicting unlocked
+files least recently used first), appends to the part file (resuming a killed download), fsyncs,
+checks the SHA-256 against the manifest, and renames it into place.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from ..errors import CacheFullError, ChecksumMismatchError, ConfigError
+from .retry import DEFAULT_POLICY, RetryPolicy
+from .transfer import CHUNK, download
+
+KEPT = re.compile(r"^(feedpipe\.json|index-.*)$")  # the manifest and index files: never evicted
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+          "tib": 2**40}
+
+
+def parse_size(value: str | int | None) -> int | None:
+    """Bytes from ``200GB``, ``1.5GiB``, ``500M`` or an int; None stays None (no limit)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        if isinstance(value, int) and value <= 0:
+            raise ConfigError(f"cache_limit={value!r}: use a positive size, e.g. '200GB'")
+        return value
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m[2].lower() not in _UNITS or float(m[1]) <= 0:
+        raise ConfigError(f"cache_limit={value!r}: use bytes (an int) or a size like '200GB', "
+                          "'500MB' or '1.5GiB'")
+    return int(float(m[1]) * _UNITS[m[2].lower()])
+
+
+def default_cache_dir() -> Path:
+    """``$FEEDPIPE_CACHE``, else ``~/.cache/feedpipe/remote`` (``$XDG_CACHE_HOME`` honoured)."""
+    env = os.environ.get("FEEDPIPE_CACHE")
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "feedpipe"
+    return Path(env) if env else base / "remote"
+
+
+@contextmanager
+def _flocked(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[int]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, mode)
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _held(path: Path) -> bool:
+    """Whether some process holds a lock on ``path`` (a download, or a reader's shared lock)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+class Cache:
+    """A byte-bounded cache folder shared by all ranks and workers on a node (see the module
+    docstring). ``limit`` None means unbounded; ``wait`` is how long a download waits for room
+    (files in use are never evicted) before :class:`CacheFullError`."""
+
+    def __init__(self, root: str | os.PathLike[str] | None = None,
+                 limit: str | int | None = None, *, wait: float = 600.0) -> None:
+        self.root = Path(root) if root is not None else default_cache_dir()
+        self.limit = parse_size(limit)
+        self.wait = wait
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def __repr__(self) -> str:
+        return f"Cache({str(self.root)!r}, limit={self.limit})"
+
+    def dataset_dir(self, url: str, manifest: bytes) -> Path:
+        """The folder of one dataset version: named after the URL's last part, keyed by the URL
+        and the manifest's bytes (a re-conversion gets a new folder)."""
+        key = hashlib.sha256(url.rstrip("/").encode() + b"\n" + manifest).hexdigest()[:20]
+        slug = re.sub(r"[^A-Za-z0-9_.-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[:40]
+        folder = self.root / f"{slug or 'dataset'}-{key}"
+        folder.mkdir(exist_ok=True)
+        return folder
+
+    # -- accounting --------------------------------------------------------------------------
+    def usage(self) -> int:
+        """Bytes the data files, the partial downloads and the active reservations take (read
+        under the cache-wide lock, so a download handing its reservation over to its finished
+        file is never counted twice or not at all)."""
+        with _flocked(self.root / ".lock", fcntl.LOCK_SH):
+            return sum(size for _, size, _ in self._entries()) + sum(
+                self._reservations().values())
+
+    def _entries(self) -> list[tuple[Path, int, float]]:
+        """(path, size, last use) of every data file and partial download."""
+        out = []
+        for folder in self.root.iterdir():
+            if not folder.is_dir():
+                continue
+            for p in folder.iterdir():
+                if KEPT.match(p.name) or p.name.endswith(".lock"):
+                    continue
+                if p.name.startswith(".") and not p.name.endswith(".part"):
+                    continue
+                if p.name.endswith(".part") and _held(self._lock_of(p)):
+                    continue  # an active download: counted by its reservation
+                try:
+                    st = p.stat()
+                except FileNotFoundError:
+                    continue
+                out.append((p, st.st_size, st.st_mtime))
+        return out
+
+    @staticmethod
+    def _lock_of(part: Path) -> Path:
+        return part.with_name(part.name[: -len(".part")] + ".lock")
+
+    def _reservations(self) -> dict[Path, int]:
+        out = {}
+        for lock in self.root.glob("*/.*.lock"):
+            if _held(lock):
+                try:
+                    out[lock] = int(lock.read_text() or 0)
+                except (ValueError, FileNotFoundError):
+                    pass
+        return out
+
+    def _reserve(self, lock_fd: int, lock: Path, size: int, block: bool, evict: bool) -> bool:
+        """Make room for ``size`` bytes (evicting unused files, least recently used first) and
+        record the reservation in the held download lock; False when ``block`` is off and
+        there is no room now."""
+        if self.limit is not None and size > self.limit:
+            raise CacheFullError(f"{lock.parent}: {lock.name[1:-5]} is {size:,} bytes, more than "
+                                 f"cache_limit={self.limit:,}; raise cache_limit above it (it must "
+                                 "hold the files all local ranks and workers read at once)")
+        deadline = time.monotonic() + self.wait
+        while True:
+            with _flocked(self.root / ".lock"):
+                if self.limit is None or self._make_room(size, lock, evict):
+                    os.ftruncate(lock_fd, 0)
+                    os.pwrite(lock_fd, str(size).encode(), 0)
+                    return True
+            if not block:
+                return False
+            if time.monotonic() > deadline:
+                raise CacheFullError(f"{self.root}: no room for {lock.name[1:-5]} ({size:,} "
+                                     f"bytes) within cache_limit={self.limit:,} after "
+                                     f"{self.wait:.0f} s: every cached file is in use. Raise "
+                                     "cache_limit (it must hold the shards all local ranks "
+                                     "and workers read at once, plus the prefetch)")
+            time.sleep(0.05)
+
+    def _make_room(self, size: int, mine: Path, evict: bool = True) -> bool:
+        assert self.limit is not None
+        reserved = sum(v for k, v in self._reservations().items() if k != mine)
+        entries = sorted(self._entries(), key=lambda e: e[2])
+        total = reserved + sum(s for _, s, _ in entries)
+        for path, nbytes, _ in entries if evict else ():
+            if total + size <= self.limit:
+                break
+            if path.name.endswith(".part") and path.name[:-5] + ".lock" == mine.name:
+                continue  # our own partial download: resumed, not evicted
+            if self._evict(path):
+                total -= nbytes
+        return total + size <= self.limit
+
+    @staticmethod
+    def _evict(path: Path) -> bool:
+        """Remove ``path`` unless a reader holds it (its shared lock)."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+        return True
+
+    # -- the one entry point -------------------------------------------------------------------
+    def open(self, folder: Path, name: str, url: str, size: int, sha256: str, *,
+             storage_options: Mapping[str, Any] | None = None,
+             policy: RetryPolicy = DEFAULT_POLICY, block: bool = True, evict: bool = True,
+             chunk: int = CHUNK) -> int | None:
+        """A read-only descriptor of ``folder/name``, downloaded from ``url`` first if needed,
+        holding a shared lock (so it is never evicted while open; close it to release). With
+        ``block=False`` (prefetch), None when another process is downloading it or the cache
+        has no room now; with ``evict=False`` it only fills free room."""
+        path = folder / name
+        fd = self._open_cached(path)
+        if fd is not None:
+            return fd
+        lock = folder / f".{name}.lock"
+        lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+            except BlockingIOError:
+                return None
+            fd = self._open_cached(path)  # another process finished it while we waited
+            if fd is not None:
+                return fd
+            if not self._reserve(lock_fd, lock, size, block, evict):
+                return None
+            return self._fetch(path, lock_fd, url, size, sha256, storage_options, policy, chunk)
+        finally:
+            os.close(lock_fd)  # releases the download lock and with it the reservation
+
+    @staticmethod
+    def _open_cached(path: Path) -> int | None:
+        while True:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                return None
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                same = os.stat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:  # not evicted between the open and the lock
+                os.utime(path)  # last use, for the LRU order
+                return fd
+            os.close(fd)
+
+    def _fetch(self, path: Path, lock_fd: int, url: str, size: int, sha256: str,
+               storage_options: Mapping[str, Any] | None, policy: RetryPolicy,
+               chunk: int) -> int:
+        part = path.with_name(f".{path.name}.part")
+        for _ in range(2):  # a mismatch may be a resumed part from an older file: refetch
+            download(url, part, size, storage_options, policy, chunk)
+            got = sha256_of(part)
+            if got == sha256:
+                fd = os.open(part, os.O_RDONLY)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # held from before the rename: never evicted
+                with _flocked(self.root / ".lock"):  # the reservation becomes the file at once
+                    os.replace(part, path)
+                    os.ftruncate(lock_fd, 0)
+                dirfd = os.open(path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dirfd)
+                finally:
+                    os.close(dirfd)
+                return fd
+            os.unlink(part)
+        raise ChecksumMismatchError(
+            f"{url}: downloaded twice, its SHA-256 is {got}, the manifest says {sha256}; the "
+            "stored file is damaged or was replaced without its manifest: re-convert or "
+            "re-upload the dataset (nothing of it was kept)", file=url)
+
+

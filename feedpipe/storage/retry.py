@@ -1,0 +1,141 @@
+"""The retry policy every request to a store goes through: exponential backoff with full jitter
+on transient failures, and an immediate, typed failure on a missing object or refused credentials.
+
+Transient: timeouts, 5xx, throttling (429, 503 SlowDown), connections refused or cut mid-body.
+Permanent: 404 (:class:`RemoteNotFoundError`, check the path) and 401/403
+(:class:`AccessDeniedError`, check the credential named). After ``attempts`` failures in a row,
+:class:`RetriesExhaustedError` names the URL and the last error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import dataclass
+from typing import Callable, Literal, TypeVar
+
+from ..errors import (
+    AccessDeniedError,
+    ConfigError,
+    RemoteNotFoundError,
+    RetriesExhaustedError,
+    StorageError,
+)
+from .urls import scheme_of
+
+log = logging.getLogger("feedpipe.storage")
+T = TypeVar("T")
+Verdict = Literal["retry", "not_found", "denied", "fatal"]
+
+#: where each store looks for credentials, for the access-denied message
+CREDENTIALS = {
+    "s3": "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, AWS_PROFILE or ~/.aws/credentials (and "
+          "AWS_ENDPOINT_URL for a non-AWS endpoint)",
+    "gs": "GOOGLE_APPLICATION_CREDENTIALS or `gcloud auth application-default login`",
+    "hf": "HF_TOKEN or `hf auth login`",
+    "http": "the server's authentication (headers in storage_options={'headers': ...})",
+}
+CREDENTIALS.update(s3a=CREDENTIALS["s3"], gcs=CREDENTIALS["gs"], https=CREDENTIALS["http"])
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long to keep trying: ``attempts`` tries in a row without progress, waiting a random
+    time up to ``base * 2**n`` seconds (capped at ``cap``) before try ``n + 1`` ("full jitter":
+    clients that failed together do not retry together)."""
+
+    attempts: int = 8
+    base: float = 0.25
+    cap: float = 20.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1 or self.base < 0 or self.cap < 0:
+            raise ConfigError(f"RetryPolicy{(self.attempts, self.base, self.cap)}: attempts must "
+                              "be >= 1 and the delays >= 0")
+
+    def delay(self, failures: int) -> float:
+        """Seconds to wait after ``failures`` consecutive failures (>= 1)."""
+        return random.uniform(0, min(self.cap, self.base * 2 ** (failures - 1)))
+
+
+DEFAULT_POLICY = RetryPolicy()
+
+
+def _status(exc: BaseException) -> int | None:
+    """The HTTP status an exception carries (aiohttp, botocore, requests/httpx responses)."""
+    for obj in (exc, getattr(exc, "response", None)):
+        for name in ("status", "status_code"):
+            value = getattr(obj, name, None)
+            if isinstance(value, int):
+                return value
+    meta = getattr(exc, "response", None)
+    if isinstance(meta, dict):  # botocore ClientError
+        code = meta.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code if isinstance(code, int) else None
+    return None
+
+
+def classify(exc: BaseException) -> Verdict:
+    """Whether a failed request is worth another try."""
+    if isinstance(exc, StorageError):
+        return "not_found" if isinstance(exc, RemoteNotFoundError) else \
+            "denied" if isinstance(exc, AccessDeniedError) else "fatal"
+    status = _status(exc)
+    if status is not None:
+        if status == 404:
+            return "not_found"
+        if status in (401, 403):
+            return "denied"
+        return "retry" if status in (408, 429) or status >= 500 else "fatal"
+    if isinstance(exc, FileNotFoundError):
+        return "not_found"
+    if isinstance(exc, PermissionError):
+        return "denied"
+    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError, EOFError)):
+        return "retry"
+    module = type(exc).__module__.split(".")[0]
+    if module in ("aiohttp", "botocore", "aiobotocore", "urllib3", "httpx", "requests",
+                  "fsspec", "obstore"):
+        return "retry"  # connection and protocol errors (client errors with a status are above)
+    return "retry" if isinstance(exc, OSError) else "fatal"
+
+
+def typed(exc: BaseException, url: str, what: str) -> StorageError:
+    """``exc`` as the typed error a caller can act on, naming the URL."""
+    verdict = classify(exc)
+    if isinstance(exc, StorageError):
+        return exc
+    if verdict == "not_found":
+        return RemoteNotFoundError(f"{url}: not found while {what}; check the path (bucket, "
+                                   "prefix, file name) and that the dataset was written there "
+                                   "completely", url=url)
+    if verdict == "denied":
+        creds = CREDENTIALS.get(scheme_of(url) or "", "the store's credentials")
+        return AccessDeniedError(f"{url}: access denied while {what} ({exc}); check {creds}, "
+                                 "or pass them in storage_options=", url=url)
+    return StorageError(f"{url}: {what} failed: {type(exc).__name__}: {exc}", url=url)
+
+
+def with_retries(call: Callable[[], T], url: str, what: str,
+                 policy: RetryPolicy = DEFAULT_POLICY) -> T:
+    """Run ``call`` until it succeeds, retrying transient failures under ``policy``; a permanent
+    failure or an exhausted budget raises the typed error naming ``url``."""
+    failures = 0
+    while True:
+        try:
+            return call()
+        except Exception as exc:  # noqa: BLE001 - classified below, re-raised typed
+            if classify(exc) != "retry":
+                raise typed(exc, url, what) from exc
+            failures += 1
+            if failures >= policy.attempts:
+                raise RetriesExhaustedError(
+                    f"{url}: {what} failed {failures} times in a row; last error "
+                    f"{type(exc).__name__}: {exc}. The store is unreachable or overloaded: "
+                    "retry later, or check the endpoint", url=url) from exc
+            pause = policy.delay(failures)
+            log.info("%s: %s failed (%s: %s); retry %d of %d in %.2f s", url, what,
+                     type(exc).__name__, exc, failures, policy.attempts - 1, pause)
+            time.sleep(pause)

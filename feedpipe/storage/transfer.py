@@ -1,0 +1,100 @@
+"""Moving bytes between a store and local files, every request under the retry policy.
+
+Downloads go in ranged chunks (``cat_file(start, end)``, an HTTP ``Range`` / S3 ranged GET), each
+appended to a partial file as it arrives, so a connection cut mid-body, or a process killed
+mid-download, resumes from the bytes already on disk instead of starting over.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from ..errors import StorageError
+from .retry import DEFAULT_POLICY, RetryPolicy, with_retries
+from .urls import filesystem
+
+CHUNK = 16 << 20  # bytes per ranged request: a cut connection costs at most this much again
+Options = Mapping[str, Any] | None
+
+
+def read_bytes(url: str, storage_options: Options = None,
+               policy: RetryPolicy = DEFAULT_POLICY) -> bytes:
+    """The whole object (a manifest, an index file)."""
+    fs, path = filesystem(url, storage_options)
+    return with_retries(lambda: bytes(fs.cat_file(path)), url, "reading", policy)
+
+
+def remote_size(url: str, storage_options: Options = None,
+                policy: RetryPolicy = DEFAULT_POLICY) -> int:
+    """The object's size in bytes."""
+    fs, path = filesystem(url, storage_options)
+    return int(with_retries(lambda: fs.size(path), url, "asking its size", policy))
+
+
+def exists(url: str, storage_options: Options = None,
+           policy: RetryPolicy = DEFAULT_POLICY) -> bool:
+    """Whether the object exists (a refused credential still raises AccessDeniedError)."""
+    fs, path = filesystem(url, storage_options)
+    return bool(with_retries(lambda: fs.exists(path), url, "checking it exists", policy))
+
+
+def download(url: str, part: Path, size: int, storage_options: Options = None,
+             policy: RetryPolicy = DEFAULT_POLICY, chunk: int = CHUNK,
+             progress: Callable[[int], None] | None = None) -> None:
+    """Append ``url``'s bytes to ``part`` from ``part``'s current length up to ``size``, one
+    ranged request per ``chunk``, each flushed before the next; the retry budget counts failures
+    in a row, so a slow but moving transfer never exhausts it. The caller verifies and renames."""
+    fs, path = filesystem(url, storage_options)
+    with open(part, "ab") as out:
+        done = out.tell()
+        if done > size:
+            raise StorageError(f"{part}: partial download holds {done} bytes, more than the "
+                               f"{size} of {url}; remove it", url=url)
+        while done < size:
+            end = min(done + chunk, size)
+            start = done
+
+            def get(start: int = start, end: int = end) -> bytes:
+                data = fs.cat_file(path, start=start, end=end)
+                if len(data) != end - start:  # a short body: the server cut it or ignored Range
+                    raise ConnectionError(f"asked bytes {start}-{end - 1}, got {len(data)} "
+                                          "bytes")
+                return bytes(data)
+
+            data = with_retries(get, url, f"downloading bytes {start}-{end - 1}", policy)
+            out.write(data)
+            out.flush()
+            done = end
+            if progress is not None:
+                progress(len(data))
+        os.fsync(out.fileno())
+
+
+def upload(local: str | os.PathLike[str], url: str, storage_options: Options = None,
+           policy: RetryPolicy = DEFAULT_POLICY) -> None:
+    """Put a local file at ``url`` (one object; a retry sends it again whole)."""
+    fs, path = filesystem(url, storage_options)
+    with_retries(lambda: fs.put_file(os.fspath(local), path), url, "uploading", policy)
+
+
+def write_bytes(url: str, data: bytes, storage_options: Options = None,
+                policy: RetryPolicy = DEFAULT_POLICY) -> None:
+    """Put ``data`` at ``url`` as one object (an object store replaces it atomically)."""
+    fs, path = filesystem(url, storage_options)
+    with_retries(lambda: fs.pipe_file(path, data), url, "writing", policy)
+
+
+def remove(url: str, storage_options: Options = None,
+           policy: RetryPolicy = DEFAULT_POLICY) -> None:
+    """Delete one object; a missing one is not an error."""
+    fs, path = filesystem(url, storage_options)
+
+    def rm() -> None:
+        try:
+            fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+
+    with_retries(rm, url, "deleting", policy)

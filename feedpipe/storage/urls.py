@@ -1,0 +1,83 @@
+"""Where a dataset lives: URL detection and the fsspec filesystem for a URL.
+
+Every store goes through fsspec (s3fs, gcsfs, huggingface_hub, HTTP through aiohttp): the
+interface users already configure. Credentials and endpoints come from the environment, the
+store's profiles or ``storage_options`` (passed through to the filesystem untouched); feedpipe
+never writes them into a dataset or the cache.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import TYPE_CHECKING, Any, Mapping
+
+from ..errors import ConfigError, MissingDependencyError
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+#: scheme -> the pip package whose fsspec filesystem serves it
+PROTOCOLS = {"s3": "s3fs", "s3a": "s3fs", "gs": "gcsfs", "gcs": "gcsfs", "http": "aiohttp",
+             "https": "aiohttp", "hf": "huggingface_hub"}
+_SCHEME = re.compile(r"^([a-zA-Z][a-zA-Z0-9+.-]*)://")
+_FS: dict[tuple[int, str, str], Any] = {}  # (pid, protocol, options) -> filesystem
+
+
+def scheme_of(url: str | os.PathLike[str]) -> str | None:
+    """The URL's scheme (``s3``, ``https``...), None for a plain local path."""
+    m = _SCHEME.match(os.fspath(url)) if isinstance(url, str) else None
+    return m[1].lower() if m else None
+
+
+def is_remote(url: str | os.PathLike[str]) -> bool:
+    """Whether ``url`` names object storage or a web server (not a local path or ``file://``).
+    An unknown scheme (``ftp://``) is refused: read as a path it would be a folder named ``ftp:``."""
+    scheme = scheme_of(url)
+    if scheme is None or scheme in ("file", "local"):
+        return False
+    if scheme not in PROTOCOLS:
+        raise ConfigError(f"{url}: unsupported URL scheme {scheme}://; feedpipe reads local "
+                          f"paths, file:// and {', '.join(s + '://' for s in PROTOCOLS)}")
+    return True
+
+
+def local_path(url: str | os.PathLike[str]) -> str:
+    """A local path or ``file://`` URL as a plain path."""
+    text = os.fspath(url)
+    return text[len("file://"):] if scheme_of(text) == "file" else text
+
+
+def join(url: str, name: str) -> str:
+    """``name`` inside the dataset folder ``url`` (one slash between them)."""
+    return f"{url.rstrip('/')}/{name}"
+
+
+def _options_key(options: Mapping[str, Any]) -> str:
+    return repr(sorted((k, repr(v)) for k, v in options.items()))
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None = None
+               ) -> tuple[AbstractFileSystem, str]:
+    """The fsspec filesystem for ``url`` and the path it takes, one per process and options
+    (made again after a fork: fsspec's event loop does not survive one).
+
+    A missing backend package is a MissingDependencyError naming it (``pip install s3fs``)."""
+    scheme = scheme_of(url) or "file"
+    try:
+        import fsspec
+    except ImportError as exc:
+        raise MissingDependencyError("remote datasets need fsspec: pip install "
+                                     "'feedpipe[remote]'") from exc
+    options = dict(storage_options or {})
+    key = (os.getpid(), scheme, _options_key(options))
+    fs = _FS.get(key)
+    if fs is None:
+        try:
+            fs = fsspec.filesystem(scheme, **options)
+        except ImportError as exc:
+            package = PROTOCOLS.get(scheme, "fsspec")
+            raise MissingDependencyError(f"{url}: reading {scheme}:// needs {package}: pip "
+                                         f"install {package} (or 'feedpipe[remote]')") from exc
+        _FS[key] = fs
+    return fs, fs._strip_protocol(url)

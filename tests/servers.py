@@ -1,0 +1,345 @@
+"""Real servers on 127.0.0.1 for the remote-storage tests: moto's standalone S3 server, and a
+fault-injecting HTTP server (this file run as a script) that either serves a folder (with Range
+requests) or forwards to an upstream (moto) as a reverse proxy.
+
+Faults are set over HTTP while it runs (``POST /__faults__`` with a JSON list of rules), and it
+keeps an access log (``GET /__log__``): method, path, Range, status and body bytes per request.
+Rule keys: ``match`` (a substring of the path; default every path), ``kind``:
+- ``status``: answer ``status`` (500, 503, 429...) ``times`` times (-1: always);
+- ``drop``: send ``after`` bytes of the body, then cut the connection;
+- ``corrupt``: flip one byte of the body (``times``);
+- ``delay``: wait ``seconds`` before answering (a client timeout);
+- ``throttle``: cap every response body at ``rate`` bytes/s.
+Only GET and HEAD requests are faulted, so uploads (PUT) still go through.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+PYTHON = sys.executable
+_RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
+
+
+class _State:
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.rules: list[dict[str, Any]] = []
+        self.log: list[dict[str, Any]] = []
+
+    def take(self, path: str, kinds: tuple[str, ...]) -> dict[str, Any] | None:
+        """The first rule of ``kinds`` matching ``path`` with uses left (one use taken)."""
+        with self.lock:
+            for rule in self.rules:
+                if rule["kind"] in kinds and rule.get("match", "") in path \
+                        and rule.get("times", -1) != 0:
+                    if rule.get("times", -1) > 0:
+                        rule["times"] -= 1
+                    return dict(rule)
+        return None
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    state: _State
+    root: Path | None = None
+    upstream: str | None = None
+
+    def log_message(self, *args: Any) -> None:  # quiet: the access log is kept as JSON
+        pass
+
+    def _control(self) -> bool:
+        if self.path == "/__log__":
+            with self.state.lock:
+                self._reply(200, json.dumps(self.state.log).encode())
+            return True
+        if self.path == "/__faults__":
+            n = int(self.headers.get("Content-Length", 0))
+            rules = json.loads(self.rfile.read(n) or b"[]")
+            with self.state.lock:
+                self.state.rules = rules
+                self.state.log = [] if self.headers.get("X-Clear-Log") else self.state.log
+            self._reply(200, b"ok")
+            return True
+        return False
+
+    def _reply(self, status: int, body: bytes, headers: dict[str, str] | None = None,
+               head: bool = False) -> None:
+        self.send_response(status)
+        for k, v in (headers or {}).items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self.wfile.write(body)
+
+    def _record(self, status: int, nbytes: int) -> None:
+        with self.state.lock:
+            self.state.log.append({"method": self.command, "path": self.path.split("?")[0],
+                                   "range": self.headers.get("Range"), "status": status,
+                                   "bytes": nbytes, "time": time.time()})
+
+    def _serve(self) -> None:
+        if self._control():
+            return
+        head = self.command == "HEAD"
+        faulted = self.command in ("GET", "HEAD")
+        rule = self.state.take(self.path, ("delay",)) if faulted else None
+        if rule:
+            self._record(0, 0)  # status 0: held back (the client may give up meanwhile)
+            time.sleep(rule["seconds"])
+        rule = self.state.take(self.path, ("status",)) if faulted else None
+        if rule:
+            body = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
+            self._reply(rule["status"], body, {"Retry-After": "0"}, head)
+            self._record(rule["status"], 0)
+            return
+        status, headers, body = self._upstream() if self.upstream else self._file()
+        if faulted and not head and status in (200, 206):
+            if self.state.take(self.path, ("corrupt",)) and body:
+                body = bytes([body[0] ^ 0xFF]) + body[1:]
+            drop = self.state.take(self.path, ("drop",))
+            if drop:
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body[: drop.get("after", 0)])
+                self.wfile.flush()
+                self._record(status, -1)
+                self.connection.shutdown(socket.SHUT_RDWR)
+                self.close_connection = True
+                return
+        self.send_response(status)
+        for k, v in headers.items():
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if not head:
+            self._send(body)
+        self._record(status, 0 if head else len(body))
+
+    def _send(self, body: bytes) -> None:
+        throttle = self.state.take(self.path, ("throttle",))
+        if not throttle:
+            self.wfile.write(body)
+            return
+        step = max(1, int(throttle["rate"]) // 50)
+        start = time.monotonic()
+        for i in range(0, len(body), step):
+            self.wfile.write(body[i: i + step])
+            ahead = (i + step) / throttle["rate"] - (time.monotonic() - start)
+            if ahead > 0:
+                time.sleep(ahead)
+
+    def _file(self) -> tuple[int, dict[str, str], bytes]:
+        assert self.root is not None
+        rel = urllib.request.url2pathname(self.path.split("?")[0]).lstrip("/")
+        path = (self.root / rel).resolve()
+        if not path.is_relative_to(self.root.resolve()) or not path.is_file():
+            return 404, {}, b"not found"
+        if self.command == "PUT":
+            n = int(self.headers.get("Content-Length", 0))
+            path.write_bytes(self.rfile.read(n))
+            return 201, {}, b""
+        data = path.read_bytes()
+        m = _RANGE.match(self.headers.get("Range", ""))
+        if m:
+            start = int(m[1])
+            end = min(int(m[2]) if m[2] else len(data) - 1, len(data) - 1)
+            if start >= len(data):
+                return 416, {"Content-Range": f"bytes */{len(data)}"}, b""
+            return 206, {"Content-Range": f"bytes {start}-{end}/{len(data)}",
+                         "Accept-Ranges": "bytes"}, data[start: end + 1]
+        return 200, {"Accept-Ranges": "bytes"}, data
+
+    def _upstream(self) -> tuple[int, dict[str, str], bytes]:
+        assert self.upstream is not None
+        host, port = self.upstream.split(":")
+        n = int(self.headers.get("Content-Length", 0) or 0)
+        body = self.rfile.read(n) if n else None
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        try:
+            headers = {k: v for k, v in self.headers.items() if k.lower() != "content-length"}
+            conn.request(self.command, self.path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+            keep = {k: v for k, v in resp.getheaders()
+                    if k.lower() not in ("content-length", "transfer-encoding", "connection",
+                                         "date", "server")}
+            return resp.status, keep, data
+        finally:
+            conn.close()
+
+    do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = _serve
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_ready(port: int, proc: subprocess.Popen[bytes], what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout} s")
+
+
+class Server:
+    """A server subprocess on 127.0.0.1 (``url``); ``stop()`` ends it."""
+
+    def __init__(self, args: list[str], what: str) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen([*args, str(self.port)], stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL)
+        _wait_ready(self.port, self.proc, what)
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class FaultServer(Server):
+    """This file's HTTP server in a subprocess: serving ``root`` (Range requests) or forwarding
+    to ``upstream`` (``http://127.0.0.1:PORT``)."""
+
+    def __init__(self, root: Path | None = None, upstream: str | None = None) -> None:
+        target = ["--root", str(root)] if root is not None else \
+            ["--upstream", str(upstream).removeprefix("http://")]
+        super().__init__([PYTHON, __file__, *target], "fault server")
+
+    def faults(self, rules: list[dict[str, Any]], clear_log: bool = True) -> None:
+        """Replace the fault rules (and, by default, clear the access log)."""
+        req = urllib.request.Request(f"{self.url}/__faults__", json.dumps(rules).encode(),
+                                     {"X-Clear-Log": "1"} if clear_log else {}, method="POST")
+        urllib.request.urlopen(req, timeout=10).read()
+
+    def log(self) -> list[dict[str, Any]]:
+        """The access log since the last clear."""
+        return json.loads(urllib.request.urlopen(f"{self.url}/__log__", timeout=10).read())
+
+    def fetched(self, suffix: str = ".tar") -> dict[str, int]:
+        """Body bytes served per path ending in ``suffix`` (successful GETs)."""
+        out: dict[str, int] = {}
+        for e in self.log():
+            if e["method"] == "GET" and e["status"] in (200, 206) and e["path"].endswith(suffix):
+                out[e["path"]] = out.get(e["path"], 0) + e["bytes"]
+        return out
+
+
+class MotoServer(Server):
+    """moto's standalone S3 server (``python -m moto.server``) on 127.0.0.1."""
+
+    def __init__(self) -> None:
+        super().__init__([PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p"], "moto server")
+
+
+S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+          "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def s3_options(endpoint: str) -> dict[str, Any]:
+    """storage_options for s3fs against ``endpoint`` (moto or the proxy in front of it)."""
+    return {"key": "testing", "secret": "testing", "client_kwargs": {"endpoint_url": endpoint},
+            "config_kwargs": {"retries": {"max_attempts": 1}}, "skip_instance_cache": True}
+
+
+def upload_tree(local: Path, url: str, options: dict[str, Any]) -> None:
+    """Copy a local dataset folder to ``url`` (s3://bucket/prefix), creating the bucket."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3", **options)
+    bucket = url.removeprefix("s3://").split("/")[0]
+    if not fs.exists(bucket):
+        fs.mkdir(bucket)
+    for p in sorted(local.iterdir()):
+        if p.is_file():
+            fs.put_file(str(p), f"{url.removeprefix('s3://').rstrip('/')}/{p.name}")
+
+
+def main(argv: list[str]) -> None:
+    root = upstream = None
+    if argv[0] == "--root":
+        root = Path(argv[1])
+    else:
+        upstream = argv[1]
+    port = int(argv[2])
+    handler = type("H", (Handler,), {"state": _State(), "root": root, "upstream": upstream})
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    server.daemon_threads = True
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    os.environ.pop("HTTP_PROXY", None)
+    main(sys.argv[1:])
+
+
+# -- pytest fixtures (tests/conftest.py imports them) ----------------------------------------------
+try:
+    import pytest
+except ImportError:  # run as the server script
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+    @pytest.fixture(scope="session")
+    def moto_s3(tmp_path_factory: pytest.TempPathFactory):
+        """moto's S3 server with a fault proxy in front: (proxy, storage_options)."""
+        pytest.importorskip("s3fs")
+        pytest.importorskip("moto")
+        moto = MotoServer()
+        proxy = FaultServer(upstream=moto.url)
+        try:
+            yield proxy, s3_options(proxy.url)
+        finally:
+            proxy.stop()
+            moto.stop()
+
+    @pytest.fixture(scope="session")
+    def s3_packed(moto_s3, packed: dict[str, Path]) -> dict[str, str]:
+        """The session's packed datasets uploaded to the S3 server: {format: s3 URL}."""
+        _, options = moto_s3
+        out = {}
+        for fmt, path in packed.items():
+            out[fmt] = f"s3://feedpipe-test/{fmt}"
+            upload_tree(path, out[fmt], options)
+        return out
+
+    @pytest.fixture(scope="session")
+    def http_packed(packed: dict[str, Path]):
+        """A fault server over the packed datasets' folder: (server, {format: http URL})."""
+        pytest.importorskip("aiohttp")
+        root = next(iter(packed.values())).parent
+        server = FaultServer(root=root)
+        try:
+            yield server, {fmt: f"{server.url}/{p.name}" for fmt, p in packed.items()}
+        finally:
+            server.stop()

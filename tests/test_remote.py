@@ -1,0 +1,174 @@
+"""Datasets in object storage, against real servers on 127.0.0.1 (tests/servers.py): moto's S3
+server behind a fault proxy, and a plain HTTP server with Range requests. Remote batches must be
+the local batches; faults recover or fail typed; the cache stays within its limit."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from servers import FaultServer
+
+import feedpipe
+from converters import convert
+from feedpipe.errors import (
+    AccessDeniedError,
+    CacheFullError,
+    ChecksumMismatchError,
+    ConfigError,
+    IncompleteDatasetError,
+    RetriesExhaustedError,
+)
+from feedpipe.storage import RetryPolicy, download, is_remote, local_path, read_bytes
+from feedpipe.storage.cache import Cache, parse_size
+
+pytest.importorskip("fsspec")
+FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05)
+KW = dict(size=48, dtype="uint8", device="cpu", seed=5, num_workers=0)
+
+
+def batches(source, **extra):
+    ld = feedpipe.make_loader(source, 8, **KW, **extra)
+    return [{k: v for k, v in b.items() if isinstance(v, torch.Tensor)} for b in ld]
+
+
+def same(a, b) -> bool:
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k])
+                                                                   for k in x)
+                                    for x, y in zip(a, b))
+
+
+def test_urls():
+    assert is_remote("s3://b/k") and is_remote("https://h/x") and is_remote("hf://datasets/o/n")
+    assert not is_remote("/data/ds") and not is_remote("file:///data/ds")
+    assert local_path("file:///data/ds") == "/data/ds"
+    with pytest.raises(ConfigError, match="ftp://"):
+        is_remote("ftp://host/ds")
+
+
+def test_parse_size():
+    assert parse_size("200GB") == 200 * 10**9 and parse_size("1.5GiB") == 3 * 2**29
+    assert parse_size(4096) == 4096 and parse_size(None) is None
+    for bad in ("lots", "-1GB", 0):
+        with pytest.raises(ConfigError, match="cache_limit"):
+            parse_size(bad)
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+def test_s3_batches_equal_local(moto_s3, s3_packed, packed, fmt, tmp_path):
+    proxy, options = moto_s3
+    local = batches(packed[fmt])
+    proxy.faults([])
+    remote = batches(s3_packed[fmt], cache_dir=tmp_path, storage_options=options)
+    assert same(local, remote) and len(local) == 9
+    again = batches(s3_packed[fmt], cache_dir=tmp_path, storage_options=options)
+    assert same(local, again)  # the second run reads the cache: no data file fetched again
+    fetched = [e["path"] for e in proxy.log() if e["method"] == "GET"
+               and not e["path"].endswith(("feedpipe.json", ".npy"))]
+    expect = {f.name for f in feedpipe.open_dataset(packed[fmt]).manifest.files
+              if not f.name.startswith("index-")}
+    assert {p.rsplit("/", 1)[1] for p in fetched} == expect
+    assert len(fetched) == len(expect)  # each data file once, over two runs
+
+
+def test_https_batches_equal_local_under_faults(http_packed, packed, tmp_path):
+    """503s, a connection cut mid-body and a corrupted body: the loader recovers, same batches."""
+    server, urls = http_packed
+    server.faults([{"kind": "status", "status": 503, "times": 3, "match": ".tar"},
+                   {"kind": "status", "status": 429, "times": 1, "match": ".tar"},
+                   {"kind": "drop", "after": 3000, "times": 2, "match": ".tar"},
+                   {"kind": "corrupt", "times": 1, "match": "shard-000002"}])
+    remote = batches(urls["wds"], cache_dir=tmp_path)
+    assert same(batches(packed["wds"]), remote)
+    statuses = [e["status"] for e in server.log()]
+    assert statuses.count(503) == 3 and statuses.count(429) == 1
+
+
+def test_corrupt_shard_is_refused_by_name(http_packed, tmp_path):
+    server, urls = http_packed
+    server.faults([{"kind": "corrupt", "times": -1, "match": "shard-000001"}])
+    ds = feedpipe.open_dataset(urls["wds"], cache_dir=tmp_path)
+    idx = ds.shard_ranges()[1].start
+    with pytest.raises(ChecksumMismatchError, match="shard-000001.tar.*SHA-256"):
+        ds[idx]
+    assert not list(tmp_path.glob("*/shard-000001.tar*"))  # nothing of it kept
+    server.faults([])
+    assert ds[idx]["label"] == feedpipe.open_dataset(urls["wds"], cache_dir=tmp_path)[idx]["label"]
+
+
+def test_missing_denied_and_exhausted_fail_typed(moto_s3, s3_packed, tmp_path):
+    proxy, options = moto_s3
+    proxy.faults([])
+    with pytest.raises(IncompleteDatasetError, match="s3://feedpipe-test/nope.*feedpipe.json"):
+        feedpipe.open_dataset("s3://feedpipe-test/nope", cache_dir=tmp_path,
+                              storage_options=options)
+    proxy.faults([{"kind": "status", "status": 403, "times": -1}])
+    with pytest.raises(AccessDeniedError, match="AWS_ACCESS_KEY_ID"):
+        feedpipe.open_dataset(s3_packed["wds"], cache_dir=tmp_path, storage_options=options)
+    assert len(proxy.log()) == 1  # at once, no retry
+    proxy.faults([{"kind": "status", "status": 500, "times": -1, "match": ".tar"}])
+    from feedpipe.dataset.remote import open_remote
+    ds = open_remote(s3_packed["wds"], cache_dir=tmp_path, storage_options=options, policy=FAST)
+    with pytest.raises(RetriesExhaustedError, match="s3://feedpipe-test/wds/shard-"):
+        ds[0]
+    proxy.faults([])
+
+
+def test_cache_limit_holds_over_an_epoch(photo_dir, tmp_path):
+    """An epoch over a dataset 3x the limit (12 shards): same batches, the cache never above
+    its limit."""
+    convert(photo_dir, tmp_path / "srv" / "ds", to="wds", workers=0,
+            writer_options={"shard_count": 6})
+    local = tmp_path / "srv" / "ds"
+    sizes = [f.size for f in feedpipe.open_dataset(local).manifest.files
+             if f.name.endswith(".tar")]
+    limit = sum(sizes) // 3
+    assert len(sizes) == 12 and limit >= 2 * max(sizes)
+    server = FaultServer(root=tmp_path / "srv")
+    try:
+        cache = Cache(tmp_path / "cache", limit)
+        ld = feedpipe.make_loader(f"{server.url}/ds", 8, **KW, cache_dir=tmp_path / "cache",
+                                  cache_limit=limit, shuffle=False)
+        seen, peak = [], 0
+        for b in ld:
+            seen.append(b["image"])
+            peak = max(peak, cache.usage())
+            assert sum(p.stat().st_size for p in cache.root.glob("*/shard-*.tar")) <= limit
+        assert 0 < peak <= limit
+        fetched = server.fetched(".tar")
+        assert len(fetched) == 12 and sum(fetched.values()) == sum(sizes)  # each shard once
+    finally:
+        server.stop()
+    ref = [b["image"] for b in feedpipe.make_loader(local, 8, **KW, shuffle=False)]
+    assert len(seen) == len(ref) and all(torch.equal(a, b) for a, b in zip(seen, ref))
+
+
+def test_single_file_format_over_limit_recommends_wds(http_packed, packed, tmp_path):
+    server, urls = http_packed
+    size = os.path.getsize(packed["hdf5"] / "data.h5")
+    with pytest.raises(CacheFullError, match="--to wds"):
+        feedpipe.open_dataset(urls["hdf5"], cache_dir=tmp_path, cache_limit=size // 2)
+
+
+def test_partial_download_resumes_with_range(http_packed, packed, tmp_path):
+    """A part file left by a cut transfer: the next download asks only for the missing bytes."""
+    server, urls = http_packed
+    server.faults([])
+    data = (packed["wds"] / "shard-000000.tar").read_bytes()
+    part = tmp_path / ".shard-000000.tar.part"
+    part.write_bytes(data[:5000])
+    download(f"{urls['wds']}/shard-000000.tar", part, len(data), policy=FAST)
+    assert part.read_bytes() == data
+    assert [e["range"] for e in server.log()] == [f"bytes=5000-{len(data) - 1}"]
+
+
+def test_timeout_is_retried(http_packed, tmp_path):
+    """A server that answers too late: the client's timeout is a transient failure."""
+    aiohttp = pytest.importorskip("aiohttp")
+    server, urls = http_packed
+    server.faults([{"kind": "delay", "seconds": 3, "times": 1, "match": "feedpipe.json"}])
+    options = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=1)}}
+    raw = read_bytes(f"{urls['wds']}/feedpipe.json", options, FAST)
+    assert b'"format": "wds"' in raw
+    assert [e["status"] for e in server.log()] == [0, 200]  # held back, then the retry

@@ -1,0 +1,187 @@
+"""Converting into object storage, against moto's S3 server on 127.0.0.1: shards uploaded, the
+manifest last, read back and verified; resume after a kill; --overwrite only removes feedpipe's."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+from fp_helpers import CLI, cli_main
+
+pytest.importorskip("s3fs")
+from servers import FaultServer, MotoServer, s3_options  # noqa: E402
+
+from converters import convert  # noqa: E402
+from converters.remote_output import JOURNAL  # noqa: E402
+from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest  # noqa: E402
+from feedpipe.dataset.remote_verify import read_manifest, verify_remote  # noqa: E402
+from feedpipe.errors import IncompleteDatasetError, OutputRefusedError  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def moto():
+    server = MotoServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(moto, tmp_path, monkeypatch, request):
+    """A fresh bucket, its storage options and an s3fs filesystem; staging under tmp_path."""
+    import fsspec
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    opts = s3_options(moto.url)
+    fs = fsspec.filesystem("s3", **opts)
+    bucket = "b-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:20]
+    fs.mkdir(bucket)
+    return f"s3://{bucket}", opts, fs
+
+
+def objects(fs, url: str) -> dict[str, bytes]:
+    fs.invalidate_cache()
+    root = url.removeprefix("s3://").rstrip("/")
+    return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root)}
+
+
+def cli_opts(opts) -> list[str]:
+    return ["--storage-option", "key=testing", "--storage-option", "secret=testing",
+            "--storage-option", f"client_kwargs.endpoint_url={opts['client_kwargs']['endpoint_url']}"]
+
+
+@pytest.mark.parametrize("fmt", ["wds", "lmdb"])
+def test_convert_to_s3_reads_back_and_verifies(tmp_path, photo_dir, s3, fmt, capsys):
+    bucket, opts, fs = s3
+    url = f"{bucket}/ds/"
+    res = convert(photo_dir, url, to=fmt, workers=0, storage_options=opts,
+                  writer_options={"shard_count": 10} if fmt == "wds" else None)
+    local = convert(photo_dir, tmp_path / "local", to=fmt, workers=0,
+                    writer_options={"shard_count": 10} if fmt == "wds" else None)
+    held = objects(fs, url)
+    m = Manifest.read(tmp_path / "local")
+    assert set(held) == {MANIFEST_NAME, *(f.name for f in m.files)}  # no journal left
+    for f in m.files:  # the same bytes as a local conversion
+        assert held[f.name] == (tmp_path / "local" / f.name).read_bytes(), f.name
+    assert res.written == local.written and res.bytes_out == local.bytes_out
+    assert read_manifest(url, opts).files == m.files
+    report = verify_remote(url, storage_options=opts)
+    assert report.ok, report.problems
+    assert report.files_checked == len(m.files) and report.records_checked == res.written
+    rc, out, err = cli_main(capsys, "verify", url, *cli_opts(opts))
+    assert rc == 0 and "OK" in out, err
+    rc, out, err = cli_main(capsys, "info", url, *cli_opts(opts))
+    assert rc == 0 and f"{res.written} samples" in out, err
+    assert not list((tmp_path / "cache" / "feedpipe" / "staging").iterdir())
+
+
+def test_verify_names_a_damaged_object(photo_dir, s3, capsys):
+    bucket, opts, fs = s3
+    url = f"{bucket}/ds"
+    convert(photo_dir, url, to="wds", workers=0, storage_options=opts,
+            writer_options={"shard_count": 10})
+    key = url.removeprefix("s3://") + "/shard-000002.tar"
+    data = bytearray(fs.cat_file(key))
+    data[700] ^= 0xFF
+    fs.pipe_file(key, bytes(data))
+    report = verify_remote(url, storage_options=opts)
+    assert report.problems == [f"{url}/shard-000002.tar: checksum mismatch"]
+    rc, out, _ = cli_main(capsys, "verify", url, *cli_opts(opts))
+    assert rc == 1 and "shard-000002.tar: checksum mismatch" in out
+
+
+def test_a_prefix_without_manifest_is_not_a_dataset(s3):
+    bucket, opts, fs = s3
+    fs.pipe_file(bucket.removeprefix("s3://") + "/ds/shard-000000.tar", b"x" * 10)
+    with pytest.raises(IncompleteDatasetError, match="no feedpipe.json"):
+        read_manifest(f"{bucket}/ds", opts)
+
+
+def test_overwrite_on_a_url_removes_only_what_the_old_manifest_lists(photo_dir, s3):
+    bucket, opts, fs = s3
+    url = f"{bucket}/ds"
+    convert(photo_dir, url, to="wds", workers=0, storage_options=opts,
+            writer_options={"shard_count": 10})
+    before = objects(fs, url)
+    with pytest.raises(FileExistsError, match="overwrite"):
+        convert(photo_dir, url, to="wds", workers=0, storage_options=opts)
+    assert objects(fs, url) == before
+    # fewer, bigger shards: the old ones the new manifest does not list are removed
+    convert(photo_dir, url, to="wds", workers=0, storage_options=opts, overwrite=True,
+            writer_options={"shard_count": 40})
+    after = objects(fs, url)
+    assert set(after) == {MANIFEST_NAME, *(f["name"] for f in
+                                            json.loads(after[MANIFEST_NAME])["files"])}
+    assert "shard-000005.tar" in before and "shard-000005.tar" not in after
+    assert verify_remote(url, storage_options=opts).ok
+    # an object feedpipe did not make: refused, with or without --overwrite, and left alone
+    fs.pipe_file(url.removeprefix("s3://") + "/notes.txt", b"mine")
+    for overwrite in (False, True):
+        with pytest.raises(OutputRefusedError, match="notes.txt"):
+            convert(photo_dir, url, to="wds", workers=0, storage_options=opts,
+                    overwrite=overwrite)
+    assert objects(fs, url) == {**after, "notes.txt": b"mine"}
+
+
+@pytest.mark.heavy
+def test_killed_upload_leaves_no_manifest_and_a_rerun_resumes(tmp_path, photo_dir, s3):
+    bucket, opts, fs = s3
+    url = f"{bucket}/ds"
+    cmd = [*CLI, "convert", str(photo_dir), "--to", "wds", "-o", url, "--shard-count", "1",
+           "--workers", "0", "-q", *cli_opts(opts)]  # one shard per image: many uploads
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until the journal says some shards are up
+        try:  # moto replaces an object in place: a read may miss it for a moment
+            journal = json.loads(fs.cat_file(f"{url.removeprefix('s3://')}/{JOURNAL}"))["files"]
+        except (FileNotFoundError, ValueError):
+            journal = {}
+        if sum(e["state"] == "done" for e in journal.values()) >= 3:
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    held = objects(fs, url)
+    assert MANIFEST_NAME not in held and JOURNAL in held
+    with pytest.raises(IncompleteDatasetError):
+        read_manifest(url, opts)
+    journal = json.loads(held[JOURNAL])["files"]
+    uploaded = sorted(n for n, e in journal.items() if e["state"] == "done")
+    assert len(uploaded) >= 3
+    root = url.removeprefix("s3://")
+    stamps = {n: fs.info(f"{root}/{n}")["LastModified"] for n in uploaded}
+    time.sleep(1.1)  # S3 timestamps have whole seconds
+    rerun = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr
+    fs.invalidate_cache()
+    # the shards uploaded before the kill were not sent again
+    assert {n: fs.info(f"{root}/{n}")["LastModified"] for n in uploaded} == stamps
+    assert JOURNAL not in objects(fs, url)
+    report = verify_remote(url, storage_options=opts)
+    assert report.ok and report.records_checked == len(list((photo_dir).rglob("*.jpg")))
+
+
+def test_doctor_url_says_network_bound_behind_a_slow_link(photo_dir, s3, moto, capsys):
+    bucket, opts, _ = s3
+    url = f"{bucket}/ds"
+    convert(photo_dir, url, to="wds", workers=0, storage_options=opts,
+            writer_options={"shard_count": 10})
+    proxy = FaultServer(upstream=moto.url)
+    try:
+        proxy.faults([{"kind": "throttle", "rate": 300e3}])  # 300 kB/s: ~30 photos/s
+        slow = ["--storage-option", f"client_kwargs.endpoint_url={proxy.url}",
+                "--storage-option", "key=testing", "--storage-option", "secret=testing"]
+        rc, out, err = cli_main(capsys, "doctor", url, "--no-bench", "--json", *slow)
+        assert rc == 0, err
+        net = [f for f in json.loads(out)["findings"] if f["check"] == "network"]
+        assert [f["severity"] for f in net] == ["high"], net
+        assert net[0]["title"].startswith("network-bound") and "images/s" in net[0]["title"]
+        assert proxy.fetched(".tar")  # the shards were fetched through the slow link
+    finally:
+        proxy.stop()
