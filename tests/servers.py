@@ -3,7 +3,8 @@ fault-injecting HTTP server (this file run as a script) that either serves a fol
 requests) or forwards to an upstream (moto) as a reverse proxy.
 
 Faults are set over HTTP while it runs (``POST /__faults__`` with a JSON list of rules), and it
-keeps an access log (``GET /__log__``): method, path, Range, status and body bytes per request.
+keeps an access log (``GET /__log__``): method, path, Range, status and body bytes per request,
+and the client's ``X-Client`` header (a tag telling apart processes or simulated nodes).
 Rule keys: ``match`` (a substring of the path; default every path), ``kind``:
 - ``status``: answer ``status`` (500, 503, 429...) ``times`` times (-1: always);
 - ``drop``: send ``after`` bytes of the body, then cut the connection;
@@ -89,7 +90,8 @@ class Handler(BaseHTTPRequestHandler):
         with self.state.lock:
             self.state.log.append({"method": self.command, "path": self.path.split("?")[0],
                                    "range": self.headers.get("Range"), "status": status,
-                                   "bytes": nbytes, "time": time.time()})
+                                   "bytes": nbytes, "client": self.headers.get("X-Client"),
+                                   "time": time.time()})
 
     def _serve(self) -> None:
         if self._control():
