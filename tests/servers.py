@@ -10,7 +10,8 @@ Rule keys: ``match`` (a substring of the path; default every path), ``kind``:
 - ``drop``: send ``after`` bytes of the body, then cut the connection;
 - ``corrupt``: flip one byte of the body (``times``);
 - ``delay``: wait ``seconds`` before answering (a client timeout);
-- ``throttle``: cap every response body at ``rate`` bytes/s.
+- ``throttle``: cap every response body at ``rate`` bytes/s;
+- ``link``: cap all response bodies together at ``rate`` bytes/s (one shared link).
 Only GET and HEAD requests are faulted, so uploads (PUT) still go through.
 """
 
@@ -39,6 +40,13 @@ class _State:
         self.lock = threading.Lock()
         self.rules: list[dict[str, Any]] = []
         self.log: list[dict[str, Any]] = []
+        self.link_free = 0.0  # when the shared link (``link`` rule) can send its next bytes
+
+    def link_slot(self, nbytes: int, rate: float) -> float:
+        """Book ``nbytes`` on the shared link: the monotonic time they finish sending."""
+        with self.lock:
+            self.link_free = max(self.link_free, time.monotonic()) + nbytes / rate
+            return self.link_free
 
     def take(self, path: str, kinds: tuple[str, ...]) -> dict[str, Any] | None:
         """The first rule of ``kinds`` matching ``path`` with uses left (one use taken)."""
@@ -135,6 +143,16 @@ class Handler(BaseHTTPRequestHandler):
         self._record(status, 0 if head else len(body))
 
     def _send(self, body: bytes) -> None:
+        link = self.state.take(self.path, ("link",))
+        if link:
+            step = max(1, int(link["rate"]) // 100)
+            for i in range(0, len(body), step):
+                chunk = body[i: i + step]
+                ahead = self.state.link_slot(len(chunk), link["rate"]) - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+                self.wfile.write(chunk)
+            return
         throttle = self.state.take(self.path, ("throttle",))
         if not throttle:
             self.wfile.write(body)
