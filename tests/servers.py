@@ -3,9 +3,12 @@ fault-injecting HTTP server (this file run as a script) that either serves a fol
 requests) or forwards to an upstream (moto) as a reverse proxy.
 
 Faults are set over HTTP while it runs (``POST /__faults__`` with a JSON list of rules), and it
-keeps an access log (``GET /__log__``): method, path, Range, status and body bytes per request,
-and the client's ``X-Client`` header (a tag telling apart processes or simulated nodes).
-Rule keys: ``match`` (a substring of the path; default every path), ``kind``:
+keeps an access log (``GET /__log__``): method, path, Range, status, body bytes (-1: cut),
+User-Agent (which client sent it: ``object_store/...`` is obstore), the access key id and
+session token an S3 request was signed with, and the client's ``X-Client`` header (a tag telling
+apart processes or simulated nodes), per request.
+Rule keys: ``match`` (a substring of the path; default every path), ``skip`` (matching requests
+let through before the rule applies; default 0), ``kind``:
 - ``status``: answer ``status`` (500, 503, 429...) ``times`` times (-1: always);
 - ``drop``: send ``after`` bytes of the body, then cut the connection;
 - ``corrupt``: flip one byte of the body (``times``);
@@ -33,6 +36,10 @@ from typing import Any
 
 PYTHON = sys.executable
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
+#: the S3 error code an injected status answers with (clients map codes before statuses)
+_CODES = {403: "AccessDenied", 404: "NoSuchKey", 429: "SlowDown", 500: "InternalError",
+          503: "SlowDown"}
+_SIGNER = re.compile(r"Credential=([^/,\s]+)/")  # the access key id a SigV4 request is signed by
 
 
 class _State:
@@ -54,6 +61,9 @@ class _State:
             for rule in self.rules:
                 if rule["kind"] in kinds and rule.get("match", "") in path \
                         and rule.get("times", -1) != 0:
+                    if rule.get("skip", 0) > 0:  # let this many matching requests through first
+                        rule["skip"] -= 1
+                        continue
                     if rule.get("times", -1) > 0:
                         rule["times"] -= 1
                     return dict(rule)
@@ -94,12 +104,18 @@ class Handler(BaseHTTPRequestHandler):
         if not head:
             self.wfile.write(body)
 
-    def _record(self, status: int, nbytes: int) -> None:
+    def _record(self, status: int, nbytes: int) -> dict[str, Any]:
+        """Log the request before its answer goes out, so a client that has the answer never
+        finds the log without it (a test clearing the log next would get a stray entry)."""
+        m = _SIGNER.search(self.headers.get("Authorization", ""))
+        entry = {"method": self.command, "path": self.path.split("?")[0],
+                 "range": self.headers.get("Range"), "status": status, "bytes": nbytes,
+                 "time": time.time(), "agent": self.headers.get("User-Agent", ""),
+                 "key_id": m[1] if m else None, "token": self.headers.get("x-amz-security-token"),
+                 "client": self.headers.get("X-Client")}
         with self.state.lock:
-            self.state.log.append({"method": self.command, "path": self.path.split("?")[0],
-                                   "range": self.headers.get("Range"), "status": status,
-                                   "bytes": nbytes, "client": self.headers.get("X-Client"),
-                                   "time": time.time()})
+            self.state.log.append(entry)
+        return entry
 
     def _serve(self) -> None:
         if self._control():
@@ -112,9 +128,11 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(rule["seconds"])
         rule = self.state.take(self.path, ("status",)) if faulted else None
         if rule:
-            body = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
-            self._reply(rule["status"], body, {"Retry-After": "0"}, head)
+            code = _CODES.get(rule["status"], "InternalError" if rule["status"] >= 500
+                              else "InvalidRequest")
+            body = f"<Error><Code>{code}</Code><Message>injected</Message></Error>".encode()
             self._record(rule["status"], 0)
+            self._reply(rule["status"], body, {"Retry-After": "0"}, head)
             return
         status, headers, body = self._upstream() if self.upstream else self._file()
         if faulted and not head and status in (200, 206):
@@ -122,6 +140,7 @@ class Handler(BaseHTTPRequestHandler):
                 body = bytes([body[0] ^ 0xFF]) + body[1:]
             drop = self.state.take(self.path, ("drop",))
             if drop:
+                self._record(status, -1)
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)
@@ -129,18 +148,22 @@ class Handler(BaseHTTPRequestHandler):
                 self.end_headers()
                 self.wfile.write(body[: drop.get("after", 0)])
                 self.wfile.flush()
-                self._record(status, -1)
                 self.connection.shutdown(socket.SHUT_RDWR)
                 self.close_connection = True
                 return
-        self.send_response(status)
-        for k, v in headers.items():
-            self.send_header(k, v)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if not head:
-            self._send(body)
-        self._record(status, 0 if head else len(body))
+        entry = self._record(status, 0 if head else len(body))
+        try:
+            self.send_response(status)
+            for k, v in headers.items():
+                self.send_header(k, v)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if not head:
+                self._send(body)
+        except OSError:
+            with self.state.lock:
+                entry["bytes"] = -1  # the client went away mid-body: not served
+            raise
 
     def _send(self, body: bytes) -> None:
         link = self.state.take(self.path, ("link",))
@@ -271,7 +294,7 @@ class FaultServer(Server):
         out: dict[str, int] = {}
         for e in self.log():
             if e["method"] == "GET" and e["status"] in (200, 206) and e["path"].endswith(suffix):
-                out[e["path"]] = out.get(e["path"], 0) + e["bytes"]
+                out[e["path"]] = out.get(e["path"], 0) + max(e["bytes"], 0)  # -1: cut
         return out
 
 

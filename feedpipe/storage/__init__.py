@@ -1,5 +1,6 @@
-"""Object storage (s3://, gs://, https://, hf://) through fsspec: URLs, retries, transfers, and the
-node-local shard cache. Sits between ``dataset`` (which opens remote datasets through it) and
+"""Object storage (s3://, gs://, https://, hf://) through fsspec (data-file fetches through obstore
+where ``fetch.py`` maps the credentials exactly): URLs, retries, transfers, and the node-local
+shard cache. Sits between ``dataset`` (which opens remote datasets through it) and
 ``schema``; it knows nothing of formats."""
 
 from .retry import DEFAULT_POLICY, RetryPolicy, classify, with_retries

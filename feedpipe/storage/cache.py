@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from ..errors import CacheFullError, ChecksumMismatchError, ConfigError
+from .fetch import Backend
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .transfer import CHUNK, download
 
@@ -263,8 +264,11 @@ class Cache:
                storage_options: Mapping[str, Any] | None, policy: RetryPolicy,
                chunk: int) -> int:
         part = path.with_name(f".{path.name}.part")
+        # the manifest and index files go through fsspec: a parent opening a dataset before its
+        # DataLoader workers fork must not start obstore's runtime (it does not survive fork)
+        backend: Backend | None = "fsspec" if KEPT.match(path.name) else None
         for _ in range(2):  # a mismatch may be a resumed part from an older file: refetch
-            download(url, part, size, storage_options, policy, chunk)
+            download(url, part, size, storage_options, policy, chunk, backend=backend)
             got = sha256_of(part)
             if got == sha256:
                 fd = os.open(part, os.O_RDONLY)

@@ -2,6 +2,7 @@
 on transient failures, and an immediate, typed failure on a missing object or refused credentials.
 
 Transient: timeouts, 5xx, throttling (429, 503 SlowDown), connections refused or cut mid-body.
+The same rules read fsspec's (aiohttp, botocore) and obstore's exceptions alike.
 Permanent: 404 (:class:`RemoteNotFoundError`, check the path) and 401/403
 (:class:`AccessDeniedError`, check the credential named). After ``attempts`` failures in a row,
 :class:`RetriesExhaustedError` names the URL and the last error.
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 import time
 from dataclasses import dataclass
 from typing import Callable, Literal, TypeVar
@@ -63,8 +65,27 @@ class RetryPolicy:
 DEFAULT_POLICY = RetryPolicy()
 
 
+#: obstore's errors carry no status attribute; object_store writes it into the message
+_OBSTORE_STATUS = re.compile(r"Server returned non-2xx status code: (\d{3})")
+#: obstore error classes (obstore.exceptions) that no retry can fix
+_OBSTORE_VERDICT: dict[str, Verdict] = {
+    "NotFoundError": "not_found", "PermissionDeniedError": "denied",
+    "UnauthenticatedError": "denied", "InvalidPathError": "fatal", "NotSupportedError": "fatal",
+    "UnknownConfigurationKeyError": "fatal", "AlreadyExistsError": "fatal",
+    "PreconditionError": "fatal", "NotModifiedError": "fatal"}
+
+
+def _brief(exc: BaseException) -> str:
+    """The exception's message without obstore's multi-line ``Debug source:`` dump."""
+    return str(exc).split("\n\nDebug source:", 1)[0].strip()
+
+
 def _status(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries (aiohttp, botocore, requests/httpx responses)."""
+    """The HTTP status an exception carries (aiohttp, botocore, requests/httpx responses, and
+    obstore's message)."""
+    if type(exc).__module__.startswith("obstore"):
+        m = _OBSTORE_STATUS.search(str(exc))
+        return int(m[1]) if m else None
     for obj in (exc, getattr(exc, "response", None)):
         for name in ("status", "status_code"):
             value = getattr(obj, name, None)
@@ -82,6 +103,9 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(exc, StorageError):
         return "not_found" if isinstance(exc, RemoteNotFoundError) else \
             "denied" if isinstance(exc, AccessDeniedError) else "fatal"
+    verdict = _OBSTORE_VERDICT.get(type(exc).__name__)
+    if verdict is not None and type(exc).__module__.startswith("obstore"):
+        return verdict
     status = _status(exc)
     if status is not None:
         if status == 404:
@@ -113,9 +137,9 @@ def typed(exc: BaseException, url: str, what: str) -> StorageError:
                                    "completely", url=url)
     if verdict == "denied":
         creds = CREDENTIALS.get(scheme_of(url) or "", "the store's credentials")
-        return AccessDeniedError(f"{url}: access denied while {what} ({exc}); check {creds}, "
-                                 "or pass them in storage_options=", url=url)
-    return StorageError(f"{url}: {what} failed: {type(exc).__name__}: {exc}", url=url)
+        return AccessDeniedError(f"{url}: access denied while {what} ({_brief(exc)}); check "
+                                 f"{creds}, or pass them in storage_options=", url=url)
+    return StorageError(f"{url}: {what} failed: {type(exc).__name__}: {_brief(exc)}", url=url)
 
 
 def with_retries(call: Callable[[], T], url: str, what: str,
@@ -133,9 +157,9 @@ def with_retries(call: Callable[[], T], url: str, what: str,
             if failures >= policy.attempts:
                 raise RetriesExhaustedError(
                     f"{url}: {what} failed {failures} times in a row; last error "
-                    f"{type(exc).__name__}: {exc}. The store is unreachable or overloaded: "
+                    f"{type(exc).__name__}: {_brief(exc)}. The store is unreachable or overloaded: "
                     "retry later, or check the endpoint", url=url) from exc
             pause = policy.delay(failures)
             log.info("%s: %s failed (%s: %s); retry %d of %d in %.2f s", url, what,
-                     type(exc).__name__, exc, failures, policy.attempts - 1, pause)
+                     type(exc).__name__, _brief(exc), failures, policy.attempts - 1, pause)
             time.sleep(pause)

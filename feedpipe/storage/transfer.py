@@ -1,8 +1,10 @@
 """Moving bytes between a store and local files, every request under the retry policy.
 
-Downloads go in ranged chunks (``cat_file(start, end)``, an HTTP ``Range`` / S3 ranged GET), each
+Downloads go in ranged chunks (an HTTP ``Range`` / S3 ranged GET: fsspec's ``cat_file(start,
+end)`` or obstore's ``get_range``, chosen by :func:`feedpipe.storage.fetch.fetch_backend`), each
 appended to a partial file as it arrives, so a connection cut mid-body, or a process killed
-mid-download, resumes from the bytes already on disk instead of starting over.
+mid-download, resumes from the bytes already on disk instead of starting over. Everything else
+(manifests, sizes, uploads) goes through fsspec.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..errors import StorageError
+from .fetch import Backend, fetch_backend, obstore_ranged_get
 from .retry import DEFAULT_POLICY, RetryPolicy, with_retries
 from .urls import filesystem
 
@@ -40,13 +43,23 @@ def exists(url: str, storage_options: Options = None,
     return bool(with_retries(lambda: fs.exists(path), url, "checking it exists", policy))
 
 
+def _fsspec_ranged_get(url: str, storage_options: Options) -> Callable[[int, int], bytes]:
+    fs, path = filesystem(url, storage_options)
+    return lambda start, end: bytes(fs.cat_file(path, start=start, end=end))
+
+
 def download(url: str, part: Path, size: int, storage_options: Options = None,
              policy: RetryPolicy = DEFAULT_POLICY, chunk: int = CHUNK,
-             progress: Callable[[int], None] | None = None) -> None:
+             progress: Callable[[int], None] | None = None, *,
+             backend: Backend | None = None) -> None:
     """Append ``url``'s bytes to ``part`` from ``part``'s current length up to ``size``, one
     ranged request per ``chunk``, each flushed before the next; the retry budget counts failures
-    in a row, so a slow but moving transfer never exhausts it. The caller verifies and renames."""
-    fs, path = filesystem(url, storage_options)
+    in a row, so a slow but moving transfer never exhausts it. The caller verifies and renames.
+    ``backend`` None: as ``$FEEDPIPE_FETCH`` selects (:func:`fetch_backend`)."""
+    if backend is None:
+        backend = fetch_backend(url, storage_options)
+    ranged_get = obstore_ranged_get(url, storage_options) if backend == "obstore" else \
+        _fsspec_ranged_get(url, storage_options)
     with open(part, "ab") as out:
         done = out.tell()
         if done > size:
@@ -56,12 +69,12 @@ def download(url: str, part: Path, size: int, storage_options: Options = None,
             end = min(done + chunk, size)
             start = done
 
-            def get(start: int = start, end: int = end) -> bytes:
-                data = fs.cat_file(path, start=start, end=end)
+            def get(start: int = start, end: int = end) -> Any:
+                data = ranged_get(start, end)
                 if len(data) != end - start:  # a short body: the server cut it or ignored Range
                     raise ConnectionError(f"asked bytes {start}-{end - 1}, got {len(data)} "
                                           "bytes")
-                return bytes(data)
+                return data
 
             data = with_retries(get, url, f"downloading bytes {start}-{end - 1}", policy)
             out.write(data)

@@ -1,0 +1,39 @@
+"""Run in a fresh process (FEEDPIPE_FETCH=obstore): open a remote dataset in this parent, then
+iterate it with 2 forked DataLoader workers; then start obstore's runtime in this parent and do
+it again on a fresh cache. Writes OUT.json: each run's batch digests and whether this parent
+had started obstore's runtime.
+
+Usage: fetch_fork_probe.py S3_URL ENDPOINT CACHE_ROOT OUT.json"""
+
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from servers import s3_options
+
+import feedpipe
+from feedpipe.dataset.remote import open_remote
+from feedpipe.storage import download, fetch
+
+url, endpoint, cache, out = sys.argv[1], sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4])
+options = s3_options(endpoint)
+
+
+def digests(cache_dir: Path) -> list[dict[str, object]]:
+    """One epoch with 2 forked workers; no plan-ahead prefetch, so the workers fetch the shards."""
+    ds = open_remote(url, cache_dir=cache_dir, storage_options=options, prefetch=0)
+    loader = feedpipe.make_loader(ds, 8, size=48, dtype="uint8", device="cpu", seed=5,
+                                  num_workers=2, multiprocessing_context="fork")
+    return [{k: hashlib.sha256(v.numpy().tobytes()).hexdigest() for k, v in b.items()
+             if isinstance(v, torch.Tensor)} for b in loader]
+
+
+result = {"clean": digests(cache / "clean"), "parent_used_obstore": fetch._RUNTIME_PID is not None}
+with tempfile.TemporaryDirectory() as tmp:  # the parent fetches with obstore: its runtime starts
+    download(f"{url}/shard-000000.tar", Path(tmp) / "part", 1000, options)
+result["after_parent_used_obstore"] = digests(cache / "tainted")
+result["parent_runtime_started"] = fetch._RUNTIME_PID is not None
+out.write_text(json.dumps(result))
