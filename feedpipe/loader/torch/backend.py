@@ -58,8 +58,8 @@ class SlotRing:
     reference count is back to the ring's own), so a batch the caller keeps is never overwritten.
     Each slot has its own storage so that count is per slot. ``shared=False`` (in-process
     loading): plain memory, the same reuse. A fresh 64×224² batch there cost 11-17 µs of
-    page-fault system time per image on the reference machine (1-2% of the decode-bound loader;
-    in-process raw uint8 loaded 17% faster with the ring, base and ring side by side, load 2).
+    page-fault system time per image on the reference machine (1-2% of the decode-bound loader,
+    a larger share of decode-free raw data).
     """
 
     def __init__(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]], count: int, *,
