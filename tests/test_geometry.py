@@ -8,6 +8,7 @@ hands DALI's ``external_source``.
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -73,3 +74,38 @@ def test_crop_none_refuses_another_size_from_the_header():
     framing.check_fits(24, 32, "x")
     with pytest.raises(ValueError, match="x: image is 30x24, batch is 32x24"):
         framing.check_fits(24, 30, "x")
+
+
+def _torchvision_box(h: int, w: int, rng: np.random.Generator, scale: tuple[float, float],
+                     ratio: tuple[float, float]) -> tuple[int, int, int, int]:
+    """torchvision's ``RandomResizedCrop.get_params`` written with numpy's ``uniform`` and
+    ``integers``: the draws ``Framing.box`` must reproduce bit for bit."""
+    log_r = (math.log(ratio[0]), math.log(ratio[1]))
+    for _ in range(10):
+        target = h * w * rng.uniform(*scale)
+        aspect = math.exp(rng.uniform(*log_r))
+        cw, ch = int(round(math.sqrt(target * aspect))), int(round(math.sqrt(target / aspect)))
+        if 0 < cw <= w and 0 < ch <= h:
+            return int(rng.integers(0, h - ch + 1)), int(rng.integers(0, w - cw + 1)), ch, cw
+    if w / h < ratio[0]:
+        cw, ch = w, int(round(w / ratio[0]))
+    elif w / h > ratio[1]:
+        ch, cw = h, int(round(h * ratio[1]))
+    else:
+        ch, cw = h, w
+    return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+
+@pytest.mark.parametrize("scale, ratio", [((0.08, 1.0), (3 / 4, 4 / 3)), ((0.5, 0.5), (1.0, 1.0)),
+                                          ((0.9, 1.0), (2.5, 3.0))])
+def test_random_resized_crop_draws_match_numpys_uniform(scale, ratio):
+    """The box draws ``lo + (hi - lo) * random()`` in place of ``uniform(lo, hi)`` (a cheaper
+    call): the same boxes and the same generator state after each, over many images, including
+    the fallback centre crop when ten draws miss (a tall image against wide ratios)."""
+    framing = Framing((224, 224), "random_resized_crop", scale=scale, ratio=ratio)
+    sizes = [(375, 500), (853, 1280), (31, 7), (2000, 90), (224, 224)]
+    ours, ref = rng_for(SEED, 0, 0, 0), rng_for(SEED, 0, 0, 0)
+    for k in range(3000):
+        h, w = sizes[k % len(sizes)]
+        assert framing.box(h, w, ours) == _torchvision_box(h, w, ref, scale, ratio)
+    assert ours.random() == ref.random()

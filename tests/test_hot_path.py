@@ -19,7 +19,7 @@ import feedpipe
 from converters import convert
 from converters.synth import make_photos
 from feedpipe.errors import BadInputError, CorruptRecordError
-from feedpipe.loader.transforms import DCT_MARGIN, ImageOp
+from feedpipe.loader.transforms import DCT_MARGIN, ImageOp, _resize_rgb_into
 
 U8 = dict(dtype="uint8", device="cpu")
 
@@ -153,39 +153,72 @@ def _ring_ptrs(ld) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in ld.ring.tensors["image"]}
 
 
-@pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_cpu_batches_are_the_ring_slots_and_slots_come_back(packed, context):
-    """uint8 on CPU with workers: each batch is handed out as its ring slot (no copy), and a
-    caller that lets go of each batch gets every slot back."""
-    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2,
-                              multiprocessing_context=context, **U8)
+@pytest.mark.parametrize("workers, context", [(0, None), (2, "fork"), (2, "spawn")])
+def test_cpu_batches_are_the_ring_slots_and_slots_come_back(packed, workers, context):
+    """uint8 on CPU, with workers or in-process: each batch is handed out as its ring slot (no
+    copy, no fresh buffer), and a caller that lets go of each batch gets every slot back."""
+    mp = {"multiprocessing_context": context} if context else {}
+    ld = feedpipe.make_loader(packed["lmdb"], 4, size=32, num_workers=workers, **mp, **U8)
     ptrs, n = _ring_ptrs(ld), 0
     for batch in ld:
         assert batch["image"].untyped_storage().data_ptr() in ptrs
         n += 1
     del batch
-    assert n == len(ld)
+    assert n == len(ld) > ld.ring.count  # so slots were reused, not only used once each
     ld.ring.reclaim()
     assert sorted(ld.ring._free) == list(range(ld.ring.count)) and not ld.ring._lent
 
 
-def test_kept_batches_are_never_overwritten(packed):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_kept_batches_are_never_overwritten(packed, workers):
     """Holding batches (or views of them) keeps their slots out of the ring: every kept batch
-    still holds its own pixels at the end of the epoch, as with workers=0."""
+    still holds its own pixels at the end of the epoch, as a copy taken at once does."""
     kw = dict(size=32, seed=1, crop="random_resized_crop", flip=True, **U8)
-    ref = [b["image"].clone() for b in feedpipe.make_loader(packed["lmdb"], 8, num_workers=0,
+    ref = [b["image"].clone() for b in feedpipe.make_loader(packed["lmdb"], 4, num_workers=0,
                                                             **kw)]
-    ld = feedpipe.make_loader(packed["lmdb"], 8, num_workers=2, **kw)
+    ld = feedpipe.make_loader(packed["lmdb"], 4, num_workers=workers, **kw)
     views, copies = [], []
     for batch in ld:
         views.append(batch["image"][1:])  # a view only: the batch dict itself is dropped
         copies.append(batch["image"][1:].clone())
+    assert len(views) == len(ref) > ld.ring.count
     for a, b, r in zip(views, copies, ref):
         assert torch.equal(a, b) and torch.equal(a, r[1:])
     views.clear()
     del batch, a  # the loop variables were the last references
     ld.ring.reclaim()
     assert not ld.ring._lent  # released once the caller let go
+
+
+def test_in_process_ring_only_where_slots_can_be_lent(packed):
+    """Without workers the ring is plain memory of two slots on CPU; a CUDA device copies each
+    batch out anyway (pinned), so it keeps building fresh batches."""
+    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=0, **U8)
+    assert ld.ring is not None and ld.ring.count == 2
+    assert not any(t.is_shared() for t in ld.ring.tensors["image"])
+    if torch.cuda.is_available():
+        gpu = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=0, dtype="uint8",
+                                   device="cuda")
+        assert gpu.ring is None
+
+
+@pytest.mark.parametrize("flip", [False, True])
+@pytest.mark.parametrize("src, dst", [((300, 410), (224, 224)), ((97, 61), (224, 160)),
+                                      ((64, 64), (31, 47))])
+def test_resize_into_the_slot_is_interpolate_bit_for_bit(src, dst, flip):
+    """The resize writes straight into the batch slot through the op F.interpolate dispatches
+    to: the same pixels as F.interpolate's result copied in (down- and upscales, flips, and a
+    read-only crop of a larger image, as a zero-copy read buffer gives)."""
+    rng = np.random.default_rng(sum(src) + sum(dst))
+    full = rng.integers(0, 256, (src[0] + 9, src[1] + 5, 3), dtype=np.uint8)
+    full.flags.writeable = False
+    region = full[4: 4 + src[0], 2: 2 + src[1]]
+    x = torch.from_numpy(region.copy()).permute(2, 0, 1)[None]
+    ref = F.interpolate(x.contiguous(memory_format=torch.channels_last), size=dst,
+                        mode="bilinear", antialias=True, align_corners=False)[0].permute(1, 2, 0)
+    out = np.zeros((*dst, 3), np.uint8)
+    _resize_rgb_into(region, out, flip)
+    assert np.array_equal(out, ref.numpy()[:, ::-1] if flip else ref.numpy())
 
 
 def test_main_process_threads_restored(packed):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
 import torch
@@ -38,6 +38,10 @@ class SlotRef:
     rows: int
 
 
+#: how fill() writes a column's value of a sample (see _Column.role)
+Role = Literal["image", "encoded", "mask", "target", "collect", "stack", "list"]
+
+
 @dataclass(frozen=True)
 class _Column:
     field: Field
@@ -49,6 +53,20 @@ class _Column:
     def spatial(self) -> bool:
         """Follows the image's geometry (crop, resize, flip)."""
         return isinstance(self.field, (MaskField, TargetField))
+
+    def role(self, encoded_images: bool) -> Role:
+        """How a sample's value of this column is filled in (decided once, not per sample)."""
+        f = self.field
+        if isinstance(f, ImageField):
+            return "encoded" if encoded_images else "image"
+        if isinstance(f, MaskField):
+            return "mask"
+        if isinstance(f, TargetField):
+            return "target"
+        if self.collect:
+            return "collect"
+        return "stack" if self.shape is not None else "list"
+
 
 
 def _torch_int(dt: np.dtype) -> np.dtype:
@@ -63,6 +81,11 @@ def target_batch_dtype(f: TargetField) -> np.dtype:
     if f.interp == "nearest" and not f.quantized and np.dtype(f.dtype).kind in "ui":
         return _torch_int(np.dtype(f.dtype))
     return np.dtype(np.float16) if np.dtype(f.dtype) == np.float16 else np.dtype(np.float32)
+
+
+def _at(req: BatchRequest, pos: int, index: int | None) -> int:
+    """The sample filled in at batch position ``pos``: ``index`` when given (a substitute)."""
+    return req[pos] if index is None else index
 
 
 class BatchDataset(torch.utils.data.Dataset):
@@ -121,8 +144,11 @@ class BatchDataset(torch.utils.data.Dataset):
         # the image goes first: its decode fixes the geometry the masks and targets follow
         self.columns.sort(key=lambda c: not isinstance(c.field, ImageField))
         self.names = [c.field.name for c in self.columns]
-        # shared-memory output ring (set by the torch backend when workers run): reusing these
-        # pages avoids faulting in a fresh shared-memory segment for every batch
+        # (name, role, field) per column: fill() dispatches on the role, not on isinstance
+        self._roles: list[tuple[str, Role, Any]] = [(c.field.name, c.role(encoded_images), c.field)
+                                                    for c in self.columns]
+        # output ring (set by the torch backend: shared memory with workers, plain memory
+        # in-process on CPU): reusing these pages avoids faulting in fresh ones for every batch
         self.slots: dict[str, list[torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -149,40 +175,45 @@ class BatchDataset(torch.utils.data.Dataset):
                                              self.min_box_fraction)
                      for c in self.columns if c.collect}
 
-        def fill(pos: int, stored: dict[str, Any], index: int) -> None:
+        op, apply = self.op, self.op.apply
+
+        def fill(pos: int, stored: dict[str, Any], index: int | None = None) -> None:
+            """Sample ``pos`` of the batch from its stored values; ``index`` names the sample
+            read when it is not ``req[pos]`` (a substitute for a corrupt one)."""
             geo: Geometry | None = None
-            for col in self.columns:  # the hot loop: error context is built only on failure
-                name, f = col.field.name, col.field
+            for name, role, f in self._roles:  # the hot loop: error context only on failure
                 try:
-                    if isinstance(f, ImageField) and self.encoded_images:
-                        data = bytes(stored[name])
-                        geo = plan_encoded(self.op, data, rng, name, self.op.max_pixels)
-                        out[name][pos] = (np.frombuffer(data, np.uint8), geo, index)
-                    elif isinstance(f, ImageField):
-                        geo = self.op.apply(stored[name], f.codec, views[name][pos], rng, name)
+                    if role == "image":
+                        geo = apply(stored[name], f.codec, views[name][pos], rng, name)
                         if geo.fallback:
-                            fallbacks[pos] = self.reader.describe(index)
-                    elif isinstance(f, MaskField):
+                            fallbacks[pos] = self.reader.describe(_at(req, pos, index))
+                    elif role == "stack":
+                        views[name][pos] = stored[name]
+                    elif role == "encoded":
+                        data = bytes(stored[name])
+                        geo = plan_encoded(op, data, rng, name, op.max_pixels)
+                        out[name][pos] = (np.frombuffer(data, np.uint8), geo,
+                                          _at(req, pos, index))
+                    elif role == "mask":
                         m = stored[name]
                         m = decode_mask_png(m, name) if f.codec == "png" else m
-                        geo = geo or self.op.plan(m.shape[0], m.shape[1], rng)
-                        self.op.apply_mask(m, geo, views[name][pos], name)
-                    elif isinstance(f, TargetField):
+                        geo = geo or op.plan(m.shape[0], m.shape[1], rng)
+                        op.apply_mask(m, geo, views[name][pos], name)
+                    elif role == "target":
                         t = stored[name]
-                        geo = geo or self.op.plan(t.shape[0], t.shape[1], rng)
-                        self.op.apply_target(t, f, geo, views[name][pos], name)
-                    elif col.collect:
+                        geo = geo or op.plan(t.shape[0], t.shape[1], rng)
+                        op.apply_target(t, f, geo, views[name][pos], name)
+                    elif role == "collect":
                         collected[name].put(pos, stored[name], geo, name)
-                    elif name in views:
-                        views[name][pos] = stored[name]
                     else:
                         out[name][pos] = f.to_user(stored[name], name)
                 except Exception as exc:
-                    raise self.reader.corrupt(index, f"cannot decode {name}: {exc}") from exc
+                    raise self.reader.corrupt(_at(req, pos, index),
+                                              f"cannot decode {name}: {exc}") from exc
 
         skipped: list[str] = []
         if self.on_error == "raise":
-            self.reader.visit(req, lambda pos, stored: fill(pos, stored, req[pos]), self.names)
+            self.reader.visit(req, fill, self.names)
         else:
             self._fill_skipping(req, fill, skipped)
         for name, collector in collected.items():  # transformed and padded once per batch

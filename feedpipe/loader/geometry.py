@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple, TypeVar
 
 import numpy as np
@@ -51,6 +52,8 @@ class Geometry(NamedTuple):
 
     def snapped(self, f: int) -> Geometry:
         """This geometry as a decode at 1/``f`` scale executes it, in source pixels."""
+        if f == 1 and self.dct == 1:  # the common full-size decode: already on the grid
+            return self
         top, left, h, w = self.scaled(f)
         return self._replace(top=top * f, left=left * f, height=h * f, width=w * f, dct=f)
 
@@ -100,10 +103,12 @@ class Framing:
         oh, ow = self.size
         if self.crop == "random_resized_crop" and rng is not None:
             area = h * w
-            log_r = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+            (s_lo, s_span), (r_lo, r_span) = self._draw_ranges
             for _ in range(CROP_ATTEMPTS):  # torchvision's RandomResizedCrop.get_params
-                target = area * rng.uniform(*self.scale)
-                aspect = math.exp(rng.uniform(*log_r))
+                # lo + span * random() is numpy's uniform(lo, hi) bit for bit (the same double
+                # from the generator, the same two roundings) without its ~1 µs argument parsing
+                target = area * (s_lo + s_span * rng.random())
+                aspect = math.exp(r_lo + r_span * rng.random())
                 cw = int(round(math.sqrt(target * aspect)))
                 ch = int(round(math.sqrt(target / aspect)))
                 if 0 < cw <= w and 0 < ch <= h:
@@ -122,6 +127,13 @@ class Framing:
         else:
             ch, cw = max(1, round(w * oh / ow)), w
         return (h - ch) // 2, (w - cw) // 2, ch, cw
+
+    @cached_property
+    def _draw_ranges(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """(low, high - low) of the area fraction and of the log aspect ratio that
+        random-resized-crop draws uniformly: worked out once, not per sample."""
+        log_r = (math.log(self.ratio[0]), math.log(self.ratio[1]))
+        return (self.scale[0], self.scale[1] - self.scale[0]), (log_r[0], log_r[1] - log_r[0])
 
     @staticmethod
     def _dct_factor(ch: int, cw: int, out_hw: tuple[int, ...], margin: float = DCT_MARGIN) -> int:

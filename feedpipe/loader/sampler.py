@@ -89,7 +89,8 @@ class BatchRequest(list):
 
     def __init__(self, indices: Sequence[int] | np.ndarray, epoch: int, number: int, rank: int,
                  slot: int = -1) -> None:
-        super().__init__(int(i) for i in indices)
+        # (a plan's index array converts in one call: the main process builds one per batch)
+        super().__init__(indices.tolist() if isinstance(indices, np.ndarray) else map(int, indices))
         self.epoch, self.number, self.rank, self.slot = epoch, number, rank, slot
 
     def __reduce__(self) -> tuple[Any, ...]:

@@ -188,7 +188,7 @@ class ImageOp(Framing):
         return geo.snapped(f)
 
 
-_BUFFERS = threading.local()  # one reusable decode buffer per thread: no fresh pages per image
+_BUFFERS = threading.local()  # reusable decode / flip buffers per thread: no fresh pages per image
 
 
 def _decode_jpeg(data: object, h: int, w: int, f: int) -> np.ndarray:
@@ -204,21 +204,39 @@ def _decode_jpeg(data: object, h: int, w: int, f: int) -> np.ndarray:
     return simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=buf)
 
 
+# the op F.interpolate(mode="bilinear", antialias=True) dispatches to, in its out= form
+_UPSAMPLE_AA = torch.ops.aten._upsample_bilinear2d_aa.out
+
+
 def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
     """Antialiased bilinear resize of an H×W×3 uint8 region into ``out`` (flipped if asked).
 
     The region is given as a channels-last contiguous N×C×H×W tensor, the layout torch's
-    vectorized uint8 kernel takes; it then returns channels-last too, so the copy into the HWC
-    slot is a memcpy, not a strided transpose (0.66 against 1.01 ms/image, PERF-FACTS.md)."""
+    vectorized uint8 kernel takes (0.66 against 1.01 ms/image for a strided one, PERF-FACTS.md).
+    The kernel ``F.interpolate(..., mode="bilinear", antialias=True)`` runs writes straight into
+    ``out`` seen as a channels-last 1×3×H×W tensor (the same pixels, bit for bit, without a result
+    tensor and its copy into the slot: ~10 µs an image at 224²); a flipped sample goes through
+    this thread's scratch image (torch has no negative strides)."""
     if not region.flags.writeable:  # a zero-copy view of a read buffer: torch wants writable
         region = np.array(region)
     x = torch.from_numpy(region).permute(2, 0, 1).unsqueeze(0)
     # (a contiguous HWC array seen as NCHW passes is_contiguous(channels_last), yet only an
     # explicit .contiguous(memory_format=...) makes torch return channels-last)
     x = x.contiguous(memory_format=torch.channels_last)
-    y = F.interpolate(x, size=out.shape[:2], mode="bilinear", antialias=True,
-                      align_corners=False)[0].permute(1, 2, 0)
-    np.copyto(out, y.numpy()[:, ::-1] if flip else y.numpy())
+    dst = _flip_scratch(out.shape) if flip else out
+    _UPSAMPLE_AA(x, dst.shape[:2], False, None, None,
+                 out=torch.from_numpy(dst).permute(2, 0, 1).unsqueeze(0))
+    if flip:
+        np.copyto(out, dst[:, ::-1])
+
+
+def _flip_scratch(shape: tuple[int, ...]) -> np.ndarray:
+    """This thread's reused H×W×3 image that a flipped sample is resized into before its
+    mirrored copy into the batch."""
+    buf = getattr(_BUFFERS, "flip", None)
+    if buf is None or buf.shape != shape:
+        buf = _BUFFERS.flip = np.empty(shape, np.uint8)
+    return buf
 
 
 def _axis(n_out: int, n_in: int) -> np.ndarray:

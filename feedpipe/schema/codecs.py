@@ -10,6 +10,7 @@ import ast
 import io
 import re
 import struct
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -117,6 +118,12 @@ RECORD_MAGIC_V1 = b"FPR1"
 _U32 = struct.Struct("<I")
 
 
+@lru_cache(maxsize=64)
+def _u32s(n: int) -> struct.Struct:
+    """``n`` little-endian uint32s (a record header's lengths, or its crcs), compiled once."""
+    return struct.Struct(f"<{n}I")
+
+
 def pack_record(payloads: Sequence[Buffer]) -> bytes:
     """Join field payloads into one version-2 record (see the layout above)."""
     lengths = [len(p) for p in payloads]
@@ -137,7 +144,7 @@ def unpack_record(buf: Buffer, nfields: int, what: str = "record", *, version: i
     mv = memoryview(buf)
     crcs = version >= 2
     magic = RECORD_MAGIC if crcs else RECORD_MAGIC_V1
-    if bytes(mv[:4]) != magic:
+    if mv[:4] != magic:
         raise CorruptRecordError(f"{what}: bad record magic (expected {magic!r})")
     pos = 8 + (8 if crcs else 4) * nfields
     if len(mv) < pos:
@@ -145,7 +152,8 @@ def unpack_record(buf: Buffer, nfields: int, what: str = "record", *, version: i
     (n,) = _U32.unpack_from(mv, 4)
     if n != nfields:
         raise CorruptRecordError(f"{what}: record has {n} fields, schema has {nfields}")
-    lengths = struct.unpack_from(f"<{n}I", mv, 8)
+    words = _u32s(n)
+    lengths = words.unpack_from(mv, 8)
     if pos + sum(lengths) != len(mv):
         raise CorruptRecordError(f"{what}: record length {len(mv)} does not match its header")
     out = []
@@ -153,7 +161,7 @@ def unpack_record(buf: Buffer, nfields: int, what: str = "record", *, version: i
         out.append(mv[pos: pos + length])
         pos += length
     if crcs:
-        stored = struct.unpack_from(f"<{n}I", mv, 8 + 4 * n)
+        stored = words.unpack_from(mv, 8 + 4 * n)
         for k in range(n) if check is None else check:
             if crc32(out[k]) != stored[k]:
                 name = repr(names[k]) if k < len(names) else k

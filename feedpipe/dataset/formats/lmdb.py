@@ -120,7 +120,7 @@ class LmdbReader(DatasetReader):
         return env
 
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
-        nfields, version = len(self._fields), self.manifest.format_version
+        nfields, version, names = len(self._fields), self.manifest.format_version, self.schema.names
         wanted = [(self._fields.index(f), f) for f in fields]
         check = [j for j, _ in wanted]  # crc32 of the fields read, not of the whole record
         single = len(self._envs) == 1
@@ -139,7 +139,7 @@ class LmdbReader(DatasetReader):
                     if buf is None:
                         raise self.corrupt(i, "record missing from LMDB")
                     payloads = unpack_record(buf, nfields, "record", version=version,
-                                             check=check, names=self.schema.names)
+                                             check=check, names=names)
                     stored = {f.name: f.decode(payloads[j], f.name) for j, f in wanted}
                 except UnsafeDataError as exc:  # keep the type: callers refuse, not skip
                     raise self.unsafe(i, exc) from exc
