@@ -13,7 +13,9 @@ bytes/s, shared by all GETs at once): per round, one ``make_loader`` epoch cold 
 and one warm (the cache kept), against the same dataset read locally, and the shard bytes
 fetched per epoch; medians over ``--rounds``. The cold goal is min(local, cap, server) ÷ the
 mean sample size, where "server" is what moto delivers through the proxy uncapped (every shard
-fetched by 2 threads at once, timed in the same run): a cap above it does not bind.
+fetched by 2 threads at once, timed in the same run): a cap above it does not bind. moto and
+the proxy run on the loader's cores, so each epoch also records the loader's CPU per image and
+the servers' CPU seconds: what the cold epoch loses to the servers, and what to its own fetching.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT.parent / "tests"))
+import psutil  # noqa: E402
 from harness import measure_side_by_side, save  # noqa: E402
 from servers import FaultServer, MotoServer, s3_options, upload_tree  # noqa: E402
 
@@ -42,10 +45,11 @@ from feedpipe.dataset.manifest import Manifest  # noqa: E402
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--images", type=int, default=2000)
+    ap.add_argument("--images", type=int, default=4000)
     ap.add_argument("--size", default="500x375")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--shard-size", type=int, default=8 << 20)
+    ap.add_argument("--shard-size", type=int, default=1 << 20,
+                    help="bytes; 150 shards: the first window (8 shards) is ~5%% of an epoch")
     ap.add_argument("--caps", default="20e6,1e9", help="link caps, bytes/s")
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--out", type=Path, default=ROOT / "results" / "remote.json")
@@ -98,12 +102,41 @@ def main() -> None:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def epoch(source: object, bs: int, **kw: object) -> float:
-    """Images/s of one whole epoch (loader start included: a cold epoch pays its first fetch)."""
-    t = time.perf_counter()
-    n = sum(len(b["label"]) for b in feedpipe.make_loader(  # type: ignore[arg-type]
-        source, bs, size=224, num_workers=2, shuffle=True, seed=0, **kw))
-    return n / (time.perf_counter() - t)
+def cpu(procs: list[psutil.Process]) -> float:
+    """CPU seconds (user + system) of ``procs`` and their children."""
+    total = 0.0
+    for p in procs:
+        for q in [p, *p.children(recursive=True)]:
+            try:
+                total += sum(q.cpu_times()[:2])
+            except psutil.Error:
+                pass
+    return total
+
+
+def epoch(source: object, bs: int, servers: list[psutil.Process] | None = None,
+          **kw: object) -> tuple[float, ...]:
+    """Images/s of one whole epoch (loader start included: a cold epoch pays its first fetch),
+    images/s after the first batch, seconds to the first batch, the main process's CPU ms per
+    image, and the servers' CPU seconds in the epoch (moto and the proxy run on the same cores
+    as the loader)."""
+    me = psutil.Process()  # the main process only: workers may exit before the epoch ends
+
+    def own() -> float:
+        return sum(me.cpu_times()[:2])
+
+    c0, s0, t = own(), cpu(servers or []), time.perf_counter()
+    n, first = 0, None
+    for b in feedpipe.make_loader(source, bs, size=224, num_workers=2,  # type: ignore[arg-type]
+                                  shuffle=True, seed=0, **kw):
+        n += len(b["label"])
+        if first is None:
+            first = (time.perf_counter(), n)
+    end = time.perf_counter()
+    assert first is not None
+    steady = (n - first[1]) / (end - first[0])
+    return (n / (end - t), steady, first[0] - t, 1e3 * (own() - c0) / n,
+            cpu(servers or []) - s0)
 
 
 def server_rate(url: str, names: list[str], opts: dict) -> float:
@@ -125,6 +158,7 @@ def read_side(local: Path, moto: MotoServer, opts: dict, caps: list[float], bs: 
     mean = size / len(feedpipe.open_dataset(local))
     shards = [f.name for f in files if f.name.endswith(".tar")]
     proxy = FaultServer(upstream=moto.url)
+    servers = [psutil.Process(moto.proc.pid), psutil.Process(proxy.proc.pid)]
     out = []
     try:
         popts = {**opts, "client_kwargs": {"endpoint_url": proxy.url}}
@@ -132,26 +166,35 @@ def read_side(local: Path, moto: MotoServer, opts: dict, caps: list[float], bs: 
         epoch(local, bs)  # warm-up: imports, page cache
         server = statistics.median(server_rate("bench/ds", shards, popts) for _ in range(rounds))
         for cap in caps:
-            runs: dict[str, list[float]] = {k: [] for k in
-                                            ("local", "cold", "warm", "cold_fetched_bytes",
-                                             "warm_fetched_bytes")}
+            runs: dict[str, list[float]] = {}
+
+            def add(name: str, res: tuple[float, ...],
+                    runs: dict[str, list[float]] = runs) -> None:
+                for key, v in zip(("", "_after_first_batch", "_first_batch_s",
+                                   "_main_cpu_ms_per_image", "_server_cpu_s"), res):
+                    runs.setdefault(name + key, []).append(v)
+
             for _ in range(rounds):
                 cache = work / f"cache-{cap:g}"
                 shutil.rmtree(cache, ignore_errors=True)
-                kw = {"cache_dir": cache, "storage_options": popts}
-                runs["local"].append(epoch(local, bs))
+                kw = {"cache_dir": cache, "storage_options": popts, "servers": servers}
+                add("local", epoch(local, bs))
                 proxy.faults([{"kind": "link", "rate": cap}])  # also clears the log
-                runs["cold"].append(epoch("s3://bench/ds", bs, **kw))
-                runs["cold_fetched_bytes"].append(sum(proxy.fetched(".tar").values()))
+                add("cold", epoch("s3://bench/ds", bs, **kw))
+                runs.setdefault("cold_fetched_bytes", []).append(
+                    sum(proxy.fetched(".tar").values()))
                 proxy.faults([{"kind": "link", "rate": cap}])
-                runs["warm"].append(epoch("s3://bench/ds", bs, **kw))
-                runs["warm_fetched_bytes"].append(sum(proxy.fetched(".tar").values()))
+                add("warm", epoch("s3://bench/ds", bs, **kw))
+                runs.setdefault("warm_fetched_bytes", []).append(
+                    sum(proxy.fetched(".tar").values()))
             row: dict[str, object] = {"cap_bytes_per_s": cap, "server_bytes_per_s": server,
                                       "dataset_bytes": size, "mean_sample_bytes": mean,
                                       "rounds": runs}
             med = {k: statistics.median(v) for k, v in runs.items()}
             goal = min(med["local"], cap / mean, server / mean)
+            steady = min(med["local_after_first_batch"], cap / mean, server / mean)
             row.update(med, cold_goal=goal, cold_over_goal=med["cold"] / goal,
+                       cold_after_first_batch_over_goal=med["cold_after_first_batch"] / steady,
                        warm_over_local=med["warm"] / med["local"],
                        bound="local" if goal == med["local"] else
                        "cap" if goal == cap / mean else "server")

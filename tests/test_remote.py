@@ -172,3 +172,25 @@ def test_timeout_is_retried(http_packed, tmp_path):
     raw = read_bytes(f"{urls['wds']}/feedpipe.json", options, FAST)
     assert b'"format": "wds"' in raw
     assert [e["status"] for e in server.log()] == [0, 200]  # held back, then the retry
+
+
+def test_prefetch_reaches_the_next_shuffle_window(photo_dir, tmp_path):
+    """A batch of a window-shuffled plan reads every shard of its window: handing out the first
+    batch queues the next window's shards too (the plan is looked ahead by whole batches), so a
+    bandwidth-bound epoch keeps the link busy instead of stalling at each window's start."""
+    convert(photo_dir, tmp_path / "srv" / "ds", to="wds", workers=0,
+            writer_options={"shard_count": 4})
+    server = FaultServer(root=tmp_path / "srv")
+    try:
+        from feedpipe.dataset.remote import open_remote
+        ds = open_remote(f"{server.url}/ds", cache_dir=tmp_path / "cache", prefetch=1)
+        shard_of = ds._shard_of
+        n = len(ds.shards)
+        first, second = range(0, n // 2), range(n // 2, n)  # two windows of shards
+        pick = [int(next(i for i in range(len(shard_of)) if shard_of[i] == s)) for s in range(n)]
+        plan = [[pick[s] for s in first], [pick[s] for s in second]]
+        ds.plan_ahead(plan, 0)
+        ds._pool[1].shutdown(wait=True)
+        assert set(server.fetched(".tar")) == {f"/ds/{ds.shards[s]}" for s in range(n)}
+    finally:
+        server.stop()

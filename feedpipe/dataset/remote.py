@@ -30,6 +30,9 @@ from .formats.wds import CRC_FILE, INDEX_FILES, VALUES_FILE, WdsReader
 from .manifest import FORMAT_FILES, MANIFEST_NAME, FileEntry, Manifest
 
 log = logging.getLogger("feedpipe.storage")
+#: concurrent prefetch downloads in a process: while one shard's download ends (its SHA-256,
+#: its fsync), the others keep the link busy
+PREFETCH_THREADS = 4
 _READERS: weakref.WeakSet[RemoteWdsReader] = weakref.WeakSet()
 
 
@@ -137,7 +140,7 @@ class RemoteWdsReader(WdsReader):
                 break
         pid = os.getpid()
         if self._pool is None or self._pool[0] != pid:
-            self._pool = (pid, ThreadPoolExecutor(min(self.prefetch, 4),
+            self._pool = (pid, ThreadPoolExecutor(PREFETCH_THREADS,
                                                   thread_name_prefix="feedpipe-prefetch"))
             self._queued = set()
         self._queued &= set(window)
