@@ -142,3 +142,22 @@ def downgrade_to_v1(root: Path, fmt: str) -> Path:
     d["files"] = [vars(FileEntry.of(root, f["name"])) for f in d["files"]]
     (root / MANIFEST_NAME).write_text(json.dumps(d))
     return root
+
+
+def loader_batches(source: Any, **kw: Any) -> list[dict[str, Any]]:
+    """Every batch of ``make_loader(source, 8, **kw)``, its tensors only (for comparing)."""
+    import torch
+
+    import feedpipe
+
+    return [{k: v for k, v in b.items() if isinstance(v, torch.Tensor)}
+            for b in feedpipe.make_loader(source, 8, **kw)]
+
+
+def same_batches(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Whether two batch lists hold the same tensors, batch by batch."""
+    import torch
+
+    return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k])
+                                                                   for k in x)
+                                    for x, y in zip(a, b))

@@ -386,3 +386,17 @@ if pytest is not None:
             yield server, {fmt: f"{server.url}/{p.name}" for fmt, p in packed.items()}
         finally:
             server.stop()
+
+
+def objects(fs: Any, url: str) -> dict[str, bytes]:
+    """Every object under ``url`` (s3://bucket/prefix), by its key below the prefix."""
+    fs.invalidate_cache()
+    root = url.removeprefix("s3://").rstrip("/")
+    return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root)}
+
+
+def cli_opts(opts: dict[str, Any]) -> list[str]:
+    """The CLI's ``--storage-option`` flags for :func:`s3_options`' endpoint."""
+    return ["--storage-option", "key=testing", "--storage-option", "secret=testing",
+            "--storage-option",
+            f"client_kwargs.endpoint_url={opts['client_kwargs']['endpoint_url']}"]

@@ -14,9 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
+from fp_helpers import loader_batches, same_batches
 
-import feedpipe
 from feedpipe.errors import (
     AccessDeniedError,
     ConfigError,
@@ -38,14 +37,7 @@ ENV = {"AWS_ACCESS_KEY_ID": "ENVKEY", "AWS_SECRET_ACCESS_KEY": "envsecret",
 
 
 def batches(source, **extra):
-    ld = feedpipe.make_loader(source, 8, **KW, **extra)
-    return [{k: v for k, v in b.items() if isinstance(v, torch.Tensor)} for b in ld]
-
-
-def same(a, b) -> bool:
-    return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k])
-                                                                   for k in x)
-                                    for x, y in zip(a, b))
+    return loader_batches(source, **KW, **extra)
 
 
 def data_gets(proxy, suffix=(".tar", ".mdb")):
@@ -130,7 +122,7 @@ def test_batches_equal_local(moto_s3, s3_packed, packed, fmt, backend, tmp_path)
     proxy, options = moto_s3
     proxy.faults([])
     remote = batches(s3_packed[fmt], cache_dir=tmp_path, storage_options=options)
-    assert same(batches(packed[fmt]), remote) and len(remote) == 9
+    assert same_batches(batches(packed[fmt]), remote) and len(remote) == 9
     gets = data_gets(proxy)
     assert gets and all(e["agent"].startswith(OBSTORE_AGENT) == (backend == "obstore")
                         for e in gets)

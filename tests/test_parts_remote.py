@@ -13,7 +13,7 @@ import torch
 from fp_helpers import cli_main
 
 pytest.importorskip("s3fs")
-from servers import MotoServer, s3_options, upload_tree  # noqa: E402
+from servers import MotoServer, cli_opts, objects, s3_options, upload_tree  # noqa: E402
 
 import feedpipe  # noqa: E402
 from converters import convert  # noqa: E402
@@ -44,17 +44,6 @@ def s3(moto, tmp_path, monkeypatch, request):
     bucket = "pr-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:20]
     fs.mkdir(bucket)
     return f"s3://{bucket}", opts, fs
-
-
-def objects(fs, url: str) -> dict[str, bytes]:
-    fs.invalidate_cache()
-    root = url.removeprefix("s3://").rstrip("/")
-    return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root)}
-
-
-def cli_opts(opts) -> list[str]:
-    return ["--storage-option", "key=testing", "--storage-option", "secret=testing",
-            "--storage-option", f"client_kwargs.endpoint_url={opts['client_kwargs']['endpoint_url']}"]
 
 
 def tensors(loader) -> list[dict[str, torch.Tensor]]:

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from fp_helpers import loader_batches, same_batches
 from servers import FaultServer
 
 import feedpipe
@@ -29,14 +30,7 @@ KW = dict(size=48, dtype="uint8", device="cpu", seed=5, num_workers=0)
 
 
 def batches(source, **extra):
-    ld = feedpipe.make_loader(source, 8, **KW, **extra)
-    return [{k: v for k, v in b.items() if isinstance(v, torch.Tensor)} for b in ld]
-
-
-def same(a, b) -> bool:
-    return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k])
-                                                                   for k in x)
-                                    for x, y in zip(a, b))
+    return loader_batches(source, **KW, **extra)
 
 
 def test_urls():
@@ -61,9 +55,9 @@ def test_s3_batches_equal_local(moto_s3, s3_packed, packed, fmt, tmp_path):
     local = batches(packed[fmt])
     proxy.faults([])
     remote = batches(s3_packed[fmt], cache_dir=tmp_path, storage_options=options)
-    assert same(local, remote) and len(local) == 9
+    assert same_batches(local, remote) and len(local) == 9
     again = batches(s3_packed[fmt], cache_dir=tmp_path, storage_options=options)
-    assert same(local, again)  # the second run reads the cache: no data file fetched again
+    assert same_batches(local, again)  # the second run reads the cache: no data file fetched again
     fetched = [e["path"] for e in proxy.log() if e["method"] == "GET"
                and not e["path"].endswith(("feedpipe.json", ".npy"))]
     expect = {f.name for f in feedpipe.open_dataset(packed[fmt]).manifest.files
@@ -80,7 +74,7 @@ def test_https_batches_equal_local_under_faults(http_packed, packed, tmp_path):
                    {"kind": "drop", "after": 3000, "times": 2, "match": ".tar"},
                    {"kind": "corrupt", "times": 1, "match": "shard-000002"}])
     remote = batches(urls["wds"], cache_dir=tmp_path)
-    assert same(batches(packed["wds"]), remote)
+    assert same_batches(batches(packed["wds"]), remote)
     statuses = [e["status"] for e in server.log()]
     assert statuses.count(503) == 3 and statuses.count(429) == 1
 

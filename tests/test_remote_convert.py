@@ -14,7 +14,7 @@ import pytest
 from fp_helpers import CLI, cli_main
 
 pytest.importorskip("s3fs")
-from servers import FaultServer, MotoServer, s3_options  # noqa: E402
+from servers import FaultServer, MotoServer, cli_opts, objects, s3_options  # noqa: E402
 
 from converters import convert  # noqa: E402
 from converters.remote_output import JOURNAL  # noqa: E402
@@ -41,17 +41,6 @@ def s3(moto, tmp_path, monkeypatch, request):
     bucket = "b-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:20]
     fs.mkdir(bucket)
     return f"s3://{bucket}", opts, fs
-
-
-def objects(fs, url: str) -> dict[str, bytes]:
-    fs.invalidate_cache()
-    root = url.removeprefix("s3://").rstrip("/")
-    return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root)}
-
-
-def cli_opts(opts) -> list[str]:
-    return ["--storage-option", "key=testing", "--storage-option", "secret=testing",
-            "--storage-option", f"client_kwargs.endpoint_url={opts['client_kwargs']['endpoint_url']}"]
 
 
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
