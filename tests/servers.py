@@ -20,6 +20,7 @@ Only GET and HEAD requests are faulted, so uploads (PUT) still go through.
 
 from __future__ import annotations
 
+import hashlib
 import http.client
 import json
 import os
@@ -365,6 +366,28 @@ if pytest is not None:
         finally:
             proxy.stop()
             moto.stop()
+
+    @pytest.fixture(scope="session")
+    def moto():
+        """moto's S3 server alone (no proxy), for tests that write."""
+        pytest.importorskip("s3fs")
+        pytest.importorskip("moto")
+        server = MotoServer()
+        yield server
+        server.stop()
+
+    @pytest.fixture
+    def s3(moto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
+        """A fresh bucket on ``moto``: (bucket URL, storage options, s3fs); the staging folder
+        (``XDG_CACHE_HOME``) under ``tmp_path / "xdg"``."""
+        import fsspec
+
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        opts = s3_options(moto.url)
+        fs = fsspec.filesystem("s3", **opts)
+        bucket = "b-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:20]
+        fs.mkdir(bucket)
+        return f"s3://{bucket}", opts, fs
 
     @pytest.fixture(scope="session")
     def s3_packed(moto_s3, packed: dict[str, Path]) -> dict[str, str]:

@@ -6,14 +6,12 @@ mix of a local LMDB and a remote WebDataset (issue 16 §5) against two local cop
 
 from __future__ import annotations
 
-import hashlib
-
 import pytest
 import torch
 from fp_helpers import cli_main
 
 pytest.importorskip("s3fs")
-from servers import MotoServer, cli_opts, objects, s3_options, upload_tree  # noqa: E402
+from servers import cli_opts, objects, upload_tree  # noqa: E402
 
 import feedpipe  # noqa: E402
 from converters import convert  # noqa: E402
@@ -24,26 +22,6 @@ from feedpipe.dataset.remote_verify import read_manifest, verify_remote  # noqa:
 from feedpipe.errors import ConfigError, OutputRefusedError, PartsError  # noqa: E402
 
 KW = dict(size=32, crop="resize", dtype="uint8", device="cpu", num_workers=0)
-
-
-@pytest.fixture(scope="module")
-def moto():
-    server = MotoServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def s3(moto, tmp_path, monkeypatch, request):
-    """A fresh bucket on moto's S3 server: (bucket URL, storage options, s3fs)."""
-    import fsspec
-
-    opts = s3_options(moto.url)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    fs = fsspec.filesystem("s3", **opts)
-    bucket = "pr-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:20]
-    fs.mkdir(bucket)
-    return f"s3://{bucket}", opts, fs
 
 
 def tensors(loader) -> list[dict[str, torch.Tensor]]:

@@ -3,7 +3,6 @@ manifest last, read back and verified; resume after a kill; --overwrite only rem
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -14,33 +13,13 @@ import pytest
 from fp_helpers import CLI, cli_main
 
 pytest.importorskip("s3fs")
-from servers import FaultServer, MotoServer, cli_opts, objects, s3_options  # noqa: E402
+from servers import FaultServer, cli_opts, objects  # noqa: E402
 
 from converters import convert  # noqa: E402
 from converters.remote_output import JOURNAL  # noqa: E402
 from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest  # noqa: E402
 from feedpipe.dataset.remote_verify import read_manifest, verify_remote  # noqa: E402
 from feedpipe.errors import IncompleteDatasetError, OutputRefusedError  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def moto():
-    server = MotoServer()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def s3(moto, tmp_path, monkeypatch, request):
-    """A fresh bucket, its storage options and an s3fs filesystem; staging under tmp_path."""
-    import fsspec
-
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    opts = s3_options(moto.url)
-    fs = fsspec.filesystem("s3", **opts)
-    bucket = "b-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:20]
-    fs.mkdir(bucket)
-    return f"s3://{bucket}", opts, fs
 
 
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
@@ -65,7 +44,7 @@ def test_convert_to_s3_reads_back_and_verifies(tmp_path, photo_dir, s3, fmt, cap
     assert rc == 0 and "OK" in out, err
     rc, out, err = cli_main(capsys, "info", url, *cli_opts(opts))
     assert rc == 0 and f"{res.written} samples" in out, err
-    assert not list((tmp_path / "cache" / "feedpipe" / "staging").iterdir())
+    assert not list((tmp_path / "xdg" / "feedpipe" / "staging").iterdir())
 
 
 def test_verify_names_a_damaged_object(photo_dir, s3, capsys):
@@ -122,7 +101,7 @@ def test_killed_upload_leaves_no_manifest_and_a_rerun_resumes(tmp_path, photo_di
     url = f"{bucket}/ds"
     cmd = [*CLI, "convert", str(photo_dir), "--to", "wds", "-o", url, "--shard-count", "1",
            "--workers", "0", "-q", *cli_opts(opts)]  # one shard per image: many uploads
-    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "xdg")}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until the journal says some shards are up
