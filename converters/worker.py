@@ -5,6 +5,7 @@ results in source order."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import signal
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -120,7 +121,18 @@ def results(items: list[SourceItem], opts: PackOptions, workers: int, codec: str
         yield from (prepare(it, opts) for it in items)
         return
     ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
-    with ctx.Pool(workers, initializer=_worker_init) as pool:
+    # Ctrl-C is blocked while the pool starts: the worker processes (and the forkserver) inherit
+    # the blocked signal, so one still importing before its initializer ignores SIGINT cannot
+    # print a KeyboardInterrupt traceback; a Ctrl-C meanwhile reaches this process once the pool
+    # is up, and leaving the `with` ends the pool.
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        pool = ctx.Pool(workers, initializer=_worker_init)
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    with pool:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         chunk = max(1, min(64, len(items) // (workers * 8)))
         yield from pool.imap(_prepare_star, ((it, opts) for it in items), chunksize=chunk)
 
