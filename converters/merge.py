@@ -30,7 +30,7 @@ from feedpipe.errors import OutputRefusedError, PartsError
 from feedpipe.schema.model import Schema
 
 from .merge_formats import BUILDERS
-from .output import OutputLock
+from .output import OutputLock, fsync_dir
 from .parts import PARTS_DIR, Part
 from .remote_output import is_remote
 
@@ -113,7 +113,7 @@ class LocalStore:
                                  f"`feedpipe convert ... -o {self.out} --part i/N` (they land in "
                                  f"{self.parts}) or move them there yourself") from exc
             raise
-        _fsync_dir(self.parts)
+        fsync_dir(self.parts)
         return True
 
     def part_path(self, name: str) -> Path:
@@ -139,17 +139,9 @@ class LocalStore:
         return FileEntry.of(self.out, name)
 
     def commit(self, manifest: Manifest) -> None:
-        _fsync_dir(self.out)
+        fsync_dir(self.out)
         manifest.write(self.out)
-        _fsync_dir(self.out)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fsync_dir(self.out)
 
 
 def expand(parts: Sequence[str | os.PathLike[str]]) -> list[Path]:

@@ -17,7 +17,7 @@ import os
 import resource
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Protocol
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
 from feedpipe.dataset.registry import DatasetWriter
@@ -221,7 +221,7 @@ class Output:
         dataset or the new one), then remove the old one; release the lock."""
         try:
             (self.partial / MARKER).unlink()
-            _fsync_dir(self.partial)
+            fsync_dir(self.partial)
             if not self.out.exists():
                 os.rename(self.partial, self.out)
             elif exchange(self.partial, self.out):
@@ -230,7 +230,7 @@ class Output:
                 os.rename(self.out, self.old)
                 os.rename(self.partial, self.out)
                 shutil.rmtree(self.old)
-            _fsync_dir(self.out.parent)
+            fsync_dir(self.out.parent)
         finally:
             self.lock.release()
 
@@ -251,7 +251,8 @@ def exchange(a: Path, b: Path) -> bool:
     raise OSError(err, os.strerror(err), str(a), None, str(b))
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a folder's entries (a rename, a new file) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -260,6 +261,25 @@ def _fsync_dir(path: Path) -> None:
 
 
 # --- failures worth a clear message -------------------------------------------------------------
+
+class _Abortable(Protocol):
+    def abort(self) -> None: ...
+
+
+def abandon(exc: BaseException, writers: Iterable[DatasetWriter], output: _Abortable,
+            out: Path, partial: Path) -> BaseException:
+    """After a failed conversion: close the writers (a failed close loses to ``exc``), remove the
+    partial output, and return the error to raise: :class:`DiskFullError` when the disk filled,
+    else ``exc`` itself."""
+    for writer in writers:
+        try:
+            writer.close()
+        except Exception:  # the original error matters more than a failed cleanup
+            pass
+    full = disk_full(exc, out, partial)
+    output.abort()
+    return exc if full is None else full
+
 
 def disk_full(exc: BaseException, out: Path, partial: Path) -> DiskFullError | None:
     """A typed error if ``exc`` comes from a full disk, quota or file-size limit.

@@ -42,7 +42,7 @@ from .options import (
     Store,
     resolve_targets,
 )
-from .output import Output, disk_full, empty_result
+from .output import Output, abandon, empty_result
 from .palette import resolve_palette
 from .parts import Part, plan_part
 from .remote_merge import refuse_merged
@@ -295,16 +295,10 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
             result.bytes_out += sum(e.size for e in entries)
         result.skipped = [s for name in splits for s in skipped[name]]
     except BaseException as exc:
-        for writer in writers.values():
-            try:
-                writer.close()
-            except Exception:  # the original error matters more than a failed cleanup
-                pass
-        full = disk_full(exc, Path(out), tmp)
-        output.abort()
-        if full is not None:
-            raise full from exc
-        raise
+        err = abandon(exc, writers.values(), output, Path(out), tmp)
+        if err is exc:
+            raise
+        raise err from exc
     output.commit()
     result.seconds = time.perf_counter() - t0
     return result

@@ -25,7 +25,7 @@ from feedpipe.schema.model import Schema
 
 from .images import Refused, output_codec, store_image
 from .options import Format, PackOptions
-from .output import Output, check_not_source, disk_full
+from .output import Output, abandon, check_not_source
 from .pack import ConvertResult, split_indices
 from .report import settle_codec, tally
 from .sources import Source
@@ -141,16 +141,10 @@ def pack_records(src: RecordSource, out: str | Path, *, to: Format, options: Pac
             result.bytes_out += sum((root / f).stat().st_size for f in files)
         result.skipped = [s for name in splits for s in skipped[name]]
     except BaseException as exc:
-        for writer in writers.values():
-            try:
-                writer.close()
-            except Exception:  # the original error matters more than a failed cleanup
-                pass
-        full = disk_full(exc, out, tmp)
-        output.abort()
-        if full is not None:
-            raise full from exc
-        raise
+        err = abandon(exc, writers.values(), output, out, tmp)
+        if err is exc:
+            raise
+        raise err from exc
     output.commit()
     result.seconds = time.perf_counter() - t0
     return result
