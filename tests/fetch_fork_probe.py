@@ -5,16 +5,14 @@ had started obstore's runtime.
 
 Usage: fetch_fork_probe.py S3_URL ENDPOINT CACHE_ROOT OUT.json"""
 
-import hashlib
 import json
 import sys
 import tempfile
 from pathlib import Path
 
-import torch
+from fp_helpers import batch_digests, remote_batches
 from servers import s3_options
 
-import feedpipe
 from feedpipe.dataset.remote import open_remote
 from feedpipe.storage import download, fetch
 
@@ -25,10 +23,7 @@ options = s3_options(endpoint)
 def digests(cache_dir: Path) -> list[dict[str, object]]:
     """One epoch with 2 forked workers; no plan-ahead prefetch, so the workers fetch the shards."""
     ds = open_remote(url, cache_dir=cache_dir, storage_options=options, prefetch=0)
-    loader = feedpipe.make_loader(ds, 8, size=48, dtype="uint8", device="cpu", seed=5,
-                                  num_workers=2, multiprocessing_context="fork")
-    return [{k: hashlib.sha256(v.numpy().tobytes()).hexdigest() for k, v in b.items()
-             if isinstance(v, torch.Tensor)} for b in loader]
+    return batch_digests(remote_batches(ds, num_workers=2, multiprocessing_context="fork"))
 
 
 result = {"clean": digests(cache / "clean"), "parent_used_obstore": fetch._RUNTIME_PID is not None}

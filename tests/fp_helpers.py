@@ -161,3 +161,29 @@ def same_batches(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
     return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k])
                                                                    for k in x)
                                     for x, y in zip(a, b))
+
+
+def batch_digests(batches: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """The SHA-256 of each tensor of each batch (batches compared across processes)."""
+    import hashlib
+
+    return [{k: hashlib.sha256(v.numpy().tobytes()).hexdigest() for k, v in b.items()}
+            for b in batches]
+
+
+def data_files(root: Path) -> dict[str, int]:
+    """A packed dataset's data files (shards, ``data.mdb``, ``data.h5``; not the manifest or
+    index files) by name, with their sizes: what a remote read must fetch, once each."""
+    import feedpipe
+
+    return {f.name: f.size for f in feedpipe.open_dataset(root).manifest.files
+            if not f.name.startswith("index-")}
+
+
+#: the loader settings the remote-storage tests read a dataset with, remote and local alike
+REMOTE_KW: dict[str, Any] = dict(size=48, dtype="uint8", device="cpu", seed=5, num_workers=0)
+
+
+def remote_batches(source: Any, **extra: Any) -> list[dict[str, Any]]:
+    """:func:`loader_batches` with :data:`REMOTE_KW` (``extra`` overrides them)."""
+    return loader_batches(source, **{**REMOTE_KW, **extra})

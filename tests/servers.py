@@ -1,6 +1,8 @@
 """Real servers on 127.0.0.1 for the remote-storage tests: moto's standalone S3 server, and a
-fault-injecting HTTP server (this file run as a script) that either serves a folder (with Range
-requests) or forwards to an upstream (moto) as a reverse proxy.
+fault-injecting HTTP server (this file run as a script) that serves a folder (with Range
+requests), forwards to an upstream (moto) as a reverse proxy, or serves a folder of repositories
+as a Hugging Face Hub (``--hf``: the part of the Hub's HTTP API that huggingface_hub's
+``HfFileSystem`` uses to resolve a revision, list, stat and read files; see :class:`HubRepos`).
 
 Faults are set over HTTP while it runs (``POST /__faults__`` with a JSON list of rules), and it
 keeps an access log (``GET /__log__``): method, path, Range, status, body bytes (-1: cut),
@@ -22,14 +24,17 @@ from __future__ import annotations
 
 import hashlib
 import http.client
+import importlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
+import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -71,11 +76,61 @@ class _State:
         return None
 
 
+def _git_sha1(data: bytes, kind: str = "blob") -> str:
+    """Git's object id of ``data`` (the Hub's ``oid`` of a file, and its ``ETag``)."""
+    return hashlib.sha1(f"{kind} {len(data)}\0".encode() + data).hexdigest()
+
+
+class HubRepos:
+    """A folder of repositories laid out as the Hub names them: ``ROOT/datasets/ORG/NAME/`` is
+    the ``main`` revision of dataset ``ORG/NAME`` (``models/`` and ``spaces/`` likewise), and a
+    sibling ``NAME@REV/`` (REV percent-quoted, so ``refs%2Fpr%2F1``) is the branch or tag REV.
+    Each revision's commit id is a hash of its name; it is accepted as a revision too."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root.resolve()
+
+    @staticmethod
+    def commit(kind: str, repo_id: str, rev: str) -> str:
+        return hashlib.sha1(f"{kind}/{repo_id}@{rev}".encode()).hexdigest()
+
+    def revision(self, kind: str, repo_id: str, rev: str | None
+                 ) -> tuple[Path, str] | tuple[None, str]:
+        """(folder, commit id) of ``rev`` (None: main), or (None, Hub error code)."""
+        base = self.root / f"{kind}s" / repo_id
+        if ".." in repo_id.split("/") or not base.is_dir():
+            return None, "RepoNotFound"
+        revs = {"main": base} | {urllib.parse.unquote(p.name.split("@", 1)[1]): p
+                                 for p in base.parent.glob(f"{base.name}@*") if p.is_dir()}
+        rev = rev or "main"
+        for name, folder in revs.items():
+            if rev in (name, self.commit(kind, repo_id, name)):
+                return folder, self.commit(kind, repo_id, name)
+        return None, "RevisionNotFound"
+
+    @staticmethod
+    def entry(folder: Path, path: Path) -> dict[str, Any]:
+        """A ``tree`` / ``paths-info`` entry (no ``xetHash``: files are read over plain HTTP)."""
+        rel = path.relative_to(folder).as_posix()
+        if path.is_dir():
+            return {"type": "directory", "oid": _git_sha1(rel.encode(), "tree"), "path": rel}
+        data = path.read_bytes()
+        return {"type": "file", "oid": _git_sha1(data), "size": len(data), "path": rel}
+
+    @staticmethod
+    def find(folder: Path, rel: str) -> Path | None:
+        """``rel`` inside ``folder`` (None when missing or outside it)."""
+        path = (folder / rel).resolve()
+        ok = path.is_relative_to(folder.resolve()) and path.exists()
+        return path if ok else None
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     state: _State
     root: Path | None = None
     upstream: str | None = None
+    hub: HubRepos | None = None
 
     def log_message(self, *args: Any) -> None:  # quiet: the access log is kept as JSON
         pass
@@ -135,7 +190,8 @@ class Handler(BaseHTTPRequestHandler):
             self._record(rule["status"], 0)
             self._reply(rule["status"], body, {"Retry-After": "0"}, head)
             return
-        status, headers, body = self._upstream() if self.upstream else self._file()
+        status, headers, body = self._upstream() if self.upstream else \
+            self._hub() if self.hub else self._file()
         if faulted and not head and status in (200, 206):
             if self.state.take(self.path, ("corrupt",)) and body:
                 body = bytes([body[0] ^ 0xFF]) + body[1:]
@@ -199,16 +255,75 @@ class Handler(BaseHTTPRequestHandler):
             n = int(self.headers.get("Content-Length", 0))
             path.write_bytes(self.rfile.read(n))
             return 201, {}, b""
-        data = path.read_bytes()
+        return self._ranged(path.read_bytes())
+
+    def _ranged(self, data: bytes, headers: dict[str, str] | None = None
+                ) -> tuple[int, dict[str, str], bytes]:
+        """``data``, or the part of it the request's ``Range`` header asks for."""
+        headers = {**(headers or {}), "Accept-Ranges": "bytes"}
         m = _RANGE.match(self.headers.get("Range", ""))
         if m:
             start = int(m[1])
             end = min(int(m[2]) if m[2] else len(data) - 1, len(data) - 1)
             if start >= len(data):
                 return 416, {"Content-Range": f"bytes */{len(data)}"}, b""
-            return 206, {"Content-Range": f"bytes {start}-{end}/{len(data)}",
-                         "Accept-Ranges": "bytes"}, data[start: end + 1]
-        return 200, {"Accept-Ranges": "bytes"}, data
+            return 206, {**headers, "Content-Range": f"bytes {start}-{end}/{len(data)}"}, \
+                data[start: end + 1]
+        return 200, headers, data
+
+    def _hub(self) -> tuple[int, dict[str, str], bytes]:
+        """The Hub's API (``/api/{kind}s/{repo}[/revision|tree|paths-info/{rev}[/{path}]]``) and
+        files (``[/{kind}s]/{repo}/resolve/{rev}/{path}``), as huggingface_hub calls them: the
+        revision and a tree path arrive percent-quoted whole (``refs%2Fpr%2F1``), errors carry
+        the ``X-Error-Code`` header (RepoNotFound, RevisionNotFound, EntryNotFound) that
+        huggingface_hub maps to its exceptions."""
+        assert self.hub is not None
+        raw = self.path.split("?")[0]
+        query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+        parts = raw.strip("/").split("/")
+        unq = urllib.parse.unquote
+        api = parts[0] == "api"
+        if api:
+            parts = parts[1:]
+        kind = parts[0][:-1] if parts and parts[0] in ("datasets", "spaces", "models") else None
+        if kind is None and api or len(parts) < 2 + (kind is not None):
+            return self._hub_error(404, "RepoNotFound")
+        parts = parts[1:] if kind else parts
+        kind, repo_id, rest = kind or "model", f"{parts[0]}/{parts[1]}", parts[2:]
+        op = rest[0] if rest else ("info" if api else "")
+        if (api and op not in ("info", "revision", "tree", "paths-info")) or \
+                (not api and (op != "resolve" or len(rest) < 3)):
+            return self._hub_error(404, "EntryNotFound")
+        folder, commit = self.hub.revision(kind, repo_id, unq(rest[1]) if len(rest) > 1 else None)
+        if folder is None:
+            return self._hub_error(404, commit)
+        if op in ("info", "revision"):
+            return 200, {"Content-Type": "application/json"}, json.dumps(
+                {"id": repo_id, "sha": commit, "private": False}).encode()
+        if op == "paths-info":
+            n = int(self.headers.get("Content-Length", 0) or 0)
+            form = urllib.parse.parse_qs(self.rfile.read(n).decode())
+            found = [self.hub.find(folder, p) for p in form.get("paths", [])]
+            return 200, {"Content-Type": "application/json"}, json.dumps(
+                [self.hub.entry(folder, p) for p in found if p is not None]).encode()
+        rel = unq("/".join(rest[2:]))
+        path = self.hub.find(folder, rel)
+        if op == "tree":
+            if path is None or not path.is_dir():
+                return self._hub_error(404, "EntryNotFound")
+            deep = query.get("recursive", ["false"])[0].lower() == "true"
+            found = sorted(path.rglob("*") if deep else path.iterdir())
+            return 200, {"Content-Type": "application/json"}, json.dumps(
+                [self.hub.entry(folder, p) for p in found]).encode()
+        if path is None or not path.is_file():
+            return self._hub_error(404, "EntryNotFound")
+        data = path.read_bytes()
+        return self._ranged(data, {"ETag": f'"{_git_sha1(data)}"', "X-Repo-Commit": commit})
+
+    def _hub_error(self, status: int, code: str) -> tuple[int, dict[str, str], bytes]:
+        body = json.dumps({"error": f"{code}: {self.path}"}).encode()
+        return status, {"X-Error-Code": code, "X-Error-Message": code,
+                        "Content-Type": "application/json"}, body
 
     def _upstream(self) -> tuple[int, dict[str, str], bytes]:
         assert self.upstream is not None
@@ -272,11 +387,13 @@ class Server:
 
 
 class FaultServer(Server):
-    """This file's HTTP server in a subprocess: serving ``root`` (Range requests) or forwarding
-    to ``upstream`` (``http://127.0.0.1:PORT``)."""
+    """This file's HTTP server in a subprocess: serving ``root`` (Range requests; with ``hf``,
+    as a Hugging Face Hub of the repositories in it, see :class:`HubRepos`) or forwarding to
+    ``upstream`` (``http://127.0.0.1:PORT``). The fault rules apply in every mode."""
 
-    def __init__(self, root: Path | None = None, upstream: str | None = None) -> None:
-        target = ["--root", str(root)] if root is not None else \
+    def __init__(self, root: Path | None = None, upstream: str | None = None,
+                 hf: bool = False) -> None:
+        target = [("--hf" if hf else "--root"), str(root)] if root is not None else \
             ["--upstream", str(upstream).removeprefix("http://")]
         super().__init__([PYTHON, __file__, *target], "fault server")
 
@@ -330,13 +447,16 @@ def upload_tree(local: Path, url: str, options: dict[str, Any]) -> None:
 
 
 def main(argv: list[str]) -> None:
-    root = upstream = None
+    root = upstream = hub = None
     if argv[0] == "--root":
         root = Path(argv[1])
+    elif argv[0] == "--hf":
+        hub = HubRepos(Path(argv[1]))
     else:
         upstream = argv[1]
     port = int(argv[2])
-    handler = type("H", (Handler,), {"state": _State(), "root": root, "upstream": upstream})
+    handler = type("H", (Handler,), {"state": _State(), "root": root, "upstream": upstream,
+                                     "hub": hub})
     server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     server.daemon_threads = True
     server.serve_forever()
@@ -400,6 +520,35 @@ if pytest is not None:
         return out
 
     @pytest.fixture(scope="session")
+    def hf_hub(packed: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
+        """A Hugging Face Hub on 127.0.0.1 (``FaultServer(hf=True)``) holding the dataset repos
+        ``feedpipe/photos`` (``ds/``: the packed wds dataset on main and ``refs/pr/1``, the
+        lmdb one on branch ``v1``) and ``feedpipe/faults`` (the wds dataset, for fault tests),
+        with huggingface_hub pointed at it the documented way: ``HF_ENDPOINT``, a private
+        ``HF_HOME`` (no user token or cache), ``HF_HUB_OFFLINE`` unset, set for this process
+        and the processes it starts. Yields (server, {"photos": URL, "faults": URL})."""
+        pytest.importorskip("huggingface_hub")
+        root = tmp_path_factory.mktemp("hub")
+        layout = {"photos/ds": packed["wds"], "photos@v1/ds": packed["lmdb"],
+                  "photos@refs%2Fpr%2F1/ds": packed["wds"], "faults/ds": packed["wds"]}
+        for dst, src in layout.items():
+            shutil.copytree(src, root / "datasets" / "feedpipe" / dst, copy_function=os.link)
+        server = FaultServer(root, hf=True)
+        try:
+            with pytest.MonkeyPatch.context() as mp:
+                for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_HUB_OFFLINE",
+                             "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_TOKEN_PATH"):
+                    mp.delenv(name, raising=False)
+                mp.setenv("HF_ENDPOINT", server.url)
+                mp.setenv("HF_HOME", str(tmp_path_factory.mktemp("hf-home")))
+                mp.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+                _reread_hf_constants()
+                yield server, {r: f"hf://datasets/feedpipe/{r}/ds" for r in ("photos", "faults")}
+        finally:
+            server.stop()
+            _reread_hf_constants()
+
+    @pytest.fixture(scope="session")
     def http_packed(packed: dict[str, Path]):
         """A fault server over the packed datasets' folder: (server, {format: http URL})."""
         pytest.importorskip("aiohttp")
@@ -409,6 +558,15 @@ if pytest is not None:
             yield server, {fmt: f"{server.url}/{p.name}" for fmt, p in packed.items()}
         finally:
             server.stop()
+
+
+def _reread_hf_constants() -> None:
+    """huggingface_hub reads ``HF_ENDPOINT``, ``HF_HOME`` and the rest into
+    ``huggingface_hub.constants`` when it is first imported: read them again in a process that
+    imported it before (a fresh process, a spawned worker, reads them itself)."""
+    constants = sys.modules.get("huggingface_hub.constants")
+    if constants is not None:
+        importlib.reload(constants)
 
 
 def objects(fs: Any, url: str) -> dict[str, bytes]:

@@ -5,7 +5,6 @@ never changes the credentials; and obstore kept fork-safe for DataLoader workers
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import signal
@@ -14,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from fp_helpers import loader_batches, same_batches
+from fp_helpers import batch_digests, same_batches
+from fp_helpers import remote_batches as batches
 
 from feedpipe.errors import (
     AccessDeniedError,
@@ -28,16 +28,11 @@ from feedpipe.storage.fetch import FETCH_ENV, fetch_backend, obstore_spec
 pytest.importorskip("obstore")
 pytest.importorskip("s3fs")
 FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05)
-KW = dict(size=48, dtype="uint8", device="cpu", seed=5, num_workers=0)
 BACKENDS = ["fsspec", "obstore"]
 OBSTORE_AGENT = "object_store/"
 PROBE = Path(__file__).with_name("fetch_fork_probe.py")
 ENV = {"AWS_ACCESS_KEY_ID": "ENVKEY", "AWS_SECRET_ACCESS_KEY": "envsecret",
        "AWS_SESSION_TOKEN": "ENVTOKEN"}
-
-
-def batches(source, **extra):
-    return loader_batches(source, **KW, **extra)
 
 
 def data_gets(proxy, suffix=(".tar", ".mdb")):
@@ -231,8 +226,7 @@ def test_forked_workers_after_a_remote_open(moto_s3, s3_packed, packed, tmp_path
         raise
     assert proc.returncode == 0, log.decode()
     got = json.loads(out.read_text())
-    want = [{k: hashlib.sha256(v.numpy().tobytes()).hexdigest() for k, v in b.items()}
-            for b in batches(packed["wds"])]
+    want = batch_digests(batches(packed["wds"]))
     assert got["clean"] == want and got["after_parent_used_obstore"] == want
     assert not got["parent_used_obstore"] and got["parent_runtime_started"]
     tars = [e for e in data_gets(proxy, ".tar") if e["bytes"] > 1000]  # the shard fetches

@@ -8,7 +8,8 @@ import os
 
 import pytest
 import torch
-from fp_helpers import loader_batches, same_batches
+from fp_helpers import REMOTE_KW, data_files, same_batches
+from fp_helpers import remote_batches as batches
 from servers import FaultServer
 
 import feedpipe
@@ -26,11 +27,6 @@ from feedpipe.storage.cache import Cache, parse_size
 
 pytest.importorskip("fsspec")
 FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05)
-KW = dict(size=48, dtype="uint8", device="cpu", seed=5, num_workers=0)
-
-
-def batches(source, **extra):
-    return loader_batches(source, **KW, **extra)
 
 
 def test_urls():
@@ -60,8 +56,7 @@ def test_s3_batches_equal_local(moto_s3, s3_packed, packed, fmt, tmp_path):
     assert same_batches(local, again)  # the second run reads the cache: no data file fetched again
     fetched = [e["path"] for e in proxy.log() if e["method"] == "GET"
                and not e["path"].endswith(("feedpipe.json", ".npy"))]
-    expect = {f.name for f in feedpipe.open_dataset(packed[fmt]).manifest.files
-              if not f.name.startswith("index-")}
+    expect = set(data_files(packed[fmt]))
     assert {p.rsplit("/", 1)[1] for p in fetched} == expect
     assert len(fetched) == len(expect)  # each data file once, over two runs
 
@@ -122,7 +117,7 @@ def test_cache_limit_holds_over_an_epoch(photo_dir, tmp_path):
     server = FaultServer(root=tmp_path / "srv")
     try:
         cache = Cache(tmp_path / "cache", limit)
-        ld = feedpipe.make_loader(f"{server.url}/ds", 8, **KW, cache_dir=tmp_path / "cache",
+        ld = feedpipe.make_loader(f"{server.url}/ds", 8, **REMOTE_KW, cache_dir=tmp_path / "cache",
                                   cache_limit=limit, shuffle=False)
         seen, peak = [], 0
         for b in ld:
@@ -134,7 +129,7 @@ def test_cache_limit_holds_over_an_epoch(photo_dir, tmp_path):
         assert len(fetched) == 12 and sum(fetched.values()) == sum(sizes)  # each shard once
     finally:
         server.stop()
-    ref = [b["image"] for b in feedpipe.make_loader(local, 8, **KW, shuffle=False)]
+    ref = [b["image"] for b in feedpipe.make_loader(local, 8, **REMOTE_KW, shuffle=False)]
     assert len(seen) == len(ref) and all(torch.equal(a, b) for a, b in zip(seen, ref))
 
 

@@ -120,8 +120,8 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError, EOFError)):
         return "retry"
     module = type(exc).__module__.split(".")[0]
-    if module in ("aiohttp", "botocore", "aiobotocore", "urllib3", "httpx", "requests",
-                  "fsspec", "obstore"):
+    if module in ("aiohttp", "botocore", "aiobotocore", "urllib3", "httpx", "httpx2", "httpcore",
+                  "requests", "fsspec", "obstore"):  # httpx2: huggingface_hub's HTTP client
         return "retry"  # connection and protocol errors (client errors with a status are above)
     return "retry" if isinstance(exc, OSError) else "fatal"
 

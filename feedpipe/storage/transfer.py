@@ -44,8 +44,22 @@ def exists(url: str, storage_options: Options = None,
 
 
 def _fsspec_ranged_get(url: str, storage_options: Options) -> Callable[[int, int], bytes]:
+    """``get(start, end)`` through fsspec, one request for exactly those bytes. A filesystem
+    without its own ranged ``cat_file`` (huggingface_hub's ``HfFileSystem``) would open a
+    buffered file whose read-ahead cache asks for a block more than the range (and the next
+    chunk asks for it again): its file is opened without that cache."""
     fs, path = filesystem(url, storage_options)
-    return lambda start, end: bytes(fs.cat_file(path, start=start, end=end))
+    from fsspec import AbstractFileSystem  # installed: filesystem() found it
+
+    if type(fs).cat_file is not AbstractFileSystem.cat_file:
+        return lambda start, end: bytes(fs.cat_file(path, start=start, end=end))
+
+    def get(start: int, end: int) -> bytes:
+        with fs.open(path, "rb", cache_type="none") as fh:
+            fh.seek(start)
+            return bytes(fh.read(end - start))
+
+    return get
 
 
 def download(url: str, part: Path, size: int, storage_options: Options = None,
