@@ -120,7 +120,7 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError, EOFError)):
         return "retry"
     module = type(exc).__module__.split(".")[0]
-    if module in ("aiohttp", "botocore", "aiobotocore", "urllib3", "httpx", "httpx2", "httpcore",
+    if module in ("aiohttp", "botocore", "aiobotocore", "urllib3", "httpx", "httpx2",
                   "requests", "fsspec", "obstore"):  # httpx2: huggingface_hub's HTTP client
         return "retry"  # connection and protocol errors (client errors with a status are above)
     return "retry" if isinstance(exc, OSError) else "fatal"
