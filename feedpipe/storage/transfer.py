@@ -51,7 +51,8 @@ def _fsspec_ranged_get(url: str, storage_options: Options) -> Callable[[int, int
     fs, path = filesystem(url, storage_options)
     from fsspec import AbstractFileSystem  # installed: filesystem() found it
 
-    if type(fs).cat_file is not AbstractFileSystem.cat_file:
+    # an async filesystem's (s3fs, http) sync cat_file is set on the instance, not the class
+    if getattr(fs.cat_file, "__func__", None) is not AbstractFileSystem.cat_file:
         return lambda start, end: bytes(fs.cat_file(path, start=start, end=end))
 
     def get(start: int, end: int) -> bytes:
