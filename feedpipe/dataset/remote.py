@@ -203,10 +203,10 @@ def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
         write_atomic(folder / MANIFEST_NAME, raw)
     manifest = Manifest.read(folder)
     source = RemoteSource(url, cache, folder, manifest.files, storage_options, policy)
-    if manifest.format == "wds":
-        for name in (*INDEX_FILES, CRC_FILE, VALUES_FILE):
-            if name in source.files:
-                source.fetch(name)
+    if manifest.format == "wds":  # the index files at once: one round trip, not five in a row
+        names = [n for n in (*INDEX_FILES, CRC_FILE, VALUES_FILE) if n in source.files]
+        with ThreadPoolExecutor(len(names), thread_name_prefix="feedpipe-index") as pool:
+            list(pool.map(source.fetch, names))
         return RemoteWdsReader(folder, manifest, source, prefetch)
     data = FORMAT_FILES[manifest.format][0]
     entry = source.files.get(data)
