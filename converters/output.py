@@ -17,7 +17,7 @@ import os
 import resource
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Protocol
+from typing import Any, Iterable, NoReturn, Protocol
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
 from feedpipe.dataset.registry import DatasetWriter
@@ -267,10 +267,10 @@ class _Abortable(Protocol):
 
 
 def abandon(exc: BaseException, writers: Iterable[DatasetWriter], output: _Abortable,
-            out: Path, partial: Path) -> BaseException:
+            out: Path, partial: Path) -> NoReturn:
     """After a failed conversion: close the writers (a failed close loses to ``exc``), remove the
-    partial output, and return the error to raise: :class:`DiskFullError` when the disk filled,
-    else ``exc`` itself."""
+    partial output, and raise: :class:`DiskFullError` (from ``exc``) when the disk filled, else
+    ``exc`` itself."""
     for writer in writers:
         try:
             writer.close()
@@ -278,7 +278,9 @@ def abandon(exc: BaseException, writers: Iterable[DatasetWriter], output: _Abort
             pass
     full = disk_full(exc, out, partial)
     output.abort()
-    return exc if full is None else full
+    if full is None:
+        raise exc
+    raise full from exc
 
 
 def disk_full(exc: BaseException, out: Path, partial: Path) -> DiskFullError | None:

@@ -295,10 +295,7 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
             result.bytes_out += sum(e.size for e in entries)
         result.skipped = [s for name in splits for s in skipped[name]]
     except BaseException as exc:
-        err = abandon(exc, writers.values(), output, Path(out), tmp)
-        if err is exc:
-            raise
-        raise err from exc
+        abandon(exc, writers.values(), output, Path(out), tmp)
     output.commit()
     result.seconds = time.perf_counter() - t0
     return result

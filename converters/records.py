@@ -141,10 +141,7 @@ def pack_records(src: RecordSource, out: str | Path, *, to: Format, options: Pac
             result.bytes_out += sum((root / f).stat().st_size for f in files)
         result.skipped = [s for name in splits for s in skipped[name]]
     except BaseException as exc:
-        err = abandon(exc, writers.values(), output, out, tmp)
-        if err is exc:
-            raise
-        raise err from exc
+        abandon(exc, writers.values(), output, out, tmp)
     output.commit()
     result.seconds = time.perf_counter() - t0
     return result
