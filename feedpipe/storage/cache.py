@@ -66,19 +66,30 @@ def _flocked(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[int]:
         os.close(fd)
 
 
-def _held(path: Path) -> bool:
-    """Whether some process holds a lock on ``path`` (a download, or a reader's shared lock)."""
+@contextmanager
+def _unheld(path: Path) -> Iterator[bool | None]:
+    """True while this process holds ``path`` exclusively, False when another process holds a
+    lock on it (a download, or a reader's shared lock), None when it does not exist."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
-        return False
+        yield None
+        return
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return False
-    except BlockingIOError:
-        return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+        else:
+            yield True
     finally:
         os.close(fd)
+
+
+def _held(path: Path) -> bool:
+    """Whether some process holds a lock on ``path`` (a download, or a reader's shared lock)."""
+    with _unheld(path) as free:
+        return free is False
 
 
 def sha256_of(path: Path) -> str:
@@ -198,21 +209,13 @@ class Cache:
     @staticmethod
     def _evict(path: Path) -> bool:
         """Remove ``path`` unless a reader holds it (its shared lock)."""
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except FileNotFoundError:
-            return True
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        os.close(fd)
-        return True
+        with _unheld(path) as free:
+            if free:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            return free is not False
 
     # -- the one entry point -------------------------------------------------------------------
     def open(self, folder: Path, name: str, url: str, size: int, sha256: str, *,
