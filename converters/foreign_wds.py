@@ -24,7 +24,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from feedpipe.dataset.formats.base import unsafe_name
+from feedpipe.dataset.formats.wds import group_by_key
 from feedpipe.errors import BadInputError, CorruptRecordError
 from feedpipe.schema.fields import ArrayField, BytesField, Field, JsonField
 from feedpipe.schema.geometric import TextField
@@ -143,25 +143,18 @@ Group = tuple[str, dict[str, Member]]
 def samples(path: Path, odd: list[dict[str, str]]) -> Iterator[Group]:
     """Consecutive members sharing a key (the base name before its first '.', as feedpipe's
     own reader groups them); non-regular and unpickle-requiring members go to ``odd``."""
-    key: str | None = None
-    group: dict[str, Member] = {}
-    for m in members(path):
-        if isinstance(m, str):
-            odd.append({"path": f"{path}/{m}", "reason": "not a regular file"})
-            continue
-        base = m.name.rsplit("/", 1)[-1]
-        k, _, suffix = base.partition(".")
-        if unsafe_name(base):
-            odd.append({"path": f"{path}/{m.name}",
-                        "reason": "would need unpickling; never opened"})
-            continue
-        if k != key and group:
-            yield key, group  # type: ignore[misc]
-            group = {}
-        key = k
-        group[suffix] = m
-    if group:
-        yield key, group  # type: ignore[misc]
+
+    def regular() -> Iterator[tuple[str, Member]]:
+        for m in members(path):
+            if isinstance(m, str):
+                odd.append({"path": f"{path}/{m}", "reason": "not a regular file"})
+            else:
+                yield m.name, m
+
+    def unsafe(name: str) -> None:
+        odd.append({"path": f"{path}/{name}", "reason": "would need unpickling; never opened"})
+
+    return group_by_key(regular(), path, unsafe)
 
 
 def _image_suffix(group: dict[str, Member]) -> str | None:

@@ -27,7 +27,7 @@ import os
 import re
 import tarfile
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Sequence
+from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -37,6 +37,8 @@ from ...schema.fields import Field, JsonField
 from ...schema.model import Schema
 from ..manifest import Manifest
 from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
+
+T = TypeVar("T")
 
 _BAD_KEY = re.compile(r"[./\\\x00\s]")
 INDEX_FILES = ("index-offsets.npy", "index-shards.npy", "index-keys.npy")
@@ -387,17 +389,23 @@ def tar_members(fh: BinaryIO, path: Path) -> Iterator[tuple[str, bytes]]:
         raise CorruptRecordError(f"{path}: damaged tar shard after {last}: {exc}") from exc
 
 
-def group_by_key(members: Iterator[tuple[str, bytes]],
-                 path: Path | str = "shard") -> Iterator[tuple[str, dict[str, bytes]]]:
-    """Group consecutive members sharing a key (the name before the first '.'); a member
-    that would need unpickling is an UnsafeDataError, never opened."""
-    key, group = None, {}
+def group_by_key(members: Iterable[tuple[str, T]], path: Path | str = "shard",
+                 on_unsafe: Callable[[str], None] | None = None
+                 ) -> Iterator[tuple[str, dict[str, T]]]:
+    """Group consecutive members sharing a key (the name before the first '.'). A member that
+    would need unpickling is never opened: it goes to ``on_unsafe`` (default: an
+    UnsafeDataError)."""
+    key: str | None = None
+    group: dict[str, T] = {}
     for name, data in members:
         base = name.rsplit("/", 1)[-1]
         k, _, suffix = base.partition(".")
         if unsafe_name(base):
-            raise UnsafeDataError(f"{path} key {k}: member {name} would need unpickling; "
-                                  "feedpipe never executes stored data", key=k)
+            if on_unsafe is None:
+                raise UnsafeDataError(f"{path} key {k}: member {name} would need unpickling; "
+                                      "feedpipe never executes stored data", key=k)
+            on_unsafe(name)
+            continue
         if k != key and group:
             yield key, group  # type: ignore[misc]
             group = {}
