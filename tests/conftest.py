@@ -103,4 +103,14 @@ def copy_dataset(tmp_path: Path):
 
 
 # real S3 (moto) and HTTP servers on 127.0.0.1 for the remote-storage tests (tests/servers.py)
-from servers import hf_hub, http_packed, moto, moto_s3, s3, s3_packed  # noqa: E402,F401
+from servers import (  # noqa: E402,F401
+    gcs,
+    gcs_packed,
+    gs,
+    hf_hub,
+    http_packed,
+    moto,
+    moto_s3,
+    s3,
+    s3_packed,
+)

@@ -1,12 +1,13 @@
-"""Real servers on 127.0.0.1 for the remote-storage tests: moto's standalone S3 server, and a
-fault-injecting HTTP server (this file run as a script) that serves a folder (with Range
-requests), forwards to an upstream (moto) as a reverse proxy, or serves a folder of repositories
-as a Hugging Face Hub (``--hf``: the part of the Hub's HTTP API that huggingface_hub's
-``HfFileSystem`` uses to resolve a revision, list, stat and read files; see :class:`HubRepos`).
+"""Real servers on 127.0.0.1 for the remote-storage tests: moto's standalone S3 server,
+gcp-storage-emulator (a GCS JSON-API server, for gs://), and a fault-injecting HTTP server (this
+file run as a script) that serves a folder (with Range requests), forwards to an upstream (moto,
+the GCS emulator) as a reverse proxy, or serves a folder of repositories as a Hugging Face Hub
+(``--hf``: the part of the Hub's HTTP API that huggingface_hub's ``HfFileSystem`` uses to resolve
+a revision, list, stat and read files; see :class:`HubRepos`).
 
 Faults are set over HTTP while it runs (``POST /__faults__`` with a JSON list of rules), and it
-keeps an access log (``GET /__log__``): method, path, Range, status, body bytes (-1: cut),
-User-Agent (which client sent it: ``object_store/...`` is obstore), the access key id and
+keeps an access log (``GET /__log__``): method, path, query string, Range, status, body bytes
+(-1: cut), User-Agent (which client sent it: ``object_store/...`` is obstore), the access key id and
 session token an S3 request was signed with, and the client's ``X-Client`` header (a tag telling
 apart processes or simulated nodes), per request.
 Rule keys: ``match`` (a substring of the path; default every path), ``skip`` (matching requests
@@ -164,7 +165,8 @@ class Handler(BaseHTTPRequestHandler):
         """Log the request before its answer goes out, so a client that has the answer never
         finds the log without it (a test clearing the log next would get a stray entry)."""
         m = _SIGNER.search(self.headers.get("Authorization", ""))
-        entry = {"method": self.command, "path": self.path.split("?")[0],
+        path, _, query = self.path.partition("?")
+        entry = {"method": self.command, "path": path, "query": query,
                  "range": self.headers.get("Range"), "status": status, "bytes": nbytes,
                  "time": time.time(), "agent": self.headers.get("User-Agent", ""),
                  "key_id": m[1] if m else None, "token": self.headers.get("x-amz-security-token"),
@@ -423,6 +425,17 @@ class MotoServer(Server):
         super().__init__([PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p"], "moto server")
 
 
+class GcsServer(Server):
+    """gcp-storage-emulator (``python -m gcp_storage_emulator start``, in memory) on 127.0.0.1:
+    the GCS JSON API gcsfs speaks, with ranged media downloads and resumable uploads."""
+
+    def __init__(self) -> None:
+        super().__init__([PYTHON, "-m", "gcp_storage_emulator", "start", "--in-memory", "-q",
+                          "--host", "127.0.0.1", "--port"], "gcp-storage-emulator")
+
+
+#: gcsfs's switch for its ExtendedGcsFileSystem (read when gcsfs is imported)
+GCSFS_EXTENDED = "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"
 S3_ENV = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
           "AWS_SESSION_TOKEN": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -433,17 +446,39 @@ def s3_options(endpoint: str) -> dict[str, Any]:
             "config_kwargs": {"retries": {"max_attempts": 1}}, "skip_instance_cache": True}
 
 
+def gcs_options(endpoint: str) -> dict[str, Any]:
+    """storage_options for gcsfs against ``endpoint`` (the emulator or the proxy in front of
+    it): gcsfs's documented ``endpoint_url``, anonymous (the emulator checks no token)."""
+    return {"token": "anon", "endpoint_url": endpoint, "skip_instance_cache": True}
+
+
+def _key(url: str) -> str:
+    """``bucket/prefix`` of ``s3://bucket/prefix`` or ``gs://bucket/prefix``."""
+    return url.split("://", 1)[1].rstrip("/")
+
+
 def upload_tree(local: Path, url: str, options: dict[str, Any]) -> None:
-    """Copy a local dataset folder to ``url`` (s3://bucket/prefix), creating the bucket."""
+    """Copy a local dataset folder to ``url`` (s3:// or gs://bucket/prefix), creating the
+    bucket."""
     import fsspec
 
-    fs = fsspec.filesystem("s3", **options)
-    bucket = url.removeprefix("s3://").split("/")[0]
+    fs = fsspec.filesystem(url.split("://", 1)[0], **options)
+    bucket = _key(url).split("/")[0]
     if not fs.exists(bucket):
         fs.mkdir(bucket)
     for p in sorted(local.iterdir()):
         if p.is_file():
-            fs.put_file(str(p), f"{url.removeprefix('s3://').rstrip('/')}/{p.name}")
+            fs.put_file(str(p), f"{_key(url)}/{p.name}")
+
+
+def upload_packed(packed: dict[str, Path], bucket: str, options: dict[str, Any]
+                  ) -> dict[str, str]:
+    """Each packed dataset copied under ``bucket`` (``s3://name``, ``gs://name``):
+    {format: its URL}."""
+    out = {fmt: f"{bucket}/{fmt}" for fmt in packed}
+    for fmt, path in packed.items():
+        upload_tree(path, out[fmt], options)
+    return out
 
 
 def main(argv: list[str]) -> None:
@@ -474,6 +509,10 @@ except ImportError:  # run as the server script
     pytest = None  # type: ignore[assignment]
 
 if pytest is not None:
+    # gcsfs's default filesystem (ExtendedGcsFileSystem) asks the storage-control gRPC API for
+    # each bucket's layout; the emulator speaks HTTP only, so every lookup would wait 60 s
+    os.environ.setdefault(GCSFS_EXTENDED, "false")
+
     @pytest.fixture(scope="session")
     def moto_s3(tmp_path_factory: pytest.TempPathFactory):
         """moto's S3 server with a fault proxy in front: (proxy, storage_options)."""
@@ -496,28 +535,54 @@ if pytest is not None:
         yield server
         server.stop()
 
+    def _fresh_bucket(protocol: str, opts: dict[str, Any], tmp_path: Path,
+                      monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+                      ) -> tuple[str, dict[str, Any], Any]:
+        """A bucket named after the test: (bucket URL, storage options, filesystem); the
+        staging folder (``XDG_CACHE_HOME``) under ``tmp_path / "xdg"``."""
+        import fsspec
+
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+        fs = fsspec.filesystem(protocol, **opts)
+        bucket = "b-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:20]
+        fs.mkdir(bucket)
+        return f"{protocol}://{bucket}", opts, fs
+
     @pytest.fixture
     def s3(moto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest):
         """A fresh bucket on ``moto``: (bucket URL, storage options, s3fs); the staging folder
         (``XDG_CACHE_HOME``) under ``tmp_path / "xdg"``."""
-        import fsspec
-
-        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-        opts = s3_options(moto.url)
-        fs = fsspec.filesystem("s3", **opts)
-        bucket = "b-" + hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:20]
-        fs.mkdir(bucket)
-        return f"s3://{bucket}", opts, fs
+        return _fresh_bucket("s3", s3_options(moto.url), tmp_path, monkeypatch, request)
 
     @pytest.fixture(scope="session")
     def s3_packed(moto_s3, packed: dict[str, Path]) -> dict[str, str]:
         """The session's packed datasets uploaded to the S3 server: {format: s3 URL}."""
-        _, options = moto_s3
-        out = {}
-        for fmt, path in packed.items():
-            out[fmt] = f"s3://feedpipe-test/{fmt}"
-            upload_tree(path, out[fmt], options)
-        return out
+        return upload_packed(packed, "s3://feedpipe-test", moto_s3[1])
+
+    @pytest.fixture(scope="session")
+    def gcs():
+        """gcp-storage-emulator with a fault proxy in front: (proxy, storage_options)."""
+        pytest.importorskip("gcsfs")
+        pytest.importorskip("gcp_storage_emulator")
+        server = GcsServer()
+        proxy = FaultServer(upstream=server.url)
+        try:
+            yield proxy, gcs_options(proxy.url)
+        finally:
+            proxy.stop()
+            server.stop()
+
+    @pytest.fixture
+    def gs(gcs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+           request: pytest.FixtureRequest):
+        """A fresh bucket on the GCS emulator (through its proxy): (bucket URL, storage
+        options, gcsfs); the staging folder (``XDG_CACHE_HOME``) under ``tmp_path / "xdg"``."""
+        return _fresh_bucket("gs", gcs[1], tmp_path, monkeypatch, request)
+
+    @pytest.fixture(scope="session")
+    def gcs_packed(gcs, packed: dict[str, Path]) -> dict[str, str]:
+        """The session's packed datasets uploaded to the GCS emulator: {format: gs URL}."""
+        return upload_packed(packed, "gs://feedpipe-test", gcs[1])
 
     @pytest.fixture(scope="session")
     def hf_hub(packed: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
@@ -570,14 +635,19 @@ def _reread_hf_constants() -> None:
 
 
 def objects(fs: Any, url: str) -> dict[str, bytes]:
-    """Every object under ``url`` (s3://bucket/prefix), by its key below the prefix."""
+    """Every object under ``url`` (s3:// or gs://bucket/prefix), by its key below the prefix."""
     fs.invalidate_cache()
-    root = url.removeprefix("s3://").rstrip("/")
+    root = _key(url)
     return {p[len(root) + 1:]: fs.cat_file(p) for p in fs.find(root)}
 
 
-def cli_opts(opts: dict[str, Any]) -> list[str]:
-    """The CLI's ``--storage-option`` flags for :func:`s3_options`' endpoint."""
-    return ["--storage-option", "key=testing", "--storage-option", "secret=testing",
-            "--storage-option",
-            f"client_kwargs.endpoint_url={opts['client_kwargs']['endpoint_url']}"]
+def cli_opts(opts: dict[str, Any], prefix: str = "") -> list[str]:
+    """The CLI's ``--storage-option`` flags for the text options of :func:`s3_options` or
+    :func:`gcs_options` (credentials, endpoint; a nested one dotted)."""
+    out: list[str] = []
+    for k, v in opts.items():
+        if isinstance(v, dict):
+            out += cli_opts(v, f"{prefix}{k}.")
+        elif isinstance(v, str):
+            out += ["--storage-option", f"{prefix}{k}={v}"]
+    return out

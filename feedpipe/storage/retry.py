@@ -75,17 +75,26 @@ _OBSTORE_VERDICT: dict[str, Verdict] = {
     "PreconditionError": "fatal", "NotModifiedError": "fatal"}
 
 
+#: how gcsfs reports a 403: a bare OSError("Forbidden: URL ...") (gcsfs.retry.validate_response)
+_GCSFS_FORBIDDEN = "Forbidden: "
+
+
 def _brief(exc: BaseException) -> str:
     """The exception's message without obstore's multi-line ``Debug source:`` dump."""
     return str(exc).split("\n\nDebug source:", 1)[0].strip()
 
 
 def _status(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries (aiohttp, botocore, requests/httpx responses, and
-    obstore's message)."""
+    """The HTTP status an exception carries (aiohttp, botocore, requests/httpx responses,
+    gcsfs's errors, and obstore's message)."""
     if type(exc).__module__.startswith("obstore"):
         m = _OBSTORE_STATUS.search(str(exc))
         return int(m[1]) if m else None
+    if type(exc).__module__.startswith("gcsfs"):  # gcsfs.retry.HttpError: the status is ``code``
+        code = getattr(exc, "code", None)
+        return code if isinstance(code, int) else None
+    if type(exc) is OSError and str(exc).startswith(_GCSFS_FORBIDDEN):
+        return 403
     for obj in (exc, getattr(exc, "response", None)):
         for name in ("status", "status_code"):
             value = getattr(obj, name, None)
