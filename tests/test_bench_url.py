@@ -9,14 +9,9 @@ import pytest
 from fp_helpers import cli_main
 
 pytest.importorskip("s3fs")
+from servers import cli_opts  # noqa: E402
 
 SECRET = "bench-secret-5e1f9c"  # moto takes any credentials; this one must not be written
-
-
-def _cli_opts(options: dict) -> list[str]:
-    return ["--storage-option", "key=testing", "--storage-option", f"secret={SECRET}",
-            "--storage-option",
-            f"client_kwargs.endpoint_url={options['client_kwargs']['endpoint_url']}"]
 
 
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
@@ -25,7 +20,8 @@ def test_cli_bench_on_s3_url(moto_s3, s3_packed, packed, fmt, tmp_path, capsys):
     cache, out = tmp_path / "cache", tmp_path / "b.json"
     rc, stdout, _ = cli_main(capsys, "bench", s3_packed[fmt], "--workers", "0,1", "--batches",
                              "3", "--batch-size", "4", "--size", "32", "-q", "--json", out,
-                             "--cache-dir", cache, "--cache-limit", "1GB", *_cli_opts(options))
+                             "--cache-dir", cache, "--cache-limit", "1GB",
+                             *cli_opts({**options, "secret": SECRET}))
     assert rc == 0
     text = out.read_text()
     assert SECRET not in text and SECRET not in stdout

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from fp_helpers import cli_main
+from fp_helpers import cli_main, loader_batches, same_batches
 
 pytest.importorskip("s3fs")
 from servers import cli_opts, objects, upload_tree  # noqa: E402
@@ -22,16 +22,6 @@ from feedpipe.dataset.remote_verify import read_manifest, verify_remote  # noqa:
 from feedpipe.errors import ConfigError, OutputRefusedError, PartsError  # noqa: E402
 
 KW = dict(size=32, crop="resize", dtype="uint8", device="cpu", num_workers=0)
-
-
-def tensors(loader) -> list[dict[str, torch.Tensor]]:
-    return [{k: v for k, v in b.items() if isinstance(v, torch.Tensor)} for b in loader]
-
-
-def same(a, b) -> bool:
-    return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k])
-                                                                   for k in x)
-                                    for x, y in zip(a, b))
 
 
 def test_cli_parts_to_s3_merge_in_place_read_and_verify(photo_dir, s3, tmp_path, capsys):
@@ -63,10 +53,9 @@ def test_cli_parts_to_s3_merge_in_place_read_and_verify(photo_dir, s3, tmp_path,
     merge(local)
     assert feedpipe.open_dataset(local).manifest.files == m.files
 
-    ref = tensors(feedpipe.make_loader(local, 8, seed=3, **KW))
-    got = tensors(feedpipe.make_loader(url, 8, seed=3, cache_dir=tmp_path / "cache",
-                                       storage_options=opts, **KW))
-    assert same(ref, got) and len(ref) == 9
+    ref = loader_batches(local, seed=3, **KW)
+    got = loader_batches(url, seed=3, cache_dir=tmp_path / "cache", storage_options=opts, **KW)
+    assert same_batches(ref, got) and len(ref) == 9
     report = verify_remote(url, storage_options=opts)
     assert report.ok, report.problems
     assert report.records_checked == 72
@@ -106,9 +95,9 @@ def test_mix_of_local_lmdb_and_remote_wds_equals_two_local(packed, s3, tmp_path)
     url = f"{bucket}/wds"
     upload_tree(packed["wds"], url, opts)
     kw = dict(KW, weights=[0.6, 0.4], seed=11, fields=["image", "label", "source"])
-    ref = tensors(feedpipe.make_loader([packed["lmdb"], packed["wds"]], 8, **kw))
-    got = tensors(feedpipe.make_loader([packed["lmdb"], url], 8, storage_options=opts,
-                                       cache_dir=tmp_path / "cache", **kw))
-    assert same(ref, got) and len(ref) >= 9
+    ref = loader_batches([packed["lmdb"], packed["wds"]], **kw)
+    got = loader_batches([packed["lmdb"], url], storage_options=opts,
+                         cache_dir=tmp_path / "cache", **kw)
+    assert same_batches(ref, got) and len(ref) >= 9
     sources = torch.cat([b["source"] for b in got])
     assert set(sources.tolist()) == {0, 1}  # both datasets feed the mix
