@@ -143,6 +143,7 @@ class DeviceStage:
         self.size: tuple[int, int] | None = cfg.size
         self.dtype = getattr(torch, cfg.dtype)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.moves = device.type != "cpu"  # on CPU, ``.to(device)`` is a no-op call per field
         # with workers on a CPU device, conversions run on one thread: the workers own the cores
         self.threads = 1 if device.type == "cpu" and cfg.num_workers else None
         self._mean = self._std = None
@@ -182,7 +183,8 @@ class DeviceStage:
                             lend = True
                         else:  # labels and other small columns: a copy costs less than a slot
                             v = v.clone()
-                v = v.to(self.device, non_blocking=True)
+                if self.moves:
+                    v = v.to(self.device, non_blocking=True)
                 if k in self.image_fields:
                     v = self._image(v)
                 elif k in self.float_fields:
@@ -197,6 +199,12 @@ class DeviceStage:
         if name in self.image_fields:
             return self.cfg.dtype != "uint8" or not self.cfg.channels_last
         return name in self.float_fields and v.dtype != torch.float32
+
+    def _computes(self) -> bool:
+        """Whether converting a batch on this device runs kernels that would use threads (uint8
+        channels-last images and integer targets are views: nothing to compute)."""
+        return (self.cfg.dtype != "uint8" or not self.cfg.channels_last
+                or bool(self.float_fields) or self.decoder is not None)
 
     def _image(self, x: torch.Tensor) -> torch.Tensor:
         x = x.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last for free
@@ -213,17 +221,18 @@ class DeviceStage:
     def __call__(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         if self.stream is None:
             it = iter(batches)
+            threads = self.threads if self._computes() else None  # decided once per epoch
             while True:
                 if self.ring is not None:  # before the DataLoader asks the sampler for a slot
                     self.ring.reclaim()
                 b = next(it, None)
                 if b is None:
                     return
-                if self.threads is None:
+                if threads is None:
                     yield self.convert(b)
                     continue
                 before = torch.get_num_threads()
-                torch.set_num_threads(self.threads)
+                torch.set_num_threads(threads)
                 try:
                     converted = self.convert(b)
                 finally:
