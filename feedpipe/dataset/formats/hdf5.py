@@ -247,21 +247,32 @@ class _MappedVlen:
 
     def read(self, uniq: np.ndarray) -> list[np.ndarray] | None:
         """Rows ``uniq`` as uint8 views of the file; None if any row's records do not parse."""
-        raw, size = self.raw, len(self.raw)
         chunk = uniq // self.rows
         if (self.chunks[chunk] < 0).any() and not self._locate(np.unique(chunk[
                 self.chunks[chunk] < 0])):
             return None
-        row = raw[(self.chunks[chunk] + uniq % self.rows * 16)[:, None] + _SPAN].view(_ROW)[:, 0]
-        addr, n = row["addr"].astype(np.int64), row["n"].astype(np.int64)
+        pos = self.chunks[chunk] + uniq % self.rows * 16
+        row = self.raw[pos[:, None] + _SPAN].view(_ROW)[:, 0]
+        n, off = row["n"].astype(np.int64), np.zeros(len(uniq), np.int64)
+        live = np.flatnonzero(n)  # an empty row has no heap object (its address is 0)
+        found = self._objects(row["addr"][live].astype(np.int64), row["index"][live])
+        if found is None or (found[1] != n[live]).any():
+            return None
+        off[live] = found[0]
+        return [self.raw[o: o + k] for o, k in zip(off.tolist(), n.tolist())]
+
+    def _objects(self, addr: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, ...] | None:
+        """File offsets and sizes of global heap objects ``index`` in the collections at
+        ``addr``; None if a collection's header or objects do not parse or hold no such index."""
+        raw, size = self.raw, len(self.raw)
         if ((addr < 0) | (addr + 16 > size)).any():
             return None
         heap = raw[addr[:, None] + _SPAN].view(_HEAP)[:, 0]
         end = addr + heap["size"].astype(np.int64)
         if (heap["magic"] != b"GCOL").any() or ((end <= addr) | (end > size)).any():
             return None
-        ptr, off, got = addr + 16, np.zeros_like(addr), np.full_like(addr, -1)
-        todo = np.arange(len(uniq))
+        ptr, off, got = addr + 16, np.zeros_like(addr), np.zeros_like(addr)
+        todo = np.arange(len(addr))
         while len(todo):  # walk each collection's objects to the row's index (usually the first)
             at = ptr[todo]
             if (at + 16 > end[todo]).any():  # past the collection: the index is not there
@@ -270,13 +281,11 @@ class _MappedVlen:
             step = obj["size"].astype(np.int64)
             if (step < 0).any():
                 return None
-            hit = obj["index"] == row["index"][todo]
+            hit = obj["index"] == index[todo]
             off[todo[hit]], got[todo[hit]] = at[hit] + 16, step[hit]
             ptr[todo] = at + 16 + ((step + 7) & ~7)
             todo = todo[~hit]
-        if (got != n).any() or (off + n > end).any():
-            return None
-        return [raw[o: o + k] for o, k in zip(off.tolist(), n.tolist())]
+        return (off, got) if (off + got <= end).all() else None
 
 
 class Hdf5Reader(DatasetReader):
