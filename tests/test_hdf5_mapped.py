@@ -1,5 +1,5 @@
-"""The HDF5 reader's mapped path for variable-length rows: the same bytes h5py reads, and damage
-still reported (the mapped parser declines and HDF5 names the sample)."""
+"""The HDF5 reader's mapped path (variable-length rows, labels, checksums, shapes): the same
+bytes h5py reads, and damage still reported (the mapped parser declines, HDF5 names the sample)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fp_helpers import flip_byte
 from test_writers import write_dataset
 
 import feedpipe
-from feedpipe.dataset.formats.hdf5 import Hdf5Reader
+from feedpipe.dataset.formats.hdf5 import CRC_NAME, Hdf5Reader
 from feedpipe.dataset.registry import sample_key
 from feedpipe.errors import CorruptRecordError
 from feedpipe.schema.fields import ArrayField, BytesField, LabelField
@@ -44,15 +44,17 @@ def test_mapped_rows_are_h5pys_rows(written):
     root, _ = written
     reader = Hdf5Reader(root)
     reader._ensure_open()
-    assert set(reader._mapped) == {"blob", "mask"}
+    assert set(reader._mapped) == {"blob", "mask", "mask__shape", "label", CRC_NAME}
     idx = np.arange(N)
     with h5py.File(root / "data.h5", "r") as f:
-        for name in ("blob", "mask"):
+        for name in reader._mapped:
             got = reader._mapped[name].read(idx)
             assert got is not None  # every row parsed: none fell back to h5py
             want = f[name][:]
-            assert all(g.tobytes() == w.tobytes() for g, w in zip(got, want)), name
-            assert {len(g) for g in got} >= {0, 3, 9000} or name == "mask"
+            assert len(got) == len(want) == N
+            assert all(np.asarray(g).dtype == w.dtype and g.tobytes() == w.tobytes()
+                       for g, w in zip(got, want)), name
+        assert {len(g) for g in reader._mapped["blob"].read(idx)} == {0, 3, 40, 700, 9000}
 
 
 def test_batches_read_through_the_mapping(written):

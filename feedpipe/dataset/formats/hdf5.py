@@ -16,7 +16,9 @@ or lies outside the dataset.
 The reader maps ``data.h5`` and reads encoded images and bytes (unfiltered chunked uint8 vlen
 datasets) as views of the mapping, found by the HDF5 file format's own records (see
 :class:`_MappedVlen`): HDF5's vlen read copies each row four times and re-reads its global heap
-collection with two system calls, ~20 µs a row. Anything else goes through h5py.
+collection with two system calls, ~20 µs a row. Labels, checksums and shapes are gathered from
+the mapping too (h5py's scattered read costs ~1 µs a row). Anything else (JSON, fixed raw
+images, virtual, filtered) goes through h5py.
 """
 
 from __future__ import annotations
@@ -208,50 +210,83 @@ class Hdf5Writer(DatasetWriter):
         return [FILE_NAME], {"compression": self.compression}
 
 
-class _MappedVlen:
-    """The rows of a 1-D uint8 variable-length dataset, read as views of the mapped file.
-
-    HDF5 file format 1.x/2.0 (all little-endian, 8-byte addresses and lengths): a vlen dataset's
-    chunk holds per row its length (u4), the address of a global heap collection (u8) and its
-    object index there (u4). A collection is ``GCOL``, version, 3 reserved bytes, its size (u8),
-    then objects: index (u2), reference count (u2), 4 reserved bytes, size (u8), the data padded
-    to 8 bytes. Every record is bounds-checked; a row that does not parse makes :meth:`read`
-    decline, and the caller reads the batch through HDF5 (which reports real damage).
+class _Mapped:
+    """Rows of a dataset chunked along its first axis only, unfiltered and not virtual, found in
+    the mapped file by their chunk's offset (HDF5's chunk index, asked once per chunk) in a file
+    with 8-byte addresses and lengths and no user block. :meth:`read` returns None where the
+    file's records do not parse; the caller then reads through h5py (which reports real damage).
     """
 
-    def __init__(self, ds: h5py.Dataset, raw: np.ndarray) -> None:
-        self.ds, self.raw = ds, raw
+    def __init__(self, ds: h5py.Dataset, raw: np.ndarray, row_bytes: int) -> None:
+        self.ds, self.raw, self.row_bytes = ds, raw, row_bytes
         self.rows = int(ds.chunks[0])
         self.chunks = np.full(-(-len(ds) // self.rows), -1, np.int64)  # file offsets, on demand
 
     @staticmethod
     def fits(ds: h5py.Dataset) -> bool:
-        """Whether ``ds`` is stored as the class reads it: chunked, unfiltered, not virtual,
-        uint8 rows, in a file with 8-byte addresses and lengths and no user block."""
         fcpl = ds.file.id.get_create_plist()
-        return (not ds.is_virtual and ds.ndim == 1 and ds.chunks is not None
+        return (not ds.is_virtual and ds.chunks is not None
+                and tuple(ds.chunks[1:]) == tuple(ds.shape[1:])
                 and ds.id.get_create_plist().get_nfilters() == 0
-                and h5py.check_vlen_dtype(ds.dtype) == np.uint8
                 and fcpl.get_sizes() == (8, 8) and fcpl.get_userblock() == 0)
 
-    def _locate(self, chunks: np.ndarray) -> bool:
-        """Look up the file offsets of ``chunks`` (HDF5's chunk index, once per chunk)."""
-        for c in chunks.tolist():
-            info = self.ds.id.get_chunk_info_by_coord((c * self.rows,))
-            at = info.byte_offset
-            if at is None or info.filter_mask or info.size != 16 * self.rows \
-                    or at + info.size > len(self.raw):
-                return False
-            self.chunks[c] = at
-        return True
+    def _rows(self, uniq: np.ndarray) -> np.ndarray | None:
+        """The file offset of each row ``uniq``; None if a chunk is missing or filtered."""
+        chunk = uniq // self.rows
+        base = self.chunks[chunk]
+        if (base < 0).any():
+            for c in np.unique(chunk[base < 0]).tolist():
+                info = self.ds.id.get_chunk_info_by_coord((c * self.rows, *[0] * (
+                    self.ds.ndim - 1)))
+                at = info.byte_offset
+                if at is None or info.filter_mask or info.size != self.rows * self.row_bytes \
+                        or at + info.size > len(self.raw):
+                    return None
+                self.chunks[c] = at
+            base = self.chunks[chunk]
+        return base + uniq % self.rows * self.row_bytes
+
+
+class _MappedFixed(_Mapped):
+    """Small fixed-size rows (labels, checksums, shape companions) gathered from the mapping."""
+
+    @classmethod
+    def of(cls, ds: h5py.Dataset, raw: np.ndarray) -> _MappedFixed | None:
+        dt = ds.dtype
+        size = dt.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64))
+        if dt.kind not in "iuf" or dt.byteorder == ">" or not 0 < size <= 256 \
+                or not cls.fits(ds):
+            return None
+        return cls(ds, raw, size)
+
+    def read(self, uniq: np.ndarray) -> np.ndarray | None:
+        pos = self._rows(uniq)
+        if pos is None:
+            return None
+        rows = self.raw[pos[:, None] + np.arange(self.row_bytes)]
+        return rows.view(self.ds.dtype.newbyteorder("<")).reshape(len(uniq), *self.ds.shape[1:])
+
+
+class _MappedVlen(_Mapped):
+    """The rows of a 1-D uint8 variable-length dataset, read as views of the mapped file.
+
+    HDF5 file format 1.x/2.0 (all little-endian): a vlen dataset's chunk holds per row its length
+    (u4), the address of a global heap collection (u8) and its object index there (u4). A
+    collection is ``GCOL``, version, 3 reserved bytes, its size (u8), then objects: index (u2),
+    reference count (u2), 4 reserved bytes, size (u8), the data padded to 8 bytes. Every record is
+    bounds-checked.
+    """
+
+    @classmethod
+    def of(cls, ds: h5py.Dataset, raw: np.ndarray) -> _MappedVlen | None:
+        ok = ds.ndim == 1 and h5py.check_vlen_dtype(ds.dtype) == np.uint8 and cls.fits(ds)
+        return cls(ds, raw, _ROW.itemsize) if ok else None
 
     def read(self, uniq: np.ndarray) -> list[np.ndarray] | None:
         """Rows ``uniq`` as uint8 views of the file; None if any row's records do not parse."""
-        chunk = uniq // self.rows
-        if (self.chunks[chunk] < 0).any() and not self._locate(np.unique(chunk[
-                self.chunks[chunk] < 0])):
+        pos = self._rows(uniq)
+        if pos is None:
             return None
-        pos = self.chunks[chunk] + uniq % self.rows * 16
         row = self.raw[pos[:, None] + _SPAN].view(_ROW)[:, 0]
         n, off = row["n"].astype(np.int64), np.zeros(len(uniq), np.int64)
         live = np.flatnonzero(n)  # an empty row has no heap object (its address is 0)
@@ -322,19 +357,19 @@ class Hdf5Reader(DatasetReader):
         self._ds = {n: self._file[n] for n in names + ([CRC_NAME] if crc is not None else [])}
         self._mapped = self._map(path)
 
-    def _map(self, path: Path) -> dict[str, _MappedVlen]:
-        """A :class:`_MappedVlen` per field it can read, each checked on its first row against
-        h5py's read at open (a file laid out otherwise reads through h5py)."""
-        fits = [f.name for f in self.schema if _MappedVlen.fits(self._ds[f.name])]
-        if not fits or not len(self):
+    def _map(self, path: Path) -> dict[str, _Mapped]:
+        """A mapped reader per dataset laid out as :class:`_MappedVlen` (encoded images, bytes)
+        or :class:`_MappedFixed` (labels, checksums, shapes) read it, each checked on its first
+        row against h5py's at open (a dataset laid out otherwise reads through h5py)."""
+        if not len(self):
             return {}
         with open(path, "rb") as fh:  # the mapping outlives the descriptor and the views it lends
             raw = np.frombuffer(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
-        out = {}
-        for name in fits:
-            m = _MappedVlen(self._ds[name], raw)
-            first = m.read(np.zeros(1, np.int64))
-            if first is not None and np.array_equal(first[0], self._ds[name][0]):
+        out: dict[str, _Mapped] = {}
+        for name, ds in self._ds.items():
+            m = _MappedVlen.of(ds, raw) or _MappedFixed.of(ds, raw)
+            first = m.read(np.zeros(1, np.int64)) if m is not None else None
+            if first is not None and np.array_equal(first[0], ds[0]):
                 out[name] = m
         return out
 
@@ -374,6 +409,10 @@ class Hdf5Reader(DatasetReader):
                                              "the dataset is damaged", dataset=self.root)
 
     def _read(self, name: str, uniq: np.ndarray) -> Any:
+        mapped = self._mapped.get(name)
+        rows = mapped.read(uniq) if mapped is not None else None
+        if rows is not None:
+            return rows
         ds = self._ds[name]
         if len(uniq) == 1:
             return ds[int(uniq[0]): int(uniq[0]) + 1]
@@ -393,9 +432,7 @@ class Hdf5Reader(DatasetReader):
         cols: dict[str, Any] = {}
         shapes: dict[str, Any] = {}
         for f in fields:
-            mapped = self._mapped.get(f.name)
-            rows = mapped.read(uniq) if mapped is not None else None
-            cols[f.name] = rows if rows is not None else self._read(f.name, uniq)
+            cols[f.name] = self._read(f.name, uniq)
             if f"{f.name}__shape" in self._ds:
                 shapes[f.name] = self._read(f"{f.name}__shape", uniq)
         crcs = self._read(CRC_NAME, uniq) if self.checksums else None
