@@ -224,6 +224,7 @@ class _Mapped:
 
     @staticmethod
     def fits(ds: h5py.Dataset) -> bool:
+        """Whether ``ds`` and its file are laid out as this class reads them (see above)."""
         fcpl = ds.file.id.get_create_plist()
         return (not ds.is_virtual and ds.chunks is not None
                 and tuple(ds.chunks[1:]) == tuple(ds.shape[1:])
@@ -324,7 +325,8 @@ class _MappedVlen(_Mapped):
 
 
 class Hdf5Reader(DatasetReader):
-    """Reads each field of a batch with one h5py call (sorted, de-duplicated indices)."""
+    """Reads each field of a batch in one pass over sorted, de-duplicated indices: from the
+    mapped file where its layout allows (:class:`_Mapped`), else with one h5py call."""
 
     format_name = "hdf5"
     _handles = ("_file", "_ds", "_mapped")
