@@ -8,7 +8,8 @@ uploaded after they close. The manifest goes up last: an interrupted conversion 
 so nothing reads it as a dataset.
 
 What feedpipe uploaded is recorded in an upload journal (``.feedpipe-upload.json``) beside the
-data, before each upload (``pending``) and after it (``done``, with the size and SHA-256). A re-run
+data, before each upload (``pending``) and after it (``done``, with the size and SHA-256; stored
+with the next journal write, so concurrent uploads share one PUT). A re-run
 skips every ``done`` object whose staged copy has the same SHA-256 and whose stored size matches
 (conversions are deterministic), and at the end removes the objects of the journal that the new
 manifest does not list. A destructive step only touches what feedpipe made: ``overwrite`` removes
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 JOURNAL = ".feedpipe-upload.json"
 SPLITS = ("", "train/", "val/")  # where a conversion's manifests lie, relative to the URL
 READ_ONLY = ("http://", "https://")
+UPLOAD_THREADS = 4  # uploads at once: a store answers each PUT at its own pace
 MAX_QUEUED = 4  # staged shards waiting for upload before the packer waits (bounds local disk)
 
 
@@ -67,7 +69,9 @@ class RemoteOutput:
         self.skipped_uploads = 0  # objects a re-run found uploaded already
         self._entries: dict[Path, Future[FileEntry]] = {}
         self._pool: ThreadPoolExecutor | None = None
-        self._jlock = threading.RLock()
+        self._jlock = threading.RLock()  # the journal in memory
+        self._put_lock = threading.Lock()  # one journal PUT at a time
+        self._version = self._stored = 0  # journal versions: the newest, the newest stored
         self._queued = threading.BoundedSemaphore(MAX_QUEUED)
 
     def key(self, rel: str) -> str:
@@ -87,7 +91,7 @@ class RemoteOutput:
         except BaseException:
             self.lock.release()
             raise
-        self._pool = ThreadPoolExecutor(2, thread_name_prefix="feedpipe-upload")
+        self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="feedpipe-upload")
         return self.staging
 
     def _check_remote(self) -> None:
@@ -133,13 +137,31 @@ class RemoteOutput:
             return None
         return d if isinstance(d, dict) else None
 
-    def _save_journal(self) -> None:
-        """PUT the journal; serialized, so an older copy never lands after a newer one."""
+    def _note(self, rel: str, state: dict[str, Any]) -> int:
+        """Record ``rel``'s state in the journal (in memory); the journal's new version."""
         with self._jlock:
-            body = json.dumps({"feedpipe_upload": 1, "output": self.url, "files": self.journal},
-                              indent=1, sort_keys=True)
+            self.journal[rel] = state
+            self._version += 1
+            return self._version
+
+    def _save_journal(self, version: int | None = None) -> None:
+        """Store a journal at least as new as ``version`` (None: the state now, even unchanged).
+        One PUT at a time, each of the newest state: uploads that ask meanwhile are covered by
+        one PUT (an older copy never lands after a newer one)."""
+        if version is None:
+            with self._jlock:
+                self._version += 1
+                version = self._version
+        with self._put_lock:
+            if self._stored >= version:  # a PUT made while this thread waited covered it
+                return
+            with self._jlock:
+                body = json.dumps({"feedpipe_upload": 1, "output": self.url,
+                                   "files": self.journal}, indent=1, sort_keys=True)
+                current = self._version
             self._retry(lambda: self.fs.pipe_file(self.key(JOURNAL), body.encode()), JOURNAL,
                         "write the upload journal")
+            self._stored = current
 
     # --- uploads --------------------------------------------------------------------------------
 
@@ -155,17 +177,15 @@ class RemoteOutput:
                 self._size(rel) == entry.size:
             self.skipped_uploads += 1
         else:
-            with self._jlock:
-                self.journal[rel] = {"state": "pending"}
-            self._save_journal()
+            self._save_journal(self._note(rel, {"state": "pending"}))  # stored before the upload
             self._retry(lambda: self.fs.put_file(str(path), self.key(rel)), rel, "upload")
             if self._size(rel) != entry.size:
                 raise StorageError(f"{self.url}/{rel}: stored {self._size(rel)} bytes after the "
                                    f"upload of {entry.size}; the object store (or a proxy) lost "
                                    "part of it", url=f"{self.url}/{rel}")
-            with self._jlock:
-                self.journal[rel] = {"state": "done", "size": entry.size, "sha256": entry.sha256}
-            self._save_journal()
+            # stored with the next upload's journal write: lost in a crash, the object is only
+            # sent again by the re-run (the pending entry already makes it ours to remove)
+            self._note(rel, {"state": "done", "size": entry.size, "sha256": entry.sha256})
         if not keep:
             path.unlink()
         return entry
