@@ -39,7 +39,7 @@ import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 PYTHON = sys.executable
 _RANGE = re.compile(r"bytes=(\d+)-(\d*)$")
@@ -513,18 +513,23 @@ if pytest is not None:
     # each bucket's layout; the emulator speaks HTTP only, so every lookup would wait 60 s
     os.environ.setdefault(GCSFS_EXTENDED, "false")
 
+    def _behind_proxy(server: Any, options: Callable[[str], dict[str, Any]]
+                      ) -> Iterator[tuple[FaultServer, dict[str, Any]]]:
+        """``server`` with a fault proxy in front: (proxy, ``options(proxy URL)``); both stopped
+        at the end."""
+        proxy = FaultServer(upstream=server.url)
+        try:
+            yield proxy, options(proxy.url)
+        finally:
+            proxy.stop()
+            server.stop()
+
     @pytest.fixture(scope="session")
     def moto_s3(tmp_path_factory: pytest.TempPathFactory):
         """moto's S3 server with a fault proxy in front: (proxy, storage_options)."""
         pytest.importorskip("s3fs")
         pytest.importorskip("moto")
-        moto = MotoServer()
-        proxy = FaultServer(upstream=moto.url)
-        try:
-            yield proxy, s3_options(proxy.url)
-        finally:
-            proxy.stop()
-            moto.stop()
+        yield from _behind_proxy(MotoServer(), s3_options)
 
     @pytest.fixture(scope="session")
     def moto():
@@ -564,13 +569,7 @@ if pytest is not None:
         """gcp-storage-emulator with a fault proxy in front: (proxy, storage_options)."""
         pytest.importorskip("gcsfs")
         pytest.importorskip("gcp_storage_emulator")
-        server = GcsServer()
-        proxy = FaultServer(upstream=server.url)
-        try:
-            yield proxy, gcs_options(proxy.url)
-        finally:
-            proxy.stop()
-            server.stop()
+        yield from _behind_proxy(GcsServer(), gcs_options)
 
     @pytest.fixture
     def gs(gcs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
