@@ -4,7 +4,9 @@ the local batches; faults recover or fail typed; the cache stays within its limi
 
 from __future__ import annotations
 
+import fcntl
 import os
+import time
 
 import pytest
 import torch
@@ -181,5 +183,31 @@ def test_prefetch_reaches_the_next_shuffle_window(photo_dir, tmp_path):
         ds.plan_ahead(plan, 0)
         ds._pool[1].shutdown(wait=True)
         assert set(server.fetched(".tar")) == {f"/ds/{ds.shards[s]}" for s in range(n)}
+    finally:
+        server.stop()
+
+
+def test_prefetch_takes_room_in_plan_order(photo_dir, tmp_path):
+    """Five prefetches at once in a cache with room for two shards: the two the plan reads
+    first get it, not whichever download thread reserves first (a later shard taking the room
+    makes the reader evict a sooner one, then fetch it twice)."""
+    convert(photo_dir, tmp_path / "srv" / "ds", to="wds", workers=0,
+            writer_options={"shard_count": 6})
+    size = {f.name: f.size for f in feedpipe.open_dataset(tmp_path / "srv" / "ds").manifest.files}
+    big = max(size.values())
+    server = FaultServer(root=tmp_path / "srv")
+    try:
+        from feedpipe.dataset.remote import open_remote
+        ds = open_remote(f"{server.url}/ds", cache_dir=tmp_path / "cache", prefetch=4,
+                         cache_limit=3 * big - 1)
+        same = [s for s, name in enumerate(ds.shards) if size[name] == big]
+        order = [same[4], same[0], same[3], same[1], same[2]]  # not the shards' own order
+        first = {int(s): i for i, s in reversed(list(enumerate(ds._shard_of)))}
+        with open(ds.source.cache.root / ".lock", "a") as held:  # every claim queues on it
+            fcntl.flock(held, fcntl.LOCK_EX)
+            ds.plan_ahead([[first[s]] for s in order], 0)
+            time.sleep(0.3)
+        ds._pool[1].shutdown(wait=True)
+        assert set(server.fetched(".tar")) == {f"/ds/{ds.shards[s]}" for s in order[:2]}
     finally:
         server.stop()

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -46,8 +47,10 @@ class RemoteSource:
         self.files = {f.name: f for f in files}
         self.storage_options = dict(storage_options or {})
 
-    def open(self, name: str, block: bool = True, evict: bool = True) -> int | None:
-        """A shared-locked descriptor of the cached file ``name`` (fetched and verified first)."""
+    def open(self, name: str, block: bool = True, evict: bool = True,
+             claimed: Callable[[bool], None] | None = None) -> int | None:
+        """A shared-locked descriptor of the cached file ``name`` (fetched and verified first;
+        the arguments as :meth:`Cache.open`'s)."""
         entry = self.files.get(name)
         if entry is None:
             raise IncompleteDatasetError(f"{self.url}: its manifest lists no file {name}; "
@@ -55,13 +58,37 @@ class RemoteSource:
         flat = name.replace("%", "%25").replace("/", "%2F")  # a merged dataset's parts/.../x.tar
         return self.cache.open(self.folder, flat, join(self.url, name), entry.size, entry.sha256,
                                storage_options=self.storage_options, policy=self.policy,
-                               block=block, evict=evict)
+                               block=block, evict=evict, claimed=claimed)
 
     def fetch(self, name: str) -> None:
         """Make sure ``name`` is cached (the index files: kept beside the manifest)."""
         fd = self.open(name)
         assert fd is not None
         os.close(fd)
+
+
+class _Turn:
+    """One prefetch's place in plan order: it claims cache room once the prefetch before it
+    has (so four downloads at once still take room in plan order), and skips when that one
+    found none (it would take the room the sooner shard needs). ``first`` (the first of a
+    plan_ahead call) only waits: the room may have come free since."""
+
+    def __init__(self, before: _Turn | None, first: bool) -> None:
+        self.before, self.first = before, first
+        self.room, self.done = True, threading.Event()
+
+    def wait(self) -> bool:
+        """Block until the prefetch before has claimed; whether this one may claim too."""
+        before, self.before = self.before, None  # the chain does not grow without bound
+        if before is None:
+            return True
+        before.done.wait()
+        return self.first or before.room
+
+    def end(self, room: bool) -> None:
+        if not self.done.is_set():
+            self.room = room
+            self.done.set()
 
 
 class RemoteWdsReader(WdsReader):
@@ -74,12 +101,13 @@ class RemoteWdsReader(WdsReader):
         self.source, self.prefetch = source, prefetch
         self._pool: tuple[int, ThreadPoolExecutor] | None = None
         self._queued: set[int] = set()
+        self._turn: _Turn | None = None
         super().__init__(root, manifest)
         _READERS.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
-        state.update(_pool=None, _queued=set())
+        state.update(_pool=None, _queued=set(), _turn=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -123,9 +151,9 @@ class RemoteWdsReader(WdsReader):
     def plan_ahead(self, plan: Sequence[Sequence[int]], position: int) -> None:
         """Called by the loader's sampler as it hands out batch ``position`` of ``plan``: fetch
         the shards of the next batches, up to ``prefetch`` beyond this batch's, in plan order,
-        in a small thread pool. Prefetching only fills free room (it never evicts), and a
-        cached shard it meets is marked recently used, so the plan's next shards are evicted
-        last."""
+        in a small thread pool. Prefetching only fills free room (it never evicts), takes it in
+        plan order (a later shard never takes the room a sooner one needs), and a cached shard
+        it meets is marked recently used, so the plan's next shards are evicted last."""
         if self.prefetch <= 0 or not len(plan):
             return
         window: list[int] = []
@@ -142,8 +170,9 @@ class RemoteWdsReader(WdsReader):
         if self._pool is None or self._pool[0] != pid:
             self._pool = (pid, ThreadPoolExecutor(PREFETCH_THREADS,
                                                   thread_name_prefix="feedpipe-prefetch"))
-            self._queued = set()
+            self._queued, self._turn = set(), None
         self._queued &= set(window)
+        first = True
         for shard in window:
             if shard in self._queued:  # fetched already: mark it used, so the shards the plan
                 try:                   # has passed are the least recently used, evicted first
@@ -152,15 +181,23 @@ class RemoteWdsReader(WdsReader):
                     self._queued.discard(shard)  # evicted meanwhile: fetch it again
             if shard not in self._queued:
                 self._queued.add(shard)
-                self._pool[1].submit(self._prefetch, shard)
+                self._turn = _Turn(self._turn, first)
+                first = False
+                self._pool[1].submit(self._prefetch, shard, self._turn)
 
-    def _prefetch(self, shard: int) -> None:
+    def _prefetch(self, shard: int, turn: _Turn) -> None:
         try:
-            fd = self.source.open(self.shards[shard], block=False, evict=False)
+            if not turn.wait():
+                turn.end(False)  # so the ones after it skip too
+                return
+            fd = self.source.open(self.shards[shard], block=False, evict=False,
+                                  claimed=turn.end)
         except Exception:  # noqa: BLE001 - the reader's own open raises it, named, if needed
             log.debug("prefetch of %s failed; the reader fetches it on demand",
                       self.shards[shard], exc_info=True)
             return
+        finally:
+            turn.end(True)  # no-op once told; else (skipped, failed) the next takes its turn
         if fd is not None:
             os.close(fd)
 

@@ -23,7 +23,7 @@ import re
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import CacheFullError, ChecksumMismatchError, ConfigError
 from .fetch import Backend
@@ -221,30 +221,42 @@ class Cache:
     def open(self, folder: Path, name: str, url: str, size: int, sha256: str, *,
              storage_options: Mapping[str, Any] | None = None,
              policy: RetryPolicy = DEFAULT_POLICY, block: bool = True, evict: bool = True,
-             chunk: int = CHUNK) -> int | None:
+             chunk: int = CHUNK, claimed: Callable[[bool], None] | None = None) -> int | None:
         """A read-only descriptor of ``folder/name``, downloaded from ``url`` first if needed,
         holding a shared lock (so it is never evicted while open; close it to release). With
         ``block=False`` (prefetch), None when another process is downloading it or the cache
-        has no room now; with ``evict=False`` it only fills free room."""
-        path = folder / name
-        fd = self._open_cached(path)
-        if fd is not None:
-            return fd
-        lock = folder / f".{name}.lock"
-        lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        has no room now; with ``evict=False`` it only fills free room. ``claimed`` is told,
+        once and before any download starts, whether room was found (False: none now), so
+        that prefetches can take room in plan order."""
+        room, told = True, False
         try:
-            try:
-                fcntl.flock(lock_fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
-            except BlockingIOError:
-                return None
-            fd = self._open_cached(path)  # another process finished it while we waited
+            path = folder / name
+            fd = self._open_cached(path)
             if fd is not None:
                 return fd
-            if not self._reserve(lock_fd, lock, size, block, evict):
-                return None
-            return self._fetch(path, lock_fd, url, size, sha256, storage_options, policy, chunk)
+            lock = folder / f".{name}.lock"
+            lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                try:
+                    fcntl.flock(lock_fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+                except BlockingIOError:
+                    return None
+                fd = self._open_cached(path)  # another process finished it while we waited
+                if fd is not None:
+                    return fd
+                if not self._reserve(lock_fd, lock, size, block, evict):
+                    room = False
+                    return None
+                told = True
+                if claimed is not None:
+                    claimed(True)
+                return self._fetch(path, lock_fd, url, size, sha256, storage_options, policy,
+                                   chunk)
+            finally:
+                os.close(lock_fd)  # releases the download lock and with it the reservation
         finally:
-            os.close(lock_fd)  # releases the download lock and with it the reservation
+            if claimed is not None and not told:
+                claimed(room)
 
     @staticmethod
     def _open_cached(path: Path) -> int | None:
