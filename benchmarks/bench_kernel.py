@@ -6,8 +6,9 @@ a batch slot; one process, and one process per core sharing the epoch's files = 
 ceiling) against ``make_loader`` from LMDB, WebDataset and HDF5, in-process and with 2 workers;
 plus raw uint8 data in-process against workers. The kernel is timed twice: at full decode size (the issue's
 definition) and at the DCT scale feedpipe picks for the same crop (the same work feedpipe does).
-Every configuration of a group runs in interleaved rounds (benchmarks/harness.py), so ratios
-hold on a busy machine. 224² uint8 output, batch 64, one epoch per round.
+Every configuration of a group runs in interleaved rounds (benchmarks/harness.py), and each
+ratio is the median of the rounds' own ratios, so ratios hold on a busy machine. 224² uint8
+output, batch 64, one epoch per round.
 
     python benchmarks/bench_kernel.py [--images 512] [--large-images 512] [--rounds 5]
                                       [--data bench-data] [--json results/kernel.json]
@@ -131,15 +132,17 @@ class Timed:
     load; CPU per image is what the configuration itself costs."""
 
     def __init__(self, run: Callable[[], Items]) -> None:
-        self.run, self.cpu, self.tree, self.items = run, 0.0, 0.0, 0
+        self.run = run
+        self.cpu: list[float] = []   # per call: the main process's CPU seconds per item
+        self.tree: list[float] = []  # per call: all processes' CPU seconds per item
 
     def __call__(self) -> Items:
         own0, tree0 = _cpu()
         n = self.run()
         own1, tree1 = _cpu()
-        self.cpu += own1 - own0
-        self.tree += tree1 - tree0
-        self.items += n if isinstance(n, int) else n.samples
+        items = n if isinstance(n, int) else n.samples
+        self.cpu.append((own1 - own0) / items)
+        self.tree.append((tree1 - tree0) / items)
         return n
 
 
@@ -169,10 +172,16 @@ def group(name: str, runs: dict[str, Callable[[], Items]], rounds: int) -> dict[
     print(f"\n{name}:", flush=True)
     timed = {k: Timed(v) for k, v in runs.items()}
     results = measure_side_by_side(timed, repeats=rounds)  # type: ignore[arg-type]
-    return {r.name: {"rate": r.rate, "seconds": r.seconds, "items": r.items,
-                     "main_cpu_ms_per_image": 1e3 * timed[r.name].cpu / timed[r.name].items,
-                     "cpu_ms_per_image": 1e3 * timed[r.name].tree / timed[r.name].items}
-            for r in results}
+    out = {}
+    for r in results:
+        t = timed[r.name]
+        cpu, tree = (1e3 * np.array(v[-rounds:]) for v in (t.cpu, t.tree))  # not the warm-up
+        rates = r.rates or [r.items / s for s in r.seconds]
+        out[r.name] = {"rate": r.rate, "seconds": r.seconds, "items": r.items,
+                       "main_cpu_ms_per_image": float(np.median(cpu)),
+                       "cpu_ms_per_image": float(np.median(tree)),
+                       "rounds": {"rate": rates, "cpu_ms_per_image": tree.tolist()}}
+    return out
 
 
 def photo_group(data: Path, label: str, n: int, crop: str, rounds: int) -> dict[str, dict]:
@@ -207,29 +216,38 @@ def raw_group(data: Path, n: int, rounds: int) -> dict[str, dict]:
     return res
 
 
+def paired(a: dict, b: dict, key: str, invert: bool = False) -> float:
+    """The median over rounds of ``a``'s figure ÷ ``b``'s in the same round (``b`` ÷ ``a`` with
+    ``invert``): each ratio is taken seconds apart, so a slow spell of the VM between rounds
+    moves both sides of it alike."""
+    num, den = np.array(a["rounds"][key]), np.array(b["rounds"][key])
+    return float(np.median(den / num if invert else num / den))
+
+
 def ratios(res: dict[str, dict]) -> dict[str, float]:
-    """In-process: CPU per image over the kernel's (and wall-clock rate ratio); workers: rate
-    over the 2-process ceiling's, by wall clock and by CPU per image (all processes)."""
+    """In-process: CPU per image over the kernel's (and wall-clock cost); workers: rate over
+    the 2-process ceiling's, by wall clock and by CPU per image (all processes). Each is the
+    median of the rounds' own ratios (:func:`paired`)."""
     k1, kf, kp = (res[f"kernel {s}"] for s in ("1p", "full-decode 1p", f"{WORKERS}p"))
+    cpu, rate = "cpu_ms_per_image", "rate"
     out = {}
     for name, r in res.items():
         if name.startswith("feedpipe") and name.endswith("workers=0"):
-            out[f"{name}: CPU/img vs kernel"] = r["cpu_ms_per_image"] / k1["cpu_ms_per_image"]
-            out[f"{name}: CPU/img vs full-decode kernel"] = \
-                r["cpu_ms_per_image"] / kf["cpu_ms_per_image"]
-            out[f"{name}: wall cost vs kernel"] = k1["rate"] / r["rate"]
+            out[f"{name}: CPU/img vs kernel"] = paired(r, k1, cpu)
+            out[f"{name}: CPU/img vs full-decode kernel"] = paired(r, kf, cpu)
+            out[f"{name}: wall cost vs kernel"] = paired(r, k1, rate, invert=True)
         elif name.startswith("feedpipe"):
-            out[f"{name}: wall share of {WORKERS}p ceiling"] = r["rate"] / kp["rate"]
-            out[f"{name}: CPU share of {WORKERS}p ceiling"] = \
-                kp["cpu_ms_per_image"] / r["cpu_ms_per_image"]
+            out[f"{name}: wall share of {WORKERS}p ceiling"] = paired(r, kp, rate)
+            out[f"{name}: CPU share of {WORKERS}p ceiling"] = paired(r, kp, cpu, invert=True)
     return out
 
 
 def raw_ratios(res: dict[str, dict]) -> dict[str, float]:
     w0, w2 = res["raw lmdb workers=0"], res[f"raw lmdb workers={WORKERS}"]
-    return {f"raw lmdb workers={WORKERS}: in-process rate / workers rate": w0["rate"] / w2["rate"],
+    return {f"raw lmdb workers={WORKERS}: in-process rate / workers rate":
+                paired(w0, w2, "rate"),
             f"raw lmdb workers={WORKERS}: CPU/img vs in-process":
-                w2["cpu_ms_per_image"] / w0["cpu_ms_per_image"]}
+                paired(w2, w0, "cpu_ms_per_image")}
 
 
 def main() -> None:
