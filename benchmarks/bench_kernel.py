@@ -10,7 +10,7 @@ Every configuration of a group runs in interleaved rounds (benchmarks/harness.py
 ratio is the median of the rounds' own ratios, so ratios hold on a busy machine. 224² uint8
 output, batch 64, one epoch per round.
 
-    python benchmarks/bench_kernel.py [--images 512] [--large-images 512] [--rounds 5]
+    python benchmarks/bench_kernel.py [--images 1024] [--large-images 512] [--rounds 7]
                                       [--data bench-data] [--json results/kernel.json]
                                       [--groups "500x375 random_resized_crop" raw ...]
 """
@@ -252,11 +252,12 @@ def raw_ratios(res: dict[str, dict]) -> dict[str, float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--images", type=int, default=512, help="~500x375 photos")
+    ap.add_argument("--images", type=int, default=1024,
+                    help="~500x375 photos (16 batches: an epoch of ~0.5 s with 2 workers)")
     ap.add_argument("--large-images", type=int, default=512,
                     help="1280x853 photos (8 batches: 4 a worker, so an epoch is not all fill)")
     ap.add_argument("--raw-images", type=int, default=2048)
-    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--data", type=Path, default=Path("bench-data"))
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/kernel.json"))
     ap.add_argument("--groups", nargs="+", choices=GROUPS, default=list(GROUPS),
