@@ -6,7 +6,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import psutil
@@ -19,6 +21,28 @@ from PIL import Image
 def _tree(pid: int) -> list[psutil.Process]:
     root = psutil.Process(pid)
     return [root, *root.children(recursive=True)]
+
+
+@contextmanager
+def paused(pids: list[int]) -> Iterator[None]:
+    """Stop these processes and their descendants (SIGSTOP) for the block, then let them go on:
+    an idle contender's threads or workers must not take CPU from the one being timed."""
+    stopped = []
+    for pid in pids:
+        for p in _tree(pid):
+            try:
+                p.suspend()
+                stopped.append(p)
+            except psutil.NoSuchProcess:
+                pass
+    try:
+        yield
+    finally:
+        for p in stopped:
+            try:
+                p.resume()
+            except psutil.NoSuchProcess:
+                pass
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -106,13 +130,16 @@ def _kernel_proc(args: tuple[list[bytes], int, object]) -> tuple[float, float]:
 
 
 def kernel_ceiling(files: list[str], size: int, procs: int) -> dict[str, float]:
-    """The kernel over ``files`` in ``procs`` processes at once: summed images/s, CPU ms/image."""
+    """The kernel over ``files`` once, shared by ``procs`` processes at once (every
+    ``procs``-th file each, as a loader's workers share an epoch): summed images/s, CPU
+    ms/image."""
     blobs = [Path(f).read_bytes() for f in files]
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         barrier = manager.Barrier(procs)
         with ctx.Pool(procs) as pool:
-            res = pool.map(_kernel_proc, [(blobs, size, barrier)] * procs)
+            res = pool.map(_kernel_proc, [(blobs[p::procs], size, barrier)
+                                          for p in range(procs)])
     return {"images_per_s": sum(r[0] for r in res),
             "cpu_ms_per_image": float(np.mean([r[1] for r in res]))}
 

@@ -2,11 +2,13 @@
 
 Each contender (c_*.py) runs in its own process: it packs the source photos into its own format,
 then loads epochs on command. Rounds are interleaved across contenders (the order rotates each
-round), after one validating warm-up epoch each. From outside, this harness records per epoch the
-CPU time of the contender's whole process tree and the peak PSS (sampled in a thread); the
-contender reports count, labels, shapes, dtypes and per-label channel means, checked here against
-a reference decode of the same files. The bare kernel (simplejpeg decode + centre crop + torch
-antialiased resize) runs in 1 and in 2 processes in the same run: the ceiling.
+round), after one validating warm-up epoch each; while one runs, the others' process trees are
+stopped (SIGSTOP), so no idle contender's threads or workers take its CPU. From outside, this
+harness records per epoch the CPU time of the contender's whole process tree and the peak PSS
+(sampled in a thread); the contender reports count, labels, shapes, dtypes and per-label channel
+means, checked here against a reference decode of the same files. The bare kernel (simplejpeg
+decode + centre crop + torch antialiased resize) runs in 1 and in 2 processes (sharing the
+files, as workers share an epoch) after every round: the ceiling, its median round.
 
     make bench-peers                       # installs .venv-peers, then runs this with defaults
     .venv-peers/bin/python benchmarks/peers/run.py [--images 4000] [--large-images 1000]
@@ -30,7 +32,13 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "benchmarks")]
 
-from measure import PeakPss, kernel_ceiling, reference_means, tree_cpu_seconds  # noqa: E402
+from measure import (  # noqa: E402
+    PeakPss,
+    kernel_ceiling,
+    paused,
+    reference_means,
+    tree_cpu_seconds,
+)
 
 # name -> (script and its arguments, needs the torchvision shim)
 CONTENDERS: dict[str, tuple[list[str], bool]] = {
@@ -141,6 +149,7 @@ def run_set(label: str, photos: Path, args: argparse.Namespace) -> dict:
     out: dict = {"images": len(items), "classes": classes, "label_counts": counts,
                  "source_mib": sum(Path(f).stat().st_size for f in files) / 2 ** 20,
                  "kernel": kern, "reference_class_means": ref, "contenders": {}}
+    kern_rounds: dict[str, list[dict[str, float]]] = {k: [] for k in kern}
     procs: dict[str, Contender] = {}
     for name in args.contenders:  # pack one at a time: packing is timed too
         slug = name.lower().replace(" ", "-").replace("-dataloader", "")
@@ -157,7 +166,8 @@ def run_set(label: str, photos: Path, args: argparse.Namespace) -> dict:
         for name, c in list(procs.items()):  # warm-up epoch: validates, and its startup time
             res = out["contenders"][name]
             try:
-                rep = c.epoch(validate=True)
+                with paused([o.proc.pid for o in procs.values() if o is not c]):
+                    rep = c.epoch(validate=True)
             except RuntimeError as exc:
                 res["failed"] = str(exc)
                 del procs[name]
@@ -174,7 +184,8 @@ def run_set(label: str, photos: Path, args: argparse.Namespace) -> dict:
                     continue
                 res = out["contenders"][name]
                 try:
-                    rep = procs[name].epoch(validate=False)
+                    with paused([o.proc.pid for n, o in procs.items() if n != name]):
+                        rep = procs[name].epoch(validate=False)
                 except RuntimeError as exc:
                     res["failed"] = str(exc)
                     del procs[name]
@@ -182,10 +193,17 @@ def run_set(label: str, photos: Path, args: argparse.Namespace) -> dict:
                 res["errors"] += check(rep, len(items), counts, None, args.size, args.tol)[0]
                 res["rounds"].append({k: rep[k] for k in ("n", "seconds", "first_batch_s",
                                                            "cpu_s", "peak_pss")})
+            with paused([o.proc.pid for o in procs.values()]):
+                for k in kern:  # the ceiling in every round too, beside the contenders
+                    kern_rounds[k].append(kernel_ceiling(files, args.size, int(k[:-1])))
             print(f"  round {r + 1}/{args.rounds} done", flush=True)
     finally:
         for c in procs.values():
             c.close()
+    for k, runs in kern_rounds.items():  # the median round, as for the contenders
+        if runs:
+            kern[k] = {m: statistics.median(r[m] for r in runs) for m in runs[0]}
+    out["kernel_rounds"] = kern_rounds
     summarize(out)
     return out
 

@@ -1,0 +1,40 @@
+"""benchmarks/bench_gpu.py (issue 13, item 6) kept working on a machine without a GPU: its
+ResNet-50 is torchvision's, and a tiny CPU run goes through every part, saying what it skipped."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def test_resnet50_has_torchvisions_layout():
+    sys.path.insert(0, str(BENCH))
+    import bench_gpu
+
+    model = bench_gpu.resnet50()
+    assert sum(p.numel() for p in model.parameters()) == 25_557_032  # torchvision's resnet50
+    assert model(torch.zeros(1, 3, 64, 64)).shape == (1, 1000)
+
+
+def test_cpu_run_measures_what_it_can_and_names_what_it_skipped(tmp_path):
+    out = tmp_path / "gpu.json"
+    subprocess.run([sys.executable, str(BENCH / "bench_gpu.py"), "--device", "cpu",
+                    "--images", "24", "--batch", "4", "--size", "64", "--steps", "3",
+                    "--epochs", "1", "--workers", "1", "--data", str(tmp_path),
+                    "--json", str(out)], check=True, timeout=300)
+    res = json.loads(out.read_text())
+    assert res["device"] == "no GPU (CPU run)" and res["images"] == 24
+    assert res["copy"]["skipped"].startswith("device is cpu")
+    assert res["decode"]["cpu 1 core"] > 0 and res["decode"]["nvjpeg"].startswith("skipped")
+    assert res["loader"]["decode_on=cpu"] > 0
+    assert res["loader"]["decode_on=device"].startswith("skipped")
+    t = res["training"]
+    assert t["compute ceiling images/s"] > 0 and t["fed_images_per_s"] > 0
+    assert 0 <= t["stall_share"] <= 1 and t["verdict"] in (
+        "input-bound", "partly input-bound", "compute-bound")
