@@ -173,9 +173,10 @@ def loader_rates(path: Path, device: torch.device, batch: int, size: int, worker
                  epochs: int) -> dict[str, Any]:
     """Images/s of loader epochs onto the device, decoding on CPU workers and on the device."""
     out: dict[str, Any] = {}
+    missing = nvjpeg(device)
     for decode_on in ("cpu", "device"):
-        if decode_on == "device" and isinstance(nvjpeg(device), str):
-            out[f"decode_on={decode_on}"] = f"skipped: {nvjpeg(device)}"
+        if decode_on == "device" and isinstance(missing, str):
+            out[f"decode_on={decode_on}"] = f"skipped: {missing}"
             continue
         ld = loader(path, device, batch, size, workers, decode_on)
         for _ in ld:  # warm-up epoch: workers up, nvJPEG initialized

@@ -197,7 +197,7 @@ class RemoteWdsReader(WdsReader):
                       self.shards[shard], exc_info=True)
             return
         finally:
-            turn.end(True)  # no-op once told; else (skipped, failed) the next takes its turn
+            turn.end(True)  # no-op once told; else (cached, busy, failed) the next goes on
         if fd is not None:
             os.close(fd)
 

@@ -225,38 +225,31 @@ class Cache:
         """A read-only descriptor of ``folder/name``, downloaded from ``url`` first if needed,
         holding a shared lock (so it is never evicted while open; close it to release). With
         ``block=False`` (prefetch), None when another process is downloading it or the cache
-        has no room now; with ``evict=False`` it only fills free room. ``claimed`` is told,
-        once and before any download starts, whether room was found (False: none now), so
-        that prefetches can take room in plan order."""
-        room, told = True, False
+        has no room now; with ``evict=False`` it only fills free room. ``claimed``, when it has
+        to download, is told before the download starts whether room was found (False: none
+        now, and None is returned), so that prefetches can take room in plan order."""
+        path = folder / name
+        fd = self._open_cached(path)
+        if fd is not None:
+            return fd
+        lock = folder / f".{name}.lock"
+        lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            path = folder / name
-            fd = self._open_cached(path)
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
+            except BlockingIOError:
+                return None
+            fd = self._open_cached(path)  # another process finished it while we waited
             if fd is not None:
                 return fd
-            lock = folder / f".{name}.lock"
-            lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                try:
-                    fcntl.flock(lock_fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
-                except BlockingIOError:
-                    return None
-                fd = self._open_cached(path)  # another process finished it while we waited
-                if fd is not None:
-                    return fd
-                if not self._reserve(lock_fd, lock, size, block, evict):
-                    room = False
-                    return None
-                told = True
-                if claimed is not None:
-                    claimed(True)
-                return self._fetch(path, lock_fd, url, size, sha256, storage_options, policy,
-                                   chunk)
-            finally:
-                os.close(lock_fd)  # releases the download lock and with it the reservation
-        finally:
-            if claimed is not None and not told:
+            room = self._reserve(lock_fd, lock, size, block, evict)
+            if claimed is not None:
                 claimed(room)
+            if not room:
+                return None
+            return self._fetch(path, lock_fd, url, size, sha256, storage_options, policy, chunk)
+        finally:
+            os.close(lock_fd)  # releases the download lock and with it the reservation
 
     @staticmethod
     def _open_cached(path: Path) -> int | None:
