@@ -59,8 +59,10 @@ def _libc_trim() -> None:
 def exact_heap() -> Iterator[None]:
     """Make resident memory track live allocations while measuring (glibc; elsewhere a no-op).
 
-    Afterwards the thresholds are left where glibc's adaptive ones settle for large tensors (mmap
-    above 32 MiB, trim above 64 MiB): glibc cannot switch adaptation back on.
+    Afterwards what was freed meanwhile is trimmed (an allocation glibc served from a free chunk
+    of its heap, left by earlier work, stays resident after its free until then), and the
+    thresholds are left where glibc's adaptive ones settle for large tensors (mmap above 32 MiB,
+    trim above 64 MiB): glibc cannot switch adaptation back on.
     """
     mallopt = getattr(_libc(), "mallopt", None)
     if mallopt is None:
@@ -70,6 +72,7 @@ def exact_heap() -> Iterator[None]:
     try:
         yield
     finally:
+        _libc_trim()
         mallopt(_M_MMAP_THRESHOLD, 32 << 20)
         mallopt(_M_TRIM_THRESHOLD, 64 << 20)
 
