@@ -67,13 +67,13 @@ def batch_cost(root: Path, repeats: int) -> list[Result]:
     sets = {"worker batch: image only": feedpipe.make_loader(root, BATCH, fields=["image"], **base),
             "worker batch: image + boxes": feedpipe.make_loader(root, BATCH,
                                                                 fields=["image", "boxes"], **base)}
-    n = len(sets["worker batch: image only"].dataset) // BATCH
+    n = len(sets["worker batch: image only"].batch_dataset) // BATCH
     out = {name: Result(name, BATCH) for name in sets}
     for r in range(repeats * 4):
         for name, ld in sets.items():
             req = BatchRequest(list(range((r % n) * BATCH, (r % n + 1) * BATCH)), 0, r, 0)
             t = time.perf_counter()
-            ld.dataset.__getitems__(req)  # type: ignore[attr-defined]
+            ld.batch_dataset.__getitems__(req)  # type: ignore[attr-defined]
             out[name].seconds.append(time.perf_counter() - t)
     for res in out.values():
         print(f"  {res.name:<44} {res.rate:>10,.0f} /s", flush=True)

@@ -52,7 +52,7 @@ def test_same_batches_as_cpu_decode(packed, fmt, workers):
     kw = dict(size=64, seed=3, num_workers=workers, **U8)
     ref = list(feedpipe.make_loader(packed[fmt], 10, **kw))
     ld = device_loader(packed[fmt], 10, **kw)
-    assert ld.dataset.encoded_images and ld.stage.decoder is not None
+    assert ld.batch_dataset.encoded_images and ld.stage.decoder is not None
     got = list(ld)
     assert len(got) == len(ref) == 8
     diffs = []
@@ -190,7 +190,7 @@ def test_choice_of_decoder(packed, tmp_path):
         feedpipe.make_loader(packed["lmdb"], 4, size=32, decode_on="gpu", **U8)
     # on this machine (no CUDA) "auto" keeps decoding in the workers
     ld = feedpipe.make_loader(packed["lmdb"], 4, size=32, num_workers=0, **U8)
-    assert ld.stage.decoder is None and not ld.dataset.encoded_images
+    assert ld.stage.decoder is None and not ld.batch_dataset.encoded_images
     png = tmp_path / "png"
     convert(_png_source(tmp_path), png, to="lmdb", workers=0, store="reencode", codec="png")
     ld = feedpipe.make_loader(png, 4, size=32, num_workers=0, **U8)

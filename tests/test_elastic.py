@@ -92,7 +92,7 @@ def take_resumed(loaders, batches):
 
 def rank_part(flat, loaders, r):
     """Rank r's slice of ``flat`` (the ranks' paths concatenated by :func:`take`)."""
-    sizes = [sum(len(b) for b in ld.sampler.plan(ld.sampler.epoch)) for ld in loaders]
+    sizes = [sum(len(b) for b in ld.planner.plan(ld.planner.epoch)) for ld in loaders]
     return flat[sum(sizes[:r]): sum(sizes[:r + 1])]
 
 
@@ -110,26 +110,14 @@ def test_elastic_across_backends(packed, direction):
 def test_bad_states_are_refused_by_name(packed):
     ld = ranks(packed["wds"], 2, 4)[0]
     legacy = {"epoch": 1, "batches": 2, "seed": 11, "rank": 0, "world_size": 4}
-    with pytest.raises(feedpipe.errors.ConfigError, match="before states became global"):
-        ld.load_state_dict(legacy)
+    with pytest.raises(feedpipe.errors.ConfigError, match=r"missing \['dataset'\]"):
+        ld.load_state_dict(legacy)  # saved before states named their dataset
     good = ld.state_dict()
+    with pytest.raises(feedpipe.errors.ConfigError, match="'start'"):
+        ld.load_state_dict({k: v for k, v in good.items() if k not in ("start", "samples")})
     with pytest.raises(feedpipe.errors.ConfigError, match="'samples'"):
         ld.load_state_dict({**good, "samples": 10_000, "world_size": 4})
     with pytest.raises(feedpipe.errors.ConfigError, match="window"):
         ld.load_state_dict({**good, "order": {**good["order"], "window": 0}})
     with pytest.raises(feedpipe.errors.ConfigError, match="missing"):
         ld.load_state_dict({"seed": 11})
-
-
-def test_a_legacy_state_finishes_its_epoch_in_the_buffer_order(packed):
-    """A pre-window state on WebDataset resumes in the shuffle buffer's order it was saved in
-    (same samples as a shuffle_window=None loader), then the next epoch uses the window."""
-    legacy = ranks(packed["wds"], 1, 8, shuffle_window=None)[0]
-    legacy.set_epoch(2)
-    full = [p for b in legacy for p in b["path"]]
-    ld = ranks(packed["wds"], 1, 8)[0]
-    ld.load_state_dict({"epoch": 2, "batches": 3, "seed": 11, "rank": 0, "world_size": 1})
-    assert [p for b in ld for p in b["path"]] == full[24:]
-    windowed = ranks(packed["wds"], 1, 8)[0]
-    windowed.set_epoch(3)
-    assert [p for b in ld for p in b["path"]] == [p for b in windowed for p in b["path"]]

@@ -49,7 +49,9 @@ def test_torchrun_resume_at_another_world_size(packed, tmp_path, fmt, before, af
     assert not set(pre) & set(post) and set(pre) | set(post) == everything
     assert len(post) - len(set(post)) < after  # round-robin padding, under one per rank
     lens = {r["len"] for r in post_ranks} | {n for r in post_ranks for n in r["all_len"]}
-    assert len(lens) == 1 and all(len(r["batches"]) == r["len"] for r in post_ranks)
+    assert len(lens) == 1  # len() is the whole epoch's on every rank, resumed or not
+    assert len({len(r["batches"]) for r in post_ranks}) == 1  # the rest: equal on every rank
+    assert all(len(r["batches"]) <= r["len"] for r in post_ranks)
 
 
 @pytest.mark.heavy

@@ -29,7 +29,7 @@ from feedpipe.errors import (
     FeedpipeError,
     MissingFieldError,
 )
-from feedpipe.loader.sampler import World, plan_batches
+from feedpipe.loader.sampler import World
 from feedpipe.schema.fields import ImageField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
@@ -57,8 +57,6 @@ def test_library_errors_are_typed_and_keep_their_builtin(tmp_path):
     with pytest.raises(ConfigError, match="rank 3 of 2") as exc:
         World(3, 2)
     assert isinstance(exc.value, ValueError)
-    with pytest.raises(EmptyDatasetError, match="no samples to pad"):
-        plan_batches([np.arange(4), np.zeros(0, np.int64)], 1, 2, drop_last=False, uneven="pad")
     with pytest.raises(ConfigError, match="must be non-empty"):
         check_key("a.b")
     with pytest.raises(ConfigError, match="compression"):

@@ -60,7 +60,7 @@ def test_window_loader_is_the_same_whatever_num_workers(packed):
     for r in range(2):
         ld = feedpipe.make_loader(packed["wds"], 8, shuffle_window=1, num_workers=0,
                                   world=World(r, 2), **kw)
-        orders.append(ld.sampler.shard_order(0))
+        orders.append(ld.planner.shard_order(0))
         seen = [p for b in ld for p in b["path"]]
         reader = feedpipe.open_dataset(packed["wds"])
         shard_of = {reader[i]["path"]: s for s, rng in enumerate(reader.shard_ranges())
@@ -68,7 +68,7 @@ def test_window_loader_is_the_same_whatever_num_workers(packed):
         firsts = list(dict.fromkeys(shard_of[p] for p in seen))
         assert firsts == orders[r]  # reading order, each shard once (k=1: whole shards)
     assert sorted(orders[0] + orders[1]) == [0, 1, 2, 3]
-    assert len(one.sampler.shard_order(0)) == 4
+    assert len(one.planner.shard_order(0)) == 4
 
 
 def test_shuffle_window_is_checked(packed):

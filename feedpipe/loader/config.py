@@ -22,7 +22,7 @@ DaliReader = Literal["plan", "webdataset"]
 OnError = Literal["raise", "skip"]
 DecodeOn = Literal["auto", "cpu", "device"]
 Dtype = Literal["float32", "float16", "bfloat16", "uint8"]
-Uneven = Literal["pad", "drop"]
+Uneven = Literal["pad", "drop", "mask"]
 MpContext = Literal["fork", "spawn", "forkserver"]
 Ragged = Literal["pad", "list"]  # boxes and variable-shape arrays: see loader/labels.py
 Auto = Literal["auto"]
@@ -42,8 +42,9 @@ SHM_HEADROOM = 2  # /dev/shm must hold this many times the slot ring before the 
 _HOW = {
     "batch_size": "use a positive integer",
     "seed": "use a non-negative integer",
-    "uneven": "use 'pad' (wrap around so every rank gets the same count) or 'drop' (trim to the "
-              "shortest rank)",
+    "uneven": "use 'pad' (wrap around so every rank gets the same count), 'drop' (trim to the "
+              "shortest rank) or 'mask' (full batches with a 'valid' mask: every sample counted "
+              "once, for evaluation)",
     "size": "use an int (square) or (height, width) of positive ints",
     "crop": "use 'resize', 'center_crop', 'random_resized_crop' or 'none'",
     "dali_reader": "use 'plan' (feedpipe's order, every format) or 'webdataset' (DALI's native "
@@ -131,6 +132,9 @@ class LoaderConfig:
             bad(f"batch_size={self.batch_size!r}: {_HOW['batch_size']}")
         if self.seed < 0:
             bad(f"seed={self.seed!r}: {_HOW['seed']}")
+        if self.uneven == "mask" and self.drop_last:
+            bad("uneven='mask' pads the last batch to full size and marks the padding in 'valid'; "
+                "drop_last=True would drop real samples: use one or the other")
         if self.size is not None and min(self.size) < 1:
             bad(f"size={self.size!r}: {_HOW['size']}")
         lo, hi = self.scale

@@ -1,64 +1,141 @@
-"""The resumable position both backends share: ``set_epoch`` / ``state_dict`` / ``load_state_dict``.
+"""The position both backends share: epochs, ``set_epoch`` / ``state_dict`` / ``load_state_dict``,
+and the hand-out of an epoch's batches.
 
-A state is global: the epoch, the seed, the epoch's order (:class:`OrderSpec`) and ``samples``,
-how many samples of that epoch's global order all ranks together have consumed. A loader resumed
-at any world size, batch size or ``num_workers`` reads exactly the rest of the epoch: the global
-order from ``samples`` on, dealt round-robin to its ranks (:class:`~feedpipe.loader.sampler.
-Segment`). Resumed at the saver's world and batch size, it continues the saver's own plan batch
-for batch. The only samples read twice are the wrap-around padding of ``uneven="pad"`` at an
-epoch's end (as without a resume); ``uneven="drop"`` and ``drop_last`` drop at the end as usual.
+**Epochs.** An epoch ends when its last planned batch is handed out, not when the caller asks once
+more: trainers (Lightning, the HF Trainer, accelerate) take exactly ``len(loader)`` batches and
+never call ``next()`` again. ``len(loader)`` is always the batches of a whole epoch on this rank
+(at this world and batch size), also while a resumed epoch runs.
+
+**States** are global: the epoch, the seed, the epoch's order (:class:`OrderSpec`), ``samples``,
+how many samples of that epoch's global order all ranks together have consumed, and the identity
+of the dataset they index. A loader resumed at any world size, batch size or ``num_workers`` reads
+exactly the rest of the epoch: the global order from ``samples`` on, dealt anew to its ranks
+(:class:`~feedpipe.loader.sampler.Segment`). Resumed at the saver's world and batch size, it
+continues the saver's own plan batch for batch. The only samples read twice are the wrap-around
+padding of ``uneven="pad"`` at an epoch's end (``uneven="mask"`` marks them in ``valid``).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import hashlib
+import json
+from typing import Any, Iterator
 
+import torch
+from torch.utils.data import IterableDataset
+
+from ..dataset.formats.base import DatasetReader
 from ..dataset.mixed import MixedReader
 from ..errors import ConfigError
 from .config import LoaderConfig
 from .mixing import mix_state
 from .order import OrderSpec
-from .sampler import PlanSampler, Segment, World, order_spec
+from .sampler import PlanSampler, Segment, World
+from .surface import LoaderBatches, LoaderSampler, batch_as_is
 
-STATE_KEYS = ("epoch", "batches", "seed", "rank", "world_size")  # every state has these
+STATE_KEYS = ("epoch", "batches", "seed", "rank", "world_size", "dataset")  # every state has these
+VALID_KEY, INDEX_KEY = "valid", "index"  # the fields uneven="mask" adds to every batch
 
 
-class EpochPosition:
-    """``set_epoch`` / ``state_dict`` / ``load_state_dict`` over ``_epoch`` and ``_consumed``.
+def refuse_nested_workers(cfg: LoaderConfig) -> None:
+    """A loader with workers iterated inside another DataLoader's worker (a daemon process, which
+    may not start children): say how to wrap it instead of failing in multiprocessing."""
+    if cfg.num_workers and torch.utils.data.get_worker_info() is not None:
+        raise ConfigError("a feedpipe loader runs its own worker processes and cannot be iterated "
+                          "inside a DataLoader worker: wrap it with num_workers=0 (e.g. "
+                          "StatefulDataLoader(loader, batch_size=None)), or make it with "
+                          "num_workers=0", option="num_workers")
+
+
+def dataset_identity(reader: DatasetReader) -> dict[str, Any]:
+    """What a saved position indexes into: the format, sample and shard counts, and a digest of
+    the data files' SHA-256s (another packing of the same images is another dataset)."""
+    if isinstance(reader, MixedReader):
+        return {"mix": [dataset_identity(s) for s in reader.sources]}
+    files = sorted((f.name, f.sha256) for f in reader.manifest.files)
+    digest = hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]
+    return {"format": reader.format_name, "samples": len(reader),
+            "shards": len(reader.shard_ranges() or ()), "files": digest}
+
+
+class EpochPosition(IterableDataset[dict[str, Any]]):
+    """What both backends' loaders share: the position (``_epoch``, ``_consumed``), the hand-out
+    of batches, and the part of ``DataLoader``'s surface that trainers read.
 
     ``_consumed`` counts the batches the latest iteration yielded (so ``state_dict()`` taken
     mid-iteration, or after a ``break``, is exact); ``_resume_at`` is the start a loaded state
-    gives the next iteration, whose plan is ``sampler.resumed`` (None: the epoch's fresh plan).
+    gives the next iteration, whose plan is ``planner.resumed`` (None: the epoch's fresh plan).
     ``elastic`` False: the backend's order is not feedpipe's plan, so a state only resumes at the
     world size it was saved at.
+
+    The surface, decided on purpose: ``sampler`` and ``batch_sampler`` (one object) reach
+    ``set_epoch``, as Lightning and the HF Trainer look for it; ``dataset``, ``collate_fn``,
+    ``batch_size`` and ``drop_last`` let a framework rebuild a ``DataLoader`` around the batch
+    sampler (``accelerate.skip_first_batches``), which then yields this loader's own batches from
+    where that sampler starts. ``end_of_dataloader`` and ``remainder`` follow accelerate's
+    GradientState protocol (:mod:`feedpipe.integrations.accelerate`).
     """
 
     cfg: LoaderConfig
     world: World
-    sampler: PlanSampler
+    planner: PlanSampler
+    reader: DatasetReader
+    device: torch.device
     elastic: bool = True
     _epoch: int = 0
     _consumed: int = 0
     _resume_at: int | None = None
+    end_of_dataloader: bool = False  # the epoch's last batch is out (accelerate's GradientState)
+    remainder: int = -1  # real samples of the last gathered step under "mask" (0: full; -1: n/a)
+    # a DataLoader rebuilt around the surface runs in this process (no num_workers attribute:
+    # DataLoader's default 0), the loader's own workers doing the work; so no prefetch there
+    prefetch_factor: None = None
+
+    def _surface(self) -> None:
+        """Build the DataLoader-shaped surface (call once the planner exists)."""
+        self.sampler = self.batch_sampler = LoaderSampler(self)
+        self.dataset = LoaderBatches(self)
+        self.collate_fn = batch_as_is
+
+    @property
+    def batch_size(self) -> int:
+        return self.cfg.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self.cfg.drop_last
+
+    def __len__(self) -> int:
+        """Batches of a whole epoch on this rank (the same on every rank; a resumed epoch hands
+        out only those its state left, but its length stays the epoch's)."""
+        return self.planner.epoch_length(self._epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch (and so the order) of the next iteration."""
         if epoch != self._epoch:
             self._epoch, self._consumed, self._resume_at = int(epoch), 0, None
-            self.sampler.resumed = None
+            self.planner.resumed = None
+
+    def position(self) -> tuple[int, int]:
+        """(epoch, batch) in this world's whole-epoch terms: a resumed epoch's next batch counts
+        as if the epoch had run here from its start (what a trainer's batch counter should read)."""
+        left = len(self.planner.plan(self._epoch)) - self._consumed
+        return self._epoch, max(0, len(self) - left)
 
     def state_dict(self) -> dict[str, Any]:
         """Position to resume from: the epoch, the samples of its global order consumed (with
-        the order), and this rank's plan position (batches yielded, world and batch size)."""
+        the order), this rank's plan position (batches yielded, world and batch size) and the
+        identity of the dataset."""
         state = {"epoch": self._epoch, "batches": self._consumed, "seed": self.cfg.seed,
-                 "rank": self.world.rank, "world_size": self.world.size, **self._mix_state()}
+                 "rank": self.world.rank, "world_size": self.world.size,
+                 "dataset": dataset_identity(self.reader), **self._mix_state()}
         if not self.elastic:
             return state
-        seg = self.sampler.segment(self._epoch)
-        order, start = (seg.order, seg.start) if seg else (self.sampler.order, 0)
-        return {**state, "batch_size": self.cfg.batch_size, "order": order.to_dict(),
-                "start": start,
-                "samples": start + self.sampler.consumed(self._epoch, self._consumed)}
+        seg = self.planner.segment(self._epoch)
+        order, start = (seg.order, seg.start) if seg else (self.planner.order, 0)
+        return {**state, "batch_size": self.cfg.batch_size, "uneven": self.cfg.uneven,
+                "order": order.to_dict(), "start": start,
+                "samples": start + self.planner.consumed(self._epoch, self._consumed)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration continue exactly after the samples the saved loader's ranks
@@ -72,46 +149,104 @@ class EpochPosition:
         if state.get("mix") != self._mix_state().get("mix"):
             raise ConfigError(f"state is for the mix {state.get('mix')}; this loader reads "
                               f"{self._mix_state().get('mix')}")
+        mine = dataset_identity(self.reader)
+        if state["dataset"] != mine:
+            raise ConfigError(f"state was saved on another dataset or another packing of it "
+                              f"({state['dataset']}); this loader reads {self.reader.root} "
+                              f"({mine}): a position indexes one packing's samples, so resume "
+                              "on the dataset it was saved on")
         self._check_state(state)
-        epoch, batches, world = int(state["epoch"]), int(state["batches"]), state["world_size"]
-        same = world == self.world.size and state.get("batch_size", self.cfg.batch_size) == \
-            self.cfg.batch_size
-        if "samples" not in state or not self.elastic:
+        epoch, batches, world = _count(state, "epoch"), _count(state, "batches"), \
+            state["world_size"]
+        same = world == self.world.size \
+            and state.get("batch_size", self.cfg.batch_size) == self.cfg.batch_size \
+            and state.get("uneven", self.cfg.uneven) == self.cfg.uneven
+        if not self.elastic:
             if not same:
-                why = "it was saved before states became global (no 'samples')" \
-                    if self.elastic else f"{self._order_name()} cannot be dealt anew"
                 raise ConfigError(f"state was saved at world_size={world}; this loader has "
-                                  f"world_size={self.world.size}, and {why}: resume it at "
-                                  f"world_size={world}")
-            # before shuffle_window, sharded data was shuffled by the buffer
-            seg = Segment(epoch, order_spec(self.sampler.reader, self.cfg, self.world,
-                                            window=None), 0)
+                                  f"world_size={self.world.size}, and {self._order_name()} "
+                                  f"cannot be dealt anew: resume it at world_size={world}")
+            seg = Segment(epoch, self.planner.order, 0)
         else:
             order, start = OrderSpec.from_dict(state.get("order")), _count(state, "start")
             samples = _count(state, "samples")
-            if samples < start or samples > len(self.sampler.reader):
+            if samples < start or samples > len(self.reader):
                 raise ConfigError(f"state 'samples'={samples} is outside {start}.."
-                                  f"{len(self.sampler.reader)} (start..dataset size)")
+                                  f"{len(self.reader)} (start..dataset size)")
             if not same:  # re-deal what the saver's ranks had not read yet
                 seg, batches = Segment(epoch, order, samples), 0
             else:  # the saver's own plan, from its next batch
                 seg = Segment(epoch, order, start)
-        fresh = seg.start == 0 and seg.order == self.sampler.order  # the epoch's own plan
+        fresh = seg.start == 0 and seg.order == self.planner.order  # the epoch's own plan
         self._epoch, self._consumed, self._resume_at = epoch, batches, batches
-        self.sampler.resumed = None if fresh or not self.elastic else seg
+        self.planner.resumed = None if fresh or not self.elastic else seg
+
+    def _hand_out(self, batches: Iterator[dict[str, Any]], epoch: int,
+                  start: int) -> Iterator[dict[str, Any]]:
+        """Yield ``batches`` (the backend's, of ``epoch`` from batch ``start``), counting them;
+        the epoch ends as its last planned batch is handed out. Under ``uneven="mask"`` each
+        batch gets ``valid`` (bool: a real sample, not padding) and ``index`` (its sample)."""
+        plan = self.planner.plan(epoch)
+        count, mask = self._count(epoch), self.cfg.uneven == "mask"
+        self.end_of_dataloader, self.remainder = False, self._remainder(epoch)
+        number = start
+        for batch in batches:
+            if number >= count:
+                raise RuntimeError(f"the backend yielded more than the {count} batches planned "
+                                   f"for epoch {epoch}")
+            if mask:
+                real = self.planner.real(epoch, number)
+                batch[VALID_KEY] = (torch.arange(len(plan[number])) < real).to(self.device)
+                batch[INDEX_KEY] = torch.from_numpy(plan[number]).to(self.device)
+            number += 1
+            self._consumed = number
+            if number == count:
+                self._end_epoch(epoch)
+            yield batch
+        if number < count:
+            raise RuntimeError(f"the backend ended epoch {epoch} after {number} of {count} "
+                               "batches")
+        if count == start:  # nothing left to hand out: the epoch is over all the same
+            self._end_epoch(epoch)
+
+    def _count(self, epoch: int) -> int:
+        """Batches ``epoch``'s current plan hands out on this rank, from its first."""
+        return len(self.planner.plan(epoch))
+
+    def _end_epoch(self, epoch: int) -> None:
+        """The epoch's last batch is going out: the next iteration is the next epoch."""
+        self._epoch_done(epoch)
+        self._epoch, self._consumed, self._resume_at = epoch + 1, 0, None
+        self.end_of_dataloader = True
+
+    def _epoch_done(self, epoch: int) -> None:
+        """Backend hook, before the epoch's last batch is handed out (reports, checks)."""
+
+    def _remainder(self, epoch: int) -> int:
+        """accelerate's ``remainder``: real samples in the last gathered step of ``epoch`` when it
+        is short, 0 when it is full; -1 unless ``uneven="mask"`` (padding is not marked)."""
+        if self.cfg.uneven != "mask":
+            return -1
+        rest = self.planner.consumed(epoch, len(self.planner.plan(epoch)))
+        return rest % (self.cfg.batch_size * self.world.size)
 
     def _mix_state(self) -> dict[str, Any]:
         """A mix's sources, weights and epoch size (feedpipe.loader.mixing); {} otherwise."""
-        reader = self.sampler.reader
+        reader = self.planner.reader
         return {"mix": mix_state(reader, self.cfg)} if isinstance(reader, MixedReader) else {}
 
     def _begin(self) -> tuple[int, int]:
         """(epoch, first batch) of an iteration that starts now; a loaded state is used once."""
         start, self._resume_at = self._resume_at, None
         if start is None:
-            start, self.sampler.resumed = 0, None
+            start, self.planner.resumed = 0, None
         self._consumed = start
         return self._epoch, start
+
+    def _seek(self, epoch: int, number: int) -> None:
+        """Make the next iteration start at batch ``number`` of ``epoch``'s current plan."""
+        self.set_epoch(epoch)
+        self._resume_at = number
 
     def _check_state(self, state: dict[str, Any]) -> None:
         """Backend-specific refusals, raised before the position changes."""
@@ -126,3 +261,7 @@ def _count(state: dict[str, Any], key: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"state {key!r}={value!r}: expected an int >= 0")
     return value
+
+
+__all__ = ["EpochPosition", "INDEX_KEY", "STATE_KEYS", "VALID_KEY", "dataset_identity",
+           "refuse_nested_workers"]

@@ -23,12 +23,12 @@ from torch.utils.data import Sampler
 
 from ..dataset.formats.base import DatasetReader
 from ..dataset.mixed import MixedReader
-from ..errors import ConfigError, EmptyDatasetError
+from ..errors import ConfigError
 from .config import LoaderConfig
 from .mixing import mix_order
 from .order import OrderSpec, consumed, interleave, rng_for, shuffle_buffer
 
-Uneven = Literal["pad", "drop"]
+Uneven = Literal["pad", "drop", "mask"]
 
 
 @dataclass(frozen=True)
@@ -59,20 +59,42 @@ def plan_batches(streams: list[np.ndarray], rank: int, batch_size: int, *, drop_
                  uneven: Uneven) -> list[np.ndarray]:
     """This rank's batches, with exactly the same count on every rank.
 
-    ``uneven="pad"`` tops short ranks up by wrapping around their own stream (every sample is seen);
-    ``"drop"`` trims long ranks to the shortest. ``drop_last`` drops the final partial batch.
+    ``uneven="pad"`` tops short ranks up by wrapping around their own stream (every sample is seen;
+    a rank left with nothing, as after a resume with fewer samples left than ranks, wraps around
+    the others' samples); ``"drop"`` trims long ranks to the shortest. ``drop_last`` drops the
+    final partial batch. (``"mask"`` deals by :func:`plan_masked` instead.)
     """
     lengths = [len(s) for s in streams]
     target = max(lengths) if uneven == "pad" else min(lengths)
     mine = streams[rank]
     if target > len(mine):
-        if len(mine) == 0:
-            raise EmptyDatasetError(f"rank {rank} has no samples to pad from; use fewer ranks or "
-                                    "more data")
-        mine = np.resize(mine, target)  # wrap-around repeat
+        mine = np.resize(mine if len(mine) else np.concatenate(streams), target)  # wrap around
     mine = mine[:target]
     count = target // batch_size if drop_last else -(-target // batch_size)
     return [mine[b * batch_size: (b + 1) * batch_size] for b in range(count)]
+
+
+def plan_masked(order: np.ndarray, world: World, batch_size: int) -> tuple[list[np.ndarray],
+                                                                              list[int]]:
+    """``uneven="mask"``: this rank's batches of ``order`` and how many rows of each are real.
+
+    Step s gives rank r the contiguous block ``order[s*G + r*B : s*G + (r+1)*B]`` (G = B × world
+    size), so the ranks' batches gathered in rank order are the global order itself, and every
+    sample is counted exactly once. Every batch is full (one shape for ``torch.compile``): the last
+    step's missing rows repeat the order's first samples and are marked not real, at the tail of
+    the gathered step (what ``accelerate``'s ``gather_for_metrics`` trims).
+    """
+    b, g = batch_size, batch_size * world.size
+    steps = -(-len(order) // g)
+    batches, real = [], []
+    for s in range(steps):
+        lo = s * g + world.rank * b
+        block = order[lo: lo + b]
+        real.append(len(block))
+        if len(block) < b:
+            block = np.concatenate([block, np.resize(order, b - len(block))])
+        batches.append(block)
+    return batches, real
 
 
 # --- the batch plan both backends iterate ---------------------------------------------------------
@@ -110,12 +132,24 @@ class Segment:
 
 def order_spec(reader: DatasetReader, cfg: LoaderConfig, world: World, *,
                window: int | None | Literal["config"] = "config") -> OrderSpec:
-    """The order a fresh epoch of this loader follows (``window`` overrides the config's, e.g.
-    None for the shuffle-buffer order of states saved before ``shuffle_window`` existed)."""
+    """The order a fresh epoch of this loader follows (``window`` overrides the config's).
+
+    ``uneven="mask"`` reads one global order at any world size (the same evaluation everywhere).
+    """
     if not reader.shard_ranges():
         return OrderSpec(cfg.shuffle, 1, None, 0)  # map-style: the same order at any world size
-    return OrderSpec(cfg.shuffle, world.size, cfg.shuffle_window if window == "config" else window,
-                     cfg.shuffle_buffer)
+    return OrderSpec(cfg.shuffle, 1 if cfg.uneven == "mask" else world.size,
+                     cfg.shuffle_window if window == "config" else window, cfg.shuffle_buffer)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One epoch's plan on this rank: its batches, the length of every rank's stream (what a
+    position counts) and the real rows of each batch (less than its length only under "mask")."""
+
+    batches: list[np.ndarray]
+    lengths: list[int]
+    real: list[int]
 
 
 class PlanSampler(Sampler[BatchRequest]):
@@ -134,15 +168,13 @@ class PlanSampler(Sampler[BatchRequest]):
         self.epoch, self.start = 0, 0
         self.resumed: Segment | None = None
         self.ring: Slots | None = None
-        self._cache: tuple[tuple[int, Segment | None], list[np.ndarray], list[int]] | None = None
+        self._cache: dict[tuple[int, Segment | None], Plan] = {}
 
     def segment(self, epoch: int) -> Segment | None:
         """The resumed segment when it is for ``epoch``; None: the epoch's fresh plan."""
         return self.resumed if self.resumed is not None and self.resumed.epoch == epoch else None
 
-    def _build(self, epoch: int) -> tuple[list[np.ndarray], list[int]]:
-        """(this rank's batches, every rank's count of real samples) for ``epoch``."""
-        seg = self.segment(epoch)
+    def _build(self, epoch: int, seg: Segment | None) -> Plan:
         spec, start = (seg.order, seg.start) if seg else (self.order, 0)
         with warnings.catch_warnings():
             warnings.simplefilter("always" if epoch == 0 and seg is None else "ignore")
@@ -151,28 +183,46 @@ class PlanSampler(Sampler[BatchRequest]):
             else:
                 streams = spec.build(len(self.reader), self.shards, seed=self.cfg.seed,
                                      epoch=epoch)
-        size = self.world.size
+        size, cfg = self.world.size, self.cfg
+        if cfg.uneven == "mask":
+            rest = interleave(streams)[start:]
+            batches, real = plan_masked(rest, self.world, cfg.batch_size)
+            return Plan(batches, [len(rest)], real)
         if start or spec.streams != size:  # deal the global order (from ``start``) round-robin
             rest = interleave(streams)[start:]
             streams = [rest[r::size] for r in range(size)]
-        batches = plan_batches(streams, self.world.rank, self.cfg.batch_size,
-                               drop_last=self.cfg.drop_last, uneven=self.cfg.uneven)
-        return batches, [len(s) for s in streams]
+        batches = plan_batches(streams, self.world.rank, cfg.batch_size,
+                               drop_last=cfg.drop_last, uneven=cfg.uneven)
+        return Plan(batches, [len(s) for s in streams], [len(b) for b in batches])
 
-    def _cached(self, epoch: int) -> tuple[list[np.ndarray], list[int]]:
-        key = (epoch, self.segment(epoch))
-        if self._cache is None or self._cache[0] != key:
-            self._cache = (key, *self._build(epoch))
-        return self._cache[1], self._cache[2]
+    def _cached(self, epoch: int, fresh: bool = False) -> Plan:
+        seg = None if fresh else self.segment(epoch)
+        key = (epoch, seg)
+        if key not in self._cache:
+            if len(self._cache) >= 2:  # the current epoch's plan and its fresh twin
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[key] = self._build(epoch, seg)
+        return self._cache[key]
 
     def plan(self, epoch: int) -> list[np.ndarray]:
         """All of this rank's batches (index arrays) for ``epoch``."""
-        return self._cached(epoch)[0]
+        return self._cached(epoch).batches
+
+    def real(self, epoch: int, number: int) -> int:
+        """Real (not padding) rows of batch ``number`` of ``epoch``; only "mask" marks padding."""
+        return self._cached(epoch).real[number]
+
+    def epoch_length(self, epoch: int) -> int:
+        """Batches of ``epoch``'s fresh plan on this world: ``len(loader)``, resumed or not."""
+        return len(self._cached(epoch, fresh=True).batches)
 
     def consumed(self, epoch: int, batches: int) -> int:
         """Samples of ``epoch``'s global order that ``batches`` batches on every rank have read,
         counted from the plan's start (padding repeats are not counted)."""
-        return consumed(self._cached(epoch)[1], batches * self.cfg.batch_size)
+        lengths = self._cached(epoch).lengths
+        if self.cfg.uneven == "mask":
+            return min(lengths[0], batches * self.cfg.batch_size * self.world.size)
+        return consumed(lengths, batches * self.cfg.batch_size)
 
     def shard_order(self, epoch: int | None = None) -> list[int]:
         """The shards this rank reads in ``epoch`` (default: the current one, from ``start``), in
@@ -200,5 +250,5 @@ class PlanSampler(Sampler[BatchRequest]):
         return len(self.plan(self.epoch)) - self.start
 
 
-__all__ = ["BatchRequest", "PlanSampler", "Segment", "Slots", "World", "order_spec",
-           "plan_batches", "rng_for", "shuffle_buffer"]
+__all__ = ["BatchRequest", "Plan", "PlanSampler", "Segment", "Slots", "World", "order_spec",
+           "plan_batches", "plan_masked", "rng_for", "shuffle_buffer"]

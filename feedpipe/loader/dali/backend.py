@@ -25,7 +25,7 @@ from ...errors import ConfigError, CorruptRecordError, FeedpipeError, LoaderErro
 from ..config import LoaderConfig, auto_workers
 from ..dataset import BatchDataset
 from ..geometry import Framing
-from ..position import EpochPosition
+from ..position import EpochPosition, refuse_nested_workers
 from ..protocol import LoaderView
 from ..sampler import BatchRequest, PlanSampler, Segment, World, rng_for
 from ..transforms import ImageOp
@@ -76,7 +76,8 @@ class DaliLoader(EpochPosition):
         # random generator the image's windows already drew in PlanSource
         self.host = BatchDataset(reader, host, ImageOp(cfg.size), seed=cfg.seed,
                                  on_error="raise", ragged=cfg.ragged) if host else None
-        self.sampler = PlanSampler(reader, cfg, world)
+        self.planner = PlanSampler(reader, cfg, world)
+        self._surface()
         # DALI's CPU threads decode (CPU mode) and assist nvJPEG (GPU mode): this rank's cores;
         # num_workers > 0 adds processes that read and plan batches (parallel external_source)
         self.threads = auto_workers(True)
@@ -113,10 +114,6 @@ class DaliLoader(EpochPosition):
             decode_threads=self.threads,
             sample_bytes=spec.size[0] * spec.size[1] * 3 * itemsize + host)
 
-    def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank)."""
-        return self._count(self._epoch)
-
     def _check_state(self, state: dict[str, Any]) -> None:
         if state.get("dali_reader", "plan") != self.cfg.dali_reader:
             raise ConfigError(f"state was saved with dali_reader={state.get('dali_reader')!r}, "
@@ -124,7 +121,12 @@ class DaliLoader(EpochPosition):
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """One epoch from its first batch (or, once, from where ``load_state_dict`` says)."""
+        refuse_nested_workers(self.cfg)
         epoch, start = self._begin()
+        yield from self._hand_out(self._run(epoch, start), epoch, start)
+
+    def _run(self, epoch: int, start: int) -> Iterator[dict[str, Any]]:
+        """The epoch's batches from DALI; its end of epoch is checked before the last goes out."""
         count = self._count(epoch)
         it = self._iterator(epoch, start)
         for number in range(start, count):
@@ -142,26 +144,31 @@ class DaliLoader(EpochPosition):
                 raise err from exc
             self._next = (epoch, number + 1)
             batch = self._finish(out, epoch, number)
-            self._consumed += 1
+            if number == count - 1:
+                self._check_end(it, epoch, count)
             yield batch
+        if start == count:
+            self._check_end(it, epoch, count)
+
+    def _check_end(self, it: Any, epoch: int, count: int) -> None:
+        """DALI's end of epoch (our source's StopIteration) lets reset() go on."""
         try:
-            next(it)  # DALI's end of epoch (our source's StopIteration) lets reset() go on
+            next(it)
             self._close()
             raise LoaderError(f"DALI produced more than the {count} batches of epoch {epoch}")
         except StopIteration:
             self._ended = True
-        self._epoch, self._consumed = epoch + 1, 0
 
     # -- feedpipe's plan through external_source (the default) -----------------------------------
     def _count(self, epoch: int) -> int:
-        return len(self.sampler.plan(epoch))
+        return len(self.planner.plan(epoch))
 
     def _reuse(self, epoch: int, start: int) -> bool:
         """Whether the running pipeline can go on to (epoch, start): it is positioned there, or
         it ended the epoch before (its source maps DALI's next epoch to ours)."""
         if not self._ended:
-            return self._next == (epoch, start) and self._seg == self.sampler.segment(epoch)
-        if self._next == (epoch, 0) and start == 0 and self.sampler.segment(epoch) is None:
+            return self._next == (epoch, start) and self._seg == self.planner.segment(epoch)
+        if self._next == (epoch, 0) and start == 0 and self.planner.segment(epoch) is None:
             self._it.reset()
             self._ended = False
             return True
@@ -171,7 +178,7 @@ class DaliLoader(EpochPosition):
         """A new pipeline that starts at batch ``start`` of ``epoch``, and iterator options."""
         source = PlanSource(self.reader, self.cfg, self.world, self.image, self.op, epoch, start,
                             windows=self.spec.encoded or self.spec.resize,
-                            parallel=self.py_workers > 0, segment=self.sampler.segment(epoch))
+                            parallel=self.py_workers > 0, segment=self.planner.segment(epoch))
         # fork is cheap but impossible once this process holds a CUDA context (DALI's or torch's)
         method = self.cfg.multiprocessing_context or (
             "spawn" if self.dali.backend.IsDriverInitialized() else "fork")
@@ -180,11 +187,11 @@ class DaliLoader(EpochPosition):
         return self._new_pipeline(self.cfg.seed, source, **workers), {}
 
     def _indices(self, out: dict[str, torch.Tensor], epoch: int, number: int) -> np.ndarray:
-        return self.sampler.plan(epoch)[number]
+        return self.planner.plan(epoch)[number]
 
     def _suspects(self, epoch: int, number: int) -> list[np.ndarray]:
         """Batches a DALI failure at ``number`` may come from (it prefetches ahead)."""
-        return self.sampler.plan(epoch)[number: number + self.spec.depth + 1]
+        return self.planner.plan(epoch)[number: number + self.spec.depth + 1]
 
     # -- shared machinery ------------------------------------------------------------------------
     def _new_pipeline(self, seed: int, source: Any, **options: Any) -> Any:
@@ -207,7 +214,7 @@ class DaliLoader(EpochPosition):
         self._it = DALIGenericIterator(pipe, list(self.outputs), prepare_first_batch=False,
                                        **options)
         self._next, self._ended = (epoch, start), False
-        self._seg = self.sampler.segment(epoch)
+        self._seg = self.planner.segment(epoch)
         return self._it
 
     def _close(self) -> None:
@@ -273,6 +280,10 @@ class DaliWdsLoader(DaliLoader):
         self.member = list(reader.schema).index(reader.schema[self.image])
         self._resume: bytes | None = None  # a DALI checkpoint for the next pipeline
 
+    def __len__(self) -> int:
+        """Batches per epoch on this rank, in DALI's own order."""
+        return self._count(self._epoch)
+
     def _count(self, epoch: int) -> int:
         n, w, b = len(self.reader), self.world.size, self.cfg.batch_size
         if self.cfg.drop_last:
@@ -337,5 +348,9 @@ class DaliWdsLoader(DaliLoader):
 def dali_loader(reader: DatasetReader, cfg: LoaderConfig, world: World,
                 device: torch.device) -> DaliLoader:
     """The DALI loader for ``cfg.dali_reader``: feedpipe's plan, or DALI's WebDataset reader."""
+    if cfg.dali_reader == "webdataset" and cfg.uneven == "mask":
+        raise ConfigError("uneven='mask' deals feedpipe's plan; dali_reader='webdataset' reads in "
+                          "DALI's own order: use dali_reader='plan' for evaluation",
+                          option="uneven")
     kind = DaliWdsLoader if cfg.dali_reader == "webdataset" else DaliLoader
     return kind(reader, cfg, world, device)

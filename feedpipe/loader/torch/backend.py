@@ -23,7 +23,7 @@ from ...workers import single_threaded
 from ..config import SHM_HEADROOM, LoaderConfig
 from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, SlotRef
 from ..labels import RaggedList
-from ..position import EpochPosition
+from ..position import EpochPosition, refuse_nested_workers
 from ..protocol import LoaderView
 from ..sampler import PlanSampler, World
 from ..transforms import ImageOp
@@ -267,19 +267,20 @@ class TorchLoader(EpochPosition):
                               f"from {reader.schema.names}")
         self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
         op = ImageOp.of(cfg)
-        self.dataset = BatchDataset(reader, fields, op, seed=cfg.seed, on_error=cfg.on_error,
+        self.batch_dataset = BatchDataset(reader, fields, op, seed=cfg.seed, on_error=cfg.on_error,
                                     encoded_images=decoder is not None,
                                     max_pixels=cfg.max_pixels, ragged=cfg.ragged,
                                     min_box_fraction=cfg.min_box_fraction)
-        self.sampler = PlanSampler(reader, cfg, world)
+        self.planner = PlanSampler(reader, cfg, world)
+        self._surface()
         self.stage = DeviceStage(cfg, device)
         if decoder is not None:
             decoder.describe = reader.describe
             self.stage.decoder = decoder
             self.stage.size = self.stage.size or next(
-                tuple(c.field.shape[:2]) for c in self.dataset.columns if c.field.kind == "image")
+                tuple(c.field.shape[:2]) for c in self.batch_dataset.columns if c.field.kind == "image")
         self.ring: SlotRing | None = None
-        cols = self.dataset.columns
+        cols = self.batch_dataset.columns
         self.stage.image_fields = tuple(c.field.name for c in cols if c.field.kind == "image")
         self.stage.float_fields = tuple(c.field.name for c in cols if c.field.kind == "target"
                                         and c.dtype is not None and c.dtype.kind == "f")
@@ -293,18 +294,19 @@ class TorchLoader(EpochPosition):
         elif device.type == "cpu" and SlotRing.can_lend() and self._ring_shapes(cfg):
             # in-process: batches are lent slots of a plain-memory ring, never copied
             self._use_ring(SlotRing(self._ring_shapes(cfg), SlotRing.slots(0, 0), shared=False))
-        self._dl = DataLoader(self.dataset, batch_sampler=self.sampler,
+        self._dl = DataLoader(self.batch_dataset, batch_sampler=self.planner,
                               num_workers=cfg.num_workers, collate_fn=_identity,
                               pin_memory=bool(cfg.pin_memory) and device.type == "cuda",
                               worker_init_fn=_worker_init, **kwargs)
         self._epoch = 0
         self._consumed = 0
+        self._skipped_before = 0
         self.skipped: list[str] = []
         self.classes: tuple[str, ...] = reader.classes
 
     def describe(self) -> LoaderView:
         """The resolved settings (see :class:`~feedpipe.loader.protocol.LoaderView`)."""
-        cfg, image = self.cfg, next((c.field for c in self.dataset.columns
+        cfg, image = self.cfg, next((c.field for c in self.batch_dataset.columns
                                      if c.field.kind == "image"), None)
         workers = int(cfg.num_workers)  # type: ignore[arg-type]
         return LoaderView(
@@ -315,13 +317,13 @@ class TorchLoader(EpochPosition):
             pin_memory=bool(cfg.pin_memory) and self.device.type == "cuda",
             device=self.device.type, decode_threads=0,
             sample_bytes=sum(int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize
-                             for c in self.dataset.columns
+                             for c in self.batch_dataset.columns
                              if c.shape is not None and c.dtype is not None))
 
     def _ring_shapes(self, cfg: LoaderConfig) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """A slot's tensors: every stacked column, labels included, so that a batch from a
         worker crosses as slot numbers only."""
-        return {c.field.name: ((cfg.batch_size, *c.shape), c.dtype) for c in self.dataset.columns
+        return {c.field.name: ((cfg.batch_size, *c.shape), c.dtype) for c in self.batch_dataset.columns
                 if c.shape is not None and c.dtype is not None}
 
     def _attach_ring(self, cfg: LoaderConfig) -> None:
@@ -341,8 +343,8 @@ class TorchLoader(EpochPosition):
 
     def _use_ring(self, ring: SlotRing) -> None:
         self.ring = ring
-        self.dataset.slots = ring.tensors
-        self.sampler.ring = ring
+        self.batch_dataset.slots = ring.tensors
+        self.planner.ring = ring
         self.stage.ring = ring
 
     @property
@@ -350,25 +352,22 @@ class TorchLoader(EpochPosition):
         """Records (described by name) whose JPEG simplejpeg refused and Pillow decoded."""
         return self.stage.fallbacks
 
-    def __len__(self) -> int:
-        """Batches per epoch on this rank (the same on every rank)."""
-        return len(self.sampler.plan(self._epoch))
-
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """One epoch from its first batch (or, once, from where ``load_state_dict`` says)."""
-        self.sampler.epoch, self.sampler.start = self._begin()
+        refuse_nested_workers(self.cfg)
+        epoch, start = self._begin()
+        self.planner.epoch, self.planner.start = epoch, start
         if self.ring is not None:
             self.ring.reset()
-        skipped_before = len(self.skipped)
-        for batch in self.stage(self._batches()):
-            self._consumed += 1
-            yield batch
-        n = len(self.skipped) - skipped_before
+        self._skipped_before = len(self.skipped)
+        yield from self._hand_out(self.stage(self._batches()), epoch, start)
+
+    def _epoch_done(self, epoch: int) -> None:
+        n = len(self.skipped) - self._skipped_before
         if n:
             warnings.warn(f"{self.reader.root}: skipped {n} corrupt record(s) in epoch "
-                          f"{self._epoch} (on_error='skip'); first: {self.skipped[skipped_before]}",
-                          stacklevel=2)
-        self._epoch, self._consumed = self._epoch + 1, 0
+                          f"{epoch} (on_error='skip'); first: {self.skipped[self._skipped_before]}",
+                          stacklevel=4)
 
     def _batches(self) -> Iterator[dict[str, Any]]:
         for batch in self._dl:

@@ -1,0 +1,101 @@
+"""The part of ``torch.utils.data.DataLoader``'s surface a feedpipe loader offers, on purpose.
+
+Trainers read a few attributes of whatever they iterate: Lightning calls ``set_epoch`` on
+``loader.sampler`` or ``loader.batch_sampler.sampler`` and inspects ``batch_sampler``; the HF
+Trainer and ``accelerate.skip_first_batches`` rebuild ``DataLoader(loader.dataset,
+batch_sampler=SkipBatchSampler(loader.batch_sampler, n), collate_fn=loader.collate_fn)``. Here
+the batch sampler yields one :class:`BatchToken` per batch left in the epoch (cheap: skipping
+reads nothing), and ``loader.dataset`` answers a token with the loader's own batch, read from
+that batch on (:meth:`LoaderBatches.__getitems__`), so a rebuilt DataLoader yields exactly the
+loader's batches from where its sampler starts. ``loader.dataset[i]`` is refused: a feedpipe
+loader yields whole batches, made in its workers.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
+
+from torch.utils.data import Dataset
+
+if TYPE_CHECKING:
+    from .position import EpochPosition
+
+
+class BatchToken(NamedTuple):
+    """Batch ``number`` of ``epoch``'s plan on this rank: what the batch sampler yields."""
+
+    epoch: int
+    number: int
+
+
+def batch_as_is(batch: Any) -> Any:
+    """``loader.collate_fn``: batches come out of the loader already collated."""
+    return batch
+
+
+class LoaderSampler:
+    """``loader.sampler`` and ``loader.batch_sampler`` (one object, its own ``.sampler``).
+
+    ``set_epoch`` sets the loader's epoch; iterating yields a :class:`BatchToken` for each batch
+    the loader's next iteration would hand out; ``len()`` is the loader's.
+    """
+
+    def __init__(self, loader: "EpochPosition") -> None:
+        self._loader = loader
+
+    @property
+    def sampler(self) -> "LoaderSampler":
+        """``batch_sampler.sampler``, where Lightning also looks for ``set_epoch``."""
+        return self
+
+    @property
+    def batch_size(self) -> int:
+        return self._loader.cfg.batch_size
+
+    @property
+    def drop_last(self) -> bool:
+        return self._loader.cfg.drop_last
+
+    def set_epoch(self, epoch: int) -> None:
+        """The loader's :meth:`~feedpipe.loader.position.EpochPosition.set_epoch`."""
+        self._loader.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return len(self._loader)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[BatchToken]:
+        loader = self._loader
+        epoch, start = loader._epoch, loader._resume_at or 0
+        return (BatchToken(epoch, n) for n in range(start, len(loader.planner.plan(epoch))))
+
+
+class LoaderBatches(Dataset[Any]):
+    """``loader.dataset``: answers the batch sampler's tokens with the loader's batches.
+
+    Tokens taken in order stream from one iteration of the loader; a token out of order (the
+    first after a skip) starts the loader's iteration at that batch. ``len()`` is the number of
+    samples in the dataset, as frameworks that count examples expect.
+    """
+
+    def __init__(self, loader: "EpochPosition") -> None:
+        self._loader = loader
+        self._it: Iterator[dict[str, Any]] | None = None
+        self._next: BatchToken | None = None
+
+    def __len__(self) -> int:
+        return len(self._loader.reader)
+
+    def __getitems__(self, token: BatchToken) -> dict[str, Any]:
+        if not isinstance(token, BatchToken):
+            raise TypeError(f"loader.dataset serves the batches of loader.batch_sampler, not "
+                            f"{token!r}: iterate the loader itself")
+        if self._it is None or token != self._next:
+            self._loader._seek(token.epoch, token.number)
+            self._it = iter(self._loader)  # type: ignore[call-overload]
+        self._next = BatchToken(token.epoch, token.number + 1)
+        return next(self._it)
+
+    def __getitem__(self, index: Any) -> Any:
+        raise TypeError("a feedpipe loader yields whole batches made in its workers, not single "
+                        "samples: iterate the loader (for one sample's stored fields, use "
+                        "feedpipe.open_dataset(path)[index])")
