@@ -190,6 +190,25 @@ def test_kept_batches_are_never_overwritten(packed, workers):
     assert not ld.ring._lent  # released once the caller let go
 
 
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_kept_storage_pins_its_slot(packed, workers):
+    """#23.15: keeping only ``batch["image"].untyped_storage()`` (no tensor) keeps the slot out
+    of the ring too: the bytes it holds stay that batch's pixels."""
+    kw = dict(size=32, seed=1, crop="random_resized_crop", flip=True, **U8)
+    ref = [b["image"].clone() for b in feedpipe.make_loader(packed["lmdb"], 4, num_workers=0,
+                                                            **kw)]
+    ld = feedpipe.make_loader(packed["lmdb"], 4, num_workers=workers, **kw)
+    kept = [batch["image"].untyped_storage() for batch in ld]
+    assert len(kept) == len(ref) > ld.ring.count
+    for storage, r in zip(kept, ref):
+        got = torch.empty(0, dtype=torch.uint8).set_(storage)[: r.numel()]
+        assert torch.equal(got, r.permute(0, 2, 3, 1).reshape(-1))
+    kept.clear()
+    del storage, got
+    ld.ring.reclaim()
+    assert not ld.ring._lent
+
+
 def test_in_process_ring_only_where_slots_can_be_lent(packed):
     """Without workers the ring is plain memory of two slots on CPU; a CUDA device copies each
     batch out anyway (pinned), so it keeps building fresh batches."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 import warnings
 from collections import deque
 from typing import Any, Iterator
@@ -37,8 +38,11 @@ _LEND_MIN_BYTES = 1 << 12  # smaller ring columns are copied out, so keeping the
 
 
 def _use_count(t: torch.Tensor) -> int:
-    """References to ``t``'s storage (tensors, views, numpy arrays over it) in this process."""
-    return _STORAGE_USE_COUNT(t.untyped_storage()._cdata)
+    """References to ``t``'s storage in this process: tensors, views and numpy arrays over it
+    (torch's count), plus Python references to its ``untyped_storage()`` object, which torch's
+    count leaves out (a caller may keep only the storage)."""
+    storage = t.untyped_storage()
+    return _STORAGE_USE_COUNT(storage._cdata) + sys.getrefcount(storage)
 
 
 # torch's own storage reference count (torch._C); without it slots are never lent, only copied
