@@ -8,10 +8,10 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint test-faults bench bench-peers install pillow-simd clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
-	$(BIN)/pip install -q --disable-pip-version-check -e '.[test,demo,lint]'
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,demo,lint]'
 	touch $@
 
 install: $(STAMP)

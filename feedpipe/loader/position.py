@@ -85,6 +85,7 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
     _epoch: int = 0
     _consumed: int = 0
     _resume_at: int | None = None
+    _last_end: tuple[int, int] | None = None  # (epoch, batches) the last iteration ended at
     end_of_dataloader: bool = False  # the epoch's last batch is out (accelerate's GradientState)
     remainder: int = -1  # real samples of the last gathered step under "mask" (0: full; -1: n/a)
     # a DataLoader rebuilt around the surface runs in this process (no num_workers attribute:
@@ -114,6 +115,7 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
         """Choose the epoch (and so the order) of the next iteration."""
         if epoch != self._epoch:
             self._epoch, self._consumed, self._resume_at = int(epoch), 0, None
+            self._last_end = None
             self.planner.resumed = None
 
     def position(self) -> tuple[int, int]:
@@ -122,20 +124,32 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
         left = len(self.planner.plan(self._epoch)) - self._consumed
         return self._epoch, max(0, len(self) - left)
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, *, in_flight: int = 0) -> dict[str, Any]:
         """Position to resume from: the epoch, the samples of its global order consumed (with
         the order), this rank's plan position (batches yielded, world and batch size) and the
-        identity of the dataset."""
-        state = {"epoch": self._epoch, "batches": self._consumed, "seed": self.cfg.seed,
+        identity of the dataset.
+
+        ``in_flight``: batches handed out that the caller has not used yet (a trainer that
+        fetches ahead): the state resumes at the first of them, in their epoch.
+        """
+        epoch, taken = self._epoch, self._consumed
+        if in_flight:
+            if taken == 0 and self._last_end is not None:  # they were the end of the last epoch
+                epoch, taken = self._last_end
+            if in_flight > taken:
+                raise ConfigError(f"in_flight={in_flight}: only {taken} batches of epoch "
+                                  f"{epoch} were handed out")
+            taken -= in_flight
+        state = {"epoch": epoch, "batches": taken, "seed": self.cfg.seed,
                  "rank": self.world.rank, "world_size": self.world.size,
                  "dataset": dataset_identity(self.reader), **self._mix_state()}
         if not self.elastic:
             return state
-        seg = self.planner.segment(self._epoch)
+        seg = self.planner.segment(epoch)
         order, start = (seg.order, seg.start) if seg else (self.planner.order, 0)
         return {**state, "batch_size": self.cfg.batch_size, "uneven": self.cfg.uneven,
                 "order": order.to_dict(), "start": start,
-                "samples": start + self.planner.consumed(self._epoch, self._consumed)}
+                "samples": start + self.planner.consumed(epoch, taken)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Make the next iteration continue exactly after the samples the saved loader's ranks
@@ -216,6 +230,7 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
     def _end_epoch(self, epoch: int) -> None:
         """The epoch's last batch is going out: the next iteration is the next epoch."""
         self._epoch_done(epoch)
+        self._last_end = (epoch, self._consumed)
         self._epoch, self._consumed, self._resume_at = epoch + 1, 0, None
         self.end_of_dataloader = True
 
@@ -237,7 +252,7 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
 
     def _begin(self) -> tuple[int, int]:
         """(epoch, first batch) of an iteration that starts now; a loaded state is used once."""
-        start, self._resume_at = self._resume_at, None
+        start, self._resume_at, self._last_end = self._resume_at, None, None
         if start is None:
             start, self.planner.resumed = 0, None
         self._consumed = start

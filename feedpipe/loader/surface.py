@@ -5,7 +5,7 @@ Trainers read a few attributes of whatever they iterate: Lightning calls ``set_e
 Trainer and ``accelerate.skip_first_batches`` rebuild ``DataLoader(loader.dataset,
 batch_sampler=SkipBatchSampler(loader.batch_sampler, n), collate_fn=loader.collate_fn)``. Here
 the batch sampler yields one :class:`BatchToken` per batch left in the epoch (cheap: skipping
-reads nothing), and ``loader.dataset`` answers a token with the loader's own batch, read from
+reads nothing), numbered from the epoch's first batch, and ``loader.dataset`` answers a token with the loader's own batch, read from
 that batch on (:meth:`LoaderBatches.__getitems__`), so a rebuilt DataLoader yields exactly the
 loader's batches from where its sampler starts. ``loader.dataset[i]`` is refused: a feedpipe
 loader yields whole batches, made in its workers.
@@ -13,6 +13,7 @@ loader yields whole batches, made in its workers.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
 
 from torch.utils.data import Dataset
@@ -37,11 +38,11 @@ class LoaderSampler:
     """``loader.sampler`` and ``loader.batch_sampler`` (one object, its own ``.sampler``).
 
     ``set_epoch`` sets the loader's epoch; iterating yields a :class:`BatchToken` for each batch
-    the loader's next iteration would hand out; ``len()`` is the loader's.
+    of the epoch; ``len()`` is the loader's.
     """
 
     def __init__(self, loader: "EpochPosition") -> None:
-        self._loader = loader
+        self._loader = weakref.proxy(loader)  # no cycle: a dropped loader is freed at once
 
     @property
     def sampler(self) -> "LoaderSampler":
@@ -64,9 +65,12 @@ class LoaderSampler:
         return len(self._loader)  # type: ignore[arg-type]
 
     def __iter__(self) -> Iterator[BatchToken]:
+        """Tokens for every batch of the current epoch's plan, numbered from its first: a skip of
+        n (``skip_first_batches``) starts at batch n, also after ``load_state_dict`` put the
+        loader there (the same batch: skipping after a resume is harmless)."""
         loader = self._loader
-        epoch, start = loader._epoch, loader._resume_at or 0
-        return (BatchToken(epoch, n) for n in range(start, len(loader.planner.plan(epoch))))
+        epoch = loader._epoch
+        return (BatchToken(epoch, n) for n in range(len(loader.planner.plan(epoch))))
 
 
 class LoaderBatches(Dataset[Any]):
@@ -78,7 +82,7 @@ class LoaderBatches(Dataset[Any]):
     """
 
     def __init__(self, loader: "EpochPosition") -> None:
-        self._loader = loader
+        self._loader = weakref.proxy(loader)
         self._it: Iterator[dict[str, Any]] | None = None
         self._next: BatchToken | None = None
 
@@ -93,7 +97,10 @@ class LoaderBatches(Dataset[Any]):
             self._loader._seek(token.epoch, token.number)
             self._it = iter(self._loader)  # type: ignore[call-overload]
         self._next = BatchToken(token.epoch, token.number + 1)
-        return next(self._it)
+        batch = next(self._it)
+        if self._loader._epoch != token.epoch:  # that was the epoch's last batch
+            self._it = self._next = None  # (the suspended iteration refers to the loader)
+        return batch
 
     def __getitem__(self, index: Any) -> Any:
         raise TypeError("a feedpipe loader yields whole batches made in its workers, not single "

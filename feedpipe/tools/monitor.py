@@ -83,6 +83,18 @@ class StallSummary:
         d["advice"] = list(self.advice)
         return d
 
+    def scalars(self, prefix: str = "feedpipe/") -> dict[str, float]:
+        """The figures a trainer's logger plots per epoch ("data time vs train time")."""
+        return {f"{prefix}data_wait_share": self.input_bound, f"{prefix}data_wait_s": self.wait_s,
+                f"{prefix}step_s": self.step_s, f"{prefix}samples_per_s": self.samples_per_s,
+                f"{prefix}wait_p95_ms": self.wait_p95_ms}
+
+    def log_to(self, writer: Any, step: int, prefix: str = "feedpipe/") -> None:
+        """Write :meth:`scalars` to a TensorBoard ``SummaryWriter`` (anything with
+        ``add_scalar(tag, value, step)``) at ``step``, e.g. the epoch."""
+        for tag, value in self.scalars(prefix).items():
+            writer.add_scalar(tag, value, step)
+
     def __str__(self) -> str:
         lines = [f"{self.verdict}: {self.input_bound:.0%} of steady-state time waiting for data "
                  f"({self.batches} batches, {self.samples_per_s:,.0f} samples/s, first batch "
@@ -196,6 +208,18 @@ class StallMeter:
                 sync()
             self._last = t0 = clock()
             steps.append(t0 - t1)
+
+    def record(self, wait_s: float, step_s: float, rows: int) -> None:
+        """Add one batch measured elsewhere: a trainer that iterates the loader itself times
+        the wait and the step in its batch hooks (:mod:`feedpipe.integrations`)."""
+        now = self.clock()
+        if self._start is None:
+            self._start = now - wait_s - step_s
+        self._last = now
+        self.waits.append(wait_s)
+        self.steps.append(step_s)
+        self.rows.append(rows)
+        self.samples += rows
 
     def summary(self) -> StallSummary:
         """Totals, wait percentiles, verdict and advice for everything measured so far."""

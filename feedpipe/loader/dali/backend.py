@@ -290,8 +290,13 @@ class DaliWdsLoader(DaliLoader):
             return n // w // b
         return math.ceil(math.ceil(n / w) / b)
 
-    def state_dict(self) -> dict[str, Any]:
-        """The position, plus DALI's checkpoint of its reader and random state mid-epoch."""
+    def state_dict(self, *, in_flight: int = 0) -> dict[str, Any]:
+        """The position, plus DALI's checkpoint of its reader and random state mid-epoch (of
+        the batches handed out: DALI's checkpoint cannot step back ``in_flight`` batches)."""
+        if in_flight:
+            raise ConfigError("dali_reader='webdataset' checkpoints DALI's own reader, which "
+                              "cannot step back over batches fetched ahead; use "
+                              "dali_reader='plan'", option="dali_reader")
         state = {**super().state_dict(), "dali_reader": "webdataset"}
         if self._consumed and self._it is not None and self._next == (self._epoch,
                                                                        self._consumed):

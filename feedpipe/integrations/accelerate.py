@@ -1,0 +1,122 @@
+"""accelerate: feedpipe loaders in accelerate's training and evaluation loops.
+
+``train, val = feedpipe.integrations.accelerate.prepare(accelerator, train, val)`` (or
+``prepare(accelerator, model, optimizer, train, val)``: other objects go to
+``accelerator.prepare``) returns each feedpipe loader as an :class:`AcceleratedLoader`, which
+
+- takes part in accelerate's ``GradientState``: ``end_of_dataloader`` is True for the epoch's last
+  batch, so ``accelerator.accumulate`` syncs and steps on it, and ``gather_for_metrics`` trims the
+  padding of an ``uneven="mask"`` loader (its ``remainder``), counting every sample once;
+- is registered for checkpointing: ``save_state``/``load_state`` carry its position, and the next
+  iteration resumes at the first batch not yet handed out, at any world size; ``skip_first_batches``
+  works too (and is harmless after ``load_state``);
+- logs the epoch's data-wait share to accelerate's trackers (``accelerator.log``) when
+  ``log_data_wait`` and trackers are set up (``Accelerator(log_with=...)``).
+
+The loader itself is not a ``DataLoader``, so ``accelerator.prepare`` alone leaves it as it is: it
+already shards by rank and moves batches to the device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from ..errors import MissingDependencyError
+from ..loader.position import EpochPosition
+from ..tools.monitor import StallMeter
+
+try:
+    from accelerate.state import GradientState
+except ImportError as exc:
+    raise MissingDependencyError("feedpipe.integrations.accelerate needs accelerate: pip "
+                                 "install 'feedpipe[accelerate]'") from exc
+
+
+class AcceleratedLoader:
+    """A feedpipe loader taking part in accelerate's gradient state, checkpoints and logs.
+
+    It has the loader's ``len()``, ``set_epoch``, ``state_dict``/``load_state_dict`` and
+    DataLoader surface (``dataset``, ``batch_sampler``...), so accelerate and the HF Trainer use it
+    as they would the loader.
+    """
+
+    def __init__(self, loader: EpochPosition, accelerator: Any = None,
+                 log_data_wait: bool = True, rename: dict[str, str | None] | None = None) -> None:
+        self.loader, self.accelerator, self.rename = loader, accelerator, rename or {}
+        self.gradient_state = GradientState()
+        self.log_data_wait = log_data_wait
+        self.meter = StallMeter(cuda_sync=False)
+        self.epochs_logged = 0
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.loader, name)  # the surface, describe(), classes, skipped ...
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        return self.loader.end_of_dataloader
+
+    @property
+    def remainder(self) -> int:
+        return self.loader.remainder
+
+    def set_epoch(self, epoch: int) -> None:
+        self.loader.set_epoch(epoch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.loader.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        self.gradient_state._add_dataloader(self)  # what accelerate's own loaders do
+        self.meter.reset()
+        epoch = self.loader.position()[0]
+        try:
+            for batch in self.meter.wrap(self.loader):
+                yield self._renamed(batch) if self.rename else batch
+        finally:
+            self.gradient_state._remove_dataloader(self)
+        if self.log_data_wait and self.accelerator is not None and len(self.meter.waits) > 1 \
+                and getattr(self.accelerator, "trackers", None):
+            self.accelerator.log(self.meter.summary().scalars(), step=epoch)
+            self.epochs_logged += 1
+
+
+    def _renamed(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """The batch with its keys renamed (a None name drops the field)."""
+        out = {}
+        for key, value in batch.items():
+            name = self.rename.get(key, key)
+            if name is not None:
+                out[name] = value
+        return out
+
+
+def prepare(accelerator: Any, *objects: Any, log_data_wait: bool = True) -> Any:
+    """``accelerator.prepare`` for everything but feedpipe loaders (all in one call, as
+    accelerate wants models and optimizers together), which become :class:`AcceleratedLoader`
+    and are registered for ``save_state``/``load_state``. Returns one object for one argument,
+    else a tuple, as ``accelerator.prepare`` does."""
+    others = [o for o in objects if not isinstance(o, (EpochPosition, AcceleratedLoader))]
+    prepared = iter(_as_tuple(accelerator.prepare(*others)) if others else ())
+    out = []
+    for obj in objects:
+        if isinstance(obj, EpochPosition):
+            wrapped = AcceleratedLoader(obj, accelerator, log_data_wait)
+            accelerator.register_for_checkpointing(wrapped)
+            out.append(wrapped)
+        elif isinstance(obj, AcceleratedLoader):
+            out.append(obj)
+        else:
+            out.append(next(prepared))
+    return out[0] if len(out) == 1 else tuple(out)
+
+
+def _as_tuple(result: Any) -> tuple[Any, ...]:
+    return result if isinstance(result, tuple) else (result,)

@@ -1,0 +1,168 @@
+"""PyTorch Lightning: a ``LightningDataModule`` over feedpipe datasets.
+
+``FeedpipeDataModule(train="packed/", val="val/", batch_size=64, size=224, ...)`` makes the
+loaders for the trainer's rank and world size and adds :class:`FeedpipeCallback` to the trainer,
+which keeps three things exact that Lightning alone does not:
+
+- a checkpoint saved mid-epoch resumes at the first batch not yet trained: Lightning fetches one
+  batch ahead, and the loader's own state would skip it;
+- an elastic resume (a checkpoint of 2 ranks on 1, or of 1 on 2): Lightning restores its batch
+  counter in the saver's batches; it is set to the loader's position in this world's batches, so
+  the resumed epoch hands out exactly the rest and ends where the loader's epoch ends;
+- the data-wait share of each training epoch reaches the trainer's logger (TensorBoard, CSV, W&B)
+  as ``feedpipe/data_wait_share`` and friends (:meth:`~feedpipe.tools.monitor.StallSummary.scalars`).
+
+Evaluation loaders use ``uneven="mask"``: every batch is full and carries ``valid`` and ``index``;
+count ``batch["valid"]`` (``self.log(..., reduce_fx="sum", sync_dist=True)``) and every
+validation sample counts exactly once across ranks.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from ..errors import ConfigError, MissingDependencyError
+from ..loader.api import make_loader
+from ..loader.position import EpochPosition
+from ..loader.sampler import World
+from ..tools.monitor import StallMeter, _count
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # the standalone package has the same API
+    try:
+        import pytorch_lightning as pl  # type: ignore[no-redef]
+    except ImportError as exc:
+        raise MissingDependencyError("feedpipe.integrations.lightning needs Lightning: pip "
+                                     "install 'feedpipe[lightning]'") from exc
+
+EVAL_DEFAULTS: dict[str, Any] = {"shuffle": False, "uneven": "mask", "crop": "center_crop",
+                                 "flip": False}
+_TRAIN_ONLY = ("crop", "scale", "ratio", "flip", "shuffle", "uneven", "drop_last")
+
+
+class FeedpipeCallback(pl.Callback):
+    """Exact mid-epoch and elastic resume, and the data-wait share per epoch in the logger
+    (added by :class:`FeedpipeDataModule`; add it yourself to a trainer whose loaders are
+    feedpipe loaders made elsewhere)."""
+
+    def __init__(self, log_data_wait: bool = True) -> None:
+        self.log_data_wait = log_data_wait
+        self.meter = StallMeter(cuda_sync=False)
+        self._batch_end: float | None = None
+        self._batch_start = 0.0
+
+    @staticmethod
+    def _train_loaders(trainer: "pl.Trainer") -> list[EpochPosition]:
+        combined = trainer.fit_loop._combined_loader
+        flat = combined.flattened if combined is not None else []
+        return [ld for ld in flat if isinstance(ld, EpochPosition)]
+
+    @staticmethod
+    def _in_flight(trainer: "pl.Trainer") -> int:
+        """Batches Lightning has fetched ahead of the one being trained."""
+        fetcher = trainer.fit_loop._data_fetcher
+        return len(getattr(fetcher, "batches", ()) or ())
+
+    def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        loaders = self._train_loaders(trainer)
+        if trainer.fit_loop.restarting and len(loaders) == 1:
+            _, at = loaders[0].position()
+            at = max(0, at - self._in_flight(trainer))
+            progress = trainer.fit_loop.epoch_loop.batch_progress.current
+            progress.ready = progress.started = progress.processed = progress.completed = at
+        self.meter.reset()
+        self._batch_end = None
+
+    def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                             batch: Any, batch_idx: int) -> None:
+        self._batch_start = time.perf_counter()
+        if self._batch_end is None:
+            self._batch_end = self._batch_start
+
+    def on_train_batch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        now = time.perf_counter()
+        wait = self._batch_start - (self._batch_end or self._batch_start)
+        self.meter.record(wait, now - self._batch_start, _count(batch))
+        self._batch_end = now
+
+    def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        if self.log_data_wait and len(self.meter.waits) > 1:
+            for name, value in self.meter.summary().scalars().items():
+                pl_module.log(name, value, on_epoch=True, sync_dist=True)
+
+    def on_save_checkpoint(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
+                           checkpoint: dict[str, Any]) -> None:
+        """Save the train loaders' positions at the first batch not yet trained."""
+        fit = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
+        loaders = self._train_loaders(trainer)
+        if "combined_loader" not in fit or not loaders:
+            return
+        lag = self._in_flight(trainer)
+        states, mine = list(fit["combined_loader"]), iter(loaders)
+        combined = trainer.fit_loop._combined_loader
+        stateful = [ld for ld in combined.flattened
+                    if callable(getattr(ld, "state_dict", None))] if combined else []
+        for k, ld in enumerate(stateful):
+            if isinstance(ld, EpochPosition) and k < len(states):
+                states[k] = next(mine).state_dict(in_flight=lag)
+        fit["combined_loader"] = states
+
+
+class FeedpipeDataModule(pl.LightningDataModule):
+    """Loaders for ``fit``, ``validate``, ``test`` and ``predict`` from packed datasets.
+
+    ``train``/``val``/``test``/``predict`` are dataset paths or URLs (or mixes, as
+    ``make_loader`` takes them); ``options`` go to every ``make_loader`` call, and evaluation
+    loaders add :data:`EVAL_DEFAULTS` (``uneven="mask"``, no shuffle, centre crop) under
+    ``eval_options``. The rank and world size are the trainer's.
+    """
+
+    def __init__(self, train: Any = None, val: Any = None, test: Any = None,
+                 predict: Any = None, *, batch_size: int, eval_batch_size: int | None = None,
+                 eval_options: dict[str, Any] | None = None, log_data_wait: bool = True,
+                 **options: Any) -> None:
+        super().__init__()
+        if train is None and val is None and test is None and predict is None:
+            raise ConfigError("FeedpipeDataModule needs at least one dataset: train=, val=, "
+                              "test= or predict=")
+        self.sources = {"train": train, "val": val, "test": test, "predict": predict}
+        self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
+        self.options = options
+        self.eval_options = {**EVAL_DEFAULTS, **{k: v for k, v in options.items()
+                                                 if k not in _TRAIN_ONLY},
+                             **(eval_options or {})}
+        self.log_data_wait = log_data_wait
+        self.loaders: dict[str, Any] = {}
+
+    def setup(self, stage: str) -> None:
+        trainer = self.trainer
+        world = World(trainer.global_rank, trainer.world_size) if trainer else None
+        if trainer is not None and not any(isinstance(c, FeedpipeCallback)
+                                           for c in trainer.callbacks):
+            trainer.callbacks.append(FeedpipeCallback(self.log_data_wait))
+        for split, source in self.sources.items():
+            if source is None or split in self.loaders:
+                continue
+            train = split == "train"
+            self.loaders[split] = make_loader(
+                source, self.batch_size if train else self.eval_batch_size, world=world,
+                **(self.options if train else self.eval_options))
+
+    def _loader(self, split: str) -> Any:
+        """The split's loader; [] (Lightning's "no loader") for a split without a dataset."""
+        return self.loaders[split] if self.sources[split] is not None else []
+
+    def train_dataloader(self) -> Any:
+        return self._loader("train")
+
+    def val_dataloader(self) -> Any:
+        return self._loader("val")
+
+    def test_dataloader(self) -> Any:
+        return self._loader("test")
+
+    def predict_dataloader(self) -> Any:
+        return self._loader("predict")
