@@ -8,14 +8,16 @@ from pathlib import Path
 from .records import RecordSource
 
 
-def record_source(src: str | Path, split: str = "train") -> RecordSource | None:
+def record_source(src: str | Path, split: str = "train", max_member_bytes: int | None = None
+                  ) -> RecordSource | None:
     """The record source for ``src``, or None for the file sources :func:`converters.convert`
-    scans (folders of images, manifests)."""
+    scans (folders of images, manifests); ``max_member_bytes``: foreign shards' member limit
+    (default :data:`converters.foreign_wds.MAX_MEMBER_BYTES`)."""
     from . import foreign_wds, hf
 
     s = str(src)
     if s.startswith("hf://") or hf.is_saved_dataset(Path(s)):
         return hf.source(s, split)
     if foreign_wds.looks_like_shards(s):
-        return foreign_wds.source([s])
+        return foreign_wds.source([s], max_member_bytes or foreign_wds.MAX_MEMBER_BYTES)
     return None

@@ -10,11 +10,16 @@ int64 + lengths for CTC), anything else → a bytes field kept byte for byte. A 
 than half of the samples have it; samples missing a field's member, members of other suffixes,
 and members that would need unpickling (``.pyd``, ``.pth``, ``.pickle``; never opened) are named
 in the report.
+
+A member is read whole, so one larger than ``max_member_bytes`` (default
+:data:`MAX_MEMBER_BYTES`, 256 MiB; ``--max-member-size``) is refused from its tar header, before
+any of it is read, with a BadInputError naming the shard and member (a 2 MB ``.tgz`` can hold a
+2 GB member of zeros). A ``.npy`` member's header is checked against its size before any array
+is made (a header may declare 10⁷ × 10⁷ elements).
 """
 
 from __future__ import annotations
 
-import io
 import re
 import tarfile
 from collections import Counter
@@ -25,7 +30,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from feedpipe.dataset.formats.wds import group_by_key
-from feedpipe.errors import BadInputError, CorruptRecordError
+from feedpipe.errors import BadInputError, ConfigError, CorruptRecordError, UnsafeDataError
+from feedpipe.schema.codecs import npy_decode
 from feedpipe.schema.fields import ArrayField, BytesField, Field, JsonField
 from feedpipe.schema.geometric import TextField
 
@@ -33,6 +39,8 @@ from .records import Record, RecordSource, field_name
 from .sources import IMAGE_EXTS
 
 SHARD_SUFFIXES = (".tar", ".tgz", ".tar.gz")
+#: the largest member read from a shard, in bytes (members are read whole); larger ones refused
+MAX_MEMBER_BYTES = 256 << 20
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "img", "ppm", "pgm", "bmp", "tif", "tiff", "gif")
 
 
@@ -115,9 +123,10 @@ class Member:
     data: bytes
 
 
-def members(path: Path) -> Iterator[Member | str]:
+def members(path: Path, max_bytes: int = MAX_MEMBER_BYTES) -> Iterator[Member | str]:
     """A shard's regular members, streamed (gzip read transparently); a non-regular member
-    (link, device) comes as its name; a damaged tar is a CorruptRecordError naming the shard."""
+    (link, device) comes as its name; a damaged tar is a CorruptRecordError naming the shard; a
+    member over ``max_bytes`` a BadInputError naming it, raised before it is read."""
     last = "the first member"
     try:
         with open(path, "rb") as fh, tarfile.open(fileobj=fh, mode="r|*") as tar:
@@ -127,6 +136,12 @@ def members(path: Path) -> Iterator[Member | str]:
                 if not info.isfile():
                     yield info.name
                     continue
+                if info.size > max_bytes:
+                    raise BadInputError(
+                        f"{path}: member {info.name} is {info.size:,} bytes, over the limit of "
+                        f"{max_bytes:,} (max_member_bytes, --max-member-size); feedpipe reads a "
+                        "member whole: raise the limit if the member is real", file=path,
+                        key=info.name)
                 f = tar.extractfile(info)
                 data = f.read() if f else b""
                 if len(data) != info.size:
@@ -140,12 +155,13 @@ def members(path: Path) -> Iterator[Member | str]:
 Group = tuple[str, dict[str, Member]]
 
 
-def samples(path: Path, odd: list[dict[str, str]]) -> Iterator[Group]:
+def samples(path: Path, odd: list[dict[str, str]], max_bytes: int = MAX_MEMBER_BYTES
+            ) -> Iterator[Group]:
     """Consecutive members sharing a key (the base name before its first '.', as feedpipe's
     own reader groups them); non-regular and unpickle-requiring members go to ``odd``."""
 
     def regular() -> Iterator[tuple[str, Member]]:
-        for m in members(path):
+        for m in members(path, max_bytes):
             if isinstance(m, str):
                 odd.append({"path": f"{path}/{m}", "reason": "not a regular file"})
             else:
@@ -172,24 +188,29 @@ class Plan:
     count: int
     not_taken: list[dict[str, str]]
     image_suffixes: list[str]
+    max_member_bytes: int = MAX_MEMBER_BYTES
 
 
 def _npy(data: bytes, what: str) -> np.ndarray:
+    """A ``.npy`` member as an array viewing ``data``: its header checked against its size
+    before anything is allocated, never unpickled (a CorruptRecordError says why not)."""
     try:
-        return np.load(io.BytesIO(data), allow_pickle=False)
-    except ValueError as exc:  # object arrays need pickle: refused
-        raise ValueError(f"{what}: not a plain .npy array ({exc})") from exc
+        return npy_decode(data, what)
+    except (UnsafeDataError, ValueError) as exc:  # object arrays need pickle: refused
+        raise CorruptRecordError(f"{what}: not a plain .npy array ({exc})") from exc
 
 
-def plan(specs: Sequence[str | Path]) -> Plan:
+def plan(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES) -> Plan:
     """Read every shard once and infer the schema (see the module docstring)."""
+    if max_member_bytes < 1:
+        raise ConfigError(f"max_member_bytes={max_member_bytes}: use a positive byte count")
     shards, not_taken = find_shards(specs)
     seen: Counter[str] = Counter()
     npy: dict[str, set[tuple[str, tuple[int, ...]]]] = {}
     images: Counter[str] = Counter()
     n = 0
     for path in shards:
-        for key, group in samples(path, not_taken):
+        for key, group in samples(path, not_taken, max_member_bytes):
             n += 1
             img = _image_suffix(group)
             if img:
@@ -202,7 +223,7 @@ def plan(specs: Sequence[str | Path]) -> Plan:
                     try:
                         a = _npy(m.data, f"{path} key {key}")
                         npy.setdefault(s, set()).add((a.dtype.str, a.shape))
-                    except ValueError:
+                    except CorruptRecordError:
                         npy.setdefault(s, set())
     fields: dict[str, Field] = {}
     taken: list[str] = ["image", "label", "path"]
@@ -228,7 +249,7 @@ def plan(specs: Sequence[str | Path]) -> Plan:
             fields[s] = TextField(name)
         else:
             fields[s] = BytesField(name)
-    return Plan(shards, fields, labeled, n, not_taken, sorted(images))
+    return Plan(shards, fields, labeled, n, not_taken, sorted(images), max_member_bytes)
 
 
 def _values(path: Path, key: str, group: dict[str, Member], p: Plan
@@ -264,13 +285,14 @@ def check_text(f: TextField, data: bytes, what: str) -> bytes:
     return data
 
 
-def source(specs: Sequence[str | Path]) -> RecordSource:
+def source(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES
+           ) -> RecordSource:
     """Foreign shards as a :class:`RecordSource` for :func:`converters.records.pack_records`."""
-    p = plan(specs)
+    p = plan(specs, max_member_bytes)
 
     def records() -> Iterator[Record]:
         for path in p.shards:
-            for key, group in samples(path, []):
+            for key, group in samples(path, [], p.max_member_bytes):
                 name = f"{path.name}/{key}"
                 img = _image_suffix(group)
                 values, label, why = _values(path, key, group, p)

@@ -25,6 +25,8 @@ MaskStore = Literal["png", "raw"]
 MaskDtype = Literal["uint8", "uint16"]
 Layout = Literal["auto", "imagefolder", "flat"]
 TargetDtype = StoreDtype  # a stored target's dtype (spelled in converters.targets)
+LabelsAs = Literal["auto", "ints", "names"]  # how a manifest's label column is read
+Unlabeled = Literal["refuse", "keep"]  # a labelled manifest's rows with an empty label
 
 RESIZE_HELP = ("an int (the shorter side, e.g. 256) or (height, width) like make_loader's size=, "
                "e.g. (240, 320) for 320 wide and 240 high")

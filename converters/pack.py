@@ -35,11 +35,13 @@ from .options import (
     Codec,
     ExtraChannels,
     Format,
+    LabelsAs,
     Layout,
     MaskDtype,
     MaskStore,
     PackOptions,
     Store,
+    Unlabeled,
     resolve_targets,
 )
 from .output import Output, abandon, empty_result
@@ -77,6 +79,9 @@ class ConvertResult:
     seconds: float = 0.0
     splits: dict[str, int] = field(default_factory=dict)
     unmatched_masks: list[str] = field(default_factory=list)
+    unlabeled: list[str] = field(default_factory=list)  # labelled manifest rows kept with -1
+    mask_palette: tuple[tuple[int, int, int, int], ...] | None = None  # (r, g, b, class)
+    palette_left_out: list[dict[str, Any]] = field(default_factory=list)  # auto's rare colours
 
     @property
     def rate(self) -> float:
@@ -134,7 +139,8 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
             split_classes: SplitClasses = "agree", coco: str | Path | None = None,
             columns: LabelColumns | None = None,
             storage_options: Mapping[str, Any] | None = None,
-            part: Part | None = None) -> ConvertResult:
+            part: Part | None = None, labels: LabelsAs = "auto",
+            unlabeled: Unlabeled = "refuse") -> ConvertResult:
     """Pack a source (folder, ImageFolder tree or CSV/JSONL manifest) into ``out`` as ``to``.
 
     Lossless inputs stay lossless unless ``codec`` asks otherwise (see :mod:`converters.images`).
@@ -154,7 +160,11 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     or as one with a ``split`` field (:mod:`converters.split_root`).
     Labels that follow the image (docs/fields.md): ``coco`` (an ``instances.json`` whose images
     are in ``src``: boxes, categories, iscrowd) or ``columns`` (a manifest's keypoints, boxes,
-    text and array columns, :class:`~converters.columns.LabelColumns`).
+    text and array columns, :class:`~converters.columns.LabelColumns`). A manifest's ``label``
+    column: ``labels`` (``"auto"``, ``"ints"``, ``"names"``) says how to read it, a column that
+    mixes integers and names is refused under ``"auto"``; ``unlabeled="keep"`` stores rows with
+    an empty label as -1, counted in the result, instead of refusing them
+    (:func:`converters.sources.manifest_labels`).
     A URL ``out`` (``s3://bucket/ds``; credentials and endpoint from the environment or
     ``storage_options``, as fsspec takes them) is packed in a local staging folder, uploaded shard
     by shard and committed by its manifest, uploaded last (:mod:`converters.remote_output`).
@@ -176,16 +186,20 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
         source = scan_coco(src, coco) if not isinstance(src, Source) else src
     else:
         source = src if isinstance(src, Source) else scan_split_root(src, split_root, split_classes) \
-            if split_root else scan(src, layout)
+            if split_root else scan(src, layout, labels, unlabeled)
         source = apply_columns(source, columns) if source.kind == "manifest" or columns else source
+    if (labels, unlabeled) != ("auto", "refuse") and source.kind != "manifest":
+        raise ConfigError(f"labels={labels!r}, unlabeled={unlabeled!r}: these read a CSV/JSONL "
+                          f"manifest's label column; {src} is a {source.kind} source")
     if source.split_by and val_fraction:
         raise ConfigError("val_fraction splits a dataset; a split root has its splits already")
     if masks is not None:
         source = attach_masks(source, masks)
+    palette, left_out = resolve_palette(mask_palette, [i.mask for i in source.items if i.mask],
+                                        max_pixels)
     kept = {"store": store, "resize": resize, "codec": codec, "quality": quality, "check": check,
             "mask_store": mask_store, "mask_dtype": mask_dtype, "num_classes": num_classes,
-            "extra_channels": extra_channels, "max_pixels": max_pixels,
-            "mask_palette": resolve_palette(mask_palette, [i.mask for i in source.items if i.mask])}
+            "extra_channels": extra_channels, "max_pixels": max_pixels, "mask_palette": palette}
     if options is None:
         options = PackOptions(**kept, targets=resolve_targets(targets))  # type: ignore[arg-type]
     elif targets or any(v != PACK_DEFAULTS[k] for k, v in kept.items()):
@@ -227,7 +241,8 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     skipped: dict[str, list[dict[str, str]]] = {name: [] for name in splits}
     labeled, has_extra = source.labeled, source.has_extra
     result = ConvertResult(out, ignored=len(source.not_taken), ignored_files=source.not_taken,
-                           unmatched_masks=list(source.unmatched_masks), image_codec=codec)
+                           unmatched_masks=list(source.unmatched_masks), image_codec=codec,
+                           mask_palette=opts.mask_palette, palette_left_out=list(left_out))
     mask_max = -1
     try:
         writers = {name: WRITERS[to](path, schema, **(writer_options or {}))
@@ -274,10 +289,12 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
                       "targets": {t.name: {"target": t.spec or t.name, **t.params}
                                   for t in opts.targets},
                       **account(source, result, items, skipped, strict, whole=not part_info),
-                      **({"part": part_info} if part_info else {})}
+                      **({"part": part_info} if part_info else {}),
+                      **({"labels": labels} if source.kind == "manifest" else {})}
         if source.masked:
             conversion["masks"] = str(masks) if masks is not None else "manifest column 'mask'"
             conversion["masks_without_images"] = list(source.unmatched_masks)
+            conversion["mask_palette_left_out"] = result.palette_left_out
             if num_classes is None and mask_max >= 0:  # record what the masks hold
                 schema = Schema(tuple(replace(f, num_classes=mask_max + 1)
                                       if isinstance(f, MaskField) else f for f in schema))

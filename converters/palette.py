@@ -1,9 +1,14 @@
 """Colour segmentation masks: RGB colours → class indices, through a palette.
 
 A palette is given as a JSON file (``{"#rrggbb" | "r,g,b": index}``, or a list of colours whose
-positions are the indices) or built with ``"auto"``: every distinct colour of every mask
-(at most 256), sorted by their (r, g, b) value, numbered 0..K-1 (so black, the usual background,
-is 0 when present). The palette used is recorded in the manifest (``conversion.mask_palette``).
+positions are the indices), as an earlier dataset (its folder or ``feedpipe.json``: the palette
+it was converted with, so new data keeps its numbering), or built with ``"auto"``: every colour
+that covers at least :data:`AUTO_MIN_PIXELS` pixels of some mask (at most 256 colours), sorted by
+their (r, g, b) value, numbered 0..K-1 (so black, the usual background, is 0 when present).
+A colour on fewer pixels in every mask (a stray pixel, an edge blended by a paint tool) is not a
+class: it would renumber every class that sorts after it. It is left out and reported with its
+mask, and the masks holding it are skipped by name. The palette used is printed by ``feedpipe
+convert`` and recorded in the manifest (``conversion.mask_palette``, ``[r, g, b, index]`` rows).
 A mask holding a colour the palette lacks is skipped, and its file and colours named.
 """
 
@@ -16,10 +21,15 @@ from typing import Any, Sequence
 import numpy as np
 from PIL import Image
 
-from feedpipe.errors import ConfigError
+from feedpipe.dataset.manifest import MANIFEST_NAME
+from feedpipe.errors import ConfigError, CorruptRecordError
+from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, check_pixels
 
 Palette = tuple[tuple[int, int, int, int], ...]  # (r, g, b, class index)
+Rare = tuple[dict[str, Any], ...]  # colours auto left out: {"colour", "pixels", "mask"}
 AUTO_MAX = 256
+#: ``auto`` takes a colour as a class when some mask has it on at least this many pixels
+AUTO_MIN_PIXELS = 16
 
 
 def _colour(text: Any, where: str) -> tuple[int, int, int]:
@@ -35,25 +45,43 @@ def _colour(text: Any, where: str) -> tuple[int, int, int]:
 
 
 def load_palette(path: str | Path) -> Palette:
-    """A palette JSON file (see the module docstring)."""
+    """A palette JSON file, or the palette an earlier dataset (folder or manifest) recorded
+    (see the module docstring)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
     try:
-        d = json.loads(Path(path).read_text(encoding="utf-8"))
-        pairs = d.items() if isinstance(d, dict) else ((c, k) for k, c in enumerate(d))
+        d = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(d, dict) and "feedpipe_manifest" in d:
+            rows = (d.get("conversion") or {}).get("mask_palette")
+            if not rows:
+                raise ValueError("this dataset was converted without a colour mask palette")
+            pairs: Any = ((row[:3], row[3]) for row in rows)
+        else:
+            pairs = d.items() if isinstance(d, dict) else ((c, k) for k, c in enumerate(d))
         pal = tuple((*_colour(c, str(path)), int(k)) for c, k in pairs)
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, IndexError) as exc:
         raise ConfigError(f"mask_palette={path}: {exc}; use a JSON object "
-                          '{"#rrggbb": class index} or a list of colours') from exc
+                          '{"#rrggbb": class index}, a list of colours, or a dataset converted '
+                          "with a palette") from exc
     colours = [p[:3] for p in pal]
     if len(set(colours)) != len(colours):
         raise ConfigError(f"mask_palette={path}: a colour is listed twice")
     return pal
 
 
-def _rgb(path: Path) -> np.ndarray | None:
-    """A colour mask's H×W×3 pixels; None for an index mask (L, P, 1, I;16)."""
+def show_palette(palette: Palette) -> str:
+    """The palette as the JSON :func:`load_palette` reads: ``{"#000000": 0, ...}``."""
+    return json.dumps({f"#{r:02x}{g:02x}{b:02x}": k for r, g, b, k in palette})
+
+
+def _rgb(path: Path, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray | None:
+    """A colour mask's H×W×3 pixels; None for an index mask (L, P, 1, I;16). One declaring
+    over ``max_pixels`` is a CorruptRecordError naming it, from its header, undecoded."""
     with Image.open(path) as im:
         if im.mode not in ("RGB", "RGBA"):
             return None
+        check_pixels(im.size[0], im.size[1], max_pixels, f"mask {path.name}", CorruptRecordError)
         return np.asarray(im.convert("RGB"))
 
 
@@ -61,36 +89,49 @@ def _packed(rgb: np.ndarray) -> np.ndarray:
     return (rgb[..., 0].astype(np.uint32) << 16) | (rgb[..., 1].astype(np.uint32) << 8) | rgb[..., 2]
 
 
-def auto_palette(masks: Sequence[Path]) -> Palette:
-    """Every colour of every colour mask, sorted, numbered 0..K-1 (K ≤ 256)."""
-    seen: set[int] = set()
+def auto_palette(masks: Sequence[Path], max_pixels: int | None = DEFAULT_MAX_PIXELS
+                 ) -> tuple[Palette, Rare]:
+    """The colours on at least AUTO_MIN_PIXELS pixels of some colour mask, sorted, numbered
+    0..K-1 (K ≤ 256); and the colours left out, each with its largest pixel count and mask."""
+    most: dict[int, tuple[int, Path]] = {}  # colour → (largest pixel count in one mask, mask)
     for m in masks:
         try:
-            rgb = _rgb(m)
-        except OSError:
-            continue  # unreadable masks are skipped later, by name
-        if rgb is not None:
-            seen.update(np.unique(_packed(rgb)).tolist())
-            if len(seen) > AUTO_MAX:
-                raise ConfigError(f"mask_palette='auto': the masks hold more than {AUTO_MAX} "
-                                  f"colours (counted up to {m}); colour masks with that many "
-                                  "colours are photos or anti-aliased: give a palette file")
-    return tuple((c >> 16, (c >> 8) & 255, c & 255, k) for k, c in enumerate(sorted(seen)))
+            rgb = _rgb(m, max_pixels)
+        except (OSError, CorruptRecordError, Image.DecompressionBombError):
+            continue  # unreadable or oversized masks are skipped later, by name
+        if rgb is None:
+            continue
+        colours, counts = np.unique(_packed(rgb), return_counts=True)
+        for c, n in zip(colours.tolist(), counts.tolist()):
+            if n > most.get(c, (0, m))[0]:
+                most[c] = (n, m)
+        if len(most) > AUTO_MAX:
+            raise ConfigError(f"mask_palette='auto': the masks hold more than {AUTO_MAX} "
+                              f"colours (counted up to {m}); colour masks with that many "
+                              "colours are photos or anti-aliased: give a palette file")
+    classes = sorted(c for c, (n, _) in most.items() if n >= AUTO_MIN_PIXELS)
+    rare = tuple({"colour": f"#{c:06x}", "pixels": n, "mask": str(m)}
+                 for c, (n, m) in sorted(most.items()) if n < AUTO_MIN_PIXELS)
+    return tuple((c >> 16, (c >> 8) & 255, c & 255, k) for k, c in enumerate(classes)), rare
 
 
-def resolve_palette(spec: Any, masks: Sequence[Path]) -> Palette | None:
-    """``"auto"``, a JSON file path, or an already built palette."""
+def resolve_palette(spec: Any, masks: Sequence[Path],
+                    max_pixels: int | None = DEFAULT_MAX_PIXELS) -> tuple[Palette | None, Rare]:
+    """``"auto"``, a JSON file or dataset path, or an already built palette; and the colours
+    ``auto`` left out (see :func:`auto_palette`)."""
     if spec is None:
-        return None
+        return None, ()
     if isinstance(spec, (str, Path)):
-        return auto_palette(masks) if str(spec) == "auto" else load_palette(spec)
-    return tuple(tuple(int(v) for v in p) for p in spec)  # type: ignore[misc]
+        return auto_palette(masks, max_pixels) if str(spec) == "auto" else \
+            (load_palette(spec), ())
+    return tuple(tuple(int(v) for v in p) for p in spec), ()  # type: ignore[misc]
 
 
-def colour_mask(path: Path, palette: Palette) -> np.ndarray | None:
+def colour_mask(path: Path, palette: Palette, max_pixels: int | None = DEFAULT_MAX_PIXELS
+                ) -> np.ndarray | None:
     """A colour mask → H×W class indices (uint16 when an index exceeds 255); None for an index
     mask. A colour missing from the palette is a ValueError naming the file and the colours."""
-    rgb = _rgb(path)
+    rgb = _rgb(path, max_pixels)
     if rgb is None:
         return None
     keys = np.array([(r << 16) | (g << 8) | b for r, g, b, _ in palette], np.uint32)
@@ -105,6 +146,7 @@ def colour_mask(path: Path, palette: Palette) -> np.ndarray | None:
         shown = ", ".join(f"#{c:06x}" for c in unknown[:5].tolist())
         raise ValueError(f"{len(unknown)} colour(s) not in the palette "
                          f"({shown}{' ...' if len(unknown) > 5 else ''}) on {int(bad.sum())} "
-                         "pixels")
+                         f"pixels (auto takes only colours on at least {AUTO_MIN_PIXELS} pixels "
+                         "of some mask; a palette file maps any colour)")
     out = vals[pos]
     return out.astype(np.uint16 if out.size and out.max() > 255 else np.uint8)

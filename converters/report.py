@@ -41,6 +41,8 @@ def account(source: Source, result: ConvertResult, items: list[SourceItem],
     have = {it.label for it in items if it.rel not in gone}
     result.empty_classes = [c for k, c in enumerate(source.classes) if k not in have] \
         if source.labeled else []  # COCO's classes name box categories, not sample labels
+    result.unlabeled = [it.rel for it in items if it.label < 0 and it.rel not in gone] \
+        if source.labeled else []  # rows a labelled manifest keeps with -1 (unlabeled="keep")
     if result.empty_classes and whole:
         msg = (f"{source.root}: class(es) with no samples: {', '.join(result.empty_classes)} "
                "(their files were skipped or not images; see the manifest)")
@@ -48,7 +50,7 @@ def account(source: Source, result: ConvertResult, items: list[SourceItem],
             raise BadInputError(msg)
         log.warning(msg)
     return {"stored": result.stored, "ignored": result.ignored_files,
-            "empty_classes": result.empty_classes,
+            "empty_classes": result.empty_classes, "unlabeled": result.unlabeled,
             "jpegs_needing_fallback_decoder": result.slow_jpegs,
             "channels_dropped": result.channels_dropped}
 

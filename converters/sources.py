@@ -10,14 +10,15 @@ import csv
 import errno
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from feedpipe.errors import ConfigError
+from feedpipe.errors import BadInputError, ConfigError
 
-from .options import Layout
+from .options import LabelsAs, Layout, Unlabeled
 
 IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp", ".dib", ".tif",
                         ".tiff", ".gif", ".ppm", ".pgm", ".pbm", ".pnm", ".jp2", ".j2k", ".j2c",
@@ -138,14 +139,16 @@ def _walk_root(root: Path) -> _Tree:
     return tree
 
 
-def scan(src: str | Path, layout: Layout = "auto") -> Source:
+def scan(src: str | Path, layout: Layout = "auto", labels: LabelsAs = "auto",
+         unlabeled: Unlabeled = "refuse") -> Source:
     """Detect the source kind and list its images.
 
     A directory is an ImageFolder tree when a top-level sub-directory holds an image (sorted class
     folder names → labels 0..K-1; a class folder may be empty): class folders win, and images at
     the top level are refused by name, never turned into unlabeled samples. Otherwise it is a flat
     folder (no labels, searched recursively). ``layout`` forces either reading. A ``.csv`` or
-    ``.jsonl`` file is a manifest.
+    ``.jsonl`` file is a manifest; ``labels`` and ``unlabeled`` say how to read its labels
+    (:func:`manifest_labels`).
     """
     if layout not in ("auto", "imagefolder", "flat"):
         raise ConfigError(f"layout={layout!r}: use 'auto', 'imagefolder' or 'flat'")
@@ -154,7 +157,7 @@ def scan(src: str | Path, layout: Layout = "auto") -> Source:
         raise FileNotFoundError(f"{src}: source does not exist")
     if src.is_file():
         if src.suffix.lower() in (".csv", ".jsonl"):
-            return _scan_manifest(src)
+            return _scan_manifest(src, labels, unlabeled)
         raise ConfigError(f"{src}: a source file must be a .csv or .jsonl manifest")
     if layout == "auto" and _split_root(src):
         raise ConfigError(f"{src} holds {' and '.join(_split_root(src))} split folders: pass "
@@ -195,9 +198,9 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def _scan_manifest(path: Path) -> Source:
+def _scan_manifest(path: Path, how: LabelsAs = "auto", unlabeled: Unlabeled = "refuse") -> Source:
     """CSV (header row) or JSONL rows with ``path`` (relative to the manifest), optional ``label``
-    (int or class name) and any extra columns (kept as the ``meta`` JSON field)."""
+    (read by :func:`manifest_labels`) and any extra columns (kept as the ``meta`` JSON field)."""
     rows: list[dict[str, Any]] = []
     with open(path, newline="", encoding="utf-8") as fh:
         if path.suffix.lower() == ".csv":
@@ -212,26 +215,86 @@ def _scan_manifest(path: Path) -> Source:
     for n, r in enumerate(rows, 1):
         if not isinstance(r, dict) or not r.get("path"):
             raise ValueError(f"{path}: row {n} has no 'path' column")
-    labels = [r.get("label") for r in rows]
-    classes: tuple[str, ...] = ()
-    to_int: dict[Any, int] = {}
-    present = [lab for lab in labels if lab not in (None, "")]
-    if present:
-        if all(isinstance(lab, int) or str(lab).lstrip("-").isdigit() for lab in present):
-            to_int = {lab: int(lab) for lab in present}
-        else:
-            classes = tuple(sorted({str(lab) for lab in present}))
-            to_int = {lab: classes.index(str(lab)) for lab in present}
+    labels, classes = manifest_labels(path, rows, how, unlabeled)
     masked = any(r.get("mask") not in (None, "") for r in rows)
     items = []
-    for r in rows:
+    for r, label in zip(rows, labels):
         rel = str(r["path"])
         extra = {k: v for k, v in r.items() if k not in ("path", "label", "mask")}
-        lab = r.get("label")
         mask = path.parent / str(r["mask"]) if r.get("mask") not in (None, "") else None
-        items.append(SourceItem((path.parent / rel), rel,
-                                to_int[lab] if lab not in (None, "") else -1, extra or None, mask))
+        items.append(SourceItem((path.parent / rel), rel, label, extra or None, mask))
     return Source(path.parent, "manifest", tuple(items), classes, (), masked)
+
+
+_INT = re.compile(r"[+-]?\d+")
+
+
+def manifest_labels(path: Path, rows: list[dict[str, Any]], how: LabelsAs = "auto",
+                    unlabeled: Unlabeled = "refuse") -> tuple[list[int], tuple[str, ...]]:
+    """Each row's label index (-1: none) and the class names, read one way for every row.
+
+    ``how="auto"``: integers are class indices and other values class names (sorted), but a
+    column that mixes the two is refused, naming the rows of the smaller kind (one ``unknown``
+    or ``1.5`` among 0..11 would renumber every class); ``"ints"``: every label is an index
+    (0 or more); ``"names"``: every label is a class name, integer-looking names first in
+    numeric order (so 0..11 keep their numbers and ``unknown`` becomes 12). A row with an empty
+    label among labelled rows is refused by name unless ``unlabeled="keep"``: then it is stored
+    with label -1 (the conversion counts and lists it)."""
+    where = (f"labels={how!r}", f"unlabeled={unlabeled!r}")
+    if how not in ("auto", "ints", "names") or unlabeled not in ("refuse", "keep"):
+        raise ConfigError(f"{', '.join(where)}: use labels='auto', 'ints' or 'names' and "
+                          "unlabeled='refuse' or 'keep'")
+    kinds: dict[str, list[int]] = {"empty": [], "int": [], "name": [], "bad": []}
+    for n, r in enumerate(rows):
+        lab = r.get("label")
+        kind = ("empty" if lab is None or (isinstance(lab, str) and not lab.strip()) else
+                "bad" if isinstance(lab, (bool, dict, list)) else
+                "int" if isinstance(lab, int) or (isinstance(lab, str) and _INT.fullmatch(
+                    lab.strip())) else "name")
+        kinds[kind].append(n)
+    ints, names = kinds["int"], kinds["name"]
+
+    def refuse(picked: list[int], what: str, fix: str) -> BadInputError:
+        shown = ", ".join(f"row {n + 1} ({rows[n]['path']}: {rows[n].get('label')!r})"
+                          for n in picked[:5])
+        more = f" and {len(picked) - 5} more" if len(picked) > 5 else ""
+        return BadInputError(f"{path}: {len(picked)} row(s) {what}: {shown}{more}; {fix}",
+                             file=path)
+
+    if kinds["bad"]:
+        raise refuse(kinds["bad"], "have a label that is neither an integer nor a class name",
+                     "give each row one integer or name")
+    if how == "auto" and ints and names:
+        few, many = (names, "integers") if len(names) <= len(ints) else (ints, "names")
+        raise refuse(few, f"break a label column of {many} ({len(ints)} integer, {len(names)} "
+                     "other)", "fix them, or say how to read every label: labels='names' "
+                     "(--labels names) makes each a class name (integers first, in numeric "
+                     "order), labels='ints' (--labels ints) refuses anything but an integer")
+    if how == "ints" and names:
+        raise refuse(names, "have a label that is not an integer class index (labels='ints')",
+                     "fix them, or pass labels='names' (--labels names) to read labels as names")
+    if kinds["empty"] and (ints or names) and unlabeled == "refuse":
+        raise refuse(kinds["empty"], f"have an empty label among {len(ints) + len(names)} "
+                     "labelled rows", "fill or drop them, or pass unlabeled='keep' (--unlabeled "
+                     "keep) to store them with label -1 (counted in the summary)")
+    out = [-1] * len(rows)
+    classes: tuple[str, ...] = ()
+    if how == "names" or (names and how == "auto"):
+        found = {str(rows[n]["label"]) for n in ints + names}
+        classes = tuple(sorted(found, key=lambda c: (0, int(c), c) if _INT.fullmatch(c.strip())
+                               else (1, 0, c)))
+        index = {c: k for k, c in enumerate(classes)}
+        for n in ints + names:
+            out[n] = index[str(rows[n]["label"])]
+        return out, classes
+    negative = [n for n in ints if int(rows[n]["label"]) < 0]
+    if negative:
+        raise refuse(negative, "have a negative class index", "class indices are 0 or more "
+                     "(-1 is what feedpipe stores for 'no label'); labels='names' (--labels "
+                     "names) reads them as names")
+    for n in ints:
+        out[n] = int(rows[n]["label"])
+    return out, classes
 
 
 def attach_masks(source: Source, masks: str | Path) -> Source:

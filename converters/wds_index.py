@@ -23,7 +23,7 @@ from feedpipe.dataset.formats.wds import CRC_FILE, INDEX_FILES, write_index
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
 from feedpipe.errors import BadInputError, CorruptRecordError, OutputRefusedError, UnsafeDataError
 from feedpipe.schema.codecs import crc32
-from feedpipe.schema.fields import Field, ImageField, LabelField
+from feedpipe.schema.fields import ArrayField, Field, ImageField, LabelField
 from feedpipe.schema.geometric import TextField
 from feedpipe.schema.imaging import sniff_codec
 from feedpipe.schema.model import Schema
@@ -73,11 +73,13 @@ def _check_folder(root: Path, overwrite: bool) -> list[Path]:
     return shards
 
 
-def index_shards(root: str | Path, overwrite: bool = False) -> IndexResult:
-    """Index the foreign ``.tar`` shards of ``root`` in place (see the module docstring)."""
+def index_shards(root: str | Path, overwrite: bool = False,
+                 max_member_bytes: int = fw.MAX_MEMBER_BYTES) -> IndexResult:
+    """Index the foreign ``.tar`` shards of ``root`` in place (see the module docstring);
+    ``max_member_bytes``: members are read whole to checksum them, larger ones are refused."""
     root = Path(root)
     shards = _check_folder(root, overwrite)
-    p = fw.plan([root])
+    p = fw.plan([root], max_member_bytes)
     unsafe = [t for t in p.not_taken if "unpickling" in t["reason"]]
     if unsafe:
         raise UnsafeDataError(f"{unsafe[0]['path']}: would need unpickling; feedpipe never "
@@ -93,7 +95,7 @@ def index_shards(root: str | Path, overwrite: bool = False) -> IndexResult:
     unindexed: dict[str, list[str]] = {}
     order = (["cls"] if p.labeled else []) + list(p.fields)
     for n, path in enumerate(shards):
-        for key, group in fw.samples(path, []):
+        for key, group in fw.samples(path, [], max_member_bytes):
             img = fw._image_suffix(group)
             why = None if img else "no image member"
             if why is None:
@@ -101,7 +103,7 @@ def index_shards(root: str | Path, overwrite: bool = False) -> IndexResult:
                 why = ("no " + ", ".join(f".{s}" for s in missing) + " member") if missing \
                     else None
             if why is None:
-                why = _unreadable_text(p, group)
+                why = _unreadable(p, group, f"{path.name} key {key}")
             if why is None:
                 codec = sniff_codec(group[img].data)  # type: ignore[index]
                 if codec not in IN_PLACE_CODECS:
@@ -142,15 +144,18 @@ def index_shards(root: str | Path, overwrite: bool = False) -> IndexResult:
     return res
 
 
-def _unreadable_text(p: fw.Plan, group: dict[str, fw.Member]) -> str | None:
-    """Why a sample's text members cannot be read in place as they stand (not UTF-8, a NUL),
-    or None: the reader decodes them as they are, so each is checked here, never rewritten."""
+def _unreadable(p: fw.Plan, group: dict[str, fw.Member], what: str) -> str | None:
+    """Why a sample's text or array members cannot be read in place as they stand (text not
+    UTF-8 or with a NUL; an npy header that does not fit its bytes or the field), or None: the
+    reader decodes them as they are, so each is checked here, never rewritten."""
     for s, f in p.fields.items():
-        if isinstance(f, TextField):
-            try:
+        try:
+            if isinstance(f, TextField):
                 fw.check_text(f, group[s].data, f".{s}")
-            except CorruptRecordError as exc:
-                return f"unreadable member: {exc}"
+            elif isinstance(f, ArrayField):
+                f.decode(group[s].data, f"{what} .{s}")  # a view: nothing allocated
+        except (CorruptRecordError, UnsafeDataError) as exc:
+            return f"unreadable member: {exc}"
     return None
 
 

@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 
 from feedpipe.errors import CorruptRecordError
-from feedpipe.schema.imaging import decode_mask_png, encode_mask_png
+from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png, encode_mask_png
 from feedpipe.workers import single_threaded
 
 from .images import Refused, geometry, store_image
@@ -26,14 +26,16 @@ INFO_KEY = "_info"  # a prepared sample's stored codec and notes for the summary
 Prepared = tuple[dict[str, Any] | None, str, int]  # (stored values or None, how or why, bytes in)
 
 
-def read_mask(path: Path, dtype: str, palette: Palette | None = None) -> np.ndarray:
+def read_mask(path: Path, dtype: str, palette: Palette | None = None,
+              max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """A mask file → H×W index array (:func:`~feedpipe.schema.fields.decode_mask_png`, any
     format Pillow reads); colour masks through ``palette`` (converters.palette). A
-    CorruptRecordError names the file."""
-    arr = colour_mask(path, palette) if palette is not None else None
+    CorruptRecordError names the file; one declaring over ``max_pixels`` is refused undecoded."""
+    arr = colour_mask(path, palette, max_pixels) if palette is not None else None
     if arr is None:
         try:
-            arr = decode_mask_png(path.read_bytes(), f"mask {path.name}", png_only=False)
+            arr = decode_mask_png(path.read_bytes(), f"mask {path.name}", png_only=False,
+                                  max_pixels=max_pixels)
         except CorruptRecordError as exc:
             if "mode RGB" in str(exc):  # say what to do about a colour mask
                 raise CorruptRecordError(f"mask {path.name} is an RGB colour mask: map its "
@@ -56,7 +58,7 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
     if item.mask is None:
         return "no mask file matches this image"
     try:
-        mask = read_mask(item.mask, opts.mask_dtype, opts.mask_palette)
+        mask = read_mask(item.mask, opts.mask_dtype, opts.mask_palette, opts.max_pixels)
     except CorruptRecordError as exc:  # already names the mask file
         return str(exc)
     except (OSError, ValueError, Image.DecompressionBombError) as exc:

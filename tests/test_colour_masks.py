@@ -1,6 +1,8 @@
-"""RGB colour segmentation masks: mapped to class indices through a palette file or `auto`
-(sorted colours, recorded in the manifest); unknown colours are reported by file; without a
-palette the conversion fails and says what to pass (it used to write nothing quietly)."""
+"""RGB colour segmentation masks: mapped to class indices through a palette file, an earlier
+dataset's palette or `auto` (sorted colours on at least AUTO_MIN_PIXELS pixels of some mask,
+printed and recorded in the manifest: a stray pixel renumbers nothing); unknown colours are
+reported by file; without a palette the conversion fails and says what to pass (it used to write
+nothing quietly)."""
 
 from __future__ import annotations
 
@@ -75,3 +77,44 @@ def test_rgb_masks_without_palette_say_what_to_pass(seg, tmp_path: Path) -> None
     r = subprocess.run([*CLI, "convert", str(images), "--to", "lmdb", "-o", str(tmp_path / "p"),
                         "--masks", str(masks), "-q"], capture_output=True, text=True)
     assert r.returncode == 2 and "--mask-palette" in r.stderr
+
+
+def test_a_stray_pixel_renumbers_nothing_and_is_named(seg, tmp_path: Path) -> None:
+    # one pixel of a new colour that sorts between black and the others used to become class 1
+    # and shift every other class of every mask; the palette was never shown
+    images, masks, classes = seg
+    before = convert(images, tmp_path / "a", to="lmdb", masks=masks, mask_palette="auto")
+    stray = np.asarray(Image.open(masks / "im1.png")).copy()
+    stray[0, 0] = (5, 5, 5)
+    Image.fromarray(stray).save(masks / "im1.png")
+    r = subprocess.run([*CLI, "convert", str(images), "--to", "lmdb", "-o", str(tmp_path / "b"),
+                        "--masks", str(masks), "--mask-palette", "auto", "-q"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    a, b = _masks(tmp_path / "a"), _masks(tmp_path / "b")
+    assert sorted(b) == ["im0.png", "im2.png", "im3.png"]  # im1 skipped, by name
+    for name in b:
+        np.testing.assert_array_equal(a[name], b[name])
+    m = feedpipe.open_dataset(tmp_path / "b").manifest
+    assert m.conversion["mask_palette"] == [list(p) for p in before.mask_palette]
+    assert m.conversion["mask_palette_left_out"] == [
+        {"colour": "#050505", "pixels": 1, "mask": str(masks / "im1.png")}]
+    shown = {f"#{r:02x}{g:02x}{b:02x}": k for r, g, b, k in before.mask_palette}
+    line = next(ln for ln in r.stdout.splitlines() if "mask palette (4 colours" in ln)
+    assert line.endswith(json.dumps(shown)), line  # the JSON a --mask-palette file takes
+    assert "colour #050505 left out of the auto palette: at most 1 pixel(s)" in r.stdout
+    assert "skipped im1.png: mask im1.png: 1 colour(s) not in the palette (#050505) on 1 " \
+        "pixels" in r.stdout
+
+
+def test_an_earlier_datasets_palette_keeps_its_numbering(seg, tmp_path: Path) -> None:
+    images, masks, classes = seg
+    first = convert(images, tmp_path / "a", to="lmdb", masks=masks, mask_palette="auto")
+    big = np.asarray(Image.open(masks / "im2.png")).copy()
+    big[:6] = (1, 1, 1)  # a new colour on 96 pixels: under auto it would be class 1
+    Image.fromarray(big).save(masks / "im2.png")
+    again = convert(images, tmp_path / "b", to="lmdb", masks=masks, mask_palette=tmp_path / "a")
+    assert again.mask_palette == first.mask_palette
+    assert [s["path"] for s in again.skipped] == ["im2.png"]
+    np.testing.assert_array_equal(_masks(tmp_path / "b")["im3.png"],
+                                  _masks(tmp_path / "a")["im3.png"])

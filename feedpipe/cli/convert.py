@@ -13,11 +13,13 @@ from converters.options import (
     Codec,
     ExtraChannels,
     Format,
+    LabelsAs,
     Layout,
     MaskDtype,
     MaskStore,
     Store,
     TargetDtype,
+    Unlabeled,
 )
 
 from ..errors import ConfigError
@@ -56,9 +58,20 @@ def register(sub: Any) -> None:
     c.add_argument("--max-pixels", type=int, default=DEFAULT_MAX_PIXELS,
                    help="refuse images declaring more pixels (decompression bombs; default "
                    f"{DEFAULT_MAX_PIXELS:,})")
+    c.add_argument("--max-member-size", type=size_arg,
+                   help="WebDataset shards: refuse a member larger than this (members are read "
+                   "whole; default 256MB)")
     c.add_argument("--layout", default="auto", choices=get_args(Layout),
                    help="auto: an ImageFolder tree when a sub-folder holds images (class folders "
                    "win; top-level images are skipped by name), else a flat folder")
+    c.add_argument("--labels", default="auto", choices=get_args(LabelsAs),
+                   help="a CSV/JSONL manifest's label column: auto (integers are class indices, "
+                   "other values sorted class names; a column mixing both is refused by row), "
+                   "ints (every label an index), names (every label a class name, integers first "
+                   "in numeric order)")
+    c.add_argument("--unlabeled", default="refuse", choices=get_args(Unlabeled),
+                   help="manifest rows with an empty label among labelled rows: refuse (by row; "
+                   "default) or keep them with label -1, counted in the summary")
     c.add_argument("--check", default="header", choices=get_args(Check),
                    help="header: markers + end-of-image (fast); decode: full decode")
     c.add_argument("--strict", action="store_true", help="fail on the first bad or refused "
@@ -167,7 +180,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
                       split_classes=args.split_classes, coco=args.coco,
                       columns=_columns(args),  # type: ignore[arg-type]
                       storage_options=storage_options(args),
-                      part=parse_part(args.part) if args.part else None)
+                      part=parse_part(args.part) if args.part else None,
+                      labels=args.labels, unlabeled=args.unlabeled)
     except KeyboardInterrupt:
         bar.close()
         kept = ("the uploaded shards were kept without a manifest (nothing reads them as a "
@@ -194,7 +208,28 @@ def cmd_convert(args: argparse.Namespace) -> int:
         print(f"  masks without an image: {len(res.unmatched_masks)} (listed in the manifest): "
               + ", ".join(res.unmatched_masks[:5]) + (" ..." if len(res.unmatched_masks) > 5
                                                       else ""))
+    if res.unlabeled:
+        print(f"  unlabeled: {len(res.unlabeled)} rows stored with label -1 (--unlabeled keep; "
+              "listed in the manifest): " + ", ".join(res.unlabeled[:5])
+              + (" ..." if len(res.unlabeled) > 5 else ""))
+    _print_palette(res)
     return 0
+
+
+def _print_palette(res: ConvertResult) -> None:
+    """The colour mask palette used (stored in the manifest too) and the colours auto left out."""
+    from converters.palette import show_palette
+
+    if res.mask_palette is not None:
+        print(f"  mask palette ({len(res.mask_palette)} colours; conversion.mask_palette in the "
+              f"manifest; pass this JSON as a --mask-palette file to keep the numbering): "
+              f"{show_palette(res.mask_palette)}")
+    for c in res.palette_left_out[:10]:
+        print(f"  colour {c['colour']} left out of the auto palette: at most {c['pixels']} "
+              f"pixel(s) in one mask ({c['mask']}); masks holding it are skipped")
+    if len(res.palette_left_out) > 10:
+        print(f"  ... and {len(res.palette_left_out) - 10} more colours left out (all listed in "
+              "the manifest)")
 
 
 def _convert_records(args: argparse.Namespace, writer_options: dict[str, object],
@@ -204,14 +239,19 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
     from converters import PackOptions, parse_resize
     from converters.external import record_source
 
-    src = record_source(args.src, args.split)
+    limit = parse_size(args.max_member_size) if args.max_member_size else None
+    src = record_source(args.src, args.split, limit)
+    if limit is not None and (src is None or src.kind != "wds-shards"):
+        raise ConfigError(f"{args.src}: --max-member-size applies to WebDataset shards only")
     if src is None:
         return None
     from converters.records import pack_records
 
     unused = [flag for flag, v in (("--masks", args.masks), ("--targets", args.targets),
                                    ("--target", args.target), ("--split-root", args.split_root),
-                                   ("--mask-palette", args.mask_palette)) if v]
+                                   ("--mask-palette", args.mask_palette),
+                                   ("--labels", args.labels != "auto"),
+                                   ("--unlabeled", args.unlabeled != "refuse")) if v]
     if unused:
         raise ConfigError(f"{args.src}: {', '.join(unused)} apply to image folders and "
                           "manifests, not to WebDataset shards or Hugging Face datasets")

@@ -57,7 +57,8 @@ def cmd_info(args: argparse.Namespace) -> int:
             print(f"target {f.name}: {f.target}({params}); stored {store}; resampled "
                   f"{f.interp}" + ("; values rescale with the geometry" if f.rescale == "distance"
                                    else ""))
-    lists = ("ignored", "jpegs_needing_fallback_decoder", "channels_dropped", "empty_classes")
+    lists = ("ignored", "jpegs_needing_fallback_decoder", "channels_dropped", "empty_classes",
+             "unlabeled", "mask_palette_left_out")
     skip = ("targets", "masks_without_images", *lists)
     conv = {k: v for k, v in m.conversion.items() if v not in (None, "", 0, 0.0, False)
             and k not in skip}

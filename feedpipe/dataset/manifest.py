@@ -29,6 +29,10 @@ MANIFEST_VERSION = 1
 # Version 2 adds a crc32 per record and field, checked on every read; version 1 still reads.
 # WebDataset version 3 keeps the source path in the index, not the tars; 1 and 2 still read.
 FORMAT_VERSIONS = {"lmdb": 2, "hdf5": 2, "wds": 3}
+#: the most samples (and bytes in a file) a manifest may declare: beyond any real dataset, and far
+#: from where int64 index arithmetic overflows; a larger or negative count is a ManifestError
+MAX_SAMPLES = 1 << 48
+MAX_FILE_BYTES = 1 << 56
 #: files each format's reader opens by a fixed name, checked like the ones the manifest names
 FORMAT_FILES = {"lmdb": ("data.mdb",), "hdf5": ("data.h5",),
                 "wds": ("index-offsets.npy", "index-shards.npy", "index-keys.npy",
@@ -143,6 +147,7 @@ class Manifest:
         if d.get("format_version") not in range(1, FORMAT_VERSIONS[fmt] + 1):
             raise ManifestError(f"{path}: {fmt} format version {d.get('format_version')!r} is not "
                                 f"supported (expected 1 to {FORMAT_VERSIONS[fmt]})")
+        check_fields(d, path)
         try:
             manifest = cls(
                 format=fmt,
@@ -197,6 +202,53 @@ class Manifest:
             if not real.is_relative_to(inside):
                 raise UnsafePathError(f"{path}: {what} {name!r} is a symlink to {real}, outside "
                                       f"the dataset directory {inside}; refusing to open it")
+
+
+def _integer(d: dict[str, Any], key: str, what: str, path: Path, low: int, high: int,
+             optional: bool = False) -> None:
+    """Refuse ``d[key]`` unless it is an int in ``low..high`` (None too when ``optional``)."""
+    if key not in d or (optional and d[key] is None):
+        if optional:
+            return
+        raise ManifestError(f"{path}: {what} is missing", file=path)
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
+        raise ManifestError(f"{path}: {what} is {v!r}: expected an integer from {low:,} to "
+                            f"{high:,}", file=path)
+
+
+def _typed(value: Any, kind: type, what: str, path: Path, each: type | None = None) -> None:
+    """Refuse ``value`` unless it is a ``kind`` (a list whose items are ``each``s)."""
+    items = value if isinstance(value, list) and each is not None else []
+    bad = next((i for i, x in enumerate(items) if not isinstance(x, each)),  # type: ignore[arg-type]
+               None)
+    if not isinstance(value, kind) or bad is not None:
+        where, got = (what, value) if bad is None else (f"{what}[{bad}]", items[bad])
+        want = kind.__name__ if bad is None else each.__name__  # type: ignore[union-attr]
+        raise ManifestError(f"{path}: {where} is {type(got).__name__} {got!r:.60}, not a {want}",
+                            file=path)
+
+
+def check_fields(d: dict[str, Any], path: Path) -> None:
+    """Refuse a manifest field of the wrong type or out of range, naming the field and the file,
+    before any reader takes it for a count, a size or a limit (``num_samples: -5`` or ``2**63``,
+    ``max_pixels: "big"`` would otherwise fail deep inside, or allocate)."""
+    _integer(d, "num_samples", "num_samples", path, 0, MAX_SAMPLES)
+    for key, kind, each in (("classes", list, str), ("files", list, dict), ("skipped", list, dict),
+                            ("conversion", dict, None), ("extra", dict, None)):
+        if key in d:
+            _typed(d[key], kind, key, path, each)
+    for i, f in enumerate(d.get("files", [])):
+        _typed(f.get("name"), str, f"files[{i}].name", path)
+        _integer(f, "size", f"files[{i}].size", path, 0, MAX_FILE_BYTES)
+        _typed(f.get("sha256"), str, f"files[{i}].sha256", path)  # verify compares its value
+    _integer(d.get("conversion", {}), "max_pixels", "conversion.max_pixels", path, 1,
+             MAX_FILE_BYTES, optional=True)
+    parts = d.get("extra", {}).get("parts")
+    if parts is not None:
+        _typed(parts, list, "extra.parts", path, dict)
+        for i, part in enumerate(parts):
+            _integer(part, "num_samples", f"extra.parts[{i}].num_samples", path, 0, MAX_SAMPLES)
 
 
 def _what_file(path: Path) -> str:

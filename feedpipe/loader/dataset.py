@@ -196,7 +196,8 @@ class BatchDataset(torch.utils.data.Dataset):
                                           _at(req, pos, index))
                     elif role == "mask":
                         m = stored[name]
-                        m = decode_mask_png(m, name) if f.codec == "png" else m
+                        m = decode_mask_png(m, name, max_pixels=op.max_pixels) \
+                            if f.codec == "png" else m
                         geo = geo or op.plan(m.shape[0], m.shape[1], rng)
                         op.apply_mask(m, geo, views[name][pos], name)
                     elif role == "target":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import io
+import math
 import re
 import struct
 from functools import lru_cache
@@ -98,11 +99,14 @@ def npy_decode(buf: Buffer, what: str = "array",
     check_dtype(dtype, what)
     if any(not isinstance(d, int) or d < 0 for d in shape):
         raise CorruptRecordError(f"{what}: npy shape {shape} is not a tuple of sizes")
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)  # Python ints: a huge declared shape cannot wrap around
     if len(mv) - offset != count * dtype.itemsize:
         raise CorruptRecordError(f"{what}: npy payload has {len(mv) - offset} bytes, header says "
                                  f"{count * dtype.itemsize}")
-    arr = np.frombuffer(mv, dtype=dtype, count=count, offset=offset)
+    try:
+        arr = np.frombuffer(mv, dtype=dtype, count=count, offset=offset)
+    except ValueError as exc:  # a zero-size dtype ('|V0')
+        raise CorruptRecordError(f"{what}: npy data cannot be read: {exc}") from exc
     return arr.reshape(shape, order="F" if fortran else "C")
 
 

@@ -127,12 +127,13 @@ def webp_lossless(data: bytes | memoryview) -> bool:
     return False
 
 
-def check_pixels(width: int, height: int, max_pixels: int | None, what: str) -> None:
+def check_pixels(width: int, height: int, max_pixels: int | None, what: str,
+                 error: type[Exception] = BadInputError) -> None:
     """Refuse an image that declares more than ``max_pixels`` pixels (a decompression bomb)."""
     if max_pixels is not None and width * height > max_pixels:
-        raise BadInputError(f"{what}: declares {width}x{height} = {width * height:,} pixels, over "
-                            f"the limit of {max_pixels:,} (max_pixels={max_pixels:,}, "
-                            "--max-pixels); raise it if the image is real")
+        raise error(f"{what}: declares {width}x{height} = {width * height:,} pixels, over "
+                    f"the limit of {max_pixels:,} (max_pixels={max_pixels:,}, "
+                    "--max-pixels); raise it if the image is real")
 
 
 def decode_with_pillow(data: bytes | memoryview, what: str = "image",
@@ -207,15 +208,18 @@ def encode_mask_png(arr: np.ndarray) -> bytes:
     return out.getvalue()
 
 
-def decode_mask_png(data: Buffer, what: str, *, png_only: bool = True) -> np.ndarray:
+def decode_mask_png(data: Buffer, what: str, *, png_only: bool = True,
+                    max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """PNG → H×W index array: L/P/1 → uint8 (palette indices, not colours), I;16 → uint16.
 
     The one mask decoder: stored masks (PNG only) and the converters' mask files
-    (``png_only=False``: any lossless format Pillow reads, e.g. TIFF, BMP)."""
+    (``png_only=False``: any lossless format Pillow reads, e.g. TIFF, BMP). A mask whose header
+    declares more than ``max_pixels`` is refused before it is decoded (CorruptRecordError)."""
     try:
         with Image.open(io.BytesIO(data)) as im:
             if png_only and im.format != "PNG":
                 raise ValueError(f"not a PNG ({im.format})")
+            check_pixels(im.size[0], im.size[1], max_pixels, what, CorruptRecordError)
             if im.mode in ("L", "P"):
                 indices: np.ndarray = np.asarray(im, dtype=np.uint8).copy()
                 return indices
@@ -228,5 +232,5 @@ def decode_mask_png(data: Buffer, what: str, *, png_only: bool = True) -> np.nda
                 return arr.astype(np.uint16)
             raise ValueError(f"{im.format} mode {im.mode} is not an index mask "
                              "(use L, P, 1 or I;16)")
-    except (OSError, ValueError, SyntaxError) as exc:
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise CorruptRecordError(f"{what}: cannot decode mask: {exc}") from exc
