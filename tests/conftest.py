@@ -23,6 +23,7 @@ N_PHOTOS = 72            # >= 64 so that converter process pools are really used
 PHOTO_SIZE = (160, 120)  # W×H (each photo varies by ±8%)
 N_CLASSES = 4
 WDS_SHARD_COUNT = 20     # the session's wds dataset has 4 shards
+N_ODD = 103              # a prime: no world or batch size divides it (the ``odd`` datasets)
 
 
 @dataclass(frozen=True)
@@ -114,3 +115,17 @@ from servers import (  # noqa: E402,F401
     s3,
     s3_packed,
 )
+
+
+@pytest.fixture(scope="session")
+def odd(tmp_path_factory) -> dict[str, object]:
+    """103 tiny photos packed as LMDB and as WebDataset (6 shards): {format: path}."""
+    root = tmp_path_factory.mktemp("odd")
+    src = make_photos(root / "src", N_ODD, size=(40, 30), classes=3, seed=4)
+    out = {}
+    for fmt in ("lmdb", "wds"):
+        opts = {"shard_count": 18} if fmt == "wds" else None
+        assert convert(src, root / fmt, to=fmt, workers=0, writer_options=opts).written == N_ODD
+        out[fmt] = root / fmt
+    out["src"] = src
+    return out

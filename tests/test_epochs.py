@@ -19,29 +19,14 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from conftest import N_ODD as N
 
 import feedpipe
 from converters import convert
-from converters.synth import make_photos
 from feedpipe.errors import ConfigError
 from feedpipe.loader.sampler import World
 
-N = 103  # a prime: no world or batch size divides it
 KW = dict(size=16, seed=7, dtype="uint8", device="cpu", num_workers=0)
-
-
-@pytest.fixture(scope="session")
-def odd(tmp_path_factory) -> dict[str, object]:
-    """103 tiny photos packed as LMDB and as WebDataset (6 shards): {format: path}."""
-    root = tmp_path_factory.mktemp("odd")
-    src = make_photos(root / "src", N, size=(40, 30), classes=3, seed=4)
-    out = {}
-    for fmt in ("lmdb", "wds"):
-        opts = {"shard_count": 18} if fmt == "wds" else None
-        assert convert(src, root / fmt, to=fmt, workers=0, writer_options=opts).written == N
-        out[fmt] = root / fmt
-    out["src"] = src
-    return out
 
 
 def loaders(path, world, batch, **kw):

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 
 from ..errors import MissingDependencyError
 from ..loader.position import EpochPosition
+from ..loader.surface import LoaderBatches, LoaderSampler
 from ..tools.monitor import StallMeter
 
 try:
@@ -47,6 +48,10 @@ class AcceleratedLoader:
         self.log_data_wait = log_data_wait
         self.meter = StallMeter(cuda_sync=False)
         self.epochs_logged = 0
+        # its own surface, so that a DataLoader rebuilt around it (skip_first_batches) yields
+        # this wrapper's batches: renamed, in the gradient state, measured
+        self.sampler = self.batch_sampler = LoaderSampler(self)  # type: ignore[arg-type]
+        self.dataset = LoaderBatches(self)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):

@@ -5,7 +5,8 @@ Trainers read a few attributes of whatever they iterate: Lightning calls ``set_e
 Trainer and ``accelerate.skip_first_batches`` rebuild ``DataLoader(loader.dataset,
 batch_sampler=SkipBatchSampler(loader.batch_sampler, n), collate_fn=loader.collate_fn)``. Here
 the batch sampler yields one :class:`BatchToken` per batch left in the epoch (cheap: skipping
-reads nothing), numbered from the epoch's first batch, and ``loader.dataset`` answers a token with the loader's own batch, read from
+reads nothing), numbered from the epoch's first batch, and ``loader.dataset`` answers a
+token with the loader's own batch, read from
 that batch on (:meth:`LoaderBatches.__getitems__`), so a rebuilt DataLoader yields exactly the
 loader's batches from where its sampler starts. ``loader.dataset[i]`` is refused: a feedpipe
 loader yields whole batches, made in its workers.
