@@ -93,6 +93,12 @@ class DiskFullError(FeedpipeError, OSError):
     """The output's filesystem ran out of space (or a size limit was hit); nothing was kept."""
 
 
+class ResourceError(FeedpipeError, OSError):
+    """The system refused what a read needed (too many open files, no memory, a stale network
+    mount): not damage to the data, so never reported as a damaged record nor skipped; the
+    message names the file and what to change. ``errno`` is the system's."""
+
+
 class DatasetReplacedError(FeedpipeError):
     """The dataset directory was replaced (re-converted) after its manifest was read; reopen it."""
 
@@ -135,6 +141,11 @@ class AccessDeniedError(StorageError, PermissionError):
 class RetriesExhaustedError(StorageError):
     """A transient failure (timeout, 5xx, 429/503 SlowDown, a connection cut mid-body) outlasted
     the retry budget; the message names the URL, the attempts and the last error."""
+
+
+class RangeNotSupportedError(StorageError):
+    """The server answered a ranged GET with more than the range (a 200 with the whole object):
+    chunked, resumable downloads need HTTP Range support; failed at once, not retried."""
 
 
 class ChecksumMismatchError(CorruptRecordError):

@@ -16,6 +16,9 @@ let through before the rule applies; default 0), ``kind``:
 - ``drop``: send ``after`` bytes of the body, then cut the connection;
 - ``corrupt``: flip one byte of the body (``times``);
 - ``delay``: wait ``seconds`` before answering (a client timeout);
+- ``hang``: accept the request and never answer (the connection is held open ``seconds``,
+  default an hour, then closed unanswered): a store that accepts connections and goes silent;
+- ``norange``: ignore the ``Range`` header: a 200 with the whole file (folder and Hub modes);
 - ``throttle``: cap every response body at ``rate`` bytes/s;
 - ``link``: cap all response bodies together at ``rate`` bytes/s (one shared link).
 Only GET and HEAD requests are faulted, so uploads (PUT) still go through.
@@ -184,6 +187,12 @@ class Handler(BaseHTTPRequestHandler):
         if rule:
             self._record(0, 0)  # status 0: held back (the client may give up meanwhile)
             time.sleep(rule["seconds"])
+        rule = self.state.take(self.path, ("hang",)) if faulted else None
+        if rule:
+            self._record(0, 0)
+            time.sleep(rule.get("seconds", 3600))
+            self.close_connection = True
+            return
         rule = self.state.take(self.path, ("status",)) if faulted else None
         if rule:
             code = _CODES.get(rule["status"], "InternalError" if rule["status"] >= 500
@@ -264,7 +273,7 @@ class Handler(BaseHTTPRequestHandler):
         """``data``, or the part of it the request's ``Range`` header asks for."""
         headers = {**(headers or {}), "Accept-Ranges": "bytes"}
         m = _RANGE.match(self.headers.get("Range", ""))
-        if m:
+        if m and not self.state.take(self.path, ("norange",)):
             start = int(m[1])
             end = min(int(m[2]) if m[2] else len(data) - 1, len(data) - 1)
             if start >= len(data):

@@ -22,10 +22,12 @@ from feedpipe.errors import (
     ChecksumMismatchError,
     ConfigError,
     IncompleteDatasetError,
+    RangeNotSupportedError,
     RetriesExhaustedError,
 )
 from feedpipe.storage import RetryPolicy, download, is_remote, local_path, read_bytes
 from feedpipe.storage.cache import Cache, parse_size
+from feedpipe.storage.fetch import FETCH_ENV
 
 pytest.importorskip("fsspec")
 FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05)
@@ -152,6 +154,26 @@ def test_partial_download_resumes_with_range(http_packed, packed, tmp_path):
     download(f"{urls['wds']}/shard-000000.tar", part, len(data), policy=FAST)
     assert part.read_bytes() == data
     assert [e["range"] for e in server.log()] == [f"bytes=5000-{len(data) - 1}"]
+
+
+@pytest.mark.parametrize("backend", ["fsspec", "obstore"])
+def test_range_ignored_fails_at_once(http_packed, packed, backend, tmp_path, monkeypatch):
+    """A server that answers a ranged GET with the whole file (a 200): both fetch clients say
+    so at once, typed, after one request (it was fetched 8 times, then called "unreachable")."""
+    if backend == "obstore":
+        pytest.importorskip("obstore")
+    monkeypatch.setenv(FETCH_ENV, backend)
+    server, urls = http_packed
+    data = (packed["wds"] / "shard-000000.tar").read_bytes()
+    server.faults([{"kind": "norange", "times": -1}])
+    start = time.monotonic()
+    with pytest.raises(RangeNotSupportedError, match="shard-000000.tar: asked bytes 0-.*Range "
+                                                     "request not supported") as err:
+        download(f"{urls['wds']}/shard-000000.tar", tmp_path / "part", len(data),
+                 chunk=len(data) // 3)
+    assert time.monotonic() - start < 5 and err.value.url.endswith("shard-000000.tar")
+    assert [e["status"] for e in server.log()] == [200]
+    server.faults([])
 
 
 def test_timeout_is_retried(http_packed, tmp_path):

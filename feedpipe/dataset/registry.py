@@ -21,19 +21,21 @@ WRITERS: dict[str, type[DatasetWriter]] = {"lmdb": LmdbWriter, "hdf5": Hdf5Write
 def open_dataset(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
                  cache_limit: str | int | None = None,
                  storage_options: Mapping[str, Any] | None = None,
-                 **options: Any) -> DatasetReader:
+                 timeout: float | None = None, **options: Any) -> DatasetReader:
     """Open a packed dataset directory, or a dataset URL (s3://, gs://, https://, hf://,
     file://); the format comes from its manifest.
 
     Raises IncompleteDatasetError when the directory has no complete manifest (an unfinished
-    conversion). ``options`` go to the format's reader (e.g. ``readahead=False`` for LMDB). A URL
+    conversion). ``options`` go to the format's reader (e.g. ``readahead=False`` for LMDB,
+    ``max_open_shards=64`` for WebDataset: the shard files a process keeps open). A URL
     is read through the node-local cache ``cache_dir`` bounded by ``cache_limit`` (bytes or
     "200GB"), with ``storage_options`` passed to its fsspec filesystem
-    (:mod:`feedpipe.dataset.remote`).
+    (:mod:`feedpipe.dataset.remote`); each request to the store waits ``timeout`` seconds
+    (default 30) to connect or for its next bytes, and gives up after four times that.
     """
     if is_remote(path):
         return open_remote(str(path), cache_dir=cache_dir, cache_limit=cache_limit,
-                           storage_options=storage_options, **options)
+                           storage_options=storage_options, timeout=timeout, **options)
     path = local_path(path)
     for _ in range(3):  # a re-conversion may swap the directory between these steps
         before = root_identity(path)

@@ -4,13 +4,20 @@ cache (:class:`feedpipe.storage.cache.Cache`), then a local reader runs on the c
 WebDataset shards are fetched one by one as the reader opens them (:class:`RemoteWdsReader`),
 and ahead of it: the loader's plan tells :meth:`RemoteWdsReader.plan_ahead` which shards come
 next, and a small thread pool downloads them in plan order. LMDB and HDF5 are one file each:
-fetched whole, refused when larger than ``cache_limit`` (``--to wds`` streams instead).
+fetched whole, refused when larger than ``cache_limit`` (``--to wds`` streams instead), and
+held in the cache (a shared lock) while a reader of it lives in a process
+(:class:`RemoteLmdbReader`, :class:`RemoteHdf5Reader`).
+
+Every request is bounded by the retry policy's ``timeout`` (a try) and ``deadline`` (its
+retries): ``open_remote(url, timeout=...)``. The prefetch runs in daemon threads, so a process
+that has finished its work exits even while a prefetch waits on a silent store.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import queue
 import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -25,6 +32,7 @@ from ..schema.fields import Field
 from ..storage import DEFAULT_POLICY, RetryPolicy, join, read_bytes
 from ..storage.cache import Cache
 from .formats.base import DatasetReader, Visitor
+from .formats.handles import OpenFiles
 from .formats.hdf5 import Hdf5Reader
 from .formats.lmdb import LmdbReader
 from .formats.wds import CRC_FILE, INDEX_FILES, VALUES_FILE, WdsReader
@@ -91,18 +99,52 @@ class _Turn:
             self.done.set()
 
 
+class _Prefetcher:
+    """Daemon threads running prefetches in submission order: a finished process never waits
+    for one (a ThreadPoolExecutor's threads are joined at exit, so a prefetch retrying a silent
+    store kept the process alive). Ended by :meth:`shutdown`, or when its reader is collected."""
+
+    def __init__(self, threads: int) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[..., None], tuple[Any, ...]] | None] = \
+            queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._run, name=f"feedpipe-prefetch-{n}",
+                                          daemon=True) for n in range(threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, fn: Callable[..., None], *args: Any) -> None:
+        self._jobs.put((fn, args))
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, args = job
+            try:
+                fn(*args)
+            except Exception:  # noqa: BLE001 - a prefetch is best effort; the reader fetches
+                log.debug("prefetch failed", exc_info=True)
+            del job, fn, args  # the reader it names may be collected while this thread waits
+
+    def shutdown(self, wait: bool = True) -> None:
+        """End the threads once the jobs submitted so far have run (``wait``: block until)."""
+        for _ in self._threads:
+            self._jobs.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
 class RemoteWdsReader(WdsReader):
     """A WdsReader over the cache folder whose shard opens fetch through the cache. A batch is
     read one shard at a time, each released before the next is opened, so a process holds (and
     keeps from eviction) one shard at a most: a cache of a few shards per process never stalls."""
 
     def __init__(self, root: Path, manifest: Manifest, source: RemoteSource,
-                 prefetch: int = 2) -> None:
+                 prefetch: int = 2, **options: Any) -> None:
         self.source, self.prefetch = source, prefetch
-        self._pool: tuple[int, ThreadPoolExecutor] | None = None
+        self._pool: tuple[int, _Prefetcher] | None = None
         self._queued: set[int] = set()
         self._turn: _Turn | None = None
-        super().__init__(root, manifest)
+        super().__init__(root, manifest, **options)
         _READERS.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -128,8 +170,8 @@ class RemoteWdsReader(WdsReader):
         return fd
 
     def _release(self) -> None:
-        for shard in list(self._fds or ()):
-            os.close(self._fds.pop(shard))  # its shared lock goes: evictable once unused
+        if self._fds is not None:
+            self._fds.clear()  # their shared locks go: evictable once unused
 
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         shard_of = self._shard_of[np.asarray(indices, np.int64)]
@@ -168,8 +210,9 @@ class RemoteWdsReader(WdsReader):
                 break
         pid = os.getpid()
         if self._pool is None or self._pool[0] != pid:
-            self._pool = (pid, ThreadPoolExecutor(PREFETCH_THREADS,
-                                                  thread_name_prefix="feedpipe-prefetch"))
+            pool = _Prefetcher(PREFETCH_THREADS)
+            weakref.finalize(self, pool.shutdown, False).atexit = False
+            self._pool = (pid, pool)
             self._queued, self._turn = set(), None
         self._queued &= set(window)
         first = True
@@ -202,21 +245,67 @@ class RemoteWdsReader(WdsReader):
             os.close(fd)
 
     def close(self) -> None:
-        if self._fds and self._pid == os.getpid():
-            self._release()
+        if self._pool is not None and self._pool[0] == os.getpid():
+            self._pool[1].shutdown(wait=False)  # its queued prefetches still run
+        self._pool, self._queued, self._turn = None, set(), None
         super().close()
 
 
+class _PinnedReader(DatasetReader):
+    """A single-file remote dataset's reader: in each process that reads it, the cached data
+    file is held (a shared lock: never evicted under the reader) from its open until
+    :meth:`close` or the reader's garbage collection; a process that opens it again fetches it
+    again if it was evicted meanwhile."""
+
+    source: RemoteSource
+    data_file: str
+    _pin: OpenFiles | None = None
+
+    @property
+    def remote_url(self) -> str:
+        return self.source.url
+
+    def pin(self, fd: int) -> None:
+        """Hold ``fd`` (the data file, shared-locked) for this reader in this process."""
+        if self._pin is not None:
+            self._pin.close()
+        self._pin = OpenFiles(self, 1)
+        self._pin.add(0, fd)
+
+    def _ensure_open(self) -> None:
+        pin = self._pin
+        if self._pid != os.getpid() and (pin is None or pin.pid != os.getpid() or not len(pin)):
+            fd = self.source.open(self.data_file)
+            assert fd is not None
+            self.pin(fd)
+        super()._ensure_open()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_pin"] = None  # a descriptor of this process: the other pins its own
+        return state
+
+    def close(self) -> None:
+        super().close()
+        if self._pin is not None:
+            self._pin.close()
+        self._pin = None
+
+
+class RemoteLmdbReader(_PinnedReader, LmdbReader):
+    """An LMDB dataset fetched whole into the cache, held there while read."""
+
+
+class RemoteHdf5Reader(_PinnedReader, Hdf5Reader):
+    """An HDF5 dataset fetched whole into the cache, held there while read."""
+
+
 def _after_fork() -> None:
-    """A forked worker must not keep the parent's shard locks alive: it closes its copies."""
+    """A forked worker starts with no prefetch pool (its copies of the parent's shard locks are
+    closed by :mod:`~feedpipe.dataset.formats.handles`)."""
     for reader in list(_READERS):
-        for fd in (reader._fds or {}).values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
         reader._pool, reader._queued, reader._pid = None, set(), None
-        reader._fds = None  # type: ignore[assignment]
+        reader._fds = None
 
 
 os.register_at_fork(after_in_child=_after_fork)
@@ -225,8 +314,12 @@ os.register_at_fork(after_in_child=_after_fork)
 def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
                 cache_limit: str | int | None = None,
                 storage_options: Mapping[str, Any] | None = None, prefetch: int = 2,
-                policy: RetryPolicy = DEFAULT_POLICY, **options: Any) -> DatasetReader:
-    """Open the dataset at ``url`` through the node-local cache (see the module docstring)."""
+                policy: RetryPolicy = DEFAULT_POLICY, timeout: float | None = None,
+                **options: Any) -> DatasetReader:
+    """Open the dataset at ``url`` through the node-local cache (see the module docstring).
+    ``timeout``: seconds each request waits to connect or for its next bytes; a request gives
+    up after four times that (:meth:`RetryPolicy.with_timeout`; None: ``policy``'s)."""
+    policy = RetryPolicy.with_timeout(timeout, policy)
     try:
         raw = read_bytes(join(url, MANIFEST_NAME), storage_options, policy)
     except RemoteNotFoundError as exc:
@@ -244,7 +337,7 @@ def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
         names = [n for n in (*INDEX_FILES, CRC_FILE, VALUES_FILE) if n in source.files]
         with ThreadPoolExecutor(len(names), thread_name_prefix="feedpipe-index") as pool:
             list(pool.map(source.fetch, names))
-        return RemoteWdsReader(folder, manifest, source, prefetch)
+        return RemoteWdsReader(folder, manifest, source, prefetch, **options)
     data = FORMAT_FILES[manifest.format][0]
     entry = source.files.get(data)
     if entry is not None and cache.limit is not None and entry.size > cache.limit:
@@ -253,9 +346,15 @@ def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
                              f"{cache.limit:,}, and must be fetched whole. Convert it with "
                              "`feedpipe convert ... --to wds` for remote data (shards stream one "
                              "by one within the limit), or raise cache_limit", url=url)
-    pin = source.open(data)  # held while this process lives: the file is never evicted under it
-    single: dict[str, type[DatasetReader]] = {"lmdb": LmdbReader, "hdf5": Hdf5Reader}
-    reader = single[manifest.format](folder, manifest, **options)
-    reader._remote_pin = pin  # type: ignore[attr-defined]
-    reader.remote_url = url  # type: ignore[attr-defined]
+    pin = source.open(data)  # held while the reader lives: the file is never evicted under it
+    assert pin is not None
+    single: dict[str, type[_PinnedReader]] = {"lmdb": RemoteLmdbReader,
+                                              "hdf5": RemoteHdf5Reader}
+    try:
+        reader = single[manifest.format](folder, manifest, **options)
+    except BaseException:
+        os.close(pin)
+        raise
+    reader.source, reader.data_file = source, data
+    reader.pin(pin)
     return reader

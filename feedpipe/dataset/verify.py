@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..errors import FeedpipeError
+from ..errors import FeedpipeError, ResourceError
 from .formats.wds import WdsReader
 from .manifest import FileEntry, Manifest, refuse_url
 from .registry import open_dataset
@@ -52,6 +52,8 @@ def verify(path: str | os.PathLike[str], *, decode: bool = True, chunk: int = 25
         ds = open_dataset(root)
         if hasattr(ds, "num_entries") and ds.num_entries() != len(ds):
             report.problems.append(f"{root}: {ds.num_entries()} records, manifest says {len(ds)}")
+    except ResourceError:  # too many open files, no memory: not the dataset's fault
+        raise
     except (FeedpipeError, OSError) as exc:  # OSError: a data file is missing or unreadable
         report.problems.append(str(exc))
         return report
@@ -61,6 +63,8 @@ def verify(path: str | os.PathLike[str], *, decode: bool = True, chunk: int = 25
                             "unnoticed; re-convert to add them")
     try:
         report.problems += ds.stray_entries()
+    except ResourceError:
+        raise
     except (FeedpipeError, OSError) as exc:
         report.problems.append(str(exc))
     if isinstance(ds, WdsReader):  # tar headers and members beyond the index
@@ -69,6 +73,8 @@ def verify(path: str | os.PathLike[str], *, decode: bool = True, chunk: int = 25
                 if (root / name).is_file():  # a missing one is reported above
                     for _ in ds.iter_shard(s):
                         pass
+            except ResourceError:
+                raise
             except (FeedpipeError, OSError) as exc:
                 report.problems.append(str(exc))
     read = ds.get_batch if decode else ds.read_raw_batch
@@ -77,11 +83,15 @@ def verify(path: str | os.PathLike[str], *, decode: bool = True, chunk: int = 25
         try:
             read(idx)
             report.records_checked += len(idx)
+        except ResourceError:
+            raise
         except (FeedpipeError, OSError):  # find each damaged record of the chunk
             for i in idx:
                 try:
                     read([i])
                     report.records_checked += 1
+                except ResourceError:
+                    raise
                 except (FeedpipeError, OSError) as exc:
                     if str(exc) not in report.problems:  # the shard stream may have named it
                         report.problems.append(str(exc))

@@ -125,7 +125,7 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
                 ragged: Ragged = "pad", min_box_fraction: float = 0.0,
                 cache_dir: str | os.PathLike[str] | None = None,
                 cache_limit: int | str | None = None,
-                storage_options: dict[str, Any] | None = None,
+                storage_options: dict[str, Any] | None = None, timeout: float | None = None,
                 world: World | None = None, weights: Sequence[float] | None = None,
                 epoch_size: int | None = None, mix_classes: MixClasses = "equal") -> Loader:
     """Open ``source`` (a packed dataset path or URL, or an opened dataset) and return a batch
@@ -183,6 +183,8 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
       ranks and workers share (default ``$FEEDPIPE_CACHE`` or ``~/.cache/feedpipe/remote``).
     - ``cache_limit``: that cache's bound, bytes or "200GB"; None: unbounded.
     - ``storage_options``: passed to the URL's fsspec filesystem (endpoint, credentials).
+    - ``timeout``: a URL's requests wait this many seconds to connect or for their next bytes
+      (None: 30), and give up after four times that, retries included (docs/remote.md).
     - ``world``: this process's rank and world size (default: from the torchrun environment).
     - ``weights``: a mix's shares of each epoch, one per dataset (None: each sample once).
     - ``epoch_size``: a mix's samples per epoch (None: the datasets' sizes summed).
@@ -203,7 +205,7 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
     else:
         reader = source if isinstance(source, DatasetReader) else open_dataset(
             source, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit,  # type: ignore[arg-type]
-            storage_options=cfg.storage_options)  # a path or URL: lists are mixes, above
+            storage_options=cfg.storage_options, timeout=cfg.timeout)  # lists: mixes, above
     reader.require_samples("make_loader")
     device = _device(cfg.device)
     fields = cfg.fields_in(reader.schema)

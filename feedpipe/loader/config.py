@@ -68,6 +68,8 @@ _HOW = {
                    "one list)",
     "mean": "give three per-channel values (RGB, in 0..1 units), or None",
     "std": "give three per-channel values (RGB, in 0..1 units), or None",
+    "timeout": "use seconds > 0 (each request to a URL's store waits that long to connect or "
+               "for its next bytes), or None for 30",
 }
 
 
@@ -116,6 +118,7 @@ class LoaderConfig:
     cache_dir: str | None = None  # a URL's node-local cache (None: $FEEDPIPE_CACHE or ~/.cache)
     cache_limit: int | str | None = None  # its size bound: bytes or "200GB"; None: unbounded
     storage_options: dict[str, Any] | None = None  # passed to the URL's fsspec filesystem
+    timeout: float | None = None  # a URL's requests: s to connect / between bytes (None: 30)
 
     def __post_init__(self) -> None:
         def bad(msg: str) -> None:
@@ -166,6 +169,8 @@ class LoaderConfig:
         if self.epoch_size is not None and self.epoch_size < 1:
             bad(f"epoch_size={self.epoch_size!r}: {_HOW['epoch_size']}")
         parse_size(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
+        if self.timeout is not None and not self.timeout > 0:
+            bad(f"timeout={self.timeout!r}: {_HOW['timeout']}")
 
     def _normalize(self) -> None:
         """The spellings taken for convenience: an int size is a square, lists are tuples, and

@@ -114,7 +114,7 @@ def open_mix(sources: Sources, cfg: LoaderConfig) -> MixedReader:
     items = list(named.values()) if named is not None else list(sources)
     readers = [s if isinstance(s, DatasetReader) else open_dataset(
         s, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit,
-        storage_options=cfg.storage_options) for s in items]  # local paths or URLs
+        storage_options=cfg.storage_options, timeout=cfg.timeout) for s in items]  # or URLs
     if cfg.weights is not None and len(cfg.weights) != len(readers):
         raise ConfigError(f"weights={cfg.weights!r}: give one weight per dataset "
                           f"({len(readers)})", option="weights")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, cast
 from urllib.parse import urlsplit
@@ -51,12 +51,13 @@ S3_CONFIG_KWARGS = {"retries"}
 _PROTOCOLS = (("s3", "s3a"), ("gs", "gcs"), ("http", "https"))
 _PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")  # obstore follows them, aiohttp does not
 _KEY = re.compile(r"[A-Za-z0-9._=/-]+")  # object keys obstore's paths keep byte for byte
-#: one request: connect, a stalled body, and the whole ranged GET (a slow link moves a chunk)
+#: one request: connect, a stalled body (both: the retry policy's ``timeout``, set per store in
+#: :func:`obstore_ranged_get`), and the whole ranged GET (a slow link moves a chunk)
 CLIENT: dict[str, Any] = {"connect_timeout": timedelta(seconds=30),
-                          "read_timeout": timedelta(seconds=60), "timeout": timedelta(hours=1)}
+                          "read_timeout": timedelta(seconds=30), "timeout": timedelta(hours=1)}
 NO_RETRIES: RetryConfig = {"max_retries": 0}  # feedpipe's with_retries is the one retry policy
 
-_STORES: dict[tuple[int, str, str], Any] = {}  # (pid, url root, options) -> obstore store
+_STORES: dict[tuple[int, str, str, float | None], Any] = {}  # (pid, root, options, timeout) -> store
 _RUNTIME_PID: int | None = None  # the process that started obstore's runtime (None: none did)
 
 
@@ -248,17 +249,22 @@ def _build(spec: StoreSpec) -> Any:
                    retry_config=NO_RETRIES, credential_provider=provider)
 
 
-def obstore_ranged_get(url: str, storage_options: Mapping[str, Any] | None = None
-                       ) -> Callable[[int, int], Any]:
+def obstore_ranged_get(url: str, storage_options: Mapping[str, Any] | None = None,
+                       timeout: float | None = None) -> Callable[[int, int], Any]:
     """``get(start, end)``: bytes ``start`` to ``end`` (exclusive) of ``url`` through obstore,
-    a buffer; the store is built in this process on first use and kept for its URL root."""
+    a buffer; the store is built in this process on first use and kept for its URL root.
+    ``timeout``: seconds a request waits to connect or for its next bytes."""
     spec = obstore_spec(url, storage_options)
     if isinstance(spec, str):
         raise ConfigError(f"{url}: not fetchable with obstore: {spec}")
     import obstore
 
+    if timeout is not None:
+        bound = timedelta(seconds=timeout)
+        spec = replace(spec, client={**spec.client, "connect_timeout": bound,
+                                     "read_timeout": bound})
     key = (os.getpid(), spec.root, repr(sorted((k, repr(v)) for k, v in
-                                               (storage_options or {}).items())))
+                                               (storage_options or {}).items())), timeout)
     store = _STORES.get(key)
     if store is None:
         store = _STORES[key] = _build(spec)

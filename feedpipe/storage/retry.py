@@ -15,7 +15,7 @@ import logging
 import random
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Literal, TypeVar
 
 from ..errors import (
@@ -42,20 +42,47 @@ CREDENTIALS = {
 CREDENTIALS.update(s3a=CREDENTIALS["s3"], gcs=CREDENTIALS["gs"], https=CREDENTIALS["http"])
 
 
+#: seconds a try waits to connect, or for the next bytes of its answer (a silent store)
+TIMEOUT = 30.0
+#: a request's deadline, in tries' timeouts: no new try starts after ``DEADLINE_TIMEOUTS * timeout``
+DEADLINE_TIMEOUTS = 4
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How long to keep trying: ``attempts`` tries in a row without progress, waiting a random
     time up to ``base * 2**n`` seconds (capped at ``cap``) before try ``n + 1`` ("full jitter":
-    clients that failed together do not retry together)."""
+    clients that failed together do not retry together). Each try gives up after ``timeout``
+    seconds without a connection or without new bytes of the answer, and no new try starts
+    once ``deadline`` seconds have passed since the request's first: a store that accepts
+    connections and never answers fails a request within ``deadline + timeout`` seconds."""
 
     attempts: int = 8
     base: float = 0.25
     cap: float = 20.0
+    timeout: float = TIMEOUT
+    deadline: float = DEADLINE_TIMEOUTS * TIMEOUT
 
     def __post_init__(self) -> None:
         if self.attempts < 1 or self.base < 0 or self.cap < 0:
             raise ConfigError(f"RetryPolicy{(self.attempts, self.base, self.cap)}: attempts must "
                               "be >= 1 and the delays >= 0")
+        if not (self.timeout > 0 and self.deadline >= 0):  # also refuses NaN
+            raise ConfigError(f"RetryPolicy(timeout={self.timeout!r}, deadline={self.deadline!r})"
+                              ": timeout must be > 0 seconds and deadline >= 0")
+
+    @classmethod
+    def with_timeout(cls, timeout: float | None, base: RetryPolicy | None = None) -> RetryPolicy:
+        """``base`` (the default policy) with each try bounded by ``timeout`` seconds and the
+        deadline ``DEADLINE_TIMEOUTS`` times that; None keeps ``base``."""
+        base = base or DEFAULT_POLICY
+        if timeout is None:
+            return base
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+                or not timeout > 0:
+            raise ConfigError(f"timeout={timeout!r}: use seconds > 0 (each request to the store "
+                              "waits that long to connect or for its next bytes)")
+        return replace(base, timeout=float(timeout), deadline=DEADLINE_TIMEOUTS * float(timeout))
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after ``failures`` consecutive failures (>= 1)."""
@@ -156,6 +183,7 @@ def with_retries(call: Callable[[], T], url: str, what: str,
     """Run ``call`` until it succeeds, retrying transient failures under ``policy``; a permanent
     failure or an exhausted budget raises the typed error naming ``url``."""
     failures = 0
+    start = time.monotonic()
     while True:
         try:
             return call()
@@ -163,12 +191,15 @@ def with_retries(call: Callable[[], T], url: str, what: str,
             if classify(exc) != "retry":
                 raise typed(exc, url, what) from exc
             failures += 1
-            if failures >= policy.attempts:
-                raise RetriesExhaustedError(
-                    f"{url}: {what} failed {failures} times in a row; last error "
-                    f"{type(exc).__name__}: {_brief(exc)}. The store is unreachable or overloaded: "
-                    "retry later, or check the endpoint", url=url) from exc
             pause = policy.delay(failures)
+            spent = time.monotonic() - start
+            if failures >= policy.attempts or spent + pause > policy.deadline:
+                raise RetriesExhaustedError(
+                    f"{url}: {what} failed {failures} times in a row in {spent:.1f} s; last "
+                    f"error {type(exc).__name__}: {_brief(exc) or 'no answer'}. The store is "
+                    f"unreachable or overloaded: retry later, or check the endpoint (each try "
+                    f"waits {policy.timeout:g} s for an answer; a request gives up after "
+                    f"{policy.deadline:g} s: the timeout= option)", url=url) from exc
             log.info("%s: %s failed (%s: %s); retry %d of %d in %.2f s", url, what,
                      type(exc).__name__, _brief(exc), failures, policy.attempts - 1, pause)
             time.sleep(pause)

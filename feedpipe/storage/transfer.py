@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..errors import StorageError
+from ..errors import RangeNotSupportedError, StorageError
 from .fetch import Backend, fetch_backend, obstore_ranged_get
 from .retry import DEFAULT_POLICY, RetryPolicy, with_retries
 from .urls import filesystem
@@ -25,30 +25,31 @@ Options = Mapping[str, Any] | None
 def read_bytes(url: str, storage_options: Options = None,
                policy: RetryPolicy = DEFAULT_POLICY) -> bytes:
     """The whole object (a manifest, an index file)."""
-    fs, path = filesystem(url, storage_options)
+    fs, path = filesystem(url, storage_options, policy.timeout)
     return with_retries(lambda: bytes(fs.cat_file(path)), url, "reading", policy)
 
 
 def remote_size(url: str, storage_options: Options = None,
                 policy: RetryPolicy = DEFAULT_POLICY) -> int:
     """The object's size in bytes."""
-    fs, path = filesystem(url, storage_options)
+    fs, path = filesystem(url, storage_options, policy.timeout)
     return int(with_retries(lambda: fs.size(path), url, "asking its size", policy))
 
 
 def exists(url: str, storage_options: Options = None,
            policy: RetryPolicy = DEFAULT_POLICY) -> bool:
     """Whether the object exists (a refused credential still raises AccessDeniedError)."""
-    fs, path = filesystem(url, storage_options)
+    fs, path = filesystem(url, storage_options, policy.timeout)
     return bool(with_retries(lambda: fs.exists(path), url, "checking it exists", policy))
 
 
-def _fsspec_ranged_get(url: str, storage_options: Options) -> Callable[[int, int], bytes]:
+def _fsspec_ranged_get(url: str, storage_options: Options,
+                       timeout: float | None = None) -> Callable[[int, int], bytes]:
     """``get(start, end)`` through fsspec, one request for exactly those bytes. A filesystem
     without its own ranged ``cat_file`` (huggingface_hub's ``HfFileSystem``) would open a
     buffered file whose read-ahead cache asks for a block more than the range (and the next
     chunk asks for it again): its file is opened without that cache."""
-    fs, path = filesystem(url, storage_options)
+    fs, path = filesystem(url, storage_options, timeout)
     from fsspec import AbstractFileSystem  # installed: filesystem() found it
 
     # an async filesystem's (s3fs, http) sync cat_file is set on the instance, not the class
@@ -63,6 +64,17 @@ def _fsspec_ranged_get(url: str, storage_options: Options) -> Callable[[int, int
     return get
 
 
+_RANGE_REFUSED = "Range request not supported"  # obstore's words, and ours
+
+
+def _range_refused(url: str, start: int, end: int, got: str) -> RangeNotSupportedError:
+    return RangeNotSupportedError(
+        f"{url}: asked bytes {start}-{end - 1}, the server answered with {got} (it ignored the "
+        f"Range header): {_RANGE_REFUSED}. Serve the dataset from a server that honours HTTP "
+        "Range requests (or an object store)",
+        url=url)
+
+
 def download(url: str, part: Path, size: int, storage_options: Options = None,
              policy: RetryPolicy = DEFAULT_POLICY, chunk: int = CHUNK,
              progress: Callable[[int], None] | None = None, *,
@@ -73,8 +85,8 @@ def download(url: str, part: Path, size: int, storage_options: Options = None,
     ``backend`` None: as ``$FEEDPIPE_FETCH`` selects (:func:`fetch_backend`)."""
     if backend is None:
         backend = fetch_backend(url, storage_options)
-    ranged_get = obstore_ranged_get(url, storage_options) if backend == "obstore" else \
-        _fsspec_ranged_get(url, storage_options)
+    ranged_get = obstore_ranged_get(url, storage_options, policy.timeout) \
+        if backend == "obstore" else _fsspec_ranged_get(url, storage_options, policy.timeout)
     with open(part, "ab") as out:
         done = out.tell()
         if done > size:
@@ -85,8 +97,15 @@ def download(url: str, part: Path, size: int, storage_options: Options = None,
             start = done
 
             def get(start: int = start, end: int = end) -> Any:
-                data = ranged_get(start, end)
-                if len(data) != end - start:  # a short body: the server cut it or ignored Range
+                try:
+                    data = ranged_get(start, end)
+                except Exception as exc:  # obstore checks the 206 itself
+                    if _RANGE_REFUSED not in str(exc):
+                        raise
+                    raise _range_refused(url, start, end, "the whole object") from exc
+                if len(data) > end - start:  # a 200 with the whole object: no retry can help
+                    raise _range_refused(url, start, end, f"{len(data)} bytes")
+                if len(data) < end - start:  # a short body: the server cut it
                     raise ConnectionError(f"asked bytes {start}-{end - 1}, got {len(data)} "
                                           "bytes")
                 return data
@@ -103,21 +122,21 @@ def download(url: str, part: Path, size: int, storage_options: Options = None,
 def upload(local: str | os.PathLike[str], url: str, storage_options: Options = None,
            policy: RetryPolicy = DEFAULT_POLICY) -> None:
     """Put a local file at ``url`` (one object; a retry sends it again whole)."""
-    fs, path = filesystem(url, storage_options)
+    fs, path = filesystem(url, storage_options, policy.timeout)
     with_retries(lambda: fs.put_file(os.fspath(local), path), url, "uploading", policy)
 
 
 def write_bytes(url: str, data: bytes, storage_options: Options = None,
                 policy: RetryPolicy = DEFAULT_POLICY) -> None:
     """Put ``data`` at ``url`` as one object (an object store replaces it atomically)."""
-    fs, path = filesystem(url, storage_options)
+    fs, path = filesystem(url, storage_options, policy.timeout)
     with_retries(lambda: fs.pipe_file(path, data), url, "writing", policy)
 
 
 def remove(url: str, storage_options: Options = None,
            policy: RetryPolicy = DEFAULT_POLICY) -> None:
     """Delete one object; a missing one is not an error."""
-    fs, path = filesystem(url, storage_options)
+    fs, path = filesystem(url, storage_options, policy.timeout)
 
     def rm() -> None:
         try:

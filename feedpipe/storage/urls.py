@@ -57,10 +57,42 @@ def _options_key(options: Mapping[str, Any]) -> str:
     return repr(sorted((k, repr(v)) for k, v in options.items()))
 
 
-def filesystem(url: str, storage_options: Mapping[str, Any] | None = None
-               ) -> tuple[AbstractFileSystem, str]:
+def with_timeout(scheme: str, options: Mapping[str, Any], timeout: float | None
+                 ) -> dict[str, Any]:
+    """``options`` with each request of the scheme's client bounded by ``timeout`` seconds to
+    connect and between bytes of the answer (a whole transfer may take longer), where the
+    options set no timeout of their own: aiohttp's for http(s) (``client_kwargs.timeout``) and
+    gs (``requests_timeout``; its default, None, would disable the session's), botocore's for s3
+    (``config_kwargs.connect_timeout``/``read_timeout``). hf:// keeps huggingface_hub's own
+    (``HF_HUB_DOWNLOAD_TIMEOUT``, 10 s)."""
+    out = dict(options)
+    if timeout is None or scheme not in ("http", "https", "s3", "s3a", "gs", "gcs"):
+        return out
+    if scheme in ("s3", "s3a"):
+        config = dict(out.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", timeout)
+        config.setdefault("read_timeout", timeout)
+        out["config_kwargs"] = config
+        return out
+    try:
+        import aiohttp
+    except ImportError:  # the filesystem's own import names the missing package
+        return out
+    bound = aiohttp.ClientTimeout(total=None, sock_connect=timeout, sock_read=timeout)
+    if scheme in ("gs", "gcs"):
+        out.setdefault("requests_timeout", bound)
+    else:
+        client = dict(out.get("client_kwargs") or {})
+        client.setdefault("timeout", bound)
+        out["client_kwargs"] = client
+    return out
+
+
+def filesystem(url: str, storage_options: Mapping[str, Any] | None = None,
+               timeout: float | None = None) -> tuple[AbstractFileSystem, str]:
     """The fsspec filesystem for ``url`` and the path it takes, one per process and options
-    (made again after a fork: fsspec's event loop does not survive one).
+    (made again after a fork: fsspec's event loop does not survive one); ``timeout`` bounds
+    each request (:func:`with_timeout`).
 
     A missing backend package is a MissingDependencyError naming it (``pip install s3fs``)."""
     scheme = scheme_of(url) or "file"
@@ -69,7 +101,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None
     except ImportError as exc:
         raise MissingDependencyError("remote datasets need fsspec: pip install "
                                      "'feedpipe[remote]'") from exc
-    options = dict(storage_options or {})
+    options = with_timeout(scheme, storage_options or {}, timeout)
     key = (os.getpid(), scheme, _options_key(options))
     fs = _FS.get(key)
     if fs is None:

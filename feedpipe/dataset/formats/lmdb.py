@@ -7,6 +7,8 @@ as one: global index ``i`` is key ``i - start`` of the part holding it.
 from __future__ import annotations
 
 import os
+import threading
+import weakref
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
@@ -23,7 +25,37 @@ from .base import KEY_DIGITS, DatasetReader, DatasetWriter, Visitor, sample_key,
 
 _FLUSH_BYTES = 64 << 20
 _FLUSH_RECORDS = 2048
-_ENVS: dict[tuple[int, int, int], lmdb.Environment] = {}
+#: (pid, device, inode) of a data.mdb -> [its environment, the readers using it]: py-lmdb allows
+#: one handle per data file and process, so the readers of one file share it; the last one to
+#: go closes it (a replaced dataset's deleted data.mdb is unmapped, not kept until exit)
+_ENVS: dict[tuple[int, int, int], list[Any]] = {}
+_ENVS_LOCK = threading.RLock()  # re-entrant: a collected reader gives its envs back mid-open
+
+
+class _EnvUse:
+    """The environments one reader uses in this process, given back by :meth:`close` or when
+    the reader is garbage collected."""
+
+    def __init__(self, owner: object) -> None:
+        self.pid, self.keys = os.getpid(), list[tuple[int, int, int]]()
+        self._final = weakref.finalize(owner, self._give_back)
+        self._final.atexit = False
+
+    def _give_back(self) -> None:
+        keys, self.keys = self.keys, []
+        if self.pid != os.getpid():  # a forked child's copy: the parent's to give back
+            return
+        with _ENVS_LOCK:
+            for key in keys:
+                entry = _ENVS.get(key)
+                if entry is not None:
+                    entry[1] -= 1
+                    if entry[1] <= 0:
+                        del _ENVS[key]
+                        entry[0].close()
+
+    def close(self) -> None:
+        self._final()
 
 
 class LmdbWriter(DatasetWriter):
@@ -75,7 +107,8 @@ class LmdbReader(DatasetReader):
     """Opens lazily per process (``readonly=True, lock=False``) and reads zero-copy buffers."""
 
     format_name = "lmdb"
-    _handles = ("_envs",)
+    _handles = ("_envs", "_use")
+    _use: _EnvUse | None
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None, *,
                  readahead: bool = True) -> None:
@@ -90,6 +123,9 @@ class LmdbReader(DatasetReader):
                                      f"manifest says {len(self)}", dataset=self.root)
 
     def _open(self) -> None:
+        if self._use is not None:  # a forked child's copy (gives nothing back there)
+            self._use.close()
+        self._use = _EnvUse(self)
         self._envs = [self._open_env(d) for d in self._dirs]
 
     def _open_env(self, root: Path) -> lmdb.Environment:
@@ -98,25 +134,36 @@ class LmdbReader(DatasetReader):
         # re-converted directory is a new environment.
         st = os.stat(root / "data.mdb")
         key = (os.getpid(), st.st_dev, st.st_ino)
+        assert self._use is not None
+        with _ENVS_LOCK:
+            env = self._shared_env(root, key, st.st_size)
+            self._use.keys.append(key)
+        return env
+
+    def _shared_env(self, root: Path, key: tuple[int, int, int], size: int) -> lmdb.Environment:
+        """The process's environment of ``root``, opened if none is, with one more user
+        counted; under _ENVS_LOCK."""
         for stale in [k for k in _ENVS if k[0] != key[0]]:  # inherited through fork: unusable
-            _ENVS.pop(stale).close()
-        env = _ENVS.get(key)
-        if env is None:
-            try:
-                env = lmdb.open(str(root), subdir=True, readonly=True, lock=False,
-                                readahead=self.readahead, meminit=False, max_readers=512)
-            except lmdb.Error as exc:
-                raise CorruptRecordError(f"{root / 'data.mdb'}: not a readable LMDB "
-                                         f"environment ({exc}); the dataset is damaged: "
-                                         "re-convert it", dataset=self.root) from exc
-            info, psize = env.info(), env.stat()["psize"]
-            need = (info["last_pgno"] + 1) * psize
-            if st.st_size < need:  # reading a page past the end would kill us with SIGBUS
-                env.close()
-                raise CorruptRecordError(f"{root / 'data.mdb'}: truncated ({st.st_size} "
-                                         f"bytes, its pages need {need}); the dataset is "
-                                         "damaged: re-convert it", dataset=self.root)
-            _ENVS[key] = env
+            _ENVS.pop(stale)[0].close()
+        entry = _ENVS.get(key)
+        if entry is not None:  # counted at once: a collected reader giving it back (a garbage
+            entry[1] += 1      # collection may run at any allocation) leaves it to us
+            return entry[0]
+        try:
+            env = lmdb.open(str(root), subdir=True, readonly=True, lock=False,
+                            readahead=self.readahead, meminit=False, max_readers=512)
+        except lmdb.Error as exc:
+            raise CorruptRecordError(f"{root / 'data.mdb'}: not a readable LMDB "
+                                     f"environment ({exc}); the dataset is damaged: "
+                                     "re-convert it", dataset=self.root) from exc
+        info, psize = env.info(), env.stat()["psize"]
+        need = (info["last_pgno"] + 1) * psize
+        if size < need:  # reading a page past the end would kill us with SIGBUS
+            env.close()
+            raise CorruptRecordError(f"{root / 'data.mdb'}: truncated ({size} "
+                                     f"bytes, its pages need {need}); the dataset is "
+                                     "damaged: re-convert it", dataset=self.root)
+        _ENVS[key] = [env, 1]
         return env
 
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
@@ -181,5 +228,8 @@ class LmdbReader(DatasetReader):
         return out
 
     def close(self) -> None:
-        self._envs = None  # the shared handles stay open for other readers of these paths
+        self._envs = None
+        if self._use is not None:  # closed once no other reader of these files uses them
+            self._use.close()
+        self._use = None
         super().close()

@@ -31,12 +31,19 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence, TypeVa
 
 import numpy as np
 
-from ...errors import ConfigError, CorruptRecordError, ManifestError, UnsafeDataError
+from ...errors import (
+    ConfigError,
+    CorruptRecordError,
+    FeedpipeError,
+    ManifestError,
+    UnsafeDataError,
+)
 from ...schema.codecs import crc32
 from ...schema.fields import Field, JsonField
 from ...schema.model import Schema
 from ..manifest import Manifest
 from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
+from .handles import MAX_OPEN, OpenFiles, about_data, open_error
 
 T = TypeVar("T")
 
@@ -186,13 +193,21 @@ def ustar_header(name: str, size: int) -> bytes:
 
 
 class WdsReader(DatasetReader):
-    """Random access through the index (``os.pread``) and sequential streaming per shard."""
+    """Random access through the index (``os.pread``) and sequential streaming per shard; at
+    most ``max_open_shards`` shards open at once per process (:class:`OpenFiles`)."""
 
     format_name = "wds"
     _handles = ("_fds",)
+    _fds: OpenFiles | None
 
-    def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None, *,
+                 max_open_shards: int = MAX_OPEN) -> None:
         super().__init__(root, manifest)
+        if isinstance(max_open_shards, bool) or not isinstance(max_open_shards, int) \
+                or max_open_shards < 1:
+            raise ConfigError(f"max_open_shards={max_open_shards!r}: use an int >= 1 (shard "
+                              "files a process keeps open)")
+        self.max_open_shards = max_open_shards
         self.shards: list[str] = list(self.manifest.extra.get("shards", []))
         load = lambda name: np.load(self.root / name, mmap_mode="r", allow_pickle=False)  # noqa: E731
         kept = self.manifest.extra.get("index_fields", []) \
@@ -207,6 +222,8 @@ class WdsReader(DatasetReader):
             self._crc = load(CRC_FILE) if self.checksums else None
             self._values = load(VALUES_FILE) if kept else None
         except (OSError, ValueError) as exc:  # missing, cut short, or not plain npy
+            if isinstance(exc, OSError) and not about_data(exc):  # e.g. too many open files
+                raise open_error(exc, exc.filename or self.root) from exc
             raise CorruptRecordError(f"{self.root}: damaged WebDataset index ({exc}); re-convert "
                                      "the dataset", dataset=self.root) from exc
         nf = len(self.schema)
@@ -267,14 +284,22 @@ class WdsReader(DatasetReader):
         return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
 
     def _open(self) -> None:
-        self._fds = {}
+        if self._fds is not None:  # a forked child's: its copies were closed at the fork
+            self._fds.close()
+        self._fds = OpenFiles(self, self.max_open_shards)
 
     def _open_shard(self, shard: int) -> int:
         """A read-only descriptor of shard ``shard``; the remote reader
-        (:mod:`feedpipe.dataset.remote`) fetches it into its cache first."""
-        return os.open(self.root / self.shards[shard], os.O_RDONLY)
+        (:mod:`feedpipe.dataset.remote`) fetches it into its cache first. A failure that is
+        not about the file (too many open files) is a ResourceError."""
+        path = self.root / self.shards[shard]
+        try:
+            return os.open(path, os.O_RDONLY)
+        except OSError as exc:
+            raise open_error(exc, path) from exc
 
     def _fd(self, shard: int) -> int:
+        assert self._fds is not None
         fd = self._fds.get(shard)
         if fd is None:
             fd = self._open_shard(shard)
@@ -283,7 +308,7 @@ class WdsReader(DatasetReader):
             except BaseException:
                 os.close(fd)
                 raise
-            self._fds[shard] = fd
+            self._fds.add(shard, fd)
         return fd
 
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
@@ -295,8 +320,10 @@ class WdsReader(DatasetReader):
         offsets = self._offsets[rows].tolist()
         checks = self._crc[rows].tolist() if self._crc is not None else None
         for pos, i in enumerate(indices):
-            try:
+            try:  # per sample: ``fn`` may read through this reader, closing the LRU's oldest
                 fd = self._fd(shard_of[pos])
+            except FeedpipeError:  # typed already: not damage (ResourceError, a store's)
+                raise
             except OSError as exc:  # a missing or unreadable shard: name the sample
                 raise self.corrupt(i, f"cannot open its shard: {exc}") from exc
             stored = {}
@@ -363,9 +390,8 @@ class WdsReader(DatasetReader):
             raise self.corrupt(i, f"{path} ends after {i - r.start} of {len(r)} samples")
 
     def close(self) -> None:
-        if self._fds and self._pid == os.getpid():
-            for fd in self._fds.values():
-                os.close(fd)
+        if self._fds is not None:  # closes only this process's own
+            self._fds.close()
         self._fds = None
         super().close()
 
