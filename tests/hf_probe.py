@@ -52,7 +52,7 @@ def count(pred):
 kw = dict(size=16, dtype="uint8", device="cpu", seed=3, fields=["image", "label"],
           num_workers=0)
 model = Model()
-args = TrainingArguments(output_dir=str(out / "ckpt"), num_train_epochs=cfg["epochs"],
+args = TrainingArguments(output_dir=str(out / f"ckpt-{cfg['run']}"), num_train_epochs=cfg["epochs"],
                          save_strategy="steps", save_steps=3, logging_steps=1, report_to=[],
                          use_cpu=True, per_device_train_batch_size=cfg["batch"],
                          label_names=["labels"], disable_tqdm=True)

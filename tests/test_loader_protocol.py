@@ -60,21 +60,27 @@ def test_peek_and_break_never_shorten_the_next_epoch(packed, backend):
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_load_state_dict_resumes_once(packed, backend):
-    """A state in the format before global states (no 'samples') still resumes at its world
-    size; its sharded order is the shuffle buffer's, as it was then (shuffle_window=None)."""
-    ref = loader(packed["wds"], *backend, shuffle_window=None)
+    """A loaded state resumes the next iteration only; ``set_epoch`` to its own epoch keeps it,
+    another epoch drops it."""
+    ref = loader(packed["wds"], *backend)
     ref.set_epoch(2)
     full = list(ref)
-    ld = loader(packed["wds"], *backend, shuffle_window=None)
-    ld.load_state_dict({"epoch": 2, "batches": 4, "seed": 5, "rank": 0, "world_size": 1})
+    saver = loader(packed["wds"], *backend)
+    saver.set_epoch(2)
+    it = iter(saver)
+    for _ in range(4):
+        next(it)
+    state = saver.state_dict()
+    ld = loader(packed["wds"], *backend)
+    ld.load_state_dict(state)
     assert ld.state_dict()["batches"] == 4  # saved again before iterating: the same position
     head = next(iter(ld))  # the resumed iteration begins at batch 4 ...
     assert head["path"] == full[4]["path"] and ld.state_dict()["batches"] == 5
     assert paths(list(ld)) == paths(full)  # ... and only that one: the next starts over
-    ld.load_state_dict({"epoch": 2, "batches": 4, "seed": 5, "rank": 0, "world_size": 1})
+    ld.load_state_dict(state)
     ld.set_epoch(2)  # the usual loop re-states the epoch: the resume survives that
     assert paths(list(ld)) == paths(full[4:])
-    ld.load_state_dict({"epoch": 2, "batches": 4, "seed": 5, "rank": 0, "world_size": 1})
+    ld.load_state_dict(state)
     ld.set_epoch(3)  # another epoch drops it
     assert len(list(ld)) == 9
 
