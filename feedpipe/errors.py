@@ -77,6 +77,11 @@ class UnsafePathError(ManifestError):
     symlink that leads out); refused before anything is opened or written."""
 
 
+class SpecialFileError(UnsafePathError):
+    """A dataset file is a FIFO, a device, a socket or a folder, not a regular file: opening or
+    reading it could block forever; refused, by name, before it is opened."""
+
+
 class OutputRefusedError(FeedpipeError):
     """A conversion output would destroy data feedpipe did not make (the source, a user folder)."""
 
