@@ -21,12 +21,13 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Mapping, Sequence
 
 import numpy as np
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
 from feedpipe.errors import OutputRefusedError, PartsError
+from feedpipe.paths import atomic_writer
 from feedpipe.schema.model import Schema
 
 from .merge_formats import BUILDERS
@@ -127,13 +128,11 @@ class LocalStore:
         """The .npy array ``OUT/name`` (no pickle)."""
         return np.load(self.out / name, allow_pickle=False)
 
-    def write(self, name: str, write_fn: Any) -> None:
-        """Write ``OUT/name`` atomically: ``write_fn(tmp_path)`` then a rename."""
-        tmp = self.out / f".{name}.tmp"
-        write_fn(tmp)
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.out / name)
+    def write(self, name: str, write_fn: Callable[[BinaryIO], None]) -> None:
+        """Write ``OUT/name`` atomically: ``write_fn(file)`` fills a new temporary file
+        (:func:`~feedpipe.paths.atomic_writer`: never a name planted in OUT), then a rename."""
+        with atomic_writer(self.out / name) as fh:
+            write_fn(fh)
 
     def entry(self, name: str) -> FileEntry:
         return FileEntry.of(self.out, name)

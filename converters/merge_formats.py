@@ -6,8 +6,7 @@ all writing goes through the merge's store (:class:`converters.merge.LocalStore`
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Protocol
 
 import h5py
 import numpy as np
@@ -31,10 +30,9 @@ class Builder(Protocol):
               schema: Schema) -> Built: ...
 
 
-def _save(arr: np.ndarray) -> Callable[[Path], None]:
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as fh:
-            np.save(fh, arr, allow_pickle=False)
+def _save(arr: np.ndarray) -> Callable[[BinaryIO], None]:
+    def write(fh: BinaryIO) -> None:
+        np.save(fh, arr, allow_pickle=False)
     return write
 
 
@@ -133,8 +131,8 @@ class Hdf5Merge:
             for f in files:
                 f.close()
 
-        def write(tmp: Path) -> None:
-            with h5py.File(tmp, "w") as out:
+        def write(fh: BinaryIO) -> None:
+            with h5py.File(fh, "w") as out:
                 for name, layout in layouts.items():
                     out.create_virtual_dataset(name, layout)
                 out.attrs["num_samples"] = total

@@ -16,6 +16,7 @@ import json
 import os
 import resource
 import shutil
+import stat
 from pathlib import Path
 from typing import Any, Iterable, NoReturn, Protocol
 
@@ -137,7 +138,7 @@ class OutputLock:
 
     def acquire(self) -> None:
         while self.fd is None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = self._open()
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -155,9 +156,35 @@ class OutputLock:
             if not same:  # released and removed while we waited for it: lock the new file
                 os.close(fd)
                 continue
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
             self.fd = fd
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            except OSError as exc:
+                self.release()
+                _check_full(exc, self.out, f"cannot write the lock file {self.path}")
+                raise
+
+    def _open(self) -> int:
+        """The lock file, never through a symlink (the folder is the user's: a planted
+        ``.<out>.lock`` link would have its target truncated) and only a plain file."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+                         | os.O_NONBLOCK, 0o644)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise OutputRefusedError(f"{self.path}: the lock file is a symlink; feedpipe never "
+                                         "writes through one (it may lead outside the folder). "
+                                         "Remove it and run again.") from exc
+            _check_full(exc, self.out, f"cannot make the lock file {self.path}")
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)
+            raise OutputRefusedError(f"{self.path}: the lock file is not a plain file (a FIFO, a "
+                                     "device or a hard link to another file); remove it and run "
+                                     "again.")
+        return fd
 
     def release(self) -> None:
         if self.fd is None:
@@ -184,6 +211,7 @@ class Output:
         check_not_source(source, self.out)
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
+        made = False
         try:
             exists = self.out.exists() or self.out.is_symlink()
             if exists and not self.overwrite:
@@ -196,10 +224,14 @@ class Output:
                     _refuse_unless_ours(leftover, "a leftover of an earlier conversion")
                     shutil.rmtree(leftover)
             self.partial.mkdir()
+            made = True
             (self.partial / MARKER).write_text(json.dumps({"output": self.out.name,
                                                            "pid": os.getpid()}) + "\n")
-        except BaseException:
+        except BaseException as exc:
+            if made:
+                shutil.rmtree(self.partial, ignore_errors=True)
             self.lock.release()
+            _check_full(exc, self.out, "cannot start the output")
             raise
         return self.partial
 
@@ -281,6 +313,13 @@ def abandon(exc: BaseException, writers: Iterable[DatasetWriter], output: _Abort
     if full is None:
         raise exc
     raise full from exc
+
+
+def _check_full(exc: BaseException, out: Path, what: str) -> None:
+    """Raise :class:`DiskFullError` naming ``out`` if ``exc`` is a full disk or quota."""
+    if isinstance(exc, OSError) and exc.errno in _FULL:
+        raise DiskFullError(f"{out}: the output's filesystem is full ({what}: {exc.strerror}); "
+                            "nothing was changed. Free space, or choose another output.") from exc
 
 
 def disk_full(exc: BaseException, out: Path, partial: Path) -> DiskFullError | None:

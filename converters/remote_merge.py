@@ -15,7 +15,7 @@ import io
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, BinaryIO, Callable, Mapping
 
 import numpy as np
 
@@ -94,9 +94,10 @@ class RemoteStore:
         raw = read_bytes(join(self.url, name), self.options)
         return np.load(io.BytesIO(raw), allow_pickle=False)
 
-    def write(self, name: str, write_fn: Callable[[Path], None]) -> None:
+    def write(self, name: str, write_fn: Callable[[BinaryIO], None]) -> None:
         """Write ``name`` into a local temporary folder, then upload it (PUT is atomic)."""
-        write_fn(self._tmp / name)
+        with open(self._tmp / name, "xb") as fh:  # a private folder (mkdtemp), a new file
+            write_fn(fh)
         self._put(name)
 
     def _put(self, name: str) -> None:

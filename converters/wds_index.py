@@ -22,6 +22,7 @@ import numpy as np
 from feedpipe.dataset.formats.wds import CRC_FILE, INDEX_FILES, write_index
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
 from feedpipe.errors import BadInputError, CorruptRecordError, OutputRefusedError, UnsafeDataError
+from feedpipe.paths import atomic_writer
 from feedpipe.schema.codecs import crc32
 from feedpipe.schema.fields import ArrayField, Field, ImageField, LabelField
 from feedpipe.schema.geometric import TextField
@@ -160,9 +161,7 @@ def _unreadable(p: fw.Plan, group: dict[str, fw.Member], what: str) -> str | Non
 
 
 def _save_atomic(path: Path, arr: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as fh:
+    """``np.save`` through :func:`atomic_writer`: the folder is the user's, and a fixed temp name
+    could be a planted symlink leading outside it."""
+    with atomic_writer(path) as fh:
         np.save(fh, arr, allow_pickle=False)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)

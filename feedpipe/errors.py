@@ -77,6 +77,11 @@ class UnsafePathError(ManifestError):
     symlink that leads out); refused before anything is opened or written."""
 
 
+class SpecialFileError(UnsafePathError):
+    """A dataset file is a FIFO, a device, a socket or a folder, not a regular file: opening or
+    reading it could block forever; refused, by name, before it is opened."""
+
+
 class OutputRefusedError(FeedpipeError):
     """A conversion output would destroy data feedpipe did not make (the source, a user folder)."""
 
@@ -155,7 +160,14 @@ class ChecksumMismatchError(CorruptRecordError):
 
 class CacheFullError(StorageError):
     """A remote file cannot fit the cache's ``cache_limit`` (or the cache is full of files in
-    use); the message gives the sizes and what to change."""
+    use, or its disk is full); the message gives the sizes or the path and what to change."""
+
+
+class UnsafeCacheError(FeedpipeError, PermissionError):
+    """The remote-data cache directory, or an entry in it, is not safe to use: a folder another
+    user owns or others may write to (not a group-shared one, docs/remote.md), or an entry that
+    is a symlink, not a regular file, or made by an untrusted user. Refused before anything is
+    read or written through it; the message names it and says how to fix it."""
 
 
 class PartsError(FeedpipeError):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _MANGLED = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")  # Path("s3://b/k") is "s3:/b/k"
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 def cache_dir() -> Path:
@@ -26,18 +30,28 @@ def url_scheme(location: str | os.PathLike[str]) -> str | None:
     return m[1].lower() if m else None
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Write ``data`` (str as UTF-8) so that a reader, or a crash, sees the old file or the whole
-    new one: a temporary file in the same folder, flushed to disk, then renamed over ``path``."""
-    raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+@contextmanager
+def atomic_writer(path: Path) -> Iterator[BinaryIO]:
+    """A new file to fill in place of ``path``: made by ``mkstemp`` beside it (``O_EXCL``, a
+    random name: never opened through a symlink planted in the folder), flushed to disk and
+    renamed over ``path`` when the block ends, removed when it raises, so that a reader, or a
+    crash, sees the old file or the whole new one. A full disk's error names ``path``."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
+        with os.fdopen(fd, "w+b") as fh:
+            yield fh
             fh.flush()
+            os.fchmod(fh.fileno(), 0o644)  # mkstemp's is private; reports, indexes are shared
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp makes it private; reports, caches and indexes are shared
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.errno in _FULL and exc.filename is None:
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write ``data`` (str as UTF-8) atomically (:func:`atomic_writer`)."""
+    with atomic_writer(path) as fh:
+        fh.write(data.encode("utf-8") if isinstance(data, str) else bytes(data))

@@ -4,6 +4,7 @@ Progress bars live in the CLI, not in the library."""
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import re
@@ -34,13 +35,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 _PATH_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
                 PermissionError)
+_FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def _user_error(exc: BaseException) -> bool:
-    """Errors shown as one line: feedpipe's own, and OS errors about a named path. Anything else
-    is a bug and keeps its traceback."""
+    """Errors shown as one line: feedpipe's own, OS errors about a named path, and a full disk
+    or quota (never a bug). Anything else is a bug and keeps its traceback."""
     return isinstance(exc, FeedpipeError) or (isinstance(exc, OSError) and (
-        exc.filename is not None or isinstance(exc, _PATH_ERRORS)))
+        exc.filename is not None or isinstance(exc, _PATH_ERRORS) or exc.errno in _FULL))
 
 
 def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
@@ -99,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         message = str(exc)
+        if not isinstance(exc, FeedpipeError) and getattr(exc, "errno", None) in _FULL:
+            message += "; free space on that filesystem, or write elsewhere"
         if isinstance(exc, ConfigError):
             message = speak_cli(message, exc.option, _subparser(parser, args.command))
         print(f"feedpipe {args.command}: error: {message}", file=sys.stderr)

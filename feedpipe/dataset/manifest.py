@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from ..errors import (
     IncompleteDatasetError,
     ManifestError,
     NotADatasetError,
+    SpecialFileError,
     UnsafePathError,
 )
 from ..paths import url_scheme, write_atomic
@@ -37,6 +39,10 @@ MAX_FILE_BYTES = 1 << 56
 FORMAT_FILES = {"lmdb": ("data.mdb",), "hdf5": ("data.h5",),
                 "wds": ("index-offsets.npy", "index-shards.npy", "index-keys.npy",
                         "index-values.npy")}
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFDIR: "a folder", stat.S_IFSOCK: "a socket",
+          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
 
 def refuse_url(location: str | os.PathLike[str], what: str) -> None:
@@ -202,6 +208,23 @@ class Manifest:
             if not real.is_relative_to(inside):
                 raise UnsafePathError(f"{path}: {what} {name!r} is a symlink to {real}, outside "
                                       f"the dataset directory {inside}; refusing to open it")
+            if not what.startswith("extra.parts"):  # a part is a folder
+                _refuse_special(path, what, name, real)
+
+
+def _refuse_special(path: Path, what: str, name: str, real: Path) -> None:
+    """Refuse a dataset file that exists but is not a regular file (a FIFO would block every
+    open or read forever); one ``stat`` at open, never per sample. A missing one is left to the
+    reader or ``verify``, which name it."""
+    try:
+        mode = os.stat(real).st_mode
+    except OSError:
+        return
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise SpecialFileError(f"{path}: {what} {name!r} is {kind}, not a regular file; reading "
+                               "it could block forever, so it is refused before it is opened. "
+                               "Put the dataset's file back (or re-convert).", file=str(real))
 
 
 def _integer(d: dict[str, Any], key: str, what: str, path: Path, low: int, high: int,

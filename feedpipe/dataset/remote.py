@@ -30,7 +30,7 @@ from ..errors import CacheFullError, IncompleteDatasetError, RemoteNotFoundError
 from ..paths import write_atomic
 from ..schema.fields import Field
 from ..storage import DEFAULT_POLICY, RetryPolicy, join, read_bytes
-from ..storage.cache import Cache
+from ..storage.cache import Cache, disk_full
 from .formats.base import DatasetReader, Visitor
 from .formats.handles import OpenFiles
 from .formats.hdf5 import Hdf5Reader
@@ -330,7 +330,13 @@ def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
     cache = Cache(cache_dir, cache_limit)
     folder = cache.dataset_dir(url, raw)
     if not (folder / MANIFEST_NAME).is_file():
-        write_atomic(folder / MANIFEST_NAME, raw)
+        try:
+            write_atomic(folder / MANIFEST_NAME, raw)
+        except OSError as exc:
+            full = disk_full(exc, folder / MANIFEST_NAME, join(url, MANIFEST_NAME))
+            if full is None:
+                raise
+            raise full from exc
     manifest = Manifest.read(folder)
     source = RemoteSource(url, cache, folder, manifest.files, storage_options, policy)
     if manifest.format == "wds":  # the index files at once: one round trip, not five in a row

@@ -12,24 +12,34 @@ and takes a shared lock on it, so the file cannot be evicted while open; a downl
 file's exclusive download lock, reserves room under the cache-wide ``.lock`` (evicting unlocked
 files least recently used first), appends to the part file (resuming a killed download), fsyncs,
 checks the SHA-256 against the manifest, and renames it into place.
+
+Every file of the cache is opened through :mod:`feedpipe.storage.cachefs`: never through a
+symlink, only a regular file a trusted user made; a cache folder others could plant files in is
+refused (:class:`~feedpipe.errors.UnsafeCacheError`). A full disk is a
+:class:`~feedpipe.errors.CacheFullError` naming the file and its URL, its partial download
+removed (the space it holds is what the disk lacks).
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
 import re
+import stat
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ..errors import CacheFullError, ChecksumMismatchError, ConfigError
+from ..errors import CacheFullError, ChecksumMismatchError, ConfigError, DiskFullError
+from .cachefs import Trust, trust_of
 from .fetch import Backend
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .transfer import CHUNK, download
 
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 KEPT = re.compile(r"^(feedpipe\.json|index-.*)$")  # the manifest and index files: never evicted
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
@@ -57,8 +67,8 @@ def default_cache_dir() -> Path:
 
 
 @contextmanager
-def _flocked(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[int]:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+def _flocked(path: Path, trust: Trust, mode: int = fcntl.LOCK_EX) -> Iterator[int]:
+    fd = trust.open(path, os.O_RDONLY | os.O_CREAT)  # flock needs no write access
     try:
         fcntl.flock(fd, mode)
         yield fd
@@ -67,34 +77,39 @@ def _flocked(path: Path, mode: int = fcntl.LOCK_EX) -> Iterator[int]:
 
 
 @contextmanager
-def _unheld(path: Path) -> Iterator[bool | None]:
-    """True while this process holds ``path`` exclusively, False when another process holds a
-    lock on it (a download, or a reader's shared lock), None when it does not exist."""
+def _unheld(path: Path) -> Iterator[tuple[bool | None, int]]:
+    """(True, fd) while this process holds ``path`` exclusively, (False, fd) when another
+    process holds a lock on it (a download, or a reader's shared lock), (None, -1) when it does
+    not exist or is not a regular file (never opened through a link, never a FIFO)."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        yield None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        yield None, -1
         return
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            yield None, -1
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield False
+            yield False, fd
         else:
-            yield True
+            yield True, fd
     finally:
         os.close(fd)
 
 
 def _held(path: Path) -> bool:
     """Whether some process holds a lock on ``path`` (a download, or a reader's shared lock)."""
-    with _unheld(path) as free:
+    with _unheld(path) as (free, _):
         return free is False
 
 
 def sha256_of(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as fh:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as fh:
         while chunk := fh.read(1 << 22):
             h.update(chunk)
     return h.hexdigest()
@@ -111,6 +126,7 @@ class Cache:
         self.limit = parse_size(limit)
         self.wait = wait
         self.root.mkdir(parents=True, exist_ok=True)
+        self.trust = trust_of(self.root)  # refuses a folder others could plant files in
 
     def __repr__(self) -> str:
         return f"Cache({str(self.root)!r}, limit={self.limit})"
@@ -121,7 +137,12 @@ class Cache:
         key = hashlib.sha256(url.rstrip("/").encode() + b"\n" + manifest).hexdigest()[:20]
         slug = re.sub(r"[^A-Za-z0-9_.-]", "_", url.rstrip("/").rsplit("/", 1)[-1])[:40]
         folder = self.root / f"{slug or 'dataset'}-{key}"
-        folder.mkdir(exist_ok=True)
+        try:
+            folder.mkdir()
+            made = True
+        except FileExistsError:
+            made = False
+        self.trust.check_folder(folder, made)
         return folder
 
     # -- accounting --------------------------------------------------------------------------
@@ -129,28 +150,43 @@ class Cache:
         """Bytes the data files, the partial downloads and the active reservations take (read
         under the cache-wide lock, so a download handing its reservation over to its finished
         file is never counted twice or not at all)."""
-        with _flocked(self.root / ".lock", fcntl.LOCK_SH):
+        with _flocked(self.root / ".lock", self.trust, fcntl.LOCK_SH):
             return sum(size for _, size, _ in self._entries()) + sum(
                 self._reservations().values())
+
+    def _files(self) -> Iterator[tuple[Path, os.stat_result]]:
+        """(path, lstat) of every regular file in the dataset folders this process trusts
+        (links, FIFOs and folders of untrusted users are never counted, locked or evicted)."""
+        with os.scandir(self.root) as it:
+            folders = list(it)
+        for folder in folders:
+            try:
+                if not (folder.is_dir(follow_symlinks=False)
+                        and self.trust.allows(folder.stat(follow_symlinks=False))):
+                    continue
+                with os.scandir(folder.path) as it:
+                    entries = list(it)
+            except OSError:  # removed meanwhile
+                continue
+            for e in entries:
+                try:
+                    st = e.stat(follow_symlinks=False)
+                except OSError:
+                    continue
+                if stat.S_ISREG(st.st_mode):
+                    yield Path(e.path), st
 
     def _entries(self) -> list[tuple[Path, int, float]]:
         """(path, size, last use) of every data file and partial download."""
         out = []
-        for folder in self.root.iterdir():
-            if not folder.is_dir():
+        for p, st in self._files():
+            if KEPT.match(p.name) or p.name.endswith(".lock"):
                 continue
-            for p in folder.iterdir():
-                if KEPT.match(p.name) or p.name.endswith(".lock"):
-                    continue
-                if p.name.startswith(".") and not p.name.endswith(".part"):
-                    continue
-                if p.name.endswith(".part") and _held(self._lock_of(p)):
-                    continue  # an active download: counted by its reservation
-                try:
-                    st = p.stat()
-                except FileNotFoundError:
-                    continue
-                out.append((p, st.st_size, st.st_mtime))
+            if p.name.startswith(".") and not p.name.endswith(".part"):
+                continue
+            if p.name.endswith(".part") and _held(self._lock_of(p)):
+                continue  # an active download: counted by its reservation
+            out.append((p, st.st_size, st.st_mtime))
         return out
 
     @staticmethod
@@ -159,12 +195,15 @@ class Cache:
 
     def _reservations(self) -> dict[Path, int]:
         out = {}
-        for lock in self.root.glob("*/.*.lock"):
-            if _held(lock):
-                try:
-                    out[lock] = int(lock.read_text() or 0)
-                except (ValueError, FileNotFoundError):
-                    pass
+        for lock, _ in self._files():
+            if not (lock.name.startswith(".") and lock.name.endswith(".lock")):
+                continue
+            with _unheld(lock) as (free, fd):
+                if free is False:  # read from the descriptor checked, never by name again
+                    try:
+                        out[lock] = int(os.pread(fd, 32, 0) or 0)
+                    except ValueError:
+                        pass
         return out
 
     def _reserve(self, lock_fd: int, lock: Path, size: int, block: bool, evict: bool) -> bool:
@@ -177,7 +216,7 @@ class Cache:
                                  "hold the files all local ranks and workers read at once)")
         deadline = time.monotonic() + self.wait
         while True:
-            with _flocked(self.root / ".lock"):
+            with _flocked(self.root / ".lock", self.trust):
                 if self.limit is None or self._make_room(size, lock, evict):
                     os.ftruncate(lock_fd, 0)
                     os.pwrite(lock_fd, str(size).encode(), 0)
@@ -209,7 +248,7 @@ class Cache:
     @staticmethod
     def _evict(path: Path) -> bool:
         """Remove ``path`` unless a reader holds it (its shared lock)."""
-        with _unheld(path) as free:
+        with _unheld(path) as (free, _):
             if free:
                 try:
                     os.unlink(path)
@@ -233,7 +272,7 @@ class Cache:
         if fd is not None:
             return fd
         lock = folder / f".{name}.lock"
-        lock_fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        lock_fd = self.trust.open(lock, os.O_RDWR | os.O_CREAT, write=True)
         try:
             try:
                 fcntl.flock(lock_fd, fcntl.LOCK_EX | (0 if block else fcntl.LOCK_NB))
@@ -242,20 +281,27 @@ class Cache:
             fd = self._open_cached(path)  # another process finished it while we waited
             if fd is not None:
                 return fd
-            room = self._reserve(lock_fd, lock, size, block, evict)
-            if claimed is not None:
-                claimed(room)
-            if not room:
-                return None
-            return self._fetch(path, lock_fd, url, size, sha256, storage_options, policy, chunk)
+            try:
+                room = self._reserve(lock_fd, lock, size, block, evict)
+                if claimed is not None:
+                    claimed(room)
+                if not room:
+                    return None
+                return self._fetch(path, lock_fd, url, size, sha256, storage_options, policy,
+                                   chunk)
+            except OSError as exc:
+                full = disk_full(exc, path, url, size)
+                if full is None:
+                    raise
+                _remove(path.with_name(f".{name}.part"))
+                raise full from exc
         finally:
             os.close(lock_fd)  # releases the download lock and with it the reservation
 
-    @staticmethod
-    def _open_cached(path: Path) -> int | None:
+    def _open_cached(self, path: Path) -> int | None:
         while True:
             try:
-                fd = os.open(path, os.O_RDONLY)
+                fd = self.trust.open(path, os.O_RDONLY)
             except FileNotFoundError:
                 return None
             fcntl.flock(fd, fcntl.LOCK_SH)
@@ -276,12 +322,14 @@ class Cache:
         # DataLoader workers fork must not start obstore's runtime (it does not survive fork)
         backend: Backend | None = "fsspec" if KEPT.match(path.name) else None
         for _ in range(2):  # a mismatch may be a resumed part from an older file: refetch
+            os.close(self.trust.open(part, os.O_WRONLY | os.O_CREAT, write=True))  # checked
             download(url, part, size, storage_options, policy, chunk, backend=backend)
             got = sha256_of(part)
             if got == sha256:
-                fd = os.open(part, os.O_RDONLY)
+                fd = self.trust.open(part, os.O_RDONLY)
                 fcntl.flock(fd, fcntl.LOCK_SH)  # held from before the rename: never evicted
-                with _flocked(self.root / ".lock"):  # the reservation becomes the file at once
+                # the reservation becomes the file at once
+                with _flocked(self.root / ".lock", self.trust):
                     os.replace(part, path)
                     os.ftruncate(lock_fd, 0)
                 dirfd = os.open(path.parent, os.O_RDONLY)
@@ -297,3 +345,24 @@ class Cache:
             "re-upload the dataset (nothing of it was kept)", file=url)
 
 
+def disk_full(exc: OSError, path: Path, url: str, size: int | None = None
+              ) -> CacheFullError | None:
+    """A :class:`CacheFullError` naming ``path`` and ``url`` when ``exc`` is a full disk or
+    quota (the default ``cache_limit`` is unbounded, so a dataset larger than the disk ends
+    here), else None."""
+    if exc.errno not in _FULL and not isinstance(exc, DiskFullError):
+        return None
+    what = f" ({size:,} bytes)" if size is not None else ""
+    why = exc.strerror or getattr(exc.__cause__, "strerror", None) or "no space left"
+    return CacheFullError(
+        f"{path}: the cache's disk is full ({why}) fetching {url}{what}; its partial "
+        f"download was removed. Free space in {path.parent.parent}, or set cache_limit below the "
+        "free space (the least recently used files are then evicted to make room), or choose "
+        "a cache_dir on a larger disk", url=url, file=str(path))
+
+
+def _remove(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

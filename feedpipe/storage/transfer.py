@@ -9,15 +9,18 @@ mid-download, resumes from the bytes already on disk instead of starting over. E
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..errors import RangeNotSupportedError, StorageError
+from ..errors import DiskFullError, RangeNotSupportedError, StorageError
 from .fetch import Backend, fetch_backend, obstore_ranged_get
 from .retry import DEFAULT_POLICY, RetryPolicy, with_retries
 from .urls import filesystem
 
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 CHUNK = 16 << 20  # bytes per ranged request: a cut connection costs at most this much again
 Options = Mapping[str, Any] | None
 
@@ -87,7 +90,19 @@ def download(url: str, part: Path, size: int, storage_options: Options = None,
         backend = fetch_backend(url, storage_options)
     ranged_get = obstore_ranged_get(url, storage_options, policy.timeout) \
         if backend == "obstore" else _fsspec_ranged_get(url, storage_options, policy.timeout)
-    with open(part, "ab") as out:
+    try:
+        _append(part, url, size, ranged_get, policy, chunk, progress)
+    except OSError as exc:
+        if exc.errno not in _FULL:
+            raise
+        raise DiskFullError(f"{part}: its filesystem is full ({exc.strerror}) downloading {url}; "
+                            "free space there (the partial file resumes from where it stopped)",
+                            file=str(part)) from exc
+
+
+def _append(part: Path, url: str, size: int, ranged_get: Callable[[int, int], bytes],
+            policy: RetryPolicy, chunk: int, progress: Callable[[int], None] | None) -> None:
+    with os.fdopen(_open_part(part), "ab") as out:
         done = out.tell()
         if done > size:
             raise StorageError(f"{part}: partial download holds {done} bytes, more than the "
@@ -117,6 +132,26 @@ def download(url: str, part: Path, size: int, storage_options: Options = None,
             if progress is not None:
                 progress(len(data))
         os.fsync(out.fileno())
+
+
+def _open_part(part: Path) -> int:
+    """The partial file, appended to: never through a symlink, only a plain file (not a FIFO,
+    not a hard link to another file), so a name planted beside it cannot redirect the write."""
+    try:
+        fd = os.open(part, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise StorageError(f"{part}: the partial download is a symlink; feedpipe never writes "
+                           "through one (it could lead outside the folder): remove it") from exc
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+        os.close(fd)
+        raise StorageError(f"{part}: the partial download is not a plain file (a FIFO, a device "
+                           "or a hard link to another file); remove it")
+    os.set_blocking(fd, True)
+    return fd
 
 
 def upload(local: str | os.PathLike[str], url: str, storage_options: Options = None,
