@@ -26,7 +26,7 @@ from ..errors import ConfigError, MissingDependencyError
 from ..loader.api import make_loader
 from ..loader.position import EpochPosition
 from ..loader.sampler import World
-from ..tools.monitor import StallMeter, _count
+from ..tools.monitor import StallMeter, batch_rows
 
 try:
     import lightning.pytorch as pl
@@ -71,7 +71,8 @@ class FeedpipeCallback(pl.Callback):
             _, at = loaders[0].position()
             at = max(0, at - self._in_flight(trainer))
             progress = trainer.fit_loop.epoch_loop.batch_progress.current
-            progress.ready = progress.started = progress.processed = progress.completed = at
+            for counter in ("ready", "started", "processed", "completed"):
+                setattr(progress, counter, at)
         self.meter.reset()
         self._batch_end = None
 
@@ -85,7 +86,7 @@ class FeedpipeCallback(pl.Callback):
                            outputs: Any, batch: Any, batch_idx: int) -> None:
         now = time.perf_counter()
         wait = self._batch_start - (self._batch_end or self._batch_start)
-        self.meter.record(wait, now - self._batch_start, _count(batch))
+        self.meter.record(wait, now - self._batch_start, batch_rows(batch))
         self._batch_end = now
 
     def on_train_epoch_end(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:

@@ -63,7 +63,7 @@ class LoaderSampler:
         self._loader.set_epoch(epoch)
 
     def __len__(self) -> int:
-        return len(self._loader)  # type: ignore[arg-type]
+        return len(self._loader)
 
     def __iter__(self) -> Iterator[BatchToken]:
         """Tokens for every batch of the current epoch's plan, numbered from its first: a skip of
@@ -96,7 +96,7 @@ class LoaderBatches(Dataset[Any]):
                             f"{token!r}: iterate the loader itself")
         if self._it is None or token != self._next:
             self._loader._seek(token.epoch, token.number)
-            self._it = iter(self._loader)  # type: ignore[call-overload]
+            self._it = iter(self._loader)
         self._next = BatchToken(token.epoch, token.number + 1)
         batch = next(self._it)
         if self._loader._epoch != token.epoch:  # that was the epoch's last batch

@@ -103,7 +103,7 @@ class StallSummary:
         return "\n".join(lines + [f"  - {a}" for a in self.advice])
 
 
-def _count(batch: object) -> int:
+def batch_rows(batch: object) -> int:
     """Samples in a batch: first dimension of the first tensor/array value, else 1."""
     if isinstance(batch, dict):
         values: Iterable[object] = batch.values()
@@ -194,7 +194,7 @@ class StallMeter:
         for batch in it:
             self._last = t1 = clock()
             waits.append(t1 - t0)
-            rows.append(_count(batch))
+            rows.append(batch_rows(batch))
             self.samples += rows[-1]
             try:
                 yield batch
