@@ -271,10 +271,10 @@ class TorchLoader(EpochPosition):
                               f"from {reader.schema.names}")
         self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
         op = ImageOp.of(cfg)
-        self.batch_dataset = BatchDataset(reader, fields, op, seed=cfg.seed, on_error=cfg.on_error,
-                                    encoded_images=decoder is not None,
-                                    max_pixels=cfg.max_pixels, ragged=cfg.ragged,
-                                    min_box_fraction=cfg.min_box_fraction)
+        self.batch_dataset = BatchDataset(
+            reader, fields, op, seed=cfg.seed, on_error=cfg.on_error,
+            encoded_images=decoder is not None, max_pixels=cfg.max_pixels, ragged=cfg.ragged,
+            min_box_fraction=cfg.min_box_fraction)
         self.planner = PlanSampler(reader, cfg, world)
         self._surface()
         self.stage = DeviceStage(cfg, device)
@@ -282,7 +282,8 @@ class TorchLoader(EpochPosition):
             decoder.describe = reader.describe
             self.stage.decoder = decoder
             self.stage.size = self.stage.size or next(
-                tuple(c.field.shape[:2]) for c in self.batch_dataset.columns if c.field.kind == "image")
+                tuple(c.field.shape[:2]) for c in self.batch_dataset.columns
+                if c.field.kind == "image")
         self.ring: SlotRing | None = None
         cols = self.batch_dataset.columns
         self.stage.image_fields = tuple(c.field.name for c in cols if c.field.kind == "image")
@@ -327,8 +328,8 @@ class TorchLoader(EpochPosition):
     def _ring_shapes(self, cfg: LoaderConfig) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """A slot's tensors: every stacked column, labels included, so that a batch from a
         worker crosses as slot numbers only."""
-        return {c.field.name: ((cfg.batch_size, *c.shape), c.dtype) for c in self.batch_dataset.columns
-                if c.shape is not None and c.dtype is not None}
+        return {c.field.name: ((cfg.batch_size, *c.shape), c.dtype)
+                for c in self.batch_dataset.columns if c.shape is not None and c.dtype is not None}
 
     def _attach_ring(self, cfg: LoaderConfig) -> None:
         shapes = self._ring_shapes(cfg)
