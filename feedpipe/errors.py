@@ -173,3 +173,9 @@ class UnsafeCacheError(FeedpipeError, PermissionError):
 class PartsError(FeedpipeError):
     """Parts of a split conversion (``--part i/N``) cannot be merged into one dataset: one is
     missing, given twice, or converted from another source, schema or class list (named)."""
+
+
+class TransformError(FeedpipeError, RuntimeError):
+    """The user's ``transform`` raised on a sample (named by key and source file; the user's
+    exception is the cause, its traceback kept). Never skipped: it is a bug, not bad data."""
+

@@ -63,7 +63,10 @@ trainer = pl.Trainer(accelerator="cpu", devices=cfg["devices"],
                      callbacks=callbacks, enable_progress_bar=False, enable_model_summary=False,
                      num_sanity_val_steps=0 if cfg.get("resume") else 2,
                      log_every_n_steps=1)
-trainer.fit(Model(), datamodule=dm, ckpt_path=cfg.get("resume"))
+model = Model()
+trainer.fit(model, datamodule=dm, ckpt_path=cfg.get("resume"))
+metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+validated = trainer.validate(model, datamodule=dm, verbose=False)[0]
 if trainer.global_rank == 0:
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    metrics["validate_count"] = float(validated["val_count"])
     (out / f"{run}-metrics.json").write_text(json.dumps(metrics))

@@ -62,32 +62,34 @@ def test_lightning_fit_and_validate(odd, tmp_path):
     assert len({tuple(o) for o in orders}) == 3  # and every epoch its own order
     metrics = json.loads((tmp_path / "fit-metrics.json").read_text())
     assert metrics["val_count"] == N_ODD and metrics["val_rows"] == 104  # 13 full batches
+    assert metrics["validate_count"] == N_ODD  # Trainer.validate on its own
     assert 0 <= metrics["feedpipe/data_wait_share"] <= 1 and metrics["feedpipe/samples_per_s"] > 0
     logged = (tmp_path / "logs-fit").rglob("metrics.csv")
     assert any("feedpipe/data_wait_share" in p.read_text().splitlines()[0] for p in logged)
 
 
 @pytest.mark.heavy
-def test_lightning_ddp_killed_mid_epoch_resumes_at_two_ranks_and_at_one(odd, tmp_path):
-    """2 ranks, a checkpoint every 3 steps, SIGKILL at step 5; resumed from the step-3
-    checkpoint at 2 ranks and at 1: epoch 0 is the 3 trained batches plus exactly the rest, the
-    later epochs whole, validation counts every sample once."""
+@pytest.mark.parametrize("saver,resumers", [(2, (2, 1)), (1, (2,))])
+def test_lightning_killed_mid_epoch_resumes_at_any_rank_count(odd, tmp_path, saver, resumers):
+    """A checkpoint every 3 steps, SIGKILL at step 5 (DDP on 2 CPU processes, or 1 process);
+    resumed from the step-3 checkpoint at 2 ranks and at 1: epoch 0 is the 3 trained batches
+    plus exactly the rest, the later epochs whole, validation counts every sample once."""
     base = {"data": str(odd["lmdb"]), "val": str(odd["wds"]), "out": str(tmp_path),
             "epochs": 3, "batch": 8, "workers": 1}
-    probe("lightning", {**base, "run": "kill", "devices": 2, "every": 3, "kill_at": 5},
+    probe("lightning", {**base, "run": "kill", "devices": saver, "every": 3, "kill_at": 5},
           expect_kill=True)
     ckpt = tmp_path / "ckpt" / "epoch=0-step=3.ckpt"
     assert ckpt.exists()
     pre = flat(r for r in lightning_seen(tmp_path, "kill")[0] if r[0] < 3)
-    assert len(pre) == len(set(pre)) == 2 * 3 * 8
-    for devices in (2, 1):
+    assert len(pre) == len(set(pre)) == saver * 3 * 8
+    for devices in resumers:
         run = f"resume{devices}"
         probe("lightning", {**base, "run": run, "devices": devices, "resume": str(ckpt)})
         seen = lightning_seen(tmp_path, run)
         assert sorted(pre + flat(seen[0])) == EVERY, devices
         assert sorted(flat(seen[1])) == sorted(flat(seen[2])) == EVERY
         metrics = json.loads((tmp_path / f"{run}-metrics.json").read_text())
-        assert metrics["val_count"] == N_ODD
+        assert metrics["val_count"] == metrics["validate_count"] == N_ODD
 
 
 def accelerate_runs(out: Path, run: str) -> list[dict]:
@@ -111,18 +113,42 @@ def test_accelerate_gathers_exactly_and_flushes_the_last_batch(odd, tmp_path):
 
 
 @pytest.mark.heavy
-def test_accelerate_save_state_resumes_at_two_ranks_and_at_one(odd, tmp_path):
+@pytest.mark.parametrize("saver,resumers", [(2, (2, 1)), (1, (2,))])
+def test_accelerate_save_state_resumes_at_any_rank_count(odd, tmp_path, saver, resumers):
     base = {"data": str(odd["lmdb"]), "val": str(odd["wds"]), "out": str(tmp_path),
             "epochs": 2, "batch": 8, "accum": 4}
-    probe("accelerate", {**base, "run": "stop", "stop_after": 3}, nproc=2)
+    probe("accelerate", {**base, "run": "stop", "stop_after": 3}, nproc=saver)
     pre = [i for r in accelerate_runs(tmp_path, "stop") for i in r["seen"]["0"]]
-    assert len(pre) == 2 * 3 * 8
-    for n in (2, 1):
+    assert len(pre) == saver * 3 * 8
+    for n in resumers:
         probe("accelerate", {**base, "run": f"res{n}", "resume": str(tmp_path / "state")},
               nproc=n)
         ranks = accelerate_runs(tmp_path, f"res{n}")
         assert sorted(pre + [i for r in ranks for i in r["seen"]["0"]]) == EVERY, n
         assert sorted(i for r in ranks for i in r["seen"]["1"]) == EVERY
+
+
+def test_data_wait_share_in_a_summary_writer(odd, tmp_path):
+    """A loop of your own: StallMeter's epoch summary written to TensorBoard."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    import feedpipe
+    from feedpipe.tools.monitor import StallMeter
+
+    ld = feedpipe.make_loader(odd["lmdb"], 8, size=16, dtype="uint8", device="cpu",
+                              num_workers=0)
+    writer = SummaryWriter(tmp_path)
+    for epoch in range(2):
+        meter = StallMeter(cuda_sync=False)
+        for _ in meter.wrap(ld):
+            pass
+        meter.summary().log_to(writer, epoch)
+    writer.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    share = events.Scalars("feedpipe/data_wait_share")
+    assert [e.step for e in share] == [0, 1] and all(0 <= e.value <= 1 for e in share)
 
 
 def test_hf_trainer_evaluates_exactly_and_resumes_mid_epoch(odd, tmp_path):

@@ -122,6 +122,7 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
                 multiprocessing_context: MpContext | None = None, shuffle_buffer: int = 1000,
                 shuffle_window: int | None = 8,
                 on_error: OnError = "raise", max_pixels: int | None = None,
+                transform: Callable[..., Any] | None = None,
                 ragged: Ragged = "pad", min_box_fraction: float = 0.0,
                 cache_dir: str | os.PathLike[str] | None = None,
                 cache_limit: int | str | None = None,
@@ -176,6 +177,11 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
       the shuffle buffer instead.
     - ``on_error``: a corrupt sample "raise"s, or is "skip"ped (counted, named, refilled).
     - ``max_pixels``: decompression-bomb limit (width × height); None: the dataset's own.
+    - ``transform``: your per-sample function ``fn(sample, rng)``, run in the workers after the
+      decode, crop and resize: ``sample`` holds ``image`` as a C×H×W uint8 tensor (a view of the
+      batch being filled) and the other stacked fields; edit in place, or return a dict of new
+      values of the same shape and dtype. ``rng`` (numpy) is seeded from (seed, epoch, sample):
+      batches are the same for any ``num_workers`` and resume exactly (docs/transforms.md).
     - ``ragged``: boxes and variable-shape arrays as "pad" (N×max rows + counts/lengths) or
       "list" (a tensor per sample); keypoints, text and boxes: see docs/fields.md.
     - ``min_box_fraction``: drop boxes keeping less of their area inside the crop (0..1).
@@ -228,8 +234,15 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
              "jpeg decoder %s", reader.root, reader.format_name, len(reader), world.rank,
              world.size, device, cfg.num_workers, decoder_info()["jpeg_decoder"])
     jpeg = any(f.codec == "jpeg" for f in images)
+    decode_on = cfg.decode_on
+    if cfg.transform is not None:  # the transform needs the decoded pixels in the workers
+        if decode_on == "device":
+            raise ConfigError("transform= runs in the workers on decoded images; "
+                              "decode_on='device' leaves them encoded there: use "
+                              "decode_on='cpu' (or 'auto')", option="decode_on")
+        decode_on = "cpu"
     return _named(TorchLoader(reader, cfg, world, device,
-                              choose_decoder(cfg.decode_on, device, jpeg)), reader)
+                              choose_decoder(decode_on, device, jpeg)), reader)
 
 
 def _named(loader: Loader, reader: DatasetReader) -> Loader:

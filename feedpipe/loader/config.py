@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, replace
 from dataclasses import fields as dataclass_fields
 from functools import cache
-from typing import Any, Container, Literal, get_args, get_type_hints
+from typing import Any, Callable, Container, Literal, get_args, get_type_hints
 
 from ..checks import conforms, describe
 from ..errors import ConfigError
@@ -110,6 +110,7 @@ class LoaderConfig:
     shuffle_window: int | None = 8  # sharded data: shards per shuffle window (None: the buffer)
     on_error: OnError = "raise"
     max_pixels: int | None = None  # None: the dataset's recorded limit, else DEFAULT_MAX_PIXELS
+    transform: Callable[..., Any] | None = None  # the user's per-sample function, in the workers
     ragged: Ragged = "pad"  # boxes and variable-shape arrays: padded with counts, or lists
     min_box_fraction: float = 0.0  # boxes keeping less of their area in the crop are dropped
     weights: tuple[float, ...] | None = None  # a mix's shares (feedpipe.loader.mixing)
@@ -135,6 +136,8 @@ class LoaderConfig:
             bad(f"batch_size={self.batch_size!r}: {_HOW['batch_size']}")
         if self.seed < 0:
             bad(f"seed={self.seed!r}: {_HOW['seed']}")
+        if self.transform is not None and not callable(self.transform):
+            bad(f"transform={self.transform!r}: pass a function (sample, rng) -> sample or None")
         if self.uneven == "mask" and self.drop_last:
             bad("uneven='mask' pads the last batch to full size and marks the padding in 'valid'; "
                 "drop_last=True would drop real samples: use one or the other")

@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
 import torch
 
 from ..dataset.registry import DatasetReader
-from ..errors import ConfigError, CorruptRecordError
+from ..errors import ConfigError, CorruptRecordError, TransformError
 from ..schema.fields import ArrayField, Field, ImageField, LabelField
 from ..schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png
 from ..schema.masks import MaskField, TargetField
 from .labels import Collector, Ragged, check_keys, collects
+from .order import sample_rng
 from .sampler import BatchRequest, rng_for
 from .torch.device_decode import EncodedBatch, plan_encoded
 from .transforms import Geometry, ImageOp
@@ -83,6 +84,16 @@ def target_batch_dtype(f: TargetField) -> np.dtype:
     return np.dtype(np.float16) if np.dtype(f.dtype) == np.float16 else np.dtype(np.float32)
 
 
+def _write_back(view: torch.Tensor, value: Any, name: str) -> None:
+    """Copy a transform's new value of a stacked field into the batch row: same shape and dtype
+    only (a float image or an H×W×C array would otherwise be cast or reshaped silently)."""
+    t = torch.as_tensor(value)
+    if t.shape != view.shape or t.dtype != view.dtype:
+        raise ValueError(f"returned {name!r} as {t.dtype} {tuple(t.shape)}; the batch holds "
+                         f"{view.dtype} {tuple(view.shape)} (images as C×H×W uint8)")
+    view.copy_(t)
+
+
 def _at(req: BatchRequest, pos: int, index: int | None) -> int:
     """The sample filled in at batch position ``pos``: ``index`` when given (a substitute)."""
     return req[pos] if index is None else index
@@ -94,7 +105,8 @@ class BatchDataset(torch.utils.data.Dataset):
     def __init__(self, reader: DatasetReader, fields: Sequence[str], op: ImageOp, *, seed: int,
                  on_error: str, encoded_images: bool = False,
                  max_pixels: int | None = None, ragged: Ragged = "pad",
-                 min_box_fraction: float = 0.0) -> None:
+                 min_box_fraction: float = 0.0,
+                 transform: Callable[..., Any] | None = None) -> None:
         # the pixel limit: the caller's, else the one the converter recorded, else the default
         limit = max_pixels or reader.manifest.conversion.get("max_pixels") or DEFAULT_MAX_PIXELS
         op = replace(op, max_pixels=int(limit))
@@ -102,6 +114,7 @@ class BatchDataset(torch.utils.data.Dataset):
         # decode on the device: images leave the worker still encoded (see device_decode.py)
         self.encoded_images = encoded_images
         self.ragged, self.min_box_fraction = ragged, min_box_fraction
+        self.transform = transform
         self.columns: list[_Column] = []
         for name in fields:
             if name not in reader.schema:
@@ -176,6 +189,7 @@ class BatchDataset(torch.utils.data.Dataset):
                      for c in self.columns if c.collect}
 
         op, apply = self.op, self.op.apply
+        user = self._transformer(req, out) if self.transform is not None else None
 
         def fill(pos: int, stored: dict[str, Any], index: int | None = None) -> None:
             """Sample ``pos`` of the batch from its stored values; ``index`` names the sample
@@ -211,6 +225,8 @@ class BatchDataset(torch.utils.data.Dataset):
                 except Exception as exc:
                     raise self.reader.corrupt(_at(req, pos, index),
                                               f"cannot decode {name}: {exc}") from exc
+            if user is not None:
+                user(pos, _at(req, pos, index))
 
         skipped: list[str] = []
         if self.on_error == "raise":
@@ -239,6 +255,39 @@ class BatchDataset(torch.utils.data.Dataset):
         if fallbacks:
             out[FALLBACK_KEY] = list(fallbacks.values())
         return out
+
+    def _transformer(self, req: BatchRequest, out: dict[str, Any]) -> Callable[[int, int], None]:
+        """``transform(pos, index)``: the user's function on batch row ``pos`` (sample ``index``),
+        given tensor views of the row (the image as C×H×W) and writing back what it returns."""
+        fn, seed, epoch = self.transform, self.seed, req.epoch
+        stacked = [c.field.name for c in self.columns if c.shape is not None]
+        images = {c.field.name for c in self.columns if isinstance(c.field, ImageField)}
+
+        def row(name: str, pos: int) -> Any:
+            v = out[name][pos]
+            return v.permute(2, 0, 1) if name in images else v
+
+        def run(pos: int, index: int) -> None:
+            views = {name: row(name, pos) for name in stacked}
+            sample = {**views, **{c.field.name: out[c.field.name][pos] for c in self.columns
+                                  if c.shape is None and not c.collect}}
+            try:
+                got = fn(sample, sample_rng(seed, epoch, index))  # type: ignore[misc]
+                for name, value in (sample if got is None else got).items():
+                    if name in views:
+                        if value is not views[name]:
+                            _write_back(views[name], value, name)
+                    elif name in out:
+                        out[name][pos] = value
+            except Exception as exc:
+                source = self.reader.source_of(index)
+                raise TransformError(
+                    f"{self.reader.root}: transform failed on sample "
+                    f"{self.reader.key_of(index)}" + (f" (from {source})" if source else "")
+                    + f": {type(exc).__name__}: {exc}", dataset=self.reader.root,
+                    file=source, key=self.reader.key_of(index)) from exc
+
+        return run
 
     def _fill_skipping(self, req: BatchRequest, fill: Any, skipped: list[str]) -> None:
         """on_error="skip": replace each corrupt sample by a seeded substitute, keeping the size."""

@@ -26,6 +26,13 @@ def rng_for(*key: int) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(np.random.SeedSequence([int(k) for k in key])))
 
 
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The generator a user ``transform`` gets for sample ``index`` of ``epoch``: the same for any
+    rank, worker count or batch it lands in (its own stream: no other key draws the same)."""
+    return np.random.Generator(np.random.Philox(np.random.SeedSequence(
+        [int(seed), int(epoch), int(index)], spawn_key=(1,))))
+
+
 def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
     """The order a WebDataset-style shuffle buffer of ``size`` produces from ``stream``."""
     if size <= 1 or len(stream) <= 1:

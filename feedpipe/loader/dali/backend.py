@@ -353,6 +353,10 @@ class DaliWdsLoader(DaliLoader):
 def dali_loader(reader: DatasetReader, cfg: LoaderConfig, world: World,
                 device: torch.device) -> DaliLoader:
     """The DALI loader for ``cfg.dali_reader``: feedpipe's plan, or DALI's WebDataset reader."""
+    if cfg.transform is not None:
+        raise ConfigError("transform= runs Python per sample in the torch backend's workers; "
+                          "DALI's graph cannot run it: use backend='torch', or express the "
+                          "augmentation on the batch after loading", option="transform")
     if cfg.dali_reader == "webdataset" and cfg.uneven == "mask":
         raise ConfigError("uneven='mask' deals feedpipe's plan; dali_reader='webdataset' reads in "
                           "DALI's own order: use dali_reader='plan' for evaluation",

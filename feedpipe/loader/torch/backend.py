@@ -274,7 +274,7 @@ class TorchLoader(EpochPosition):
         self.batch_dataset = BatchDataset(
             reader, fields, op, seed=cfg.seed, on_error=cfg.on_error,
             encoded_images=decoder is not None, max_pixels=cfg.max_pixels, ragged=cfg.ragged,
-            min_box_fraction=cfg.min_box_fraction)
+            min_box_fraction=cfg.min_box_fraction, transform=cfg.transform)
         self.planner = PlanSampler(reader, cfg, world)
         self._surface()
         self.stage = DeviceStage(cfg, device)
