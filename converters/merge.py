@@ -287,7 +287,9 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
             files += [FileEntry(f"{d}/{f.name}", f.size, f.sha256) for f in info.manifest.files]
             files.append(store.entry(f"{d}/{MANIFEST_NAME}"))
         extra["parts"] = [{"dir": d, "num_samples": i.manifest.num_samples,
-                           "start": i.start, "stop": i.stop} for d, i in zip(dirs, adopted)]
+                           "start": i.start, "stop": i.stop,
+                           **{k: v for k, v in i.manifest.extra.items() if k == "dataset_id"}}
+                          for d, i in zip(dirs, adopted)]
         manifest = _merged_manifest(adopted, schema, files, extra, result)
         store.commit(manifest)
     finally:

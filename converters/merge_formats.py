@@ -6,12 +6,13 @@ all writing goes through the merge's store (:class:`converters.merge.LocalStore`
 
 from __future__ import annotations
 
+import hashlib
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Protocol
 
 import h5py
 import numpy as np
 
-from feedpipe.dataset.formats.hdf5 import FILE_NAME
+from feedpipe.dataset.formats.hdf5 import FILE_NAME, ID_ATTR
 from feedpipe.dataset.formats.wds import CRC_FILE, INDEX_FILES, VALUES_FILE
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.errors import PartsError
@@ -131,14 +132,20 @@ class Hdf5Merge:
             for f in files:
                 f.close()
 
+        # the merged file's dataset id: its parts' ids, in order (see DatasetWriter.dataset_id)
+        merged_id = hashlib.blake2b("\n".join(str(m.extra.get("dataset_id")) for m in parts)
+                                    .encode(), digest_size=16).hexdigest()
+
         def write(fh: BinaryIO) -> None:
             with h5py.File(fh, "w") as out:
                 for name, layout in layouts.items():
                     out.create_virtual_dataset(name, layout)
                 out.attrs["num_samples"] = total
+                out.attrs[ID_ATTR] = np.bytes_(merged_id)
 
         store.write(FILE_NAME, write)
-        return [store.entry(FILE_NAME)], {"compression": parts[0].extra.get("compression")}
+        return [store.entry(FILE_NAME)], {"compression": parts[0].extra.get("compression"),
+                                          "dataset_id": merged_id}
 
 
 BUILDERS: dict[str, Builder] = {"wds": WdsMerge(), "lmdb": LmdbMerge(), "hdf5": Hdf5Merge()}

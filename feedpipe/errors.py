@@ -104,6 +104,13 @@ class ResourceError(FeedpipeError, OSError):
     message names the file and what to change. ``errno`` is the system's."""
 
 
+class DataFileMismatchError(FeedpipeError):
+    """A data file is not the one its manifest recorded: its size or the dataset id written into
+    it at conversion differs (cut short, grown, or another dataset's file copied in). Refused when
+    the file is opened, before a sample is read; not a per-sample error, so ``on_error="skip"``
+    does not skip it either."""
+
+
 class DatasetReplacedError(FeedpipeError):
     """The dataset directory was replaced (re-converted) after its manifest was read; reopen it."""
 

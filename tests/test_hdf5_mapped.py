@@ -1,5 +1,6 @@
 """The HDF5 reader's mapped path (variable-length rows, labels, checksums, shapes): the same
-bytes h5py reads, and damage still reported (the mapped parser declines, HDF5 names the sample)."""
+bytes h5py reads, and damage still reported (the mapped parser declines, the heap check before
+h5py's read names the sample)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from test_writers import write_dataset
 
 import feedpipe
 from feedpipe.dataset.formats.hdf5 import CRC_NAME, Hdf5Reader
+from feedpipe.dataset.formats.hdf5_layout import HeapGuard
 from feedpipe.dataset.registry import sample_key
 from feedpipe.errors import CorruptRecordError
 from feedpipe.schema.fields import ArrayField, BytesField, LabelField
@@ -93,5 +95,23 @@ def test_damaged_heap_collection_is_reported(tmp_path):
     other = next(i for i in range(40) if rec["n"][i] and rec["addr"][i] != addr)
     reader.visit([other], lambda _, stored: got.append(bytes(stored["blob"])), ["blob"])
     assert got == [rows(40)[other]["blob"]]  # other collections still read
-    with pytest.raises(CorruptRecordError, match=f"key {sample_key(victim)}: HDF5 read failed"):
+    with pytest.raises(CorruptRecordError, match=f"key {sample_key(victim)}: .*global heap "
+                       f"collection at byte {addr} is damaged"):  # refused before h5py reads it
         reader.visit([other, victim], lambda *_: None, ["blob"])
+
+
+def test_heap_guard_refuses_what_libhdf5_would_loop_on(written):
+    """A free-space object of size 0 (a zeroed object header) is where libhdf5's collection
+    parser loops forever: the guard walks collections first, bounded, and refuses it; every
+    collection of an undamaged file passes."""
+    root, _ = written
+    raw = np.fromfile(root / "data.h5", np.uint8)
+    HeapGuard(raw, root).scan()
+    heap = raw.tobytes().find(b"GCOL")
+    size = int(raw[heap + 24: heap + 32].view("<u8")[0])  # the first object's
+    second = heap + 32 + (size + 7) // 8 * 8
+    bad = raw.copy()
+    bad[second: second + 16] = 0
+    with pytest.raises(CorruptRecordError, match=f"collection at byte {heap} is damaged "
+                                                 rf"\(object 0 at byte {second} has size 0\)"):
+        HeapGuard(bad, root).scan()

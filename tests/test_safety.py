@@ -10,6 +10,7 @@ import zlib
 import lmdb
 import numpy as np
 import pytest
+from fp_helpers import rerecord
 
 import feedpipe
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
@@ -90,6 +91,7 @@ def test_lmdb_pickle_payload_refused(tmp_path):
     with env.begin(write=True) as txn:
         txn.put(sample_key(2).encode(), pack_record([armed_npy(marker), b"2"]))
     env.close()
+    rerecord(root)  # a forger fixes the manifest's size up as well
     assert_refused(root, 2, marker)
 
 
@@ -166,6 +168,7 @@ def test_plain_pickle_instead_of_npy_is_corrupt_not_run(tmp_path):
     with env.begin(write=True) as txn:
         txn.put(sample_key(0).encode(), pack_record([pickle.dumps(Armed(marker)), b"0"]))
     env.close()
+    rerecord(root)
     with pytest.raises(feedpipe.CorruptRecordError, match="npy"):
         feedpipe.open_dataset(root)[0]
     assert not marker.exists()
@@ -220,6 +223,7 @@ def test_lmdb_stray_pickle_entry_reported_never_read(tmp_path):
     with env.begin(write=True) as txn:
         txn.put(b"000000001.pickle", armed_pickle(marker))
     env.close()
+    rerecord(root)
     report = verify(root)
     assert any("000000001.pickle" in p and "pickle" in p for p in report.problems)
     assert [s["label"] for s in feedpipe.open_dataset(root)] == list(range(N))
@@ -234,12 +238,14 @@ def test_hdf5_object_dataset_and_pickle_dataset_refused(tmp_path):
     data = armed_pickle(marker)
     with h5py.File(root / "data.h5", "r+") as f:
         f.create_dataset("payload.pickle", data=np.frombuffer(data, np.uint8))
+    rerecord(root)
     report = verify(root)
     assert any("payload.pickle" in p and "pickle" in p for p in report.problems)
     assert feedpipe.open_dataset(root)[1]["label"] == 1
     with h5py.File(root / "data.h5", "r+") as f:  # the array field now holds Python objects
         del f["arr"]
         f.create_dataset("arr", data=np.array([np.void(data)] * N))  # opaque pickle bytes
+    rerecord(root)
     with pytest.raises(UnsafeDataError, match="'arr'"):
         feedpipe.open_dataset(root)[0]
     report = verify(root)

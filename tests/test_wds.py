@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import N_PHOTOS, WDS_SHARD_COUNT
+from fp_helpers import rerecord
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -18,7 +19,7 @@ import feedpipe
 from feedpipe.dataset.formats.wds import WdsWriter, ustar_header
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import sample_key
-from feedpipe.errors import CorruptRecordError
+from feedpipe.errors import CorruptRecordError, DataFileMismatchError
 from feedpipe.schema.fields import ArrayField, BytesField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
@@ -246,7 +247,10 @@ def test_damaged_packed_values_are_refused(tmp_path):
     with pytest.raises(CorruptRecordError, match="checksum"):
         ds[0]
     assert ds[1]["path"] == "dir/1.jpg"
-    np.save(root / "index-values.npy", values[:-5])  # cut short: spans point past its end
+    np.save(root / "index-values.npy", values[:-5])  # cut short: its size says so at open
+    with pytest.raises(DataFileMismatchError, match="index-values.npy"):
+        feedpipe.open_dataset(root)
+    rerecord(root)  # a manifest forged to match: the spans point past its end
     with pytest.raises(CorruptRecordError, match="outside"):
         feedpipe.open_dataset(root)
 

@@ -1,17 +1,25 @@
 """Fuzzing the record decoders: whatever bytes they are given, they return or raise a typed
 FeedpipeError (never a bare ValueError, struct.error, KeyError...). A few hundred cases each in the
-quick tier, thousands under the ``heavy`` marker."""
+quick tier, thousands under the ``heavy`` marker.
+
+The heavy tier also damages whole structures of real datasets (HDF5 object headers, B-tree nodes
+and heaps, LMDB meta and tree pages, tar headers, the index files' npy headers), each case in a
+subprocess (``fuzz_driver.py``) watched with a timeout: ``verify`` and ``make_loader`` must give
+a typed error within 10 s or the right data, never a hang, a crash or a wrong sample."""
 
 from __future__ import annotations
 
 import io
 import json
+import re
+import struct
 import tarfile
 import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from fuzz_driver import run_cases
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -168,3 +176,98 @@ def test_manifest_json(cases):
             only_typed(Manifest.read, root)
 
         run()
+
+
+# --- whole structures damaged in real datasets: a typed error within 10 s, or the right data ---
+
+def spans_hdf5(root: Path) -> dict[str, tuple[str, int, int]]:
+    """The HDF5 file's structures: the superblock, object headers, B-tree nodes, the group's
+    local heap and symbol table node, a global heap collection's header, one of its objects
+    and a page inside it (the issue's hang), and chunks of vlen records, labels and crc32s."""
+    import h5py
+
+    raw = (root / "data.h5").read_bytes()
+    out = {"superblock": ("data.h5", 0, 96)}
+    with h5py.File(root / "data.h5", "r") as f:
+        out["root group header"] = ("data.h5", h5py.h5o.get_info(f.id).addr, 256)
+        for name in f:
+            out[f"{name} header"] = ("data.h5", h5py.h5o.get_info(f[name].id).addr, 256)
+            out[f"{name} chunk"] = ("data.h5", f[name].id.get_chunk_info(0).byte_offset, 1024)
+    for sig, size in ((b"TREE", 256), (b"HEAP", 32), (b"SNOD", 256)):
+        for k, at in enumerate(m.start() for m in re.finditer(sig, raw)):
+            out[f"{sig.decode()} {k}"] = ("data.h5", at, size)
+    heap = raw.find(b"GCOL")
+    out.update({"heap header": ("data.h5", heap, 16), "heap object": ("data.h5", heap + 16, 16),
+                "heap page": ("data.h5", (heap // 4096 + 1) * 4096, 4096)})
+    return out
+
+
+def spans_lmdb(root: Path) -> dict[str, tuple[str, int, int]]:
+    """LMDB's two meta pages, a branch page, a leaf page and an overflow page (its header and
+    the whole page), found by their page flags."""
+    raw = (root / "data.mdb").read_bytes()
+    first: dict[int, int] = {}
+    for pg in range(2, len(raw) // 4096):
+        first.setdefault(struct.unpack_from("<H", raw, pg * 4096 + 10)[0], pg)
+    out = {"meta page 0": ("data.mdb", 0, 4096), "meta page 1": ("data.mdb", 4096, 4096)}
+    for flag, what in ((1, "branch page"), (2, "leaf page"), (4, "overflow page")):
+        if flag in first:
+            out[what] = ("data.mdb", first[flag] * 4096, 4096)
+    if 4 in first:
+        out["overflow header"] = ("data.mdb", first[4] * 4096, 16)
+    return out
+
+
+def spans_wds(root: Path) -> dict[str, tuple[str, int, int]]:
+    """Tar headers (a shard's first and a later member's, its end-of-archive blocks), the npy
+    header of every index file, and a page of index offsets."""
+    shard = "shard-000001.tar"
+    size = (root / shard).stat().st_size
+    with tarfile.open(root / shard) as tar:
+        fifth = tar.getmembers()[5].offset
+    out = {"first tar header": (shard, 0, 512), "fifth tar header": (shard, fifth, 512),
+           "end of archive": (shard, size - 1024, 1024),
+           "index offsets page": ("index-offsets.npy", 128, 4096)}
+    for name in sorted(p.name for p in root.glob("index-*.npy")):
+        out[f"{name} header"] = (name, 0, 128)
+    return out
+
+
+SPANS = {"hdf5": spans_hdf5, "lmdb": spans_lmdb, "wds": spans_wds}
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("fmt", ["hdf5", "lmdb", "wds"])
+def test_damaged_structures_give_a_typed_error_in_seconds(fmt, packed, tmp_path):
+    """Each structure, zeroed and overwritten with random bytes: ``verify`` names a problem and
+    ``make_loader`` (either ``on_error``) raises a FeedpipeError or yields only right samples,
+    each within 10 s, without crashing (every case in a subprocess)."""
+    cases = {f"{what} ({mode})": {"file": name, "offset": offset, "length": length, "mode": mode}
+             for what, (name, offset, length) in SPANS[fmt](packed[fmt]).items()
+             for mode in ("zero", "rand")}
+    failures = run_cases(packed[fmt], cases, tmp_path / "case")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.heavy
+def test_damaged_merged_hdf5_gives_a_typed_error_in_seconds(photo_dir, tmp_path):
+    """A merged HDF5 dataset: its ``data.h5`` of virtual datasets (whose layouts HDF5 keeps in
+    a global heap), every 512 bytes of it zeroed and randomised, and a page inside a part's
+    heap collection zeroed: the same answers as above."""
+    from converters import convert
+    from converters.merge import merge
+    from converters.parts import Part
+
+    src = tmp_path / "merged"
+    for i in range(2):
+        convert(photo_dir, src, to="hdf5", workers=0, part=Part(i, 2))
+    merge(src)
+    part = f"parts/{Part(0, 2).name}/data.h5"
+    heap = (src / part).read_bytes().find(b"GCOL")
+    cases = {f"data.h5 at {at} ({mode})": {"file": "data.h5", "offset": at, "length": 512,
+                                           "mode": mode}
+             for at in range(0, (src / "data.h5").stat().st_size, 512) for mode in ("zero", "rand")}
+    cases["part heap page"] = {"file": part, "offset": (heap // 4096 + 1) * 4096, "length": 4096,
+                               "mode": "zero"}
+    failures = run_cases(src, cases, tmp_path / "case")
+    assert not failures, "\n".join(failures)

@@ -8,13 +8,17 @@ iteration, the loader's batched decode) is built on it here, once.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
+import numpy as np
+
 from ...errors import (
     CorruptRecordError,
+    DataFileMismatchError,
     DatasetReplacedError,
     EmptyDatasetError,
     FeedpipeError,
@@ -59,6 +63,16 @@ class DatasetWriter(ABC):
         self.root.mkdir(parents=True, exist_ok=True)
         self.schema = schema
         self.count = 0
+        self.content = hashlib.blake2b(digest_size=16)  # what the records' checksums add up to
+
+    def dataset_id(self) -> str:
+        """The id written into the data file and the manifest at close, compared by the reader
+        at open: a digest of what the writer fed :attr:`content` (the records' checksums) and
+        the count, not a random id, so that conversions stay byte-reproducible; two files with
+        one id hold the same records."""
+        digest = self.content.copy()
+        digest.update(self.count.to_bytes(8, "little"))
+        return digest.hexdigest()
 
     def write(self, sample: dict[str, Any]) -> None:
         """Validate and append one sample (a dict with every schema field)."""
@@ -119,6 +133,32 @@ class DatasetReader(ABC):
     @abstractmethod
     def _open(self) -> None:
         """Open file handles in the current process."""
+
+    def check_size(self, name: str, size: int) -> None:
+        """Refuse data file ``name`` (relative to the root) if its ``size`` is not the one its
+        manifest recorded: a stat at open, where hashing it is ``feedpipe verify``'s job."""
+        entry = next((f for f in self.manifest.files if f.name == name), None)
+        if entry is not None and entry.size != size:
+            raise DataFileMismatchError(
+                f"{self.root / name}: {size:,} bytes, its manifest says {entry.size:,}: the file "
+                "was cut short, grown or replaced (another dataset's file copied in?); refused "
+                "before reading it. Restore the file or re-convert the dataset",
+                dataset=self.root, file=self.root / name)
+
+    def check_id(self, name: str, found: object, expected: object) -> None:
+        """Refuse data file ``name`` unless it holds the dataset id its manifest recorded
+        (``found``: as stored, None if absent; nothing to check where the manifest has none,
+        a conversion older than the id)."""
+        if isinstance(found, (bytes, bytearray, memoryview, np.bytes_)):
+            found = bytes(found).decode("ascii", "backslashreplace")
+        if expected is None or found == expected:
+            return
+        held = f"holds dataset id {found}" if found is not None else "holds no dataset id"
+        raise DataFileMismatchError(
+            f"{self.root / name}: {held}, its manifest records {expected}: the file belongs to "
+            "another dataset (copied in from another conversion?); refused before reading it. "
+            "Restore the file or re-convert the dataset", dataset=self.root,
+            file=self.root / name)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -9,28 +9,33 @@ chunked datasets.
 Format version 2 adds ``_feedpipe.crc32`` (N × fields uint32): the crc32 of each stored
 value's bytes (a variable shape's companion row first), checked on every read.
 
-A merged dataset (``feedpipe merge``) is a ``data.h5`` of virtual datasets over its parts' files;
-the reader refuses a virtual dataset whose source file is missing (HDF5 would read fill values)
-or lies outside the dataset.
+The root's attribute ``dataset_id`` (fixed-length ASCII) is the manifest's ``extra.dataset_id``
+(:meth:`DatasetWriter.dataset_id`); the reader compares the two, and the file's size with the
+manifest's, before it reads a sample: another dataset's ``data.h5`` copied in is refused.
+
+A merged dataset (``feedpipe merge``) is a ``data.h5`` of virtual datasets over its parts' files.
+Before HDF5 follows or reads anything, the reader refuses links, external storage and virtual
+sources other than plain datasets in files inside the dataset (:mod:`.hdf5_files`): HDF5 would
+read another file's bytes, or fill values for a missing one.
 
 The reader maps ``data.h5`` and reads encoded images and bytes (unfiltered chunked uint8 vlen
 datasets) as views of the mapping, found by the HDF5 file format's own records (see
-:class:`_MappedVlen`): HDF5's vlen read copies each row four times and re-reads its global heap
-collection with two system calls, ~20 µs a row. Labels, checksums and shapes are gathered from
-the mapping too (h5py's scattered read costs ~1 µs a row). Anything else (JSON, fixed raw
-images, virtual, filtered) goes through h5py.
+:class:`~.hdf5_layout.MappedVlen`): HDF5's vlen read copies each row four times and re-reads its
+global heap collection with two system calls, ~20 µs a row. Labels, checksums and shapes are
+gathered from the mapping too (h5py's scattered read costs ~1 µs a row). Anything else (JSON,
+fixed raw images, virtual, filtered) goes through h5py, after the global heap collections that
+read decodes passed :class:`~.hdf5_layout.HeapGuard` (libhdf5 loops forever on some damage).
 """
 
 from __future__ import annotations
 
 import errno
 import json
-import mmap
 import os
 import resource
 import shutil
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 import h5py
 import numpy as np
@@ -41,7 +46,6 @@ from ...errors import (
     CorruptRecordError,
     DiskFullError,
     UnsafeDataError,
-    UnsafePathError,
 )
 from ...schema.codecs import crc32
 from ...schema.fields import ArrayField, BytesField, Field, ImageField, JsonField, LabelField
@@ -49,19 +53,17 @@ from ...schema.masks import MaskField
 from ...schema.model import Schema
 from ..manifest import Manifest
 from .base import DatasetReader, DatasetWriter, Visitor, unsafe_name
+from .hdf5_files import Hdf5File, heap_check, plain_sources
+from .hdf5_layout import Mapped, MappedFixed, MappedVlen, is_vlen
 
 FILE_NAME = "data.h5"
 CRC_NAME = "_feedpipe.crc32"  # not an identifier, so no field can be called that
+ID_ATTR = "dataset_id"  # the root's attribute (fixed-length ASCII): the manifest's extra.dataset_id
+_DAMAGE = (OSError, KeyError, ValueError, RuntimeError, CorruptRecordError)
 _BLOCK = 256
 _LABEL, _JSON, _BYTES = 1, 2, 3  # field kinds the read loop converts
 _HEADROOM = 1 << 20  # free bytes kept beyond a block's data, for HDF5's metadata and heaps
 Compression = Literal["lzf", "gzip"] | None
-
-
-_ROW = np.dtype([("n", "<u4"), ("addr", "<u8"), ("index", "<u4")])  # a vlen row in its chunk
-_HEAP = np.dtype([("magic", "S4"), ("version", "u1"), ("pad", "V3"), ("size", "<u8")])
-_OBJ = np.dtype([("index", "<u2"), ("refs", "<u2"), ("pad", "V4"), ("size", "<u8")])
-_SPAN = np.arange(16)  # each of the three records is 16 bytes
 
 
 def _fixed_shape(f: Field) -> tuple[int, ...] | None:
@@ -196,6 +198,7 @@ class Hdf5Writer(DatasetWriter):
                     rows[k] = flat
                     crcs[k, j] = crc32(flat, 0 if shapes is None else crc32(shapes[k]))
                 ds.write_direct(rows, dest_sel=np.s_[n0:n1])
+        self.content.update(crcs.tobytes())
         cds = self._file[CRC_NAME]
         cds.resize((n1, len(self.schema)))
         cds[n0:n1] = crcs
@@ -205,175 +208,103 @@ class Hdf5Writer(DatasetWriter):
         if self._file is not None:
             self._flush()
             self._file.attrs["num_samples"] = self.count
+            self._file.attrs[ID_ATTR] = np.bytes_(self.dataset_id())
             self._file.close()
             self._file = None
-        return [FILE_NAME], {"compression": self.compression}
-
-
-class _Mapped:
-    """Rows of a dataset chunked along its first axis only, unfiltered and not virtual, found in
-    the mapped file by their chunk's offset (HDF5's chunk index, asked once per chunk) in a file
-    with 8-byte addresses and lengths and no user block. :meth:`read` returns None where the
-    file's records do not parse; the caller then reads through h5py (which reports real damage).
-    """
-
-    def __init__(self, ds: h5py.Dataset, raw: np.ndarray, row_bytes: int) -> None:
-        self.ds, self.raw, self.row_bytes = ds, raw, row_bytes
-        self.rows = int(ds.chunks[0])
-        self.chunks = np.full(-(-len(ds) // self.rows), -1, np.int64)  # file offsets, on demand
-
-    @staticmethod
-    def fits(ds: h5py.Dataset) -> bool:
-        """Whether ``ds`` and its file are laid out as this class reads them (see above)."""
-        fcpl = ds.file.id.get_create_plist()
-        return (not ds.is_virtual and ds.chunks is not None
-                and tuple(ds.chunks[1:]) == tuple(ds.shape[1:])
-                and ds.id.get_create_plist().get_nfilters() == 0
-                and fcpl.get_sizes() == (8, 8) and fcpl.get_userblock() == 0)
-
-    def _rows(self, uniq: np.ndarray) -> np.ndarray | None:
-        """The file offset of each row ``uniq``; None if a chunk is missing or filtered."""
-        chunk = uniq // self.rows
-        base = self.chunks[chunk]
-        if (base < 0).any():
-            for c in np.unique(chunk[base < 0]).tolist():
-                info = self.ds.id.get_chunk_info_by_coord((c * self.rows, *[0] * (
-                    self.ds.ndim - 1)))
-                at = info.byte_offset
-                if at is None or info.filter_mask or info.size != self.rows * self.row_bytes \
-                        or at + info.size > len(self.raw):
-                    return None
-                self.chunks[c] = at
-            base = self.chunks[chunk]
-        return base + uniq % self.rows * self.row_bytes
-
-
-class _MappedFixed(_Mapped):
-    """Small fixed-size rows (labels, checksums, shape companions) gathered from the mapping."""
-
-    @classmethod
-    def of(cls, ds: h5py.Dataset, raw: np.ndarray) -> _MappedFixed | None:
-        dt = ds.dtype
-        size = dt.itemsize * int(np.prod(ds.shape[1:], dtype=np.int64))
-        if dt.kind not in "iuf" or dt.byteorder == ">" or not 0 < size <= 256 \
-                or not cls.fits(ds):
-            return None
-        return cls(ds, raw, size)
-
-    def read(self, uniq: np.ndarray) -> np.ndarray | None:
-        pos = self._rows(uniq)
-        if pos is None:
-            return None
-        rows = self.raw[pos[:, None] + np.arange(self.row_bytes)]
-        return rows.view(self.ds.dtype.newbyteorder("<")).reshape(len(uniq), *self.ds.shape[1:])
-
-
-class _MappedVlen(_Mapped):
-    """The rows of a 1-D uint8 variable-length dataset, read as views of the mapped file.
-
-    HDF5 file format 1.x/2.0 (all little-endian): a vlen dataset's chunk holds per row its length
-    (u4), the address of a global heap collection (u8) and its object index there (u4). A
-    collection is ``GCOL``, version, 3 reserved bytes, its size (u8), then objects: index (u2),
-    reference count (u2), 4 reserved bytes, size (u8), the data padded to 8 bytes. Every record is
-    bounds-checked.
-    """
-
-    @classmethod
-    def of(cls, ds: h5py.Dataset, raw: np.ndarray) -> _MappedVlen | None:
-        ok = ds.ndim == 1 and h5py.check_vlen_dtype(ds.dtype) == np.uint8 and cls.fits(ds)
-        return cls(ds, raw, _ROW.itemsize) if ok else None
-
-    def read(self, uniq: np.ndarray) -> list[np.ndarray] | None:
-        """Rows ``uniq`` as uint8 views of the file; None if any row's records do not parse."""
-        pos = self._rows(uniq)
-        if pos is None:
-            return None
-        row = self.raw[pos[:, None] + _SPAN].view(_ROW)[:, 0]
-        n, off = row["n"].astype(np.int64), np.zeros(len(uniq), np.int64)
-        live = np.flatnonzero(n)  # an empty row has no heap object (its address is 0)
-        found = self._objects(row["addr"][live].astype(np.int64), row["index"][live])
-        if found is None or (found[1] != n[live]).any():
-            return None
-        off[live] = found[0]
-        return [self.raw[o: o + k] for o, k in zip(off.tolist(), n.tolist())]
-
-    def _objects(self, addr: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, ...] | None:
-        """File offsets and sizes of global heap objects ``index`` in the collections at
-        ``addr``; None if a collection's header or objects do not parse or hold no such index."""
-        raw, size = self.raw, len(self.raw)
-        if ((addr < 0) | (addr + 16 > size)).any():
-            return None
-        heap = raw[addr[:, None] + _SPAN].view(_HEAP)[:, 0]
-        end = addr + heap["size"].astype(np.int64)
-        if (heap["magic"] != b"GCOL").any() or ((end <= addr) | (end > size)).any():
-            return None
-        ptr, off, got = addr + 16, np.zeros_like(addr), np.zeros_like(addr)
-        todo = np.arange(len(addr))
-        while len(todo):  # walk each collection's objects to the row's index (usually the first)
-            at = ptr[todo]
-            if (at + 16 > end[todo]).any():  # past the collection: the index is not there
-                return None
-            obj = raw[at[:, None] + _SPAN].view(_OBJ)[:, 0]
-            step = obj["size"].astype(np.int64)
-            if (step < 0).any():
-                return None
-            hit = obj["index"] == index[todo]
-            off[todo[hit]], got[todo[hit]] = at[hit] + 16, step[hit]
-            ptr[todo] = at + 16 + ((step + 7) & ~7)
-            todo = todo[~hit]
-        return (off, got) if (off + got <= end).all() else None
+        return [FILE_NAME], {"compression": self.compression, "dataset_id": self.dataset_id()}
 
 
 class Hdf5Reader(DatasetReader):
     """Reads each field of a batch in one pass over sorted, de-duplicated indices: from the
-    mapped file where its layout allows (:class:`_Mapped`), else with one h5py call."""
+    mapped file where its layout allows (:class:`Mapped`), else with one h5py call, after the
+    heap collections that call decodes passed :class:`HeapGuard`."""
 
     format_name = "hdf5"
-    _handles = ("_file", "_ds", "_mapped")
+    _handles = ("_file", "_ds", "_mapped", "_guards", "_files")
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None) -> None:
         super().__init__(root, manifest)
 
     def _open(self) -> None:
         path = self.root / FILE_NAME
+        self._files: dict[str, Hdf5File] = {}
         try:
-            self._file = h5py.File(path, "r")
+            main = self._open_file(FILE_NAME, self.manifest.extra.get("dataset_id"))
+            if self.manifest.extra.get("parts"):  # virtual datasets: their layouts are in heaps
+                main.heap.scan()
+            self._file = main.h5
+            names = [n for f in self.schema for n in (f.name, f"{f.name}__shape")]
+            found = {n: main.dataset(n, self.root) for n in [*names, CRC_NAME]}
             n = self._file.attrs.get("num_samples")
-            layout = {f.name: self._file[f.name].dtype for f in self.schema}
-            crc = self._file[CRC_NAME] if self.checksums else None
-        except (OSError, KeyError) as exc:  # truncated, not HDF5, or a dataset missing
+            missing = [f.name for f in self.schema if found[f.name] is None]
+            if missing or (self.checksums and found[CRC_NAME] is None):
+                raise KeyError(f"no dataset {(missing or [CRC_NAME])[0]!r}")
+            self._ds = {k: ds for k, ds in found.items() if ds is not None
+                        and (k != CRC_NAME or self.checksums)}
+            if n is not None and int(n) != len(self):
+                raise CorruptRecordError(f"{path}: holds {n} samples, manifest says "
+                                         f"{len(self)}", dataset=self.root)
+            for f in self.schema:
+                self._check_dtype(f, self._ds[f.name].dtype, path)
+            crc = self._ds.get(CRC_NAME)
+            if crc is not None and crc.shape != (len(self), len(self.schema)):
+                raise CorruptRecordError(f"{path}: {CRC_NAME} is {crc.shape}, expected "
+                                         f"{(len(self), len(self.schema))}", dataset=self.root)
+            guards = {name: self._guard(name, ds, main, path) for name, ds in self._ds.items()}
+            self._guards = {name: g for name, g in guards.items() if g is not None}
+            self._mapped = self._map(main)
+        except (OSError, KeyError, ValueError, RuntimeError) as exc:  # not HDF5, cut, damaged
+            self._close_files()
             raise CorruptRecordError(f"{path}: damaged HDF5 file ({exc}); re-convert the "
                                      "dataset", dataset=self.root) from exc
-        if n is not None and int(n) != len(self):
-            raise CorruptRecordError(f"{path}: holds {n} samples, manifest says {len(self)}",
-                                     dataset=self.root)
-        for f in self.schema:
-            self._check_dtype(f, layout[f.name], path)
-        self._check_sources(path)
-        if crc is not None and crc.shape != (len(self), len(self.schema)):
-            raise CorruptRecordError(f"{path}: {CRC_NAME} is {crc.shape}, expected "
-                                     f"{(len(self), len(self.schema))}", dataset=self.root)
+        except BaseException:
+            self._close_files()
+            raise
         self._col = {f.name: j for j, f in enumerate(self.schema)}
-        # dataset handles looked up once: ``file[name]`` costs ~20 µs a call, three a batch
-        names = [n for f in self.schema for n in (f.name, f"{f.name}__shape") if n in self._file]
-        self._ds = {n: self._file[n] for n in names + ([CRC_NAME] if crc is not None else [])}
-        self._mapped = self._map(path)
 
-    def _map(self, path: Path) -> dict[str, _Mapped]:
-        """A mapped reader per dataset laid out as :class:`_MappedVlen` (encoded images, bytes)
-        or :class:`_MappedFixed` (labels, checksums, shapes) read it, each checked on its first
+    def _open_file(self, name: str, dataset_id: object) -> Hdf5File:
+        """File ``name`` of the dataset, opened once, after its size and then its dataset id
+        were found to be the ones the manifest recorded."""
+        got = self._files.get(name)
+        if got is None:
+            self.check_size(name, os.stat(self.root / name).st_size)
+            got = self._files[name] = Hdf5File(self.root / name)
+            self.check_id(name, got.h5.attrs.get(ID_ATTR), dataset_id)
+        return got
+
+    def _map(self, main: Hdf5File) -> dict[str, Mapped]:
+        """A mapped reader per dataset laid out as :class:`MappedVlen` (encoded images, bytes)
+        or :class:`MappedFixed` (labels, checksums, shapes) read it, each checked on its first
         row against h5py's at open (a dataset laid out otherwise reads through h5py)."""
+        out: dict[str, Mapped] = {}
         if not len(self):
-            return {}
-        with open(path, "rb") as fh:  # the mapping outlives the descriptor and the views it lends
-            raw = np.frombuffer(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ), np.uint8)
-        out: dict[str, _Mapped] = {}
+            return out
         for name, ds in self._ds.items():
-            m = _MappedVlen.of(ds, raw) or _MappedFixed.of(ds, raw)
+            m = MappedVlen.of(ds, main.raw) or MappedFixed.of(ds, main.raw)
             first = m.read(np.zeros(1, np.int64)) if m is not None else None
-            if first is not None and np.array_equal(first[0], ds[0]):
+            if first is None:
+                continue
+            if name in self._guards:  # h5py's read of row 0 decodes its collection
+                try:
+                    self._guards[name](np.zeros(1, np.int64))
+                except CorruptRecordError:  # damaged: h5py (guarded) names each lost row
+                    continue
+            if np.array_equal(first[0], ds[0]):
                 out[name] = m
         return out
+
+    def _guard(self, name: str, ds: h5py.Dataset, main: Hdf5File,
+               path: Path) -> Callable[[np.ndarray], None] | None:
+        """A virtual dataset's sources checked (:func:`plain_sources`, whatever its type); for a
+        variable-length dataset, what checks its heap collections before h5py reads rows."""
+        if ds.is_virtual:
+            ids = {f"{p.get('dir')}/{FILE_NAME}": p.get("dataset_id")
+                   for p in self.manifest.extra.get("parts", [])}
+            sources = plain_sources(ds, name, path, self.root,
+                                    lambda rel: self._open_file(rel, ids.get(rel)))
+        else:
+            sources = [(0, 0, ds, main)]
+        return heap_check(name, sources, self.root) if is_vlen(ds) else None
 
     def _check_dtype(self, f: Field, dt: np.dtype, path: Path) -> None:
         """The stored dtype is the one the schema implies: never an object, opaque or reference
@@ -392,29 +323,14 @@ class Hdf5Reader(DatasetReader):
             raise cls(f"{path}: dataset {f.name!r} is stored as {dt}, not what the schema's "
                       f"{f.kind} field needs; refused", dataset=self.root)
 
-    def _check_sources(self, path: Path) -> None:
-        """Every virtual dataset's source files: relative, inside the dataset, present."""
-        inside = self.root.resolve()
-        for name in self._file:
-            ds = self._file[name]
-            if not ds.is_virtual:
-                continue
-            for src in ds.virtual_sources():
-                rel = src.file_name
-                real = (self.root / rel).resolve()
-                if os.path.isabs(rel) or ".." in rel.split("/") or not real.is_relative_to(inside):
-                    raise UnsafePathError(f"{path}: virtual dataset {name!r} reads {rel!r}, "
-                                          "outside the dataset directory; refusing to open it")
-                if not real.is_file():
-                    raise CorruptRecordError(f"{path}: virtual dataset {name!r} reads {rel!r}, "
-                                             "which is missing (HDF5 would return fill values); "
-                                             "the dataset is damaged", dataset=self.root)
-
     def _read(self, name: str, uniq: np.ndarray) -> Any:
         mapped = self._mapped.get(name)
         rows = mapped.read(uniq) if mapped is not None else None
         if rows is not None:
             return rows
+        guard = self._guards.get(name)
+        if guard is not None:  # before h5py decodes the rows' heap collections
+            guard(uniq)
         ds = self._ds[name]
         if len(uniq) == 1:
             return ds[int(uniq[0]): int(uniq[0]) + 1]
@@ -447,15 +363,16 @@ class Hdf5Reader(DatasetReader):
         uniq, inverse = np.unique(idx, return_inverse=True)
         try:
             cols, shapes, crcs = self._columns(fields, uniq)
-        except (OSError, KeyError, ValueError) as exc:  # a damaged chunk: find its sample
+        except _DAMAGE as exc:  # a damaged chunk or heap: find its sample
             bad = int(idx[0])
             for i in uniq.tolist() if len(uniq) > 1 else ():
                 try:
                     self._columns(fields, np.array([i]))
-                except (OSError, KeyError, ValueError):
+                except _DAMAGE:
                     bad = i
                     break
-            raise self.corrupt(bad, f"HDF5 read failed: {exc!r}") from exc
+            raise self.corrupt(bad, str(exc) if isinstance(exc, CorruptRecordError)
+                               else f"HDF5 read failed: {exc!r}") from exc
         # per field, once a batch: its column, shapes, crc column and kind (the loop below is
         # the hot path: no per-sample lookups or isinstance chains)
         plan = [(f.name, cols[f.name], shapes.get(f.name), self._col[f.name],
@@ -491,10 +408,17 @@ class Hdf5Reader(DatasetReader):
         known = {CRC_NAME, *(n for f in self.schema for n in (f.name, f"{f.name}__shape"))}
         return [f"{self.root / FILE_NAME}: dataset {name!r} belongs to no field"
                 + (" (a pickle: never read)" if unsafe_name(name) else "")
+                + (" (an external link: never followed)" if isinstance(
+                    self._file.get(name, getlink=True), h5py.ExternalLink) else "")
                 for name in self._file if name not in known]
 
+    def _close_files(self) -> None:
+        for f in (self._files or {}).values():
+            f.close()
+        self._files = {}
+
     def close(self) -> None:
-        if self._file is not None and self._pid == os.getpid():
-            self._file.close()
-        self._file = self._mapped = None  # the mapping goes with the last view it lent
+        if self._pid == os.getpid():  # not the handles a forked process inherited
+            self._close_files()
+        self._file = self._mapped = self._files = None  # the mapping goes with its last view
         super().close()

@@ -1,7 +1,13 @@
 """LMDB: one environment, zero-padded integer keys, one record per sample (see codecs.pack_record).
 
-A merged dataset (``feedpipe merge``) is several environments, its parts' (``extra.parts``), read
-as one: global index ``i`` is key ``i - start`` of the part holding it.
+Besides the samples, the key ``feedpipe.dataset_id`` holds the dataset id the manifest records
+(``extra.dataset_id``, see :meth:`DatasetWriter.dataset_id`); the reader compares the two, and
+``data.mdb``'s size with the manifest's, when it opens the environment, so another dataset's
+``data.mdb`` copied in is refused before a record is read. Datasets converted before the id have
+neither and are not checked for it.
+
+A merged dataset (``feedpipe merge``) is several environments, its parts' (``extra.parts``, each
+with its part's id), read as one: global index ``i`` is key ``i - start`` of the part holding it.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ class _EnvUse:
         self._final()
 
 
+ID_KEY = b"feedpipe.dataset_id"  # sorts after every sample key: appended last
+
+
 class LmdbWriter(DatasetWriter):
     """Writes records in batched transactions and grows ``map_size`` itself on MDB_MAP_FULL."""
 
@@ -69,10 +78,12 @@ class LmdbWriter(DatasetWriter):
         self._env = lmdb.open(str(self.root), subdir=True, map_size=map_size, sync=False,
                               metasync=False, meminit=True, max_dbs=0)
         self._pending: list[tuple[bytes, bytes]] = []
+        self._id: str | None = None
         self._pending_bytes = 0
 
     def _write(self, index: int, values: list[Any]) -> None:
         rec = pack_record([f.encode(v) for f, v in zip(self.schema, values)])
+        self.content.update(memoryview(rec)[: 8 + 8 * len(values)])  # lengths and crc32s
         self._pending.append((sample_key(index).encode(), rec))
         self._pending_bytes += len(rec)
         if self._pending_bytes >= _FLUSH_BYTES or len(self._pending) >= _FLUSH_RECORDS:
@@ -92,7 +103,9 @@ class LmdbWriter(DatasetWriter):
 
     def close(self) -> tuple[list[str], dict[str, Any]]:
         if self._env is None:
-            return ["data.mdb"], {}
+            return ["data.mdb"], {"dataset_id": self._id}
+        self._id = self.dataset_id()
+        self._pending.append((ID_KEY, self._id.encode()))
         self._flush()
         self._env.sync(True)
         self._env.close()
@@ -100,7 +113,7 @@ class LmdbWriter(DatasetWriter):
         lock = self.root / "lock.mdb"
         if lock.exists():  # readers open with lock=False; the lock file is the writer's only
             lock.unlink()
-        return ["data.mdb"], {}
+        return ["data.mdb"], {"dataset_id": self._id}
 
 
 class LmdbReader(DatasetReader):
@@ -115,8 +128,12 @@ class LmdbReader(DatasetReader):
         super().__init__(root, manifest)
         self.readahead = readahead
         self._fields = list(self.schema)
-        parts = self.manifest.extra.get("parts") or [{"dir": ".", "num_samples": len(self)}]
+        parts = self.manifest.extra.get("parts") or [
+            {"dir": ".", "num_samples": len(self), "dataset_id": self.manifest.extra.get(
+                "dataset_id")}]
         self._dirs = [self.root / str(p["dir"]) for p in parts]  # names checked by the manifest
+        self._files = ["data.mdb" if p["dir"] == "." else f"{p['dir']}/data.mdb" for p in parts]
+        self._ids = [p.get("dataset_id") for p in parts]
         self._ends = np.cumsum([int(p["num_samples"]) for p in parts])
         if self._ends[-1] != len(self):
             raise CorruptRecordError(f"{self.root}: its parts hold {self._ends[-1]} samples, the "
@@ -126,18 +143,27 @@ class LmdbReader(DatasetReader):
         if self._use is not None:  # a forked child's copy (gives nothing back there)
             self._use.close()
         self._use = _EnvUse(self)
-        self._envs = [self._open_env(d) for d in self._dirs]
+        self._envs = [self._open_env(d, name, id_)
+                      for d, name, id_ in zip(self._dirs, self._files, self._ids)]
 
-    def _open_env(self, root: Path) -> lmdb.Environment:
+    def _open_env(self, root: Path, name: str, dataset_id: object) -> lmdb.Environment:
         # py-lmdb allows one handle per data file and process: readers of the same file share it
         # (the first one's readahead applies). Keyed by the file's identity, not its path, so a
         # re-converted directory is a new environment.
         st = os.stat(root / "data.mdb")
+        self.check_size(name, st.st_size)
         key = (os.getpid(), st.st_dev, st.st_ino)
         assert self._use is not None
         with _ENVS_LOCK:
             env = self._shared_env(root, key, st.st_size)
             self._use.keys.append(key)
+        try:
+            with env.begin() as txn:
+                found = txn.get(ID_KEY)
+        except lmdb.Error as exc:
+            raise CorruptRecordError(f"{root / 'data.mdb'}: damaged ({exc}); re-convert the "
+                                     "dataset", dataset=self.root) from exc
+        self.check_id(name, found, dataset_id)
         return env
 
     def _shared_env(self, root: Path, key: tuple[int, int, int], size: int) -> lmdb.Environment:
@@ -204,7 +230,8 @@ class LmdbReader(DatasetReader):
         total = 0
         for d, env in zip(self._dirs, self._envs):
             try:
-                total += int(env.stat()["entries"])
+                with env.begin() as txn:  # the dataset id is no record
+                    total += int(env.stat()["entries"]) - (txn.get(ID_KEY) is not None)
             except lmdb.Error as exc:
                 raise CorruptRecordError(f"{d / 'data.mdb'}: damaged ({exc})",
                                          dataset=self.root) from exc
@@ -219,6 +246,8 @@ class LmdbReader(DatasetReader):
             try:
                 with env.begin() as txn:
                     for key in txn.cursor().iternext(values=False):
+                        if key == ID_KEY:
+                            continue
                         k = bytes(key).decode("latin1")
                         if not (len(k) == KEY_DIGITS and k.isdigit() and int(k) < n):
                             out.append(f"{d} (lmdb): entry {k!r} belongs to no sample"

@@ -13,6 +13,12 @@ out of the tars (manifest ``extra.index_fields``): its encoded bytes are packed 
 Members that would need unpickling (``.pickle``, ``.pkl``, ``.pyd``, ``.pth``) are refused, never
 opened.
 
+Every index file and every shard is compared with its manifest size when opened (a stat each): a
+shard of another dataset copied in is refused, sample by sample, like a damaged one (shards are
+read one by one). No dataset id is written: the index binds the tars already, every member by its
+offset, size and (version 2 on) crc32, so a foreign shard of the same size still fails on its
+first member read.
+
 The tar streaming and grouping below are feedpipe's own rather than ``webdataset.tariterators``:
 measured side by side with the same checks (``benchmarks/bench_wds_stream.py``), they stream
 6-18% faster in three runs (e.g. 14.8k against 13.5k samples/s); webdataset's iterators also skip
@@ -35,6 +41,7 @@ from ...errors import (
     ConfigError,
     CorruptRecordError,
     FeedpipeError,
+    DataFileMismatchError,
     ManifestError,
     UnsafeDataError,
 )
@@ -209,7 +216,11 @@ class WdsReader(DatasetReader):
                               "files a process keeps open)")
         self.max_open_shards = max_open_shards
         self.shards: list[str] = list(self.manifest.extra.get("shards", []))
-        load = lambda name: np.load(self.root / name, mmap_mode="r", allow_pickle=False)  # noqa: E731
+
+        def load(name: str) -> np.ndarray:
+            self.check_size(name, os.stat(self.root / name).st_size)
+            return np.load(self.root / name, mmap_mode="r", allow_pickle=False)
+
         kept = self.manifest.extra.get("index_fields", []) \
             if self.manifest.format_version >= 3 else []
         if not isinstance(kept, list) or not set(kept) <= {
@@ -305,6 +316,7 @@ class WdsReader(DatasetReader):
             fd = self._open_shard(shard)
             try:
                 self.check_root()  # shards open lazily: maybe after a re-conversion's swap
+                self.check_size(self.shards[shard], os.fstat(fd).st_size)
             except BaseException:
                 os.close(fd)
                 raise
@@ -326,6 +338,8 @@ class WdsReader(DatasetReader):
                 raise
             except OSError as exc:  # a missing or unreadable shard: name the sample
                 raise self.corrupt(i, f"cannot open its shard: {exc}") from exc
+            except DataFileMismatchError as exc:  # shards are read one by one: so are they lost
+                raise self.corrupt(i, str(exc)) from exc
             stored = {}
             spans = offsets[pos]
             crcs = checks[pos] if checks is not None else None
