@@ -40,8 +40,8 @@ import numpy as np
 from ...errors import (
     ConfigError,
     CorruptRecordError,
-    FeedpipeError,
     DataFileMismatchError,
+    FeedpipeError,
     ManifestError,
     UnsafeDataError,
 )
