@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
-from fp_helpers import cli_main, pil_rgb
+from fp_helpers import cli_main, needs_transform, pil_rgb
 from PIL import Image
 
 import feedpipe
@@ -99,6 +99,7 @@ def test_jpeg_frame_tells_progressive(rgb):
         assert frame[:4] == jpeg_info(jpeg(rgb, **kw)) == (*SIZE, 3, 1)
 
 
+@needs_transform
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])
 def test_progressive_stored_as_baseline_bit_exact(src, tmp_path, fmt):
     res = convert(src, tmp_path / fmt, to=fmt, workers=0, layout="flat")
@@ -137,6 +138,7 @@ def test_jpeg_keep_is_byte_for_byte(src, tmp_path):
     assert conv["jpeg"] == "keep" and conv["jpeg_transcoded"] == 0
 
 
+@needs_transform
 def test_transcode_in_worker_pool_keeps_source_order(rgb, src, tmp_path, monkeypatch):
     """70 files (over the 64 that start a pool), every other one progressive and one damaged:
     with 2 workers the transcodes run in the pool while the baseline files are read, and the
@@ -164,6 +166,7 @@ def test_transcode_in_worker_pool_keeps_source_order(rgb, src, tmp_path, monkeyp
                                   simplejpeg.decode_jpeg((many / f"{i:03d}.jpg").read_bytes()))
 
 
+@needs_transform
 def test_cli_summary_and_keep(src, tmp_path, capsys):
     rc, out, _ = cli_main(capsys, "convert", src, "--to", "lmdb", "-o", tmp_path / "a", "-q",
                           "--workers", "0", "--layout", "flat")
@@ -189,6 +192,7 @@ def test_without_the_transform_progressive_files_are_kept_and_named(src, tmp_pat
     assert stored(tmp_path / "out") == {p.name: p.read_bytes() for p in src.iterdir()}
 
 
+@needs_transform
 def test_merged_parts_count_the_transcodes(src, tmp_path):
     for i in range(2):
         convert(src, tmp_path / "ds", to="lmdb", workers=0, layout="flat", part=Part(i, 2))
@@ -199,6 +203,7 @@ def test_merged_parts_count_the_transcodes(src, tmp_path):
     assert conv["stored"] == {TRANSCODED: 3, "jpeg unchanged": 2}
 
 
+@needs_transform
 def test_foreign_shards_progressive_transcoded(src, tmp_path, capsys):
     wds = pytest.importorskip("webdataset")
     (tmp_path / "shards").mkdir()

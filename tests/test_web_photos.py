@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import simplejpeg
+from fp_helpers import needs_transform
 from PIL import Image, ImageOps
 
 import feedpipe
@@ -59,6 +60,7 @@ def test_web_mix_is_what_the_docs_say(web):
     assert all((again / p.relative_to(web)).read_bytes() == p.read_bytes() for p in files)
 
 
+@needs_transform
 def test_web_set_converts_progressive_to_baseline_and_rotated_upright(web, tmp_path):
     files = {p.relative_to(web).as_posix(): p.read_bytes() for p in sorted(web.rglob("*.jpg"))}
     frames = {k: jpeg_frame(v) for k, v in files.items()}
