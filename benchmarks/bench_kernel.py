@@ -6,6 +6,11 @@ a batch slot; one process, and one process per core sharing the epoch's files = 
 ceiling) against ``make_loader`` from LMDB, WebDataset and HDF5, in-process and with 2 workers;
 plus raw uint8 data in-process against workers. The kernel is timed twice: at full decode size (the issue's
 definition) and at the DCT scale feedpipe picks for the same crop (the same work feedpipe does).
+The "web" groups (not run by default: ``--groups "web center_crop"``) use photos with the JPEG
+properties of web collections (``converters.synth.make_web_photos``, mix in benchmarks/README.md:
+40% progressive, 4:2:0 and 4:4:4, EXIF orientations, 640-4000 px, quality 75-95): the kernel
+decodes the files as they are, feedpipe reads them converted (progressive ones stored as
+baseline) and, for LMDB, converted with ``jpeg="keep"`` (progressive bytes as they are).
 Every configuration of a group runs in interleaved rounds (benchmarks/harness.py), and each
 ratio is the median of the rounds' own ratios, so ratios hold on a busy machine. 224² uint8
 output, batch 64, one epoch per round.
@@ -13,6 +18,7 @@ output, batch 64, one epoch per round.
     python benchmarks/bench_kernel.py [--images 1024] [--large-images 512] [--rounds 7]
                                       [--data bench-data] [--json results/kernel.json]
                                       [--groups "500x375 random_resized_crop" raw ...]
+                                      [--web-images 512]  (with --groups "web center_crop" ...)
 """
 
 from __future__ import annotations
@@ -35,13 +41,15 @@ from harness import Items, drain, machine, measure_side_by_side, save  # noqa: E
 
 import feedpipe  # noqa: E402
 from converters import convert  # noqa: E402
-from converters.synth import make_photos  # noqa: E402
+from converters.synth import jpeg_mix, make_photos, make_web_photos  # noqa: E402
 from feedpipe.loader.transforms import ImageOp  # noqa: E402
 
 SIZE, BATCH, WORKERS = 224, 64, 2
 PHOTOS = {"500x375": (500, 375), "1280x853": (1280, 853)}
 FORMATS = ("lmdb", "wds", "hdf5")
-GROUPS = (*(f"{p} {c}" for p in PHOTOS for c in ("center_crop", "random_resized_crop")), "raw")
+CROPS = ("center_crop", "random_resized_crop")
+GROUPS = (*(f"{p} {c}" for p in PHOTOS for c in CROPS), "raw")  # the default run
+WEB_GROUPS = tuple(f"web {c}" for c in CROPS)  # web photo mix: asked for by name
 
 
 def plan(blobs: list[bytes], crop: str, seed: int = 0) -> list[tuple[int, int, int, int, int]]:
@@ -147,19 +155,25 @@ class Timed:
 
 
 def packed(data: Path, label: str, n: int, store: str = "passthrough") -> dict[str, Path]:
-    """The photos and their LMDB / WebDataset / HDF5 packings (made once, reused)."""
+    """The photos and their LMDB / WebDataset / HDF5 packings (made once, reused); web photos
+    also as LMDB with ``jpeg="keep"`` (key ``lmdb jpeg=keep``)."""
     photos = data / f"kernel-photos-{label}-{n}"
     if not photos.exists():
         print(f"generating {n} photos ({label}) in {photos}", flush=True)
-        make_photos(photos, n, size=PHOTOS[label], classes=7, seed=1)
+        if label == "web":
+            make_web_photos(photos, n, classes=7, seed=1)
+        else:
+            make_photos(photos, n, size=PHOTOS[label], classes=7, seed=1)
     out = {"photos": photos}
-    for fmt in FORMATS if store == "passthrough" else ("lmdb",):
-        dst = data / f"kernel-{fmt}-{store}-{label}-{n}"
+    packings = [(f, "baseline") for f in (FORMATS if store == "passthrough" else ("lmdb",))]
+    for fmt, jpeg in packings + ([("lmdb", "keep")] if label == "web" else []):
+        keep = "-keep" if jpeg == "keep" else ""
+        dst = data / f"kernel-{fmt}-{store}{keep}-{label}-{n}"
         if not dst.exists():
-            convert(photos, dst, to=fmt, store=store, workers=0,
+            convert(photos, dst, to=fmt, store=store, workers=0, jpeg=jpeg,
                     resize=SIZE if store == "raw" else None,
                     writer_options={"shard_size": 32 << 20} if fmt == "wds" else None)
-        out[fmt] = dst
+        out[fmt + (" jpeg=keep" if keep else "")] = dst
     return out
 
 
@@ -197,12 +211,15 @@ def photo_group(data: Path, label: str, n: int, crop: str, rounds: int) -> dict[
                                                            [(True, p) for p in range(WORKERS)])),
         }
         loaders = {}
-        for fmt in FORMATS:
+        for fmt in (k for k in paths if k != "photos"):
             for w in (0, WORKERS):
                 ld = loaders[f"{fmt} w{w}"] = loader(paths[fmt], crop, w)
                 runs[f"feedpipe {fmt} workers={w}"] = lambda ld=ld: drain(ld)
         res = group(f"{label} photos, {crop}, {n} images", runs, rounds)
         del loaders
+    if label == "web":
+        res["mix"] = jpeg_mix(sorted(paths["photos"].rglob("*.jpg")))
+        print(f"web photo mix: {res['mix']}", flush=True)
     return res
 
 
@@ -239,6 +256,11 @@ def ratios(res: dict[str, dict]) -> dict[str, float]:
         elif name.startswith("feedpipe"):
             out[f"{name}: wall share of {WORKERS}p ceiling"] = paired(r, kp, rate)
             out[f"{name}: CPU share of {WORKERS}p ceiling"] = paired(r, kp, cpu, invert=True)
+    for w in (0, WORKERS):  # web photos: what storing progressive JPEGs as baseline gains
+        keep = res.get(f"feedpipe lmdb jpeg=keep workers={w}")
+        if keep is not None:
+            out[f"feedpipe lmdb workers={w}: rate vs jpeg=keep"] = \
+                paired(res[f"feedpipe lmdb workers={w}"], keep, rate)
     return out
 
 
@@ -257,19 +279,22 @@ def main() -> None:
     ap.add_argument("--large-images", type=int, default=512,
                     help="1280x853 photos (8 batches: 4 a worker, so an epoch is not all fill)")
     ap.add_argument("--raw-images", type=int, default=2048)
+    ap.add_argument("--web-images", type=int, default=512,
+                    help="web photo mix (the web groups only; 640-4000 px, 40%% progressive)")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--data", type=Path, default=Path("bench-data"))
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/kernel.json"))
-    ap.add_argument("--groups", nargs="+", choices=GROUPS, default=list(GROUPS),
-                    help="run only these groups (default: all)")
+    ap.add_argument("--groups", nargs="+", choices=GROUPS + WEB_GROUPS, default=list(GROUPS),
+                    help="run only these groups (default: all but the web photo groups)")
     args = ap.parse_args()
     torch.set_num_threads(1)  # the bare kernel's setting; feedpipe must not need more
     m = machine()
     print(f"machine: {m['cpu']}, {m['usable_cores']} usable cores, torch {m['torch']}, "
           f"simplejpeg {m['simplejpeg']}; {SIZE}² uint8, batch {BATCH}", flush=True)
     groups: dict[str, dict] = {}
-    for label, n in (("500x375", args.images), ("1280x853", args.large_images)):
-        for crop in ("center_crop", "random_resized_crop"):
+    for label, n in (("500x375", args.images), ("1280x853", args.large_images),
+                     ("web", args.web_images)):
+        for crop in CROPS:
             if f"{label} {crop}" in args.groups:
                 groups[f"{label} {crop}"] = photo_group(args.data, label, n, crop, args.rounds)
     if "raw" in args.groups:

@@ -1,8 +1,10 @@
 """What the converter stores for one input image: lossless in, lossless out.
 
 With ``codec="auto"`` (the default) a plain upright JPEG, a PNG and a lossy WebP are stored byte
-for byte; every other lossless format (TIFF, BMP, lossless WebP, PPM/PGM/PBM/PNM, GIF) is re-encoded
-losslessly as PNG keeping its mode (grayscale, palette, 16-bit). JPEG 2000 (often lossy-coded) is
+for byte (a progressive JPEG as baseline with the same DCT coefficients, unless ``jpeg="keep"``:
+:mod:`converters.progressive`); every other lossless format (TIFF, BMP, lossless WebP,
+PPM/PGM/PBM/PNM, GIF) is re-encoded losslessly as PNG keeping its mode (grayscale, palette,
+16-bit). JPEG 2000 (often lossy-coded) is
 stored as a PNG of its decoded pixels: nothing is lost from there on. The only lossy step taken
 without being asked: a JPEG or lossy WebP whose pixels must change (EXIF rotation, CMYK, resize)
 is re-encoded in its own lossy codec at ``quality``. An explicit codec (jpeg, png, webp) re-encodes
@@ -23,7 +25,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from feedpipe.errors import BadInputError
-from feedpipe.schema.codecs import jpeg_complete, jpeg_info
+from feedpipe.schema.codecs import JPEG_PROGRESSIVE, jpeg_complete, jpeg_frame
 from feedpipe.schema.imaging import (
     decode_rgb,
     encode_rgb,
@@ -32,6 +34,8 @@ from feedpipe.schema.imaging import (
     sniff_codec,
     webp_lossless,
 )
+
+from .progressive import transcoded
 
 if TYPE_CHECKING:
     from .options import PackOptions
@@ -56,6 +60,8 @@ class Stored:
     size: tuple[int, int]         # the upright source's (W, H), before any resize
     slow_jpeg: bool = False       # only the Pillow fallback decodes it (simplejpeg refuses it)
     dropped: str | None = None    # what extra_channels="drop" removed
+    progressive: bool = False     # a progressive JPEG stored as it is (converters.progressive)
+    kept: str | None = None       # why that JPEG was not transcoded to baseline (jpeg="baseline")
 
 
 def output_codec(kind: str, lossless_webp: bool, opts: PackOptions) -> str:
@@ -177,12 +183,16 @@ def _png(img: Image.Image, drop: bool) -> bytes:
     return out.getvalue()
 
 
-def store_image(data: bytes, opts: PackOptions) -> Stored:
-    """Check one input and make its stored value (see the module docstring); raises Refused."""
+def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Stored:
+    """Check one input and make its stored value (see the module docstring); raises Refused.
+
+    A plain progressive JPEG is transcoded to baseline losslessly (:mod:`converters.progressive`)
+    unless ``opts.jpeg="keep"``; ``transcode=False`` leaves that to the caller (it comes back
+    ``progressive`` with no ``kept`` reason), which hands it to a worker process."""
     kind = sniff_codec(data)
     target = output_codec(kind, kind == "webp" and webp_lossless(data), opts)
     keep = opts.store == "passthrough" and opts.resize is None and target == kind
-    if kind == "jpeg" and (info := jpeg_info(data)) is not None:
+    if kind == "jpeg" and (info := jpeg_frame(data)) is not None:
         _too_big(info[0], info[1], opts)
         # plain RGB/grayscale JPEGs in upright orientation are stored byte for byte
         if keep and info[2] in (1, 3) and info[3] in (0, 1):
@@ -193,8 +203,12 @@ def store_image(data: bytes, opts: PackOptions) -> Stored:
                     decode_rgb(data, "jpeg", max_pixels=opts.max_pixels)
                 except BadInputError as exc:
                     raise Refused(f"corrupt image: {exc.__cause__ or exc}") from exc
-            return Stored(data, "jpeg unchanged", "jpeg", (info[0], info[1]),
-                          slow_jpeg=not jpeg_fast_decodable(data))
+            stored = Stored(data, "jpeg unchanged", "jpeg", (info[0], info[1]),
+                            slow_jpeg=not jpeg_fast_decodable(data),
+                            progressive=info[4] in JPEG_PROGRESSIVE)
+            if stored.progressive and opts.jpeg == "baseline" and transcode:
+                return transcoded(stored)
+            return stored
     keep = keep and kind != "jpeg"  # a JPEG that gets here needs rotation or colour conversion
     if kind == "png" and len(data) >= 24 and data[12:16] == b"IHDR":  # Pillow: only at 2^31
         _too_big(*struct.unpack(">II", data[16:24]), opts)

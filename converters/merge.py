@@ -38,7 +38,8 @@ from .remote_output import is_remote
 log = logging.getLogger(__name__)
 #: conversion entries that describe one part only; the merged manifest sums or drops them
 _PER_PART = ("part", "inputs", "stored", "ignored", "empty_classes", "split",
-             "jpegs_needing_fallback_decoder", "channels_dropped")
+             "jpegs_needing_fallback_decoder", "channels_dropped", "jpeg_transcoded",
+             "jpeg_progressive_kept")
 
 
 @dataclass
@@ -320,6 +321,11 @@ def _merged_manifest(infos: list[PartInfo], schema: Schema, files: list[FileEntr
     result.num_samples = sum(i.manifest.num_samples for i in infos)
     conversion.update({"inputs": infos[0].source_items, "stored": stored, "ignored": ignored,
                        "empty_classes": result.empty_classes,
+                       "jpeg_transcoded": sum(int(i.manifest.conversion.get("jpeg_transcoded", 0))
+                                              for i in infos),
+                       "jpeg_progressive_kept": [k for i in infos for k in
+                                                 i.manifest.conversion.get("jpeg_progressive_kept",
+                                                                           [])],
                        "merged": {"parts": len(infos), "fingerprint": infos[0].fingerprint}})
     skipped = tuple(s for i in infos for s in i.manifest.skipped)
     return Manifest(first.format, result.num_samples, schema, first.classes, tuple(files),

@@ -27,6 +27,7 @@ Layout = Literal["auto", "imagefolder", "flat"]
 TargetDtype = StoreDtype  # a stored target's dtype (spelled in converters.targets)
 LabelsAs = Literal["auto", "ints", "names"]  # how a manifest's label column is read
 Unlabeled = Literal["refuse", "keep"]  # a labelled manifest's rows with an empty label
+JpegStore = Literal["baseline", "keep"]  # progressive JPEGs: baseline, losslessly, or as they are
 
 RESIZE_HELP = ("an int (the shorter side, e.g. 256) or (height, width) like make_loader's size=, "
                "e.g. (240, 320) for 320 wide and 240 high")
@@ -56,6 +57,9 @@ class PackOptions:
     max_pixels: int | None = DEFAULT_MAX_PIXELS  # decompression-bomb limit (width × height)
     # colour masks: (r, g, b, class index) per colour (converters.palette); None: index masks only
     mask_palette: tuple[tuple[int, int, int, int], ...] | None = None
+    # progressive JPEGs stored as baseline with the same DCT coefficients (decoded pixels
+    # identical, ~3x faster to decode; converters.progressive), or "keep": byte for byte
+    jpeg: JpegStore = "baseline"
 
     def __post_init__(self) -> None:
         if isinstance(self.resize, list):
@@ -103,6 +107,7 @@ _HOW = {
     "resize": f"use {RESIZE_HELP}",
     "codec": "use 'auto' (lossless stays lossless), 'jpeg', 'png' or 'webp'",
     "mask_store": "masks are stored lossless, use 'png' or 'raw'",
+    "jpeg": "use 'baseline' (progressive JPEGs transcoded losslessly) or 'keep' (byte for byte)",
 }
 
 

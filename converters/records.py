@@ -27,7 +27,7 @@ from .images import Refused, output_codec, store_image
 from .options import Format, PackOptions
 from .output import Output, abandon, check_not_source
 from .pack import ConvertResult, split_indices
-from .report import settle_codec, tally
+from .report import jpeg_account, settle_codec, tally
 from .sources import Source
 
 Progress = Callable[[int, int], None]
@@ -123,10 +123,11 @@ def pack_records(src: RecordSource, out: str | Path, *, to: Format, options: Pac
                           or "the source holds no samples"))
         conversion = {"source": ", ".join(map(str, src.roots)), "source_kind": src.kind,
                       "inputs": src.count, "val_fraction": val_fraction, "seed": seed,
-                      "store": options.store, "codec": options.codec,
+                      "store": options.store, "codec": options.codec, "jpeg": options.jpeg,
                       "stored": result.stored, "ignored": result.ignored_files,
                       "jpegs_needing_fallback_decoder": result.slow_jpegs,
-                      "channels_dropped": result.channels_dropped, **src.conversion}
+                      "channels_dropped": result.channels_dropped, **jpeg_account(result),
+                      **src.conversion}
         if to != "wds":
             schema = settle_codec(schema, result)
         for name, writer in writers.items():

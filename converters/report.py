@@ -11,6 +11,7 @@ from feedpipe.errors import BadInputError
 from feedpipe.schema.model import Schema
 
 from .images import Stored
+from .progressive import TRANSCODED
 from .sources import Source, SourceItem
 
 if TYPE_CHECKING:
@@ -23,8 +24,12 @@ def tally(result: ConvertResult, stored: Stored, rel: str) -> None:
     """Count how one image was stored, for the summary and the manifest."""
     result.stored[stored.how] = result.stored.get(stored.how, 0) + 1
     unchanged = stored.how.endswith(" unchanged")
+    lossless = stored.how == TRANSCODED
     result.passthrough += unchanged
-    result.reencoded += not unchanged
+    result.transcoded += lossless
+    result.reencoded += not (unchanged or lossless)
+    if stored.kept:
+        result.progressive_kept.append({"path": rel, "reason": stored.kept})
     if stored.slow_jpeg:
         result.slow_jpegs.append(rel)
     if stored.dropped:
@@ -52,7 +57,13 @@ def account(source: Source, result: ConvertResult, items: list[SourceItem],
     return {"stored": result.stored, "ignored": result.ignored_files,
             "empty_classes": result.empty_classes, "unlabeled": result.unlabeled,
             "jpegs_needing_fallback_decoder": result.slow_jpegs,
-            "channels_dropped": result.channels_dropped}
+            "channels_dropped": result.channels_dropped, **jpeg_account(result)}
+
+
+def jpeg_account(result: ConvertResult) -> dict[str, Any]:
+    """The manifest's count of progressive JPEGs stored as baseline, and those kept as they are
+    (with the reason)."""
+    return {"jpeg_transcoded": result.transcoded, "jpeg_progressive_kept": result.progressive_kept}
 
 
 def settle_codec(schema: Schema, result: ConvertResult) -> Schema:
@@ -60,7 +71,7 @@ def settle_codec(schema: Schema, result: ConvertResult) -> Schema:
     image = schema["image"]
     if getattr(image, "codec", None) != "mixed":
         return schema
-    codecs = {how.split()[0] if how.endswith(" unchanged") else how.split("→")[1]
+    codecs = {how.split()[0] if how.endswith(" unchanged") else how.split("→")[1].split()[-1]
               for how in result.stored}
     if len(codecs) > 1:
         return schema

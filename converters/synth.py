@@ -1,14 +1,19 @@
-"""Real-looking test photos: random crops of the sample photographs scikit-image ships (no network)."""
+"""Real-looking test photos: random crops of the sample photographs scikit-image ships (no network);
+:func:`make_web_photos` gives them the JPEG properties of web photo collections (issue 24)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
+import simplejpeg
 from PIL import Image
 
 from feedpipe.errors import MissingDependencyError
+from feedpipe.schema.codecs import JPEG_PROGRESSIVE, jpeg_frame
 
+T = TypeVar("T")
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry",
           "retina")
 
@@ -49,6 +54,123 @@ def make_photos(out: str | Path, n: int, *, size: tuple[int, int] = (500, 375), 
             img = img.transpose(Image.FLIP_LEFT_RIGHT)
         img.save(out / names[c] / f"{i:06d}.jpg", "JPEG", quality=quality)
     return out
+
+
+# --- web photos: the JPEG properties of photo collections gathered from the web --------------
+# (issue 24; the mix is documented in benchmarks/README.md). Each entry: (value, share).
+WEB_SIDES = ((640, .10), (800, .10), (1024, .15), (1280, .30), (1600, .15), (2048, .10),
+             (3000, .05), (4000, .05))  # the longer side, px
+WEB_ASPECTS = (((3, 2), .45), ((4, 3), .35), ((16, 9), .10), ((1, 1), .10))
+WEB_PROGRESSIVE = 0.40       # share of progressive files (libjpeg's standard scan script)
+WEB_SUBSAMPLING = (("4:2:0", .70), ("4:4:4", .30))
+WEB_QUALITY = (75, 95)       # uniform, inclusive
+WEB_PORTRAIT = 0.25          # share shown portrait; half of those with EXIF are camera-rotated
+WEB_EXIF = 0.60              # share with an EXIF block (make, model, date, orientation)
+WEB_UPSIDE_DOWN = 0.03       # share of EXIF landscape files tagged orientation 3
+WEB_GRAIN = 3.0              # sensor-like noise (σ, 8-bit levels): real photos' entropy
+_SAMPLING = {"4:4:4": 0, "4:2:2": 1, "4:2:0": 2}  # Pillow's subsampling codes
+#: the transpose that stores an upright image under each EXIF orientation (undone when loading)
+_STORE_AS = {3: Image.ROTATE_180, 6: Image.ROTATE_90, 8: Image.ROTATE_270}
+
+
+def _pick(rng: np.random.Generator, table: tuple[tuple[T, float], ...]) -> T:
+    """One value of a (value, share) table, drawn by share."""
+    shares = np.array([share for _, share in table])
+    return table[int(rng.choice(len(table), p=shares / shares.sum()))][0]
+
+
+def _exif(orientation: int, rng: np.random.Generator) -> bytes:
+    exif = Image.Exif()
+    exif[0x010F], exif[0x0110] = "FeedpipeCam", f"Web {int(rng.integers(1, 9))}"
+    exif[0x0132] = f"2026:{int(rng.integers(1, 13)):02d}:{int(rng.integers(1, 29)):02d} 12:00:00"
+    exif[0x0112] = orientation
+    return exif.tobytes()
+
+
+def make_web_photos(out: str | Path, n: int, *, classes: int = 7, seed: int = 0,
+                    scale: float = 1.0) -> Path:
+    """Write ``n`` JPEGs with web photo collections' properties into ``out/<class>/``: a mix of
+    progressive and baseline files, 4:2:0 and 4:4:4, quality 75–95, 640–4000 px, EXIF with
+    orientations (the ``WEB_*`` tables). ``scale`` shrinks every size (for tests).
+
+    Content as :func:`make_photos` (each class crops its own sample photograph), with grain so
+    the entropy-coded data is about as dense as a real photo's at the same size and quality.
+    """
+    out = Path(out)
+    rng = np.random.default_rng(seed)
+    names = PHOTOS[: max(1, min(classes, len(PHOTOS)))]
+    photos = _load_photos(names)
+    for name in names:
+        (out / name).mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        c = i % len(names)
+        side = max(16, round(_pick(rng, WEB_SIDES) * scale))
+        aw, ah = _pick(rng, WEB_ASPECTS)
+        w, h = side, max(16, round(side * ah / aw))
+        portrait, tagged = rng.random() < WEB_PORTRAIT, rng.random() < WEB_EXIF
+        if portrait:
+            w, h = h, w
+        orientation = 1
+        if tagged and portrait and rng.random() < 0.5:
+            orientation = 6 if rng.random() < 0.6 else 8  # a camera held on its side
+        elif tagged and not portrait and rng.random() < WEB_UPSIDE_DOWN:
+            orientation = 3
+        img = _crop(photos[c], w, h, rng)
+        if orientation != 1:
+            img = img.transpose(_STORE_AS[orientation])
+        save = {"quality": int(rng.integers(WEB_QUALITY[0], WEB_QUALITY[1] + 1)),
+                "subsampling": _SAMPLING[_pick(rng, WEB_SUBSAMPLING)]}
+        if rng.random() < WEB_PROGRESSIVE:
+            save["progressive"] = True
+        elif rng.random() < 0.5:
+            save["optimize"] = True  # optimized Huffman tables, as many web encoders write
+        if tagged:
+            save["exif"] = _exif(orientation, rng)
+        img.save(out / names[c] / f"{i:06d}.jpg", "JPEG", **save)
+    return out
+
+
+def _crop(src: np.ndarray, w: int, h: int, rng: np.random.Generator) -> Image.Image:
+    """A random crop of ``src`` with the aspect of ``w``×``h``, resized to it, maybe flipped,
+    with grain (:data:`WEB_GRAIN`)."""
+    sh, sw = src.shape[:2]
+    scale = rng.uniform(0.5, 1.0) * min(sw / w, sh / h)
+    cw, ch = max(8, int(w * scale)), max(8, int(h * scale))
+    x, y = rng.integers(0, sw - cw + 1), rng.integers(0, sh - ch + 1)
+    img = Image.fromarray(src[y:y + ch, x:x + cw]).resize((w, h), Image.BICUBIC)
+    if rng.random() < 0.5:
+        img = img.transpose(Image.FLIP_LEFT_RIGHT)
+    grain = rng.standard_normal((h, w, 1), dtype=np.float32) * WEB_GRAIN
+    arr = np.asarray(img, dtype=np.float32) + grain
+    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+
+
+def jpeg_mix(files: list[Path]) -> dict[str, object]:
+    """What a set of JPEG files holds: the shares of progressive files, chroma subsamplings and
+    EXIF orientations, the longer side (min, median, max) and the bits per pixel; a benchmark
+    records it beside its figures."""
+    sizes, prog, sampling, orient, sides, pixels = 0, 0, [], [], [], 0
+    for p in files:
+        data = p.read_bytes()
+        frame = jpeg_frame(data)
+        if frame is None:
+            continue
+        sizes += len(data)
+        prog += frame[4] in JPEG_PROGRESSIVE
+        sampling.append(simplejpeg.decode_jpeg_header(data)[3])
+        orient.append(frame[3])
+        sides.append(max(frame[:2]))
+        pixels += frame[0] * frame[1]
+    k = max(1, len(sides))
+
+    def shares(values: list) -> dict[str, float]:
+        return {str(v): round(values.count(v) / k, 3) for v in sorted(set(values))}
+
+    return {"files": len(sides), "progressive": round(prog / k, 3),
+            "subsampling": shares(sampling), "orientation": shares(orient),
+            "longer_side_px": [min(sides, default=0), int(np.median(sides)) if sides else 0,
+                               max(sides, default=0)],
+            "bits_per_pixel": round(8 * sizes / max(1, pixels), 2)}
 
 
 def blob_mask(h: int, w: int, classes: int, rng: np.random.Generator) -> np.ndarray:

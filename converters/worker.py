@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
+import time
+from collections import deque
+from contextlib import ExitStack
+from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -16,9 +20,10 @@ from feedpipe.errors import CorruptRecordError
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png, encode_mask_png
 from feedpipe.workers import single_threaded
 
-from .images import Refused, geometry, store_image
+from .images import Refused, Stored, geometry, store_image
 from .options import PackOptions
 from .palette import Palette, colour_mask
+from .progressive import transcoded
 from .sources import SourceItem
 
 MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
@@ -79,9 +84,10 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
     return None
 
 
-def prepare(item: SourceItem, opts: PackOptions) -> Prepared:
+def prepare(item: SourceItem, opts: PackOptions, transcode: bool = True) -> Prepared:
     """Read and check one image (and its mask and targets); (stored values or None, reason or
-    how it was stored, input bytes). ``values[INFO_KEY]`` carries notes for the summary."""
+    how it was stored, input bytes). ``values[INFO_KEY]`` carries notes for the summary;
+    ``transcode=False``: a progressive JPEG is left to the caller (see :func:`store_image`)."""
     try:
         data = item.path.read_bytes()
     except OSError as exc:
@@ -89,7 +95,7 @@ def prepare(item: SourceItem, opts: PackOptions) -> Prepared:
     if not data:
         return None, "empty file", 0
     try:
-        stored = store_image(data, opts)
+        stored = store_image(data, opts, transcode)
     except Refused as exc:
         return None, str(exc), len(data)
     values: dict[str, Any] = {"image": stored.value, INFO_KEY: stored}
@@ -110,18 +116,8 @@ def _worker_init() -> None:
     single_threaded(ignore_sigint=True)
 
 
-def results(items: list[SourceItem], opts: PackOptions, workers: int, codec: str
-            ) -> Iterator[Prepared]:
-    """Each item prepared, in order: in this process for passthrough, else by a worker pool."""
-    # Passthrough with header checks is I/O-bound: shipping the bytes through worker pipes costs
-    # more than it saves (20k photos, 2 cores: ~11k images/s in this process, ~5k with 2 worker
-    # processes; a read-ahead thread was slower too, on the GIL), so only decoding work fans out
-    # (any non-JPEG input is decoded in full to check it).
-    decodes = opts.store != "passthrough" or opts.resize is not None or codec != "jpeg" \
-        or opts.check == "decode" or opts.masks
-    if workers <= 1 or len(items) < 64 or not decodes:
-        yield from (prepare(it, opts) for it in items)
-        return
+def _pool(workers: int) -> Pool:
+    """A pool of ``workers`` single-threaded processes (forkserver where there is one)."""
     ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
     # Ctrl-C is blocked while the pool starts: the worker processes (and the forkserver) inherit
     # the blocked signal, so one still importing before its initializer ignores SIGINT cannot
@@ -129,13 +125,81 @@ def results(items: list[SourceItem], opts: PackOptions, workers: int, codec: str
     # is up, and leaving the `with` ends the pool.
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        pool = ctx.Pool(workers, initializer=_worker_init)
-    except BaseException:
+        return ctx.Pool(workers, initializer=_worker_init)
+    finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        raise
-    with pool:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        chunk = max(1, min(64, len(items) // (workers * 8)))
-        yield from pool.imap(_prepare_star, ((it, opts) for it in items), chunksize=chunk)
 
 
+def results(items: list[SourceItem], opts: PackOptions, workers: int, codec: str
+            ) -> Iterator[Prepared]:
+    """Each item prepared, in order: in this process for passthrough, else by a worker pool."""
+    # Passthrough with header checks is I/O-bound: shipping the bytes through worker pipes costs
+    # more than it saves (20k photos, 2 cores: ~11k images/s in this process, ~5k with 2 worker
+    # processes; a read-ahead thread was slower too, on the GIL), so only decoding work fans out
+    # (any non-JPEG input is decoded in full to check it). Progressive JPEGs are the exception:
+    # their transcode (~20-40 ms for 1-2 MP) goes to a pool started at the first one.
+    decodes = opts.store != "passthrough" or opts.resize is not None or codec != "jpeg" \
+        or opts.check == "decode" or opts.masks
+    if workers <= 1 or len(items) < 64:
+        yield from (prepare(it, opts) for it in items)
+    elif decodes:
+        with _pool(workers) as pool:
+            chunk = max(1, min(64, len(items) // (workers * 8)))
+            yield from pool.imap(_prepare_star, ((it, opts) for it in items), chunksize=chunk)
+    else:
+        yield from _passthrough(items, opts, workers)
+
+
+_AHEAD, _AHEAD_BYTES = 256, 128 << 20  # read-ahead past a transcode not yet done: items, bytes
+_INLINE_S = 0.5  # transcodes done in this process before a pool is worth starting (~0.5 s)
+
+
+def _passthrough(items: list[SourceItem], opts: PackOptions, workers: int) -> Iterator[Prepared]:
+    """Passthrough in this process; progressive JPEGs are transcoded by a worker pool, started
+    once they have taken :data:`_INLINE_S` here, while the files after them are read; all come
+    back in source order."""
+    queue: deque[tuple[Prepared, AsyncResult[Stored] | None]] = deque()
+    busy = ahead = 0  # transcodes in flight; bytes held in the queue
+    inline = 0.0  # seconds spent transcoding in this process
+    with ExitStack() as stack:
+        pool: Pool | None = None
+        for it in items:
+            values, how, nbytes = prepare(it, opts, transcode=False)
+            job = None
+            if values is not None and pending(values[INFO_KEY], opts):
+                if pool is None and inline < _INLINE_S:  # a few: not worth starting a pool
+                    t0 = time.perf_counter()
+                    how = _done(values, transcoded(values[INFO_KEY]))
+                    inline += time.perf_counter() - t0
+                else:
+                    pool = pool or stack.enter_context(_pool(workers))
+                    job = pool.apply_async(transcoded, (values[INFO_KEY],))
+                    busy += 1
+            queue.append(((values, how, nbytes), job))
+            ahead += nbytes
+            while queue and (queue[0][1] is None or queue[0][1].ready() or busy > 4 * workers
+                             or len(queue) > _AHEAD or ahead > _AHEAD_BYTES):
+                busy -= queue[0][1] is not None
+                ahead -= queue[0][0][2]
+                yield _finish(queue.popleft())
+        while queue:
+            yield _finish(queue.popleft())
+
+
+def _finish(entry: tuple[Prepared, AsyncResult[Stored] | None]) -> Prepared:
+    """A queued image, with its transcode's result (waited for) when it had one."""
+    (values, how, nbytes), job = entry
+    if job is not None and values is not None:
+        how = _done(values, job.get())
+    return values, how, nbytes
+
+
+def _done(values: dict[str, Any], stored: Stored) -> str:
+    """Put a transcode's result in a prepared sample's values; how it was stored."""
+    values.update({"image": stored.value, INFO_KEY: stored})
+    return stored.how
+
+
+def pending(stored: Stored, opts: PackOptions) -> bool:
+    """Whether a prepared image is a progressive JPEG still to be transcoded."""
+    return opts.jpeg == "baseline" and stored.progressive and stored.kept is None

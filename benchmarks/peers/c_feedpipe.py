@@ -1,4 +1,5 @@
-"""Contender: feedpipe, packed with its converter (original JPEG bytes) and read by make_loader.
+"""Contender: feedpipe, packed with its converter (original JPEG bytes; progressive JPEGs stored as
+baseline with the same DCT coefficients, the converter's default) and read by make_loader.
 
 Usage as the project README shows it: ``feedpipe convert SRC OUT --to FORMAT`` (here the Python
 ``converters.convert`` the CLI calls, ``store="passthrough"``), then

@@ -12,7 +12,11 @@ files, as workers share an epoch) after every round: the ceiling, its median rou
 
     make bench-peers                       # installs .venv-peers, then runs this with defaults
     .venv-peers/bin/python benchmarks/peers/run.py [--images 4000] [--large-images 1000]
-        [--rounds 3] [--only ffcv,feedpipe] [--json benchmarks/results/peers.json]
+        [--web-images 1000] [--rounds 3] [--only ffcv,feedpipe] [--json benchmarks/results/peers.json]
+
+``--web-images N`` adds a set with the JPEG properties of web photo collections (40% progressive,
+4:2:0 and 4:4:4, EXIF orientations, 640-4000 px, quality 75-95: converters.synth.make_web_photos,
+mix in benchmarks/README.md); its measured mix is recorded with the set. Not run by default.
 """
 
 from __future__ import annotations
@@ -276,6 +280,8 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=4000, help="~450x340 photos (0: skip the set)")
     ap.add_argument("--large-images", type=int, default=1000,
                     help="~1392x928 photos, widths >= 1280 (0: skip the set)")
+    ap.add_argument("--web-images", type=int, default=0,
+                    help="web photo mix, 640-4000 px, 40%% progressive (0, the default: skip)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated name parts, e.g. ffcv,feedpipe")
     ap.add_argument("--data", type=Path, default=ROOT / "bench-data" / "peers")
@@ -291,20 +297,29 @@ def main() -> None:
     args.contenders = [n for n in CONTENDERS if not wanted or any(w in n.lower() for w in wanted)]
     from harness import machine
 
-    from converters.synth import make_photos
+    from converters.synth import jpeg_mix, make_photos, make_web_photos
 
     t0 = time.perf_counter()
     sets = {}
     for label, n, size in (("photos", args.images, (450, 340)),
-                           ("large", args.large_images, (1392, 928))):
+                           ("large", args.large_images, (1392, 928)),
+                           ("web", args.web_images, None)):
         if n <= 0:
             continue
-        photos = args.data / f"src-{label}-{n}-{size[0]}x{size[1]}"
-        if not photos.exists():
+        photos = args.data / (f"src-{label}-{n}-{size[0]}x{size[1]}" if size else
+                              f"src-{label}-{n}")
+        if not photos.exists() and size is None:
+            print(f"generating {n} web photos (640-4000 px, 40% progressive) in {photos}",
+                  flush=True)
+            make_web_photos(photos, n, classes=10, seed=1)
+        elif not photos.exists():
             print(f"generating {n} photos (~{size[0]}x{size[1]}, quality 90) in {photos}",
                   flush=True)
             make_photos(photos, n, size=size, classes=10, quality=90, seed=1)
         sets[label] = run_set(label, photos, args)
+        if size is None:
+            sets[label]["mix"] = jpeg_mix(sorted(photos.rglob("*.jpg")))
+            print(f"  web photo mix: {sets[label]['mix']}", flush=True)
     from feedpipe.paths import write_atomic
 
     args.json.parent.mkdir(parents=True, exist_ok=True)

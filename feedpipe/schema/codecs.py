@@ -194,12 +194,23 @@ def jpeg_complete(data: Buffer) -> bool:
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 
 
+#: start-of-frame markers of progressive JPEGs: SOF2 (Huffman) and SOF10 (arithmetic coding)
+JPEG_PROGRESSIVE = frozenset({0xC2, 0xCA})
+
+
 def jpeg_info(data: Buffer) -> tuple[int, int, int, int] | None:
     """Parse JPEG markers up to the frame header without decoding anything.
 
     Returns (width, height, components, EXIF orientation), or None when the header is damaged.
     About 10× cheaper than opening the file with Pillow, which keeps passthrough I/O-bound.
     """
+    frame = jpeg_frame(data)
+    return None if frame is None else frame[:4]
+
+
+def jpeg_frame(data: Buffer) -> tuple[int, int, int, int, int] | None:
+    """:func:`jpeg_info` and the frame header's marker (0xC0 baseline, 0xC2 progressive, ...:
+    :data:`JPEG_PROGRESSIVE`), from the same one pass over the markers."""
     b = bytes(data) if not isinstance(data, bytes) else data
     if not b.startswith(b"\xff\xd8"):
         return None
@@ -223,7 +234,7 @@ def jpeg_info(data: Buffer) -> tuple[int, int, int, int] | None:
             if length < 8:
                 return None
             height, width = struct.unpack_from(">HH", b, pos + 5)
-            return width, height, b[pos + 9], orientation
+            return width, height, b[pos + 9], orientation, marker
         elif marker == 0xDA:  # scan before any frame header
             return None
         pos += 2 + length

@@ -271,3 +271,30 @@ def test_damaged_merged_hdf5_gives_a_typed_error_in_seconds(photo_dir, tmp_path)
                                "mode": "zero"}
     failures = run_cases(src, cases, tmp_path / "case")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("cases", TIERS)
+def test_progressive_transcode(cases):
+    """Damaged progressive JPEGs through the lossless transcode to baseline (issue 24): it gives
+    a file that decodes to exactly the source's pixels, or keeps the source with a reason; it
+    never raises and never crashes the process (a beta libjpeg-turbo is bundled)."""
+    simplejpeg = pytest.importorskip("simplejpeg")
+    from PIL import Image
+
+    from converters.progressive import to_baseline
+
+    rng = np.random.default_rng(0)
+    smooth = np.kron(rng.integers(0, 255, (6, 8, 3), dtype=np.uint8), np.ones((8, 8, 1), np.uint8))
+    out = io.BytesIO()
+    Image.fromarray(smooth).save(out, "JPEG", quality=85, progressive=True)
+
+    @fuzz(cases)
+    @given(mutated(out.getvalue()))
+    def run(data):
+        got, why = to_baseline(data)
+        if got is None:
+            assert why.startswith("not transcoded: ")
+        else:
+            assert np.array_equal(simplejpeg.decode_jpeg(got), simplejpeg.decode_jpeg(data))
+
+    run()

@@ -1,0 +1,85 @@
+"""The web photo benchmark set (issue 24, item 2): ``make_web_photos`` writes the documented mix
+(progressive and baseline, 4:2:0 and 4:4:4, EXIF orientations, quality 75-95, sizes scaled from
+640-4000 px), ``jpeg_mix`` measures it back, and converting it stores every progressive upright
+file as baseline and every EXIF-rotated one upright."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import simplejpeg
+from fp_helpers import needs_transform
+from PIL import Image, ImageOps
+
+import feedpipe
+from converters import convert
+from converters.synth import WEB_QUALITY, jpeg_mix, make_web_photos
+from feedpipe.schema.codecs import JPEG_PROGRESSIVE, jpeg_frame
+
+N, SCALE = 60, 0.05  # longer sides 32-200 px: the mix, not the pixel count, is under test
+
+
+@pytest.fixture(scope="module")
+def web(tmp_path_factory) -> Path:
+    return make_web_photos(tmp_path_factory.mktemp("web") / "src", N, classes=3, seed=5,
+                           scale=SCALE)
+
+
+def quality_of(path: Path) -> int:
+    """The libjpeg quality whose scaled standard luminance table the file holds (-1: none)."""
+    with Image.open(path) as im:
+        table = np.sort(np.array(im.quantization[0]))
+    for q in range(1, 101):
+        scale = 5000 // q if q < 50 else 200 - 2 * q
+        if np.array_equal(np.sort(np.clip((np.array(_LUMA) * scale + 50) // 100, 1, 255)), table):
+            return q
+    return -1
+
+
+_LUMA = [16, 11, 10, 16, 24, 40, 51, 61, 12, 12, 14, 19, 26, 58, 60, 55, 14, 13, 16, 24, 40, 57,
+         69, 56, 14, 17, 22, 29, 51, 87, 80, 62, 18, 22, 37, 56, 68, 109, 103, 77, 24, 35, 55, 64,
+         81, 104, 113, 92, 49, 64, 78, 87, 103, 121, 120, 101, 72, 92, 95, 98, 112, 100, 103, 99]
+
+
+def test_web_mix_is_what_the_docs_say(web):
+    files = sorted(web.rglob("*.jpg"))
+    assert len(files) == N and sorted(p.name for p in web.iterdir()) == \
+        ["astronaut", "chelsea", "coffee"]
+    mix = jpeg_mix(files)
+    assert mix["files"] == N
+    assert 0.25 <= mix["progressive"] <= 0.55  # 40% drawn
+    assert set(mix["subsampling"]) == {"420", "444"} and mix["subsampling"]["420"] > 0.5
+    assert {"1", "6"} <= set(mix["orientation"]) and mix["orientation"]["1"] > 0.7
+    lo, _, hi = mix["longer_side_px"]
+    assert round(640 * SCALE) <= lo and hi <= round(4000 * SCALE) and hi > lo
+    qualities = {quality_of(p) for p in files}
+    assert qualities <= set(range(WEB_QUALITY[0], WEB_QUALITY[1] + 1)) and len(qualities) > 5
+    again = make_web_photos(web.parent / "again", N, classes=3, seed=5, scale=SCALE)
+    assert all((again / p.relative_to(web)).read_bytes() == p.read_bytes() for p in files)
+
+
+@needs_transform
+def test_web_set_converts_progressive_to_baseline_and_rotated_upright(web, tmp_path):
+    files = {p.relative_to(web).as_posix(): p.read_bytes() for p in sorted(web.rglob("*.jpg"))}
+    frames = {k: jpeg_frame(v) for k, v in files.items()}
+    upright_prog = {k for k, f in frames.items() if f[4] in JPEG_PROGRESSIVE and f[3] == 1}
+    rotated = {k for k, f in frames.items() if f[3] != 1}
+    assert upright_prog and rotated
+    res = convert(web, tmp_path / "ds", to="lmdb", workers=0)
+    assert res.written == N and res.transcoded == len(upright_prog) and not res.progressive_kept
+    assert res.reencoded == len(rotated)
+    ds = feedpipe.open_dataset(tmp_path / "ds")
+    for i in range(len(ds)):
+        raw = ds.read_raw(i)
+        name, stored = raw["path"], bytes(raw["image"])
+        assert jpeg_frame(stored)[4] not in JPEG_PROGRESSIVE, name
+        if name in upright_prog:
+            assert np.array_equal(simplejpeg.decode_jpeg(stored),
+                                  simplejpeg.decode_jpeg(files[name]))
+        elif name in rotated:
+            with Image.open(web / name) as im:
+                assert ds[i]["image"].shape[:2] == ImageOps.exif_transpose(im).size[::-1]
+        else:
+            assert stored == files[name]
