@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint test-faults bench bench-peers install pillow-simd clean
+.PHONY: demo test lint test-faults dist bench bench-peers install pillow-simd clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
@@ -28,6 +28,19 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The package as released: wheel and sdist built and checked (twine), the wheel installed into a
+# fresh virtualenv (constrained to the CPU torch) where `feedpipe demo` runs. CI runs it.
+DIST_VENV := .venv-dist
+dist: $(STAMP)
+	rm -rf dist $(DIST_VENV)
+	$(BIN)/python -m build -q --outdir dist .
+	$(BIN)/twine check --strict dist/*
+	$(PY) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/pip install -q --disable-pip-version-check -c constraints.txt \
+		"$$(ls dist/feedpipe-*.whl)[demo]"
+	cd "$$(mktemp -d)" && $(CURDIR)/$(DIST_VENV)/bin/feedpipe demo --images 48 && \
+		$(CURDIR)/$(DIST_VENV)/bin/python -m feedpipe --version
 
 # The heavy fault, abuse and soak tests (tests/faults/, marked `heavy`); CI runs them after `make test`.
 test-faults: $(STAMP)
@@ -60,4 +73,4 @@ pillow-simd: $(STAMP)
 	CC="cc -mavx2" $(BIN)/pip install -q --no-binary :all: pillow-simd
 
 clean:
-	rm -rf $(VENV) $(PEERS_VENV) demo-data bench-data .pytest_cache
+	rm -rf $(VENV) $(PEERS_VENV) $(DIST_VENV) dist demo-data bench-data .pytest_cache

@@ -12,6 +12,7 @@ import sys
 import traceback
 from typing import Sequence
 
+from .._version import __version__
 from ..errors import ConfigError, FeedpipeError
 from . import bench, convert, decoders, demo, doctor, index, info, merge, monitor, tune, verify
 
@@ -22,7 +23,12 @@ COMMANDS = (convert, merge, index, info, verify, demo, decoders, monitor, bench,
 
 def build_parser() -> argparse.ArgumentParser:
     """The whole CLI: every subcommand's options."""
-    p = argparse.ArgumentParser(prog="feedpipe", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="feedpipe", description="Pack image and array datasets once (LMDB, HDF5, "
+        "WebDataset), then feed PyTorch training at the hardware's speed; measure and tune the "
+        "loader on your own data.", epilog="Run `feedpipe COMMAND --help` for a command's "
+        "options; docs: README.md and docs/.")
+    p.add_argument("--version", action="version", version=f"feedpipe {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     p.add_argument("--debug", action="store_true",
                    help="print the traceback of every error (and log at INFO level)")
