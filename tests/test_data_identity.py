@@ -80,7 +80,9 @@ def test_the_id_is_in_the_file_and_the_conversion_stays_reproducible(packed, pho
     again = convert(photo_dir, tmp_path / "again", to="lmdb", workers=0).out
     assert (again / "data.mdb").read_bytes() == (packed["lmdb"] / "data.mdb").read_bytes()
     ids = {fmt: manifest(packed[fmt])["extra"]["dataset_id"] for fmt in DATA}
-    env = lmdb.open(str(packed["lmdb"]), readonly=True, lock=False)
+    copy = tmp_path / "copy"  # a reader of packed["lmdb"] may live: py-lmdb opens a file once
+    shutil.copytree(packed["lmdb"], copy)
+    env = lmdb.open(str(copy), readonly=True, lock=False)
     with env.begin() as txn:
         assert txn.get(ID_KEY) == ids["lmdb"].encode()
     env.close()

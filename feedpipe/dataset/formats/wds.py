@@ -334,12 +334,12 @@ class WdsReader(DatasetReader):
         for pos, i in enumerate(indices):
             try:  # per sample: ``fn`` may read through this reader, closing the LRU's oldest
                 fd = self._fd(shard_of[pos])
+            except DataFileMismatchError as exc:  # shards are read one by one: so are they lost
+                raise self.corrupt(i, str(exc)) from exc
             except FeedpipeError:  # typed already: not damage (ResourceError, a store's)
                 raise
             except OSError as exc:  # a missing or unreadable shard: name the sample
                 raise self.corrupt(i, f"cannot open its shard: {exc}") from exc
-            except DataFileMismatchError as exc:  # shards are read one by one: so are they lost
-                raise self.corrupt(i, str(exc)) from exc
             stored = {}
             spans = offsets[pos]
             crcs = checks[pos] if checks is not None else None
