@@ -1,5 +1,5 @@
 """Converters: sources (folders, manifests, mask pairs), targets computed from masks, the parallel
-atomic packer, sample photo generation.
+atomic packer, arrays and tables without images (``pack_arrays``), sample photo generation.
 
 Exports load on first use (PEP 562): ``converters.options`` (the option types the CLI builds its
 parser from) imports without numpy or Pillow."""
@@ -11,6 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "ConvertResult": "pack", "convert": "pack", "PackOptions": "options", "parse_resize": "options",
+    "pack_arrays": "arrays",
     "IMAGE_EXTS": "sources", "Source": "sources", "SourceItem": "sources",
     "attach_masks": "sources", "scan": "sources",
     "LabelColumns": "columns", "apply_columns": "columns", "scan_coco": "coco",

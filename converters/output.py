@@ -207,8 +207,11 @@ class Output:
         self.old = out.parent / f".{out.name}.old"  # left by the non-atomic fallback swap
         self.lock = OutputLock(out)
 
-    def claim(self, source: Source) -> Path:
-        check_not_source(source, self.out)
+    def claim(self, source: Source | None) -> Path:
+        """Check, lock and make the partial directory; ``source`` None: data from memory (no
+        source tree for the output to stay out of)."""
+        if source is not None:
+            check_not_source(source, self.out)
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.lock.acquire()
         made = False

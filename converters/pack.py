@@ -85,6 +85,7 @@ class ConvertResult:
     unlabeled: list[str] = field(default_factory=list)  # labelled manifest rows kept with -1
     mask_palette: tuple[tuple[int, int, int, int], ...] | None = None  # (r, g, b, class)
     palette_left_out: list[dict[str, Any]] = field(default_factory=list)  # auto's rare colours
+    missing: dict[str, Any] = field(default_factory=dict)  # arrays: NaN per field (converters.arrays)
 
     @property
     def rate(self) -> float:

@@ -1,6 +1,6 @@
 """The packer for sources whose samples arrive as bytes in memory, not as image files: foreign
-WebDataset shards (:mod:`converters.foreign_wds`) and Hugging Face datasets
-(:mod:`converters.hf`).
+WebDataset shards (:mod:`converters.foreign_wds`), Hugging Face datasets (:mod:`converters.hf`)
+and arrays or tables without images (:mod:`converters.arrays`).
 
 Each source yields :class:`Record` objects; images go through the same
 :func:`~converters.images.store_image` as files do (lossless in, lossless out), every other value
@@ -60,6 +60,7 @@ class RecordSource:
     records: Callable[[], Iterator[Record]]
     not_taken: tuple[dict[str, str], ...] = ()
     conversion: dict[str, Any] = field(default_factory=dict)
+    images: bool = True  # False: samples are ``values`` only (arrays), stored as given
 
 
 def planned_codec(data: bytes, opts: PackOptions) -> str:
@@ -82,21 +83,21 @@ def pack_records(src: RecordSource, out: str | Path, *, to: Format, options: Pac
     if not 0.0 <= val_fraction < 1.0:
         raise ConfigError(f"val_fraction={val_fraction}: use a fraction in [0, 1)")
     codec = "mixed"
-    if to == "wds":  # member names carry the codec: decide it before writing (a cheap pass)
+    if to == "wds" and src.images:  # member names carry the codec: decide it first (cheap)
         codecs = {planned_codec(r.image, options) for r in src.records()
                   if r.problem is None and r.image}
         codecs.discard("unknown")
         codec = codecs.pop() if len(codecs) == 1 else "mixed"
-    fields: list[Field] = [ImageField("image", codec, options.raw_shape)]
-    if src.labeled:
-        fields.append(LabelField("label"))
-    fields += [*src.fields, JsonField("path")]
+    fields: list[Field] = [*src.fields]
+    if src.images:
+        fields = [ImageField("image", codec, options.raw_shape),
+                  *([LabelField("label")] if src.labeled else []), *fields, JsonField("path")]
     schema = Schema(tuple(fields))
     out = Path(out)
     output = Output(out, overwrite)
     for root in src.roots[1:]:
         check_not_source(Source(root, src.kind, ()), out)
-    tmp = output.claim(Source(src.roots[0], src.kind, ()))
+    tmp = output.claim(Source(src.roots[0], src.kind, ()) if src.roots else None)
     val = split_indices(src.count, val_fraction, seed) if val_fraction else None
     splits = {"train": tmp / "train", "val": tmp / "val"} if val is not None else {"": tmp}
     writers: dict[str, DatasetWriter] = {}
@@ -107,7 +108,9 @@ def pack_records(src: RecordSource, out: str | Path, *, to: Format, options: Pac
         writers = {n: WRITERS[to](p, schema, **(writer_options or {})) for n, p in splits.items()}
         for k, rec in enumerate(src.records()):
             split = "" if val is None else ("val" if k < len(val) and val[k] else "train")
-            why = rec.problem or _store(rec, writers[split], result, options, src.labeled, codec)
+            why = rec.problem or (
+                _store(rec, writers[split], result, options, src.labeled, codec) if src.images
+                else _put(rec, writers[split], result))
             if why is not None:
                 if strict:
                     raise BadInputError(f"{rec.name}: {why}")
@@ -117,18 +120,22 @@ def pack_records(src: RecordSource, out: str | Path, *, to: Format, options: Pac
         counts = {n: w.count for n, w in writers.items()}
         if not all(counts.values()):
             gone = [s for v in skipped.values() for s in v]
+            where = src.roots[0] if src.roots else src.kind
             raise NothingConvertedError(
-                f"{src.roots[0]}: wrote 0 samples" + (" to a split" if sum(counts.values()) else "")
+                f"{where}: wrote 0 samples" + (" to a split" if sum(counts.values()) else "")
                 + ": " + ("; ".join(f"{s['path']}: {s['reason']}" for s in gone[:3])
                           or "the source holds no samples"))
         conversion = {"source": ", ".join(map(str, src.roots)), "source_kind": src.kind,
                       "inputs": src.count, "val_fraction": val_fraction, "seed": seed,
-                      "store": options.store, "codec": options.codec, "jpeg": options.jpeg,
-                      "stored": result.stored, "ignored": result.ignored_files,
-                      "jpegs_needing_fallback_decoder": result.slow_jpegs,
-                      "channels_dropped": result.channels_dropped, **jpeg_account(result),
-                      **src.conversion}
-        if to != "wds":
+                      "ignored": result.ignored_files}
+        if src.images:
+            conversion.update({"store": options.store, "codec": options.codec,
+                               "jpeg": options.jpeg, "stored": result.stored,
+                               "jpegs_needing_fallback_decoder": result.slow_jpegs,
+                               "channels_dropped": result.channels_dropped,
+                               **jpeg_account(result)})
+        conversion.update(src.conversion)
+        if to != "wds" and src.images:
             schema = settle_codec(schema, result)
         for name, writer in writers.items():
             files, extra = writer.close()
@@ -168,6 +175,16 @@ def _store(rec: Record, writer: DatasetWriter, result: ConvertResult, opts: Pack
     except (TypeError, ValueError) as exc:  # a value the field cannot hold: name the record
         return f"cannot store: {exc}"
     tally(result, stored, rec.name)
+    return None
+
+
+def _put(rec: Record, writer: DatasetWriter, result: ConvertResult) -> str | None:
+    """Write an image-less record's values as given; the reason it was skipped, or None."""
+    try:
+        writer.write(rec.values)
+    except (TypeError, ValueError) as exc:  # a value the field cannot hold: name the record
+        return f"cannot store: {exc}"
+    result.bytes_in += sum(getattr(v, "nbytes", 0) for v in rec.values.values())
     return None
 
 

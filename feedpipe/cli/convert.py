@@ -25,6 +25,7 @@ from converters.options import (
 
 from ..errors import ConfigError
 from ..schema.imaging import DEFAULT_MAX_PIXELS
+from . import convert_tables
 from .args import human, parse_size, size_arg
 from .remote_args import add_storage_args, storage_options
 
@@ -34,10 +35,11 @@ if TYPE_CHECKING:
 
 def register(sub: Any) -> None:
     """Add the ``convert`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    c = sub.add_parser("convert", help="pack images into LMDB, HDF5 or WebDataset shards")
+    c = sub.add_parser("convert", help="pack images (or arrays) into LMDB, HDF5 or WebDataset")
     c.add_argument("src", help="image folder, ImageFolder tree, .csv/.jsonl manifest, WebDataset "
                    "shards (folder, .tar/.tgz, brace pattern), or hf://org/name or a "
-                   "save_to_disk folder (docs/sources.md)")
+                   "save_to_disk folder (docs/sources.md); a table of arrays: .npy, .npz, "
+                   ".parquet, or .csv/.jsonl without a path column (docs/arrays.md)")
     c.add_argument("--split", default="train", help="Hugging Face source: the split to read")
     c.add_argument("--to", required=True, choices=get_args(Format))
     c.add_argument("-o", "--out", required=True, help="output folder, or an object-store URL "
@@ -123,6 +125,7 @@ def register(sub: Any) -> None:
                    help="storage; uint8/uint16 need --distance-truncate or --distance-normalize")
     g.add_argument("--boundary-width", type=float, default=1.0)
     _label_args(c)
+    convert_tables.add_args(c)
     c.set_defaults(func=cmd_convert)
 
 
@@ -171,8 +174,10 @@ def cmd_convert(args: argparse.Namespace) -> int:
         bar.total = total
         bar.update(done - bar.n)
 
+    table = None
     try:
-        res = _convert_records(args, writer_options, progress)
+        table = convert_tables.pack(args, writer_options, progress)
+        res = table or _convert_records(args, writer_options, progress)
         res = res or convert(args.src, args.out, to=args.to, workers=args.workers, store=args.store,
                       resize=parse_resize(args.resize), codec=args.codec, quality=args.quality,
                       check=args.check, strict=args.strict, val_fraction=args.val_fraction,
@@ -196,6 +201,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
         return 130
     finally:
         bar.close()
+    if table is not None:
+        return convert_tables.summary(table, args)
     splits = ", ".join(f"{k} {v}" for k, v in res.splits.items())
     print(f"wrote {res.written} samples ({splits}) to {res.out} as {args.to} in {res.seconds:.1f} s "
           f"({res.rate:.0f} images/s)")
