@@ -123,6 +123,7 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
                 shuffle_window: int | None = 8,
                 on_error: OnError = "raise", max_pixels: int | None = None,
                 transform: Callable[..., Any] | None = None,
+                batch_transforms: Sequence[Callable[..., Any]] | None = None,
                 ragged: Ragged = "pad", min_box_fraction: float = 0.0,
                 cache_dir: str | os.PathLike[str] | None = None,
                 cache_limit: int | str | None = None,
@@ -182,6 +183,10 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
       batch being filled) and the other stacked fields; edit in place, or return a dict of new
       values of the same shape and dtype. ``rng`` (numpy) is seeded from (seed, epoch, sample):
       batches are the same for any ``num_workers`` and resume exactly (docs/transforms.md).
+    - ``batch_transforms``: operations on each whole batch on the device, before normalization
+      (images uint8, or float in [0, 1]): :mod:`feedpipe.loader.augment`'s ColorJitter,
+      RandomGrayscale, RandomErasing, MixUp, CutMix, or your ``fn(batch, generator)``; per-sample
+      parameters drawn from a generator seeded by (seed, epoch, rank, batch).
     - ``ragged``: boxes and variable-shape arrays as "pad" (N×max rows + counts/lengths) or
       "list" (a tensor per sample); keypoints, text and boxes: see docs/fields.md.
     - ``min_box_fraction``: drop boxes keeping less of their area inside the crop (0..1).

@@ -325,3 +325,11 @@ class BatchOps:
                                      "return the batch dict")
             batch = out
         return batch
+
+
+def batch_ops(spec: Any) -> BatchOps | None:
+    """``make_loader(batch_transforms=...)``: None, one step, a list of steps or a BatchOps."""
+    if spec is None or isinstance(spec, BatchOps):
+        return spec
+    return BatchOps(tuple(spec) if isinstance(spec, (list, tuple)) else (spec,))
+

@@ -111,6 +111,7 @@ class LoaderConfig:
     on_error: OnError = "raise"
     max_pixels: int | None = None  # None: the dataset's recorded limit, else DEFAULT_MAX_PIXELS
     transform: Callable[..., Any] | None = None  # the user's per-sample function, in the workers
+    batch_transforms: Any = None  # batch operations on the device (feedpipe.loader.augment)
     ragged: Ragged = "pad"  # boxes and variable-shape arrays: padded with counts, or lists
     min_box_fraction: float = 0.0  # boxes keeping less of their area in the crop are dropped
     weights: tuple[float, ...] | None = None  # a mix's shares (feedpipe.loader.mixing)
@@ -138,6 +139,10 @@ class LoaderConfig:
             bad(f"seed={self.seed!r}: {_HOW['seed']}")
         if self.transform is not None and not callable(self.transform):
             bad(f"transform={self.transform!r}: pass a function (sample, rng) -> sample or None")
+        if self.batch_transforms is not None and not (
+                callable(self.batch_transforms) or isinstance(self.batch_transforms, (list, tuple))):
+            bad(f"batch_transforms={self.batch_transforms!r}: pass a list of batch operations "
+                "(feedpipe.loader.augment) or functions fn(batch, generator) -> batch")
         if self.uneven == "mask" and self.drop_last:
             bad("uneven='mask' pads the last batch to full size and marks the padding in 'valid'; "
                 "drop_last=True would drop real samples: use one or the other")
@@ -184,7 +189,8 @@ class LoaderConfig:
             object.__setattr__(self, "device", str(self.device))
         if isinstance(self.size, int) and not isinstance(self.size, bool):
             object.__setattr__(self, "size", (self.size, self.size))
-        for name in ("fields", "size", "scale", "ratio", "mean", "std", "weights"):
+        for name in ("fields", "size", "scale", "ratio", "mean", "std", "weights",
+                     "batch_transforms"):
             value = getattr(self, name)
             if isinstance(value, list):
                 object.__setattr__(self, name, tuple(value))
@@ -194,8 +200,12 @@ class LoaderConfig:
                 object.__setattr__(self, name, tuple(float(v) for v in value))
 
     def fields_in(self, schema: Container[str]) -> tuple[str, ...]:
-        """The fields to load: ``fields``, else those of :data:`DEFAULT_FIELDS` in ``schema``."""
-        return self.fields or tuple(n for n in DEFAULT_FIELDS if n in schema)
+        """The fields to load: ``fields``, else those of :data:`DEFAULT_FIELDS` in ``schema``,
+        else (array and time-series data: no image, no label) every field."""
+        if self.fields:
+            return self.fields
+        names: list[str] = list(getattr(schema, "names", ()))
+        return tuple(n for n in DEFAULT_FIELDS if n in schema) or tuple(names)
 
     def resolve(self, *, cuda: bool, decodes: bool) -> "LoaderConfig":
         """Replace every "auto" with a concrete value (see :func:`auto_workers`)."""

@@ -33,6 +33,13 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
         [int(seed), int(epoch), int(index)], spawn_key=(1,))))
 
 
+def batch_seed(seed: int, epoch: int, rank: int, number: int) -> int:
+    """The seed of the generator batch operations draw from for batch ``number`` of ``epoch`` on
+    ``rank`` (its own stream: the same batch gets the same draws after a resume)."""
+    ss = np.random.SeedSequence([int(seed), int(epoch), int(rank), int(number)], spawn_key=(2,))
+    return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
+
+
 def shuffle_buffer(stream: np.ndarray, size: int, rng: np.random.Generator) -> np.ndarray:
     """The order a WebDataset-style shuffle buffer of ``size`` produces from ``stream``."""
     if size <= 1 or len(stream) <= 1:

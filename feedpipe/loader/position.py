@@ -54,8 +54,10 @@ def dataset_identity(reader: DatasetReader) -> dict[str, Any]:
         return {"mix": [dataset_identity(s) for s in reader.sources]}
     files = sorted((f.name, f.sha256) for f in reader.manifest.files)
     digest = hashlib.sha256(json.dumps(files).encode()).hexdigest()[:16]
-    return {"format": reader.format_name, "samples": len(reader),
-            "shards": len(reader.shard_ranges() or ()), "files": digest}
+    identity = {"format": reader.format_name, "samples": len(reader),
+                "shards": len(reader.shard_ranges() or ()), "files": digest}
+    windows = reader.manifest.conversion.get("windows")  # a time series cut into windows
+    return {**identity, "windows": windows} if windows else identity
 
 
 class EpochPosition(IterableDataset[dict[str, Any]]):

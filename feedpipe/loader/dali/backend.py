@@ -353,6 +353,10 @@ class DaliWdsLoader(DaliLoader):
 def dali_loader(reader: DatasetReader, cfg: LoaderConfig, world: World,
                 device: torch.device) -> DaliLoader:
     """The DALI loader for ``cfg.dali_reader``: feedpipe's plan, or DALI's WebDataset reader."""
+    if cfg.batch_transforms is not None:
+        raise ConfigError("batch_transforms= run on the torch backend's batches before "
+                          "normalization; DALI normalizes inside its graph: use backend='torch'",
+                          option="batch_transforms")
     if cfg.transform is not None:
         raise ConfigError("transform= runs Python per sample in the torch backend's workers; "
                           "DALI's graph cannot run it: use backend='torch', or express the "

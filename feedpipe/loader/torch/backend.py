@@ -21,9 +21,11 @@ from torch.utils.data import DataLoader
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
 from ...workers import single_threaded
+from ..augment import batch_ops
 from ..config import SHM_HEADROOM, LoaderConfig
 from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, SlotRef
 from ..labels import RaggedList
+from ..order import batch_seed
 from ..position import EpochPosition, refuse_nested_workers
 from ..protocol import LoaderView
 from ..sampler import PlanSampler, World
@@ -154,6 +156,10 @@ class DeviceStage:
         if cfg.mean is not None and cfg.dtype != "uint8":
             self._mean = torch.tensor(cfg.mean, device=device).mul(255).view(1, 3, 1, 1)
             self._std = torch.tensor(cfg.std, device=device).mul(255).reciprocal().view(1, 3, 1, 1)
+        # batch operations (feedpipe.loader.augment) on images before normalization: uint8, or
+        # float in [0, 1]; each batch draws from a generator seeded by (seed, epoch, rank, batch)
+        self.batch_ops = batch_ops(cfg.batch_transforms)
+        self.at: tuple[int, int, int] = (0, 0, 0)  # (epoch, rank, batch) of the next batch
 
     def convert(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Copy (non_blocking from pinned memory) and convert one batch; runs on self.stream.
@@ -196,23 +202,51 @@ class DeviceStage:
             out[k] = v
         if ring is not None:
             ring.lend(slot) if lend else ring.release(slot)
+        return self._operate(out) if self.batch_ops is not None else out
+
+    def begin(self, epoch: int, rank: int, start: int) -> None:
+        """An iteration of ``epoch`` on ``rank`` starts at batch ``start``."""
+        self.at = (epoch, rank, start)
+
+    def _operate(self, out: dict[str, Any]) -> dict[str, Any]:
+        """Run the batch operations on images in [0, 1] (or uint8), then normalize them."""
+        epoch, rank, number = self.at
+        self.at = (epoch, rank, number + 1)
+        gen = torch.Generator().manual_seed(batch_seed(self.cfg.seed, epoch, rank, number))
+        out = self.batch_ops(out, gen)  # type: ignore[misc]
+        for k in self.image_fields:
+            out[k] = self._normalize(out[k])
         return out
 
     def _converts(self, name: str, v: torch.Tensor) -> bool:
         """Whether converting ``name`` on this device already yields a new tensor."""
         if name in self.image_fields:
-            return self.cfg.dtype != "uint8" or not self.cfg.channels_last
+            return self.cfg.dtype != "uint8" or not self.cfg.channels_last \
+                or self.batch_ops is not None
         return name in self.float_fields and v.dtype != torch.float32
 
     def _computes(self) -> bool:
         """Whether converting a batch on this device runs kernels that would use threads (uint8
         channels-last images and integer targets are views: nothing to compute)."""
         return (self.cfg.dtype != "uint8" or not self.cfg.channels_last
-                or bool(self.float_fields) or self.decoder is not None)
+                or bool(self.float_fields) or self.decoder is not None
+                or self.batch_ops is not None)
 
     def _image(self, x: torch.Tensor) -> torch.Tensor:
         x = x.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last for free
-        if self.cfg.dtype != "uint8":
+        if self.batch_ops is not None:  # normalized after the operations (_operate)
+            return x.float().mul_(1 / 255) if self.cfg.dtype != "uint8" else x.clone(
+                memory_format=torch.channels_last)
+        return self._normalize(x)
+
+    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
+        """uint8 (or float in [0, 1] after batch operations) N×C×H×W to the output dtype."""
+        if x.is_floating_point() and self.batch_ops is not None:
+            if self._mean is not None:
+                x = x.mul_(255).sub_(self._mean).mul_(self._std)
+            if self.dtype != torch.float32:
+                x = x.to(self.dtype)
+        elif self.cfg.dtype != "uint8":
             x = x.float()  # normalize in float32, then narrow: fp16/bf16 keep their precision
             if self._mean is not None:
                 x = x.sub_(self._mean).mul_(self._std)
@@ -362,6 +396,7 @@ class TorchLoader(EpochPosition):
         refuse_nested_workers(self.cfg)
         epoch, start = self._begin()
         self.planner.epoch, self.planner.start = epoch, start
+        self.stage.begin(epoch, self.world.rank, start)
         if self.ring is not None:
             self.ring.reset()
         self._skipped_before = len(self.skipped)

@@ -1,0 +1,75 @@
+"""``make_loader(batch_transforms=[...])``: batch operations (feedpipe.loader.augment) on each
+batch before normalization, seeded per (seed, epoch, rank, batch): the same batches for any
+``num_workers``, exact resume, and exactly the operations applied to the plain batch by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import feedpipe
+from feedpipe.errors import ConfigError
+from feedpipe.loader.augment import ColorJitter, MixUp, RandomErasing, RandomGrayscale
+from feedpipe.loader.config import IMAGENET_MEAN, IMAGENET_STD
+from feedpipe.loader.order import batch_seed
+
+KW = dict(size=24, seed=5, device="cpu", crop="random_resized_crop", flip=True)
+RECIPE = [ColorJitter(0.4, 0.4, 0.4), RandomGrayscale(0.2), RandomErasing(0.5)]
+
+
+def epoch(path, **kw):
+    return [{k: v.clone() for k, v in b.items()} for b in feedpipe.make_loader(path, 8, **kw)]
+
+
+def test_the_recipe_is_the_plain_batch_operated_on_then_normalized(packed):
+    got = epoch(packed["lmdb"], batch_transforms=RECIPE, num_workers=0, **KW)
+    plain = epoch(packed["lmdb"], num_workers=0, dtype="uint8", **KW)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    for number, (a, b) in enumerate(zip(got, plain)):
+        gen = torch.Generator().manual_seed(batch_seed(5, 0, 0, number))
+        x = {"image": b["image"].float() / 255, "label": b["label"]}
+        for op in RECIPE:
+            x = op(x, gen)
+        want = (x["image"] - mean) / std
+        assert torch.allclose(a["image"], want, atol=1e-5)
+    untouched = epoch(packed["lmdb"], num_workers=0, **KW)
+    assert all(not torch.allclose(a["image"], b["image"]) for a, b in zip(got, untouched))
+
+
+def test_same_batches_for_any_workers_and_after_a_resume(packed):
+    ref = epoch(packed["hdf5"], batch_transforms=RECIPE, num_workers=0, **KW)
+    two = epoch(packed["hdf5"], batch_transforms=RECIPE, num_workers=2, **KW)
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(ref, two))
+    ld = feedpipe.make_loader(packed["hdf5"], 8, batch_transforms=RECIPE, num_workers=2, **KW)
+    it = iter(ld)
+    for _ in range(4):
+        next(it)
+    again = feedpipe.make_loader(packed["hdf5"], 8, batch_transforms=RECIPE, num_workers=0,
+                                 **KW)
+    again.load_state_dict(ld.state_dict())
+    rest = [b["image"].clone() for b in again]
+    assert all(torch.equal(a, b["image"]) for a, b in zip(rest, ref[4:])) and rest
+
+
+def test_uint8_output_and_mixup_labels(packed):
+    kw = {**KW, "dtype": "uint8"}
+    for b in feedpipe.make_loader(packed["lmdb"], 8, num_workers=2, **kw,
+                                  batch_transforms=[ColorJitter(0.3), MixUp(0.4, 4)]):
+        assert b["image"].dtype == torch.uint8 and b["image"].shape[1:] == (3, 24, 24)
+        assert b["label"].shape == (len(b["image"]), 4)
+        assert torch.allclose(b["label"].sum(1), torch.ones(len(b["image"])))
+
+
+def test_user_functions_and_refusals(packed):
+    def halve(batch, gen):
+        return {**batch, "image": batch["image"] * 0.5}
+
+    half = epoch(packed["lmdb"], batch_transforms=[halve], num_workers=0, mean=None, std=None,
+                 **KW)
+    full = epoch(packed["lmdb"], num_workers=0, mean=None, std=None, **KW)
+    assert all(torch.allclose(a["image"], b["image"] * 0.5) for a, b in zip(half, full))
+    with pytest.raises(ConfigError, match="batch_transforms="):
+        feedpipe.make_loader(packed["lmdb"], 8, batch_transforms="jitter", **KW)
+    with pytest.raises(ConfigError, match="DALI"):
+        feedpipe.make_loader(packed["lmdb"], 8, batch_transforms=RECIPE, backend="dali", **KW)
