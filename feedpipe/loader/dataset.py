@@ -94,6 +94,15 @@ def _write_back(view: torch.Tensor, value: Any, name: str) -> None:
     view.copy_(t)
 
 
+def _check_fill(op: ImageOp, name: str, dtype: np.dtype) -> None:
+    """An affine's ``mask_fill`` must fit the integer mask / target it fills."""
+    if op.affine is not None and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if not info.min <= op.affine.mask_fill <= info.max:
+            raise ConfigError(f"affine: mask_fill={op.affine.mask_fill} does not fit field "
+                              f"{name!r} ({dtype}, {info.min}..{info.max})", option="affine")
+
+
 def _at(req: BatchRequest, pos: int, index: int | None) -> int:
     """The sample filled in at batch position ``pos``: ``index`` when given (a substitute)."""
     return req[pos] if index is None else index
@@ -115,6 +124,10 @@ class BatchDataset(torch.utils.data.Dataset):
         self.encoded_images = encoded_images
         self.ragged, self.min_box_fraction = ragged, min_box_fraction
         self.transform = transform
+        if encoded_images and op.affine is not None:
+            raise ConfigError("affine= resamples the decoded image in the workers; "
+                              "decode_on='device' leaves it encoded there: use decode_on='cpu'",
+                              option="decode_on")
         self.columns: list[_Column] = []
         for name in fields:
             if name not in reader.schema:
@@ -143,6 +156,7 @@ class BatchDataset(torch.utils.data.Dataset):
                 shape = (*hw, *extra)  # type: ignore[arg-type]
                 dtype = _torch_int(np.dtype(f.dtype)) if isinstance(f, MaskField) \
                     else target_batch_dtype(f)
+                _check_fill(op, name, dtype)
             elif collects(f, ragged):
                 self.columns.append(_Column(f, None, None, True))
                 continue

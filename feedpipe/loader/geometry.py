@@ -19,6 +19,8 @@ import numpy as np
 from .config import Crop, LoaderConfig
 
 Box = tuple[int, int, int, int]  # top, left, height, width
+#: an affine's forward map on the output canvas: x' = a x + b y + c, y' = d x + e y + f
+Matrix = tuple[float, float, float, float, float, float]
 #: random-resized-crop tries this many (area, aspect) draws before falling back to a centre crop,
 #: as torchvision's ``RandomResizedCrop`` and DALI's ``num_attempts`` (the DALI reader path)
 CROP_ATTEMPTS = 10
@@ -35,6 +37,10 @@ class Geometry(NamedTuple):
     decode at full size and cut the box as planned. As a result (``ImageOp.apply``), the box is
     :meth:`snapped` to the scale actually decoded, so masks and targets are cut from exactly the
     region the image shows.
+
+    ``affine`` (``ImageOp(affine=RandomAffine(...))``): the sample's rotation / scale /
+    translation / shear as the forward matrix on the output canvas, applied after the flip
+    (None: none); images, masks, targets, keypoints and boxes all go through it.
     """
 
     top: int
@@ -44,6 +50,7 @@ class Geometry(NamedTuple):
     flip: bool
     dct: int = 1
     fallback: bool = False  # decoded by Pillow because simplejpeg refused the JPEG
+    affine: Matrix | None = None
 
     def scaled(self, f: int) -> Box:
         """The box on the pixel grid of a decode at 1/``f`` scale (scaled pixel i covers source

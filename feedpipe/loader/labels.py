@@ -9,8 +9,10 @@ Python object per sample or per box.
 Coordinates: pixel ``i`` covers ``[i, i+1)``, the convention of the image resize (pixel centres
 at ``i + 0.5``, ``align_corners=False``). A sample cut from box (top, left, h, w) of its source and
 resized to oh×ow maps ``x → (x - left) * ow / w`` and ``y → (y - top) * oh / h``; a horizontal
-flip then maps ``x → ow - x``. A point is inside the output when ``0 <= x <= ow`` and
-``0 <= y <= oh`` (closed, so a flip never changes it).
+flip then maps ``x → ow - x``, and an affine (``Geometry.affine``) then maps the point through its
+forward matrix; a box's four corners go through it and the box becomes their enclosing
+axis-aligned box. A point is inside the output when ``0 <= x <= ow`` and ``0 <= y <= oh``
+(closed, so a flip never changes it).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from .config import Ragged
 from .geometry import Geometry
 
 PAD_LABEL = -1  # padding of box labels and attributes (counts say how many rows are real)
-_GEO = 7  # top, left, height, width, flip, out height, out width
-_UNKNOWN = (0.0, 0.0, 1.0, 1.0, 0.0, np.inf, np.inf)  # no image in the batch: identity, no clip
+# top, left, height, width, flip, out height, out width, then the affine's a, b, c, d, e, f
+_IDENTITY = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+_UNKNOWN = (0.0, 0.0, 1.0, 1.0, 0.0, np.inf, np.inf, *_IDENTITY)  # no image: identity, no clip
 
 
 @dataclass(frozen=True)
@@ -74,11 +77,24 @@ def check_keys(fields: list[Field], ragged: Ragged) -> None:
 
 
 def geometry_row(geo: Geometry | None, size: tuple[int, int] | None) -> tuple[float, ...]:
-    """The sample's geometry as one row: box, flip, output size (the crop's own when unsized)."""
+    """The sample's geometry as one row: box, flip, output size (the crop's own when unsized),
+    affine matrix (the identity when none)."""
     if geo is None:
         return _UNKNOWN
     oh, ow = size if size is not None else (geo.height, geo.width)
-    return (geo.top, geo.left, geo.height, geo.width, float(geo.flip), oh, ow)
+    return (geo.top, geo.left, geo.height, geo.width, float(geo.flip), oh, ow,
+            *(geo.affine or _IDENTITY))
+
+
+def _affine(x: np.ndarray, y: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Points on the output canvas through each sample's affine (``g``: geometry rows); rows
+    without one keep their values as they are (a NaN y must not reach x through 0 · y)."""
+    moved = (g[..., 7:] != _IDENTITY).any(-1)
+    if not moved.any():
+        return x, y
+    with np.errstate(invalid="ignore"):
+        return (np.where(moved, g[..., 7] * x + g[..., 8] * y + g[..., 9], x),
+                np.where(moved, g[..., 10] * x + g[..., 11] * y + g[..., 12], y))
 
 
 def _map_x(x: np.ndarray, g: np.ndarray) -> np.ndarray:
@@ -134,6 +150,7 @@ class Collector:
         x, y = _map_x(p[..., 0], g), _map_y(p[..., 1], g)
         flip = self.geo[:, 4] > 0
         x = np.where(flip[:, None], self.geo[:, None, 6] - x, x)
+        x, y = _affine(x, y, g)
         visible = (x >= 0) & (x <= g[..., 6]) & (y >= 0) & (y <= g[..., 5])
         if f.has_visibility:
             visible &= p[..., 2] > 0
@@ -159,6 +176,9 @@ class Collector:
         y1, y2 = _map_y(boxes[:, 1], g), _map_y(boxes[:, 3], g)
         flip = g[:, 4] > 0
         x1, x2 = np.where(flip, g[:, 6] - x2, x1), np.where(flip, g[:, 6] - x1, x2)
+        if (g[:, 7:] != _IDENTITY).any():  # the enclosing box of the four moved corners
+            cx, cy = _affine(np.stack([x1, x2, x1, x2]), np.stack([y1, y1, y2, y2]), g)
+            x1, x2, y1, y2 = cx.min(0), cx.max(0), cy.min(0), cy.max(0)
         area = (x2 - x1) * (y2 - y1)
         cx1, cx2 = np.clip(x1, 0, g[:, 6]), np.clip(x2, 0, g[:, 6])
         cy1, cy2 = np.clip(y1, 0, g[:, 5]), np.clip(y2, 0, g[:, 5])

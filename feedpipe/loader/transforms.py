@@ -6,6 +6,9 @@ The fastest JPEG path installed is used (``imaging.jpeg_path``): with pillow-sim
 simplejpeg (libjpeg-turbo) with the same power-of-two DCT downscale (libjpeg-turbo's other M/8
 factors decode slower than full size) followed by torch's uint8 antialiased bilinear resize, which
 matches Pillow's BILINEAR and runs several times faster than stock Pillow's resize.
+
+A sample with an affine (``ImageOp(affine=RandomAffine(...))``, see ``affine.py``) is sampled
+from the same decoded region through one composed matrix instead of the resize.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import io
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import numpy as np
@@ -32,9 +35,12 @@ from ..schema.imaging import (
     sniff_codec,
 )
 from ..schema.masks import TargetField
+from .affine import RandomAffine, footprint, nearest_points, warp_image, warp_target
+from .config import LoaderConfig
 from .geometry import DCT_MARGIN, Framing, Geometry
 
-__all__ = ["DCT_MARGIN", "JPEG_PATH", "Geometry", "ImageOp"]  # geometry's two re-exported
+# geometry's two and affine's option re-exported
+__all__ = ["DCT_MARGIN", "JPEG_PATH", "Geometry", "ImageOp", "RandomAffine"]
 
 JPEG_PATH = jpeg_path()
 
@@ -45,6 +51,32 @@ class ImageOp(Framing):
     :meth:`apply_mask` and :meth:`apply_target` follow the geometry it returns."""
 
     max_pixels: int = DEFAULT_MAX_PIXELS  # encoded images declaring more are refused undecoded
+    affine: RandomAffine | None = None  # rotation/scale/translate/shear, in the crop's resampling
+
+    @classmethod
+    def of(cls, cfg: LoaderConfig) -> ImageOp:
+        """The configuration's framing plus its ``affine`` option (when the config has one)."""
+        return replace(super().of(cfg), affine=getattr(cfg, "affine", None))
+
+    @property
+    def random(self) -> bool:
+        return super().random or self.affine is not None
+
+    def plan(self, h: int, w: int, rng: np.random.Generator | None) -> Geometry:
+        """:meth:`Framing.plan`, then the affine's draws (box, flip, affine); the DCT downscale
+        is then chosen for the resolution the composed map needs (a zoom by s needs s times
+        the output's)."""
+        geo = super().plan(h, w, rng)
+        if self.affine is None or rng is None:
+            return geo
+        oh, ow = self.size or (geo.height, geo.width)
+        m = self.affine.draw(rng, oh, ow)
+        if m is None:
+            return geo
+        fx, fy = footprint(m)
+        f = self._dct_factor(geo.height, geo.width, (oh / fy, ow / fx),  # type: ignore[arg-type]
+                             self.dct_margin) if self.size else 1
+        return geo._replace(affine=m, dct=f)
 
     def apply(self, stored: object, codec: str, out: np.ndarray,
               rng: np.random.Generator | None, what: str) -> Geometry:
@@ -110,7 +142,9 @@ class ImageOp(Framing):
         returns ``geo`` snapped to that scale (full-resolution source pixels)."""
         top, left, ch, cw = geo.scaled(f)
         region = src[top: top + ch, left: left + cw]
-        if region.shape[:2] != out.shape[:2]:
+        if geo.affine is not None:
+            warp_image(region, out, geo.affine, geo.flip, self._fill)
+        elif region.shape[:2] != out.shape[:2]:
             if self.crop == "none":
                 raise ValueError(f"{what}: image is {src.shape[1]}x{src.shape[0]}, batch is "
                                  f"{out.shape[1]}x{out.shape[0]}; pass size=... to resize")
@@ -122,6 +156,11 @@ class ImageOp(Framing):
     def apply_mask(self, mask: np.ndarray, geo: Geometry, out: np.ndarray, what: str) -> None:
         """Cut ``geo`` from an H×W mask and resize nearest-neighbour (pixel centres) into ``out``."""
         region = mask[geo.top: geo.top + geo.height, geo.left: geo.left + geo.width]
+        if geo.affine is not None:
+            rows, cols, inside = nearest_points(geo.affine, geo.flip, *out.shape, *region.shape)
+            np.copyto(out, region[rows, cols])
+            out[~inside] = self._mask_fill
+            return
         if region.shape != out.shape:
             if self.crop == "none":
                 raise ValueError(f"{what}: mask is {mask.shape[1]}x{mask.shape[0]}, batch is "
@@ -140,6 +179,9 @@ class ImageOp(Framing):
         are smooth (1-Lipschitz), so point sampling is accurate and ~3× cheaper than an
         antialiased resize."""
         region = arr[geo.top: geo.top + geo.height, geo.left: geo.left + geo.width]
+        if geo.affine is not None:  # through the sample's composed matrix (see affine.py)
+            warp_target(region, field, geo, out, self._mask_fill)
+            return
         hw = out.shape[:2]
         if region.shape[:2] != hw and self.crop == "none":
             raise ValueError(f"{what}: target is {arr.shape[1]}x{arr.shape[0]}, batch is "
@@ -165,6 +207,14 @@ class ImageOp(Framing):
                 vals.clamp_(field.clip[0], field.clip[1])
         torch.from_numpy(out).copy_(vals.flip(1) if geo.flip else vals)
 
+    @property
+    def _fill(self) -> tuple[int, ...]:
+        return self.affine.fill if self.affine is not None else (0, 0, 0)  # type: ignore[return-value]
+
+    @property
+    def _mask_fill(self) -> int:
+        return self.affine.mask_fill if self.affine is not None else 0
+
     def _apply_pil(self, stored: object, out: np.ndarray,
                    rng: np.random.Generator | None, what: str = "image") -> Geometry:
         """Pillow(-SIMD): ``draft`` at the plan's DCT scale, then one resize of the crop box."""
@@ -179,6 +229,8 @@ class ImageOp(Framing):
             if geo.dct > 1:
                 im.draft("RGB", (w // geo.dct, h // geo.dct))
                 f = round(w / im.size[0])  # the scale Pillow chose; snap the box to it
+            if geo.affine is not None:  # sampled through the composed matrix instead
+                return self._cut(np.asarray(im.convert("RGB")), out, geo, f, what)
             top, left, ch, cw = geo.scaled(f)
             img = im.convert("RGB").resize((out.shape[1], out.shape[0]), Image.BILINEAR,
                                            box=(left, top, left + cw, top + ch))

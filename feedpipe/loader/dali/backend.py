@@ -361,6 +361,9 @@ def dali_loader(reader: DatasetReader, cfg: LoaderConfig, world: World,
         raise ConfigError("transform= runs Python per sample in the torch backend's workers; "
                           "DALI's graph cannot run it: use backend='torch', or express the "
                           "augmentation on the batch after loading", option="transform")
+    if getattr(cfg, "affine", None) is not None:
+        raise ConfigError("affine= resamples each sample in the torch backend's workers; DALI's "
+                          "graph does not run it: use backend='torch'", option="affine")
     if cfg.dali_reader == "webdataset" and cfg.uneven == "mask":
         raise ConfigError("uneven='mask' deals feedpipe's plan; dali_reader='webdataset' reads in "
                           "DALI's own order: use dali_reader='plan' for evaluation",

@@ -1,0 +1,313 @@
+"""Rotation, scale, translation and shear (torchvision's ``RandomAffine``), executed in the same
+single resampling step as the crop.
+
+Semantics: the output is what ``Compose([crop + resize, horizontal flip, RandomAffine(...)])``
+would give: the affine acts on the output canvas (oh×ow) around its centre, and whatever it brings
+in from outside the crop is ``fill``. The crop + resize + flip and the affine are one matrix, and
+each output pixel centre is mapped straight into the decoded crop region and sampled there once,
+bilinearly (``grid_sample``): never resized, then warped (only low-passed first where it shrinks,
+see below).
+
+Coordinates are those of ``labels.py``: pixel ``i`` covers ``[i, i+1)``, centres at ``i + 0.5``.
+A sample's affine is carried by its :class:`~feedpipe.loader.geometry.Geometry` as the forward
+2×3 matrix on the output canvas (after the flip), so keypoints and boxes apply exactly the matrix
+the image was sampled with.
+
+Antialiasing: bilinear sampling aliases when it reduces, so where the composed map still
+shrinks the decoded region by more than :data:`AA_ABOVE` region pixels per output pixel along an
+axis (after the JPEG DCT-domain downscale, which the plan chooses from the composed scale), the
+region is first reduced along that axis with the antialiased (triangle) filter, the crop path's
+own, to :data:`AA_ABOVE` pixels per output pixel; see docs/transforms.md for the measurements.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Union
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..errors import ConfigError
+from ..schema.masks import TargetField
+from .geometry import Geometry, Matrix
+
+IDENTITY: Matrix = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+#: region pixels per output pixel above which the region is first reduced (antialiased) to this
+#: density: 1.25 had the least error of 1 (two filters blur), 1.25, 1.5, 2 and none (aliasing)
+#: in ``benchmarks/affine_fidelity.py``; docs/transforms.md has the table
+AA_ABOVE = 1.25
+
+Range = tuple[float, float]
+Fill = Union[int, tuple[int, int, int]]
+
+
+def _pair(name: str, value: object, *, lo: float | None = None, hi: float | None = None,
+          symmetric: bool = False) -> Range:
+    """A (min, max) range: a number means (-v, v) where ``symmetric``; checked against bounds."""
+    if symmetric and isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if value < 0:
+            raise ConfigError(f"affine: {name}={value!r}: a single number must be >= 0 (it "
+                              f"means the range (-{name}, {name}))", option="affine")
+        return (-float(value), float(value))
+    if not (isinstance(value, (tuple, list)) and len(value) == 2
+            and all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in value)):
+        raise ConfigError(f"affine: {name}={value!r}: use a (min, max) pair of numbers"
+                          + (" or one number" if symmetric else ""), option="affine")
+    a, b = float(value[0]), float(value[1])
+    if not (a <= b and (lo is None or a >= lo) and (hi is None or b <= hi)):
+        bounds = f" within [{lo}, {hi}]" if lo is not None or hi is not None else ""
+        raise ConfigError(f"affine: {name}={value!r}: use min <= max{bounds}", option="affine")
+    return a, b
+
+
+@dataclass(frozen=True)
+class RandomAffine:
+    """Random rotation, translation, scale and shear with torchvision ``RandomAffine``'s
+    parameters and draws, per sample, from the batch's seeded generator (after its crop box and
+    flip), executed in the crop's own resampling; keypoints, boxes, masks and targets follow.
+
+    - ``degrees``: rotation range in degrees, clockwise on screen (y down); ``d`` means (-d, d).
+    - ``translate``: (a, b): horizontal shift drawn in ±a·width, vertical in ±b·height, rounded
+      to whole output pixels (as torchvision does).
+    - ``scale``: (min, max) zoom factor (> 1 zooms in); None: 1.
+    - ``shear``: ``s`` or (min, max): x shear in degrees; (xmin, xmax, ymin, ymax): both.
+    - ``fill``: image value (one level or RGB) where the transform brings in nothing;
+      ``mask_fill``: the mask's (and integer label-like targets') value there (e.g. 255 for an
+      ignore index). Float targets get 0 there.
+
+    Interpolation is bilinear (torchvision's default for this transform is nearest).
+    """
+
+    degrees: float | tuple[float, float]
+    translate: tuple[float, float] | None = None
+    scale: tuple[float, float] | None = None
+    shear: float | tuple[float, float] | tuple[float, float, float, float] | None = None
+    fill: Fill = 0
+    mask_fill: int = 0
+
+    def __post_init__(self) -> None:
+        put = object.__setattr__
+        put(self, "degrees", _pair("degrees", self.degrees, symmetric=True))
+        if self.translate is not None:
+            put(self, "translate", _pair("translate", self.translate, lo=0.0, hi=1.0))
+        if self.scale is not None:
+            put(self, "scale", _pair("scale", self.scale, lo=1e-6))
+        if self.shear is not None:
+            s = self.shear
+            if isinstance(s, (tuple, list)) and len(s) == 4:
+                put(self, "shear", (*_pair("shear", s[:2], lo=-89.0, hi=89.0),
+                                    *_pair("shear", s[2:], lo=-89.0, hi=89.0)))
+            else:
+                put(self, "shear", (*_pair("shear", s, lo=-89.0, hi=89.0, symmetric=True),
+                                    0.0, 0.0))
+        fill = self.fill
+        fills = (fill,) * 3 if isinstance(fill, int) and not isinstance(fill, bool) else fill
+        if not (isinstance(fills, (tuple, list)) and len(fills) == 3
+                and all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= 255
+                        for v in fills)):
+            raise ConfigError(f"affine: fill={fill!r}: use a level 0..255 or an (R, G, B) "
+                              "triple of them", option="affine")
+        put(self, "fill", tuple(fills))
+        if not isinstance(self.mask_fill, int) or isinstance(self.mask_fill, bool):
+            raise ConfigError(f"affine: mask_fill={self.mask_fill!r}: use an int (a class index)",
+                              option="affine")
+
+    def draw(self, rng: np.random.Generator, oh: int, ow: int) -> Matrix | None:
+        """This sample's forward matrix on an ``oh``×``ow`` canvas, or None for the identity.
+
+        Draw order and rounding are torchvision's ``RandomAffine.get_params``: angle, then
+        (tx, ty) rounded to whole pixels, then scale, then shear x and y, each
+        ``lo + (hi - lo) * random()`` (numpy's ``uniform`` without its argument parsing). A
+        fixed value (lo == hi) draws nothing, so ``RandomAffine(0)`` leaves every crop and flip
+        of the loader as it was without it."""
+        lo, hi = self.degrees  # type: ignore[misc]
+        angle = _uniform(rng, lo, hi)
+        tx = ty = 0
+        if self.translate is not None:
+            dx, dy = self.translate[0] * ow, self.translate[1] * oh
+            tx, ty = int(round(_uniform(rng, -dx, dx))), int(round(_uniform(rng, -dy, dy)))
+        s = 1.0 if self.scale is None else _uniform(rng, *self.scale)
+        shx = shy = 0.0
+        if self.shear is not None:
+            x0, x1, y0, y1 = self.shear  # type: ignore[misc]
+            shx, shy = _uniform(rng, x0, x1), _uniform(rng, y0, y1)
+        if angle == 0 and tx == 0 and ty == 0 and s == 1 and shx == 0 and shy == 0:
+            return None
+        return affine_matrix(angle, (tx, ty), s, (shx, shy), (ow / 2, oh / 2))
+
+
+def _uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
+    """A uniform draw in [lo, hi); a fixed value (lo == hi) takes nothing from ``rng``."""
+    return lo if lo == hi else lo + (hi - lo) * rng.random()
+
+
+def affine_matrix(angle: float, translate: tuple[float, float], scale: float,
+                  shear: tuple[float, float], center: tuple[float, float]) -> Matrix:
+    """Forward matrix T · C · R(angle) · S(scale) · SHy · SHx · C⁻¹ (torchvision's
+    ``_get_inverse_affine_matrix(..., inverted=False)``, angles in degrees)."""
+    rot, sx, sy = math.radians(angle), math.radians(shear[0]), math.radians(shear[1])
+    a = math.cos(rot - sy) / math.cos(sy)
+    b = -a * math.tan(sx) - math.sin(rot)
+    c = math.sin(rot - sy) / math.cos(sy)
+    d = math.cos(rot) - c * math.tan(sx)
+    a, b, c, d = a * scale, b * scale, c * scale, d * scale
+    cx, cy = center
+    return (a, b, cx + translate[0] - a * cx - b * cy, c, d, cy + translate[1] - c * cx - d * cy)
+
+
+def _inverse(m: Matrix) -> np.ndarray:
+    """The 2×3 inverse of a forward matrix (float64)."""
+    a, b, c, d, e, f = m
+    det = a * e - b * d
+    ia, ib, id_, ie = e / det, -b / det, -d / det, a / det
+    return np.array([[ia, ib, -ia * c - ib * f], [id_, ie, -id_ * c - ie * f]])
+
+
+def footprint(m: Matrix) -> tuple[float, float]:
+    """Canvas pixels (before the affine) one output pixel spans along x and along y: the row
+    norms of the inverse's linear part (1, 1 for a pure rotation; 1/s for a zoom by s)."""
+    inv = _inverse(m)
+    return float(np.hypot(*inv[0, :2])), float(np.hypot(*inv[1, :2]))
+
+
+def area_scale(m: Matrix) -> float:
+    """The affine's geometric (area) scale √|det|: distances grow by it on average."""
+    return math.sqrt(abs(m[0] * m[4] - m[1] * m[3]))
+
+
+@lru_cache(maxsize=64)
+def _centres(oh: int, ow: int) -> np.ndarray:
+    """(x, y, 1) of every output pixel centre, row-major, float64 (cached: sizes repeat)."""
+    ys, xs = np.mgrid[0:oh, 0:ow]
+    out = np.stack([xs + 0.5, ys + 0.5, np.ones((oh, ow))], -1).reshape(-1, 3)
+    out.flags.writeable = False
+    return out
+
+
+def _to_region(m: Matrix, flip: bool, oh: int, ow: int, rh: float, rw: float) -> np.ndarray:
+    """2×3 map from output pixels to region pixels: undo the affine, the flip, the resize."""
+    inv = _inverse(m)
+    if flip:  # x → ow - x on the canvas
+        inv[0] = -inv[0]
+        inv[0, 2] += ow
+    return inv * np.array([[rw / ow], [rh / oh]])
+
+
+def source_points(m: Matrix, flip: bool, oh: int, ow: int, rh: float, rw: float) -> np.ndarray:
+    """Region coordinates (x, y; float64, oh×ow×2) of every output pixel centre."""
+    return (_centres(oh, ow) @ _to_region(m, flip, oh, ow, rh, rw).T).reshape(oh, ow, 2)
+
+
+@lru_cache(maxsize=64)
+def _centres_t(oh: int, ow: int) -> torch.Tensor:
+    """:func:`_centres` as a float32 tensor (exact: half-integers)."""
+    return torch.from_numpy(_centres(oh, ow).astype(np.float32))
+
+
+def _grid(m: Matrix, flip: bool, oh: int, ow: int) -> torch.Tensor:
+    """``grid_sample``'s 1×oh×ow×2 grid: the region's normalized coordinates (-1, 1 its edges),
+    the same for any resolution the region is held at (float32: ~1e-4 px)."""
+    t = _to_region(m, flip, oh, ow, 2.0, 2.0)
+    t[:, 2] -= 1.0
+    return (_centres_t(oh, ow) @ torch.from_numpy(t.T.astype(np.float32))).view(1, oh, ow, 2)
+
+
+def _coverage(grid: torch.Tensor, oh: int, ow: int) -> torch.Tensor | None:
+    """Share of each output pixel inside the crop, fading over one canvas pixel at its edge (as
+    torchvision's fill mask); None when every pixel is wholly inside, which the four corner
+    pixels tell (the grid is affine, so its extremes are there)."""
+    half = torch.tensor([ow / 2, oh / 2], dtype=grid.dtype)
+    corners = grid[[0, 0, -1, -1], [0, -1, 0, -1]]
+    if bool((half * (1 - corners.abs()) >= 0.4999).all()):  # (float32 at the edge pixels)
+        return None
+    inside = grid.abs().mul_(-half).add_(half + 0.5).clamp_(0, 1)  # per axis
+    return inside[..., 0] * inside[..., 1]
+
+
+def warp_image(region: np.ndarray, out: np.ndarray, m: Matrix, flip: bool,
+               fill: tuple[int, ...] = (0, 0, 0), aa_above: float | None = None) -> None:
+    """Sample the H×W×3 uint8 ``region`` (the crop, decoded at any scale) into ``out`` through
+    ``m`` once, bilinearly; first reduced (antialiased) to ``aa_above`` pixels per output pixel
+    along an axis that has more (default :data:`AA_ABOVE`)."""
+    aa_above = AA_ABOVE if aa_above is None else aa_above
+    oh, ow = out.shape[:2]
+    rh, rw = region.shape[:2]
+    fx, fy = footprint(m)
+    # region pixels per output pixel along each axis: where above aa_above, reduced to it
+    th = max(1, round(aa_above * oh / fy)) if rh / oh * fy > aa_above else rh
+    tw = max(1, round(aa_above * ow / fx)) if rw / ow * fx > aa_above else rw
+    if not region.flags.writeable:  # a zero-copy view of a read buffer: torch wants writable
+        region = np.array(region)
+    # (channels-last, the layout of the H×W×3 pixels: torch's fast uint8 kernels and copies)
+    x = torch.from_numpy(region).permute(2, 0, 1)[None].contiguous(
+        memory_format=torch.channels_last)
+    if (th, tw) != (rh, rw):  # the antialiased (triangle) pre-reduction, on uint8
+        x = F.interpolate(x, size=(th, tw), mode="bilinear", antialias=True, align_corners=False)
+    grid = _grid(m, flip, oh, ow)
+    y = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border",
+                      align_corners=False)
+    cover = _coverage(grid[0], oh, ow)
+    if cover is not None:  # fill + (value - fill) × share inside
+        level = torch.tensor(fill, dtype=y.dtype)[:, None, None]
+        y.sub_(level).mul_(cover).add_(level) if any(fill) else y.mul_(cover)
+    torch.from_numpy(out).permute(2, 0, 1)[None].copy_(y.add_(0.5).clamp_(0, 255))
+
+
+def nearest_points(m: Matrix, flip: bool, oh: int, ow: int, rh: int,
+                   rw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, cols, inside) of the region pixel under each output pixel centre: the mask's
+    nearest sampling, exact in float64; ``inside`` is False where the map leaves the region."""
+    p = source_points(m, flip, oh, ow, rh, rw)
+    col, row = np.floor(p[..., 0]), np.floor(p[..., 1])
+    inside = (col >= 0) & (col < rw) & (row >= 0) & (row < rh)
+    return (np.clip(row, 0, rh - 1).astype(np.intp), np.clip(col, 0, rw - 1).astype(np.intp),
+            inside)
+
+
+def warp_linear(vals: torch.Tensor, hw: tuple[int, ...], m: Matrix,
+                flip: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Bilinear sampling of an H×W(×C) float tensor through ``m`` (no antialiasing, as the
+    targets' plain resize), and the oh×ow mask of pixels the map takes outside the region
+    (None when there are none)."""
+    oh, ow = hw[:2]
+    y = vals.unsqueeze(-1) if vals.ndim == 2 else vals
+    grid = _grid(m, flip, oh, ow)
+    res = F.grid_sample(y.permute(2, 0, 1)[None], grid, mode="bilinear", padding_mode="border",
+                        align_corners=False)[0].permute(1, 2, 0)
+    outside = (grid[0].abs() > 1).any(-1)
+    return res[..., 0] if vals.ndim == 2 else res, outside if bool(outside.any()) else None
+
+
+def warp_target(region: np.ndarray, field: TargetField, geo: Geometry, out: np.ndarray,
+                mask_fill: int) -> None:
+    """``ImageOp.apply_target`` under an affine: the crop's ``region`` of a target sampled
+    through the composed matrix (nearest or bilinear, as ``field.interp`` says), dequantized,
+    distances scaled by the whole map's geometric scale and re-clipped; outside the transformed
+    crop integer label-like targets get ``mask_fill`` and the others 0."""
+    m, hw = geo.affine, out.shape[:2]
+    assert m is not None
+    if field.interp == "nearest":
+        rows, cols, inside = nearest_points(m, geo.flip, *hw, *region.shape[:2])
+        picked = region[rows, cols]
+        if out.dtype == picked.dtype:
+            np.copyto(out, picked)
+        else:
+            np.copyto(out, picked.astype(np.float32) * np.float32(field.scale)
+                      + np.float32(field.offset))
+        out[~inside] = mask_fill if out.dtype.kind in "iu" else 0
+        return
+    vals, outside = warp_linear(torch.from_numpy(region.astype(np.float32)), hw, m, geo.flip)
+    if field.scale != 1.0 or field.offset != 0.0:
+        vals.mul_(field.scale).add_(field.offset)
+    if field.rescale == "distance":
+        vals.mul_(math.sqrt(hw[0] / geo.height * hw[1] / geo.width) * area_scale(m))
+        if field.clip is not None:
+            vals.clamp_(field.clip[0], field.clip[1])
+    if outside is not None:
+        vals[outside] = 0
+    torch.from_numpy(out).copy_(vals)
