@@ -276,15 +276,13 @@ def _dataset(root: Path) -> Path:
 
 
 def affine_loader(path: Path, aff: RandomAffine | None, **kw) -> TorchLoader:
-    """The torch loader with ``cfg.affine``, built as make_loader builds it (the keyword itself
-    arrives with LoaderConfig's field)."""
-    cfg = LoaderConfig(**{**dict(batch_size=8, size=(48, 56), crop="random_resized_crop",
-                                 flip=True, seed=5, shuffle=False, dtype="uint8", mean=None,
-                                 std=None, num_workers=0, device="cpu",
-                                 fields=("image", "mask", "kp", "boxes")), **kw})
-    cfg = cfg.resolve(cuda=False, decodes=True)
-    object.__setattr__(cfg, "affine", aff)
-    return TorchLoader(feedpipe.open_dataset(path), cfg, World(0, 1), torch.device("cpu"))
+    """The torch loader with ``affine=aff``, from make_loader."""
+    opts = {**dict(size=(48, 56), crop="random_resized_crop", flip=True, seed=5, shuffle=False,
+                   dtype="uint8", mean=None, std=None, num_workers=0, device="cpu",
+                   fields=["image", "mask", "kp", "boxes"]), **kw}
+    ld = feedpipe.make_loader(path, 8, affine=aff, **opts)
+    assert isinstance(ld, TorchLoader)
+    return ld
 
 
 def epoch(loader) -> list[dict]:

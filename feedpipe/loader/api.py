@@ -124,6 +124,7 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
                 on_error: OnError = "raise", max_pixels: int | None = None,
                 transform: Callable[..., Any] | None = None,
                 batch_transforms: Sequence[Callable[..., Any]] | None = None,
+                affine: Any = None,
                 ragged: Ragged = "pad", min_box_fraction: float = 0.0,
                 cache_dir: str | os.PathLike[str] | None = None,
                 cache_limit: int | str | None = None,
@@ -183,6 +184,9 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
       batch being filled) and the other stacked fields; edit in place, or return a dict of new
       values of the same shape and dtype. ``rng`` (numpy) is seeded from (seed, epoch, sample):
       batches are the same for any ``num_workers`` and resume exactly (docs/transforms.md).
+    - ``affine``: ``RandomAffine(degrees, translate, scale, shear)`` (feedpipe.loader.transforms):
+      rotation, scale, translation and shear composed with the crop into one resampling;
+      keypoints, boxes, masks and targets follow.
     - ``batch_transforms``: operations on each whole batch on the device, before normalization
       (images uint8, or float in [0, 1]): :mod:`feedpipe.loader.augment`'s ColorJitter,
       RandomGrayscale, RandomErasing, MixUp, CutMix, or your ``fn(batch, generator)``; per-sample
@@ -240,12 +244,13 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
              world.size, device, cfg.num_workers, decoder_info()["jpeg_decoder"])
     jpeg = any(f.codec == "jpeg" for f in images)
     decode_on = cfg.decode_on
-    if cfg.transform is not None:  # the transform needs the decoded pixels in the workers
-        if decode_on == "device":
-            raise ConfigError("transform= runs in the workers on decoded images; "
-                              "decode_on='device' leaves them encoded there: use "
-                              "decode_on='cpu' (or 'auto')", option="decode_on")
-        decode_on = "cpu"
+    for name in ("transform", "affine"):  # these need the decoded pixels in the workers
+        if getattr(cfg, name) is not None:
+            if decode_on == "device":
+                raise ConfigError(f"{name}= runs in the workers on decoded images; "
+                                  "decode_on='device' leaves them encoded there: use "
+                                  "decode_on='cpu' (or 'auto')", option="decode_on")
+            decode_on = "cpu"
     return _named(TorchLoader(reader, cfg, world, device,
                               choose_decoder(decode_on, device, jpeg)), reader)
 

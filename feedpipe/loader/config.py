@@ -112,6 +112,7 @@ class LoaderConfig:
     max_pixels: int | None = None  # None: the dataset's recorded limit, else DEFAULT_MAX_PIXELS
     transform: Callable[..., Any] | None = None  # the user's per-sample function, in the workers
     batch_transforms: Any = None  # batch operations on the device (feedpipe.loader.augment)
+    affine: Any = None  # a feedpipe.loader.transforms.RandomAffine, in the crop's resampling
     ragged: Ragged = "pad"  # boxes and variable-shape arrays: padded with counts, or lists
     min_box_fraction: float = 0.0  # boxes keeping less of their area in the crop are dropped
     weights: tuple[float, ...] | None = None  # a mix's shares (feedpipe.loader.mixing)
@@ -143,6 +144,12 @@ class LoaderConfig:
                 callable(self.batch_transforms) or isinstance(self.batch_transforms, (list, tuple))):
             bad(f"batch_transforms={self.batch_transforms!r}: pass a list of batch operations "
                 "(feedpipe.loader.augment) or functions fn(batch, generator) -> batch")
+        if self.affine is not None:
+            from .affine import RandomAffine  # torch: only when asked (the CLI imports config)
+
+            if not isinstance(self.affine, RandomAffine):
+                bad(f"affine={self.affine!r}: pass feedpipe.loader.transforms.RandomAffine("
+                    "degrees, translate, scale, shear) or None")
         if self.uneven == "mask" and self.drop_last:
             bad("uneven='mask' pads the last batch to full size and marks the padding in 'valid'; "
                 "drop_last=True would drop real samples: use one or the other")
