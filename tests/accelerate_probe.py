@@ -58,6 +58,7 @@ for epoch in range(first, cfg["epochs"]):
 gathered = []
 for batch in val:
     gathered += accelerator.gather_for_metrics(batch["index"]).tolist()
+accelerator.wait_for_everyone()  # no rank tears the process group down while one still gathers
 accelerator.end_training()
 (out / f"{cfg['run']}-rank{accelerator.process_index}.json").write_text(json.dumps(
     {"seen": seen, "steps": steps, "gathered": gathered, "len": len(train),

@@ -52,6 +52,7 @@ class FeedpipeCallback(pl.Callback):
         self.meter = StallMeter(cuda_sync=False)
         self._batch_end: float | None = None
         self._batch_start = 0.0
+        self._realign = False
 
     @staticmethod
     def _train_loaders(trainer: "pl.Trainer") -> list[EpochPosition]:
@@ -65,19 +66,38 @@ class FeedpipeCallback(pl.Callback):
         fetcher = trainer.fit_loop._data_fetcher
         return len(getattr(fetcher, "batches", ()) or ())
 
+    def on_train_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
+        self._realign = True
+
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        loaders = self._train_loaders(trainer)
-        if trainer.fit_loop.restarting and len(loaders) == 1:
-            _, at = loaders[0].position()
-            at = max(0, at - self._in_flight(trainer))
-            progress = trainer.fit_loop.epoch_loop.batch_progress.current
-            for counter in ("ready", "started", "processed", "completed"):
-                setattr(progress, counter, at)
         self.meter.reset()
         self._batch_end = None
 
+    def _align(self, trainer: "pl.Trainer") -> None:
+        """Set Lightning's batch counters to the loader's position in this world's batches (after
+        an elastic resume the restored ones count the saver's): the epoch loop's progress and
+        the fetcher's count, from which Lightning finds the epoch's last batch. Lightning calls
+        no epoch hook when it resumes mid-epoch, so this runs at the run's first training
+        batch, which the counters have already counted as ready and started."""
+        loaders = self._train_loaders(trainer)
+        if len(loaders) != 1:
+            return
+        _, upcoming = loaders[0].position()  # the next batch the loader will hand out
+        index = max(0, upcoming - 1 - self._in_flight(trainer))  # the batch now being trained
+        progress = trainer.fit_loop.epoch_loop.batch_progress.current
+        progress.ready = progress.started = index + 1
+        progress.processed = progress.completed = index
+        fetcher = trainer.fit_loop._data_fetcher  # counts fetched batches to find the last one
+        if fetcher is not None and isinstance(getattr(type(fetcher), "fetched", None), property):
+            return  # a fetcher that derives it from another
+        if fetcher is not None:
+            fetcher.fetched = upcoming
+
     def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
                              batch: Any, batch_idx: int) -> None:
+        if self._realign:
+            self._realign = False
+            self._align(trainer)
         self._batch_start = time.perf_counter()
         if self._batch_end is None:
             self._batch_end = self._batch_start
