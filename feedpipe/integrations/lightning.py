@@ -26,7 +26,7 @@ from ..errors import ConfigError, MissingDependencyError
 from ..loader.api import make_loader
 from ..loader.position import EpochPosition
 from ..loader.sampler import World
-from ..tools.monitor import StallMeter, batch_rows
+from ..tools.monitor import LoaderInfo, StallMeter, batch_rows
 
 try:
     import lightning.pytorch as pl
@@ -73,7 +73,8 @@ class FeedpipeCallback(pl.Callback):
             progress = trainer.fit_loop.epoch_loop.batch_progress.current
             for counter in ("ready", "started", "processed", "completed"):
                 setattr(progress, counter, at)
-        self.meter.reset()
+        self.meter.reset()  # its workers set the warm-up the summary leaves out
+        self.meter.loader_info = LoaderInfo.from_loader(loaders[0]) if len(loaders) == 1 else None
         self._batch_end = None
 
     def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
