@@ -1,35 +1,20 @@
-"""Argument types shared by the subcommands: byte sizes (``2G``) and image sizes (``HxW``)."""
+"""Argument types shared by the subcommands: byte sizes (``2GB``) and image sizes (``HxW``)."""
 
 from __future__ import annotations
 
 import argparse
 
 from ..errors import ConfigError
+from ..storage.sizes import parse_size
 
 
-def parse_size(text: str) -> int:
-    """``256MB``, ``2G``, ``4096`` → bytes."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().rstrip("b")
-    mult = units.get(t[-1:], 1)
+def size_arg(text: str) -> int:
+    """argparse ``type=`` for byte-size options (``256MB``, ``2GiB``: feedpipe.storage.sizes),
+    checked at parse time so that argparse names the flag."""
     try:
-        n = int(float(t[:-1] if t[-1:] in units else t) * mult)
-    except (ValueError, OverflowError):
-        n = 0
-    if n <= 0:
-        raise ConfigError(f"{text!r} is not a size: use a positive byte count with an optional "
-                          "k/m/g suffix, e.g. 256MB or 2G")
-    return n
-
-
-def size_arg(text: str) -> str:
-    """argparse ``type=`` for size options: checked at parse time (the flag is named), kept as
-    text for the command."""
-    try:
-        parse_size(text)
+        return parse_size(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def hw_size(text: str) -> int | tuple[int, int]:

@@ -14,7 +14,7 @@ from typing import Any, Container, Literal, get_args, get_type_hints
 
 from ..checks import conforms, describe
 from ..errors import ConfigError
-from ..storage.cache import parse_size
+from ..storage.cache import parse_limit
 
 Crop = Literal["resize", "center_crop", "random_resized_crop", "none"]
 Backend = Literal["auto", "torch", "dali"]
@@ -168,7 +168,7 @@ class LoaderConfig:
             bad(f"weights={self.weights!r}: {_HOW['weights']}")
         if self.epoch_size is not None and self.epoch_size < 1:
             bad(f"epoch_size={self.epoch_size!r}: {_HOW['epoch_size']}")
-        parse_size(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
+        parse_limit(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
         if self.timeout is not None and not self.timeout > 0:
             bad(f"timeout={self.timeout!r}: {_HOW['timeout']}")
 
