@@ -8,6 +8,8 @@ tensors, never as per-sample Python objects.
 from __future__ import annotations
 
 import logging
+import struct
+import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Literal, Sequence
 
@@ -15,7 +17,7 @@ import numpy as np
 import torch
 
 from ..dataset.registry import DatasetReader
-from ..errors import ConfigError, CorruptRecordError
+from ..errors import BadInputError, ConfigError, CorruptRecordError
 from ..schema.fields import ArrayField, Field, ImageField, LabelField
 from ..schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png
 from ..schema.masks import MaskField, TargetField
@@ -28,6 +30,12 @@ log = logging.getLogger(__name__)
 SKIPPED_KEY = "_feedpipe_skipped"
 FALLBACK_KEY = "_feedpipe_fallback"  # records whose JPEG only Pillow could decode
 _MAX_REFILL = 16
+#: what reading and decoding a damaged record raises (the decoders' own errors, and the typed
+#: errors feedpipe's readers and decoders turn them into). Anything else from a sample, or a
+#: ConfigError, is a bug or a bad option: it propagates, never a "corrupt" sample that
+#: on_error="skip" would silently replace.
+DECODE_ERRORS = (CorruptRecordError, BadInputError, ValueError, OSError, EOFError, SyntaxError,
+                 zlib.error, struct.error)
 
 
 @dataclass(frozen=True)
@@ -208,7 +216,9 @@ class BatchDataset(torch.utils.data.Dataset):
                         collected[name].put(pos, stored[name], geo, name)
                     else:
                         out[name][pos] = f.to_user(stored[name], name)
-                except Exception as exc:
+                except ConfigError:
+                    raise
+                except DECODE_ERRORS as exc:
                     raise self.reader.corrupt(_at(req, pos, index),
                                               f"cannot decode {name}: {exc}") from exc
 
