@@ -245,13 +245,29 @@ def test_resize_into_the_slot_is_interpolate_bit_for_bit(src, dst, flip, private
     assert np.array_equal(out, ref.numpy()[:, ::-1] if flip else ref.numpy())
 
 
-def test_main_process_threads_restored(packed):
+@pytest.mark.parametrize("opts", [{}, {"dtype": "bfloat16", "channels_last": False},
+                                  {"dtype": "float16", "mean": None, "std": None},
+                                  {"dtype": "uint8", "channels_last": False}])
+def test_cpu_workers_convert_without_setting_torchs_thread_count(packed, monkeypatch, opts):
+    """With workers on the CPU, the main process converts batches on its own thread (numpy):
+    torch's process-wide thread count, which the user's step runs with, is never set (it used to
+    be set to 1 and back around every batch). The batches are the torch conversion's (the
+    in-process loader's), bit for bit, in dtype, layout and values."""
+    calls: list[int] = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n))[1])
     before = torch.get_num_threads()
-    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2, device="cpu")
-    assert ld.stage.threads == 1
-    for _ in ld:
-        pass
-    assert torch.get_num_threads() == before
+    kw = dict(size=32, device="cpu", shuffle=False, crop="center_crop", flip=False, **opts)
+    ld = feedpipe.make_loader(packed["lmdb"], 8, num_workers=2, **kw)
+    assert ld.stage.one_thread
+    got = list(ld)
+    assert not calls and torch.get_num_threads() == before
+    want = list(feedpipe.make_loader(packed["lmdb"], 8, num_workers=0, **kw))
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        x, y = a["image"], b["image"]
+        assert (x.dtype, x.shape, x.stride()) == (y.dtype, y.shape, y.stride())
+        assert torch.equal(x, y) and torch.equal(a["label"], b["label"])
 
 
 _WITHOUT_PRIVATE_OP = """

@@ -28,6 +28,7 @@ from ..position import EpochPosition, refuse_nested_workers
 from ..protocol import LoaderView
 from ..sampler import PlanSampler, World
 from ..transforms import ImageOp
+from . import cpu_convert
 from .device_decode import DeviceDecoder, EncodedBatch
 
 log = logging.getLogger("feedpipe.loader")
@@ -148,12 +149,15 @@ class DeviceStage:
         self.dtype = getattr(torch, cfg.dtype)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.moves = device.type != "cpu"  # on CPU, ``.to(device)`` is a no-op call per field
-        # with workers on a CPU device, conversions run on one thread: the workers own the cores
-        self.threads = 1 if device.type == "cpu" and cfg.num_workers else None
+        # with workers on a CPU device, conversions run on this thread only: the workers own
+        # the cores, and torch's thread count is the user's (cpu_convert)
+        self.one_thread = device.type == "cpu" and bool(cfg.num_workers)
         self._mean = self._std = None
         if cfg.mean is not None and cfg.dtype != "uint8":
             self._mean = torch.tensor(cfg.mean, device=device).mul(255).view(1, 3, 1, 1)
             self._std = torch.tensor(cfg.std, device=device).mul(255).reciprocal().view(1, 3, 1, 1)
+        self._np_norm = (None, None) if self._mean is None or not self.one_thread else (
+            self._mean.view(3).numpy(), self._std.view(3).numpy())  # type: ignore[union-attr]
 
     def convert(self, batch: dict[str, Any]) -> dict[str, Any]:
         """Copy (non_blocking from pinned memory) and convert one batch; runs on self.stream.
@@ -192,7 +196,7 @@ class DeviceStage:
                 if k in self.image_fields:
                     v = self._image(v)
                 elif k in self.float_fields:
-                    v = v.float()
+                    v = cpu_convert.to_float32(v) if self.one_thread else v.float()
             out[k] = v
         if ring is not None:
             ring.lend(slot) if lend else ring.release(slot)
@@ -204,13 +208,9 @@ class DeviceStage:
             return self.cfg.dtype != "uint8" or not self.cfg.channels_last
         return name in self.float_fields and v.dtype != torch.float32
 
-    def _computes(self) -> bool:
-        """Whether converting a batch on this device runs kernels that would use threads (uint8
-        channels-last images and integer targets are views: nothing to compute)."""
-        return (self.cfg.dtype != "uint8" or not self.cfg.channels_last
-                or bool(self.float_fields) or self.decoder is not None)
-
     def _image(self, x: torch.Tensor) -> torch.Tensor:
+        if self.one_thread:
+            return cpu_convert.image(x, self.dtype, *self._np_norm, self.cfg.channels_last)
         x = x.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last for free
         if self.cfg.dtype != "uint8":
             x = x.float()  # normalize in float32, then narrow: fp16/bf16 keep their precision
@@ -225,23 +225,13 @@ class DeviceStage:
     def __call__(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         if self.stream is None:
             it = iter(batches)
-            threads = self.threads if self._computes() else None  # decided once per epoch
             while True:
                 if self.ring is not None:  # before the DataLoader asks the sampler for a slot
                     self.ring.reclaim()
                 b = next(it, None)
                 if b is None:
                     return
-                if threads is None:
-                    yield self.convert(b)
-                    continue
-                before = torch.get_num_threads()
-                torch.set_num_threads(threads)
-                try:
-                    converted = self.convert(b)
-                finally:
-                    torch.set_num_threads(before)
-                yield converted
+                yield self.convert(b)
             return
         current = torch.cuda.current_stream(self.device)
         pending = None
