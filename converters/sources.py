@@ -24,6 +24,7 @@ IMAGE_EXTS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".bmp
                         ".tiff", ".gif", ".ppm", ".pgm", ".pbm", ".pnm", ".jp2", ".j2k", ".j2c",
                         ".jpx", ".jpf"})
 Entry = tuple[str, str]  # (path relative to the source root, why it was not taken)
+SPLIT_NAMES = ("train", "val", "test")  # the folders of a split root (split_dirs)
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,8 @@ def scan(src: str | Path, layout: Layout = "auto", labels: LabelsAs = "auto",
         if src.suffix.lower() in (".csv", ".jsonl"):
             return _scan_manifest(src, labels, unlabeled)
         raise ConfigError(f"{src}: a source file must be a .csv or .jsonl manifest")
-    if layout == "auto" and _split_root(src):
-        raise ConfigError(f"{src} holds {' and '.join(_split_root(src))} split folders: pass "
+    if layout == "auto" and (splits := split_dirs(src)):
+        raise ConfigError(f"{src} holds {' and '.join(splits)} split folders: pass "
                           "split_root='separate' (--split-root separate: one dataset each) or "
                           "'field' (one dataset with a split field), or layout='imagefolder' "
                           "(--layout imagefolder) to read them as classes")
@@ -185,10 +186,17 @@ def scan(src: str | Path, layout: Layout = "auto", labels: LabelsAs = "auto",
                   refused=tuple(refused))
 
 
-def _split_root(src: Path) -> list[str]:
-    from .split_root import split_dirs  # split_root builds on scan()
-
-    return split_dirs(src)
+def split_dirs(src: Path) -> list[str]:
+    """The split folders of ``src`` when its visible top level is only 2-3 of train/val/test,
+    each holding sub-folders (class folders); else [] (a split root: converters.split_root)."""
+    if not src.is_dir():
+        return []
+    names = sorted(e.name for e in os.scandir(src) if not e.name.startswith("."))
+    if len(names) < 2 or not set(names) <= set(SPLIT_NAMES):
+        return []
+    if not all(_is_dir(src / n) and any(_is_dir(p) for p in (src / n).iterdir()) for n in names):
+        return []
+    return [n for n in SPLIT_NAMES if n in names]
 
 
 def _is_dir(path: Path) -> bool:

@@ -8,31 +8,16 @@ labels index the sorted union and a class a split lacks is listed as empty there
 
 from __future__ import annotations
 
-import os
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 from feedpipe.errors import ConfigError
 
-from .sources import Source, _is_dir, scan
+from .sources import SPLIT_NAMES, Source, scan, split_dirs
 
-SPLIT_NAMES = ("train", "val", "test")
 SplitRoot = Literal["separate", "field"]
 SplitClasses = Literal["agree", "union"]
-
-
-def split_dirs(src: Path) -> list[str]:
-    """The split folders of ``src`` when its visible top level is only 2-3 of train/val/test,
-    each holding sub-folders (class folders); else []."""
-    if not src.is_dir():
-        return []
-    names = sorted(e.name for e in os.scandir(src) if not e.name.startswith("."))
-    if len(names) < 2 or not set(names) <= set(SPLIT_NAMES):
-        return []
-    if not all(_is_dir(src / n) and any(_is_dir(p) for p in (src / n).iterdir()) for n in names):
-        return []
-    return [n for n in SPLIT_NAMES if n in names]
 
 
 def scan_split_root(src: str | Path, mode: SplitRoot, classes: SplitClasses = "agree"

@@ -56,3 +56,14 @@ def test_class_lists_must_agree(tmp_path: Path) -> None:
     val = feedpipe.open_dataset(tmp_path / "o" / "val")
     assert val.classes == ("cat", "dog", "emu", "owl")
     assert sorted(val[i]["label"] for i in range(2)) == [0, 2]
+
+
+def test_sources_and_split_root_form_no_import_cycle():
+    """split_root builds on sources, and sources finds split folders itself: no import of
+    split_root from sources, not even one inside a function (it used to hide the cycle there)."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("converters")
+    assert graph.find_modules_directly_imported_by("converters.split_root") >= {
+        "converters.sources"}
+    assert not graph.chain_exists(importer="converters.sources",
+                                  imported="converters.split_root")
