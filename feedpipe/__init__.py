@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 
-_EXPORTS = {  # public name -> the module (under feedpipe) that defines it
+_EXPORTS = {  # the public names -> the module (under feedpipe) that defines each
     "BadInputError": "errors", "ConfigError": "errors", "CorruptRecordError": "errors",
     "DatasetReplacedError": "errors", "DiskFullError": "errors", "EmptyDatasetError": "errors",
     "FeedpipeError": "errors", "GpuUnavailableError": "errors", "IncompleteDatasetError": "errors",
@@ -33,12 +33,7 @@ _EXPORTS = {  # public name -> the module (under feedpipe) that defines it
     "autotune": "tools.tune", "find_batch_size": "tools.tune",
 }
 
-__all__ = [
-    "ArrayField", "BadInputError", "BytesField", "ConfigError", "CorruptRecordError",
-    "DatasetReader", "FeedpipeError", "ImageField", "IncompleteDatasetError", "JsonField",
-    "LabelField", "LoaderConfig", "Manifest", "ManifestError", "Schema", "UnsafeDataError",
-    "make_loader", "open_dataset",
-]
+__all__ = sorted(_EXPORTS)  # every lazy export is public: one list, not two to keep in step
 
 if TYPE_CHECKING:
     from .dataset.manifest import Manifest
