@@ -1,11 +1,48 @@
-"""Argument types shared by the subcommands: byte sizes (``2GB``) and image sizes (``HxW``)."""
+"""The CLI's parser (it knows each option's flag) and the argument types the subcommands share:
+byte sizes (``2GB``) and image sizes (``HxW``)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ..errors import ConfigError
 from ..storage.sizes import parse_size
+
+
+class FlagParser(argparse.ArgumentParser):
+    """An ArgumentParser that records each option's flag by its ``dest`` (the Python option's
+    name: ``batch_size`` -> ``--batch-size``), for errors in the command's terms; its
+    subparsers, argument groups and mutually exclusive groups record into it too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.flags: dict[str, str] = {}  # before argparse adds --help through add_argument
+        self.commands: dict[str, FlagParser] = {}  # subcommand -> its parser (build_parser)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        return self._record(super().add_argument(*args, **kwargs))
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
+        return self._recording(super().add_argument_group(*args, **kwargs))
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> Any:
+        return self._recording(super().add_mutually_exclusive_group(**kwargs))
+
+    def _recording(self, group: Any) -> Any:
+        add = group.add_argument
+
+        def add_argument(*args: Any, **kwargs: Any) -> argparse.Action:
+            return self._record(add(*args, **kwargs))
+
+        group.add_argument = add_argument
+        return group
+
+    def _record(self, action: argparse.Action) -> argparse.Action:
+        if action.option_strings:
+            longs = [s for s in action.option_strings if s.startswith("--")]
+            self.flags[action.dest] = (longs or action.option_strings)[0]
+        return action
 
 
 def size_arg(text: str) -> int:

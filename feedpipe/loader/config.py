@@ -121,8 +121,8 @@ class LoaderConfig:
     timeout: float | None = None  # a URL's requests: s to connect / between bytes (None: 30)
 
     def __post_init__(self) -> None:
-        def bad(msg: str) -> None:
-            raise ConfigError(msg)
+        def bad(option: str, how: str) -> None:
+            raise ConfigError(f"{option}={getattr(self, option)!r}: {how}", option=option)
 
         self._normalize()
         hints = _hints()
@@ -130,47 +130,49 @@ class LoaderConfig:
             value = getattr(self, f.name)
             if not conforms(value, hints[f.name]):
                 how = _HOW.get(f.name) or f"use {describe(hints[f.name])}"
-                bad(f"{f.name}={value!r}: {how}")
+                bad(f.name, how)
         if self.batch_size < 1:
-            bad(f"batch_size={self.batch_size!r}: {_HOW['batch_size']}")
+            bad("batch_size", _HOW["batch_size"])
         if self.seed < 0:
-            bad(f"seed={self.seed!r}: {_HOW['seed']}")
+            bad("seed", _HOW["seed"])
         if self.uneven == "mask" and self.drop_last:
-            bad("uneven='mask' pads the last batch to full size and marks the padding in 'valid'; "
-                "drop_last=True would drop real samples: use one or the other")
+            raise ConfigError("uneven='mask' pads the last batch to full size and marks the padding "
+                              "in 'valid'; drop_last=True would drop real samples: use one or the "
+                              "other", option="uneven")
         if self.size is not None and min(self.size) < 1:
-            bad(f"size={self.size!r}: {_HOW['size']}")
+            bad("size", _HOW["size"])
         lo, hi = self.scale
         if not 0 < lo <= hi <= 1:
-            bad(f"scale={self.scale!r}: use 0 < min <= max <= 1 (fractions of the image area)")
+            bad("scale", "use 0 < min <= max <= 1 (fractions of the image area)")
         if not 0 < self.ratio[0] <= self.ratio[1]:
-            bad(f"ratio={self.ratio!r}: use 0 < min <= max (width / height)")
+            bad("ratio", "use 0 < min <= max (width / height)")
         if (self.mean is None) != (self.std is None):
-            bad("mean and std go together: pass both, or mean=None, std=None for no normalization")
+            raise ConfigError("mean and std go together: pass both, or mean=None, std=None for no "
+                              "normalization", option="mean")
         if self.std is not None and any(s <= 0 for s in self.std):
-            bad(f"std={self.std!r}: values must be positive")
+            bad("std", "values must be positive")
         if not 0.0 <= self.dali_hw_decoder_load <= 1.0:
-            bad(f"dali_hw_decoder_load={self.dali_hw_decoder_load!r}: use a fraction in [0, 1]")
+            bad("dali_hw_decoder_load", "use a fraction in [0, 1]")
         if isinstance(self.num_workers, int) and self.num_workers < 0:
-            bad(f"num_workers={self.num_workers!r}: {_HOW['num_workers']}")
+            bad("num_workers", _HOW["num_workers"])
         if isinstance(self.prefetch_factor, int) and self.prefetch_factor < 1:
-            bad(f"prefetch_factor={self.prefetch_factor!r}: {_HOW['prefetch_factor']}")
+            bad("prefetch_factor", _HOW["prefetch_factor"])
         if self.shuffle_buffer < 1:
-            bad(f"shuffle_buffer={self.shuffle_buffer}: use a positive sample count")
+            bad("shuffle_buffer", "use a positive sample count")
         if self.shuffle_window is not None and self.shuffle_window < 1:
-            bad(f"shuffle_window={self.shuffle_window}: {_HOW['shuffle_window']}")
+            bad("shuffle_window", _HOW["shuffle_window"])
         if self.max_pixels is not None and self.max_pixels < 1:
-            bad(f"max_pixels={self.max_pixels!r}: {_HOW['max_pixels']}")
+            bad("max_pixels", _HOW["max_pixels"])
         if not 0.0 <= self.min_box_fraction <= 1.0:
-            bad(f"min_box_fraction={self.min_box_fraction!r}: {_HOW['min_box_fraction']}")
+            bad("min_box_fraction", _HOW["min_box_fraction"])
         if self.weights is not None and (not self.weights or min(self.weights) < 0
                                          or sum(self.weights) <= 0):
-            bad(f"weights={self.weights!r}: {_HOW['weights']}")
+            bad("weights", _HOW["weights"])
         if self.epoch_size is not None and self.epoch_size < 1:
-            bad(f"epoch_size={self.epoch_size!r}: {_HOW['epoch_size']}")
+            bad("epoch_size", _HOW["epoch_size"])
         parse_limit(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
         if self.timeout is not None and not self.timeout > 0:
-            bad(f"timeout={self.timeout!r}: {_HOW['timeout']}")
+            bad("timeout", _HOW["timeout"])
 
     def _normalize(self) -> None:
         """The spellings taken for convenience: an int size is a square, lists are tuples, and
@@ -199,7 +201,7 @@ class LoaderConfig:
         if self.num_workers == "tune":
             raise ConfigError("num_workers='tune' is measured by make_loader (feedpipe.tools."
                               "tune.autotune) before resolve(); call make_loader, or autotune "
-                              "first")
+                              "first", option="num_workers")
         workers = auto_workers(decodes) if self.num_workers == "auto" else self.num_workers
         return replace(
             self,

@@ -114,17 +114,18 @@ class BatchDataset(torch.utils.data.Dataset):
         for name in fields:
             if name not in reader.schema:
                 raise ConfigError(f"fields: {name!r} is not in the dataset; it has "
-                                  f"{reader.schema.names}")
+                                  f"{reader.schema.names}", option="fields")
             f = reader.schema[name]
             dtype: np.dtype | None = None
             if isinstance(f, ImageField):
                 shape = (*op.size, 3) if op.size else f.shape
                 if shape is None:
                     raise ConfigError(f"field {name!r} holds images of varying size: pass "
-                                      "size=(H, W) (or an int) to batch them")
+                                      "size=(H, W) (or an int) to batch them", option="size")
                 if op.crop == "none" and f.shape and op.size and f.shape[:2] != op.size:
                     raise ConfigError(f"crop='none' but stored images are {f.shape[:2]}, not "
-                                      f"size={op.size}; choose crop='resize' or 'center_crop'")
+                                      f"size={op.size}; choose crop='resize' or 'center_crop'",
+                                      option="crop")
                 dtype = np.dtype(np.uint8)
                 if encoded_images:
                     shape = dtype = None
@@ -133,7 +134,7 @@ class BatchDataset(torch.utils.data.Dataset):
                                  else None)
                 if hw is None:
                     raise ConfigError(f"field {name!r} varies in size with the images: pass "
-                                      "size=(H, W) (or an int) to batch it")
+                                      "size=(H, W) (or an int) to batch it", option="size")
                 extra = f.shape[2:] if isinstance(f, TargetField) else ()
                 shape = (*hw, *extra)  # type: ignore[arg-type]
                 dtype = _torch_int(np.dtype(f.dtype)) if isinstance(f, MaskField) \

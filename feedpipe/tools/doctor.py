@@ -328,8 +328,8 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
     for name, value, least in (("batches", batches, 2), ("batch_size", batch_size, 1),
                                ("size", size, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigError(f"{name}={value!r} (--{name.replace('_', '-')}): use an integer of "
-                              f"at least {least}")
+            raise ConfigError(f"{name}={value!r}: use an integer of at least {least}",
+                              option=name)
     m = machine.describe()
     usable, cuda = m["cores_usable"], m["cuda_available"]
     workers = auto_workers(True, usable)

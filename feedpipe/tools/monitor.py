@@ -146,14 +146,14 @@ class StallMeter:
                  loader_info: LoaderInfo | None = None) -> None:
         if not callable(clock):
             raise ConfigError(f"clock={clock!r}: pass a function returning seconds, such as "
-                              "time.perf_counter")
+                              "time.perf_counter", option="clock")
         if loader_info is not None and not isinstance(loader_info, LoaderInfo):
             raise ConfigError(f"loader_info={loader_info!r}: pass a "
                               "feedpipe.tools.monitor.LoaderInfo "
-                              "(LoaderInfo.from_loader(loader)) or None")
+                              "(LoaderInfo.from_loader(loader)) or None", option="loader_info")
         if cuda_sync not in (True, False, "auto"):
             raise ConfigError(f"cuda_sync={cuda_sync!r}: use 'auto' (sync when CUDA is in use), "
-                              "True or False")
+                              "True or False", option="cuda_sync")
         self._sync: Callable[[], None] | None = None
         self._auto = cuda_sync == "auto"
         if cuda_sync is True:
@@ -162,7 +162,7 @@ class StallMeter:
             if not torch.cuda.is_available():
                 raise ConfigError("StallMeter(cuda_sync=True) but CUDA is not available here; "
                                   "use cuda_sync='auto' (the default), which syncs only when "
-                                  "CUDA is in use")
+                                  "CUDA is in use", option="cuda_sync")
             self._sync = torch.cuda.synchronize
         self.clock = clock
         self.loader_info = loader_info

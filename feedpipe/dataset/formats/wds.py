@@ -76,7 +76,7 @@ class WdsWriter(DatasetWriter):
         check_key(prefix)
         if shard_size <= 0 or shard_count <= 0:
             raise ConfigError(f"shard_size={shard_size}, shard_count={shard_count}: both must be "
-                              "positive (bytes and samples per shard)")
+                              "positive (bytes and samples per shard)", option="shard_size")
         bad = [f.name for f in schema if f.name in index_fields and not isinstance(f, JsonField)]
         if bad:
             raise ConfigError(f"index_fields {bad}: only JSON fields (small metadata such as the "
@@ -206,7 +206,7 @@ class WdsReader(DatasetReader):
         if isinstance(max_open_shards, bool) or not isinstance(max_open_shards, int) \
                 or max_open_shards < 1:
             raise ConfigError(f"max_open_shards={max_open_shards!r}: use an int >= 1 (shard "
-                              "files a process keeps open)")
+                              "files a process keeps open)", option="max_open_shards")
         self.max_open_shards = max_open_shards
         self.shards: list[str] = list(self.manifest.extra.get("shards", []))
         load = lambda name: np.load(self.root / name, mmap_mode="r", allow_pickle=False)  # noqa: E731

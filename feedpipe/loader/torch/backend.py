@@ -258,7 +258,7 @@ class TorchLoader(EpochPosition):
         fields = cfg.fields_in(reader.schema)
         if not fields:
             raise ConfigError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
-                              f"from {reader.schema.names}")
+                              f"from {reader.schema.names}", option="fields")
         self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
         op = ImageOp.of(cfg)
         self.batch_dataset = BatchDataset(
