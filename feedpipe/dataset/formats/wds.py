@@ -5,11 +5,12 @@ the ``webdataset`` library and DALI's ``readers.webdataset`` read the shards unc
 shards, ``index-offsets.npy`` (N×fields×[offset, size] int64), ``index-shards.npy`` (N int32) and
 ``index-keys.npy`` (N fixed-width bytes) give O(1) random access with ``os.pread``; sequential
 reading streams each tar as a chain of generators (members → samples → stored values).
-Format version 2 adds ``index-crc32.npy`` (N×fields uint32, the crc32 of each member's
-data), checked on every read, random or sequential. Format version 3 keeps the source ``path``
-out of the tars (manifest ``extra.index_fields``): its encoded bytes are packed in
-``index-values.npy`` (uint8), and its ``index-offsets.npy`` spans point there. A tar member costs a
-512-byte header plus padding to 512 bytes, ~1 kB for a 30-byte path: 2.7% of a 39 kB photo.
+``index-crc32.npy`` (N×fields uint32, the crc32 of each member's data) is checked on every read,
+random or sequential. The source ``path`` stays out of the tars (manifest
+``extra.index_fields``, format version 3; older versions are refused): its encoded bytes are
+packed in ``index-values.npy`` (uint8), and its ``index-offsets.npy`` spans point there. A tar
+member costs a 512-byte header plus padding to 512 bytes, ~1 kB for a 30-byte path: 2.7% of a
+39 kB photo.
 Members that would need unpickling (``.pickle``, ``.pkl``, ``.pyd``, ``.pth``) are refused, never
 opened.
 
@@ -210,8 +211,7 @@ class WdsReader(DatasetReader):
         self.max_open_shards = max_open_shards
         self.shards: list[str] = list(self.manifest.extra.get("shards", []))
         load = lambda name: np.load(self.root / name, mmap_mode="r", allow_pickle=False)  # noqa: E731
-        kept = self.manifest.extra.get("index_fields", []) \
-            if self.manifest.format_version >= 3 else []
+        kept = self.manifest.extra.get("index_fields", [])
         if not isinstance(kept, list) or not set(kept) <= {
                 f.name for f in self.schema if isinstance(f, JsonField)}:
             raise ManifestError(f"{self.root}: extra.index_fields {kept!r} must list JSON fields "
@@ -219,7 +219,7 @@ class WdsReader(DatasetReader):
         self._in_index = [f.name in kept for f in self.schema]
         try:
             self._offsets, self._shard_of, self._keys = (load(n) for n in INDEX_FILES)
-            self._crc = load(CRC_FILE) if self.checksums else None
+            self._crc = load(CRC_FILE)
             self._values = load(VALUES_FILE) if kept else None
         except (OSError, ValueError) as exc:  # missing, cut short, or not plain npy
             if isinstance(exc, OSError) and not about_data(exc):  # e.g. too many open files
@@ -229,7 +229,7 @@ class WdsReader(DatasetReader):
         nf = len(self.schema)
         if len(self._offsets) != len(self) or len(self._shard_of) != len(self) \
                 or len(self._keys) != len(self) or self._offsets.shape[1:] != (nf, 2) \
-                or (self._crc is not None and self._crc.shape != (len(self), nf)) \
+                or self._crc.shape != (len(self), nf) \
                 or (self._values is not None and self._values.dtype != np.uint8):
             raise CorruptRecordError(f"{self.root}: index has {len(self._offsets)} entries of "
                                      f"{self._offsets.shape[1:]}, manifest says {len(self)} "
@@ -318,7 +318,7 @@ class WdsReader(DatasetReader):
         rows = np.asarray(indices, np.int64)
         shard_of = self._shard_of[rows].tolist()
         offsets = self._offsets[rows].tolist()
-        checks = self._crc[rows].tolist() if self._crc is not None else None
+        checks = self._crc[rows].tolist()
         for pos, i in enumerate(indices):
             try:  # per sample: ``fn`` may read through this reader, closing the LRU's oldest
                 fd = self._fd(shard_of[pos])
@@ -328,7 +328,7 @@ class WdsReader(DatasetReader):
                 raise self.corrupt(i, f"cannot open its shard: {exc}") from exc
             stored = {}
             spans = offsets[pos]
-            crcs = checks[pos] if checks is not None else None
+            crcs = checks[pos]
             for f, c in zip(fields, cols):
                 off, size = spans[c]
                 if self._in_index[c]:
@@ -338,7 +338,7 @@ class WdsReader(DatasetReader):
                 if len(data) != size:
                     raise self.corrupt(i, f"member {f.wds_suffix} truncated "
                                           f"({len(data)} of {size} bytes)")
-                if crcs is not None and crc32(data) != crcs[c]:
+                if crc32(data) != crcs[c]:
                     raise self.corrupt(i, f"member {f.wds_suffix} fails its checksum")
                 try:
                     stored[f.name] = f.decode(data, f.wds_suffix)
@@ -350,7 +350,7 @@ class WdsReader(DatasetReader):
 
     def iter_shard(self, shard: int) -> Iterator[tuple[str, dict[str, Any]]]:
         """Stream one shard sequentially: ``(key, stored values)`` in tar order, each sample
-        checked against the index (its key and, version 2, its members' crc32)."""
+        checked against the index (its key and its members' crc32)."""
         path = self.root / self.shards[shard]
         r = self.shard_ranges()[shard]
         names = [f.wds_suffix for f in self.schema]
@@ -378,10 +378,9 @@ class WdsReader(DatasetReader):
                         group[suffix] = self._packed(i, c)
                     elif suffix not in group:  # e.g. a shard cut short: name the source
                         raise self.located(self.corrupt(i, f"{path}: member .{suffix} missing"))
-                crcs = self._crc[i].tolist() if self._crc is not None else None
+                crcs = self._crc[i].tolist()
                 for c, suffix in enumerate(names):
-                    if crcs is not None and suffix in group \
-                            and crc32(group[suffix]) != crcs[c]:
+                    if suffix in group and crc32(group[suffix]) != crcs[c]:
                         raise self.located(self.corrupt(i, f"member {suffix} fails its "
                                                            "checksum"))
                 yield from decode_samples(iter([(key, group)]), self.schema, path)
