@@ -16,8 +16,8 @@ from fp_helpers import CLI, cli_main, jpeg_bytes, run_cli
 
 import feedpipe
 from feedpipe.cli import args as cli_args
-from feedpipe.cli import info as cli_info
 from feedpipe.cli import build_parser, main
+from feedpipe.cli import info as cli_info
 from feedpipe.cli.app import speak_cli
 from feedpipe.dataset.formats.hdf5 import CRC_NAME
 from feedpipe.dataset.formats.wds import check_key

@@ -235,7 +235,7 @@ def auto_workers(decodes: bool, cores: int | None = None, local_procs: int | Non
     core of its share (the main process mostly waits on the queue and copies to the device).
     Raw, decode-free data is memory-bound: at most :data:`RAW_WORKERS` workers. Since batches
     travel in a reused shared-memory ring, 2 workers load it faster than the main process
-    (1.1-2.9x in four side-by-side runs of ``benchmarks/bench_kernel.py --groups raw``) for
+    (side-by-side runs of ``benchmarks/bench_kernel.py --groups raw``: benchmarks/RESULTS.md) for
     about the same CPU per sample, and leave the main process free for the training step.
     """
     cores = cores or usable_cores()

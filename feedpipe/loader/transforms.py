@@ -5,7 +5,7 @@ The fastest JPEG path installed is used (``imaging.jpeg_path``): with pillow-sim
 ``draft`` (DCT-domain 1/2-1/4-1/8 downscale) plus its SIMD resize of the crop box; otherwise
 simplejpeg (libjpeg-turbo) with the same power-of-two DCT downscale (libjpeg-turbo's other M/8
 factors decode slower than full size) followed by torch's uint8 antialiased bilinear resize, which
-matches Pillow's BILINEAR and runs several times faster than stock Pillow's resize.
+matches Pillow's BILINEAR and runs faster than stock Pillow's resize (benchmarks/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ class ImageOp(Framing):
         ``out`` (float, or the stored integer dtype for label-like targets).
 
         "linear" is bilinear interpolation at pixel centres without antialiasing: distance maps
-        are smooth (1-Lipschitz), so point sampling is accurate and ~3× cheaper than an
-        antialiased resize."""
+        are smooth (1-Lipschitz), so point sampling is accurate and cheaper than an antialiased
+        resize (benchmarks/RESULTS.md)."""
         region = arr[geo.top: geo.top + geo.height, geo.left: geo.left + geo.width]
         hw = out.shape[:2]
         if region.shape[:2] != hw and self.crop == "none":
@@ -154,7 +154,7 @@ class ImageOp(Framing):
                 np.copyto(out, region.astype(np.float32) * np.float32(field.scale)
                           + np.float32(field.offset))
             return
-        vals = _as_float(region)  # torch from here on: its vectorized kernels are 2-10× faster
+        vals = _as_float(region)  # torch from here on: its vectorized kernels beat numpy's here
         if region.shape[:2] != hw:
             vals = _resize_t(vals, hw)
         if field.scale != 1.0 or field.offset != 0.0:

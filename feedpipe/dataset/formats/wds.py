@@ -16,7 +16,7 @@ opened.
 
 The tar streaming and grouping below are feedpipe's own rather than ``webdataset.tariterators``:
 measured side by side with the same checks (``benchmarks/bench_wds_stream.py``), they stream
-6-18% faster in three runs (e.g. 14.8k against 13.5k samples/s); webdataset's iterators also skip
+faster (figures: benchmarks/RESULTS.md); webdataset's iterators also skip
 ``__*__`` and non-regular members silently, lowercase suffixes, drop samples they deem invalid and
 raise untyped errors, where feedpipe names the shard and key of every problem. ``webdataset`` is
 a test dependency only (the interop tests: the library reads our shards).
@@ -180,8 +180,8 @@ _USTAR_TAIL = (b"0" + bytes(100) + tarfile.POSIX_MAGIC + bytes(32 + 32 + 8 + 8 +
 
 def ustar_header(name: str, size: int) -> bytes:
     """The ustar header block ``tarfile`` writes for a regular file (mode 0444, uid/gid/mtime 0),
-    byte for byte, built directly: ``TarInfo.tobuf`` costs ~25 µs a member, half a conversion's
-    time for WebDataset."""
+    byte for byte, built directly: ``TarInfo.tobuf`` took about half a WebDataset conversion's
+    time (benchmarks/RESULTS.md)."""
     raw = name.encode(tarfile.ENCODING, "surrogateescape")
     if len(raw) > 100:
         raise ConfigError(f"WebDataset member {name}: name is too long (ustar names hold at most "
@@ -314,7 +314,7 @@ class WdsReader(DatasetReader):
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         cols = [self._fields.index(f) for f in fields]
         # the batch's index rows in one gather each: indexing the memory-mapped index per
-        # sample costs ~2 µs a lookup in numpy's memmap.__getitem__
+        # sample pays numpy's memmap.__getitem__ per lookup (benchmarks/RESULTS.md)
         rows = np.asarray(indices, np.int64)
         shard_of = self._shard_of[rows].tolist()
         offsets = self._offsets[rows].tolist()

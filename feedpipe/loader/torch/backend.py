@@ -54,17 +54,17 @@ class SlotRing:
     """Output buffers that workers (or, without workers, the main process on CPU) fill and the
     main process recycles.
 
-    A fresh shared-memory segment per batch costs ~8 ms of page faults for 64×224² images on the
-    2-core reference machine (~12% of a worker's time); reusing a small ring removes that. The main
+    A fresh shared-memory segment per batch costs page faults for every batch, a noticeable share
+    of a worker's time (benchmarks/RESULTS.md); reusing a small ring removes that. The main
     process owns the ring: the sampler hands a free slot to each request, and the device stage
     either releases it once the batch has been copied out (pinned/device memory, or a converted
     tensor), or *lends* it: the batch handed to the caller is the slot itself (no copy), and the
     slot returns to the ring only once nothing in this process refers to it any more (its storage's
     reference count is back to the ring's own), so a batch the caller keeps is never overwritten.
     Each slot has its own storage so that count is per slot. ``shared=False`` (in-process
-    loading): plain memory, the same reuse. A fresh 64×224² batch there cost 11-17 µs of
-    page-fault system time per image on the reference machine (1-2% of the decode-bound loader,
-    a larger share of decode-free raw data).
+    loading): plain memory, the same reuse. A fresh batch there costs page-fault system time per
+    image: little of the decode-bound loader, more of decode-free raw data
+    (benchmarks/RESULTS.md).
     """
 
     def __init__(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]], count: int, *,
