@@ -214,6 +214,18 @@ class LoaderConfig:
         )
 
 
+def ring_slots(workers: int, prefetch: int) -> int:
+    """Batches in the torch backend's slot ring: those ``workers`` keep ``prefetch`` deep, plus
+    the one being handed out and the one in use."""
+    return workers * prefetch + 2
+
+
+def ring_bytes(batch_bytes: int, workers: int, prefetch: int) -> int:
+    """Bytes of that ring of batches of ``batch_bytes`` each: the one arithmetic the backend
+    (``SlotRing``), ``feedpipe doctor`` (/dev/shm) and the tuners (RAM budget) share."""
+    return batch_bytes * ring_slots(workers, prefetch)
+
+
 @cache
 def _hints() -> dict[str, Any]:
     return get_type_hints(LoaderConfig)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
 from ...workers import single_threaded
-from ..config import SHM_HEADROOM, LoaderConfig
+from ..config import SHM_HEADROOM, LoaderConfig, ring_bytes, ring_slots
 from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, SlotRef
 from ..labels import RaggedList
 from ..position import EpochPosition, refuse_nested_workers
@@ -77,13 +77,11 @@ class SlotRing:
         self._base = [self._refs(i) for i in range(count)]
 
     @staticmethod
-    def slots(workers: int, prefetch: int) -> int:
-        """Ring size: the prefetched batches, plus the one being handed out and the one in use."""
-        return workers * prefetch + 2
-
-    @staticmethod
-    def nbytes(shapes: dict[str, tuple[tuple[int, ...], np.dtype]], count: int) -> int:
-        return count * sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes.values())
+    def nbytes(shapes: dict[str, tuple[tuple[int, ...], np.dtype]], workers: int,
+               prefetch: int) -> int:
+        """Bytes of the ring a loader with ``workers`` and ``prefetch`` keeps (config.ring_bytes)."""
+        batch = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes.values())
+        return ring_bytes(batch, workers, prefetch)
 
     @staticmethod
     def can_lend() -> bool:
@@ -288,7 +286,7 @@ class TorchLoader(EpochPosition):
             self._attach_ring(cfg)
         elif device.type == "cpu" and SlotRing.can_lend() and self._ring_shapes(cfg):
             # in-process: batches are lent slots of a plain-memory ring, never copied
-            self._use_ring(SlotRing(self._ring_shapes(cfg), SlotRing.slots(0, 0), shared=False))
+            self._use_ring(SlotRing(self._ring_shapes(cfg), ring_slots(0, 0), shared=False))
         self._dl = DataLoader(self.batch_dataset, batch_sampler=self.planner,
                               num_workers=cfg.num_workers, collate_fn=_identity,
                               pin_memory=bool(cfg.pin_memory) and device.type == "cuda",
@@ -323,8 +321,8 @@ class TorchLoader(EpochPosition):
 
     def _attach_ring(self, cfg: LoaderConfig) -> None:
         shapes = self._ring_shapes(cfg)
-        count = SlotRing.slots(int(cfg.num_workers), int(cfg.prefetch_factor))
-        need = SlotRing.nbytes(shapes, count)
+        workers, prefetch = int(cfg.num_workers), int(cfg.prefetch_factor)
+        need = SlotRing.nbytes(shapes, workers, prefetch)
         try:
             free = shutil.disk_usage("/dev/shm").free
         except OSError:
@@ -334,7 +332,7 @@ class TorchLoader(EpochPosition):
                         "free); each batch gets fresh shared memory instead", need >> 20,
                         free >> 20)
             return
-        self._use_ring(SlotRing(shapes, count))
+        self._use_ring(SlotRing(shapes, ring_slots(workers, prefetch)))
 
     def _use_ring(self, ring: SlotRing) -> None:
         self.ring = ring
