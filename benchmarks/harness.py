@@ -2,8 +2,9 @@
 
 A run returns the items it processed (timed here, call to return), or, for a loader epoch
 (:func:`drain`), a :class:`~feedpipe.tools.throughput.Throughput`, the record ``feedpipe bench`` and
-``feedpipe tune`` rate too: the harness takes its whole-pass rate (``epoch_samples_per_s``), since
-benchmark epochs are a few batches, where a steady-state window would time the prefetch queue."""
+``feedpipe tune`` rate too: the harness takes its whole-pass rate (``epoch_samples_per_s``, the
+one definition's window with no warm-up), since benchmark epochs are a few batches, where a
+steady-state window would time the prefetch queue."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Union
 
-from feedpipe.tools.throughput import Throughput, time_epoch
+from feedpipe.tools.monitor import time_epoch
+from feedpipe.tools.throughput import Throughput
 
 Items = Union[int, Throughput]
 
@@ -92,7 +94,7 @@ def one_thread(_: int = 0) -> None:
 
 def drain(loader: object) -> Throughput:
     """One epoch of a loader (feedpipe's or a DataLoader, batches of dicts or tuples), timed by
-    the one throughput measurement (:func:`feedpipe.tools.throughput.time_epoch`)."""
+    the one throughput measurement (:func:`feedpipe.tools.monitor.time_epoch`)."""
     return time_epoch(loader)  # type: ignore[arg-type]
 
 

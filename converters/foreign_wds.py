@@ -203,7 +203,8 @@ def _npy(data: bytes, what: str) -> np.ndarray:
 def plan(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES) -> Plan:
     """Read every shard once and infer the schema (see the module docstring)."""
     if max_member_bytes < 1:
-        raise ConfigError(f"max_member_bytes={max_member_bytes}: use a positive byte count")
+        raise ConfigError(f"max_member_bytes={max_member_bytes}: use a positive byte count",
+                          option="max_member_bytes")
     shards, not_taken = find_shards(specs)
     seen: Counter[str] = Counter()
     npy: dict[str, set[tuple[str, tuple[int, ...]]]] = {}

@@ -48,7 +48,8 @@ def _load(src: str, split: str) -> Any:
     ds = datasets.load_from_disk(src)
     if isinstance(ds, datasets.DatasetDict):
         if split not in ds:
-            raise ConfigError(f"split={split!r}: {src} holds the splits {sorted(ds)}")
+            raise ConfigError(f"split={split!r}: {src} holds the splits {sorted(ds)}",
+                              option="split")
         ds = ds[split]
     return ds
 

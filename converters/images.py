@@ -78,7 +78,7 @@ def output_codec(kind: str, lossless_webp: bool, opts: PackOptions) -> str:
 def planned_codec(path: Path, opts: PackOptions) -> str | None:
     """The codec ``path`` will be stored as, from its first bytes; None when it cannot be read."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # unbuffered: ~3× cheaper than open()
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # unbuffered: cheaper than open()
         try:
             head = os.read(fd, 64)
             kind = sniff_codec(head)
@@ -99,7 +99,7 @@ def image_codec(items: Sequence[SourceItem], opts: PackOptions, sniff: bool = Tr
 
     With ``codec="auto"`` each input's first bytes are read to tell (a PNG named .jpg counts as
     PNG; inputs that cannot be read are skipped later and do not count). ``sniff=False`` skips
-    that pass (~20 µs a file) and answers a provisional "mixed", for formats whose records do not
+    that pass (a read per file) and answers a provisional "mixed", for formats whose records do not
     depend on the codec; :func:`converters.report.settle_codec` narrows it after writing.
     """
     if opts.store == "raw":

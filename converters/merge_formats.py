@@ -40,26 +40,22 @@ def _save(arr: np.ndarray) -> Callable[[BinaryIO], None]:
 class WdsMerge:
     """One shard list (the parts' shards, in part order) and one index over them."""
 
-    names: tuple[str, ...] = (*INDEX_FILES, CRC_FILE, VALUES_FILE)  # values: format 3 only
+    names: tuple[str, ...] = (*INDEX_FILES, CRC_FILE, VALUES_FILE)  # values: with index fields
 
     def build(self, store: LocalStore, parts: list[Manifest], dirs: list[str],
               schema: Schema) -> Built:
         cols: list[list[np.ndarray]] = [[], [], [], []]
         shards: list[str] = []
-        kept = parts[0].extra.get("index_fields") if parts[0].format_version >= 3 else None
+        kept = parts[0].extra.get("index_fields")
         in_index = np.asarray([f.name in (kept or ()) for f in schema], bool)
-        values: list[np.ndarray] = []  # format 3: the index fields' packed values, part by part
+        values: list[np.ndarray] = []  # the index fields' packed values, part by part
         packed = 0
         for m, d in zip(parts, dirs):
-            if m.format_version != parts[0].format_version:
-                raise PartsError(f"{d}: WebDataset format version {m.format_version}, the first "
-                                 f"part has {parts[0].format_version}; re-convert the old parts")
-            if (m.extra.get("index_fields") if m.format_version >= 3 else None) != kept:
+            if m.extra.get("index_fields") != kept:
                 raise PartsError(f"{d}: index fields {m.extra.get('index_fields')}, the first "
                                  f"part has {kept}; convert every part with the same options")
             arrays = [store.load(f"{d}/{n}") for n in INDEX_FILES]
-            crc = store.load(f"{d}/{CRC_FILE}") if m.format_version >= 2 \
-                else np.zeros((m.num_samples, len(schema)), np.uint32)
+            crc = store.load(f"{d}/{CRC_FILE}")
             arrays[1] = arrays[1].astype(np.int32) + len(shards)
             if kept:  # spans of index fields point into the packed values: shift them
                 arrays[0] = np.array(arrays[0], np.int64)
@@ -76,10 +72,8 @@ class WdsMerge:
             raise PartsError(f"key {keys[k + 1].decode()} follows {keys[k].decode()}: keys "
                              "repeat or leave the source order across parts; convert every part "
                              "with this feedpipe's --part")
-        arrays = [offsets, shard_of, keys]
-        if parts[0].format_version >= 2:
-            arrays.append(crcs)
-        if kept:  # format 3 always has the CRC file: the values go to names[4]
+        arrays = [offsets, shard_of, keys, crcs]
+        if kept:
             arrays.append(np.concatenate(values).astype(np.uint8))
         written = []
         for name, arr in zip(self.names, arrays):

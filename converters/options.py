@@ -71,17 +71,19 @@ class PackOptions:
             value = getattr(self, f.name)
             if not conforms(value, hints[f.name]):
                 how = _HOW.get(f.name) or f"use {describe(hints[f.name])}"
-                raise ConfigError(f"{f.name}={value!r}: {how}")
+                raise ConfigError(f"{f.name}={value!r}: {how}", option=f.name)
         if self.max_pixels is not None and self.max_pixels <= 0:
-            raise ConfigError(f"max_pixels={self.max_pixels}: use a positive pixel count")
+            raise ConfigError(f"max_pixels={self.max_pixels}: use a positive pixel count",
+                              option="max_pixels")
         if not 1 <= self.quality <= 100:
-            raise ConfigError(f"quality={self.quality}: use an integer in 1..100")
+            raise ConfigError(f"quality={self.quality}: use an integer in 1..100", option="quality")
         if self.store == "raw" and self.resize is None:
             raise ConfigError("store='raw' needs a fixed size: pass resize=224 (shorter side then "
-                              "center crop) or resize=(H, W) (height, width)")
+                              "center crop) or resize=(H, W) (height, width)", option="store")
         sizes = [self.resize] if isinstance(self.resize, int) else list(self.resize or [])
         if any(s <= 0 for s in sizes):
-            raise ConfigError(f"resize={self.resize!r}: sizes must be positive; {RESIZE_HELP}")
+            raise ConfigError(f"resize={self.resize!r}: sizes must be positive; {RESIZE_HELP}",
+                              option="resize")
         names = [t.name for t in self.targets]
         clash = set(names) & {"image", "label", "path", "meta", "mask"}
         if clash or len(set(names)) != len(names):

@@ -184,12 +184,14 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
         if not isinstance(where, Source) and not (where is out and is_remote(out)):
             refuse_url(where, what)
     if to not in WRITERS:
-        raise ConfigError(f"to={to!r}: use one of {sorted(WRITERS)}")
+        raise ConfigError(f"to={to!r}: use one of {sorted(WRITERS)}", option="to")
     if not 0.0 <= val_fraction < 1.0:
-        raise ConfigError(f"val_fraction={val_fraction}: use a fraction in [0, 1)")
+        raise ConfigError(f"val_fraction={val_fraction}: use a fraction in [0, 1)",
+                          option="val_fraction")
     workers = workers if workers is not None else len(os.sched_getaffinity(0))
     if workers < 0:
-        raise ConfigError(f"workers={workers}: use 0 or 1 for in-process, or a positive count")
+        raise ConfigError(f"workers={workers}: use 0 or 1 for in-process, or a positive count",
+                          option="workers")
     if coco is not None:
         source = scan_coco(src, coco) if not isinstance(src, Source) else src
     else:
@@ -198,7 +200,8 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
         source = apply_columns(source, columns) if source.kind == "manifest" or columns else source
     if (labels, unlabeled) != ("auto", "refuse") and source.kind != "manifest":
         raise ConfigError(f"labels={labels!r}, unlabeled={unlabeled!r}: these read a CSV/JSONL "
-                          f"manifest's label column; {src} is a {source.kind} source")
+                          f"manifest's label column; {src} is a {source.kind} source",
+                          option="labels")
     if source.split_by and val_fraction:
         raise ConfigError("val_fraction splits a dataset; a split root has its splits already")
     if masks is not None:
@@ -215,7 +218,8 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
         changed = [k for k, v in kept.items() if v != PACK_DEFAULTS[k]] + \
             (["targets"] if targets else [])
         raise ConfigError(f"options= holds the image options: set {', '.join(changed)} in "
-                          "PackOptions(...), or pass them as keywords without options=")
+                          "PackOptions(...), or pass them as keywords without options=",
+                          option="options")
     if mask_palette is not None and not source.masked:
         raise ConfigError("mask_palette maps colour masks: pass masks=DIR (--masks) too")
     if options.targets and not source.masked:
@@ -224,7 +228,8 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     opts = replace(options, masks=source.masked)
     if opts.resize is not None and any(f.kind in ("keypoints", "boxes") for f in source.typed):
         raise ConfigError("resize= with keypoints or boxes: their pixel coordinates refer to the "
-                          "source images; convert without resize (the loader resizes both)")
+                          "source images; convert without resize (the loader resizes both)",
+                          option="resize")
     if strict and source.refused:
         raise BadInputError(f"{source.root / source.refused[0][0]}: {source.refused[0][1]}")
     remote = is_remote(out)

@@ -63,10 +63,10 @@ def load_palette(path: str | Path) -> Palette:
     except (OSError, ValueError, TypeError, IndexError) as exc:
         raise ConfigError(f"mask_palette={path}: {exc}; use a JSON object "
                           '{"#rrggbb": class index}, a list of colours, or a dataset converted '
-                          "with a palette") from exc
+                          "with a palette", option="mask_palette") from exc
     colours = [p[:3] for p in pal]
     if len(set(colours)) != len(colours):
-        raise ConfigError(f"mask_palette={path}: a colour is listed twice")
+        raise ConfigError(f"mask_palette={path}: a colour is listed twice", option="mask_palette")
     return pal
 
 
@@ -108,7 +108,8 @@ def auto_palette(masks: Sequence[Path], max_pixels: int | None = DEFAULT_MAX_PIX
         if len(most) > AUTO_MAX:
             raise ConfigError(f"mask_palette='auto': the masks hold more than {AUTO_MAX} "
                               f"colours (counted up to {m}); colour masks with that many "
-                              "colours are photos or anti-aliased: give a palette file")
+                              "colours are photos or anti-aliased: give a palette file",
+                              option="mask_palette")
     classes = sorted(c for c, (n, _) in most.items() if n >= AUTO_MIN_PIXELS)
     rare = tuple({"colour": f"#{c:06x}", "pixels": n, "mask": str(m)}
                  for c, (n, m) in sorted(most.items()) if n < AUTO_MIN_PIXELS)

@@ -79,9 +79,10 @@ def pack_records(src: RecordSource, out: str | Path, *, to: Format, options: Pac
     and ``out/val``); skipped records are listed in the result and the manifest."""
     t0 = time.perf_counter()
     if to not in WRITERS:
-        raise ConfigError(f"to={to!r}: use one of {sorted(WRITERS)}")
+        raise ConfigError(f"to={to!r}: use one of {sorted(WRITERS)}", option="to")
     if not 0.0 <= val_fraction < 1.0:
-        raise ConfigError(f"val_fraction={val_fraction}: use a fraction in [0, 1)")
+        raise ConfigError(f"val_fraction={val_fraction}: use a fraction in [0, 1)",
+                          option="val_fraction")
     codec = "mixed"
     if to == "wds" and src.images:  # member names carry the codec: decide it first (cheap)
         codecs = {planned_codec(r.image, options) for r in src.records()

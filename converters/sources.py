@@ -152,7 +152,8 @@ def scan(src: str | Path, layout: Layout = "auto", labels: LabelsAs = "auto",
     (:func:`manifest_labels`).
     """
     if layout not in ("auto", "imagefolder", "flat"):
-        raise ConfigError(f"layout={layout!r}: use 'auto', 'imagefolder' or 'flat'")
+        raise ConfigError(f"layout={layout!r}: use 'auto', 'imagefolder' or 'flat'",
+                          option="layout")
     src = Path(src)
     if not src.exists():
         raise FileNotFoundError(f"{src}: source does not exist")
@@ -251,7 +252,8 @@ def manifest_labels(path: Path, rows: list[dict[str, Any]], how: LabelsAs = "aut
     where = (f"labels={how!r}", f"unlabeled={unlabeled!r}")
     if how not in ("auto", "ints", "names") or unlabeled not in ("refuse", "keep"):
         raise ConfigError(f"{', '.join(where)}: use labels='auto', 'ints' or 'names' and "
-                          "unlabeled='refuse' or 'keep'")
+                          "unlabeled='refuse' or 'keep'",
+                          option="labels" if how not in ("auto", "ints", "names") else "unlabeled")
     kinds: dict[str, list[int]] = {"empty": [], "int": [], "name": [], "bad": []}
     for n, r in enumerate(rows):
         lab = r.get("label")

@@ -27,7 +27,8 @@ def scan_split_root(src: str | Path, mode: SplitRoot, classes: SplitClasses = "a
     names = split_dirs(src)
     if not names:
         raise ConfigError(f"split_root={mode!r}: {src} is not a split root (its top level must "
-                          f"be only 2 or 3 of {', '.join(SPLIT_NAMES)}, each with class folders)")
+                          f"be only 2 or 3 of {', '.join(SPLIT_NAMES)}, each with class folders)",
+                          option="split_root")
     parts = {n: scan(src / n, "imagefolder") for n in names}
     lists = {n: set(s.classes) for n, s in parts.items()}
     union = sorted(set().union(*lists.values()))

@@ -134,8 +134,8 @@ def results(items: list[SourceItem], opts: PackOptions, workers: int, codec: str
             ) -> Iterator[Prepared]:
     """Each item prepared, in order: in this process for passthrough, else by a worker pool."""
     # Passthrough with header checks is I/O-bound: shipping the bytes through worker pipes costs
-    # more than it saves (20k photos, 2 cores: ~11k images/s in this process, ~5k with 2 worker
-    # processes; a read-ahead thread was slower too, on the GIL), so only decoding work fans out
+    # more than it saves (a worker pool and a read-ahead thread were both slower than this
+    # process alone: benchmarks/RESULTS.md), so only decoding work fans out
     # (any non-JPEG input is decoded in full to check it). Progressive JPEGs are the exception:
     # their transcode (~20-40 ms for 1-2 MP) goes to a pool started at the first one.
     decodes = opts.store != "passthrough" or opts.resize is not None or codec != "jpeg" \

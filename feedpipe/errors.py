@@ -8,10 +8,6 @@ field) and its key.
 
 from __future__ import annotations
 
-import re
-
-_OPTION = re.compile(r"^([a-z_][a-z0-9_]*)=")
-
 
 class FeedpipeError(Exception):
     """Base class for all errors raised by feedpipe."""
@@ -28,14 +24,13 @@ class FeedpipeError(Exception):
 class ConfigError(FeedpipeError, ValueError):
     """An option has a bad value; the message says how to fix it.
 
-    ``option`` is the Python name of the option (``size``), taken from a message that starts
-    with ``name=value:`` unless given, so the CLI can name its flag (``--size``) instead.
+    ``option`` is the Python name of the option it is about (``size``), given by the raiser
+    (data, never read back from the message), so the CLI can name its flag (``--size``) instead.
     """
 
     def __init__(self, message: str = "", *, option: str | None = None, **where: object) -> None:
         super().__init__(message, **where)  # type: ignore[arg-type]
-        m = _OPTION.match(message)
-        self.option = option or (m[1] if m else None)
+        self.option = option
 
 
 class IncompleteDatasetError(FeedpipeError):

@@ -118,8 +118,9 @@ def free_port() -> int:
 
 
 def downgrade_to_v1(root: Path, fmt: str) -> Path:
-    """Rewrite a packed dataset in place as format version 1 (records without checksums), the
-    layout datasets written before checksums hold."""
+    """Rewrite a packed LMDB or HDF5 dataset in place as format version 1 (records without
+    checksums), the layout datasets written before checksums hold. A WebDataset's manifest only
+    is marked version 1: feedpipe refuses it before reading any other file."""
     import json
     import struct
 
@@ -146,21 +147,6 @@ def downgrade_to_v1(root: Path, fmt: str) -> Path:
     elif fmt == "hdf5":
         with h5py.File(root / "data.h5", "r+") as f:
             del f["_feedpipe.crc32"]
-    else:  # version 1 kept every field, the path too, as a tar member: rewrite the shards so
-        import feedpipe
-        from feedpipe.dataset.formats.wds import WdsWriter
-
-        ds = feedpipe.open_dataset(root)
-        samples, ranges = ds.read_raw_batch(range(len(ds))), ds.shard_ranges()
-        for name in [*ds.shards, "index-values.npy"]:
-            (root / name).unlink(missing_ok=True)
-        w = WdsWriter(root, ds.schema, shard_count=max(len(r) for r in ranges) or 1,
-                      index_fields=())
-        for s in samples:
-            w.write(s)
-        files, d["extra"] = w.close()
-        (root / "index-crc32.npy").unlink()
-        d["files"] = [{"name": f} for f in files if f != "index-crc32.npy"]
     d["format_version"] = 1
     d["files"] = [vars(FileEntry.of(root, f["name"])) for f in d["files"]]
     (root / MANIFEST_NAME).write_text(json.dumps(d))

@@ -222,10 +222,12 @@ def test_cli_json_and_exit_codes(tmp_path, capsys):
 
 
 def test_bad_options_exit_2_before_any_check(packed, capsys):
-    with pytest.raises(ConfigError, match=r"batches=1 \(--batches\): use an integer of at least 2"):
+    with pytest.raises(ConfigError, match=r"^batches=1: use an integer of at least 2") as exc:
         run_doctor(packed["lmdb"], batches=1)
-    with pytest.raises(ConfigError, match=r"batch_size='64' \(--batch-size\)"):
+    assert exc.value.option == "batches"
+    with pytest.raises(ConfigError, match=r"^batch_size='64': use an integer") as exc:
         run_doctor(None, batch_size="64")  # type: ignore[arg-type]
+    assert exc.value.option == "batch_size"
     rc, out, err = cli_main(capsys, "doctor", packed["lmdb"], "--size", "0")
     assert rc == 2 and "--size 0: use an integer" in err and "size=" not in err and out == ""
 
@@ -236,3 +238,24 @@ def test_cli_text_output(packed, capsys):
     assert str(only(check_decoder(decoder_info()))) in out  # this machine's decoder verdict
     assert "bench" not in {line.split("]")[1].split(":")[0].strip()
                            for line in out.splitlines() if line.startswith("[")}
+
+
+def test_ring_bytes_are_one_arithmetic_for_the_loader_doctor_and_tune(packed):
+    """The slot ring's size comes from feedpipe.loader.config.ring_bytes everywhere: the ring a
+    real loader allocates, doctor's /dev/shm estimate and tune's RAM estimate."""
+    import feedpipe
+    from feedpipe.loader.config import PREFETCH_DECODE, ring_bytes, ring_slots
+    from feedpipe.tools.tune.memory import loader_ram_bytes
+
+    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2, prefetch_factor=3,
+                              device="cpu", dtype="uint8")
+    next(iter(ld))
+    ring = ld.ring
+    assert ring is not None and ring.count == ring_slots(2, 3) == 8
+    allocated = sum(t.untyped_storage().nbytes() for ts in ring.tensors.values() for t in ts)
+    per_batch = allocated // ring.count
+    assert allocated == ring_bytes(per_batch, 2, 3) == ring.nbytes(
+        {k: (tuple(v[0].shape), v[0].numpy().dtype) for k, v in ring.tensors.items()}, 2, 3)
+    assert doctor.ring_bytes(64, 224, 2) == ring_bytes(64 * 224 * 224 * 3, 2, PREFETCH_DECODE)
+    assert loader_ram_bytes(100, 16, 2, 3) == ring_bytes(1600, 2, 3)
+    assert loader_ram_bytes(100, 16, 0, 3) == 1600  # in-process: one batch at a time

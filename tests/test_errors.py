@@ -16,8 +16,9 @@ from fp_helpers import CLI, cli_main, jpeg_bytes, run_cli
 
 import feedpipe
 from feedpipe.cli import args as cli_args
+from feedpipe.cli import build_parser, main
 from feedpipe.cli import info as cli_info
-from feedpipe.cli import main
+from feedpipe.cli.app import speak_cli
 from feedpipe.dataset.formats.hdf5 import CRC_NAME
 from feedpipe.dataset.formats.wds import check_key
 from feedpipe.dataset.manifest import FileEntry, Manifest
@@ -120,6 +121,11 @@ def test_cli_messages_name_flags_not_python(tmp_path, capsys):
     assert rc == 2 and "--batches 1:" in err and "batches=" not in err, err
     rc, _, err = cli_main(capsys, "doctor", root, "--batches", "1")
     assert rc == 2 and "--batches 1:" in err and "batches=" not in err, err
+    rc, _, err = cli_main(capsys, "bench", root, "--batch-size", "16,0")  # batch_sizes=(16, 0)
+    assert rc == 2 and "--batch-size (16, 0): use positive integers" in err, err
+    rc, _, err = cli_main(capsys, "bench", root, "--device", "cpu", "--dtype", "float32",
+                          "--size", "0", "--batches", "2")
+    assert rc == 2 and "--size 0: use an integer of at least 1" in err, err
     assert cli_args.hw_size("96x128") == (96, 128) and cli_args.hw_size("224") == 224
     with pytest.raises(SystemExit):  # argparse names the flag itself
         cli_main(capsys, "tune", root, "--batch-size", "4", "--size", "0x9")
@@ -178,4 +184,45 @@ def test_every_feedpipe_error_names_where(tmp_path):
     located = ds.located(exc)
     assert located.file == "src/img2.jpg" and "src/img2.jpg" in str(located)
     assert json.loads((root / "feedpipe.json").read_text())["format_version"] == 2
-    assert ConfigError("size=3: x").option == "size"
+    assert ConfigError("size=3: x").option is None  # data, never parsed from the message
+    assert ConfigError("size=3: x", option="size").option == "size"
+
+
+def test_every_config_error_that_names_an_option_carries_it():
+    """A ConfigError whose message starts with ``name=`` says ``option="name"`` (the CLI names
+    the flag from that data; it used to parse the name back out of the message)."""
+    import ast
+    import re
+
+    root = Path(__file__).parents[1]
+    missing = []
+    for path in sorted([*root.joinpath("feedpipe").rglob("*.py"),
+                        *root.joinpath("converters").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", "") == "ConfigError"
+                    and node.args):
+                continue
+            first = node.args[0]
+            while isinstance(first, ast.BinOp):
+                first = first.left
+            if isinstance(first, ast.JoinedStr) and first.values:
+                first = first.values[0]
+            text = first.value if isinstance(first, ast.Constant) else ""
+            named = re.match(r"([a-z_][a-z0-9_]*)=", text if isinstance(text, str) else "")
+            given = {k.arg: k.value for k in node.keywords}.get("option")
+            if named and not (isinstance(given, ast.Constant) and given.value == named[1]):
+                missing.append(f"{path.relative_to(root)}:{node.lineno} {named[1]}")
+    assert not missing, missing
+
+
+def test_cli_speaks_flags_from_the_option_not_the_text():
+    parser = build_parser()
+    flags = parser.commands["bench"].flags
+    assert flags["batch_sizes"] == "--batch-size" and flags["batches"] == "--batches"
+    assert parser.commands["convert"].flags["distance_truncate"] == "--distance-truncate"  # group
+    assert speak_cli("size='ab': use N", "size", flags) == "--size ab: use N"
+    assert speak_cli("x: pass size=(H, W) to batch", "size", flags) == "x: pass --size HxW to batch"
+    assert speak_cli("batches=1 (--batches): more", "batches", flags) == "--batches 1: more"
+    # another option's spelling is not guessed at, nor an option without a flag
+    assert speak_cli("seed=-1: use seed=0", None, flags) == "seed=-1: use seed=0"
+    assert speak_cli("cuda_sync=1: no", "cuda_sync", flags) == "cuda_sync=1: no"

@@ -19,6 +19,7 @@ import feedpipe
 from converters import convert
 from converters.synth import make_photos
 from feedpipe.errors import BadInputError, CorruptRecordError
+from feedpipe.loader import transforms
 from feedpipe.loader.transforms import DCT_MARGIN, ImageOp, _resize_rgb_into
 
 U8 = dict(dtype="uint8", device="cpu")
@@ -221,13 +222,17 @@ def test_in_process_ring_only_where_slots_can_be_lent(packed):
         assert gpu.ring is None
 
 
+@pytest.mark.parametrize("private", [True, False])
 @pytest.mark.parametrize("flip", [False, True])
 @pytest.mark.parametrize("src, dst", [((300, 410), (224, 224)), ((97, 61), (224, 160)),
                                       ((64, 64), (31, 47))])
-def test_resize_into_the_slot_is_interpolate_bit_for_bit(src, dst, flip):
+def test_resize_into_the_slot_is_interpolate_bit_for_bit(src, dst, flip, private, monkeypatch):
     """The resize writes straight into the batch slot through the op F.interpolate dispatches
     to: the same pixels as F.interpolate's result copied in (down- and upscales, flips, and a
-    read-only crop of a larger image, as a zero-copy read buffer gives)."""
+    read-only crop of a larger image, as a zero-copy read buffer gives); without that private op
+    (``private=False``) the public F.interpolate path gives them too."""
+    if not private:
+        monkeypatch.setattr(transforms, "_UPSAMPLE_AA", None)
     rng = np.random.default_rng(sum(src) + sum(dst))
     full = rng.integers(0, 256, (src[0] + 9, src[1] + 5, 3), dtype=np.uint8)
     full.flags.writeable = False
@@ -240,10 +245,67 @@ def test_resize_into_the_slot_is_interpolate_bit_for_bit(src, dst, flip):
     assert np.array_equal(out, ref.numpy()[:, ::-1] if flip else ref.numpy())
 
 
-def test_main_process_threads_restored(packed):
+@pytest.mark.parametrize("opts", [{}, {"dtype": "bfloat16", "channels_last": False},
+                                  {"dtype": "float16", "mean": None, "std": None},
+                                  {"dtype": "uint8", "channels_last": False}])
+def test_cpu_workers_convert_without_setting_torchs_thread_count(packed, monkeypatch, opts):
+    """With workers on the CPU, the main process converts batches on its own thread (numpy):
+    torch's process-wide thread count, which the user's step runs with, is never set (it used to
+    be set to 1 and back around every batch). The batches are the torch conversion's (the
+    in-process loader's), bit for bit, in dtype, layout and values."""
+    calls: list[int] = []
+    real = torch.set_num_threads
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n))[1])
     before = torch.get_num_threads()
-    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2, device="cpu")
-    assert ld.stage.threads == 1
-    for _ in ld:
-        pass
-    assert torch.get_num_threads() == before
+    kw = dict(size=32, device="cpu", shuffle=False, crop="center_crop", flip=False, **opts)
+    ld = feedpipe.make_loader(packed["lmdb"], 8, num_workers=2, **kw)
+    assert ld.stage.one_thread
+    got = list(ld)
+    assert not calls and torch.get_num_threads() == before
+    want = list(feedpipe.make_loader(packed["lmdb"], 8, num_workers=0, **kw))
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        x, y = a["image"], b["image"]
+        assert (x.dtype, x.shape, x.stride()) == (y.dtype, y.shape, y.stride())
+        assert torch.equal(x, y) and torch.equal(a["label"], b["label"])
+
+
+_WITHOUT_PRIVATE_OP = """
+import sys
+import numpy as np
+import torch
+
+namespace = type(torch.ops.aten)
+real = namespace.__getattr__
+
+def gone(self, name):  # a torch release without the private op
+    if name == "_upsample_bilinear2d_aa":
+        raise AttributeError(name)
+    return real(self, name)
+
+namespace.__getattr__ = gone
+torch.ops.aten.__dict__.pop("_upsample_bilinear2d_aa", None)
+import feedpipe
+from feedpipe.loader import transforms
+
+assert transforms._UPSAMPLE_AA is None
+ld = feedpipe.make_loader(sys.argv[1], 16, size=48, shuffle=False, num_workers=0, flip=True,
+                          seed=3, dtype="uint8")
+np.save(sys.argv[2], np.concatenate([b["image"].numpy() for b in ld]), allow_pickle=False)
+"""
+
+
+def test_a_torch_without_the_private_resize_op_loads_the_same_pixels(packed, tmp_path):
+    """The private ATen op is looked up at import; a torch without it imports feedpipe and loads
+    the same batches through the public F.interpolate (it used to fail at import)."""
+    import subprocess
+
+    out = tmp_path / "images.npy"
+    proc = subprocess.run([sys.executable, "-c", _WITHOUT_PRIVATE_OP, str(packed["lmdb"]),
+                           str(out)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ld = feedpipe.make_loader(packed["lmdb"], 16, size=48, shuffle=False, num_workers=0,
+                              flip=True, seed=3, dtype="uint8")
+    want = np.concatenate([b["image"].numpy() for b in ld])
+    assert transforms._UPSAMPLE_AA is not None  # this process took the private op
+    assert np.array_equal(np.load(out, allow_pickle=False), want)

@@ -197,6 +197,29 @@ def test_on_error(tmp_path, workers):
     assert 7 not in labels and 21 not in labels and len(ld.skipped) == 2
 
 
+@pytest.mark.parametrize("bug", [TypeError("a transform got a str"), KeyError("image"),
+                                 ConfigError("size=3: a bad option")])
+def test_a_bug_while_filling_a_sample_propagates_under_skip(tmp_path, monkeypatch, bug):
+    """on_error="skip" replaces damaged records only: a bug in the decode step (a TypeError from a
+    transform) or a bad option raised while filling a sample is raised as itself; it used to be
+    turned into CorruptRecordError, every sample refilled until "16 substitutes in a row"."""
+    from feedpipe.loader.transforms import ImageOp
+
+    root = _corrupt_dataset(tmp_path / "bad", {7})
+    calls = []
+
+    def buggy(self, *args, **kw):
+        calls.append(1)
+        raise bug
+
+    monkeypatch.setattr(ImageOp, "apply", buggy)
+    ld = feedpipe.make_loader(root, 8, on_error="skip", size=32, shuffle=False, num_workers=0,
+                              **U8)
+    with pytest.raises(type(bug)) as exc:
+        next(iter(ld))
+    assert exc.value is bug and len(calls) == 1 and not ld.skipped
+
+
 def test_worker_memory_is_stable(packed):
     """Persistent workers do not grow by copy-on-write over epochs (index data is numpy)."""
     psutil = pytest.importorskip("psutil")

@@ -61,13 +61,17 @@ def test_stall_arithmetic_exact() -> None:
     run(meter, clock, waits, [2.0] * 102, batches)
     s = meter.summary()
     assert meter.waits == waits and meter.steps == [2.0] * 102
-    assert (s.batches, s.samples) == (102, sum(sizes))
+    assert (s.batches, s.samples, s.warmup_batches) == (102, sum(sizes), 1)
     assert s.first_batch_s == 7.0
-    assert s.wait_s == 5050.0 and s.step_s == 204.0
+    # the steady state after the first batch: its waits, and the steps between its arrivals
+    assert s.wait_s == 5050.0 and s.step_s == 202.0
     assert s.wall_s == 7.0 + 5050.0 + 204.0
-    assert s.input_bound == pytest.approx(5050.0 / 5254.0, rel=1e-12)
+    assert s.input_bound == pytest.approx(5050.0 / 5252.0, rel=1e-12)
     assert (s.wait_p50_ms, s.wait_p95_ms, s.wait_p99_ms) == (50_000.0, 95_000.0, 99_000.0)
-    assert s.samples_per_s == pytest.approx(sum(sizes) / s.wall_s, rel=1e-12)
+    # the median of three windows of 101 batches (34, 33, 34), arrival to arrival
+    spans = [(1, 35), (35, 68), (68, 102)]
+    rates = [sum(sizes[a:b]) / sum(2.0 + waits[i] for i in range(a, b)) for a, b in spans]
+    assert s.samples_per_s == pytest.approx(sorted(rates)[1], rel=1e-12)
     assert s.verdict == "input-bound"
     d = s.to_dict()
     assert json.loads(json.dumps(d)) == d and isinstance(d["advice"], list) and d["advice"]
@@ -85,7 +89,7 @@ def test_verdict_thresholds(wait: float, step: float, verdict: str) -> None:
     meter = StallMeter(clock=clock)
     run(meter, clock, [100.0] + [wait] * 30, [step] * 31)  # a slow start-up must not count
     s = meter.summary()
-    assert s.input_bound == pytest.approx(30 * wait / (30 * wait + 31 * step), rel=1e-12)
+    assert s.input_bound == pytest.approx(30 * wait / (30 * wait + 30 * step), rel=1e-12)
     assert s.verdict == verdict
 
 
@@ -130,7 +134,7 @@ def test_cuda_sync_true_needs_cuda_auto_does_not() -> None:
     clock = FakeClock()
     meter = StallMeter(clock=clock)  # "auto", the default: runs anywhere
     run(meter, clock, [1.0] * 3, [2.0] * 3)
-    assert meter.summary().step_s == 6.0
+    assert meter.steps == [2.0] * 3
 
 
 def test_readme_stall_example_runs_on_this_machine(packed: dict[str, Path]) -> None:

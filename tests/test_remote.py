@@ -26,7 +26,7 @@ from feedpipe.errors import (
     RetriesExhaustedError,
 )
 from feedpipe.storage import RetryPolicy, download, is_remote, local_path, read_bytes
-from feedpipe.storage.cache import Cache, parse_size
+from feedpipe.storage.cache import Cache
 from feedpipe.storage.fetch import FETCH_ENV
 
 pytest.importorskip("fsspec")
@@ -39,14 +39,6 @@ def test_urls():
     assert local_path("file:///data/ds") == "/data/ds"
     with pytest.raises(ConfigError, match="ftp://"):
         is_remote("ftp://host/ds")
-
-
-def test_parse_size():
-    assert parse_size("200GB") == 200 * 10**9 and parse_size("1.5GiB") == 3 * 2**29
-    assert parse_size(4096) == 4096 and parse_size(None) is None
-    for bad in ("lots", "-1GB", 0):
-        with pytest.raises(ConfigError, match="cache_limit"):
-            parse_size(bad)
 
 
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])

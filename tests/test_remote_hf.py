@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from fp_helpers import cli_main, data_files, run_cli, same_batches
 from fp_helpers import remote_batches as batches
-from servers import HubRepos
+from hub_emulator import HubRepos
 
 import feedpipe
 from feedpipe.errors import AccessDeniedError, IncompleteDatasetError, RemoteNotFoundError

@@ -1,5 +1,5 @@
-"""The one samples/s definition (feedpipe.tools.throughput) that bench, tune and the benchmark
-harness share."""
+"""The one samples/s definition (feedpipe.tools.throughput) that StallMeter's summary, bench, tune,
+the benchmark harness and the peers harness share."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from feedpipe.errors import ConfigError
 from feedpipe.tools import throughput as tp
 from feedpipe.tools.bench import BenchConfig, run_bench
+from feedpipe.tools.monitor import StallMeter, time_epoch
 
 bench_mod = importlib.import_module("feedpipe.tools.bench")
 autotune_mod = importlib.import_module("feedpipe.tools.tune.autotune")
@@ -55,8 +56,11 @@ def test_warmup_excludes_startup_and_short_runs_keep_one_window():
     assert (th.warmup_batches, th.windows, th.first_batch_s) == (2, 3, 5.0)
     assert th.samples_per_s == pytest.approx(8 / 0.2)
     assert th.wait_fraction == pytest.approx(0.5)
-    # the whole pass, start-up included: 40 samples over 5.3 s of waits and 0.5 s of steps
-    assert (th.epoch_s, th.epoch_samples_per_s) == (pytest.approx(5.8), pytest.approx(40 / 5.8))
+    # the whole pass, start-up included: 40 samples from the first ask to the last arrival
+    # (5.3 s of waits and the 0.4 s of steps between arrivals)
+    assert (th.epoch_s, th.epoch_samples_per_s) == (pytest.approx(5.7), pytest.approx(40 / 5.7))
+    assert th.epoch_samples_per_s == pytest.approx(tp.steady_rate(waits, steps, rows, 0, 1))
+    assert (th.wait_s, th.step_s) == (pytest.approx(0.3), pytest.approx(0.3))
     short = tp.throughput([5.0, 0.1], [0.1, 0.1], [8, 8], workers=4)
     assert (short.warmup_batches, short.windows) == (1, 1)
     assert short.samples_per_s == pytest.approx(8 / 0.2)
@@ -68,5 +72,27 @@ def test_time_epoch_reads_the_loaders_workers(packed):
     import feedpipe
 
     loader = feedpipe.make_loader(packed["lmdb"], 16, size=64, num_workers=2, crop="center_crop")
-    th = tp.time_epoch(loader)
+    th = time_epoch(loader)
     assert th.warmup_batches == 2 and th.samples == 72 and th.samples_per_s > 0
+
+
+def test_monitor_and_bench_agree_on_one_runs_timings(packed):
+    """``feedpipe bench`` keeps its meter's summary (what StallMeter reports in a training run)
+    beside its own figures: on the same batches they are the same figures."""
+    trial = run_bench(packed["lmdb"], BenchConfig(workers=(2,), batch_sizes=(8,), size=64,
+                                                  batches=8)).trials[0]
+    monitor, bench = trial.stall, trial.stall["throughput"]
+    assert trial.samples_per_s == bench["samples_per_s"] == monitor["samples_per_s"] > 0
+    assert monitor["warmup_batches"] == bench["warmup_batches"] == 2  # max(1, workers)
+    assert monitor["input_bound"] == bench["wait_fraction"] == trial.wait_fraction
+    for k in ("wait_s", "step_s", "wait_p50_ms", "wait_p95_ms", "wait_p99_ms"):
+        assert monitor[k] == bench[k], k
+    # a meter fed the same timings by a trainer's hooks, its loader unknown (one warm-up batch)
+    timings = monitor["waits_s"], monitor["steps_s"], monitor["rows"]
+    meter = StallMeter()
+    for w, s, r in zip(*timings):
+        meter.record(w, s, r)
+    th = tp.throughput(*timings, workers=0)
+    assert meter.throughput() == th and th.warmup_batches == 1
+    assert (meter.summary().samples_per_s, meter.summary().input_bound) == (th.samples_per_s,
+                                                                            th.wait_fraction)

@@ -16,10 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feedpipe
+from converters.merge import read_part
 from feedpipe.dataset.formats.wds import WdsWriter, ustar_header
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import sample_key
-from feedpipe.errors import CorruptRecordError, DataFileMismatchError
+from feedpipe.errors import CorruptRecordError, DataFileMismatchError, ManifestError
 from feedpipe.schema.fields import ArrayField, BytesField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
@@ -212,24 +213,37 @@ def test_path_lives_in_the_index_and_reads_as_before(packed, photos):
     assert [p for b in got for p in b["path"]] == want
 
 
-def test_version_2_layout_with_path_members_still_reads(tmp_path, packed):
-    # a dataset written before version 3: every field a tar member, manifest version 2
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_webdataset_written_before_0_1_is_refused_to_reconvert(tmp_path, packed, version):
+    """Every field a tar member (no index fields) still reads at format version 3; the same
+    files marked version 1 or 2 (written before release 0.1) are refused by a ManifestError that
+    says to re-convert, when opened and when merged as a part (they used to read through their
+    own branches)."""
     ref = feedpipe.open_dataset(packed["wds"])
-    w = WdsWriter(tmp_path / "v2", ref.schema, shard_count=WDS_SHARD_COUNT, index_fields=())
+    w = WdsWriter(tmp_path / "old", ref.schema, shard_count=WDS_SHARD_COUNT, index_fields=())
     for s in ref.read_raw_batch(range(len(ref))):
         w.write(s)
     files, extra = w.close()
     assert "index_fields" not in extra and "index-values.npy" not in files
-    Manifest("wds", w.count, ref.schema, ref.classes,
-             tuple(FileEntry.of(w.root, f) for f in files), {}, (), extra,
-             format_version=2).write(w.root)
     with tarfile.open(w.root / "shard-000000.tar") as tar:
         assert f"{sample_key(0)}.path.json" in tar.getnames()
+
+    def manifest(version: int) -> Manifest:
+        return Manifest("wds", w.count, ref.schema, ref.classes,
+                        tuple(FileEntry.of(w.root, f) for f in files), {}, (), extra,
+                        format_version=version)
+
+    manifest(3).write(w.root)
     ds = feedpipe.open_dataset(w.root)
-    assert ds.manifest.format_version == 2
     assert [ds[i]["path"] for i in range(len(ds))] == [ref[i]["path"] for i in range(len(ref))]
-    assert [v["path"] for _, v in ds.iter_shard(1)] == [ref[i]["path"]
-                                                        for i in ref.shard_ranges()[1]]
+    manifest(version).write(w.root)
+    refusal = f"wds format version {version} predates feedpipe 0.1.*re-convert the dataset"
+    with pytest.raises(ManifestError, match=refusal):
+        feedpipe.open_dataset(w.root)
+    with pytest.raises(ManifestError, match=refusal):
+        feedpipe.make_loader(w.root, 8, size=32, num_workers=0)
+    with pytest.raises(ManifestError, match=refusal):
+        read_part(w.root)
 
 
 def test_damaged_packed_values_are_refused(tmp_path):

@@ -4,13 +4,15 @@ A contender is a script that packs the source photos into its own format, then a
 from ``run.py`` on stdin, one JSON line each on stdout:
 
     (start)          -> {"pack_s": ...}               after packing into --work
-    epoch [validate] -> {"n": ..., "seconds": ..., "first_batch_s": ..., "labels": {...}, ...}
+    epoch [validate] -> {"n": ..., "seconds": ..., "first_batch_s": ..., "waits": [...],
+                         "steps": [...], "rows": [...], "labels": {...}, ...}
     quit             -> exits
 
 The harness measures CPU time and PSS of the contender's process tree from outside; the contender
-itself reports only what it saw: sample count, per-label counts, batch shapes and dtypes, and (on a
-validating epoch) the mean pixel per label and channel, which ``run.py`` compares with a reference
-decode of the same files.
+itself reports only what it saw: sample count, per-batch timings (``feedpipe.tools.monitor``'s
+StallMeter, which ``run.py`` rates with the one samples/s definition, ``feedpipe.tools.throughput``),
+per-label counts, batch shapes and dtypes, and (on a validating epoch) the mean pixel per label and
+channel, which ``run.py`` compares with a reference decode of the same files.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from PIL import Image
+
+from feedpipe.tools.monitor import LoaderInfo, StallMeter
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # images N×3×H×W uint8, labels N int64
 
@@ -136,12 +140,14 @@ def serve(name: str, pack: Callable[[list[tuple[str, int]], Path, argparse.Names
             epoch_fn = open_loader(args.work, args)
         stats = Stats(args.classes, "validate" in cmd)
         first = None
-        batches: Iterator[Batch] = iter(epoch_fn())
+        meter = StallMeter(cuda_sync=False, loader_info=LoaderInfo())
+        batches: Iterator[Batch] = meter.wrap(epoch_fn())
         for images, labels in batches:
             if first is None:
                 first = time.perf_counter() - t0
             stats.add(images, labels)
         _reply({"seconds": time.perf_counter() - t0, "first_batch_s": first, "startup": startup,
+                "waits": meter.waits, "steps": meter.steps, "rows": meter.rows,
                 **stats.report()})
 
 

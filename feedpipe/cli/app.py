@@ -3,11 +3,9 @@ Progress bars live in the CLI, not in the library."""
 
 from __future__ import annotations
 
-import argparse
 import errno
 import logging
 import os
-import re
 import sys
 import traceback
 from typing import Sequence
@@ -15,15 +13,16 @@ from typing import Sequence
 from .._version import __version__
 from ..errors import ConfigError, FeedpipeError
 from . import bench, convert, decoders, demo, doctor, index, info, merge, monitor, tune, verify
+from .args import FlagParser
 
 # One module per subcommand, in --help order. Registering is argparse only: a command imports
 # what it runs (torch for bench, doctor, monitor, tune, demo) when it runs.
 COMMANDS = (convert, merge, index, info, verify, demo, decoders, monitor, bench, doctor, tune)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> FlagParser:
     """The whole CLI: every subcommand's options."""
-    p = argparse.ArgumentParser(
+    p = FlagParser(
         prog="feedpipe", description="Pack image and array datasets once (LMDB, HDF5, "
         "WebDataset), then feed PyTorch training at the hardware's speed; measure and tune the "
         "loader on your own data.", epilog="Run `feedpipe COMMAND --help` for a command's "
@@ -36,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     for command in COMMANDS:
         command.register(sub)
+    p.commands = sub.choices
     return p
 
 
@@ -51,29 +51,21 @@ def _user_error(exc: BaseException) -> bool:
         exc.filename is not None or isinstance(exc, _PATH_ERRORS) or exc.errno in _FULL))
 
 
-def _subparser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return action.choices[command]
-    return parser
-
-
-def speak_cli(message: str, option: str | None, parser: argparse.ArgumentParser) -> str:
-    """A ConfigError's message in the command's terms: ``size=0`` becomes ``--size 0`` and
-    ``size=(H, W)`` becomes ``--size HxW`` for every option the command has a flag for."""
-    flags = {a.dest: next((s for s in a.option_strings if s.startswith("--")),
-                          a.option_strings[0]) for a in parser._actions if a.option_strings}
-    for name in {option, *re.findall(r"\b([a-z_]+)=", message)} - {None}:
-        flag = flags.get(name) or flags.get(name.rstrip("s"))  # batch_sizes -> --batch-size
-        if flag is None:
-            continue
-        if flag in message:  # the message names the flag already: drop the Python spelling
-            message = re.sub(rf"\b{name}=('[^']*'|\S+?)(?=[:,;]|\s)( \({flag}\))?",
-                             lambda m: f"{flag} {m[1].strip(chr(39))}", message)  # noqa: B023
-            continue
-        message = re.sub(rf"\b{name}=\(H, W\)", f"{flag} HxW", message)
-        message = re.sub(rf"\b{name}='([^']*)'", rf"{flag} \1", message)
-        message = re.sub(rf"\b{name}=", f"{flag} ", message)
+def speak_cli(message: str, option: str | None, flags: dict[str, str]) -> str:
+    """A ConfigError's message in the command's terms, from the option it names (data, not
+    parsed from the text): ``size=0: ...`` becomes ``--size 0: ...``, ``size='a'`` ``--size a``,
+    ``size=(H, W)`` ``--size HxW``, and a Python spelling followed by its flag in brackets keeps
+    the flag only. Messages about an option the command has no flag for stay as they are."""
+    flag = flags.get(option or "")
+    if flag is None:
+        return message
+    said = f"{option}="
+    message = message.replace(f"{said}(H, W)", f"{flag} HxW").replace(f" ({flag})", "")
+    if message.startswith(said):
+        value, sep, rest = message[len(said):].partition(":")
+        if len(value) > 1 and value[0] == value[-1] == "'":
+            value = value[1:-1]
+        message = f"{flag} {value}{sep}{rest}"
     return message
 
 
@@ -110,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not isinstance(exc, FeedpipeError) and getattr(exc, "errno", None) in _FULL:
             message += "; free space on that filesystem, or write elsewhere"
         if isinstance(exc, ConfigError):
-            message = speak_cli(message, exc.option, _subparser(parser, args.command))
+            message = speak_cli(message, exc.option, parser.commands[args.command].flags)
         print(f"feedpipe {args.command}: error: {message}", file=sys.stderr)
         return 2
 

@@ -1,35 +1,57 @@
-"""Argument types shared by the subcommands: byte sizes (``2G``) and image sizes (``HxW``)."""
+"""The CLI's parser (it knows each option's flag) and the argument types the subcommands share:
+byte sizes (``2GB``) and image sizes (``HxW``)."""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from ..errors import ConfigError
+from ..storage.sizes import parse_size
 
 
-def parse_size(text: str) -> int:
-    """``256MB``, ``2G``, ``4096`` → bytes."""
-    units = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-    t = text.strip().lower().rstrip("b")
-    mult = units.get(t[-1:], 1)
+class FlagParser(argparse.ArgumentParser):
+    """An ArgumentParser that records each option's flag by its ``dest`` (the Python option's
+    name: ``batch_size`` -> ``--batch-size``), for errors in the command's terms; its
+    subparsers, argument groups and mutually exclusive groups record into it too."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.flags: dict[str, str] = {}  # before argparse adds --help through add_argument
+        self.commands: dict[str, FlagParser] = {}  # subcommand -> its parser (build_parser)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        return self._record(super().add_argument(*args, **kwargs))
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
+        return self._recording(super().add_argument_group(*args, **kwargs))
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> Any:
+        return self._recording(super().add_mutually_exclusive_group(**kwargs))
+
+    def _recording(self, group: Any) -> Any:
+        add = group.add_argument
+
+        def add_argument(*args: Any, **kwargs: Any) -> argparse.Action:
+            return self._record(add(*args, **kwargs))
+
+        group.add_argument = add_argument
+        return group
+
+    def _record(self, action: argparse.Action) -> argparse.Action:
+        if action.option_strings:
+            longs = [s for s in action.option_strings if s.startswith("--")]
+            self.flags[action.dest] = (longs or action.option_strings)[0]
+        return action
+
+
+def size_arg(text: str) -> int:
+    """argparse ``type=`` for byte-size options (``256MB``, ``2GiB``: feedpipe.storage.sizes),
+    checked at parse time so that argparse names the flag."""
     try:
-        n = int(float(t[:-1] if t[-1:] in units else t) * mult)
-    except (ValueError, OverflowError):
-        n = 0
-    if n <= 0:
-        raise ConfigError(f"{text!r} is not a size: use a positive byte count with an optional "
-                          "k/m/g suffix, e.g. 256MB or 2G")
-    return n
-
-
-def size_arg(text: str) -> str:
-    """argparse ``type=`` for size options: checked at parse time (the flag is named), kept as
-    text for the command."""
-    try:
-        parse_size(text)
+        return parse_size(text)
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def hw_size(text: str) -> int | tuple[int, int]:

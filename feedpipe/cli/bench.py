@@ -21,10 +21,12 @@ def register(sub: Any) -> None:
     b.add_argument("path", help="packed dataset, dataset URL (s3://bucket/ds/, read through "
                    "the cache), or image folder (packed first into a temporary dataset per "
                    "--formats)")
-    b.add_argument("--backend", default="torch", help="comma-separated: torch,dali")
+    b.add_argument("--backend", dest="backends", default="torch",
+                   help="comma-separated: torch,dali")
     b.add_argument("--workers", help="comma-separated num_workers, e.g. 0,2,4,auto (default: 0 "
                    "and powers of two up to the usable cores)")
-    b.add_argument("--batch-size", default="64", help="comma-separated, e.g. 64,128")
+    b.add_argument("--batch-size", dest="batch_sizes", default="64",
+                   help="comma-separated, e.g. 64,128")
     n = b.add_mutually_exclusive_group()
     n.add_argument("--batches", type=int, default=50, help="batches per trial (default 50)")
     n.add_argument("--epochs", type=int, help="whole epochs per trial instead of --batches")
@@ -77,8 +79,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.plot:
         figure_class()
     cfg = BenchConfig(
-        backends=tuple(args.backend.split(",")),  # type: ignore[arg-type]
-        batch_sizes=_list(args.batch_size, int, "--batch-size"),
+        backends=tuple(args.backends.split(",")),  # type: ignore[arg-type]
+        batch_sizes=_list(args.batch_sizes, int, "--batch-size"),
         workers=_list(args.workers, int, "--workers") if args.workers else None,
         batches=None if args.epochs else args.batches, epochs=args.epochs, device=args.device,
         size=args.size, dtype=args.dtype, step_ms=args.step_ms, step_kind=args.step_kind,

@@ -26,7 +26,7 @@ from converters.options import (
 from ..errors import ConfigError
 from ..schema.imaging import DEFAULT_MAX_PIXELS
 from . import convert_tables
-from .args import human, parse_size, size_arg
+from .args import human, size_arg
 from .remote_args import add_storage_args, storage_options
 
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ def register(sub: Any) -> None:
                    f"{DEFAULT_MAX_PIXELS:,})")
     c.add_argument("--max-member-size", type=size_arg,
                    help="WebDataset shards: refuse a member larger than this (members are read "
-                   "whole; default 256MB)")
+                   "whole; default 256MiB)")
     c.add_argument("--layout", default="auto", choices=get_args(Layout),
                    help="auto: an ImageFolder tree when a sub-folder holds images (class folders "
                    "win; top-level images are skipped by name), else a flat folder")
@@ -91,8 +91,8 @@ def register(sub: Any) -> None:
                    help="split root: refuse differing class lists (agree) or use their union")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--overwrite", action="store_true")
-    c.add_argument("--shard-size", default="256MB", type=size_arg,
-                   help="wds: max bytes per shard")
+    c.add_argument("--shard-size", default="256MiB", type=size_arg,
+                   help="wds: max bytes per shard (MB: 10^6, MiB: 2^20)")
     c.add_argument("--shard-count", type=int, default=10_000, help="wds: max samples per shard")
     c.add_argument("--compression", choices=["lzf", "gzip"], help="hdf5 chunk compression")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
@@ -165,7 +165,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
     writer_options: dict[str, object] = {}
     if args.to == "wds":
-        writer_options = {"shard_size": parse_size(args.shard_size), "shard_count": args.shard_count}
+        writer_options = {"shard_size": args.shard_size, "shard_count": args.shard_count}
     elif args.to == "hdf5" and args.compression:
         writer_options = {"compression": args.compression}
     bar = tqdm(total=None, unit="img", disable=args.quiet or None, dynamic_ncols=True)
@@ -251,7 +251,7 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
     from converters import PackOptions, parse_resize
     from converters.external import record_source
 
-    limit = parse_size(args.max_member_size) if args.max_member_size else None
+    limit = args.max_member_size
     src = record_source(args.src, args.split, limit)
     if limit is not None and (src is None or src.kind != "wds-shards"):
         raise ConfigError(f"{args.src}: --max-member-size applies to WebDataset shards only")

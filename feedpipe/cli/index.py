@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from .args import parse_size, size_arg
+from .args import size_arg
 
 
 def register(sub: Any) -> None:
@@ -16,9 +16,9 @@ def register(sub: Any) -> None:
                        "place, so make_loader reads them without a conversion")
     c.add_argument("folder", type=Path, help="folder of .tar shards")
     c.add_argument("--overwrite", action="store_true", help="index a folder indexed before")
-    c.add_argument("--max-member-size", default="256MB", type=size_arg,
+    c.add_argument("--max-member-size", default="256MiB", type=size_arg,
                    help="refuse a shard member larger than this (members are read whole to "
-                   "checksum them; default 256MB)")
+                   "checksum them; default 256MiB)")
     c.set_defaults(func=cmd_index)
 
 
@@ -26,7 +26,7 @@ def cmd_index(args: argparse.Namespace) -> int:
     from converters.wds_index import index_shards
 
     res = index_shards(args.folder, overwrite=args.overwrite,
-                       max_member_bytes=parse_size(args.max_member_size))
+                       max_member_bytes=args.max_member_size)
     print(f"indexed {res.indexed} samples in {len(res.shards)} shards of {res.root} "
           f"(fields: {', '.join(res.schema)}); the shards were not changed")
     for s in res.skipped[:20]:

@@ -9,6 +9,8 @@ import argparse
 import json
 from typing import Any
 
+from .args import size_arg
+
 
 def add_storage_args(p: argparse.ArgumentParser) -> None:
     """Add ``--storage-option`` (repeatable) to a subcommand."""
@@ -22,15 +24,13 @@ def add_cache_args(p: argparse.ArgumentParser) -> None:
     """Add ``--cache-dir`` and ``--cache-limit`` (make_loader's cache_dir= and cache_limit=)."""
     p.add_argument("--cache-dir", help="a URL's node-local cache, shared with training jobs "
                    "(default: $FEEDPIPE_CACHE or ~/.cache/feedpipe/remote)")
-    p.add_argument("--cache-limit", help="that cache's bound: bytes or a size like 200GB "
-                   "(default: unbounded)")
+    p.add_argument("--cache-limit", type=size_arg, help="that cache's bound: bytes or a size "
+                   "like 200GB or 1.5GiB (default: unbounded)")
 
 
 def cache_options(args: argparse.Namespace) -> dict[str, Any]:
-    """``--cache-dir`` / ``--cache-limit`` as open_dataset's keywords; a bare number is bytes."""
-    limit = args.cache_limit
-    return {"cache_dir": args.cache_dir,
-            "cache_limit": int(limit) if limit is not None and limit.isdigit() else limit}
+    """``--cache-dir`` / ``--cache-limit`` (bytes) as open_dataset's keywords."""
+    return {"cache_dir": args.cache_dir, "cache_limit": args.cache_limit}
 
 
 def storage_options(args: argparse.Namespace) -> dict[str, Any]:

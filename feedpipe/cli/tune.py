@@ -7,7 +7,7 @@ import json
 from typing import Any, get_args
 
 from ..loader.config import Crop, Dtype
-from .args import hw_size, parse_size, size_arg
+from .args import hw_size, size_arg
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -17,7 +17,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.size:
         options["size"] = args.size
     res = autotune(args.path, args.batch_size, budget_cpus=args.budget_cpus,
-                   budget_ram=parse_size(args.budget_ram) if args.budget_ram else None,
+                   budget_ram=args.budget_ram,
                    trial_batches=args.trial_batches, tolerance=args.tolerance,
                    cache=not args.no_cache, **options)
     print(json.dumps(res.to_dict(), indent=1) if args.json else res.report())
@@ -37,7 +37,7 @@ def register(sub: Any) -> None:
     t.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     t.add_argument("--budget-cpus", type=int, help="most workers to try (default: usable cores)")
     t.add_argument("--budget-ram", type=size_arg,
-                   help="most bytes of batches the loader may hold, e.g. 2G")
+                   help="most bytes of batches the loader may hold, e.g. 2GB or 2GiB")
     t.add_argument("--trial-batches", type=int, default=24, help="batches timed per trial")
     t.add_argument("--tolerance", type=float, default=0.05,
                    help="take the cheapest configuration within this fraction of the best")

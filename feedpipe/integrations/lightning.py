@@ -26,7 +26,7 @@ from ..errors import ConfigError, MissingDependencyError
 from ..loader.api import make_loader
 from ..loader.position import EpochPosition
 from ..loader.sampler import World
-from ..tools.monitor import StallMeter, batch_rows
+from ..tools.monitor import LoaderInfo, StallMeter, batch_rows
 
 try:
     import lightning.pytorch as pl
@@ -70,7 +70,9 @@ class FeedpipeCallback(pl.Callback):
         self._realign = True
 
     def on_train_epoch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule") -> None:
-        self.meter.reset()
+        loaders = self._train_loaders(trainer)
+        self.meter.reset()  # its workers set the warm-up the summary leaves out
+        self.meter.loader_info = LoaderInfo.from_loader(loaders[0]) if len(loaders) == 1 else None
         self._batch_end = None
 
     def _align(self, trainer: "pl.Trainer") -> None:

@@ -77,7 +77,8 @@ def _device(spec: str | torch.device) -> torch.device:
             else torch.device("cpu")
     dev = torch.device(spec)
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={spec!r} but CUDA is not available; use device='auto' or 'cpu'")
+        raise ConfigError(f"device={spec!r} but CUDA is not available; use device='auto' or 'cpu'",
+                          option="device")
     return dev
 
 
@@ -232,7 +233,7 @@ def make_loader(source: str | os.PathLike[str] | DatasetReader | Sources, batch_
         if _tuner is None:
             raise ConfigError("num_workers='tune' is measured by feedpipe.tools.tune.autotune: "
                               "call feedpipe.make_loader (it loads the tuner), or import "
-                              "feedpipe.tools.tune first")
+                              "feedpipe.tools.tune first", option="num_workers")
         tuned = _tuner(reader, batch_size, world=world,
                        **{k: v for k, v in options.items() if k != "num_workers"})
         cfg = replace(cfg, **tuned.loader_options())

@@ -14,7 +14,7 @@ from typing import Any, Callable, Container, Literal, get_args, get_type_hints
 
 from ..checks import conforms, describe
 from ..errors import ConfigError
-from ..storage.cache import parse_size
+from ..storage.cache import parse_limit
 
 Crop = Literal["resize", "center_crop", "random_resized_crop", "none"]
 Backend = Literal["auto", "torch", "dali"]
@@ -124,8 +124,8 @@ class LoaderConfig:
     timeout: float | None = None  # a URL's requests: s to connect / between bytes (None: 30)
 
     def __post_init__(self) -> None:
-        def bad(msg: str) -> None:
-            raise ConfigError(msg)
+        def bad(option: str, how: str) -> None:
+            raise ConfigError(f"{option}={getattr(self, option)!r}: {how}", option=option)
 
         self._normalize()
         hints = _hints()
@@ -133,59 +133,61 @@ class LoaderConfig:
             value = getattr(self, f.name)
             if not conforms(value, hints[f.name]):
                 how = _HOW.get(f.name) or f"use {describe(hints[f.name])}"
-                bad(f"{f.name}={value!r}: {how}")
+                bad(f.name, how)
         if self.batch_size < 1:
-            bad(f"batch_size={self.batch_size!r}: {_HOW['batch_size']}")
+            bad("batch_size", _HOW["batch_size"])
         if self.seed < 0:
-            bad(f"seed={self.seed!r}: {_HOW['seed']}")
+            bad("seed", _HOW["seed"])
         if self.transform is not None and not callable(self.transform):
-            bad(f"transform={self.transform!r}: pass a function (sample, rng) -> sample or None")
+            bad("transform", "pass a function (sample, rng) -> sample or None")
         if self.batch_transforms is not None and not (
                 callable(self.batch_transforms) or isinstance(self.batch_transforms, (list, tuple))):
-            bad(f"batch_transforms={self.batch_transforms!r}: pass a list of batch operations "
-                "(feedpipe.loader.augment) or functions fn(batch, generator) -> batch")
+            bad("batch_transforms", "pass a list of batch operations (feedpipe.loader.augment) "
+                "or functions fn(batch, generator) -> batch")
         if self.affine is not None:
             from .affine import RandomAffine  # torch: only when asked (the CLI imports config)
 
             if not isinstance(self.affine, RandomAffine):
-                bad(f"affine={self.affine!r}: pass feedpipe.loader.transforms.RandomAffine("
-                    "degrees, translate, scale, shear) or None")
+                bad("affine", "pass feedpipe.loader.transforms.RandomAffine(degrees, translate, "
+                    "scale, shear) or None")
         if self.uneven == "mask" and self.drop_last:
-            bad("uneven='mask' pads the last batch to full size and marks the padding in 'valid'; "
-                "drop_last=True would drop real samples: use one or the other")
+            raise ConfigError("uneven='mask' pads the last batch to full size and marks the padding "
+                              "in 'valid'; drop_last=True would drop real samples: use one or the "
+                              "other", option="uneven")
         if self.size is not None and min(self.size) < 1:
-            bad(f"size={self.size!r}: {_HOW['size']}")
+            bad("size", _HOW["size"])
         lo, hi = self.scale
         if not 0 < lo <= hi <= 1:
-            bad(f"scale={self.scale!r}: use 0 < min <= max <= 1 (fractions of the image area)")
+            bad("scale", "use 0 < min <= max <= 1 (fractions of the image area)")
         if not 0 < self.ratio[0] <= self.ratio[1]:
-            bad(f"ratio={self.ratio!r}: use 0 < min <= max (width / height)")
+            bad("ratio", "use 0 < min <= max (width / height)")
         if (self.mean is None) != (self.std is None):
-            bad("mean and std go together: pass both, or mean=None, std=None for no normalization")
+            raise ConfigError("mean and std go together: pass both, or mean=None, std=None for no "
+                              "normalization", option="mean")
         if self.std is not None and any(s <= 0 for s in self.std):
-            bad(f"std={self.std!r}: values must be positive")
+            bad("std", "values must be positive")
         if not 0.0 <= self.dali_hw_decoder_load <= 1.0:
-            bad(f"dali_hw_decoder_load={self.dali_hw_decoder_load!r}: use a fraction in [0, 1]")
+            bad("dali_hw_decoder_load", "use a fraction in [0, 1]")
         if isinstance(self.num_workers, int) and self.num_workers < 0:
-            bad(f"num_workers={self.num_workers!r}: {_HOW['num_workers']}")
+            bad("num_workers", _HOW["num_workers"])
         if isinstance(self.prefetch_factor, int) and self.prefetch_factor < 1:
-            bad(f"prefetch_factor={self.prefetch_factor!r}: {_HOW['prefetch_factor']}")
+            bad("prefetch_factor", _HOW["prefetch_factor"])
         if self.shuffle_buffer < 1:
-            bad(f"shuffle_buffer={self.shuffle_buffer}: use a positive sample count")
+            bad("shuffle_buffer", "use a positive sample count")
         if self.shuffle_window is not None and self.shuffle_window < 1:
-            bad(f"shuffle_window={self.shuffle_window}: {_HOW['shuffle_window']}")
+            bad("shuffle_window", _HOW["shuffle_window"])
         if self.max_pixels is not None and self.max_pixels < 1:
-            bad(f"max_pixels={self.max_pixels!r}: {_HOW['max_pixels']}")
+            bad("max_pixels", _HOW["max_pixels"])
         if not 0.0 <= self.min_box_fraction <= 1.0:
-            bad(f"min_box_fraction={self.min_box_fraction!r}: {_HOW['min_box_fraction']}")
+            bad("min_box_fraction", _HOW["min_box_fraction"])
         if self.weights is not None and (not self.weights or min(self.weights) < 0
                                          or sum(self.weights) <= 0):
-            bad(f"weights={self.weights!r}: {_HOW['weights']}")
+            bad("weights", _HOW["weights"])
         if self.epoch_size is not None and self.epoch_size < 1:
-            bad(f"epoch_size={self.epoch_size!r}: {_HOW['epoch_size']}")
-        parse_size(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
+            bad("epoch_size", _HOW["epoch_size"])
+        parse_limit(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
         if self.timeout is not None and not self.timeout > 0:
-            bad(f"timeout={self.timeout!r}: {_HOW['timeout']}")
+            bad("timeout", _HOW["timeout"])
 
     def _normalize(self) -> None:
         """The spellings taken for convenience: an int size is a square, lists are tuples, and
@@ -219,7 +221,7 @@ class LoaderConfig:
         if self.num_workers == "tune":
             raise ConfigError("num_workers='tune' is measured by make_loader (feedpipe.tools."
                               "tune.autotune) before resolve(); call make_loader, or autotune "
-                              "first")
+                              "first", option="num_workers")
         workers = auto_workers(decodes) if self.num_workers == "auto" else self.num_workers
         return replace(
             self,
@@ -230,6 +232,18 @@ class LoaderConfig:
             persistent_workers=workers > 0 if self.persistent_workers == "auto"
             else self.persistent_workers,
         )
+
+
+def ring_slots(workers: int, prefetch: int) -> int:
+    """Batches in the torch backend's slot ring: those ``workers`` keep ``prefetch`` deep, plus
+    the one being handed out and the one in use."""
+    return workers * prefetch + 2
+
+
+def ring_bytes(batch_bytes: int, workers: int, prefetch: int) -> int:
+    """Bytes of that ring of batches of ``batch_bytes`` each: the one arithmetic the backend
+    (``SlotRing``), ``feedpipe doctor`` (/dev/shm) and the tuners (RAM budget) share."""
+    return batch_bytes * ring_slots(workers, prefetch)
 
 
 @cache
@@ -253,7 +267,7 @@ def auto_workers(decodes: bool, cores: int | None = None, local_procs: int | Non
     core of its share (the main process mostly waits on the queue and copies to the device).
     Raw, decode-free data is memory-bound: at most :data:`RAW_WORKERS` workers. Since batches
     travel in a reused shared-memory ring, 2 workers load it faster than the main process
-    (1.1-2.9x in four side-by-side runs of ``benchmarks/bench_kernel.py --groups raw``) for
+    (side-by-side runs of ``benchmarks/bench_kernel.py --groups raw``: benchmarks/RESULTS.md) for
     about the same CPU per sample, and leave the main process free for the training step.
     """
     cores = cores or usable_cores()

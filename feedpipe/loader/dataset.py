@@ -8,6 +8,8 @@ tensors, never as per-sample Python objects.
 from __future__ import annotations
 
 import logging
+import struct
+import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence
 
@@ -15,7 +17,7 @@ import numpy as np
 import torch
 
 from ..dataset.registry import DatasetReader
-from ..errors import ConfigError, CorruptRecordError, TransformError
+from ..errors import BadInputError, ConfigError, CorruptRecordError, TransformError
 from ..schema.fields import ArrayField, Field, ImageField, LabelField
 from ..schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png
 from ..schema.masks import MaskField, TargetField
@@ -29,6 +31,12 @@ log = logging.getLogger(__name__)
 SKIPPED_KEY = "_feedpipe_skipped"
 FALLBACK_KEY = "_feedpipe_fallback"  # records whose JPEG only Pillow could decode
 _MAX_REFILL = 16
+#: what reading and decoding a damaged record raises (the decoders' own errors, and the typed
+#: errors feedpipe's readers and decoders turn them into). Anything else from a sample, or a
+#: ConfigError, is a bug or a bad option: it propagates, never a "corrupt" sample that
+#: on_error="skip" would silently replace.
+DECODE_ERRORS = (CorruptRecordError, BadInputError, ValueError, OSError, EOFError, SyntaxError,
+                 zlib.error, struct.error)
 
 
 @dataclass(frozen=True)
@@ -132,17 +140,18 @@ class BatchDataset(torch.utils.data.Dataset):
         for name in fields:
             if name not in reader.schema:
                 raise ConfigError(f"fields: {name!r} is not in the dataset; it has "
-                                  f"{reader.schema.names}")
+                                  f"{reader.schema.names}", option="fields")
             f = reader.schema[name]
             dtype: np.dtype | None = None
             if isinstance(f, ImageField):
                 shape = (*op.size, 3) if op.size else f.shape
                 if shape is None:
                     raise ConfigError(f"field {name!r} holds images of varying size: pass "
-                                      "size=(H, W) (or an int) to batch them")
+                                      "size=(H, W) (or an int) to batch them", option="size")
                 if op.crop == "none" and f.shape and op.size and f.shape[:2] != op.size:
                     raise ConfigError(f"crop='none' but stored images are {f.shape[:2]}, not "
-                                      f"size={op.size}; choose crop='resize' or 'center_crop'")
+                                      f"size={op.size}; choose crop='resize' or 'center_crop'",
+                                      option="crop")
                 dtype = np.dtype(np.uint8)
                 if encoded_images:
                     shape = dtype = None
@@ -151,7 +160,7 @@ class BatchDataset(torch.utils.data.Dataset):
                                  else None)
                 if hw is None:
                     raise ConfigError(f"field {name!r} varies in size with the images: pass "
-                                      "size=(H, W) (or an int) to batch it")
+                                      "size=(H, W) (or an int) to batch it", option="size")
                 extra = f.shape[2:] if isinstance(f, TargetField) else ()
                 shape = (*hw, *extra)  # type: ignore[arg-type]
                 dtype = _torch_int(np.dtype(f.dtype)) if isinstance(f, MaskField) \
@@ -236,7 +245,9 @@ class BatchDataset(torch.utils.data.Dataset):
                         collected[name].put(pos, stored[name], geo, name)
                     else:
                         out[name][pos] = f.to_user(stored[name], name)
-                except Exception as exc:
+                except ConfigError:
+                    raise
+                except DECODE_ERRORS as exc:
                     raise self.reader.corrupt(_at(req, pos, index),
                                               f"cannot decode {name}: {exc}") from exc
             if user is not None:

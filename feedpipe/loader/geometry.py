@@ -113,7 +113,7 @@ class Framing:
             (s_lo, s_span), (r_lo, r_span) = self._draw_ranges
             for _ in range(CROP_ATTEMPTS):  # torchvision's RandomResizedCrop.get_params
                 # lo + span * random() is numpy's uniform(lo, hi) bit for bit (the same double
-                # from the generator, the same two roundings) without its ~1 µs argument parsing
+                # from the generator, the same two roundings) without its argument parsing
                 target = area * (s_lo + s_span * rng.random())
                 aspect = math.exp(r_lo + r_span * rng.random())
                 cw = int(round(math.sqrt(target * aspect)))

@@ -228,7 +228,8 @@ class Collector:
         ranks = {r.ndim for r in rows if r is not None}
         if len(ranks) > 1:
             raise ConfigError(f"field {f.name!r} holds arrays of ranks {sorted(ranks)}: they "
-                              "cannot be padded into one batch; pass ragged='list'")
+                              "cannot be padded into one batch; pass ragged='list'",
+                              option="ragged")
         ndim = ranks.pop() if ranks else len(f.shape or ())
         shapes = np.array([r.shape if r is not None else (0,) * ndim for r in rows],
                           np.int64).reshape(self.n, ndim)

@@ -140,7 +140,7 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
                 epoch, taken = self._last_end
             if in_flight > taken:
                 raise ConfigError(f"in_flight={in_flight}: only {taken} batches of epoch "
-                                  f"{epoch} were handed out")
+                                  f"{epoch} were handed out", option="in_flight")
             taken -= in_flight
         state = {"epoch": epoch, "batches": taken, "seed": self.cfg.seed,
                  "rank": self.world.rank, "world_size": self.world.size,

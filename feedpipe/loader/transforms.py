@@ -5,7 +5,7 @@ The fastest JPEG path installed is used (``imaging.jpeg_path``): with pillow-sim
 ``draft`` (DCT-domain 1/2-1/4-1/8 downscale) plus its SIMD resize of the crop box; otherwise
 simplejpeg (libjpeg-turbo) with the same power-of-two DCT downscale (libjpeg-turbo's other M/8
 factors decode slower than full size) followed by torch's uint8 antialiased bilinear resize, which
-matches Pillow's BILINEAR and runs several times faster than stock Pillow's resize.
+matches Pillow's BILINEAR and runs faster than stock Pillow's resize (benchmarks/RESULTS.md).
 
 A sample with an affine (``ImageOp(affine=RandomAffine(...))``, see ``affine.py``) is sampled
 from the same decoded region through one composed matrix instead of the resize.
@@ -176,8 +176,8 @@ class ImageOp(Framing):
         ``out`` (float, or the stored integer dtype for label-like targets).
 
         "linear" is bilinear interpolation at pixel centres without antialiasing: distance maps
-        are smooth (1-Lipschitz), so point sampling is accurate and ~3× cheaper than an
-        antialiased resize."""
+        are smooth (1-Lipschitz), so point sampling is accurate and cheaper than an antialiased
+        resize (benchmarks/RESULTS.md)."""
         region = arr[geo.top: geo.top + geo.height, geo.left: geo.left + geo.width]
         if geo.affine is not None:  # through the sample's composed matrix (see affine.py)
             warp_target(region, field, geo, out, self._mask_fill)
@@ -196,7 +196,7 @@ class ImageOp(Framing):
                 np.copyto(out, region.astype(np.float32) * np.float32(field.scale)
                           + np.float32(field.offset))
             return
-        vals = _as_float(region)  # torch from here on: its vectorized kernels are 2-10× faster
+        vals = _as_float(region)  # torch from here on: its vectorized kernels beat numpy's here
         if region.shape[:2] != hw:
             vals = _resize_t(vals, hw)
         if field.scale != 1.0 or field.offset != 0.0:
@@ -256,19 +256,28 @@ def _decode_jpeg(data: object, h: int, w: int, f: int) -> np.ndarray:
     return simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=buf)
 
 
-# the op F.interpolate(mode="bilinear", antialias=True) dispatches to, in its out= form
-_UPSAMPLE_AA = torch.ops.aten._upsample_bilinear2d_aa.out
+def _private_aa() -> object | None:
+    """The op ``F.interpolate(mode="bilinear", antialias=True)`` dispatches to, in its ``out=``
+    form: a private ATen name a torch release may drop or rename (then None)."""
+    try:
+        return torch.ops.aten._upsample_bilinear2d_aa.out
+    except (AttributeError, RuntimeError):
+        return None
+
+
+_UPSAMPLE_AA = _private_aa()
 
 
 def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
     """Antialiased bilinear resize of an H×W×3 uint8 region into ``out`` (flipped if asked).
 
     The region is given as a channels-last contiguous N×C×H×W tensor, the layout torch's
-    vectorized uint8 kernel takes (0.66 against 1.01 ms/image for a strided one, PERF-FACTS.md).
-    The kernel ``F.interpolate(..., mode="bilinear", antialias=True)`` runs writes straight into
-    ``out`` seen as a channels-last 1×3×H×W tensor (the same pixels, bit for bit, without a result
-    tensor and its copy into the slot: ~10 µs an image at 224²); a flipped sample goes through
-    this thread's scratch image (torch has no negative strides)."""
+    vectorized uint8 kernel takes (faster than a strided one: benchmarks/RESULTS.md). The kernel
+    of ``F.interpolate(..., mode="bilinear", antialias=True)`` writes straight into ``out`` seen
+    as a channels-last 1×3×H×W tensor through its private ``out=`` form (the same pixels, bit
+    for bit, without a result tensor and its copy into the slot); a torch without that op takes
+    the public ``F.interpolate`` and copies. A flipped sample goes through this thread's scratch
+    image (torch has no negative strides)."""
     if not region.flags.writeable:  # a zero-copy view of a read buffer: torch wants writable
         region = np.array(region)
     x = torch.from_numpy(region).permute(2, 0, 1).unsqueeze(0)
@@ -276,8 +285,12 @@ def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
     # explicit .contiguous(memory_format=...) makes torch return channels-last)
     x = x.contiguous(memory_format=torch.channels_last)
     dst = _flip_scratch(out.shape) if flip else out
-    _UPSAMPLE_AA(x, dst.shape[:2], False, None, None,
-                 out=torch.from_numpy(dst).permute(2, 0, 1).unsqueeze(0))
+    into = torch.from_numpy(dst).permute(2, 0, 1).unsqueeze(0)
+    if _UPSAMPLE_AA is not None:
+        _UPSAMPLE_AA(x, dst.shape[:2], False, None, None, out=into)  # type: ignore[operator]
+    else:
+        into.copy_(F.interpolate(x, size=dst.shape[:2], mode="bilinear", antialias=True,
+                                 align_corners=False))
     if flip:
         np.copyto(out, dst[:, ::-1])
 

@@ -91,7 +91,7 @@ def convert(data: str | os.PathLike[str] | Sequence[str] | ray.data.Dataset,
     ctx = ray.data.DataContext.get_current()
     reserve = ctx.op_resource_reservation_enabled
     # one operator and one block per part: Ray Data's per-operator CPU reservation only holds
-    # part tasks back (measured 1.66x the CLI's time with it, on 2 CPUs)
+    # part tasks back (measured: docs/distributed-conversion.md, benchmarks/RESULTS.md)
     ctx.op_resource_reservation_enabled = False
     try:
         ds = ray.data.from_items([{"part": i} for i in range(parts)], override_num_blocks=parts)

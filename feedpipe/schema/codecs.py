@@ -20,8 +20,8 @@ from ..errors import CorruptRecordError, SampleError, UnsafeDataError
 
 Buffer = bytes | bytearray | memoryview
 
-try:  # ISA-L's crc32 is zlib's (same polynomial, same values) ~9x faster (PCLMUL): 6 us, not
-    from isal.isal_zlib import crc32  # 59 us, for a 150 KB raw image on the project's machine
+try:  # ISA-L's crc32 is zlib's (same polynomial, same values), several times faster (PCLMUL;
+    from isal.isal_zlib import crc32  # measured: benchmarks/RESULTS.md, "Figures the code cites")
 except ImportError:  # pragma: no cover - a platform without an isal wheel: same checksums
     from zlib import crc32
 
@@ -202,7 +202,8 @@ def jpeg_info(data: Buffer) -> tuple[int, int, int, int] | None:
     """Parse JPEG markers up to the frame header without decoding anything.
 
     Returns (width, height, components, EXIF orientation), or None when the header is damaged.
-    About 10× cheaper than opening the file with Pillow, which keeps passthrough I/O-bound.
+    Far cheaper than opening the file with Pillow (benchmarks/RESULTS.md), which keeps
+    passthrough I/O-bound.
     """
     frame = jpeg_frame(data)
     return None if frame is None else frame[:4]

@@ -53,8 +53,8 @@ def pillow_flavor() -> str:
 def jpeg_path() -> str:
     """The JPEG decode+resize path the loader uses: the fastest one installed.
 
-    Measured on the 2-core reference machine for 500×375 → 224² (one core): pillow-simd with
-    ``draft`` ~1000-1100/s, simplejpeg + torch resize ~900-1000/s, stock Pillow ~500-590/s.
+    Fastest first, as measured for 500×375 → 224² on one core (benchmarks/RESULTS.md):
+    pillow-simd with ``draft``, simplejpeg + torch resize, stock Pillow.
     """
     if pillow_flavor() == "pillow-simd":
         return "pillow-simd"

@@ -33,30 +33,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ..errors import CacheFullError, ChecksumMismatchError, ConfigError, DiskFullError
+from ..errors import CacheFullError, ChecksumMismatchError, DiskFullError
 from .cachefs import Trust, trust_of
 from .fetch import Backend
 from .retry import DEFAULT_POLICY, RetryPolicy
+from .sizes import parse_size
 from .transfer import CHUNK, download
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 KEPT = re.compile(r"^(feedpipe\.json|index-.*)$")  # the manifest and index files: never evicted
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
-          "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-          "tib": 2**40}
 
 
-def parse_size(value: str | int | None) -> int | None:
-    """Bytes from ``200GB``, ``1.5GiB``, ``500M`` or an int; None stays None (no limit)."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
-        if isinstance(value, int) and value <= 0:
-            raise ConfigError(f"cache_limit={value!r}: use a positive size, e.g. '200GB'")
-        return value
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m[2].lower() not in _UNITS or float(m[1]) <= 0:
-        raise ConfigError(f"cache_limit={value!r}: use bytes (an int) or a size like '200GB', "
-                          "'500MB' or '1.5GiB'")
-    return int(float(m[1]) * _UNITS[m[2].lower()])
+def parse_limit(value: str | int | None) -> int | None:
+    """``cache_limit``'s bytes (:func:`~feedpipe.storage.sizes.parse_size`); None: no limit."""
+    return None if value is None else parse_size(value, "cache_limit")
 
 
 def default_cache_dir() -> Path:
@@ -123,7 +113,7 @@ class Cache:
     def __init__(self, root: str | os.PathLike[str] | None = None,
                  limit: str | int | None = None, *, wait: float = 600.0) -> None:
         self.root = Path(root) if root is not None else default_cache_dir()
-        self.limit = parse_size(limit)
+        self.limit = parse_limit(limit)
         self.wait = wait
         self.root.mkdir(parents=True, exist_ok=True)
         self.trust = trust_of(self.root)  # refuses a folder others could plant files in

@@ -81,7 +81,7 @@ class RetryPolicy:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
                 or not timeout > 0:
             raise ConfigError(f"timeout={timeout!r}: use seconds > 0 (each request to the store "
-                              "waits that long to connect or for its next bytes)")
+                              "waits that long to connect or for its next bytes)", option="timeout")
         return replace(base, timeout=float(timeout), deadline=DEADLINE_TIMEOUTS * float(timeout))
 
     def delay(self, failures: int) -> float:

@@ -73,14 +73,15 @@ class BenchConfig:
     threads: int | None = None  # torch intra-op threads of this process during the run
 
     def __post_init__(self) -> None:
-        def bad(msg: str) -> None:
-            raise ConfigError(msg)
+        def bad(option: str, how: str) -> None:
+            raise ConfigError(f"{option}={getattr(self, option)!r}: {how}", option=option)
 
         for name in ("backends", "workers", "batch_sizes", "formats"):
             if isinstance(getattr(self, name), str):
-                bad(f"{name}={getattr(self, name)!r}: pass a tuple, e.g. {name}=('a', 'b')")
+                bad(name, f"pass a tuple, e.g. {name}=('a', 'b')")
         if (self.batches is None) == (self.epochs is None):
-            bad("give either batches (per trial) or epochs, not both")
+            raise ConfigError("give either batches (per trial) or epochs, not both",
+                              option="batches")
         for name, least, why, optional in (
                 ("batches", 2, " (the first batch is start-up)", True), ("epochs", 1, "", True),
                 ("size", 1, " (output pixels per side)", False), ("seed", 0, "", False),
@@ -89,29 +90,30 @@ class BenchConfig:
             v = getattr(self, name)
             if not (v is None and optional) and (isinstance(v, bool) or not isinstance(v, int)
                                                  or v < least):
-                bad(f"{name}={v!r}: use an integer of at least {least}{why}")
+                bad(name, f"use an integer of at least {least}{why}")
         for b in self.backends:
             if b not in ("torch", "dali"):
-                bad(f"backend {b!r}: use torch and/or dali")
+                raise ConfigError(f"backend {b!r}: use torch and/or dali", option="backends")
         for w in self.workers or ():
             if w != "auto" and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
-                bad(f"workers {w!r}: use integers >= 0 or 'auto'")
+                raise ConfigError(f"workers {w!r}: use integers >= 0 or 'auto'", option="workers")
         if not self.batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
                                        for b in self.batch_sizes):
-            bad(f"batch_sizes={self.batch_sizes}: use positive integers")
+            bad("batch_sizes", "use positive integers")
         if self.device not in ("cpu", "cuda"):
-            bad(f"device={self.device!r}: use 'cpu' or 'cuda'")
+            bad("device", "use 'cpu' or 'cuda'")
         if self.device == "cuda" and not torch.cuda.is_available():
-            bad("device='cuda' but torch sees no CUDA device here; use device='cpu'")
+            raise ConfigError("device='cuda' but torch sees no CUDA device here; use device='cpu'",
+                              option="device")
         if self.dtype not in DTYPES:
-            bad(f"dtype={self.dtype!r}: use one of {', '.join(DTYPES)}")
+            bad("dtype", f"use one of {', '.join(DTYPES)}")
         if isinstance(self.step_ms, bool) or not isinstance(self.step_ms, (int, float)) \
                 or not self.step_ms >= 0:
-            bad(f"step_ms={self.step_ms!r}: use a number of milliseconds >= 0")
+            bad("step_ms", "use a number of milliseconds >= 0")
         if self.step_kind not in ("sleep", "busy"):
-            bad(f"step_kind={self.step_kind!r}: use 'sleep' (GPU-like) or 'busy' (CPU-bound)")
+            bad("step_kind", "use 'sleep' (GPU-like) or 'busy' (CPU-bound)")
         if not self.formats or any(f not in ("lmdb", "hdf5", "wds") for f in self.formats):
-            bad(f"formats={self.formats}: use lmdb, hdf5 and/or wds")
+            bad("formats", "use lmdb, hdf5 and/or wds")
 
 
 def sweep_workers(cores: int) -> tuple[int, ...]:
@@ -236,7 +238,8 @@ def run_bench(path: str | Path, cfg: BenchConfig = BenchConfig(),
     ``storage_options`` are make_loader's, for a URL; the storage options (credentials) are
     passed to the filesystem only, never written into the report."""
     if not isinstance(cfg, BenchConfig):
-        raise ConfigError(f"cfg={cfg!r}: pass a feedpipe.tools.bench.BenchConfig(...)")
+        raise ConfigError(f"cfg={cfg!r}: pass a feedpipe.tools.bench.BenchConfig(...)",
+                          option="cfg")
     remote: dict[str, Any] = {}
     if is_remote(path):
         remote = {"cache_dir": cache_dir, "cache_limit": cache_limit,

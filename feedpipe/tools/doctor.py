@@ -23,8 +23,8 @@ from converters import scan
 from ..dataset.manifest import Manifest, refuse_url
 from ..errors import ConfigError, EmptyDatasetError
 from ..loader.config import PREFETCH_DECODE, SHM_HEADROOM, auto_workers
+from ..loader.config import ring_bytes as loader_ring_bytes
 from ..loader.dali.pipeline import dali_package
-from ..loader.torch.backend import SlotRing
 from . import machine
 from .bench import BenchConfig, is_packed, run_bench
 
@@ -77,7 +77,7 @@ def check_cores(usable: int, total: int, quota: float | None) -> list[Finding]:
 
 def ring_bytes(batch_size: int, size: int, workers: int, prefetch: int = PREFETCH_DECODE) -> int:
     """Bytes of the loader's shared-memory slot ring of uint8 batches."""
-    return SlotRing.slots(workers, prefetch) * batch_size * size * size * 3
+    return loader_ring_bytes(batch_size * size * size * 3, workers, prefetch)
 
 
 def check_shm(free: int | None, *, batch_size: int, size: int, workers: int,
@@ -328,8 +328,8 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
     for name, value, least in (("batches", batches, 2), ("batch_size", batch_size, 1),
                                ("size", size, 1)):
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigError(f"{name}={value!r} (--{name.replace('_', '-')}): use an integer of "
-                              f"at least {least}")
+            raise ConfigError(f"{name}={value!r}: use an integer of at least {least}",
+                              option=name)
     m = machine.describe()
     usable, cuda = m["cores_usable"], m["cuda_available"]
     workers = auto_workers(True, usable)

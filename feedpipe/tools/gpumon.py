@@ -140,10 +140,12 @@ class GpuMonitor:
                  clock: Callable[[], float] = time.monotonic) -> None:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
                 or not interval > 0:
-            raise ConfigError(f"interval={interval!r}: use a positive number of seconds")
+            raise ConfigError(f"interval={interval!r}: use a positive number of seconds",
+                              option="interval")
         for name, fn in (("sampler", sampler), ("on_sample", on_sample), ("clock", clock)):
             if fn is not None and not callable(fn):
-                raise ConfigError(f"{name}={fn!r}: pass a function (see the GpuMonitor docstring)")
+                raise ConfigError(f"{name}={fn!r}: pass a function (see the GpuMonitor "
+                                  "docstring)", option=name)
         self.interval = float(interval)
         self.sampler = sampler if sampler is not None else nvml_sampler()
         self.on_sample, self.clock = on_sample, clock

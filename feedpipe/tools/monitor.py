@@ -2,9 +2,11 @@
 
 Wrap the loader of a training loop; each batch records the time spent inside ``next(loader)``
 (the wait) and the time from handing the batch out to asking for the next one (the step). The
-summary says what fraction of the steady state was spent waiting, and what to change about it.
-Overhead: ~0.5 µs per batch over a bare loop (two clock reads, list appends, a sample count;
-2-core reference VM), cheap enough to leave on; memory under 100 bytes per batch (wait, step,
+summary says what fraction of the steady state was spent waiting, and what to change about it;
+its figures are :mod:`feedpipe.tools.throughput`'s, the ones ``feedpipe bench`` and ``feedpipe
+tune`` report for the same timings (warm-up: the first ``max(1, workers)`` batches).
+The per-batch cost is two clock reads, list appends and a sample count (measured:
+benchmarks/RESULTS.md), cheap enough to leave on; memory under 100 bytes per batch (wait, step,
 samples) until ``reset()``.
 ``GpuMonitor`` (``feedpipe.tools.gpumon``) watches the GPU side from NVML.
 """
@@ -16,12 +18,11 @@ import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
-import numpy as np
-
 from ..errors import ConfigError
 from ..loader.config import usable_cores
 from ..loader.protocol import Loader
 from .gpumon import GpuMonitor, GpuStats, GpuSummary
+from .throughput import Throughput, of_meter, throughput
 
 T = TypeVar("T")
 
@@ -61,7 +62,9 @@ class LoaderInfo:
 
 @dataclass(frozen=True)
 class StallSummary:
-    """Steady-state (after the first batch) split of training time into data wait and step."""
+    """Steady-state split of training time into data wait and step, after the first
+    ``warmup_batches`` (the rule of :mod:`feedpipe.tools.throughput`); ``samples_per_s``,
+    ``input_bound`` and the wait figures are that module's (0 with fewer than 2 batches)."""
 
     batches: int
     samples: int
@@ -76,6 +79,7 @@ class StallSummary:
     samples_per_s: float
     verdict: str
     advice: tuple[str, ...]
+    warmup_batches: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (advice as a list)."""
@@ -142,14 +146,14 @@ class StallMeter:
                  loader_info: LoaderInfo | None = None) -> None:
         if not callable(clock):
             raise ConfigError(f"clock={clock!r}: pass a function returning seconds, such as "
-                              "time.perf_counter")
+                              "time.perf_counter", option="clock")
         if loader_info is not None and not isinstance(loader_info, LoaderInfo):
             raise ConfigError(f"loader_info={loader_info!r}: pass a "
                               "feedpipe.tools.monitor.LoaderInfo "
-                              "(LoaderInfo.from_loader(loader)) or None")
+                              "(LoaderInfo.from_loader(loader)) or None", option="loader_info")
         if cuda_sync not in (True, False, "auto"):
             raise ConfigError(f"cuda_sync={cuda_sync!r}: use 'auto' (sync when CUDA is in use), "
-                              "True or False")
+                              "True or False", option="cuda_sync")
         self._sync: Callable[[], None] | None = None
         self._auto = cuda_sync == "auto"
         if cuda_sync is True:
@@ -158,7 +162,7 @@ class StallMeter:
             if not torch.cuda.is_available():
                 raise ConfigError("StallMeter(cuda_sync=True) but CUDA is not available here; "
                                   "use cuda_sync='auto' (the default), which syncs only when "
-                                  "CUDA is in use")
+                                  "CUDA is in use", option="cuda_sync")
             self._sync = torch.cuda.synchronize
         self.clock = clock
         self.loader_info = loader_info
@@ -221,27 +225,46 @@ class StallMeter:
         self.rows.append(rows)
         self.samples += rows
 
+    def throughput(self) -> Throughput:
+        """The figures of everything measured (at least 2 batches), warm-up from the loader's
+        workers: what bench and tune report for the same timings."""
+        return of_meter(self, self.workers)
+
+    @property
+    def workers(self) -> int | None:
+        """The loader's worker count, when known (it sets the warm-up)."""
+        return self.loader_info.num_workers if self.loader_info is not None else None
+
     def summary(self) -> StallSummary:
         """Totals, wait percentiles, verdict and advice for everything measured so far."""
-        waits, steps = self.waits, self.steps
-        first = waits[0] if waits else 0.0
-        steady = np.asarray(waits[1:], dtype=np.float64)
-        wait_s = float(steady.sum())
-        step_s = float(sum(steps))
-        busy = wait_s + step_s
-        bound = wait_s / busy if busy > 0 else 0.0
-        p50, p95, p99 = (np.percentile(steady, (50, 95, 99)) * 1e3 if steady.size
-                         else (0.0, 0.0, 0.0))
+        waits = self.waits
+        th = throughput(waits, self.steps, self.rows, self.workers) if len(waits) > 1 else None
+        bound = th.wait_fraction if th else 0.0
         end = self._end if self._end is not None else self._last
         wall = (end - self._start) if end is not None and self._start is not None else 0.0
         verdict = ("input-bound" if bound > INPUT_BOUND else
                    "partly input-bound" if bound > PARTLY_BOUND else "compute-bound")
         s = StallSummary(batches=len(waits), samples=self.samples, wall_s=wall,
-                         first_batch_s=first, wait_s=wait_s, step_s=step_s, input_bound=bound,
-                         wait_p50_ms=float(p50), wait_p95_ms=float(p95), wait_p99_ms=float(p99),
-                         samples_per_s=self.samples / wall if wall > 0 else 0.0,
-                         verdict=verdict, advice=())
+                         first_batch_s=waits[0] if waits else 0.0,
+                         wait_s=th.wait_s if th else 0.0, step_s=th.step_s if th else 0.0,
+                         input_bound=bound, wait_p50_ms=th.wait_p50_ms if th else 0.0,
+                         wait_p95_ms=th.wait_p95_ms if th else 0.0,
+                         wait_p99_ms=th.wait_p99_ms if th else 0.0,
+                         samples_per_s=th.samples_per_s if th else 0.0, verdict=verdict,
+                         advice=(), warmup_batches=th.warmup_batches if th else 1)
         return replace(s, advice=advise(s, self.loader_info))
+
+
+def time_epoch(loader: Iterable[Any], workers: int | None = None) -> Throughput:
+    """One pass over ``loader`` (an epoch), timed and rated by :mod:`feedpipe.tools.throughput`;
+    ``workers`` defaults to the loader's own (feedpipe loader or torch DataLoader), else 0."""
+    if workers is None:
+        info = LoaderInfo.from_loader(loader)
+        workers = info.num_workers if info is not None else 0
+    meter = StallMeter(loader_info=LoaderInfo())
+    for _ in meter.wrap(loader):
+        pass
+    return of_meter(meter, workers)
 
 
 def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
@@ -300,7 +323,7 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
     if i.device == "cuda" and i.pin_memory is False:
         out.append("pin_memory=True: host-to-GPU copies from pinned memory are faster and "
                    "overlap with compute")
-    step_ms = s.step_s / max(1, s.batches) * 1e3
+    step_ms = s.step_s / max(1, s.batches - s.warmup_batches) * 1e3
     if step_ms < 20:
         now = f" (now {i.batch_size})" if i.batch_size else ""
         out.append(f"steps are short ({step_ms:.1f} ms per batch): a larger batch_size{now} "
@@ -317,4 +340,4 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
 
 
 __all__ = ["GpuMonitor", "GpuStats", "GpuSummary", "LoaderInfo", "StallMeter", "StallSummary",
-           "advise"]
+           "advise", "time_epoch"]

@@ -1,30 +1,34 @@
-"""The one definition of a loader's samples/s, used by ``feedpipe bench``, ``feedpipe tune`` and
-``benchmarks/harness.py``, so that their figures agree by construction.
+"""The one definition of a loader's samples/s, used by ``StallMeter.summary`` (what a training
+run's monitor reports), ``feedpipe bench``, ``feedpipe tune``, ``benchmarks/harness.py`` and the
+peers harness (``benchmarks/peers/``), so that their figures agree by construction.
 
-A run of batches is timed by :class:`~feedpipe.tools.monitor.StallMeter` (per batch: the wait for
-it, the step after it, its sample count). Start-up is excluded the same way everywhere: the first
-batch carries it, and with ``w`` workers the next ``w - 1`` were decoded during it and arrive almost
-at once, so the first ``max(1, w)`` batches are warm-up. The steady-state rate is the median of up
-to three equal windows of the batches after warm-up, each spanning arrival to arrival (wait and
-step both count): the median shrugs off one window disturbed by other processes. Wait statistics
-cover the same post-warm-up batches.
+A run of batches is timed per batch: the wait for it, the step after it, its sample count
+(:class:`~feedpipe.tools.monitor.StallMeter`). Batch ``i`` *arrives* when its wait ends; before
+the first batch, the *ask* for it (time 0) stands in for an arrival. A rate is always the samples
+that arrived in a window over the window's length, arrival to arrival (:func:`window_rate`):
 
-A whole pass is also rated as it ran (``epoch_samples_per_s``: all samples over the time from asking
-for the first batch to the end of the last step, start-up included). The benchmarks compare short
-epochs side by side with it: when an epoch is only a few batches, those after warm-up were
-prefetched during it and the steady-state windows would time a queue, not the pipeline.
+- **Steady state** (``samples_per_s``, the figure every tool reports): start-up is excluded the
+  same way everywhere. The first batch carries it, and with ``w`` workers the next ``w - 1`` were
+  decoded during it and arrive almost at once, so the first ``max(1, w)`` batches are warm-up
+  (:func:`warmup_batches`). The rate is the median of up to three equal windows of the batches
+  after warm-up (:func:`steady_rate`): the median shrugs off one window disturbed by other
+  processes. The wait share and percentiles cover the same batches: their waits, and the steps
+  between their arrivals.
+- **Whole pass** (``epoch_samples_per_s``): the same window with no warm-up, from the ask for the
+  first batch to the arrival of the last, start-up included. The benchmarks compare short epochs
+  side by side with it: when an epoch is only a few batches, those after warm-up were prefetched
+  during it and the steady-state windows would time a queue, not the pipeline.
 """
 
 from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Iterable, Literal, Sequence
+from typing import Any, Literal, Protocol, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError
-from .monitor import LoaderInfo, StallMeter
 
 WINDOWS = 3
 
@@ -34,31 +38,41 @@ def warmup_batches(workers: int | None) -> int:
     return max(1, workers or 0)
 
 
-def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[int],
-                warmup: int, windows: int = WINDOWS) -> float:
-    """Median samples/s over ``windows`` equal runs of batches after the first ``warmup``.
-
-    Each window spans arrival to arrival, so the warm-up batches' start-up cost is excluded.
-    """
-    n = len(waits)
-    if warmup < 1 or n - warmup < windows:
-        raise ConfigError(f"need {warmup} warm-up + {windows} batches to measure, got {n}")
-    arrivals, t = [], 0.0
+def arrivals(waits: Sequence[float], steps: Sequence[float]) -> list[float]:
+    """When each batch arrived, from the ask for the first: element ``i + 1`` is batch ``i``'s
+    arrival, element 0 the ask (0.0)."""
+    out, t = [0.0], 0.0
     for i, wait in enumerate(waits):
         t += wait
-        arrivals.append(t)
+        out.append(t)
         t += steps[i] if i < len(steps) else 0.0
+    return out
+
+
+def window_rate(at: Sequence[float], rows: Sequence[int], after: int, last: int) -> float:
+    """Samples/s of the batches ``after + 1 .. last`` (``after`` -1: from the ask), arrival to
+    arrival, on the timeline ``at`` of :func:`arrivals`."""
+    return sum(rows[after + 1:last + 1]) / max(at[last + 1] - at[after + 1], 1e-9)
+
+
+def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[int],
+                warmup: int, windows: int = WINDOWS) -> float:
+    """Median samples/s over ``windows`` equal runs of batches after the first ``warmup``
+    (``warmup`` 0: the first window starts at the ask for the first batch)."""
+    n = len(waits)
+    if warmup < 0 or windows < 1 or n - warmup < windows:
+        raise ConfigError(f"need {warmup} warm-up + {windows} batches to measure, got {n}")
+    at = arrivals(waits, steps)
     edges = [warmup - 1 + round(k * (n - warmup) / windows) for k in range(windows + 1)]
-    rates = sorted(sum(rows[a + 1:b + 1]) / max(arrivals[b] - arrivals[a], 1e-9)
-                   for a, b in zip(edges, edges[1:]))
-    return statistics.median(rates)
+    return statistics.median(window_rate(at, rows, a, b) for a, b in zip(edges, edges[1:]))
 
 
 @dataclass(frozen=True)
 class Throughput:
     """One timed run: steady-state ``samples_per_s`` (see the module doc), the start-up
-    (``first_batch_s``), the share and percentiles of waiting after warm-up, and the whole
-    pass (``epoch_s``, ``epoch_samples_per_s``: start-up included)."""
+    (``first_batch_s``), the waiting after warm-up (``wait_s`` against ``step_s``, its share and
+    percentiles), and the whole pass (``epoch_s`` from the first ask to the last arrival,
+    ``epoch_samples_per_s``: start-up included)."""
 
     samples_per_s: float
     first_batch_s: float
@@ -72,6 +86,8 @@ class Throughput:
     wait_p99_ms: float
     epoch_s: float
     epoch_samples_per_s: float
+    wait_s: float
+    step_s: float
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types."""
@@ -138,6 +154,14 @@ class Trial:
                        wait_p95_ms=th.wait_p95_ms, wait_p99_ms=th.wait_p99_ms, **more)
 
 
+class Timings(Protocol):
+    """What a run's figures are computed from (a :class:`~feedpipe.tools.monitor.StallMeter`)."""
+
+    waits: list[float]
+    steps: list[float]
+    rows: list[int]
+
+
 def throughput(waits: Sequence[float], steps: Sequence[float], rows: Sequence[int],
                workers: int | None) -> Throughput:
     """The figures of one run from its per-batch waits, steps and sample counts.
@@ -155,26 +179,14 @@ def throughput(waits: Sequence[float], steps: Sequence[float], rows: Sequence[in
     after = np.asarray(waits[warmup:], dtype=np.float64)
     wait_s, step_s = float(after.sum()), float(sum(steps[warmup - 1:n - 1]))
     p50, p95, p99 = np.percentile(after, (50, 95, 99)) * 1e3
-    epoch_s = float(sum(waits) + sum(steps))
+    at = arrivals(waits, steps)
     return Throughput(steady_rate(waits, steps, rows, warmup, windows), float(waits[0]),
                       int(sum(rows)), n, warmup, windows,
                       wait_s / (wait_s + step_s) if wait_s + step_s > 0 else 0.0,
-                      float(p50), float(p95), float(p99), epoch_s,
-                      sum(rows) / epoch_s if epoch_s > 0 else 0.0)
+                      float(p50), float(p95), float(p99), at[-1], window_rate(at, rows, -1, n - 1),
+                      wait_s, step_s)
 
 
-def of_meter(meter: StallMeter, workers: int | None) -> Throughput:
+def of_meter(meter: Timings, workers: int | None) -> Throughput:
     """:func:`throughput` of everything ``meter`` timed."""
     return throughput(meter.waits, meter.steps, meter.rows, workers)
-
-
-def time_epoch(loader: Iterable[Any], workers: int | None = None) -> Throughput:
-    """One pass over ``loader`` (an epoch), timed and rated; ``workers`` defaults to the
-    loader's own (feedpipe loader or torch DataLoader), else 0."""
-    if workers is None:
-        info = LoaderInfo.from_loader(loader)
-        workers = info.num_workers if info is not None else 0
-    meter = StallMeter(loader_info=LoaderInfo())
-    for _ in meter.wrap(loader):
-        pass
-    return of_meter(meter, workers)

@@ -25,7 +25,7 @@ from PIL import Image
 import feedpipe
 from feedpipe.dataset.registry import sample_key
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import CorruptRecordError, DataFileMismatchError, FeedpipeError
+from feedpipe.errors import CorruptRecordError, DataFileMismatchError, FeedpipeError, ManifestError
 
 DATA_FILE = {"lmdb": "data.mdb", "hdf5": "data.h5", "wds": "shard-000001.tar"}
 BAD = 30  # lives in the second WebDataset shard of the session's dataset
@@ -127,9 +127,19 @@ def test_truncated_single_file_dataset_is_refused_whole(fmt, packed, copy_datase
 
 def test_version_1_datasets_still_read_and_say_they_carry_no_checksums(fmt, packed,
                                                                         copy_dataset, capsys):
+    """LMDB and HDF5 version 1 read; a WebDataset version 1 (written before release 0.1) is
+    refused by a ManifestError that says to re-convert, in Python and on the command line."""
     from fp_helpers import downgrade_to_v1
 
     root = downgrade_to_v1(copy_dataset(packed[fmt]), fmt)
+    if fmt == "wds":
+        with pytest.raises(ManifestError, match="wds format version 1 predates feedpipe 0.1.*"
+                                                "re-convert"):
+            feedpipe.open_dataset(root)
+        for command in ("info", "verify"):
+            rc, out, err = cli_main(capsys, command, root)
+            assert rc == 2 and "re-convert" in err and "Traceback" not in err
+        return
     ds, ref = feedpipe.open_dataset(root), feedpipe.open_dataset(packed[fmt])
     assert ds.manifest.format_version == 1 and not ds.checksums
     for i in (0, BAD, len(ref) - 1):

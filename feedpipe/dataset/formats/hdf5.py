@@ -104,7 +104,7 @@ class Hdf5Writer(DatasetWriter):
         super().__init__(root, schema)
         if compression not in (None, "lzf", "gzip"):
             raise ConfigError(f"compression={compression!r}: HDF5 compression is None, 'lzf' "
-                              "or 'gzip'")
+                              "or 'gzip'", option="compression")
         self.compression = compression
         self._file = h5py.File(self.root / FILE_NAME, "w")
         self._block: list[list[Any]] = []

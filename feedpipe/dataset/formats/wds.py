@@ -5,11 +5,12 @@ the ``webdataset`` library and DALI's ``readers.webdataset`` read the shards unc
 shards, ``index-offsets.npy`` (N×fields×[offset, size] int64), ``index-shards.npy`` (N int32) and
 ``index-keys.npy`` (N fixed-width bytes) give O(1) random access with ``os.pread``; sequential
 reading streams each tar as a chain of generators (members → samples → stored values).
-Format version 2 adds ``index-crc32.npy`` (N×fields uint32, the crc32 of each member's
-data), checked on every read, random or sequential. Format version 3 keeps the source ``path``
-out of the tars (manifest ``extra.index_fields``): its encoded bytes are packed in
-``index-values.npy`` (uint8), and its ``index-offsets.npy`` spans point there. A tar member costs a
-512-byte header plus padding to 512 bytes, ~1 kB for a 30-byte path: 2.7% of a 39 kB photo.
+``index-crc32.npy`` (N×fields uint32, the crc32 of each member's data) is checked on every read,
+random or sequential. The source ``path`` stays out of the tars (manifest
+``extra.index_fields``, format version 3; older versions are refused): its encoded bytes are
+packed in ``index-values.npy`` (uint8), and its ``index-offsets.npy`` spans point there. A tar
+member costs a 512-byte header plus padding to 512 bytes, ~1 kB for a 30-byte path: 2.7% of a
+39 kB photo.
 Members that would need unpickling (``.pickle``, ``.pkl``, ``.pyd``, ``.pth``) are refused, never
 opened.
 
@@ -21,7 +22,7 @@ first member read.
 
 The tar streaming and grouping below are feedpipe's own rather than ``webdataset.tariterators``:
 measured side by side with the same checks (``benchmarks/bench_wds_stream.py``), they stream
-6-18% faster in three runs (e.g. 14.8k against 13.5k samples/s); webdataset's iterators also skip
+faster (figures: benchmarks/RESULTS.md); webdataset's iterators also skip
 ``__*__`` and non-regular members silently, lowercase suffixes, drop samples they deem invalid and
 raise untyped errors, where feedpipe names the shard and key of every problem. ``webdataset`` is
 a test dependency only (the interop tests: the library reads our shards).
@@ -83,7 +84,7 @@ class WdsWriter(DatasetWriter):
         check_key(prefix)
         if shard_size <= 0 or shard_count <= 0:
             raise ConfigError(f"shard_size={shard_size}, shard_count={shard_count}: both must be "
-                              "positive (bytes and samples per shard)")
+                              "positive (bytes and samples per shard)", option="shard_size")
         bad = [f.name for f in schema if f.name in index_fields and not isinstance(f, JsonField)]
         if bad:
             raise ConfigError(f"index_fields {bad}: only JSON fields (small metadata such as the "
@@ -186,8 +187,8 @@ _USTAR_TAIL = (b"0" + bytes(100) + tarfile.POSIX_MAGIC + bytes(32 + 32 + 8 + 8 +
 
 def ustar_header(name: str, size: int) -> bytes:
     """The ustar header block ``tarfile`` writes for a regular file (mode 0444, uid/gid/mtime 0),
-    byte for byte, built directly: ``TarInfo.tobuf`` costs ~25 µs a member, half a conversion's
-    time for WebDataset."""
+    byte for byte, built directly: ``TarInfo.tobuf`` took about half a WebDataset conversion's
+    time (benchmarks/RESULTS.md)."""
     raw = name.encode(tarfile.ENCODING, "surrogateescape")
     if len(raw) > 100:
         raise ConfigError(f"WebDataset member {name}: name is too long (ustar names hold at most "
@@ -213,7 +214,7 @@ class WdsReader(DatasetReader):
         if isinstance(max_open_shards, bool) or not isinstance(max_open_shards, int) \
                 or max_open_shards < 1:
             raise ConfigError(f"max_open_shards={max_open_shards!r}: use an int >= 1 (shard "
-                              "files a process keeps open)")
+                              "files a process keeps open)", option="max_open_shards")
         self.max_open_shards = max_open_shards
         self.shards: list[str] = list(self.manifest.extra.get("shards", []))
 
@@ -221,8 +222,7 @@ class WdsReader(DatasetReader):
             self.check_size(name, os.stat(self.root / name).st_size)
             return np.load(self.root / name, mmap_mode="r", allow_pickle=False)
 
-        kept = self.manifest.extra.get("index_fields", []) \
-            if self.manifest.format_version >= 3 else []
+        kept = self.manifest.extra.get("index_fields", [])
         if not isinstance(kept, list) or not set(kept) <= {
                 f.name for f in self.schema if isinstance(f, JsonField)}:
             raise ManifestError(f"{self.root}: extra.index_fields {kept!r} must list JSON fields "
@@ -230,7 +230,7 @@ class WdsReader(DatasetReader):
         self._in_index = [f.name in kept for f in self.schema]
         try:
             self._offsets, self._shard_of, self._keys = (load(n) for n in INDEX_FILES)
-            self._crc = load(CRC_FILE) if self.checksums else None
+            self._crc = load(CRC_FILE)
             self._values = load(VALUES_FILE) if kept else None
         except (OSError, ValueError) as exc:  # missing, cut short, or not plain npy
             if isinstance(exc, OSError) and not about_data(exc):  # e.g. too many open files
@@ -240,7 +240,7 @@ class WdsReader(DatasetReader):
         nf = len(self.schema)
         if len(self._offsets) != len(self) or len(self._shard_of) != len(self) \
                 or len(self._keys) != len(self) or self._offsets.shape[1:] != (nf, 2) \
-                or (self._crc is not None and self._crc.shape != (len(self), nf)) \
+                or self._crc.shape != (len(self), nf) \
                 or (self._values is not None and self._values.dtype != np.uint8):
             raise CorruptRecordError(f"{self.root}: index has {len(self._offsets)} entries of "
                                      f"{self._offsets.shape[1:]}, manifest says {len(self)} "
@@ -326,11 +326,11 @@ class WdsReader(DatasetReader):
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         cols = [self._fields.index(f) for f in fields]
         # the batch's index rows in one gather each: indexing the memory-mapped index per
-        # sample costs ~2 µs a lookup in numpy's memmap.__getitem__
+        # sample pays numpy's memmap.__getitem__ per lookup (benchmarks/RESULTS.md)
         rows = np.asarray(indices, np.int64)
         shard_of = self._shard_of[rows].tolist()
         offsets = self._offsets[rows].tolist()
-        checks = self._crc[rows].tolist() if self._crc is not None else None
+        checks = self._crc[rows].tolist()
         for pos, i in enumerate(indices):
             try:  # per sample: ``fn`` may read through this reader, closing the LRU's oldest
                 fd = self._fd(shard_of[pos])
@@ -342,7 +342,7 @@ class WdsReader(DatasetReader):
                 raise self.corrupt(i, f"cannot open its shard: {exc}") from exc
             stored = {}
             spans = offsets[pos]
-            crcs = checks[pos] if checks is not None else None
+            crcs = checks[pos]
             for f, c in zip(fields, cols):
                 off, size = spans[c]
                 if self._in_index[c]:
@@ -352,7 +352,7 @@ class WdsReader(DatasetReader):
                 if len(data) != size:
                     raise self.corrupt(i, f"member {f.wds_suffix} truncated "
                                           f"({len(data)} of {size} bytes)")
-                if crcs is not None and crc32(data) != crcs[c]:
+                if crc32(data) != crcs[c]:
                     raise self.corrupt(i, f"member {f.wds_suffix} fails its checksum")
                 try:
                     stored[f.name] = f.decode(data, f.wds_suffix)
@@ -364,7 +364,7 @@ class WdsReader(DatasetReader):
 
     def iter_shard(self, shard: int) -> Iterator[tuple[str, dict[str, Any]]]:
         """Stream one shard sequentially: ``(key, stored values)`` in tar order, each sample
-        checked against the index (its key and, version 2, its members' crc32)."""
+        checked against the index (its key and its members' crc32)."""
         path = self.root / self.shards[shard]
         r = self.shard_ranges()[shard]
         names = [f.wds_suffix for f in self.schema]
@@ -392,10 +392,9 @@ class WdsReader(DatasetReader):
                         group[suffix] = self._packed(i, c)
                     elif suffix not in group:  # e.g. a shard cut short: name the source
                         raise self.located(self.corrupt(i, f"{path}: member .{suffix} missing"))
-                crcs = self._crc[i].tolist() if self._crc is not None else None
+                crcs = self._crc[i].tolist()
                 for c, suffix in enumerate(names):
-                    if crcs is not None and suffix in group \
-                            and crc32(group[suffix]) != crcs[c]:
+                    if suffix in group and crc32(group[suffix]) != crcs[c]:
                         raise self.located(self.corrupt(i, f"member {suffix} fails its "
                                                            "checksum"))
                 yield from decode_samples(iter([(key, group)]), self.schema, path)

@@ -85,7 +85,8 @@ class DaliLoader(EpochPosition):
         if self.py_workers and cfg.multiprocessing_context not in (None, "fork", "spawn"):
             raise ConfigError(f"multiprocessing_context={cfg.multiprocessing_context!r}: DALI "
                               "starts its reader workers with 'fork' or 'spawn': use one of "
-                              "those, or None (fork unless CUDA is initialized)")
+                              "those, or None (fork unless CUDA is initialized)",
+                              option="multiprocessing_context")
         log.info("feedpipe loader: %s (%s), %d samples, rank %d/%d, DALI %s on %s (%s), %d "
                  "threads, %d reader processes", reader.root, reader.format_name, len(reader),
                  world.rank, world.size, self.dali.__version__, device, cfg.dali_reader,
@@ -271,11 +272,12 @@ class DaliWdsLoader(DaliLoader):
                  device: torch.device) -> None:
         if not isinstance(reader, WdsReader):
             raise ConfigError(f"dali_reader='webdataset' reads WebDataset shards; {reader.root} "
-                              f"is {reader.format_name}: use dali_reader='plan'")
+                              f"is {reader.format_name}: use dali_reader='plan'",
+                              option="dali_reader")
         super().__init__(reader, cfg, world, device)
         if not self.spec.encoded:
             raise ConfigError(f"{reader.root}: dali_reader='webdataset' decodes encoded images; "
-                              "these are stored raw: use dali_reader='plan'")
+                              "these are stored raw: use dali_reader='plan'", option="dali_reader")
         self.index = DaliIndex(reader)
         self.member = list(reader.schema).index(reader.schema[self.image])
         self._resume: bytes | None = None  # a DALI checkpoint for the next pipeline

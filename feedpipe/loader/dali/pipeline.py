@@ -154,22 +154,24 @@ def dali_fields(reader: DatasetReader, cfg: LoaderConfig) -> tuple[str, tuple[st
     for name in fields:
         if name not in reader.schema:
             raise ConfigError(f"fields: {name!r} is not in the dataset; it has "
-                              f"{reader.schema.names}")
+                              f"{reader.schema.names}", option="fields")
     images = [n for n in fields if isinstance(reader.schema[n], ImageField)]
     spatial = [n for n in fields if isinstance(reader.schema[n], (MaskField, TargetField))]
     if len(images) != 1:
         raise ConfigError(f"backend='dali' decodes exactly one image field; fields={fields} has "
-                          f"{len(images)}: request one, or use backend='torch'")
+                          f"{len(images)}: request one, or use backend='torch'", option="backend")
     if spatial:
         raise ConfigError(f"backend='dali' does not load masks or targets ({spatial}); use "
-                          "backend='torch', which applies the image's geometry to them")
+                          "backend='torch', which applies the image's geometry to them",
+                          option="backend")
     geometric = [n for n in fields if isinstance(reader.schema[n], (KeypointsField, BoxesField))]
     if geometric:
         raise ConfigError(f"backend='dali' does not load keypoints or boxes ({geometric}): it "
-                          "cannot apply the image's crop and flip to them; use backend='torch'")
+                          "cannot apply the image's crop and flip to them; use backend='torch'",
+                          option="backend")
     if cfg.on_error != "raise":
         raise ConfigError("on_error='skip' needs backend='torch': a DALI pipeline cannot replace "
-                          "a sample that fails to decode")
+                          "a sample that fails to decode", option="on_error")
     return images[0], tuple(n for n in fields if n != images[0])
 
 
@@ -181,12 +183,12 @@ def graph_spec(reader: DatasetReader, cfg: LoaderConfig, image: str,
     size = cfg.size or (f.shape[:2] if f.shape else None)
     if size is None:
         raise ConfigError(f"field {image!r} holds images of varying size: pass size=(H, W) "
-                          "(or an int) to batch them")
+                          "(or an int) to batch them", option="size")
     encoded = f.codec != "raw"
     fixed = not encoded and f.shape is not None and tuple(f.shape[:2]) == tuple(size)
     if cfg.crop == "none" and not encoded and f.shape and not fixed:
         raise ConfigError(f"crop='none' but stored images are {f.shape[:2]}, not size={size}; "
-                          "choose crop='resize' or 'center_crop'")
+                          "choose crop='resize' or 'center_crop'", option="crop")
     resize = cfg.crop != "none" and not (fixed and cfg.crop != "random_resized_crop")
     float_out = cfg.dtype != "uint8"
     mean = tuple(255 * m for m in cfg.mean) if float_out and cfg.mean else (0.0,) * 3

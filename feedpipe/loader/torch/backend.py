@@ -22,7 +22,7 @@ from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
 from ...workers import single_threaded
 from ..augment import batch_ops
-from ..config import SHM_HEADROOM, LoaderConfig
+from ..config import SHM_HEADROOM, LoaderConfig, ring_bytes, ring_slots
 from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, SlotRef
 from ..labels import RaggedList
 from ..order import batch_seed
@@ -30,6 +30,7 @@ from ..position import EpochPosition, refuse_nested_workers
 from ..protocol import LoaderView
 from ..sampler import PlanSampler, World
 from ..transforms import ImageOp
+from . import cpu_convert
 from .device_decode import DeviceDecoder, EncodedBatch
 
 log = logging.getLogger("feedpipe.loader")
@@ -55,17 +56,17 @@ class SlotRing:
     """Output buffers that workers (or, without workers, the main process on CPU) fill and the
     main process recycles.
 
-    A fresh shared-memory segment per batch costs ~8 ms of page faults for 64×224² images on the
-    2-core reference machine (~12% of a worker's time); reusing a small ring removes that. The main
+    A fresh shared-memory segment per batch costs page faults for every batch, a noticeable share
+    of a worker's time (benchmarks/RESULTS.md); reusing a small ring removes that. The main
     process owns the ring: the sampler hands a free slot to each request, and the device stage
     either releases it once the batch has been copied out (pinned/device memory, or a converted
     tensor), or *lends* it: the batch handed to the caller is the slot itself (no copy), and the
     slot returns to the ring only once nothing in this process refers to it any more (its storage's
     reference count is back to the ring's own), so a batch the caller keeps is never overwritten.
     Each slot has its own storage so that count is per slot. ``shared=False`` (in-process
-    loading): plain memory, the same reuse. A fresh 64×224² batch there cost 11-17 µs of
-    page-fault system time per image on the reference machine (1-2% of the decode-bound loader,
-    a larger share of decode-free raw data).
+    loading): plain memory, the same reuse. A fresh batch there costs page-fault system time per
+    image: little of the decode-bound loader, more of decode-free raw data
+    (benchmarks/RESULTS.md).
     """
 
     def __init__(self, shapes: dict[str, tuple[tuple[int, ...], np.dtype]], count: int, *,
@@ -78,13 +79,11 @@ class SlotRing:
         self._base = [self._refs(i) for i in range(count)]
 
     @staticmethod
-    def slots(workers: int, prefetch: int) -> int:
-        """Ring size: the prefetched batches, plus the one being handed out and the one in use."""
-        return workers * prefetch + 2
-
-    @staticmethod
-    def nbytes(shapes: dict[str, tuple[tuple[int, ...], np.dtype]], count: int) -> int:
-        return count * sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes.values())
+    def nbytes(shapes: dict[str, tuple[tuple[int, ...], np.dtype]], workers: int,
+               prefetch: int) -> int:
+        """Bytes of the ring a loader with ``workers`` and ``prefetch`` keeps (config.ring_bytes)."""
+        batch = sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes.values())
+        return ring_bytes(batch, workers, prefetch)
 
     @staticmethod
     def can_lend() -> bool:
@@ -150,12 +149,15 @@ class DeviceStage:
         self.dtype = getattr(torch, cfg.dtype)
         self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self.moves = device.type != "cpu"  # on CPU, ``.to(device)`` is a no-op call per field
-        # with workers on a CPU device, conversions run on one thread: the workers own the cores
-        self.threads = 1 if device.type == "cpu" and cfg.num_workers else None
+        # with workers on a CPU device, conversions run on this thread only: the workers own
+        # the cores, and torch's thread count is the user's (cpu_convert)
+        self.one_thread = device.type == "cpu" and bool(cfg.num_workers)
         self._mean = self._std = None
         if cfg.mean is not None and cfg.dtype != "uint8":
             self._mean = torch.tensor(cfg.mean, device=device).mul(255).view(1, 3, 1, 1)
             self._std = torch.tensor(cfg.std, device=device).mul(255).reciprocal().view(1, 3, 1, 1)
+        self._np_norm = (None, None) if self._mean is None or not self.one_thread else (
+            self._mean.view(3).numpy(), self._std.view(3).numpy())  # type: ignore[union-attr]
         # batch operations (feedpipe.loader.augment) on images before normalization: uint8, or
         # float in [0, 1]; each batch draws from a generator seeded by (seed, epoch, rank, batch)
         self.batch_ops = batch_ops(cfg.batch_transforms)
@@ -198,7 +200,7 @@ class DeviceStage:
                 if k in self.image_fields:
                     v = self._image(v)
                 elif k in self.float_fields:
-                    v = v.float()
+                    v = cpu_convert.to_float32(v) if self.one_thread else v.float()
             out[k] = v
         if ring is not None:
             ring.lend(slot) if lend else ring.release(slot)
@@ -213,9 +215,16 @@ class DeviceStage:
         epoch, rank, number = self.at
         self.at = (epoch, rank, number + 1)
         gen = torch.Generator().manual_seed(batch_seed(self.cfg.seed, epoch, rank, number))
-        out = self.batch_ops(out, gen)  # type: ignore[misc]
-        for k in self.image_fields:
-            out[k] = self._normalize(out[k])
+        before = torch.get_num_threads()
+        if self.one_thread:  # torch kernels here, while the workers own the cores
+            torch.set_num_threads(1)
+        try:
+            out = self.batch_ops(out, gen)  # type: ignore[misc]
+            for k in self.image_fields:
+                out[k] = self._normalize(out[k])
+        finally:
+            if self.one_thread:
+                torch.set_num_threads(before)
         return out
 
     def _converts(self, name: str, v: torch.Tensor) -> bool:
@@ -225,18 +234,16 @@ class DeviceStage:
                 or self.batch_ops is not None
         return name in self.float_fields and v.dtype != torch.float32
 
-    def _computes(self) -> bool:
-        """Whether converting a batch on this device runs kernels that would use threads (uint8
-        channels-last images and integer targets are views: nothing to compute)."""
-        return (self.cfg.dtype != "uint8" or not self.cfg.channels_last
-                or bool(self.float_fields) or self.decoder is not None
-                or self.batch_ops is not None)
-
     def _image(self, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_ops is not None:  # in [0, 1] (or uint8), normalized after the operations
+            x = x.permute(0, 3, 1, 2)
+            if self.cfg.dtype == "uint8":
+                return x.clone(memory_format=torch.channels_last)
+            return cpu_convert.to_float32(x).mul_(1 / 255) if self.one_thread \
+                else x.float().mul_(1 / 255)
+        if self.one_thread:
+            return cpu_convert.image(x, self.dtype, *self._np_norm, self.cfg.channels_last)
         x = x.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last for free
-        if self.batch_ops is not None:  # normalized after the operations (_operate)
-            return x.float().mul_(1 / 255) if self.cfg.dtype != "uint8" else x.clone(
-                memory_format=torch.channels_last)
         return self._normalize(x)
 
     def _normalize(self, x: torch.Tensor) -> torch.Tensor:
@@ -259,23 +266,13 @@ class DeviceStage:
     def __call__(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         if self.stream is None:
             it = iter(batches)
-            threads = self.threads if self._computes() else None  # decided once per epoch
             while True:
                 if self.ring is not None:  # before the DataLoader asks the sampler for a slot
                     self.ring.reclaim()
                 b = next(it, None)
                 if b is None:
                     return
-                if threads is None:
-                    yield self.convert(b)
-                    continue
-                before = torch.get_num_threads()
-                torch.set_num_threads(threads)
-                try:
-                    converted = self.convert(b)
-                finally:
-                    torch.set_num_threads(before)
-                yield converted
+                yield self.convert(b)
             return
         current = torch.cuda.current_stream(self.device)
         pending = None
@@ -302,7 +299,7 @@ class TorchLoader(EpochPosition):
         fields = cfg.fields_in(reader.schema)
         if not fields:
             raise ConfigError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
-                              f"from {reader.schema.names}")
+                              f"from {reader.schema.names}", option="fields")
         self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
         op = ImageOp.of(cfg)
         self.batch_dataset = BatchDataset(
@@ -332,7 +329,7 @@ class TorchLoader(EpochPosition):
             self._attach_ring(cfg)
         elif device.type == "cpu" and SlotRing.can_lend() and self._ring_shapes(cfg):
             # in-process: batches are lent slots of a plain-memory ring, never copied
-            self._use_ring(SlotRing(self._ring_shapes(cfg), SlotRing.slots(0, 0), shared=False))
+            self._use_ring(SlotRing(self._ring_shapes(cfg), ring_slots(0, 0), shared=False))
         self._dl = DataLoader(self.batch_dataset, batch_sampler=self.planner,
                               num_workers=cfg.num_workers, collate_fn=_identity,
                               pin_memory=bool(cfg.pin_memory) and device.type == "cuda",
@@ -367,8 +364,8 @@ class TorchLoader(EpochPosition):
 
     def _attach_ring(self, cfg: LoaderConfig) -> None:
         shapes = self._ring_shapes(cfg)
-        count = SlotRing.slots(int(cfg.num_workers), int(cfg.prefetch_factor))
-        need = SlotRing.nbytes(shapes, count)
+        workers, prefetch = int(cfg.num_workers), int(cfg.prefetch_factor)
+        need = SlotRing.nbytes(shapes, workers, prefetch)
         try:
             free = shutil.disk_usage("/dev/shm").free
         except OSError:
@@ -378,7 +375,7 @@ class TorchLoader(EpochPosition):
                         "free); each batch gets fresh shared memory instead", need >> 20,
                         free >> 20)
             return
-        self._use_ring(SlotRing(shapes, count))
+        self._use_ring(SlotRing(shapes, ring_slots(workers, prefetch)))
 
     def _use_ring(self, ring: SlotRing) -> None:
         self.ring = ring

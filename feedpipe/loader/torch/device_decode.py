@@ -143,13 +143,14 @@ def choose(decode_on: str, device: torch.device, jpeg: bool) -> DeviceDecoder | 
         return None
     if not jpeg:
         raise ConfigError("decode_on='device' decodes JPEG only, and this dataset's images are "
-                          "not stored as JPEG; use decode_on='cpu' (or 'auto')")
+                          "not stored as JPEG; use decode_on='cpu' (or 'auto')", option="decode_on")
     found = nvjpeg(device)
     if isinstance(found, DeviceDecoder):
         log.info("feedpipe loader: decoding JPEG on %s with nvJPEG (torchvision)", device)
         return found
     if decode_on == "device":
         raise ConfigError(f"decode_on='device' needs CUDA torchvision: {found}. Install the "
-                          "torchvision build matching your torch, or use decode_on='cpu'")
+                          "torchvision build matching your torch, or use decode_on='cpu'",
+                          option="decode_on")
     log.info("feedpipe loader: decoding on the CPU (%s)", found)
     return None

@@ -210,18 +210,22 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
     if "num_workers" in loader_options:
         raise ConfigError("autotune chooses num_workers: leave it out of the loader options")
     if budget_cpus is not None and (not isinstance(budget_cpus, int) or budget_cpus < 1):
-        raise ConfigError(f"budget_cpus={budget_cpus!r}: use an int >= 1 (most workers to try)")
+        raise ConfigError(f"budget_cpus={budget_cpus!r}: use an int >= 1 (most workers to try)",
+                          option="budget_cpus")
     if budget_ram is not None and (not isinstance(budget_ram, int) or budget_ram <= 0):
-        raise ConfigError(f"budget_ram={budget_ram!r}: use a positive int number of bytes")
+        raise ConfigError(f"budget_ram={budget_ram!r}: use a positive int number of bytes",
+                          option="budget_ram")
     if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1 \
             or not isinstance(trial_batches, int) or trial_batches < 3:
         raise ConfigError(f"tolerance={tolerance!r}, trial_batches={trial_batches!r}: use "
-                          "0 <= tolerance < 1 and trial_batches >= 3 (three timed windows)")
+                          "0 <= tolerance < 1 and trial_batches >= 3 (three timed windows)",
+                          option="tolerance")
     if not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"repeats={repeats!r}: use an int >= 1")
+        raise ConfigError(f"repeats={repeats!r}: use an int >= 1", option="repeats")
     fixed = loader_options.pop("prefetch_factor", "auto")
     if fixed != "auto" and (not isinstance(fixed, int) or fixed < 1):
-        raise ConfigError(f"prefetch_factor={fixed!r}: use 'auto' (tuned) or an int >= 1")
+        raise ConfigError(f"prefetch_factor={fixed!r}: use 'auto' (tuned) or an int >= 1",
+                          option="prefetch_factor")
     depths = PREFETCH_DEPTHS if fixed == "auto" else (fixed,)
     max_workers = budget_cpus or auto_workers(True)  # this rank's share of the usable cores
     reader = source if isinstance(source, DatasetReader) else open_dataset(source)

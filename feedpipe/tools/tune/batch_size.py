@@ -158,7 +158,7 @@ class _Trials:
                 if not _is_oom(exc):
                     raise
                 raise ConfigError(f"find_batch_size: the warm-up at start={size} ran out of "
-                                  "memory; use a smaller start") from exc
+                                  "memory; use a smaller start", option="start") from exc
             free_device_memory(self.device)
             self.host.reset()
             self.baseline = self.host.rss()
@@ -256,24 +256,28 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
     the fitting size.
     """
     if mode not in ("largest", "fastest"):
-        raise ConfigError(f"mode={mode!r}: use 'largest' or 'fastest'")
+        raise ConfigError(f"mode={mode!r}: use 'largest' or 'fastest'", option="mode")
     def fraction(x: Any) -> bool:
         return isinstance(x, (int, float)) and 0 <= x < 1
 
     if not fraction(margin):
-        raise ConfigError(f"margin={margin!r}: use a fraction in [0, 1), e.g. 0.1 for 10% headroom")
+        raise ConfigError(f"margin={margin!r}: use a fraction in [0, 1), e.g. 0.1 for 10% headroom",
+                          option="margin")
     if not (isinstance(max_size, int) and isinstance(start, int) and 1 <= start <= max_size):
         raise ConfigError(f"start={start!r}, max_size={max_size!r}: use ints with "
-                          "1 <= start <= max_size")
+                          "1 <= start <= max_size", option="start")
     if not all(isinstance(v, int) and v >= 1 for v in (steps, loader_prefetch)):
-        raise ConfigError(f"steps={steps!r}, loader_prefetch={loader_prefetch!r}: use ints >= 1")
+        raise ConfigError(f"steps={steps!r}, loader_prefetch={loader_prefetch!r}: use ints >= 1",
+                          option="steps")
     if loader_workers is not None and (not isinstance(loader_workers, int) or loader_workers < 0):
         raise ConfigError(f"loader_workers={loader_workers!r}: use an int >= 0, or None for the "
-                          "loader's default")
+                          "loader's default", option="loader_workers")
     if not fraction(resolution):
-        raise ConfigError(f"resolution={resolution!r}: use a fraction in [0, 1), e.g. 1/32")
+        raise ConfigError(f"resolution={resolution!r}: use a fraction in [0, 1), e.g. 1/32",
+                          option="resolution")
     if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
-        raise ConfigError(f"memory_budget={memory_budget!r}: use a positive int number of bytes")
+        raise ConfigError(f"memory_budget={memory_budget!r}: use a positive int number of bytes",
+                          option="memory_budget")
     params = list(model.parameters())
     dev = torch.device(device) if device is not None else \
         (params[0].device if params else torch.device("cpu"))

@@ -7,8 +7,8 @@ import gc
 import os
 from typing import Any
 
+from ...loader.config import ring_bytes
 from ...loader.protocol import Loader
-from ...loader.torch.backend import SlotRing
 from ..machine import memory
 
 
@@ -29,12 +29,12 @@ def sample_bytes(loader: Loader) -> int:
 def loader_ram_bytes(per_sample: int, batch_size: int, workers: int, prefetch: int) -> int:
     """Host bytes of batches a loader holds at once.
 
-    With workers, the torch backend keeps its ring of :meth:`SlotRing.slots` batches; without
+    With workers, the torch backend keeps its ring of batches (:func:`ring_bytes`); without
     workers one batch is built at a time. Worker processes' own memory (interpreter, decoder) is
     not counted.
     """
-    slots = SlotRing.slots(workers, prefetch) if workers else 1
-    return per_sample * batch_size * slots
+    batch = per_sample * batch_size
+    return ring_bytes(batch, workers, prefetch) if workers else batch
 
 
 def free_device_memory(device: Any) -> None:
