@@ -34,7 +34,7 @@ _JITTER_HOW = ("use b >= 0 (factors in [max(0, 1 - b), 1 + b]) or (min, max), 0 
 
 def _require(ok: bool, name: str, value: object, how: str) -> None:
     if not ok:
-        raise ConfigError(f"{name}={value!r}: {how}")
+        raise ConfigError(f"{name}={value!r}: {how}", option=name)
 
 
 def _real(v: object) -> bool:
@@ -201,7 +201,7 @@ class RandomErasing(_Drawn):
         value = torch.as_tensor(self.value, dtype=torch.float64).to(x.dtype).to(x.device)
         if value.numel() not in (1, x.shape[1]):
             raise ConfigError(f"value={self.value!r}: give one number or {x.shape[1]} (one per "
-                              f"channel of the batch's images)")
+                              f"channel of the batch's images)", option="value")
         mask = _box_mask(params["box"], x.shape[2], x.shape[3], x.device)
         return {**batch, "image": torch.where(mask, value.view(1, -1, 1, 1), x)}
 
@@ -224,7 +224,7 @@ def _soft_labels(batch: Batch, num_classes: int, op: str) -> torch.Tensor:
     bad = (y < 0) | (y >= num_classes)
     if bool(bad.any()):  # one sync: a device-side assert in one_hot would kill the CUDA context
         raise ConfigError(f"num_classes={num_classes}: {op} got label {int(y[bad][0])}; use the "
-                          f"dataset's number of classes")
+                          f"dataset's number of classes", option="num_classes")
     return torch.nn.functional.one_hot(y.long(), num_classes).float()
 
 

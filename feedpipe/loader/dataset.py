@@ -133,8 +133,8 @@ class BatchDataset(torch.utils.data.Dataset):
         self.ragged, self.min_box_fraction = ragged, min_box_fraction
         self.transform = transform
         if encoded_images and op.affine is not None:
-            raise ConfigError("affine= resamples the decoded image in the workers; "
-                              "decode_on='device' leaves it encoded there: use decode_on='cpu'",
+            raise ConfigError("decode_on='device' leaves images encoded in the workers, where "
+                              "affine= resamples the decoded image: use decode_on='cpu'",
                               option="decode_on")
         self.columns: list[_Column] = []
         for name in fields:
