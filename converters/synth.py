@@ -27,6 +27,17 @@ def _load_photos(names: tuple[str, ...]) -> list[np.ndarray]:
     return [np.asarray(getattr(skimage.data, n)())[:, :, :3] for n in names]
 
 
+def _class_folders(out: str | Path, classes: int, seed: int
+                   ) -> tuple[Path, np.random.Generator, tuple[str, ...], list[np.ndarray]]:
+    """The output tree's class folders (one per source photograph), the generator and the
+    source photographs."""
+    out = Path(out)
+    names = tuple(PHOTOS[: max(1, min(classes, len(PHOTOS)))])
+    for name in names:
+        (out / name).mkdir(parents=True, exist_ok=True)
+    return out, np.random.default_rng(seed), names, _load_photos(names)
+
+
 def make_photos(out: str | Path, n: int, *, size: tuple[int, int] = (500, 375), classes: int = 4,
                 quality: int = 90, seed: int = 0) -> Path:
     """Write ``n`` JPEG photos (about ``size`` W×H) into an ImageFolder tree ``out/<class>/``.
@@ -34,12 +45,7 @@ def make_photos(out: str | Path, n: int, *, size: tuple[int, int] = (500, 375), 
     Each class draws crops from its own source photograph, so labels are learnable; crops vary in
     position, scale, aspect (±8%) and flip.
     """
-    out = Path(out)
-    rng = np.random.default_rng(seed)
-    names = PHOTOS[: max(1, min(classes, len(PHOTOS)))]
-    photos = _load_photos(names)
-    for name in names:
-        (out / name).mkdir(parents=True, exist_ok=True)
+    out, rng, names, photos = _class_folders(out, classes, seed)
     for i in range(n):
         c = i % len(names)
         src = photos[c]
@@ -96,12 +102,7 @@ def make_web_photos(out: str | Path, n: int, *, classes: int = 7, seed: int = 0,
     Content as :func:`make_photos` (each class crops its own sample photograph), with grain so
     the entropy-coded data is about as dense as a real photo's at the same size and quality.
     """
-    out = Path(out)
-    rng = np.random.default_rng(seed)
-    names = PHOTOS[: max(1, min(classes, len(PHOTOS)))]
-    photos = _load_photos(names)
-    for name in names:
-        (out / name).mkdir(parents=True, exist_ok=True)
+    out, rng, names, photos = _class_folders(out, classes, seed)
     for i in range(n):
         c = i % len(names)
         side = max(16, round(_pick(rng, WEB_SIDES) * scale))
