@@ -15,12 +15,30 @@ loader yields whole batches, made in its workers.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple, Protocol
 
 from torch.utils.data import Dataset
 
-if TYPE_CHECKING:
-    from .position import EpochPosition
+from ..dataset.formats.base import DatasetReader
+from .config import LoaderConfig
+from .sampler import PlanSampler
+
+
+class Positioned(Protocol):
+    """What the surface uses of a loader (:class:`~feedpipe.loader.position.EpochPosition`)."""
+
+    cfg: LoaderConfig
+    reader: DatasetReader
+    planner: PlanSampler
+    _epoch: int
+
+    def __len__(self) -> int: ...
+
+    def __iter__(self) -> Iterator[dict[str, Any]]: ...
+
+    def set_epoch(self, epoch: int) -> None: ...
+
+    def _seek(self, epoch: int, number: int) -> None: ...
 
 
 class BatchToken(NamedTuple):
@@ -42,7 +60,7 @@ class LoaderSampler:
     of the epoch; ``len()`` is the loader's.
     """
 
-    def __init__(self, loader: "EpochPosition") -> None:
+    def __init__(self, loader: Positioned) -> None:
         self._loader = weakref.proxy(loader)  # no cycle: a dropped loader is freed at once
 
     @property
@@ -82,7 +100,7 @@ class LoaderBatches(Dataset[Any]):
     samples in the dataset, as frameworks that count examples expect.
     """
 
-    def __init__(self, loader: "EpochPosition") -> None:
+    def __init__(self, loader: Positioned) -> None:
         self._loader = weakref.proxy(loader)
         self._it: Iterator[dict[str, Any]] | None = None
         self._next: BatchToken | None = None
