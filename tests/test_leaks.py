@@ -48,6 +48,7 @@ def test_wds_keeps_at_most_max_open_shards_open(packed):
     order = [i for _ in range(2) for row in zip(*ranges) for i in row]  # round-robin, twice
     want = {i: ref.read_raw(i)["image"] for i in set(order)}
     ref.close()
+    gc.collect()
     start = open_fds()
     ds = feedpipe.open_dataset(packed["wds"], max_open_shards=2)
     base, peak = open_fds(), 0
@@ -65,6 +66,7 @@ def test_wds_keeps_at_most_max_open_shards_open(packed):
 def test_wds_loader_dropped_closes_its_shards(packed):
     """make_loader in the main process, an epoch, dropped: no descriptor left behind (each
     create/epoch/drop cycle left one per shard open)."""
+    gc.collect()  # earlier tests' garbage may hold descriptors: count from a collected state
     start = open_fds()
     for _ in range(3):
         loader = feedpipe.make_loader(packed["wds"], 8, **REMOTE_KW)
