@@ -58,15 +58,17 @@ def test_wds_keeps_at_most_max_open_shards_open(packed):
     assert peak == 2
     del ds
     gc.collect()
-    assert open_fds() == start  # the shards it had open closed with it, unclosed
+    # the shards it had open closed with it, unclosed (fewer in a full run: earlier tests'
+    # background threads and finalizers may close theirs meanwhile)
+    assert open_fds() <= start
     with pytest.raises(ConfigError, match="max_open_shards=0"):
         feedpipe.open_dataset(packed["wds"], max_open_shards=0)
 
 
 def test_wds_loader_dropped_closes_its_shards(packed):
     """make_loader in the main process, an epoch, dropped: no descriptor left behind (each
-    create/epoch/drop cycle left one per shard open). Counted from after a first cycle: in a
-    full run, that one also ends descriptors earlier tests left (their readers' finalizers)."""
+    create/epoch/drop cycle left one per shard open). Counted from after a first cycle; in a
+    full run, earlier tests' background threads and finalizers may close theirs meanwhile."""
     counts = []
     for _ in range(4):
         loader = feedpipe.make_loader(packed["wds"], 8, **REMOTE_KW)
@@ -74,7 +76,7 @@ def test_wds_loader_dropped_closes_its_shards(packed):
         del loader
         gc.collect()
         counts.append(open_fds())
-    assert counts[1:] == [counts[0]] * 3, counts
+    assert all(c <= counts[0] for c in counts[1:]), counts  # the old code: +1 per shard a cycle
 
 
 def test_lmdb_env_closed_when_its_last_reader_goes(packed, tmp_path):
