@@ -8,7 +8,7 @@ import multiprocessing as mp
 import signal
 import time
 from collections import deque
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from multiprocessing.pool import AsyncResult, Pool
 from pathlib import Path
 from typing import Any, Iterator
@@ -116,18 +116,25 @@ def _worker_init() -> None:
     single_threaded(ignore_sigint=True)
 
 
-def _pool(workers: int) -> Pool:
-    """A pool of ``workers`` single-threaded processes (forkserver where there is one)."""
+@contextmanager
+def _pool(workers: int) -> Iterator[Pool]:
+    """A pool of ``workers`` single-threaded processes (forkserver where there is one), ended
+    when the ``with`` is left."""
     ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
     # Ctrl-C is blocked while the pool starts: the worker processes (and the forkserver) inherit
     # the blocked signal, so one still importing before its initializer ignores SIGINT cannot
-    # print a KeyboardInterrupt traceback; a Ctrl-C meanwhile reaches this process once the pool
-    # is up, and leaving the `with` ends the pool.
+    # print a KeyboardInterrupt traceback. It is unblocked only inside the pool's own `with`, so
+    # a Ctrl-C that came meanwhile is raised where leaving the `with` ends the pool (raised
+    # before it, the pool's processes would be left running and keep the process from exiting).
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        return ctx.Pool(workers, initializer=_worker_init)
-    finally:
+        pool = ctx.Pool(workers, initializer=_worker_init)
+    except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    with pool:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        yield pool
 
 
 def results(items: list[SourceItem], opts: PackOptions, workers: int, codec: str
