@@ -113,6 +113,14 @@ def timing(blobs: list[bytes], crop: str, rounds: int = 5) -> dict[str, float]:
     return {k: float(np.median(v)) for k, v in times.items()}
 
 
+def photo_blobs(data: Path, label: str, size: tuple[int, int], n: int) -> list[bytes]:
+    """The ``n`` generated photos of ``size`` (made once under ``data``), as JPEG bytes."""
+    photos = data / f"fidelity-{label}-{n}"
+    if not photos.exists():
+        make_photos(photos, n, size=size, classes=7, seed=5)
+    return [p.read_bytes() for p in sorted(photos.rglob("*.jpg"))]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--images", type=int, default=24)
@@ -124,10 +132,7 @@ def main() -> None:
     if args.timing:
         print("| photos | crop | today ms/image | affine ms/image | × |\n|---|---|---|---|---|")
         for label, size in (("500x375", (500, 375)), ("1280x853", (1280, 853))):
-            photos = args.data / f"fidelity-{label}-{args.images}"
-            if not photos.exists():
-                make_photos(photos, args.images, size=size, classes=7, seed=5)
-            blobs = [p.read_bytes() for p in sorted(photos.rglob("*.jpg"))]
+            blobs = photo_blobs(args.data, label, size, args.images)
             for crop in ("random_resized_crop", "center_crop"):
                 r = timing(blobs, crop)
                 print(f"| {label} | {crop} | {r['today']:.2f} | {r['affine']:.2f} | "
@@ -137,10 +142,7 @@ def main() -> None:
     print("| photos | crop | affine | AA above | mean abs (levels) | max abs | ms/image |")
     print("|---|---|---|---|---|---|---|")
     for label, size in (("500x375", (500, 375)), ("1280x853", (1280, 853))):
-        photos = args.data / f"fidelity-{label}-{args.images}"
-        if not photos.exists():
-            make_photos(photos, args.images, size=size, classes=7, seed=5)
-        blobs = [p.read_bytes() for p in sorted(photos.rglob("*.jpg"))]
+        blobs = photo_blobs(args.data, label, size, args.images)
         for crop in ("random_resized_crop", "center_crop"):
             runs = [("no affine (today)", None, "-")] + [
                 (name, aff, t) for name, aff in AFFINES.items() for t in THRESHOLDS]
