@@ -6,12 +6,12 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint test-faults dist bench bench-peers install pillow-simd clean
+.PHONY: demo test lint docs test-faults dist bench bench-peers install pillow-simd clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,demo,lint]'
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,demo,lint,docs]'
 	touch $@
 
 install: $(STAMP)
@@ -28,6 +28,11 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
+
+# The documentation site (mkdocs.yml) into site/, strict: a broken link, anchor or API reference
+# fails the build. CI runs it.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The package as released: wheel and sdist built and checked (twine), the wheel installed into a
 # fresh virtualenv (constrained to the CPU torch) where `feedpipe demo` runs. CI runs it.
@@ -73,4 +78,4 @@ pillow-simd: $(STAMP)
 	CC="cc -mavx2" $(BIN)/pip install -q --no-binary :all: pillow-simd
 
 clean:
-	rm -rf $(VENV) $(PEERS_VENV) $(DIST_VENV) dist demo-data bench-data .pytest_cache
+	rm -rf $(VENV) $(PEERS_VENV) $(DIST_VENV) dist site demo-data bench-data .pytest_cache

@@ -1,0 +1,73 @@
+"""The code blocks of README.md and docs/*.md, read as the docs test runs them.
+
+Every fenced block carries a language:
+- ``python`` blocks run, in page order, in one namespace per page;
+- ``bash`` blocks run with ``bash -euo pipefail`` in the page's working folder;
+- ``text`` blocks are output, synopses or layouts, and are not run.
+
+A hidden ``<!-- docs-test ... -->`` comment holds Python that runs in its place (the files and
+names a page's examples assume: a photo folder, a model). ``<!-- not run: REASON -->`` right before a
+block leaves it out, and the reason is reported.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = ("python", "bash")
+LANGUAGES = (*RUN, "text")
+_FENCE = re.compile(r"^(\s*)(```+)\s*([\w+-]*)\s*$")
+_NOT_RUN = re.compile(r"^<!--\s*not run:\s*(.+?)\s*-->\s*$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One block of a page: its language, code, first line (1-based) and why it is not run."""
+
+    page: str
+    line: int
+    language: str
+    code: str
+    hidden: bool = False
+    not_run: str | None = None
+
+
+def pages() -> list[Path]:
+    """README.md and every page of the docs site."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def blocks(page: Path) -> list[Block]:
+    """The page's blocks in order; an untagged fence has language ``""``."""
+    name = page.relative_to(ROOT).as_posix()
+    lines = page.read_text().splitlines()
+    out: list[Block] = []
+    i, pending_reason = 0, None
+    while i < len(lines):
+        line = lines[i]
+        if line.strip() == "<!-- docs-test":
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == "-->")
+            out.append(Block(name, i + 2, "python", "\n".join(lines[i + 1:end]), hidden=True))
+            i = end + 1
+            continue
+        if m := _NOT_RUN.match(line):
+            pending_reason = m.group(1)
+            i += 1
+            continue
+        if m := _FENCE.match(line):
+            indent, fence, language = m.groups()
+            end = next((j for j in range(i + 1, len(lines))
+                        if lines[j].strip() == fence), None)
+            if end is None:
+                raise ValueError(f"{name}:{i + 1}: a code block that never closes")
+            code = "\n".join(ln[len(indent):] for ln in lines[i + 1:end])
+            out.append(Block(name, i + 2, language, code, not_run=pending_reason))
+            i, pending_reason = end + 1, None
+            continue
+        if line.strip():
+            pending_reason = None
+        i += 1
+    return out

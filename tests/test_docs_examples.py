@@ -1,0 +1,42 @@
+"""Every code block of README.md and docs/ is run on small generated data, so an example that
+stops working fails the suite (tests/docs_blocks.py says how blocks are marked)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from docs_blocks import LANGUAGES, ROOT, blocks, pages
+
+RUNNABLE = [p for p in pages()
+            if any(b.language in ("python", "bash") and b.not_run is None for b in blocks(p))]
+
+
+def test_every_block_says_its_language() -> None:
+    untagged = [f"{b.page}:{b.line}" for p in pages() for b in blocks(p)
+                if b.language not in LANGUAGES]
+    assert not untagged, f"tag these blocks python, bash or text: {untagged}"
+
+
+def test_few_blocks_are_left_out() -> None:
+    """A block is left out only with a reason, and only a few are (GPU, a cluster, the cloud)."""
+    left = [b for p in pages() for b in blocks(p) if b.not_run is not None]
+    run = [b for p in pages() for b in blocks(p)
+           if b.not_run is None and b.language in ("python", "bash") and not b.hidden]
+    assert all(b.not_run.strip() for b in left)
+    assert len(left) <= len(run) // 4, [f"{b.page}:{b.line}: {b.not_run}" for b in left]
+
+
+@pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: p.relative_to(ROOT).as_posix())
+def test_page_examples_run(page: Path, tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+        CUDA_VISIBLE_DEVICES="", MPLBACKEND="Agg")
+    done = subprocess.run([sys.executable, str(ROOT / "tests" / "docs_run.py"),
+                           page.relative_to(ROOT).as_posix()], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
