@@ -3,7 +3,7 @@
 Every fenced block carries a language:
 - ``python`` blocks run, in page order, in one namespace per page;
 - ``bash`` blocks run with ``bash -euo pipefail`` in the page's working folder;
-- ``text`` blocks are output, synopses or layouts, and are not run.
+- ``text`` blocks (output, synopses, layouts), ``yaml`` and ``json`` blocks are not run.
 
 A hidden ``<!-- docs-test ... -->`` comment holds Python that runs in its place (the files and
 names a page's examples assume: a photo folder, a model). ``<!-- not run: REASON -->`` right before a
@@ -18,7 +18,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ("python", "bash")
-LANGUAGES = (*RUN, "text")
+LANGUAGES = (*RUN, "text", "yaml", "json")
 _FENCE = re.compile(r"^(\s*)(```+)\s*([\w+-]*)\s*$")
 _NOT_RUN = re.compile(r"^<!--\s*not run:\s*(.+?)\s*-->\s*$")
 
