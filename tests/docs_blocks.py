@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RUN = ("python", "bash")
 LANGUAGES = (*RUN, "text", "yaml", "json")
 _FENCE = re.compile(r"^(\s*)(```+)\s*([\w+-]*)\s*$")
-_NOT_RUN = re.compile(r"^<!--\s*not run:\s*(.+?)\s*-->\s*$")
+_NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(.+?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)

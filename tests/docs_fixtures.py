@@ -8,7 +8,15 @@ import json
 import os
 from pathlib import Path
 
-from servers import S3_ENV, MotoServer
+from servers import (
+    GCSFS_EXTENDED,
+    S3_ENV,
+    GcsServer,
+    MotoServer,
+    gcs_options,
+    s3_options,
+    upload_tree,
+)
 
 from converters import convert
 from converters.synth import make_photos
@@ -27,19 +35,48 @@ def packed(path: str = "packed", to: str = "lmdb", n: int = 24, **options: objec
     return Path(path)
 
 
-def s3(*buckets: str) -> str:
-    """An S3 API server (moto) on 127.0.0.1 with ``buckets`` made, as this process's and its
-    children's default endpoint (AWS_ENDPOINT_URL), so ``s3://bucket/...`` examples run as
-    written. Stopped at exit."""
+def s3(*buckets: str, port: int | None = None) -> str:
+    """An S3 API server (moto) on 127.0.0.1 (on ``port``, else a free one) with ``buckets``
+    made, as this process's and its children's default endpoint (AWS_ENDPOINT_URL), so
+    ``s3://bucket/...`` examples run as written. Stopped at exit."""
     import boto3
 
-    server = MotoServer()
+    server = MotoServer(port)
     atexit.register(server.stop)
     os.environ.update(S3_ENV, AWS_ENDPOINT_URL=server.url)
     client = boto3.client("s3")
     for bucket in buckets:
         client.create_bucket(Bucket=bucket)
     return server.url
+
+
+def gcs(*buckets: str, port: int | None = None) -> str:
+    """A GCS emulator on 127.0.0.1 (on ``port``, else a free one) with ``buckets`` made;
+    gcsfs's gRPC layout lookups off for it (docs/remote.md) in this process and its children.
+    Stopped at exit."""
+    os.environ[GCSFS_EXTENDED] = "false"
+    import fsspec
+
+    server = GcsServer(port)
+    atexit.register(server.stop)
+    fs = fsspec.filesystem("gs", **gcs_options(server.url))
+    for bucket in buckets:
+        fs.mkdir(bucket)
+    return server.url
+
+
+def upload(local: Path, url: str) -> str:
+    """The folder ``local`` copied to ``url`` on the S3 server of :func:`s3`."""
+    upload_tree(local, url, s3_options(os.environ["AWS_ENDPOINT_URL"]))
+    return url
+
+
+def remove(url: str) -> None:
+    """Every object under ``url`` on the S3 server of :func:`s3` removed (an example that writes
+    where the one before it wrote, as its alternative)."""
+    import fsspec
+
+    fsspec.filesystem("s3", **s3_options(os.environ["AWS_ENDPOINT_URL"])).rm(url, recursive=True)
 
 
 def wds_shards(path: str = "shards", n: int = 100, nested: bool = True) -> Path:

@@ -46,10 +46,17 @@ def _wait_ready(port: int, proc: subprocess.Popen[bytes], what: str, timeout: fl
 
 
 class Server:
-    """A server subprocess on 127.0.0.1 (``url``); ``stop()`` ends it."""
+    """A server subprocess on 127.0.0.1 (``url``; on ``port``, else a free one); ``stop()``
+    ends it."""
 
-    def __init__(self, args: list[str], what: str) -> None:
-        self.port = free_port()
+    def __init__(self, args: list[str], what: str, port: int | None = None) -> None:
+        if port:  # a fixed port must be free, or the check below would find another server
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError as exc:
+                    raise RuntimeError(f"{what}: 127.0.0.1:{port} is in use ({exc})") from exc
+        self.port = port or free_port()
         self.proc = subprocess.Popen([*args, str(self.port)], stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         _wait_ready(self.port, self.proc, what)
@@ -99,17 +106,18 @@ class FaultServer(Server):
 class MotoServer(Server):
     """moto's standalone S3 server (``python -m moto.server``) on 127.0.0.1."""
 
-    def __init__(self) -> None:
-        super().__init__([PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p"], "moto server")
+    def __init__(self, port: int | None = None) -> None:
+        super().__init__([PYTHON, "-m", "moto.server", "-H", "127.0.0.1", "-p"], "moto server",
+                         port)
 
 
 class GcsServer(Server):
     """gcp-storage-emulator (``python -m gcp_storage_emulator start``, in memory) on 127.0.0.1:
     the GCS JSON API gcsfs speaks, with ranged media downloads and resumable uploads."""
 
-    def __init__(self) -> None:
+    def __init__(self, port: int | None = None) -> None:
         super().__init__([PYTHON, "-m", "gcp_storage_emulator", "start", "--in-memory", "-q",
-                          "--host", "127.0.0.1", "--port"], "gcp-storage-emulator")
+                          "--host", "127.0.0.1", "--port"], "gcp-storage-emulator", port)
 
 
 #: gcsfs's switch for its ExtendedGcsFileSystem (read when gcsfs is imported)
