@@ -150,10 +150,6 @@ class MixedReader(DatasetReader):
     def sizes(self) -> list[int]:
         return [len(s) for s in self.sources]
 
-    def fingerprint(self) -> dict[str, Any]:
-        """What a saved position depends on: the sources' names and sizes."""
-        return {"names": list(self.names), "sizes": self.sizes()}
-
     # -- DatasetReader ---------------------------------------------------------------------------
     def _open(self) -> None:
         """Each source opens its own handles when first read."""

@@ -190,6 +190,12 @@ class DatasetReader(ABC):
         keep ranks on whole shards); None when any sample is as cheap to reach as any other."""
         return None
 
+    def plan_ahead(self, plan: Sequence[Sequence[int] | np.ndarray], position: int) -> None:
+        """Called by the loader's sampler as it hands out batch ``position`` of ``plan`` (this
+        rank's batches of the epoch): a reader whose data lives elsewhere (a remote store) starts
+        fetching what the next batches read. Local data needs nothing: the default does nothing."""
+        return None
+
     def describe(self, index: int) -> str:
         """Where sample ``index`` lives, for error messages."""
         return f"{self.root} ({self.format_name}) key {sample_key(index)}"
