@@ -117,8 +117,11 @@ class Manifest:
     def write(self, root: Path) -> None:
         """Write atomically (:func:`feedpipe.paths.write_atomic`): the last step of every
         conversion."""
-        write_atomic(Path(root) / MANIFEST_NAME,
-                     json.dumps(self.to_json(), indent=1, ensure_ascii=False))
+        write_atomic(Path(root) / MANIFEST_NAME, self.encoded())
+
+    def encoded(self) -> bytes:
+        """The manifest file's bytes (what :meth:`write` writes; a store uploads them)."""
+        return json.dumps(self.to_json(), indent=1, ensure_ascii=False).encode("utf-8")
 
     @classmethod
     def read(cls, root: str | os.PathLike[str]) -> "Manifest":
