@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
-from feedpipe.dataset.remote_verify import read_manifest
+from feedpipe.dataset.verify import read_manifest
 from feedpipe.errors import OutputRefusedError, PartsError
 from feedpipe.paths import cache_dir
 from feedpipe.schema.model import Schema

@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Mapping, Protocol
@@ -54,7 +55,7 @@ class Store(Protocol):
         ...
 
 
-def digest(path: Path) -> tuple[int, str]:
+def file_digest(path: Path) -> tuple[int, str]:
     """(size, SHA-256) of a local file, read in chunks."""
     h, size = hashlib.sha256(), 0
     with open(path, "rb") as fh:
@@ -84,7 +85,10 @@ class DirStore:
         return out
 
     def size(self, name: str) -> int:
-        return (self.root / name).stat().st_size
+        st = (self.root / name).stat()
+        if not stat.S_ISREG(st.st_mode):  # a folder, FIFO or device is no dataset file
+            raise FileNotFoundError(f"{self.root / name}: not a regular file")
+        return st.st_size
 
     def read_bytes(self, name: str) -> bytes:
         return (self.root / name).read_bytes()
@@ -98,7 +102,7 @@ class DirStore:
     def write(self, name: str, write_fn: Writer) -> tuple[int, str]:
         with atomic_writer(self.root / name) as fh:
             write_fn(fh)
-        return digest(self.root / name)
+        return file_digest(self.root / name)
 
 
 class UrlStore:
@@ -143,7 +147,7 @@ class UrlStore:
             with open(tmp / "file", "xb") as fh:  # a private folder (mkdtemp), a new file
                 write_fn(fh)
             upload(tmp / "file", self.where(name), self.options)
-            return digest(tmp / "file")
+            return file_digest(tmp / "file")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
@@ -156,4 +160,4 @@ def open_store(target: str | os.PathLike[str],
     return DirStore(target)
 
 
-__all__ = ["DirStore", "Store", "UrlStore", "digest", "open_store"]
+__all__ = ["DirStore", "Store", "UrlStore", "file_digest", "open_store"]

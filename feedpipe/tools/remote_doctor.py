@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..dataset.manifest import Manifest
-from ..dataset.remote_verify import read_manifest
+from ..dataset.verify import read_manifest
 from ..errors import BadInputError
 from ..loader.config import auto_workers
 from ..schema.imaging import decode_rgb
