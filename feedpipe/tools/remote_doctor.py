@@ -1,6 +1,6 @@
 """``feedpipe doctor URL``: is a job on this remote dataset network-bound?
 
-Fetches the first data files (up to a byte budget) through :mod:`feedpipe.storage`, which gives the
+Fetches the first data files (up to a byte budget) through a :class:`feedpipe.storage.Store`, which gives the
 fetch bandwidth from here; decodes the images of the fetched WebDataset shards on one core, which
 gives the decode rate; and compares the images/s the network delivers (bandwidth ÷ mean stored
 sample size, from the manifest) with what the loader's workers could decode. A cold (first) epoch
@@ -22,7 +22,7 @@ from ..dataset.verify import read_manifest
 from ..errors import BadInputError
 from ..loader.config import auto_workers
 from ..schema.imaging import decode_rgb
-from ..storage import download, join
+from ..storage import open_store
 from .doctor import RANK, DoctorReport, Finding
 
 BUDGET = 64 << 20  # bytes fetched to measure the bandwidth
@@ -43,16 +43,17 @@ def measure(url: str, storage_options: Mapping[str, Any] | None = None,
             budget: int = BUDGET) -> dict[str, Any]:
     """Fetch up to ``budget`` bytes of data files and decode the fetched shards' images: the
     bandwidth (bytes/s), decode rate (images/s on one core) and mean stored sample size."""
-    m = read_manifest(url, storage_options)
+    store = open_store(url, storage_options)
+    m = read_manifest(store)
     with tempfile.TemporaryDirectory(prefix="feedpipe-doctor-") as tmp:
         fetched, whole = 0, []
         t0 = time.perf_counter()
         for name, size in _data_files(m):
             take = min(size, budget - fetched)
-            download(join(url, name), Path(tmp) / name, take, storage_options)
+            local = store.local(name, Path(tmp), take)
             fetched += take
             if take == size:
-                whole.append(Path(tmp) / name)
+                whole.append(local)
             if fetched >= budget:
                 break
         seconds = time.perf_counter() - t0
