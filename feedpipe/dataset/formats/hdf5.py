@@ -24,7 +24,7 @@ datasets) as views of the mapping, found by the HDF5 file format's own records (
 global heap collection with two system calls, ~20 µs a row. Labels, checksums and shapes are
 gathered from the mapping too (h5py's scattered read costs ~1 µs a row). Anything else (JSON,
 fixed raw images, virtual, filtered) goes through h5py, after the global heap collections that
-read decodes passed :class:`~.hdf5_layout.HeapGuard` (libhdf5 loops forever on some damage).
+read decodes passed :class:`~.hdf5_heap.HeapGuard` (libhdf5 loops forever on some damage).
 """
 
 from __future__ import annotations
