@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -36,6 +35,7 @@ from feedpipe.schema.imaging import (
 )
 
 from .progressive import transcoded
+from .stored import Stored
 
 if TYPE_CHECKING:
     from .options import PackOptions
@@ -48,20 +48,6 @@ _DEEP = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
 
 class Refused(Exception):
     """This input cannot be stored as asked; the message is the skip reason."""
-
-
-@dataclass(frozen=True)
-class Stored:
-    """One image as stored: the value, how it was made, and notes for the summary."""
-
-    value: bytes | np.ndarray
-    how: str                      # "jpeg unchanged", "tiff→png", "jpeg→jpeg", "png→raw", ...
-    codec: str                    # the stored codec: jpeg, png, webp or raw
-    size: tuple[int, int]         # the upright source's (W, H), before any resize
-    slow_jpeg: bool = False       # only the Pillow fallback decodes it (simplejpeg refuses it)
-    dropped: str | None = None    # what extra_channels="drop" removed
-    progressive: bool = False     # a progressive JPEG stored as it is (converters.progressive)
-    kept: str | None = None       # why that JPEG was not transcoded to baseline (jpeg="baseline")
 
 
 def output_codec(kind: str, lossless_webp: bool, opts: PackOptions) -> str:
