@@ -13,11 +13,14 @@ from typing import Any, Mapping
 
 from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.errors import ConfigError
-from feedpipe.storage import exists, join
+from feedpipe.storage.store import open_store
 
 
 def refuse_merged(url: str, storage_options: Mapping[str, Any] | None = None) -> None:
     """A part is never converted into a prefix that is already a merged dataset (its manifest
     lists the parts' objects: replacing one would break it)."""
-    if exists(join(url, MANIFEST_NAME), storage_options):
-        raise ConfigError(f"{url} is already a merged dataset; convert parts into a new output")
+    try:
+        open_store(url, storage_options).size(MANIFEST_NAME)
+    except FileNotFoundError:
+        return
+    raise ConfigError(f"{url} is already a merged dataset; convert parts into a new output")
