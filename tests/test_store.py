@@ -72,3 +72,19 @@ def test_verify_takes_a_folder_or_a_url(s3, packed):
     assert remote.ok and here.ok, (remote.problems, here.problems)
     assert (remote.files_checked, remote.records_checked) == \
         (here.files_checked, here.records_checked) > (0, 0)
+
+
+def test_doctor_reads_a_url_dataset_like_a_folder(s3, packed):
+    """doctor's dataset facts and storage findings of a URL are its folder's (they were refused:
+    `doctor URL` measured the network only)."""
+    from dataclasses import replace
+
+    from feedpipe.tools.doctor import check_dataset, dataset_facts
+
+    bucket, opts, _fs = s3
+    url = f"{bucket}/wds"
+    upload_tree(packed["wds"], url, opts)
+    here, there = dataset_facts(packed["wds"]), dataset_facts(url, opts)
+    assert there == replace(here, path=url, fs_type=None)
+    assert there.format == "wds" and there.files > 1
+    assert check_dataset(there) == check_dataset(replace(here, fs_type=None))

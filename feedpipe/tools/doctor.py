@@ -20,11 +20,13 @@ from typing import Any, Callable, Literal, Mapping
 
 from converters import scan
 
-from ..dataset.manifest import Manifest, refuse_url
+from ..dataset.manifest import Manifest
+from ..dataset.verify import read_manifest
 from ..errors import ConfigError, EmptyDatasetError
 from ..loader.config import PREFETCH_DECODE, SHM_HEADROOM, auto_workers
 from ..loader.config import ring_bytes as loader_ring_bytes
 from ..loader.dali.pipeline import dali_package
+from ..storage import is_remote
 from . import machine
 from .bench import BenchConfig, is_packed, run_bench
 
@@ -200,21 +202,17 @@ class DatasetFacts:
     ram_bytes: int | None = None
 
 
-def dataset_facts(path: str | os.PathLike[str]) -> DatasetFacts:
-    """Read the facts from a packed dataset's manifest, or by listing an image folder."""
-    refuse_url(path, "the dataset")
+def dataset_facts(path: str | os.PathLike[str],
+                  storage_options: Mapping[str, Any] | None = None) -> DatasetFacts:
+    """Read the facts from a packed dataset's manifest (a folder, or a URL read through its
+    :class:`~feedpipe.storage.Store`), or by listing an image folder."""
+    ram = machine.memory()["total"]
+    if is_remote(path):
+        return _packed_facts(str(path), read_manifest(path, storage_options), None, ram)
     path = Path(path)
-    ram, fs = machine.memory()["total"], machine.fs_type(path)
+    fs = machine.fs_type(path)
     if is_packed(path):
-        m = Manifest.read(path)
-        if m.num_samples == 0:
-            raise EmptyDatasetError(f"{path}: the dataset holds 0 samples; its conversion wrote "
-                                    f"none (`feedpipe info {path}` lists skipped inputs). "
-                                    "Convert a source with readable images.", dataset=path)
-        image = m.schema["image"] if "image" in m.schema else None
-        return DatasetFacts(str(path), "packed", m.num_samples, sum(f.size for f in m.files),
-                            m.format, getattr(image, "codec", None), len(m.files),
-                            m.extra.get("compression"), fs, ram)
+        return _packed_facts(str(path), Manifest.read(path), fs, ram)
     items = scan(path).items
     if not items:
         raise ConfigError(f"{path}: neither a packed feedpipe dataset nor a folder with images; "
@@ -222,6 +220,18 @@ def dataset_facts(path: str | os.PathLike[str]) -> DatasetFacts:
     return DatasetFacts(str(path), "folder", len(items),
                         sum(i.path.stat().st_size for i in items), None, None, len(items),
                         None, fs, ram)
+
+
+def _packed_facts(where: str, m: Manifest, fs: str | None, ram: int | None) -> DatasetFacts:
+    """A packed dataset's facts from its manifest (a folder's or a URL's, the same checks)."""
+    if m.num_samples == 0:
+        raise EmptyDatasetError(f"{where}: the dataset holds 0 samples; its conversion wrote "
+                                f"none (`feedpipe info {where}` lists skipped inputs). "
+                                "Convert a source with readable images.", dataset=where)
+    image = m.schema["image"] if "image" in m.schema else None
+    return DatasetFacts(where, "packed", m.num_samples, sum(f.size for f in m.files), m.format,
+                        getattr(image, "codec", None), len(m.files), m.extra.get("compression"),
+                        fs, ram)
 
 
 def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:

@@ -23,7 +23,7 @@ from ..errors import BadInputError
 from ..loader.config import auto_workers
 from ..schema.imaging import decode_rgb
 from ..storage import open_store
-from .doctor import RANK, DoctorReport, Finding
+from .doctor import RANK, DoctorReport, Finding, check_dataset, dataset_facts
 
 BUDGET = 64 << 20  # bytes fetched to measure the bandwidth
 DECODE_SECONDS = 2.0
@@ -123,11 +123,16 @@ def check_network(url: str, storage_options: Mapping[str, Any] | None = None,
 
 def with_network(rep: DoctorReport, url: str,
                  storage_options: Mapping[str, Any] | None = None) -> DoctorReport:
-    """``rep`` (the machine checks) with the network finding for ``url`` added; a failed
-    measurement is an "error" finding, as for the other checks."""
-    try:
-        found = check_network(url, storage_options)
-    except Exception as exc:  # noqa: BLE001 - reported like any failed check
-        found = [Finding("network", "error", f"check failed: {type(exc).__name__}: {exc}")]
+    """``rep`` (the machine checks) with the findings for ``url`` added: its storage choices
+    (:func:`~feedpipe.tools.doctor.check_dataset`, as for a folder) and the network finding; a
+    failed check is an "error" finding, as for the other checks."""
+    found: list[Finding] = []
+    checks = [("dataset", lambda: check_dataset(dataset_facts(url, storage_options))),
+              ("network", lambda: check_network(url, storage_options))]
+    for name, check in checks:
+        try:
+            found += check()
+        except Exception as exc:  # noqa: BLE001 - reported like any failed check
+            found.append(Finding(name, "error", f"check failed: {type(exc).__name__}: {exc}"))
     findings = sorted((*rep.findings, *found), key=lambda f: RANK[f.severity])
     return replace(rep, path=url, findings=tuple(findings))
