@@ -35,7 +35,11 @@ if TYPE_CHECKING:
 
 def register(sub: Any) -> None:
     """Add the ``convert`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    c = sub.add_parser("convert", help="pack images (or arrays) into LMDB, HDF5 or WebDataset")
+    c = sub.add_parser("convert", help="pack images (or arrays) into LMDB, HDF5 or WebDataset",
+        description=("Pack a source once into LMDB, HDF5 or WebDataset: an image folder or ImageFolder"
+                     " tree, a CSV/JSONL manifest (with labels, boxes, keypoints, text), WebDataset "
+                     "shards, a Hugging Face dataset, or a table of arrays. Writes atomically; bad "
+                     "inputs are skipped and listed (--strict stops on them)."))
     c.add_argument("src", help="image folder, ImageFolder tree, .csv/.jsonl manifest, WebDataset "
                    "shards (folder, .tar/.tgz, brace pattern), or hf://org/name or a "
                    "save_to_disk folder (docs/sources.md); a table of arrays: .npy, .npz, "
