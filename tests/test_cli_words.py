@@ -72,3 +72,25 @@ def test_version_and_module_entry(module):
                           text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == f"feedpipe {__version__}"
     assert run_cli("--help").stdout.count("\n") > 5
+
+
+def test_no_recorded_size_says_so_and_a_misspelt_field_comes_first(tmp_path):
+    """All 28×28 images, stored as they come: the schema records no size. The error used to say
+    'varying size', and it hid a misspelt field named after the image."""
+    import numpy as np
+    from PIL import Image
+
+    import feedpipe
+    from converters import convert
+    from feedpipe.errors import ConfigError
+
+    for k in range(4):
+        (tmp_path / "src" / "c").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((28, 28, 3), k * 40, np.uint8)).save(tmp_path / "src/c" / f"{k}.jpg")
+    convert(tmp_path / "src", tmp_path / "ds", to="lmdb", workers=0)
+    kw = dict(num_workers=0, device="cpu")
+    with pytest.raises(ConfigError, match="records no image size") as exc:
+        feedpipe.make_loader(tmp_path / "ds", 2, **kw)
+    assert "varying" not in str(exc.value)
+    with pytest.raises(ConfigError, match=r"'lable' \(did you mean 'label'\?\)"):
+        feedpipe.make_loader(tmp_path / "ds", 2, fields=("image", "lable"), **kw)
