@@ -311,6 +311,10 @@ def _print_stored(res: ConvertResult, part: bool = False) -> None:
         if names:
             print(f"  {len(names)} {text}: " + ", ".join(names[:5])
                   + (" ..." if len(names) > 5 else ""))
+    for f in res.lossy[:10]:
+        print(f"  re-encoded (lossy) {f['path']}: {f['reason']}")
+    if len(res.lossy) > 10:
+        print(f"  ... and {len(res.lossy) - 10} more re-encoded (all listed in the manifest)")
     kept = res.progressive_kept
     if kept:
         print(f"  {len(kept)} progressive JPEGs stored as they are (listed in the manifest): "
