@@ -230,7 +230,7 @@ class BatchDataset(torch.utils.data.Dataset):
                     if role == "image":
                         geo = apply(stored[name], f.codec, views[name][pos], rng, name)
                         if geo.fallback:
-                            fallbacks[pos] = self.reader.describe(_at(req, pos, index))
+                            fallbacks[pos] = self._named(_at(req, pos, index))
                     elif role == "stack":
                         views[name][pos] = stored[name]
                     elif role == "encoded":
@@ -287,6 +287,12 @@ class BatchDataset(torch.utils.data.Dataset):
         if fallbacks:
             out[FALLBACK_KEY] = list(fallbacks.values())
         return out
+
+    def _named(self, index: int) -> str:
+        """A record for a message: where it is stored and, when the dataset keeps it, its source
+        file (one extra read of the ``path`` field, so only for the rare record named)."""
+        source = getattr(self.reader, "source_of", lambda _: None)(index)
+        return self.reader.describe(index) + (f" [source file: {source}]" if source else "")
 
     def _transformer(self, req: BatchRequest, out: dict[str, Any]) -> Callable[[int, int], None]:
         """``transform(pos, index)``: the user's function on batch row ``pos`` (sample ``index``),
