@@ -195,6 +195,7 @@ def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Store
             if stored.progressive and opts.jpeg == "baseline" and transcode:
                 return transcoded(stored)
             return stored
+    unasked = keep  # a lossy re-encode from here on was not asked for: it is named
     keep = keep and kind != "jpeg"  # a JPEG that gets here needs rotation or colour conversion
     if kind == "png" and len(data) >= 24 and data[12:16] == b"IHDR":  # Pillow: only at 2^31
         _too_big(*struct.unpack(">II", data[16:24]), opts)
@@ -217,6 +218,7 @@ def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Store
             if target == "png" and opts.resize is None:
                 return Stored(_png(upright, bool(lost)), how, target, size, dropped=lost)
             arr = resized_rgb(upright, opts)
+            why = _why_changed(img) if unasked and target in ("jpeg", "webp") else None
     except Image.DecompressionBombError as exc:
         raise Refused(f"decompression bomb refused by Pillow: {exc}") from exc
     except (OSError, ValueError, SyntaxError) as exc:
@@ -225,4 +227,14 @@ def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Store
         raise Refused(f"corrupt image: {exc}") from exc
     if target == "raw":
         return Stored(np.ascontiguousarray(arr), how, target, size, dropped=lost)
-    return Stored(encode_rgb(arr, target, opts.quality), how, target, size, dropped=lost)
+    return Stored(encode_rgb(arr, target, opts.quality), how, target, size, dropped=lost,
+                  lossy=why and f"{why}; re-encoded as {target} at quality {opts.quality}")
+
+
+def _why_changed(img: Image.Image) -> str:
+    """Why a JPEG or lossy WebP stored as its own codec could not keep its bytes."""
+    orientation = img.getexif().get(0x0112, 1)
+    why = [f"EXIF orientation {orientation} turned upright"] if orientation not in (0, 1) else []
+    if img.mode not in ("RGB", "L"):
+        why.append(f"{img.mode} converted to RGB")
+    return ", ".join(why) or "pixels changed"

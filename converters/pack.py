@@ -74,6 +74,7 @@ class ConvertResult:
     ignored_files: list[dict[str, str]] = field(default_factory=list)  # {"path", "reason"}
     slow_jpegs: list[str] = field(default_factory=list)  # need the Pillow fallback decoder
     progressive_kept: list[dict[str, str]] = field(default_factory=list)  # not transcoded: why
+    lossy: list[dict[str, str]] = field(default_factory=list)  # re-encoded unasked (CMYK, EXIF)
     channels_dropped: list[str] = field(default_factory=list)  # extra_channels="drop" did this
     empty_classes: list[str] = field(default_factory=list)
     image_codec: str = ""

@@ -21,3 +21,4 @@ class Stored:
     dropped: str | None = None    # what extra_channels="drop" removed
     progressive: bool = False     # a progressive JPEG stored as it is (converters.progressive)
     kept: str | None = None       # why that JPEG was not transcoded to baseline (jpeg="baseline")
+    lossy: str | None = None      # why it was lossily re-encoded unasked (EXIF rotation, CMYK)

@@ -73,7 +73,7 @@ def test_cli_convert_info_verify(tmp_path, photos):
     r = subprocess.run([*cli, "convert", str(photos), "--to", "wds", "-o", str(out), "-q"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
-    assert "wrote 96 samples" in r.stdout
+    assert "wrote 96 of 97 inputs" in r.stdout and "1 skipped" in r.stdout
     assert "96 samples" in subprocess.run([*cli, "info", str(out)], capture_output=True,
                                           text=True).stdout
     assert subprocess.run([*cli, "verify", str(out)]).returncode == 0

@@ -407,12 +407,32 @@ class TorchLoader(EpochPosition):
                           stacklevel=4)
 
     def _batches(self) -> Iterator[dict[str, Any]]:
-        for batch in self._dl:
-            skipped = batch.pop(SKIPPED_KEY, None)
-            if skipped:
-                self.skipped.extend(skipped)
-            for k, v in list(batch.items()):
-                if isinstance(v, SlotRef):
-                    batch[k] = self.ring.view(k, v)  # type: ignore[union-attr]
-                    batch[SLOT_KEY] = v.index
-            yield batch
+        batches = iter(self._dl)
+        try:
+            for batch in batches:
+                skipped = batch.pop(SKIPPED_KEY, None)
+                if skipped:
+                    self.skipped.extend(skipped)
+                for k, v in list(batch.items()):
+                    if isinstance(v, SlotRef):
+                        batch[k] = self.ring.view(k, v)  # type: ignore[union-attr]
+                        batch[SLOT_KEY] = v.index
+                yield batch
+        except GeneratorExit:
+            raise  # the consumer stopped early: persistent workers stay for the next epoch
+        except BaseException:
+            _stop_workers(self._dl, batches)
+            raise
+
+
+def _stop_workers(dl: DataLoader, batches: Any) -> None:
+    """Stop the workers of an epoch that raised (a worker's CorruptRecordError, Ctrl-C) now, in
+    this process. The exception's traceback keeps the DataLoader iterator alive in a reference
+    cycle; left to the garbage collector, it could be freed inside the *next* loader's forked
+    workers, whose ``__del__`` then prints "AssertionError: can only test a child process" once
+    per worker. Stopped here, its ``__del__`` has nothing left to do."""
+    stop = getattr(batches, "_shutdown_workers", None)  # torch's multi-process iterator only
+    if stop is not None:
+        stop()
+    if getattr(dl, "_iterator", None) is batches:  # persistent workers: start afresh next time
+        dl._iterator = None
