@@ -260,6 +260,8 @@ class TorchLoader(EpochPosition):
             prefetch_factor=cfg.prefetch_factor if workers else None,  # type: ignore[arg-type]
             pin_memory=bool(cfg.pin_memory) and self.device.type == "cuda",
             device=self.device.type, decode_threads=0,
+            size=cfg.size or (tuple(image.shape[:2]) if image is not None and image.shape
+                              and None not in image.shape[:2] else None),
             sample_bytes=sum(int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize
                              for c in self.batch_dataset.columns
                              if c.shape is not None and c.dtype is not None))
