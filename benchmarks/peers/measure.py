@@ -60,6 +60,12 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def main_cpu_seconds(pid: int) -> float:
+    """User + system CPU of the process alone (a loader's main process, without its workers)."""
+    t = psutil.Process(pid).cpu_times()
+    return t.user + t.system
+
+
 def tree_pss_bytes(pid: int) -> int:
     """Proportional set size of the process tree (shared pages split between their users)."""
     total = 0

@@ -43,6 +43,7 @@ sys.path[:0] = [str(HERE), str(ROOT), str(ROOT / "benchmarks")]
 from measure import (  # noqa: E402
     PeakPss,
     kernel_ceiling,
+    main_cpu_seconds,
     paused,
     reference_means,
     tree_cpu_seconds,
@@ -99,12 +100,13 @@ class Contender:
         sample on a 2-core VM, a fifth of a core at 10 Hz), which the kernel ceiling never pays,
         so timed epochs run without it (the same rule for every contender and the kernel)."""
         pid = self.proc.pid
-        cpu0 = tree_cpu_seconds(pid)
+        cpu0, main0 = tree_cpu_seconds(pid), main_cpu_seconds(pid)
         with PeakPss(pid) if pss else nullcontext() as sampler:
             self.proc.stdin.write("epoch validate\n" if validate else "epoch\n")
             self.proc.stdin.flush()
             rep = self.reply()
         rep["cpu_s"] = tree_cpu_seconds(pid) - cpu0
+        rep["main_cpu_s"] = main_cpu_seconds(pid) - main0  # the rest is its workers'
         rep["peak_pss"] = sampler.peak if pss else None
         return rep
 
@@ -206,7 +208,7 @@ def run_set(label: str, photos: Path, args: argparse.Namespace) -> dict:
                 res["errors"] += check(rep, len(items), counts, None, args.size, args.tol)[0]
                 th = throughput(rep["waits"], rep["steps"], rep["rows"], args.workers)
                 res["rounds"].append({**{k: rep[k] for k in ("n", "seconds", "first_batch_s",
-                                                              "cpu_s")},
+                                                              "cpu_s", "main_cpu_s")},
                                       "images_per_s": th.epoch_samples_per_s,
                                       "steady_images_per_s": th.samples_per_s})
             with paused([o.proc.pid for o in procs.values()]):
@@ -240,6 +242,8 @@ def summarize(out: dict) -> None:
             continue
         res["images_per_s"] = statistics.median(r["images_per_s"] for r in rounds)
         res["cpu_ms_per_image"] = statistics.median(1e3 * r["cpu_s"] / r["n"] for r in rounds)
+        res["main_cpu_ms_per_image"] = statistics.median(1e3 * r["main_cpu_s"] / r["n"]
+                                                         for r in rounds)
         res["first_batch_s"] = statistics.median(r["first_batch_s"] for r in rounds)
         res["peak_pss_mib"] = max(res[e]["peak_pss"] for e in ("warmup", "memory_epoch")
                                   if e in res) / 2 ** 20
