@@ -388,3 +388,39 @@ def test_ddp_ranks_agree_on_the_minimum(tmp_path):
     assert all(t["peak_bytes"] <= budgets[1] for t in ranks[1]["trials"] if t["ok"])
     assert any("another rank" in t["note"] for t in ranks[0]["trials"])  # rank 0 alone fits more
     assert ranks[0]["batch_size"] == math.floor(ranks[1]["largest_fit"] * 0.9)
+
+
+def test_find_batch_size_on_cpu_stays_within_its_time_budget_and_shows_progress(capsys):
+    """On CPU the search has a time cap (issue 27: 1,331 s with no output): a size whose trial
+    would not end within what is left is not run, and each trial is shown as it ends."""
+    def slow_step(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        time.sleep(0.005 * len(batch[0]))  # a step's time grows with the batch, as on a CPU
+        return m(batch[0]).mean()
+
+    res = find_batch_size(tiny_cnn(), images, step=slow_step, start=16, max_size=4096, steps=1,
+                          time_budget=2.0, memory_budget=1 << 30, device="cpu")
+    ran = [t for t in res.trials if t.seconds is not None]
+    assert ran and all(t.ok for t in ran)
+    assert sum(t.seconds for t in ran[:-1]) <= 2.0  # every trial run began within the budget
+    skipped = [t for t in res.trials if "time budget" in t.note]
+    assert skipped and all(not t.ok and t.seconds is None for t in skipped)
+    assert 16 <= res.largest_fit < min(t.size for t in skipped)
+    assert "time budget" in res.reason and res.time_budget_s == 2.0
+    err = capsys.readouterr().err
+    assert "find_batch_size on cpu" in err and f"batch {res.largest_fit}: ok" in err
+
+
+def test_find_batch_size_cpu_defaults_cap_time_and_memory():
+    """Defaults on CPU: half the RAM available and CPU_TIME_BUDGET_S seconds; no caps on time
+    asked for with time_budget=None."""
+    from feedpipe.tools.tune.batch_size import CPU_TIME_BUDGET_S
+    from feedpipe.tools.tune.memory import host_available_bytes
+
+    res = find_batch_size(tiny_cnn(), images, start=8, max_size=16, steps=1, progress=False)
+    assert res.time_budget_s == CPU_TIME_BUDGET_S <= 300
+    assert 0 < res.budget_bytes < host_available_bytes()  # half of it, taken at the start
+    res = find_batch_size(tiny_cnn(), images, start=8, max_size=16, steps=1, progress=False,
+                          time_budget=None)
+    assert res.time_budget_s is None and res.largest_fit == 16
+    with pytest.raises(ConfigError, match="time_budget"):
+        find_batch_size(tiny_cnn(), images, time_budget=0, progress=False)

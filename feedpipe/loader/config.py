@@ -36,7 +36,6 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_FIELDS = ("image", "label")  # what a loader yields when ``fields`` is not given
 RAW_WORKERS = 2  # "auto" workers for decode-free data: memory-bound, more were not measured
 PREFETCH_DECODE = 4  # batches each worker keeps ahead when it decodes ("auto"; 2 when it does not)
-SHM_HEADROOM = 2  # /dev/shm must hold this many times the slot ring before the ring is used
 
 # How to fix a bad value, for options whose accepted values need more than their type to explain.
 _HOW = {
@@ -232,18 +231,6 @@ class LoaderConfig:
             persistent_workers=workers > 0 if self.persistent_workers == "auto"
             else self.persistent_workers,
         )
-
-
-def ring_slots(workers: int, prefetch: int) -> int:
-    """Batches in the torch backend's slot ring: those ``workers`` keep ``prefetch`` deep, plus
-    the one being handed out and the one in use."""
-    return workers * prefetch + 2
-
-
-def ring_bytes(batch_bytes: int, workers: int, prefetch: int) -> int:
-    """Bytes of that ring of batches of ``batch_bytes`` each: the one arithmetic the backend
-    (``SlotRing``), ``feedpipe doctor`` (/dev/shm) and the tuners (RAM budget) share."""
-    return batch_bytes * ring_slots(workers, prefetch)
 
 
 @cache

@@ -23,10 +23,10 @@ from converters import scan
 from ..dataset.manifest import Manifest
 from ..dataset.verify import read_manifest
 from ..errors import ConfigError, EmptyDatasetError
-from ..loader.config import PREFETCH_DECODE, SHM_HEADROOM, auto_workers
-from ..loader.config import ring_bytes as loader_ring_bytes
+from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.dali.pipeline import dali_package
 from ..storage import is_remote
+from ..loader.memory import SHM_FLOOR, ring_bytes, shm_fits, shm_wanted
 from . import machine
 from .bench import BenchConfig, is_packed, run_bench
 
@@ -77,19 +77,14 @@ def check_cores(usable: int, total: int, quota: float | None) -> list[Finding]:
                            + (f" (quota {quota:g})" if quota else ""))]
 
 
-def ring_bytes(batch_size: int, size: int, workers: int, prefetch: int = PREFETCH_DECODE) -> int:
-    """Bytes of the loader's shared-memory slot ring of uint8 batches."""
-    return loader_ring_bytes(batch_size * size * size * 3, workers, prefetch)
-
-
 def check_shm(free: int | None, *, batch_size: int, size: int, workers: int,
               prefetch: int = PREFETCH_DECODE) -> list[Finding]:
     """/dev/shm against what DataLoader workers need to hand batches over, and the slot ring."""
     if workers == 0:
         return [Finding("shm", "ok", "no loader workers: /dev/shm is not used")]
-    batch = batch_size * size * size * 3
-    ring = ring_bytes(batch_size, size, workers, prefetch)
-    want = max(GiB, SHM_HEADROOM * ring)
+    batch = batch_size * size * size * 3  # uint8 RGB images: the ring's bulk
+    ring = ring_bytes(batch, workers, prefetch)
+    want = max(SHM_FLOOR, shm_wanted(ring))
     fix = (f"give /dev/shm at least {math.ceil(want / GiB)} GiB: docker run --shm-size="
            f"{math.ceil(want / GiB)}g (Kubernetes: an emptyDir with medium: Memory mounted at "
            "/dev/shm; or mount -o remount,size=... /dev/shm)")
@@ -99,9 +94,9 @@ def check_shm(free: int | None, *, batch_size: int, size: int, workers: int,
                         f"batches in flight need {workers * prefetch * batch / MiB:,.0f} MiB: "
                         "workers die with 'bus error' or 'No space left on device'", fix,
                         "loading with workers works at all")]
-    if free < SHM_HEADROOM * ring:
+    if not shm_fits(ring, free):
         return [Finding("shm", "medium", f"/dev/shm has {free / MiB:,.0f} MiB free, under the "
-                        f"{SHM_HEADROOM * ring / MiB:,.0f} MiB the loader wants for its reusable slot ring "
+                        f"{shm_wanted(ring) / MiB:,.0f} MiB the loader wants for its reusable slot ring "
                         f"(batch {batch_size}, {size}x{size}): each batch gets fresh shared "
                         "memory instead", fix,
                         f"no page faults on {batch / MiB:,.0f} MiB of fresh shared memory per "

@@ -113,7 +113,8 @@ class DaliLoader(EpochPosition):
             num_workers=self.py_workers, prefetch_factor=spec.depth if self.py_workers else None,
             pin_memory=self.device.type == "cuda", device=self.device.type,
             decode_threads=self.threads,
-            sample_bytes=spec.size[0] * spec.size[1] * 3 * itemsize + host)
+            sample_bytes=spec.size[0] * spec.size[1] * 3 * itemsize + host,
+            size=tuple(spec.size[:2]))
 
     def _check_state(self, state: dict[str, Any]) -> None:
         if state.get("dali_reader", "plan") != self.cfg.dali_reader:
