@@ -25,8 +25,8 @@ from ..dataset.verify import read_manifest
 from ..errors import ConfigError, EmptyDatasetError
 from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.dali.pipeline import dali_package
-from ..storage import is_remote
 from ..loader.memory import SHM_FLOOR, ring_bytes, shm_fits, shm_wanted
+from ..storage import is_remote
 from . import machine
 from .bench import BenchConfig, is_packed, run_bench
 
