@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from feedpipe import Output
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Result, drain, measure_side_by_side, save  # noqa: E402
 
@@ -62,8 +64,8 @@ def coco_like(root: Path, n: int, seed: int = 0) -> Path:
 def batch_cost(root: Path, repeats: int) -> list[Result]:
     """One worker's ``__getitems__`` per batch, image only against image + boxes, alternating
     batch by batch in this process (the cost a worker pays, without IPC or scheduling noise)."""
-    base = dict(size=SIZE, crop="random_resized_crop", flip=True, device="cpu", dtype="uint8",
-                mean=None, std=None, seed=0, num_workers=0)
+    base = dict(size=SIZE, crop="random_resized_crop", flip=True, device="cpu", seed=0,
+                num_workers=0, output=Output(dtype="uint8", mean=None, std=None))
     sets = {"worker batch: image only": feedpipe.make_loader(root, BATCH, fields=["image"], **base),
             "worker batch: image + boxes": feedpipe.make_loader(root, BATCH,
                                                                 fields=["image", "boxes"], **base)}
@@ -113,8 +115,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/labels.json"))
     args = ap.parse_args()
     root = coco_like(args.data, args.images)
-    base = dict(size=SIZE, crop="random_resized_crop", flip=True, device="cpu", dtype="uint8",
-                mean=None, std=None, seed=0)
+    base = dict(size=SIZE, crop="random_resized_crop", flip=True, device="cpu", seed=0,
+                output=Output(dtype="uint8", mean=None, std=None))
     runs = {}
     for workers in (0, 2):
         for name, extra in (("image only", {"fields": ["image"]}),

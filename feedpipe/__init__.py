@@ -41,6 +41,8 @@ _EXPORTS = {  # the public names -> the module (under feedpipe) that defines eac
 __all__ = sorted(_EXPORTS)  # every lazy export is public: one list, not two to keep in step
 
 if TYPE_CHECKING:
+    from converters import convert
+
     from .dataset.manifest import Manifest
     from .dataset.registry import DatasetReader, DatasetWriter, open_dataset
     from .dataset.verify import verify
@@ -65,8 +67,6 @@ if TYPE_CHECKING:
         UnsafeDataError,
         UnsafePathError,
     )
-    from converters import convert
-
     from .loader.api import make_loader
     from .loader.config import LoaderConfig
     from .loader.options import (
@@ -78,8 +78,8 @@ if TYPE_CHECKING:
         Sampler,
         Workers,
     )
-    from .loader.sampler import World
     from .loader.protocol import Loader
+    from .loader.sampler import World
     from .schema import (
         ArrayField,
         BytesField,

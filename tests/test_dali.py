@@ -14,6 +14,8 @@ import psutil
 import pytest
 import torch
 
+from feedpipe import Dali, Output, Sampler
+
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported; pip install "
                     "'feedpipe[test]'")  # CI installs nvidia-dali-cuda130 with [test]
 
@@ -32,7 +34,7 @@ from feedpipe.loader.dali.index import DaliIndex
 from feedpipe.loader.sampler import World
 
 CPU = torch.device("cpu")
-U8 = dict(dtype="uint8", device="cpu")
+U8 = dict(device="cpu", output=Output(dtype="uint8"))
 
 
 def dali(path, batch_size, **kw):
@@ -150,8 +152,8 @@ def test_raw_images_skip_decoding(raw48):
 @pytest.mark.parametrize("uneven,drop_last", [("pad", False), ("drop", True)])
 def test_two_ranks(packed, fmt, uneven, drop_last):
     """World(0, 2) and World(1, 2): the torch backend's per-rank plan, equal batch counts."""
-    kw = dict(size=32, seed=5, uneven=uneven, drop_last=drop_last, fields=["image", "path"],
-              **U8)
+    kw = dict(size=32, seed=5, drop_last=drop_last, fields=["image", "path"],
+              sampler=Sampler(uneven=uneven), **U8)
     per_rank = []
     for rank in (0, 1):
         world = World(rank, 2)
@@ -326,8 +328,8 @@ def test_native_webdataset_reader(wds_copy):
     deterministic set_epoch and resume from a DALI checkpoint."""
     src = feedpipe.open_dataset(wds_copy)
     truth = {s["path"]: s["label"] for s in src}
-    kw = dict(size=32, crop="random_resized_crop", flip=True, seed=3, dali_reader="webdataset",
-              fields=["image", "label", "path"], **U8)
+    kw = dict(size=32, crop="random_resized_crop", flip=True, seed=3,
+              fields=["image", "label", "path"], backend=Dali(reader="webdataset"), **U8)
     runs = []
     for rank in (0, 1):
         ld = dali(wds_copy, 10, world=World(rank, 2), **kw)

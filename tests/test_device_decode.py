@@ -21,6 +21,7 @@ from test_loader import _corrupt_dataset
 
 import feedpipe
 from converters import convert
+from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError, CorruptRecordError
 from feedpipe.loader.api import LoaderConfig, TorchLoader
 from feedpipe.loader.dataset import BatchDataset
@@ -29,7 +30,7 @@ from feedpipe.loader.torch.device_decode import DeviceDecoder, EncodedBatch, cho
 from feedpipe.loader.transforms import ImageOp
 
 CPU = torch.device("cpu")
-U8 = dict(dtype="uint8", device="cpu")
+U8 = dict(device="cpu", output=Output(dtype="uint8"))
 
 
 def cpu_decode(files: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -68,7 +69,7 @@ def test_same_batches_as_cpu_decode(packed, fmt, workers):
 
 
 def test_normalized_output_matches(packed):
-    kw = dict(size=48, shuffle=False, num_workers=0, device="cpu", dtype="float32")
+    kw = dict(size=48, shuffle=False, num_workers=0, device="cpu", output=Output(dtype="float32"))
     a = next(iter(feedpipe.make_loader(packed["hdf5"], 8, **kw)))["image"]
     b = next(iter(device_loader(packed["hdf5"], 8, **kw)))["image"]
     assert b.dtype == torch.float32 and b.shape == a.shape
@@ -187,7 +188,7 @@ def test_choice_of_decoder(packed, tmp_path):
     reason = nvjpeg(CPU)
     assert isinstance(reason, str) and "not cuda" in reason
     with pytest.raises(ConfigError, match="decode_on"):
-        feedpipe.make_loader(packed["lmdb"], 4, size=32, decode_on="gpu", **U8)
+        feedpipe.make_loader(packed["lmdb"], 4, size=32, workers=Workers(decode_on="gpu"), **U8)
     # on this machine (no CUDA) "auto" keeps decoding in the workers
     ld = feedpipe.make_loader(packed["lmdb"], 4, size=32, num_workers=0, **U8)
     assert ld.stage.decoder is None and not ld.batch_dataset.encoded_images

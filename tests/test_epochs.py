@@ -23,16 +23,18 @@ from conftest import N_ODD as N
 
 import feedpipe
 from converters import convert
+from feedpipe import Output, Sampler
 from feedpipe.errors import ConfigError
 from feedpipe.loader.sampler import World
 
-KW = dict(size=16, seed=7, dtype="uint8", device="cpu", num_workers=0)
+KW = dict(size=16, seed=7, device="cpu", num_workers=0, output=Output(dtype="uint8"))
 
 
 def loaders(path, world, batch, **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return [feedpipe.make_loader(path, batch, world=World(r, world), **{**KW, **kw})
+        return [feedpipe.make_loader(path, batch, sampler=Sampler(world=World(r, world)), **{**KW,
+                                                                                             **kw})
                 for r in range(world)]
 
 

@@ -18,11 +18,12 @@ from PIL import Image
 import feedpipe
 from converters import convert
 from converters.synth import make_photos
+from feedpipe import Output, Workers
 from feedpipe.errors import BadInputError, CorruptRecordError
 from feedpipe.loader import transforms
 from feedpipe.loader.transforms import DCT_MARGIN, ImageOp, _resize_rgb_into
 
-U8 = dict(dtype="uint8", device="cpu")
+U8 = dict(device="cpu", output=Output(dtype="uint8"))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +66,8 @@ def test_pixel_limit_refuses_before_decoding(tmp_path, photo_dir):
     out = tmp_path / "ds"
     convert(photo_dir, out, to="lmdb", workers=0)
     with pytest.raises(CorruptRecordError, match="max_pixels=1,000"):
-        next(iter(feedpipe.make_loader(out, 4, size=16, max_pixels=1000, num_workers=0, **U8)))
+        next(iter(feedpipe.make_loader(out, 4, size=16, num_workers=0,
+                                       workers=Workers(max_pixels=1000), **U8)))
     # the limit the converter recorded in the manifest applies when the caller sets none
     manifest = out / "feedpipe.json"
     doc = json.loads(manifest.read_text())
@@ -74,7 +76,7 @@ def test_pixel_limit_refuses_before_decoding(tmp_path, photo_dir):
     with pytest.raises(CorruptRecordError, match="max_pixels=2,000"):
         next(iter(feedpipe.make_loader(out, 4, size=16, num_workers=0, **U8)))
     assert len(next(iter(feedpipe.make_loader(out, 4, size=16, num_workers=0,
-                                              max_pixels=10**6, **U8)))["image"]) == 4
+                                              workers=Workers(max_pixels=10**6), **U8)))["image"]) == 4
 
 
 def test_pixel_limit_on_a_huge_header_never_allocates():
@@ -217,8 +219,8 @@ def test_in_process_ring_only_where_slots_can_be_lent(packed):
     assert ld.ring is not None and ld.ring.count == 2
     assert not any(t.is_shared() for t in ld.ring.tensors["image"])
     if torch.cuda.is_available():
-        gpu = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=0, dtype="uint8",
-                                   device="cuda")
+        gpu = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=0, device="cuda",
+                                   output=Output(dtype="uint8"))
         assert gpu.ring is None
 
 
@@ -305,7 +307,7 @@ def test_a_torch_without_the_private_resize_op_loads_the_same_pixels(packed, tmp
                            str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ld = feedpipe.make_loader(packed["lmdb"], 16, size=48, shuffle=False, num_workers=0,
-                              flip=True, seed=3, dtype="uint8")
+                              flip=True, seed=3, output=Output(dtype="uint8"))
     want = np.concatenate([b["image"].numpy() for b in ld])
     assert transforms._UPSAMPLE_AA is not None  # this process took the private op
     assert np.array_equal(np.load(out, allow_pickle=False), want)

@@ -10,6 +10,8 @@ import pytest
 import torch
 from fp_helpers import cli_main, loader_batches, same_batches
 
+from feedpipe import Output
+
 pytest.importorskip("s3fs")
 from servers import cli_opts, objects, upload_tree  # noqa: E402
 
@@ -21,7 +23,7 @@ from feedpipe.dataset.manifest import MANIFEST_NAME  # noqa: E402
 from feedpipe.dataset.remote_verify import read_manifest, verify_remote  # noqa: E402
 from feedpipe.errors import ConfigError, OutputRefusedError, PartsError  # noqa: E402
 
-KW = dict(size=32, crop="resize", dtype="uint8", device="cpu", num_workers=0)
+KW = dict(size=32, crop="resize", device="cpu", num_workers=0, output=Output(dtype="uint8"))
 
 
 def test_cli_parts_to_s3_merge_in_place_read_and_verify(photo_dir, s3, tmp_path, capsys):

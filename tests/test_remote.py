@@ -16,6 +16,7 @@ from servers import FaultServer
 
 import feedpipe
 from converters import convert
+from feedpipe import Remote
 from feedpipe.errors import (
     AccessDeniedError,
     CacheFullError,
@@ -113,8 +114,8 @@ def test_cache_limit_holds_over_an_epoch(photo_dir, tmp_path):
     server = FaultServer(root=tmp_path / "srv")
     try:
         cache = Cache(tmp_path / "cache", limit)
-        ld = feedpipe.make_loader(f"{server.url}/ds", 8, **REMOTE_KW, cache_dir=tmp_path / "cache",
-                                  cache_limit=limit, shuffle=False)
+        ld = feedpipe.make_loader(Remote(f"{server.url}/ds", cache_dir=tmp_path / "cache",
+                                         cache_limit=limit), 8, shuffle=False, **REMOTE_KW)
         seen, peak = [], 0
         for b in ld:
             seen.append(b["image"])

@@ -12,6 +12,8 @@ from urllib.parse import unquote
 import pytest
 from fp_helpers import cli_main, loader_batches, same_batches
 
+from feedpipe import Output
+
 pytest.importorskip("gcsfs")
 pytest.importorskip("gcp_storage_emulator")
 from servers import cli_opts, objects  # noqa: E402
@@ -29,7 +31,7 @@ from feedpipe.storage import RetryPolicy, download, upload  # noqa: E402
 from feedpipe.storage.fetch import FETCH_ENV, fetch_backend  # noqa: E402
 
 FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05)
-KW = dict(size=48, dtype="uint8", device="cpu", seed=5, num_workers=0)
+KW = dict(size=48, device="cpu", seed=5, num_workers=0, output=Output(dtype="uint8"))
 MEDIA = "/download/storage/v1/b/"  # the JSON API's media download: the object's bytes
 
 

@@ -19,6 +19,7 @@ from common import serve
 
 import feedpipe
 from converters import convert
+from feedpipe import Output
 
 
 def _fmt() -> str:
@@ -36,8 +37,8 @@ def pack(items: list[tuple[str, int]], work: Path, args: argparse.Namespace) -> 
 
 
 def open_loader(work: Path, args: argparse.Namespace):
-    loader = feedpipe.make_loader(work, args.batch, size=args.size, dtype="uint8", device="cpu",
-                                  num_workers=args.workers, shuffle=True)
+    loader = feedpipe.make_loader(work, args.batch, size=args.size, device="cpu",
+                                  num_workers=args.workers, shuffle=True, output=Output(dtype="uint8"))
 
     def epoch():
         for batch in loader:

@@ -232,7 +232,8 @@ def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:
         out.append(Finding("dataset", "high", f"{f.samples} loose image files ({gb:.2f} GiB): one "
                            "file open + read + decoder setup per sample",
                            f"feedpipe convert {f.path} --to lmdb -o packed/ (JPEG bytes kept "
-                           "unchanged, ~1.06x the size), then feedpipe.make_loader('packed/')",
+                           f"unchanged, ~1.06x the size), then feedpipe.make_loader('packed/', "
+                           f"256, size={size})",
                            FOLDER_GAIN))
     elif f.codec == "raw" and f.ram_bytes and f.total_bytes > 0.8 * f.ram_bytes:
         out.append(Finding("dataset", "medium", f"raw (decoded) images take {gb:.1f} GiB, more "

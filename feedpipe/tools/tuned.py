@@ -10,13 +10,13 @@ from .tune import autotune
 
 def tuned(*, budget_cpus: int | None = None, budget_ram: int | None = None,
           trial_batches: int = 24, tolerance: float = 0.05, repeats: int = 1,
-          cache: bool = True, workers: Workers = Workers()) -> Tuned:
+          cache: bool = True, workers: Workers | None = None) -> Tuned:
     """``num_workers`` and ``prefetch_factor`` measured by :func:`autotune` with these budgets
     (cached per dataset and machine); ``workers``: the other worker settings (a
     ``prefetch_factor`` there is kept fixed)."""
     return Tuned(autotune, {"budget_cpus": budget_cpus, "budget_ram": budget_ram,
                             "trial_batches": trial_batches, "tolerance": tolerance,
-                            "repeats": repeats, "cache": cache}, workers)
+                            "repeats": repeats, "cache": cache}, workers or Workers())
 
 
 __all__ = ["tuned"]

@@ -205,8 +205,8 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
     ``budget_ram``: bytes of batches the loader may hold (ring and prefetch; default: the RAM
     available now). ``loader_options`` go to every ``make_loader`` call; a ``prefetch_factor``
     in their ``workers=Workers(...)`` is kept fixed. ``repeats`` > 1 measures each
-    configuration that many times (interleaved) and keeps its fastest, for busy machines. A cache hit (same dataset, machine
-    and settings) runs no trial.
+    configuration that many times (interleaved) and keeps its fastest, for busy machines. A
+    cache hit (same dataset, machine and settings) runs no trial.
     """
     if "num_workers" in loader_options:
         raise ConfigError("autotune chooses num_workers: leave it out of the loader options")
