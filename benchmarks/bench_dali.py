@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
         results += [replace(r, name=f"{title}: {r.name}")
                     for r in group(title, loaders, args.repeats)]
     wds = packed["wds-passthrough"]
-    loaders = {**pair(wds, dtype="uint8"),
+    loaders = {**pair(wds, output=Output(dtype="uint8")),
                "dali webdataset reader": feedpipe.make_loader(
                    wds, BATCH, backend=Dali(reader="webdataset"), size=args.size,
                    device=device, output=Output(dtype="uint8"))}

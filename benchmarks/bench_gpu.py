@@ -4,7 +4,7 @@
    ``make_loader(device="cuda")`` does), and from pageable memory, against the link's peak
    (PCIe generation × width from NVML when ``nvidia-ml-py`` is installed).
 2. **Decode**: nvJPEG (``torchvision.io.decode_jpeg(device="cuda")``, feedpipe's
-   ``decode_on="device"``) images/s against simplejpeg on one CPU core, on the same files.
+   ``Workers(decode_on="device")``) images/s against simplejpeg on one CPU core, on the same files.
 3. **Loader**: ``make_loader`` epochs onto the device, decoding on the CPU workers and on the
    device.
 4. **Training**: a ResNet-50 (torchvision's layout, written here: no torchvision needed) AMP step

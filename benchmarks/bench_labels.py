@@ -1,8 +1,8 @@
 """Ragged labels on the hot path: the loader on COCO-like data (JPEG photos with 0-50 boxes each)
 with boxes against the same images alone, side by side in one run (interleaved rounds).
 
-Random-resized-crop to 160², flip, batch 64; boxes padded (``ragged="pad"``) and as lists
-(``ragged="list"``); in the main process (``num_workers=0``: the per-batch label cost shows
+Random-resized-crop to 160², flip, batch 64; boxes padded (``Output(ragged="pad")``) and as
+lists (``Output(ragged="list")``); in the main process (``num_workers=0``: the per-batch label cost shows
 undiluted) and with 2 workers. Figures on a shared, loaded machine: read the ratios.
 
     python benchmarks/bench_labels.py [--images 768] [--data bench-data] [--json FILE]
@@ -122,8 +122,9 @@ def main() -> None:
         for name, extra in (("image only", {"fields": ["image"]}),
                             ("image + boxes (pad)", {"fields": ["image", "boxes"]}),
                             ("image + boxes (list)", {"fields": ["image", "boxes"],
-                                                      "ragged": "list"})):
-            loader = feedpipe.make_loader(root, BATCH, num_workers=workers, **base, **extra)
+                                                      "output": Output(dtype="uint8", mean=None,
+                                                                       std=None, ragged="list")})):
+            loader = feedpipe.make_loader(root, BATCH, num_workers=workers, **{**base, **extra})
             runs[f"{name}, {workers} workers"] = lambda ld=loader: drain(ld)
     results = measure_side_by_side(runs, repeats=args.repeats)
     results += batch_cost(root, args.repeats)

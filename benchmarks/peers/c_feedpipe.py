@@ -3,7 +3,7 @@ baseline with the same DCT coefficients, the converter's default) and read by ma
 
 Usage as the project README shows it: ``feedpipe convert SRC OUT --to FORMAT`` (here the Python
 ``converters.convert`` the CLI calls, ``store="passthrough"``), then
-``feedpipe.make_loader(OUT, batch_size, size=224, dtype="uint8", device="cpu")`` with the crop
+``feedpipe.make_loader(OUT, batch_size, size=224, output=Output(dtype="uint8"), device="cpu")`` with the crop
 left at its default (``"center_crop"``: the output's aspect cut from the centre, then resized).
 ``--format`` picks lmdb, wds or hdf5. ``num_workers`` is set to the task's 2 (feedpipe's "auto"
 would pick from the machine).

@@ -11,9 +11,11 @@ from .args import hw_size, size_arg
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from ..loader.options import Output
     from ..tools.tune.autotune import autotune  # torch: only when the command runs
 
-    options: dict[str, Any] = {"crop": args.crop, "dtype": args.dtype, "device": args.device}
+    options: dict[str, Any] = {"crop": args.crop, "output": Output(dtype=args.dtype),
+                               "device": args.device}
     if args.size:
         options["size"] = args.size
     res = autotune(args.path, args.batch_size, budget_cpus=args.budget_cpus,

@@ -84,7 +84,7 @@ def _keywords_checked(fn: Callable[P, R]) -> Callable[P, R]:
     """Refuse an unknown keyword with a ConfigError naming the closest option (``flp=`` → did
     you mean ``flip``?), or, for an option that moved into a group, its new spelling;
     ``inspect.signature``, ``help()`` and editors still see ``fn``'s own signature."""
-    known = tuple(inspect.signature(fn).parameters)[2:]
+    known = tuple(inspect.signature(fn).parameters)
 
     @functools.wraps(fn)
     def checked(*args: P.args, **kwargs: P.kwargs) -> R:
@@ -93,7 +93,7 @@ def _keywords_checked(fn: Callable[P, R]) -> Callable[P, R]:
                 raise ConfigError(f"{name}= moved: use {MOVED[name]} (README: 'Options "
                                   "moved in 0.1')", option=name)
             if name not in known:
-                raise unknown(name, known, f"{fn.__name__}()")
+                raise unknown(name, known, f"{fn.__name__}()", known[2:])
         return fn(*args, **kwargs)
 
     return checked
@@ -145,14 +145,20 @@ def make_loader(source: Source, batch_size: int, *, shuffle: bool = True, seed: 
         reader: DatasetReader = open_mix(mix.opened(), cfg)
     elif isinstance(source, Remote):
         reader = source.open()
+    elif isinstance(source, DatasetReader):
+        reader = source
+    elif isinstance(source, (str, os.PathLike)):
+        reader = open_dataset(source)
     else:
-        reader = source if isinstance(source, DatasetReader) else open_dataset(source)
+        raise ConfigError(f"source={source!r}: pass a dataset path or URL, an opened dataset, "
+                          "feedpipe.Remote(url, ...) or feedpipe.Mix([...])", option="source")
     reader.require_samples("make_loader")
     if tuned is not None:  # either backend: the measurement runs the one chosen below
-        options = {k: v for k, v in given.items() if v is not None and k != "num_workers"
-                   and not (k in _PLAIN and _PLAIN[k] == v)}
-        res: TunedOptions = tuned.measure(reader, batch_size, **tuned.options,
-                                          **{**options, "workers": tuned.workers})
+        options = {k: v for k, v in given.items() if v is not None
+                   and k not in ("num_workers", "workers") and not _PLAIN.get(k) == v}
+        if tuned.workers != Workers():  # what the caller fixed: the same key as autotune's own
+            options["workers"] = tuned.workers
+        res: TunedOptions = tuned.measure(reader, batch_size, **tuned.options, **options)
         cfg = replace(cfg, num_workers=res.num_workers,
                       prefetch_factor=res.prefetch_factor or "auto")
     return _build(reader, cfg, world, _device(cfg.device))

@@ -36,10 +36,13 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-def unknown(name: str, known: Sequence[str], where: str) -> ConfigError:
-    """``where`` got ``name``, which it does not take: name the closest of ``known``."""
+def unknown(name: str, known: Sequence[str], where: str,
+            listed: Sequence[str] | None = None) -> ConfigError:
+    """``where`` got ``name``, which it does not take: name the closest of ``known``, else list
+    ``listed`` (default: all of them)."""
     close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean {close[0]!r}?" if close else f"the options are {', '.join(known)}"
+    hint = f"did you mean {close[0]!r}?" if close else \
+        f"the options are {', '.join(known if listed is None else listed)}"
     return ConfigError(f"{where} got an unexpected keyword argument {name!r}; {hint}", option=name)
 
 

@@ -154,7 +154,7 @@ def check_pinned(cuda: bool, error: str | None) -> list[Finding]:
     if error:
         return [Finding("pinned", "high", f"pinned host memory cannot be allocated: {error}",
                         "raise the locked-memory limit (ulimit -l unlimited; docker --ulimit "
-                        "memlock=-1), or pass pin_memory=False",
+                        "memlock=-1), or pass workers=feedpipe.Workers(pin_memory=False)",
                         "host-to-GPU copies overlap compute instead of blocking it")]
     return [Finding("pinned", "ok", "pinned host memory works")]
 

@@ -92,7 +92,7 @@ def _epochs(loader: Loader) -> Iterator[Any]:
 
 
 def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, workers: int,
-            prefetch: int | None, *, trial_batches: int = 24, **loader_options: Any) -> Trial:
+            prefetch: int | None, /, *, trial_batches: int = 24, **loader_options: Any) -> Trial:
     """Run one trial: ``trial_batches`` batches after start-up, rated by the one throughput
     measurement (:func:`feedpipe.tools.throughput.of_meter`), as ``feedpipe bench`` rates its."""
     opts = {**loader_options, "num_workers": workers}
