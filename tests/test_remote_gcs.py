@@ -12,7 +12,7 @@ from urllib.parse import unquote
 import pytest
 from fp_helpers import cli_main, loader_batches, same_batches
 
-from feedpipe import Output
+from feedpipe import Output, Remote
 
 pytest.importorskip("gcsfs")
 pytest.importorskip("gcp_storage_emulator")
@@ -46,9 +46,11 @@ def test_gs_batches_equal_local(gcs, gcs_packed, packed, fmt, tmp_path):
     proxy, options = gcs
     local = loader_batches(packed[fmt], **KW)
     proxy.faults([])
-    remote = loader_batches(gcs_packed[fmt], **KW, cache_dir=tmp_path, storage_options=options)
+    remote = loader_batches(Remote(gcs_packed[fmt], cache_dir=tmp_path, storage_options=options),
+                            **KW)
     assert same_batches(local, remote) and len(local) == 9
-    again = loader_batches(gcs_packed[fmt], **KW, cache_dir=tmp_path, storage_options=options)
+    again = loader_batches(Remote(gcs_packed[fmt], cache_dir=tmp_path, storage_options=options),
+                           **KW)
     assert same_batches(local, again)  # the second run reads the cache
     data = [e for e in media_gets(proxy) if not e["name"].endswith(("feedpipe.json", ".npy"))]
     files = {f.name: f.size for f in feedpipe.open_dataset(packed[fmt]).manifest.files
@@ -66,7 +68,8 @@ def test_emulator_host_from_the_environment(gcs, gcs_packed, packed, tmp_path, m
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     proxy.faults([])
     options = {"token": "anon"}
-    remote = loader_batches(gcs_packed["wds"], **KW, cache_dir=tmp_path, storage_options=options)
+    remote = loader_batches(Remote(gcs_packed["wds"], cache_dir=tmp_path, storage_options=options),
+                            **KW)
     assert same_batches(loader_batches(packed["wds"], **KW), remote)
     assert {e["name"] for e in media_gets(proxy)} >= {"shard-000000.tar", "feedpipe.json"}
     shard = f"{gcs_packed['wds']}/shard-000000.tar"

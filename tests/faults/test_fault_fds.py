@@ -19,6 +19,7 @@ from fp_helpers import CLI, REMOTE_KW, batch_digests, loader_batches
 import feedpipe
 from converters import convert
 from converters.synth import make_photos
+from feedpipe import Workers
 
 pytestmark = pytest.mark.heavy
 
@@ -68,7 +69,7 @@ def test_300_shards_under_ulimit_200(many_shards):
     epoch with on_error="skip" and 2 workers is the unlimited one, sample for sample (334 of
     600 were substitutes)."""
     want = batch_digests(loader_batches(many_shards, **{**REMOTE_KW, "num_workers": 0},
-                                        on_error="skip", shuffle=True))
+                                        workers=Workers(on_error="skip"), shuffle=True))
     got = probe(many_shards, 200, 2)
     assert got["verify"] == []
     assert got["load"] == want and len(want) == 75
