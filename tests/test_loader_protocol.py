@@ -156,7 +156,7 @@ def test_autotune_and_find_batch_size_on_either_backend(packed, backend):
 
 @needs_dali
 def test_make_loader_tunes_the_dali_backend(packed):
-    """num_workers="tune" with backend="dali": autotune measures DALI's reader processes."""
+    """workers=tuned() with backend="dali": autotune measures DALI's reader processes."""
     opts = dict(backend="dali", size=32, device="cpu", output=Output(dtype="uint8"))
     ld = feedpipe.make_loader(packed["lmdb"], 8, workers=tuned(), **opts)
     res = autotune(packed["lmdb"], 8, **opts)  # the same settings: what make_loader cached

@@ -29,7 +29,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add the ``tune`` subcommand to the ``feedpipe`` CLI's subparsers."""
     t = sub.add_parser("tune", help="measure num_workers/prefetch for a dataset and cache the "
-                       "choice (make_loader(..., num_workers='tune') then starts tuned)")
+                       "choice (make_loader(..., workers=feedpipe.tuned()) then starts tuned)")
     t.add_argument("path", help="a packed dataset directory")
     t.add_argument("--batch-size", type=int, required=True)
     t.add_argument("--size", type=hw_size, help="output size: N (square) or HxW, e.g. 96x128 "
