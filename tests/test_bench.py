@@ -14,7 +14,6 @@ from fp_helpers import cli_main
 from PIL import Image
 
 from converters import convert
-from feedpipe import Output
 from feedpipe.dataset.registry import open_dataset
 from feedpipe.errors import ConfigError, MissingDependencyError
 from feedpipe.loader.config import auto_workers, usable_cores
@@ -195,7 +194,7 @@ def test_sweep_workers():
     (dict(threads=0), "threads=0"),
     (dict(seed=-1), "seed=-1"),
     (dict(step_ms=float("nan")), "step_ms=nan"),
-    (dict(output=Output(dtype="float64")), "dtype='float64': use one of float32"),
+    (dict(dtype="float64"), "dtype='float64': use one of float32"),
     (dict(formats="lmdb"), r"formats='lmdb': pass a tuple"),
     (dict(batch_sizes=(True,)), "batch_sizes"),
 ])

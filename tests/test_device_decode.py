@@ -23,7 +23,7 @@ import feedpipe
 from converters import convert
 from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError, CorruptRecordError
-from feedpipe.loader.api import LoaderConfig, TorchLoader
+from feedpipe.loader.api import TorchLoader, loader_config
 from feedpipe.loader.dataset import BatchDataset
 from feedpipe.loader.sampler import BatchRequest, World
 from feedpipe.loader.torch.device_decode import DeviceDecoder, EncodedBatch, choose, nvjpeg
@@ -41,7 +41,7 @@ def cpu_decode(files: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def device_loader(path: Path, batch_size: int, **options) -> TorchLoader:
     """A torch-backend loader whose JPEGs are decoded by ``cpu_decode`` in the device stage."""
-    cfg = LoaderConfig(batch_size=batch_size, **options).resolve(cuda=False, decodes=True)
+    cfg = loader_config(batch_size, **options).resolve(cuda=False, decodes=True)
     return TorchLoader(feedpipe.open_dataset(path), cfg, World(0, 1), CPU,
                        DeviceDecoder(CPU, cpu_decode))
 
@@ -132,7 +132,7 @@ def test_bad_records_are_caught_in_the_workers(tmp_path):
     kw = dict(size=16, shuffle=False, num_workers=0, **U8)
     with pytest.raises(CorruptRecordError, match="key 000000007.*truncated JPEG"):
         list(device_loader(root, 8, **kw))
-    ld = device_loader(root, 8, on_error="skip", **kw)
+    ld = device_loader(root, 8, workers=Workers(on_error="skip"), **kw)
     with pytest.warns(UserWarning, match="skipped 2 corrupt"):
         labels = torch.cat([b["label"] for b in ld]).tolist()
     assert len(labels) == 40 and 7 not in labels and 21 not in labels

@@ -160,7 +160,7 @@ def _ring_ptrs(ld) -> set[int]:
 def test_cpu_batches_are_the_ring_slots_and_slots_come_back(packed, workers, context):
     """uint8 on CPU, with workers or in-process: each batch is handed out as its ring slot (no
     copy, no fresh buffer), and a caller that lets go of each batch gets every slot back."""
-    mp = {"multiprocessing_context": context} if context else {}
+    mp = {"workers": Workers(multiprocessing_context=context)} if context else {}
     ld = feedpipe.make_loader(packed["lmdb"], 4, size=32, num_workers=workers, **mp, **U8)
     ptrs, n = _ring_ptrs(ld), 0
     for batch in ld:
@@ -249,7 +249,7 @@ def test_resize_into_the_slot_is_interpolate_bit_for_bit(src, dst, flip, private
 
 @pytest.mark.parametrize("opts", [{}, {"dtype": "bfloat16", "channels_last": False},
                                   {"dtype": "float16", "mean": None, "std": None},
-                                  {"dtype": "uint8", "channels_last": False}])
+                                  {"dtype": "uint8", "channels_last": False}])  # Output fields
 def test_cpu_workers_convert_without_setting_torchs_thread_count(packed, monkeypatch, opts):
     """With workers on the CPU, the main process converts batches on its own thread (numpy):
     torch's process-wide thread count, which the user's step runs with, is never set (it used to
@@ -259,7 +259,8 @@ def test_cpu_workers_convert_without_setting_torchs_thread_count(packed, monkeyp
     real = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n))[1])
     before = torch.get_num_threads()
-    kw = dict(size=32, device="cpu", shuffle=False, crop="center_crop", flip=False, **opts)
+    kw = dict(size=32, device="cpu", shuffle=False, crop="center_crop", flip=False,
+              output=Output(**opts))
     ld = feedpipe.make_loader(packed["lmdb"], 8, num_workers=2, **kw)
     assert ld.stage.one_thread
     got = list(ld)
@@ -292,7 +293,7 @@ from feedpipe.loader import transforms
 
 assert transforms._UPSAMPLE_AA is None
 ld = feedpipe.make_loader(sys.argv[1], 16, size=48, shuffle=False, num_workers=0, flip=True,
-                          seed=3, dtype="uint8")
+                          seed=3, output=feedpipe.Output(dtype="uint8"))
 np.save(sys.argv[2], np.concatenate([b["image"].numpy() for b in ld]), allow_pickle=False)
 """
 

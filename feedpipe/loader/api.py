@@ -169,6 +169,18 @@ _PLAIN = {k: p.default for k, p in inspect.signature(make_loader).parameters.ite
           if p.default is not inspect.Parameter.empty}
 
 
+def loader_config(batch_size: int, **options: Any) -> LoaderConfig:
+    """The LoaderConfig ``make_loader(source, batch_size, **options)`` builds from a path, for
+    code that assembles a backend itself (tests of one stage)."""
+    for name in options:
+        if name not in _PLAIN or name == "source":
+            raise unknown(name, list(_PLAIN), "loader_config()")
+    cfg, tuned = _config(None, batch_size, {**_PLAIN, **options})
+    if tuned is not None:
+        raise ConfigError("loader_config() measures nothing: pass num_workers=", option="workers")
+    return cfg
+
+
 def _config(source: object, batch_size: int,
             given: dict[str, Any]) -> tuple[LoaderConfig, Tuned | None]:
     """make_loader's options as one flat, checked LoaderConfig, and the tuning asked for."""
@@ -180,8 +192,8 @@ def _config(source: object, batch_size: int,
            "pass feedpipe.Workers(...) or feedpipe.tuned(...)")
     tuned = given["workers"] if isinstance(given["workers"], Tuned) else None
     if tuned is not None and flat["num_workers"] != "auto":
-        raise ConfigError("workers=feedpipe.tuned() chooses num_workers: leave num_workers out",
-                          option="num_workers")
+        raise ConfigError("feedpipe.tuned() chooses num_workers (workers=feedpipe.tuned()): "
+                          "leave num_workers out", option="num_workers")
     for name, kind in (("output", Output), ("sampler", Sampler)):
         expect(flat.pop(name), kind, name, f"pass feedpipe.{kind.__name__}(...) or None")
     groups = [tuned.workers if tuned else given["workers"], given["output"], given["sampler"]]
@@ -234,4 +246,4 @@ def _named(loader: Loader, reader: DatasetReader) -> Loader:
 
 
 __all__ = ["MOVED", "DaliLoader", "Loader", "LoaderConfig", "LoaderView", "TorchLoader",
-           "auto_workers", "make_loader", "usable_cores"]
+           "auto_workers", "loader_config", "make_loader", "usable_cores"]

@@ -22,6 +22,7 @@ from .config import (
     DaliReader,
     DecodeOn,
     Dtype,
+    LoaderConfig,
     MixClasses,
     MpContext,
     OnError,
@@ -156,6 +157,11 @@ class Remote:
     cache_limit: int | str | None = None
     storage_options: Mapping[str, Any] | None = None
     timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        """The same checks as the flat options had: a ConfigError names the field."""
+        LoaderConfig(1, cache_dir=self.cache_dir, cache_limit=self.cache_limit,  # type: ignore[arg-type]
+                     storage_options=self.storage_options, timeout=self.timeout)  # type: ignore[arg-type]
 
     def open(self) -> DatasetReader:
         """The dataset, through the cache."""
