@@ -27,6 +27,7 @@ PROBE = """
 import json, os, resource, sys
 import feedpipe
 from feedpipe.dataset.verify import verify
+from feedpipe import Workers
 from feedpipe.errors import ResourceError
 from fp_helpers import REMOTE_KW, batch_digests, loader_batches
 path, limit, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -35,7 +36,8 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.R
 out = {}
 for name, run in [("verify", lambda: verify(path)),
                   ("load", lambda: loader_batches(path, **{**REMOTE_KW, "num_workers": workers},
-                                                  on_error="skip", shuffle=True))]:
+                                                  workers=Workers(on_error="skip"),
+                                                  shuffle=True))]:
     try:
         got = run()
         out[name] = got.problems if name == "verify" else batch_digests(got)

@@ -129,8 +129,8 @@ import json, sys
 import feedpipe
 out = {}
 for fmt, path in json.loads(sys.argv[1]).items():
-    ld = feedpipe.make_loader(path, 8, size=32, dtype="uint8", device="cpu", num_workers=2,
-                              seed=2, fields=["label", "path"])
+    ld = feedpipe.make_loader(path, 8, size=32, output=feedpipe.Output(dtype="uint8"),
+                              device="cpu", num_workers=2, seed=2, fields=["label", "path"])
     out[fmt] = [p for b in ld for p in b["path"]]
 print(json.dumps(out))
 """

@@ -87,8 +87,9 @@ PROBE = """
 import sys, time
 import feedpipe
 url, cache = sys.argv[1:3]
-loader = feedpipe.make_loader(url, 4, shuffle=False, size=32, dtype="uint8", device="cpu",
-                              num_workers=0, cache_dir=cache, timeout=2)
+loader = feedpipe.make_loader(feedpipe.Remote(url, cache_dir=cache, timeout=2), 4, shuffle=False,
+                              size=32, output=feedpipe.Output(dtype="uint8"), device="cpu",
+                              num_workers=0)
 batch = next(iter(loader))  # shard 0 answers; the prefetch of the next shards waits
 time.sleep(0.5)  # the prefetch threads are in their requests
 print("done", len(batch["label"]), flush=True)
