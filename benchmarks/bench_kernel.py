@@ -36,6 +36,8 @@ import simplejpeg
 import torch
 import torch.nn.functional as F
 
+from feedpipe import Output
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Items, drain, machine, measure_side_by_side, save  # noqa: E402
 
@@ -178,8 +180,8 @@ def packed(data: Path, label: str, n: int, store: str = "passthrough") -> dict[s
 
 
 def loader(path: Path, crop: str, workers: int) -> object:
-    return feedpipe.make_loader(path, BATCH, size=SIZE, crop=crop, dtype="uint8", device="cpu",
-                                num_workers=workers, seed=0)
+    return feedpipe.make_loader(path, BATCH, size=SIZE, crop=crop, device="cpu",
+                                num_workers=workers, seed=0, output=Output(dtype="uint8"))
 
 
 def group(name: str, runs: dict[str, Callable[[], Items]], rounds: int) -> dict[str, dict]:
@@ -227,7 +229,8 @@ def raw_group(data: Path, n: int, rounds: int) -> dict[str, dict]:
     paths = packed(data, "500x375", n, store="raw")
     runs = {f"raw lmdb workers={w}": (lambda ld=loader(paths["lmdb"], "center_crop", w):  # noqa: B008
                                       drain(ld)) for w in (0, WORKERS)}
-    auto = feedpipe.make_loader(paths["lmdb"], BATCH, size=SIZE, dtype="uint8", device="cpu")
+    auto = feedpipe.make_loader(paths["lmdb"], BATCH, size=SIZE, device="cpu",
+                                output=Output(dtype="uint8"))
     res = group(f"raw uint8 LMDB (stored {SIZE}px), {n} images", runs, rounds)
     res["auto_workers"] = {"num_workers": auto.cfg.num_workers}  # type: ignore[attr-defined]
     return res

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
 from fp_helpers import cli_main
 
 from converters import convert
+from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import PREFETCH_DECODE
 from feedpipe.loader.memory import ring_bytes
@@ -125,6 +127,22 @@ def test_loose_files_are_the_top_finding(photo_dir):
     f = only(check_dataset(facts))
     assert f.severity == "high" and "loose image files" in f.title
     assert f"feedpipe convert {photo_dir} --to lmdb" in f.fix
+
+
+def test_the_loose_files_fix_runs_as_written(photo_dir, tmp_path, monkeypatch, capsys):
+    """The suggested convert command, then the suggested make_loader call, as printed: the call
+    used to lack a batch size and size= (variable-size photos cannot be batched without one)."""
+    import feedpipe
+
+    fix = only(check_dataset(dataset_facts(photo_dir), size=32)).fix
+    command, call = re.fullmatch(r"feedpipe (convert .*?) \(.*\), then (feedpipe\.make_loader"
+                                 r"\(.*\))", fix).groups()
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = cli_main(capsys, *command.split(), "-q")
+    assert rc == 0, err
+    loader = eval(call, {"feedpipe": feedpipe})  # noqa: S307 - the text doctor prints
+    batch = next(iter(loader))
+    assert batch["image"].shape[1:] == (3, 32, 32) and len(batch["label"]) == N
 
 
 def test_encoded_vs_raw(packed, photo_dir, tmp_path):
@@ -248,8 +266,8 @@ def test_ring_bytes_are_one_arithmetic_for_the_loader_doctor_and_tune(packed):
     from feedpipe.loader.memory import ring_slots, shm_wanted
     from feedpipe.tools.tune.memory import loader_ram_bytes
 
-    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2, prefetch_factor=3,
-                              device="cpu", dtype="uint8")
+    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2, device="cpu",
+                              workers=Workers(prefetch_factor=3), output=Output(dtype="uint8"))
     next(iter(ld))
     ring = ld.ring
     assert ring is not None and ring.count == ring_slots(2, 3) == 8

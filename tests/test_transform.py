@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import feedpipe
+from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError, TransformError
 
-KW = dict(size=24, seed=3, dtype="uint8", device="cpu", crop="random_resized_crop", flip=True)
+KW = dict(size=24, seed=3, device="cpu", crop="random_resized_crop", flip=True,
+          output=Output(dtype="uint8"))
 
 
 def noisy(sample, rng):
@@ -74,7 +76,7 @@ def test_an_error_names_the_sample_and_is_never_skipped(packed, on_error):
             raise KeyError("my bug")
 
     ld = feedpipe.make_loader(packed["lmdb"], 8, transform=fails_on_one, num_workers=0,
-                              on_error=on_error, **KW)
+                              workers=Workers(on_error=on_error), **KW)
     with pytest.raises(TransformError, match=r"transform failed on sample \d+ \(from .*\.jpg\)"
                        r": KeyError: 'my bug'") as exc:
         list(ld)
@@ -94,7 +96,8 @@ def test_refused_where_it_cannot_run(packed):
     with pytest.raises(ConfigError, match="transform="):
         feedpipe.make_loader(packed["lmdb"], 8, transform="not callable", **KW)
     with pytest.raises(ConfigError, match="decode_on='device'"):
-        feedpipe.make_loader(packed["lmdb"], 8, transform=noisy, decode_on="device", **KW)
+        feedpipe.make_loader(packed["lmdb"], 8, transform=noisy,
+                             workers=Workers(decode_on="device"), **KW)
     with pytest.raises(ConfigError, match="DALI"):
         feedpipe.make_loader(packed["lmdb"], 8, transform=noisy, backend="dali", **KW)
 

@@ -37,6 +37,7 @@ from ..dataset.registry import DatasetReader, open_dataset
 from ..errors import ConfigError, EmptyDatasetError, FeedpipeError
 from ..loader.api import Loader, make_loader
 from ..loader.config import auto_workers, usable_cores
+from ..loader.options import Output
 from ..storage import is_remote, local_path
 from . import machine
 from .baseline import naive_loader, stored_bytes_per_sample
@@ -233,8 +234,8 @@ def _trials(path: Path | str, fmt: str, bs: int, backend: str, cfg: BenchConfig,
         base = Trial(fmt, backend, bs, label, workers)
         try:
             loader = make_loader(reader, bs, backend=backend, num_workers=workers, size=cfg.size,
-                                 crop="center_crop", dtype=cfg.dtype, device=cfg.device,
-                                 seed=cfg.seed)
+                                 crop="center_crop", output=Output(dtype=cfg.dtype),
+                                 device=cfg.device, seed=cfg.seed)
         except (ImportError, FeedpipeError) as exc:
             if backend == "torch":
                 raise

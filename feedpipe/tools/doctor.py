@@ -151,7 +151,7 @@ def check_pinned(cuda: bool, error: str | None) -> list[Finding]:
     if error:
         return [Finding("pinned", "high", f"pinned host memory cannot be allocated: {error}",
                         "raise the locked-memory limit (ulimit -l unlimited; docker --ulimit "
-                        "memlock=-1), or pass pin_memory=False",
+                        "memlock=-1), or pass workers=feedpipe.Workers(pin_memory=False)",
                         "host-to-GPU copies overlap compute instead of blocking it")]
     return [Finding("pinned", "ok", "pinned host memory works")]
 
@@ -237,7 +237,8 @@ def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:
         out.append(Finding("dataset", "high", f"{f.samples} loose image files ({gb:.2f} GiB): one "
                            "file open + read + decoder setup per sample",
                            f"feedpipe convert {f.path} --to lmdb -o packed/ (JPEG bytes kept "
-                           "unchanged, ~1.06x the size), then feedpipe.make_loader('packed/')",
+                           f"unchanged, ~1.06x the size), then feedpipe.make_loader('packed/', "
+                           f"256, size={size})",
                            FOLDER_GAIN))
     elif f.codec == "raw" and f.ram_bytes and f.total_bytes > 0.8 * f.ram_bytes:
         out.append(Finding("dataset", "medium", f"raw (decoded) images take {gb:.1f} GiB, more "

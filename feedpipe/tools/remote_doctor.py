@@ -113,9 +113,10 @@ def check_network(url: str, storage_options: Mapping[str, Any] | None = None,
     if net < cpu:
         found.append(Finding(
             "network", "high", f"network-bound: {facts}. A cold (first) epoch runs at about "
-            f"{net:.0f} images/s", fix="keep the node-local cache between runs (cache_dir=, "
-            "cache_limit= at least the dataset size: warm epochs read it at local speed), or "
-            "train nearer the bucket", gain=f"warm epochs up to {cpu / net:.1f}x faster"))
+            f"{net:.0f} images/s", fix="keep the node-local cache between runs "
+            "(Remote(url, cache_dir=..., cache_limit=...) at least the dataset size: warm "
+            "epochs read it at local speed), or train nearer the bucket",
+            gain=f"warm epochs up to {cpu / net:.1f}x faster"))
     else:
         found.append(Finding("network", "ok", f"not network-bound: {facts}"))
     return found

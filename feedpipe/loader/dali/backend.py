@@ -273,12 +273,12 @@ class DaliWdsLoader(DaliLoader):
                  device: torch.device) -> None:
         if not isinstance(reader, WdsReader):
             raise ConfigError(f"dali_reader='webdataset' reads WebDataset shards; {reader.root} "
-                              f"is {reader.format_name}: use dali_reader='plan'",
+                              f"is {reader.format_name}: use Dali(reader='plan')",
                               option="dali_reader")
         super().__init__(reader, cfg, world, device)
         if not self.spec.encoded:
             raise ConfigError(f"{reader.root}: dali_reader='webdataset' decodes encoded images; "
-                              "these are stored raw: use dali_reader='plan'", option="dali_reader")
+                              "these are stored raw: use Dali(reader='plan')", option="dali_reader")
         self.index = DaliIndex(reader)
         self.member = list(reader.schema).index(reader.schema[self.image])
         self._resume: bytes | None = None  # a DALI checkpoint for the next pipeline
