@@ -18,7 +18,7 @@ from feedpipe.loader.mixing import MixOrder, open_mix
 from feedpipe.loader.order import OrderSpec
 from feedpipe.loader.sampler import PlanSampler, World
 
-KW = dict(size=16, dtype="uint8", device="cpu", num_workers=0, fields=["label", "source"])
+KW = dict(size=16, output=feedpipe.Output(dtype="uint8"), device="cpu", num_workers=0, fields=["label", "source"])
 
 
 def test_a_mix_is_an_order_spec(packed):
@@ -42,16 +42,17 @@ def test_mix_longer_than_its_datasets_resumes(packed):
     'outside start..dataset size')."""
     srcs = [packed["lmdb"], packed["hdf5"]]
     n = sum(len(open_dataset(p)) for p in srcs)
-    kw = dict(weights=[0.5, 0.5], epoch_size=n + 40, seed=2, **KW)
-    whole = [b["label"].tolist() for b in feedpipe.make_loader(srcs, 8, **kw)]
-    ld = feedpipe.make_loader(srcs, 8, **kw)
+    mix = feedpipe.Mix(srcs, weights=[0.5, 0.5], epoch_size=n + 40)
+    kw = dict(seed=2, **KW)
+    whole = [b["label"].tolist() for b in feedpipe.make_loader(mix, 8, **kw)]
+    ld = feedpipe.make_loader(mix, 8, **kw)
     it = iter(ld)
     taken = (n + 16) // 8
     for _ in range(taken):
         next(it)
     state = ld.state_dict()
     assert state["samples"] > n
-    again = feedpipe.make_loader(srcs, 8, **kw)
+    again = feedpipe.make_loader(mix, 8, **kw)
     again.load_state_dict(state)
     assert [b["label"].tolist() for b in again] == whole[taken:]
 

@@ -26,7 +26,8 @@ SCRIPT = textwrap.dedent("""
 
     import feedpipe
     from feedpipe.errors import CorruptRecordError
-    kw = dict(size=16, shuffle=False, num_workers=2, dtype="uint8", mean=None, std=None,
+    kw = dict(size=16, shuffle=False, num_workers=2,
+              output=feedpipe.Output(dtype="uint8", mean=None, std=None),
               device="cpu")
 
     def first():
