@@ -1,7 +1,8 @@
 """The web photo benchmark set (issue 24, item 2): ``make_web_photos`` writes the documented mix
 (progressive and baseline, 4:2:0 and 4:4:4, EXIF orientations, quality 75-95, sizes scaled from
-640-4000 px), ``jpeg_mix`` measures it back, and converting it stores every progressive upright
-file as baseline and every EXIF-rotated one upright."""
+640-4000 px) of real photographs' own pixels (never enlarged), ``jpeg_mix`` measures it back, the
+all-baseline control holds the same photos, and converting the mix stores every progressive
+upright file as baseline and every EXIF-rotated one upright."""
 
 from __future__ import annotations
 
@@ -15,7 +16,14 @@ from PIL import Image, ImageOps
 
 import feedpipe
 from converters import convert
-from converters.synth import WEB_QUALITY, jpeg_mix, make_web_photos
+from converters.synth import (
+    WEB_PHOTOS,
+    WEB_QUALITY,
+    _load_photos,
+    _real_pixels,
+    jpeg_mix,
+    make_web_photos,
+)
 from feedpipe.schema.codecs import JPEG_PROGRESSIVE, jpeg_frame
 
 N, SCALE = 60, 0.05  # longer sides 32-200 px: the mix, not the pixel count, is under test
@@ -45,8 +53,7 @@ _LUMA = [16, 11, 10, 16, 24, 40, 51, 61, 12, 12, 14, 19, 26, 58, 60, 55, 14, 13,
 
 def test_web_mix_is_what_the_docs_say(web):
     files = sorted(web.rglob("*.jpg"))
-    assert len(files) == N and sorted(p.name for p in web.iterdir()) == \
-        ["astronaut", "chelsea", "coffee"]
+    assert len(files) == N and sorted(p.name for p in web.iterdir()) == sorted(WEB_PHOTOS[:3])
     mix = jpeg_mix(files)
     assert mix["files"] == N
     assert 0.25 <= mix["progressive"] <= 0.55  # 40% drawn
@@ -83,3 +90,37 @@ def test_web_set_converts_progressive_to_baseline_and_rotated_upright(web, tmp_p
                 assert ds[i]["image"].shape[:2] == ImageOps.exif_transpose(im).size[::-1]
         else:
             assert stored == files[name]
+
+
+def test_all_baseline_control_is_the_same_photos(web):
+    """``progressive=False``: the same files, none progressive, decoding to the same pixels
+    (same quantized coefficients: only the entropy coding differs), EXIF orientations kept."""
+    ctl = make_web_photos(web.parent / "control", N, classes=3, seed=5, scale=SCALE,
+                          progressive=False)
+    files = sorted(web.rglob("*.jpg"))
+    assert sorted(p.relative_to(ctl) for p in ctl.rglob("*.jpg")) == \
+        [p.relative_to(web) for p in files]
+    assert jpeg_mix(sorted(ctl.rglob("*.jpg")))["progressive"] == 0
+    prog = 0
+    for p in files:
+        a, b = p.read_bytes(), (ctl / p.relative_to(web)).read_bytes()
+        fa, fb = jpeg_frame(a), jpeg_frame(b)
+        prog += fa[4] in JPEG_PROGRESSIVE
+        assert fb[4] not in JPEG_PROGRESSIVE and fa[:4] == fb[:4], p  # size, channels, EXIF
+        assert np.array_equal(simplejpeg.decode_jpeg(a), simplejpeg.decode_jpeg(b)), p
+    assert prog >= N // 4
+
+
+def test_real_pixels_never_enlarge_the_photograph():
+    """An image larger than its photograph holds the photograph's detail (mirrored, not
+    enlarged): neighbouring pixels differ about as much as in the source (an upscaled crop's
+    differ several times less)."""
+    src = _load_photos(("chelsea",))[0]  # 451x300
+    out = np.asarray(_real_pixels(src, 1600, 1200, np.random.default_rng(0)), dtype=np.int16)
+    assert out.shape == (1200, 1600, 3)
+
+    def detail(a: np.ndarray) -> float:
+        a = np.asarray(a, dtype=np.int16)
+        return float(np.abs(np.diff(a, axis=1)).mean())
+
+    assert detail(out) > 0.6 * detail(src)
