@@ -9,8 +9,9 @@ the worst pixel, and the CPU time per image of feedpipe's decode + resize at eac
 (``time.process_time``, one thread: it holds on a busy machine); writes JSON.
 
 Sets: ``web`` is the real-photo mix (``converters.synth.make_web_photos``: real photographs' own
-pixels, 640-4000 px, 40% progressive, 4:2:0 and 4:4:4, quality 75-95; benchmarks/README.md);
-the others are ``make_photos`` at one size (upscaled crops: smoother than camera photos).
+pixels, 640-4000 px, 40% progressive, 4:2:0 and 4:4:4, quality 75-95; benchmarks/README.md),
+its progressive files made baseline as conversion stores them (the same pixels: only the times
+change); the others are ``make_photos`` at one size (upscaled crops: smoother than camera photos).
 
     python benchmarks/dct_fidelity.py [--web-images 210] [--images 48] [--sets web 1280x853 ...]
                                       [--data bench-data] [--json FILE]
@@ -32,8 +33,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import machine  # noqa: E402
 
+from converters.progressive import to_baseline  # noqa: E402
 from converters.synth import jpeg_mix, make_photos, make_web_photos  # noqa: E402
 from feedpipe.loader.transforms import Geometry, ImageOp  # noqa: E402
+from feedpipe.schema.codecs import JPEG_PROGRESSIVE, jpeg_frame  # noqa: E402
 
 SIZE = 224
 MARGINS = {"no DCT scaling": 1e9, "2x": 2.0, "1.5x": 1.5, "1x": 1.0}
@@ -99,6 +102,8 @@ def measure(files: list[Path]) -> dict[str, dict[str, float]]:
     out = np.empty((SIZE, SIZE, 3), np.uint8)
     for p in files:
         blob = p.read_bytes()
+        if jpeg_frame(blob)[4] in JPEG_PROGRESSIVE:  # as stored: made baseline, same pixels
+            blob = to_baseline(blob)[0] or blob
         full = simplejpeg.decode_jpeg(blob, colorspace="RGB")
         for e in errs.values():
             e.add(blob, full, out)
