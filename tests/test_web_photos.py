@@ -6,7 +6,9 @@ upright file as baseline and every EXIF-rotated one upright."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -132,3 +134,32 @@ def test_real_pixels_never_enlarge_the_photograph():
         assert out.shape == (1200, 1600, 3)
         assert bits_per_pixel(out) > 0.85 * bits_per_pixel(src)
         assert detail(out) > 0.85 * detail(src)
+
+
+def test_peers_report_the_mix_against_the_all_baseline_control(capsys, monkeypatch):
+    """The peers harness's goal line: each feedpipe contender's images/s on the mix ÷ on the
+    control (and the control's CPU per image ÷ the mix's), met at ≥ 0.9; contenders absent
+    from either set are left out."""
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the harness prepends its folders
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "peers" / "run.py"
+    spec = importlib.util.spec_from_file_location("peers_run", path)
+    assert spec is not None and spec.loader is not None
+    run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(run)
+
+    def rates(**kw: tuple[float, float]) -> dict:
+        return {"contenders": {k.replace("_", " "): {"images_per_s": r, "cpu_ms_per_image": c}
+                               for k, (r, c) in kw.items()}}
+
+    sets = {"web": rates(feedpipe_LMDB=(450.0, 4.4), feedpipe_HDF5=(300.0, 6.0),
+                         FFCV=(200.0, 9.0)),
+            "web-baseline": rates(feedpipe_LMDB=(500.0, 4.0), feedpipe_HDF5=(400.0, 4.5))}
+    out = run.web_control(sets)
+    assert set(out) == {"feedpipe LMDB", "feedpipe HDF5"}
+    assert out["feedpipe LMDB"]["rate_ratio"] == pytest.approx(0.9)
+    assert out["feedpipe LMDB"]["cpu_ratio"] == pytest.approx(4.0 / 4.4)
+    assert out["feedpipe HDF5"]["rate_ratio"] == pytest.approx(0.75)
+    printed = capsys.readouterr().out
+    assert "feedpipe LMDB on the web mix vs all-baseline: 0.90x the rate" in printed
+    assert printed.count(": met") == 1 and printed.count("not met") == 1
+    assert run.web_control({"web": sets["web"]}) == {}  # --no-web-control: nothing to compare
