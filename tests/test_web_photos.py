@@ -163,3 +163,27 @@ def test_peers_report_the_mix_against_the_all_baseline_control(capsys, monkeypat
     assert "feedpipe LMDB on the web mix vs all-baseline: 0.90x the rate" in printed
     assert printed.count(": met") == 1 and printed.count("not met") == 1
     assert run.web_control({"web": sets["web"]}) == {}  # --no-web-control: nothing to compare
+
+
+def test_bench_kernel_pairs_the_mix_with_the_control(monkeypatch):
+    """bench_kernel's web group: feedpipe LMDB on the mix against the all-baseline control,
+    round by round (the median of the rounds' own ratios)."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    bench_kernel = importlib.import_module("bench_kernel")
+
+    def timed(rates: list[float], cpu: list[float]) -> dict:
+        return {"rounds": {"rate": rates, "cpu_ms_per_image": cpu}}
+
+    kern = timed([10.0, 10.0, 10.0], [10.0, 10.0, 10.0])
+    res = {"kernel 1p": kern, "kernel full-decode 1p": kern, "kernel 2p": kern}
+    for w in (0, 2):
+        res[f"feedpipe lmdb workers={w}"] = timed([90.0, 50.0, 95.0], [5.5, 9.0, 5.0])
+        res[f"feedpipe lmdb all-baseline workers={w}"] = timed([100.0, 100.0, 100.0],
+                                                               [5.0, 5.0, 5.0])
+    out = bench_kernel.ratios(res)
+    for w in (0, 2):  # a slow round on the mix side moves one ratio, not the median
+        assert out[f"feedpipe lmdb workers={w}: rate vs all-baseline control"] == \
+            pytest.approx(0.9)
+        assert out[f"feedpipe lmdb workers={w}: CPU/img vs all-baseline control"] == \
+            pytest.approx(1.1)
