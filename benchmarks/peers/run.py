@@ -20,6 +20,9 @@ kernel (simplejpeg decode + centre crop + torch antialiased resize) runs in 1 an
 ``--web-images N`` adds a set with the JPEG properties of web photo collections (40% progressive,
 4:2:0 and 4:4:4, EXIF orientations, 640-4000 px, quality 75-95: converters.synth.make_web_photos,
 mix in benchmarks/README.md); its measured mix is recorded with the set. Not run by default.
+With it, the all-baseline control (``--no-web-control`` skips it): the same photos, the
+progressive ones saved baseline (same pixels and sizes), loaded by the feedpipe contenders only;
+the report gives each one's rate on the mix ÷ its rate on the control (the goal: ≥ 0.9).
 """
 
 from __future__ import annotations
@@ -284,6 +287,50 @@ def summarize(out: dict) -> None:
                       f"{'met' if res['goal_met'] else 'not met'}")
 
 
+def web_sets(args: argparse.Namespace) -> dict[str, dict]:
+    """The web photo mix (``--web-images``) and its all-baseline control (``--web-control``:
+    the same photos, the progressive ones saved baseline; the feedpipe contenders only), each
+    with its measured JPEG mix."""
+    from converters.synth import jpeg_mix, make_web_photos
+
+    out: dict[str, dict] = {}
+    n = args.web_images
+    for label, progressive in (("web", True), ("web-baseline", False)):
+        if n <= 0 or (not progressive and not args.web_control):
+            continue
+        photos = args.data / f"src-{label}-{n}"
+        if not photos.exists():
+            print(f"generating {n} web photos (640-4000 px, "
+                  f"{'40% progressive' if progressive else 'all baseline'}) in {photos}",
+                  flush=True)
+            make_web_photos(photos, n, classes=10, seed=1, progressive=progressive)
+        run_args = argparse.Namespace(**vars(args))
+        if not progressive:
+            run_args.contenders = [c for c in args.contenders if c.startswith("feedpipe")]
+        out[label] = run_set(label, photos, run_args)
+        out[label]["mix"] = jpeg_mix(sorted(photos.rglob("*.jpg")))
+        print(f"  {label} photo mix: {out[label]['mix']}", flush=True)
+    return out
+
+
+def web_control(sets: dict[str, dict]) -> dict[str, dict[str, float]]:
+    """Each feedpipe contender's images/s on the web mix ÷ on the all-baseline control, and
+    the control's CPU per image ÷ the mix's (the goal: ≥ 0.9, within 10% of its own speed on
+    all-baseline files of the same sizes); printed."""
+    mix, ctl = (sets.get(k, {}).get("contenders", {}) for k in ("web", "web-baseline"))
+    out = {}
+    for name, r in mix.items():
+        c = ctl.get(name, {})
+        if "images_per_s" in r and "images_per_s" in c:
+            out[name] = {"rate_ratio": r["images_per_s"] / c["images_per_s"],
+                         "cpu_ratio": c["cpu_ms_per_image"] / r["cpu_ms_per_image"]}
+            print(f"  {name} on the web mix vs all-baseline: {out[name]['rate_ratio']:.2f}x the "
+                  f"rate ({r['images_per_s']:,.0f} vs {c['images_per_s']:,.0f} images/s), "
+                  f"{out[name]['cpu_ratio']:.2f}x by CPU per image (want >= 0.9): "
+                  f"{'met' if out[name]['rate_ratio'] >= 0.9 else 'not met'}", flush=True)
+    return out
+
+
 def versions() -> dict[str, str | None]:
     out = {}
     for p in PACKAGES:
@@ -301,6 +348,8 @@ def main() -> None:
                     help="~1392x928 photos, widths >= 1280 (0: skip the set)")
     ap.add_argument("--web-images", type=int, default=0,
                     help="web photo mix, 640-4000 px, 40%% progressive (0, the default: skip)")
+    ap.add_argument("--web-control", action=argparse.BooleanOptionalAction, default=True,
+                    help="with --web-images: the same photos all baseline, feedpipe only")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default="", help="comma-separated name parts, e.g. ffcv,feedpipe")
     ap.add_argument("--data", type=Path, default=ROOT / "bench-data" / "peers")
@@ -316,29 +365,22 @@ def main() -> None:
     args.contenders = [n for n in CONTENDERS if not wanted or any(w in n.lower() for w in wanted)]
     from harness import machine
 
-    from converters.synth import jpeg_mix, make_photos, make_web_photos
+    from converters.synth import make_photos
 
     t0 = time.perf_counter()
     sets = {}
     for label, n, size in (("photos", args.images, (450, 340)),
-                           ("large", args.large_images, (1392, 928)),
-                           ("web", args.web_images, None)):
+                           ("large", args.large_images, (1392, 928))):
         if n <= 0:
             continue
-        photos = args.data / (f"src-{label}-{n}-{size[0]}x{size[1]}" if size else
-                              f"src-{label}-{n}")
-        if not photos.exists() and size is None:
-            print(f"generating {n} web photos (640-4000 px, 40% progressive) in {photos}",
-                  flush=True)
-            make_web_photos(photos, n, classes=10, seed=1)
-        elif not photos.exists():
+        photos = args.data / f"src-{label}-{n}-{size[0]}x{size[1]}"
+        if not photos.exists():
             print(f"generating {n} photos (~{size[0]}x{size[1]}, quality 90) in {photos}",
                   flush=True)
             make_photos(photos, n, size=size, classes=10, quality=90, seed=1)
         sets[label] = run_set(label, photos, args)
-        if size is None:
-            sets[label]["mix"] = jpeg_mix(sorted(photos.rglob("*.jpg")))
-            print(f"  web photo mix: {sets[label]['mix']}", flush=True)
+    sets.update(web_sets(args))
+    control = web_control(sets)
     from feedpipe.paths import write_atomic
 
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -346,6 +388,7 @@ def main() -> None:
         "machine": machine(), "versions": versions(), "load_average": os.getloadavg(),
         "task": {"size": args.size, "batch": args.batch, "workers": args.workers,
                  "rounds": args.rounds, "tolerance": args.tol}, "sets": sets,
+        "web_vs_all_baseline": control,
         "wall_s": time.perf_counter() - t0}, indent=1).encode())
     print(f"\nwrote {args.json} ({time.perf_counter() - t0:.0f} s in all)")
 
