@@ -12,6 +12,7 @@ with its part's id), read as one: global index ``i`` is key ``i - start`` of the
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import weakref
@@ -29,8 +30,26 @@ from ...schema.model import Schema
 from ..manifest import Manifest
 from .base import KEY_DIGITS, DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
 
-_FLUSH_BYTES = 64 << 20
+# Small write transactions: LMDB copies a transaction's records into malloc'd dirty pages and
+# frees them at commit, so a 64 MiB transaction made glibc return and re-fault 64 MiB each time
+# (~11 page faults an image, a third of a passthrough conversion's system time;
+# benchmarks/RESULTS.md section 3). 2 MiB ones stay in the retained heap (keep_freed_heap).
+_FLUSH_BYTES = 2 << 20
 _FLUSH_RECORDS = 2048
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (malloc.h)
+
+
+def keep_freed_heap() -> None:
+    """Ask glibc to keep up to 64 MiB of freed heap and to serve blocks up to 32 MiB from it,
+    instead of returning memory to the system at every free and faulting it in again at the next
+    allocation (a writer frees and reallocates the same sizes all the time). Process-wide and
+    harmless elsewhere; a no-op off glibc."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_TRIM_THRESHOLD, 64 << 20)
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)
 #: (pid, device, inode) of a data.mdb -> [its environment, the readers using it]: py-lmdb allows
 #: one handle per data file and process, so the readers of one file share it; the last one to
 #: go closes it (a replaced dataset's deleted data.mdb is unmapped, not kept until exit)
@@ -74,6 +93,7 @@ class LmdbWriter(DatasetWriter):
 
     def __init__(self, root: Path, schema: Schema, map_size: int = 1 << 30) -> None:
         super().__init__(root, schema)
+        keep_freed_heap()
         # meminit: unused page space is zeroed, not stale heap bytes (reproducible data.mdb)
         self._env = lmdb.open(str(self.root), subdir=True, map_size=map_size, sync=False,
                               metasync=False, meminit=True, max_dbs=0)
