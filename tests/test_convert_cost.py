@@ -10,17 +10,19 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 # A fresh process (its heap as glibc leaves it), writing 1,500 records of ~40 kB (a 500×375 photo)
 # through the LMDB writer; prints the minor page faults the writes and close took per record, and
 # the share of the process's CPU time that the writing thread itself took.
 _FAULTS = textwrap.dedent("""
     import json, os, resource, sys, time
     from pathlib import Path
-    from feedpipe.dataset.formats.lmdb import LmdbWriter
+    from feedpipe.dataset.registry import WRITERS
     from feedpipe.schema.fields import BytesField
     from feedpipe.schema.model import Schema
     blobs = [os.urandom(38_000 + 97 * k) for k in range(16)]
-    w = LmdbWriter(Path(sys.argv[1]), Schema((BytesField("image"),)))
+    w = WRITERS[sys.argv[2]](Path(sys.argv[1]), Schema((BytesField("image"),)))
     n = 1500
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     cpu, mine = time.process_time(), time.thread_time()
@@ -32,8 +34,8 @@ _FAULTS = textwrap.dedent("""
 """)
 
 
-def _write_costs(tmp_path: Path) -> tuple[float, float]:
-    out = subprocess.run([sys.executable, "-c", _FAULTS, str(tmp_path / "ds")], check=True,
+def _write_costs(tmp_path: Path, fmt: str = "lmdb") -> tuple[float, float]:
+    out = subprocess.run([sys.executable, "-c", _FAULTS, str(tmp_path / "ds"), fmt], check=True,
                          capture_output=True, text=True, timeout=120)
     faults, share = json.loads(out.stdout)
     return faults, share
@@ -47,11 +49,12 @@ def test_lmdb_writer_does_not_refault_its_memory(tmp_path: Path) -> None:
     assert per_record < 3, f"{per_record:.1f} page faults a record"
 
 
-def test_lmdb_commits_run_beside_the_writing_thread(tmp_path: Path) -> None:
-    """Each transaction's commit (the copy into the page cache) runs on a helper thread, so a
-    conversion's packing and writing use two cores: the writing thread takes well under all of
-    the process's CPU time (before: all of it)."""
-    _, share = _write_costs(tmp_path)
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_writes_run_beside_the_writing_thread(tmp_path: Path, fmt: str) -> None:
+    """LMDB's commits and WebDataset's batched tar writes (the copy into the page cache) run on
+    a helper thread, so a conversion's packing and writing use two cores: the writing thread
+    takes well under all of the process's CPU time (before: all of it)."""
+    _, share = _write_costs(tmp_path, fmt)
     assert share < 0.9, f"the writing thread took {share:.0%} of the CPU time"
 
 
