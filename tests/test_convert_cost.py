@@ -5,6 +5,7 @@ take the progressive transcode (issue 24 item 3)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -71,3 +72,33 @@ def test_read_file_reads_whole_files(tmp_path: Path) -> None:
     status = Path("/proc/self/status")
     if status.exists():
         assert read_file(status).startswith(b"Name:")
+
+
+_SIGINT = textwrap.dedent("""
+    import os, signal, sys, time
+    from pathlib import Path
+    from feedpipe.dataset.registry import WRITERS
+    from feedpipe.schema.fields import BytesField
+    from feedpipe.schema.model import Schema
+    w = WRITERS[sys.argv[2]](Path(sys.argv[1]), Schema((BytesField("image"),)))
+    for i in range(200):  # past a batch: the helper thread is running
+        w.write({"image": os.urandom(40_000)})
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # as while a worker pool starts
+    os.kill(os.getpid(), signal.SIGINT)
+    time.sleep(0.3)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    w.close()
+    print("not interrupted")
+""")
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "wds"])
+def test_writer_threads_leave_ctrl_c_to_the_main_thread(tmp_path: Path, fmt: str) -> None:
+    """A writer's helper thread blocks SIGINT: while the main thread blocks it (the converter
+    does while its worker pool starts), a Ctrl-C waits instead of reaching Python through the
+    helper thread (which would interrupt the pool's start half-way)."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}  # numpy's BLAS thread would let it in too
+    out = subprocess.run([sys.executable, "-c", _SIGINT, str(tmp_path / "ds"), fmt], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "not interrupted", out.stderr[-500:]

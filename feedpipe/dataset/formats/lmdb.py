@@ -16,7 +16,7 @@ import ctypes
 import os
 import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
@@ -29,7 +29,15 @@ from ...schema.codecs import pack_record, unpack_record
 from ...schema.fields import Field
 from ...schema.model import Schema
 from ..manifest import Manifest
-from .base import KEY_DIGITS, DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
+from .base import (
+    KEY_DIGITS,
+    DatasetReader,
+    DatasetWriter,
+    Visitor,
+    sample_key,
+    unsafe_name,
+    writer_thread,
+)
 
 # Small write transactions: LMDB copies a transaction's records into malloc'd dirty pages and
 # frees them at commit, so a 64 MiB transaction made glibc return and re-fault 64 MiB each time
@@ -108,7 +116,7 @@ class LmdbWriter(DatasetWriter):
         self._pending: list[tuple[bytes, bytes]] = []
         self._id: str | None = None
         self._pending_bytes = 0
-        self._committer = ThreadPoolExecutor(1, thread_name_prefix="feedpipe-lmdb-commit")
+        self._committer = writer_thread()
         self._commit: Future[None] | None = None
 
     def _write(self, index: int, values: list[Any]) -> None:

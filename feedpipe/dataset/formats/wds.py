@@ -33,7 +33,7 @@ from __future__ import annotations
 import os
 import re
 import tarfile
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence, TypeVar
 
@@ -51,7 +51,7 @@ from ...schema.codecs import crc32
 from ...schema.fields import Field, JsonField
 from ...schema.model import Schema
 from ..manifest import Manifest
-from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
+from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name, writer_thread
 from .handles import MAX_OPEN, OpenFiles, about_data, open_error
 
 T = TypeVar("T")
@@ -109,7 +109,7 @@ class WdsWriter(DatasetWriter):
         self._next_key: str | None = None
         self._parts: list[bytes] = []  # members not yet handed to the helper thread
         self._parts_bytes = 0
-        self._io = ThreadPoolExecutor(1, thread_name_prefix="feedpipe-wds-write")
+        self._io = writer_thread()
         self._job: Future[None] | None = None
 
     def write(self, sample: dict[str, Any], key: str | None = None) -> None:
