@@ -33,7 +33,6 @@ from __future__ import annotations
 import os
 import re
 import tarfile
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence, TypeVar
 
@@ -51,7 +50,7 @@ from ...schema.codecs import crc32
 from ...schema.fields import Field, JsonField
 from ...schema.model import Schema
 from ..manifest import Manifest
-from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name, writer_thread
+from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
 from .handles import MAX_OPEN, OpenFiles, about_data, open_error
 
 T = TypeVar("T")
@@ -72,12 +71,7 @@ def check_key(key: str) -> str:
 
 
 class WdsWriter(DatasetWriter):
-    """Streams samples into shards bounded by ``shard_size`` bytes and ``shard_count`` samples.
-
-    Members are gathered into ~2 MiB batches, each written on a helper thread while this one
-    packs the next (the write's copy into the page cache runs without the GIL, on the second
-    core), in order, one batch in flight.
-    """
+    """Streams samples into shards bounded by ``shard_size`` bytes and ``shard_count`` samples."""
 
     format_name = "wds"
 
@@ -107,10 +101,6 @@ class WdsWriter(DatasetWriter):
         self._shard_of: list[int] = []
         self._keys: list[bytes] = []
         self._next_key: str | None = None
-        self._parts: list[bytes] = []  # members not yet handed to the helper thread
-        self._parts_bytes = 0
-        self._io = writer_thread()
-        self._job: Future[None] | None = None
 
     def write(self, sample: dict[str, Any], key: str | None = None) -> None:
         """Append a sample; ``key`` defaults to the zero-padded sample index."""
@@ -128,24 +118,9 @@ class WdsWriter(DatasetWriter):
     def _close_shard(self) -> None:
         if self._tar is not None:  # the end-of-archive blocks, padded to whole records, as tarfile
             end = self._offset + 2 * _BLOCK
-            self._parts.append(bytes(2 * _BLOCK + (-end) % _RECORD))
-            self._hand_off()
-            self._wait()
+            self._tar.write(bytes(2 * _BLOCK + (-end) % _RECORD))
             self._tar.close()
             self._tar = None
-
-    def _hand_off(self) -> None:
-        """Write the gathered members on the helper thread (after the batch before them)."""
-        parts, self._parts, self._parts_bytes = self._parts, [], 0
-        self._wait()
-        if parts and self._tar is not None:
-            self._job = self._io.submit(_write_joined, self._tar, parts)
-
-    def _wait(self) -> None:
-        """Wait for the batch being written; its error, if any, is raised here."""
-        job, self._job = self._job, None
-        if job is not None:
-            job.result()
 
     def _write(self, index: int, values: list[Any]) -> None:
         key = self._next_key or sample_key(index)
@@ -166,8 +141,10 @@ class WdsWriter(DatasetWriter):
                 self._values += data
                 continue
             pad = (-len(data)) % _BLOCK
-            self._parts += (head, data, bytes(pad)) if pad else (head, data)
-            self._parts_bytes += _BLOCK + len(data) + pad
+            self._tar.write(head)
+            self._tar.write(data)
+            if pad:
+                self._tar.write(bytes(pad))
             spans.append((self._offset + _BLOCK, len(data)))
             self._offset += _BLOCK + len(data) + pad
         self._offsets.append(spans)
@@ -175,20 +152,12 @@ class WdsWriter(DatasetWriter):
         self._shard_of.append(len(self.shards) - 1)
         self._keys.append(key.encode())
         self._in_shard += 1
-        if self._parts_bytes >= _BATCH_BYTES:
-            self._hand_off()
 
     def close(self) -> tuple[list[str], dict[str, Any]]:
-        try:
+        self._close_shard()
+        if not self.shards:  # an empty dataset still has one (empty) shard
+            self._start_shard()
             self._close_shard()
-            if not self.shards:  # an empty dataset still has one (empty) shard
-                self._start_shard()
-                self._close_shard()
-        finally:
-            self._io.shutdown(wait=True)
-            if self._tar is not None:  # a failed write: the file is closed, the error raised
-                self._tar.close()
-                self._tar = None
         write_index(self.root, len(self.schema), self._offsets, self._shard_of, self._keys,
                     self._crcs)
         kept = [f.name for f, k in zip(self.schema, self._in_index) if k]
@@ -213,12 +182,6 @@ def write_index(root: Path, nf: int, offsets: list[list[tuple[int, int]]], shard
 
 
 _BLOCK, _RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
-_BATCH_BYTES = 2 << 20  # members handed to the writer's helper thread at a time
-
-
-def _write_joined(fh: BinaryIO, parts: list[bytes]) -> None:
-    """One write of a batch of members (one GIL-free system call, not one per member)."""
-    fh.write(b"".join(parts))
 _USTAR_TAIL = (b"0" + bytes(100) + tarfile.POSIX_MAGIC + bytes(32 + 32 + 8 + 8 + 155 + 12))
 
 
