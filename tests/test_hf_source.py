@@ -65,8 +65,8 @@ def test_hf_round_trip(saved, tmp_path: Path, to: str) -> None:
 
 
 def test_hf_split_and_images_from_paths(saved, tmp_path: Path) -> None:
-    from converters.hf import source
     from converters import convert
+    from converters.hf import source
     from feedpipe.errors import ConfigError
 
     path, data = saved
