@@ -89,6 +89,9 @@ class PackTarget:
     strict: bool = False
     progress: Progress | None = None
     key0: int | None = None  # a WebDataset part's first key (keys stay unique once merged)
+    # a value its field cannot hold skips the sample, named (records carry values as given);
+    # False: it raises (image files: the values are the converter's own)
+    skip_bad_values: bool = False
 
     def __post_init__(self) -> None:
         if self.to not in WRITERS:
@@ -174,5 +177,7 @@ def _write(target: PackTarget, writer: DatasetWriter, values: dict[str, Any]) ->
         else:
             writer.write(values)
     except (TypeError, ValueError) as exc:
+        if not target.skip_bad_values:
+            raise
         return f"cannot store: {exc}"
     return None

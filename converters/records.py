@@ -110,6 +110,7 @@ def pack_record_source(src: RecordSource, target: PackTarget, opts: PackOptions,
         return "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3]) \
             or "the source holds no samples"
 
+    target.skip_bad_values = True
     return write_samples(
         target, result, claim=Source(src.roots[0], src.kind, ()) if src.roots else None,
         split_names=["train", "val"] if val is not None else [""], schema=schema,
