@@ -61,23 +61,29 @@ def output_codec(kind: str, lossless_webp: bool, opts: PackOptions) -> str:
     return "png"
 
 
-def planned_codec(path: Path, opts: PackOptions) -> str | None:
-    """The codec ``path`` will be stored as, from its first bytes; None when it cannot be read."""
+def planned_codec(data: bytes, opts: PackOptions) -> str:
+    """The codec an encoded image will be stored as, from its first bytes (what
+    :func:`store_image` decides)."""
+    kind = sniff_codec(data)
+    return output_codec(kind, kind == "webp" and webp_lossless(data), opts)
+
+
+def file_codec(path: Path, opts: PackOptions) -> str | None:
+    """:func:`planned_codec` of a file's first bytes; None when it cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # unbuffered: cheaper than open()
         try:
             head = os.read(fd, 64)
-            kind = sniff_codec(head)
-            if kind == "webp":
+            if sniff_codec(head) == "webp":
                 head += os.read(fd, 1 << 20)  # the image chunk may follow ICC/EXIF chunks
         finally:
             os.close(fd)
-        if kind == "unknown":  # a format without magic bytes here (TGA, ...) or not an image
+        if sniff_codec(head) == "unknown":  # a format without magic bytes here (TGA, ...)
             with Image.open(path):
                 pass
     except (OSError, ValueError, SyntaxError):  # skipped later with the reason
         return None
-    return output_codec(kind, kind == "webp" and webp_lossless(head), opts)
+    return planned_codec(head, opts)
 
 
 def image_codec(items: Sequence[SourceItem], opts: PackOptions, sniff: bool = True) -> str:
@@ -94,7 +100,7 @@ def image_codec(items: Sequence[SourceItem], opts: PackOptions, sniff: bool = Tr
         return opts.codec
     if not sniff:
         return "mixed"
-    codecs = {planned_codec(it.path, opts) for it in items} - {None}
+    codecs = {file_codec(it.path, opts) for it in items} - {None}
     return codecs.pop() if len(codecs) == 1 else "mixed" if codecs else "jpeg"
 
 

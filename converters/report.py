@@ -15,7 +15,7 @@ from .progressive import TRANSCODED
 from .sources import Source, SourceItem
 
 if TYPE_CHECKING:
-    from .pack import ConvertResult
+    from .packer import ConvertResult
 
 log = logging.getLogger("feedpipe.convert")
 

@@ -239,20 +239,19 @@ def test_default_fields_are_decided_once():
     assert LoaderConfig(4, fields=["mask"]).fields_in({"image", "mask"}) == ("mask",)
 
 
-def test_convert_takes_the_image_options_whole(tmp_path, photo_dir):
-    from converters import PackOptions, convert
+def test_convert_takes_the_image_options_as_keywords_only(tmp_path, photo_dir):
+    """One way to pass options (issue 25): keywords; ``options=PackOptions`` is gone."""
+    from converters import convert
 
-    opts = PackOptions(store="raw", resize=(24, 40), codec="png")
-    convert(photo_dir, tmp_path / "whole", to="hdf5", workers=0, options=opts)
-    ds = feedpipe.open_dataset(tmp_path / "whole")
+    convert(photo_dir, tmp_path / "kw", to="hdf5", workers=0, store="raw", resize=(24, 40),
+            codec="png")
+    ds = feedpipe.open_dataset(tmp_path / "kw")
     assert ds.schema["image"].shape == (24, 40, 3)
     conversion = ds.manifest.conversion
     assert (conversion["store"], tuple(conversion["resize"])) == ("raw", (24, 40))
-    with pytest.raises(ConfigError, match=r"options= holds the image options: set quality, "
-                       r"targets in PackOptions"):
-        convert(photo_dir, tmp_path / "both", to="lmdb", workers=0, options=opts, quality=50,
-                targets=["boundary"])
+    with pytest.raises(TypeError, match="options"):
+        convert(photo_dir, tmp_path / "both", to="lmdb", workers=0,  # type: ignore[call-arg]
+                options=None)
     with pytest.raises(ConfigError, match="targets are computed from masks"):
-        convert(photo_dir, tmp_path / "nomask", to="lmdb", workers=0,
-                options=PackOptions(targets=["boundary"]))
+        convert(photo_dir, tmp_path / "nomask", to="lmdb", workers=0, targets=["boundary"])
     assert not (tmp_path / "both").exists() and not (tmp_path / "nomask").exists()

@@ -18,7 +18,8 @@ from feedpipe.loader.mixing import MixOrder, open_mix
 from feedpipe.loader.order import OrderSpec
 from feedpipe.loader.sampler import PlanSampler, World
 
-KW = dict(size=16, output=feedpipe.Output(dtype="uint8"), device="cpu", num_workers=0, fields=["label", "source"])
+KW = dict(size=16, output=feedpipe.Output(dtype="uint8"), device="cpu", num_workers=0,
+          fields=["label", "source"])
 
 
 def test_a_mix_is_an_order_spec(packed):

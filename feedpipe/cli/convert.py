@@ -270,8 +270,9 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
                      progress: Any) -> ConvertResult | None:
     """Foreign WebDataset shards and Hugging Face datasets (converters.records); None for the
     sources :func:`converters.convert` reads."""
-    from converters import PackOptions, parse_resize
+    from converters import convert, parse_resize
     from converters.external import record_source
+    from converters.parts import parse_part
 
     limit = args.max_member_size
     src = record_source(args.src, args.split, limit)
@@ -279,8 +280,6 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
         raise ConfigError(f"{args.src}: --max-member-size applies to WebDataset shards only")
     if src is None:
         return None
-    from converters.records import pack_records
-
     unused = [flag for flag, v in (("--masks", args.masks), ("--targets", args.targets),
                                    ("--target", args.target), ("--split-root", args.split_root),
                                    ("--mask-palette", args.mask_palette),
@@ -289,12 +288,14 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
     if unused:
         raise ConfigError(f"{args.src}: {', '.join(unused)} apply to image folders and "
                           "manifests, not to WebDataset shards or Hugging Face datasets")
-    opts = PackOptions(store=args.store, resize=parse_resize(args.resize), codec=args.codec,
-                       quality=args.quality, check=args.check, extra_channels=args.extra_channels,
-                       max_pixels=args.max_pixels, jpeg=args.jpeg)
-    return pack_records(src, args.out, to=args.to, options=opts, strict=args.strict,
-                        overwrite=args.overwrite, val_fraction=args.val_fraction, seed=args.seed,
-                        writer_options=writer_options, progress=progress)
+    return convert(src, args.out, to=args.to, store=args.store, resize=parse_resize(args.resize),
+                   codec=args.codec, quality=args.quality, check=args.check,
+                   extra_channels=args.extra_channels, max_pixels=args.max_pixels,
+                   jpeg=args.jpeg, strict=args.strict, overwrite=args.overwrite,
+                   val_fraction=args.val_fraction, seed=args.seed,
+                   writer_options=writer_options, progress=progress,
+                   storage_options=storage_options(args),
+                   part=parse_part(args.part) if args.part else None)
 
 
 def _print_stored(res: ConvertResult, part: bool = False) -> None:

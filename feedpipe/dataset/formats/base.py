@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
@@ -46,6 +48,15 @@ def root_identity(root: str | os.PathLike[str]) -> tuple[int, int] | None:
 def unsafe_name(name: str) -> bool:
     """A member or entry name whose extension says "unpickle me"; feedpipe never opens those."""
     return name.rsplit(".", 1)[-1].lower() in UNSAFE_SUFFIXES if "." in name else False
+
+
+def writer_thread() -> ThreadPoolExecutor:
+    """One helper thread for a writer's I/O (writes overlap the packing of the next batch). It
+    blocks SIGINT, so Ctrl-C always reaches the main thread, and only where the main thread lets
+    it (the converter blocks it while its worker pool starts)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="feedpipe-writer",
+                              initializer=signal.pthread_sigmask,
+                              initargs=(signal.SIG_BLOCK, {signal.SIGINT}))
 
 
 def sample_key(index: int) -> str:
