@@ -63,18 +63,21 @@ ADJUST: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] =
 }
 
 
-def jitter_by_order(x: torch.Tensor, params: Params) -> torch.Tensor:
+def jitter_by_order(x: torch.Tensor, params: Params, out: torch.Tensor | None = None
+                    ) -> torch.Tensor:
     """Samples sharing an order (at most 24 orders), :data:`CPU_BLOCK` bytes of them at a time:
-    each block converted, adjusted and written back while it is in the cache."""
+    each block converted, adjusted and written back while it is in the cache, into ``out`` (a
+    new tensor by default; ``x`` itself works: each block reads and writes only its rows)."""
     names, order = [k for k in params if k != "order"], params["order"]
-    out, bound = torch.empty_like(x), 255.0 if x.dtype == torch.uint8 else 1.0
+    out = torch.empty_like(x) if out is None else out
+    bound = 255.0 if x.dtype == torch.uint8 else 1.0
     ids = (order * len(names) ** torch.arange(len(names))).sum(1)
     per = max(1, CPU_BLOCK // (4 * x[0:1].numel() + 1))
     for key in ids.unique().tolist():
         rows = (ids == key).nonzero().flatten()
         for block in rows.split(per):
-            idx = block.to(x.device)
-            work = to_work(x.index_select(0, idx), nchw=True)
+            idx = block.to(x.device)  # gathered rows: a new N×C×H×W tensor, ours to adjust
+            work = to_work(x.index_select(0, idx)).contiguous()
             for j in order[block[0]].tolist():
                 f = params[names[j]][block].to(x.device, work.dtype).view(-1, 1, 1, 1)
                 work = ADJUST[names[j]](work, f, bound)
@@ -82,9 +85,11 @@ def jitter_by_order(x: torch.Tensor, params: Params) -> torch.Tensor:
     return out
 
 
-def jitter_by_position(x: torch.Tensor, params: Params) -> torch.Tensor:
+def jitter_by_position(x: torch.Tensor, params: Params, out: torch.Tensor | None = None
+                       ) -> torch.Tensor:
     """At each position in the order, each factor on the samples that apply it there, gathered
-    and written back: m² steps of few kernels each, where the CPU way would launch up to 24·m."""
+    and written back: m² steps of few kernels each, where the CPU way would launch up to 24·m.
+    The result is a new tensor, or written into ``out``."""
     names, order = [k for k in params if k != "order"], params["order"]
     work, bound = to_work(x, nchw=True), 255.0 if x.dtype == torch.uint8 else 1.0
     for pos in range(len(names)):
@@ -96,4 +101,4 @@ def jitter_by_position(x: torch.Tensor, params: Params) -> torch.Tensor:
             elif len(rows):
                 idx = rows.to(x.device)
                 work.index_copy_(0, idx, ADJUST[name](work.index_select(0, idx), f, bound))
-    return from_work(work, x)
+    return from_work(work, x) if out is None else out.copy_(from_work(work, x))
