@@ -325,6 +325,19 @@ def test_a_chain_makes_one_new_image_and_matches_its_steps_one_by_one(monkeypatc
     assert len(clones) == 1
 
 
+def test_the_loaders_pipeline_adjusts_the_image_it_is_handed():
+    """batch_ops (make_loader's pipeline) owns its input: the loader makes a new image per
+    batch, so even the first step allocates nothing; a BatchOps by default leaves it alone."""
+    steps = [ColorJitter(0.4, 0.4, 0.4), RandomErasing(1.0)]
+    b = batch()
+    want = BatchOps(steps)(b, gen(3))["image"]
+    assert not torch.equal(want, b["image"])
+    pipeline = augment.batch_ops(steps)
+    assert pipeline.owns_input and augment.batch_ops(BatchOps(steps)).owns_input
+    got = pipeline(b, gen(3))["image"]
+    assert got is b["image"] and torch.equal(got, want)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("op", all_ops(), ids=lambda op: type(op).__name__)
 def test_cuda_matches_cpu(op):

@@ -307,9 +307,12 @@ class BatchOps:
     """Steps run in order on each batch: built-in operations or the user's own ``fn(batch,
     generator) -> batch`` (torchvision.v2 or kornia on the device tensors; drawing from
     ``generator`` keeps batches reproducible), e.g. ``lambda b, g: (mixup if torch.rand(1,
-    generator=g) < 0.5 else cutmix)(b, g)``. A step's error is a TransformError naming it."""
+    generator=g) < 0.5 else cutmix)(b, g)``. A step's error is a TransformError naming it.
+    ``owns_input``: the caller hands ``batch["image"]`` over (the loader's is a new tensor each
+    batch), so a first built-in step adjusts it in place too."""
 
     steps: tuple[Step, ...]
+    owns_input: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.steps, (list, tuple)) and len(self.steps) > 0, "steps",
@@ -317,10 +320,14 @@ class BatchOps:
         for i, step in enumerate(self.steps):
             _require(callable(step), f"steps[{i}]", step,
                      "use a built-in operation or a function fn(batch, generator) -> batch")
+        _require(isinstance(self.owns_input, bool), "owns_input", self.owns_input,
+                 "use True or False")
         object.__setattr__(self, "steps", tuple(self.steps))
 
     def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
-        made = None  # the image an earlier built-in step made: later ones adjust it in place
+        # the image an earlier built-in step made (or the caller's, handed over): nobody else
+        # holds it, so the built-ins after adjust it in place
+        made = batch.get("image") if self.owns_input and isinstance(batch, dict) else None
         for i, step in enumerate(self.steps):
             name = f"steps[{i}] ({getattr(step, '__qualname__', type(step).__name__)})"
             try:
@@ -345,8 +352,12 @@ _INPLACE = (ColorJitter, RandomGrayscale, RandomErasing)  # apply(inplace=True) 
 
 
 def batch_ops(spec: Any) -> BatchOps | None:
-    """``make_loader(batch_transforms=...)``: None, one step, a list of steps or a BatchOps."""
-    if spec is None or isinstance(spec, BatchOps):
-        return spec
-    return BatchOps(tuple(spec) if isinstance(spec, (list, tuple)) else (spec,))
+    """``make_loader(batch_transforms=...)``: None, one step, a list of steps or a BatchOps, as
+    the loader's pipeline, which owns its input (each batch's image is a new tensor the loader
+    made for the operations)."""
+    if spec is None:
+        return None
+    steps = spec.steps if isinstance(spec, BatchOps) else \
+        tuple(spec) if isinstance(spec, (list, tuple)) else (spec,)
+    return BatchOps(steps, owns_input=True)
 
