@@ -67,21 +67,31 @@ def jitter_by_order(x: torch.Tensor, params: Params, out: torch.Tensor | None = 
                     ) -> torch.Tensor:
     """Samples sharing an order (at most 24 orders), :data:`CPU_BLOCK` bytes of them at a time:
     each block converted, adjusted and written back while it is in the cache, into ``out`` (a
-    new tensor by default; ``x`` itself works: each block reads and writes only its rows)."""
+    new tensor by default; ``x`` itself works: each block reads and writes only its rows). One
+    work buffer serves every block, and each row is copied in (converted to float N×C×H×W) and
+    back out (to the output's dtype and layout) in one pass each: gathering, converting and
+    scattering whole blocks took a pass and a fresh allocation each."""
     names, order = [k for k in params if k != "order"], params["order"]
     out = torch.empty_like(x) if out is None else out
     bound = 255.0 if x.dtype == torch.uint8 else 1.0
     ids = (order * len(names) ** torch.arange(len(names))).sum(1)
     per = max(1, CPU_BLOCK // (4 * x[0:1].numel() + 1))
+    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
+    buf = torch.empty((min(per, len(x)), *x.shape[1:]), dtype=dtype, device=x.device)
     for key in ids.unique().tolist():
         rows = (ids == key).nonzero().flatten()
         for block in rows.split(per):
-            idx = block.to(x.device)  # gathered rows: a new N×C×H×W tensor, ours to adjust
-            work = to_work(x.index_select(0, idx)).contiguous()
-            for j in order[block[0]].tolist():
+            at = block.tolist()
+            work = buf[: len(at)]
+            for row, i in zip(work, at):
+                row.copy_(x[i])
+            for j in order[at[0]].tolist():
                 f = params[names[j]][block].to(x.device, work.dtype).view(-1, 1, 1, 1)
                 work = ADJUST[names[j]](work, f, bound)
-            out.index_copy_(0, idx, from_work(work, x))
+            if x.dtype == torch.uint8:
+                work = work.round_().clamp_(0, 255)
+            for row, i in zip(work, at):
+                out[i].copy_(row)
     return out
 
 
