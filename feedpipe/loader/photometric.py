@@ -37,8 +37,11 @@ def gray(x: torch.Tensor) -> torch.Tensor:
 
 
 def contrast(x: torch.Tensor, f: torch.Tensor, bound: float) -> torch.Tensor:
-    """Blend with the mean of the luma (that is, the luma of the channel means)."""
-    return x.lerp_(gray(x.mean(dim=(2, 3), keepdim=True)), 1 - f).clamp_(0, bound)
+    """Blend with the mean of the luma (that is, the luma of the channel means): f·x + (1-f)·m
+    as a multiply and an add (``lerp_`` towards an N×1×1×1 end takes torch's slow broadcasting
+    path, ~4× the time on the CPU)."""
+    m = gray(x.mean(dim=(2, 3), keepdim=True))
+    return x.mul_(f).add_((1 - f) * m).clamp_(0, bound)
 
 
 def hue(x: torch.Tensor, f: torch.Tensor, _: float) -> torch.Tensor:
