@@ -15,7 +15,9 @@ same ~500×375 files (and LMDB packing) as ``bench_kernel.py``, 2 workers, batch
   crop+flip+normalize`` (float32, no augmentation): what the augmentations add is measured
   against them;
 - ``user function alone``: ``user_augment`` on 224² uint8 images on one thread, in-process (its
-  own time, for the hook's overhead: transform= minus crop+flip+normalize, per image).
+  own time), and ``feedpipe transform=no-op`` (a function that does nothing): the hook's cost is
+  the workers' CPU per image of transform= minus crop+flip+normalize, against the function's
+  own; and no-op's minus crop+flip+normalize, the hook alone.
 
 Interleaved rounds (benchmarks/harness.py), CPU ms per image of all processes beside images/s:
 ratios are medians of the rounds' own ratios.
@@ -53,7 +55,7 @@ from bench_kernel import (  # noqa: E402
     plan,
 )
 from harness import Items, drain, machine, one_thread, save  # noqa: E402
-from tv_recipe import Recipe, user_augment  # noqa: E402
+from tv_recipe import Recipe, no_op, user_augment  # noqa: E402
 
 import feedpipe  # noqa: E402
 from feedpipe.loader.augment import ColorJitter, RandomErasing  # noqa: E402
@@ -89,6 +91,7 @@ def loaders(lmdb: Path) -> dict[str, object]:
                                            RandomErasing(0.25, value=IMAGENET_MEAN)], **common),
         "feedpipe transform=": feedpipe.make_loader(lmdb, BATCH, transform=user_augment,
                                                     **common),
+        "feedpipe transform=no-op": feedpipe.make_loader(lmdb, BATCH, transform=no_op, **common),
     }
 
 
@@ -155,14 +158,18 @@ def ratios(res: dict[str, dict]) -> dict[str, float]:
     dl, k2 = res["hand-tuned DataLoader"], res[f"kernel {WORKERS}p"]
     built, user = res["feedpipe built-in"], res["feedpipe transform="]
     plain, norm = res["feedpipe crop+flip (uint8)"], res["feedpipe crop+flip+normalize"]
-    fn = np.array(res["user function alone, 1 thread"]["rounds"][cpu])
-    hook = np.array(user["rounds"][cpu]) - np.array(norm["rounds"][cpu])
+    fn = res["user function alone, 1 thread"][cpu]
+
+    def workers(r: dict) -> float:  # the hook runs in the workers: main-process noise left out
+        return r[cpu] - r["main_cpu_ms_per_image"]
     return {
         "built-in ÷ hand-tuned DataLoader, images/s (goal >= 2)": paired(built, dl, rate),
         "built-in ÷ hand-tuned DataLoader, by CPU per image": paired(built, dl, cpu, invert=True),
         "built-in ÷ transform=, images/s": paired(built, user, rate),
-        "transform= added CPU ms/img ÷ the function's own (goal <= 1.05)":
-            float(np.median(hook / fn)),
+        "transform= added worker CPU ms/img ÷ the function's own (goal <= 1.05)":
+            (workers(user) - workers(norm)) / fn,
+        "transform=no-op added worker CPU ms/img ÷ the function's own":
+            (workers(res["feedpipe transform=no-op"]) - workers(norm)) / fn,
         "crop+flip (uint8): wall share of 2p kernel ceiling": paired(plain, k2, rate),
         "crop+flip (uint8): CPU share of 2p kernel ceiling": paired(plain, k2, cpu, invert=True),
         "built-in: wall share of 2p kernel ceiling": paired(built, k2, rate),
