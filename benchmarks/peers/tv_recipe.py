@@ -116,7 +116,7 @@ class Recipe:
         self.std = torch.tensor(STD).view(3, 1, 1)
 
     def __call__(self, im: Image.Image) -> torch.Tensor:
-        x = torch.from_numpy(np.asarray(im.convert("RGB"))).permute(2, 0, 1)  # PILToTensor
+        x = torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)  # v2.PILToTensor (copies)
         h, w = x.shape[-2:]
         top, left, ch, cw = rrc_params(h, w, _t_uniform, _t_randint)
         # v2.resize on uint8 CPU tensors: channels-last for torch's AVX2 uint8 bilinear kernel
