@@ -23,6 +23,12 @@ mix in benchmarks/README.md); its measured mix is recorded with the set. Not run
 With it, the all-baseline control (``--no-web-control`` skips it): the same photos, the
 progressive ones saved baseline (same pixels and sizes), loaded by the feedpipe contenders only;
 the report gives each one's rate on the mix ÷ its rate on the control (the goal: ≥ 0.9).
+
+``--recipe imagenet`` runs the standard ImageNet training recipe instead of the centre crop
+(random-resized-crop, flip, ColorJitter(0.4, 0.4, 0.4), normalize, RandomErasing(0.25), float32
+out) through the contenders that have it (r_*.py: the hand-tuned DataLoader with torchvision's
+recipe, FFCV's nearest pipeline, feedpipe's built-in operations). Random crops have no reference
+decode: those epochs are checked for count, labels, shapes and dtype only.
 """
 
 from __future__ import annotations
@@ -65,6 +71,14 @@ CONTENDERS: dict[str, tuple[list[str], bool]] = {
     "feedpipe WebDataset": (["c_feedpipe.py", "--format", "wds"], False),
     "feedpipe HDF5": (["c_feedpipe.py", "--format", "hdf5"], False),
 }
+# --recipe imagenet: the same names, the recipe's scripts (r_*.py)
+RECIPE_CONTENDERS: dict[str, tuple[list[str], bool]] = {
+    "hand-tuned DataLoader": (["r_dataloader.py"], False),
+    "FFCV": (["r_ffcv.py"], False),
+    "feedpipe LMDB": (["r_feedpipe.py", "--format", "lmdb"], False),
+    "feedpipe WebDataset": (["r_feedpipe.py", "--format", "wds"], False),
+    "feedpipe HDF5": (["r_feedpipe.py", "--format", "hdf5"], False),
+}
 BASELINE, FFCV = "hand-tuned DataLoader", "FFCV"
 GOAL_X_FFCV = 1.5
 PACKAGES = ("torch", "numpy", "pillow", "simplejpeg", "ffcv", "numba", "opencv-python",
@@ -76,7 +90,7 @@ class Contender:
 
     def __init__(self, name: str, items: Path, work: Path, classes: int, args: argparse.Namespace,
                  log: Path) -> None:
-        script, shim = CONTENDERS[name]
+        script, shim = args.table[name]
         path = [str(HERE), str(ROOT)] + ([str(HERE / "shims")] if shim else [])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         self.name, self.timeout, self.log = name, args.timeout, log
@@ -125,7 +139,7 @@ class Contender:
 
 
 def check(rep: dict, n: int, labels: list[int], ref: list[list[float]] | None, size: int,
-          tol: float) -> tuple[list[str], float | None]:
+          tol: float, dtype: str = "uint8") -> tuple[list[str], float | None]:
     """What is wrong with one epoch's report (empty when nothing), and the largest per-label
     channel-mean difference from the reference decode (validating epochs only)."""
     bad = []
@@ -135,8 +149,8 @@ def check(rep: dict, n: int, labels: list[int], ref: list[list[float]] | None, s
         bad.append(f"label counts {rep['labels']}, expected {labels}")
     if rep["shapes"] != [str((3, size, size))]:
         bad.append(f"image shapes {rep['shapes']}, expected {[str((3, size, size))]}")
-    if rep["dtypes"] != ["uint8"]:
-        bad.append(f"dtypes {rep['dtypes']}, expected ['uint8']")
+    if rep["dtypes"] != [dtype]:
+        bad.append(f"dtypes {rep['dtypes']}, expected {[dtype]}")
     diff = None
     if ref is not None and "class_means" in rep:
         diff = max(abs(a - b) for ra, rb in zip(rep["class_means"], ref) for a, b in zip(ra, rb))
@@ -190,7 +204,8 @@ def run_set(label: str, photos: Path, args: argparse.Namespace) -> dict:
                 res["failed"] = str(exc)
                 del procs[name]
                 continue
-            bad, diff = check(rep, len(items), counts, ref, args.size, args.tol)
+            bad, diff = check(rep, len(items), counts, None if args.recipe else ref, args.size,
+                              args.tol, "float32" if args.recipe else "uint8")
             res.update(startup_s=rep["first_batch_s"], warmup=rep, mean_diff=diff, errors=bad)
             shown = "-" if diff is None else f"{diff:.2f}"
             print(f"  warm-up {name}: {'OK' if not bad else 'INVALID: ' + '; '.join(bad)} "
@@ -208,7 +223,8 @@ def run_set(label: str, photos: Path, args: argparse.Namespace) -> dict:
                     res["failed"] = str(exc)
                     del procs[name]
                     continue
-                res["errors"] += check(rep, len(items), counts, None, args.size, args.tol)[0]
+                res["errors"] += check(rep, len(items), counts, None, args.size, args.tol,
+                                       "float32" if args.recipe else "uint8")[0]
                 th = throughput(rep["waits"], rep["steps"], rep["rows"], args.workers)
                 res["rounds"].append({**{k: rep[k] for k in ("n", "seconds", "first_batch_s",
                                                               "cpu_s", "main_cpu_s")},
@@ -360,9 +376,12 @@ def main() -> None:
     ap.add_argument("--tol", type=float, default=2.0,
                     help="largest allowed per-label channel-mean difference from the reference")
     ap.add_argument("--timeout", type=float, default=900, help="seconds to wait for one reply")
+    ap.add_argument("--recipe", choices=("imagenet",), default=None,
+                    help="the ImageNet training recipe instead of the centre crop (r_*.py)")
     args = ap.parse_args()
     wanted = [w.strip().lower() for w in args.only.split(",") if w.strip()]
-    args.contenders = [n for n in CONTENDERS if not wanted or any(w in n.lower() for w in wanted)]
+    args.table = RECIPE_CONTENDERS if args.recipe else CONTENDERS
+    args.contenders = [n for n in args.table if not wanted or any(w in n.lower() for w in wanted)]
     from harness import machine
 
     from converters.synth import make_photos
@@ -387,6 +406,7 @@ def main() -> None:
     write_atomic(args.json, json.dumps({
         "machine": machine(), "versions": versions(), "load_average": os.getloadavg(),
         "task": {"size": args.size, "batch": args.batch, "workers": args.workers,
+                 "recipe": args.recipe,
                  "rounds": args.rounds, "tolerance": args.tol}, "sets": sets,
         "web_vs_all_baseline": control,
         "wall_s": time.perf_counter() - t0}, indent=1).encode())
