@@ -81,10 +81,11 @@ class LooseJpegs(Dataset):
 
 
 def loaders(lmdb: Path) -> dict[str, object]:
-    """The feedpipe configurations (make_loader's keywords as they are today)."""
+    """The feedpipe configurations, each on the same files and workers."""
     common = dict(size=SIZE, crop=CROP, flip=True, device="cpu", num_workers=WORKERS, seed=0)
     return {
-        "feedpipe crop+flip (uint8)": feedpipe.make_loader(lmdb, BATCH, dtype="uint8", **common),
+        "feedpipe crop+flip (uint8)": feedpipe.make_loader(
+            lmdb, BATCH, output=feedpipe.Output(dtype="uint8"), **common),
         "feedpipe crop+flip+normalize": feedpipe.make_loader(lmdb, BATCH, **common),
         "feedpipe built-in": feedpipe.make_loader(
             lmdb, BATCH, batch_transforms=[ColorJitter(0.4, 0.4, 0.4),
