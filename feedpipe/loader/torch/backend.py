@@ -158,18 +158,29 @@ class DeviceStage:
         """uint8 (or float in [0, 1] after batch operations) N×C×H×W to the output dtype."""
         if x.is_floating_point() and self.batch_ops is not None:
             if self._mean is not None:
-                x = x.mul_(255).sub_(self._mean).mul_(self._std)
+                x = self._per_channel(x.mul_(255))
             if self.dtype != torch.float32:
                 x = x.to(self.dtype)
         elif self.cfg.dtype != "uint8":
             x = x.float()  # normalize in float32, then narrow: fp16/bf16 keep their precision
             if self._mean is not None:
-                x = x.sub_(self._mean).mul_(self._std)
+                x = self._per_channel(x)
             else:
                 x = x.mul_(1 / 255)
             if self.dtype != torch.float32:
                 x = x.to(self.dtype)
         return x if self.cfg.channels_last else x.contiguous()
+
+    def _per_channel(self, x: torch.Tensor) -> torch.Tensor:
+        """``(x - mean) * inv_std`` in place. On the CPU, over a channels-last batch's rows of
+        W×C values (the same values, ~2.5x faster than broadcasting over an inner length of 3)."""
+        assert self._mean is not None and self._std is not None
+        rows = cpu_convert.rows_of(x) if x.device.type == "cpu" else None
+        if rows is None:
+            return x.sub_(self._mean).mul_(self._std)
+        width = rows.shape[1] // x.shape[1]
+        rows.sub_(self._mean.view(-1).repeat(width)).mul_(self._std.view(-1).repeat(width))
+        return x
 
     def __call__(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         if self.stream is None:
