@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from feedpipe import Output
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 from fp_helpers import downgrade_to_v1  # noqa: E402
@@ -46,8 +48,8 @@ def read_all(path: Path, seconds: float = 0.5) -> float:
 
 def load_all(path: Path) -> float:
     """Samples/s of make_loader (decode + 224 center crop, main process)."""
-    ld = feedpipe.make_loader(path, 64, size=224, num_workers=0, dtype="uint8", mean=None,
-                              std=None, device="cpu", shuffle=False)
+    ld = feedpipe.make_loader(path, 64, size=224, num_workers=0, device="cpu", shuffle=False,
+                              output=Output(dtype="uint8", mean=None, std=None))
     t = time.perf_counter()
     n = sum(len(b["label"]) for b in ld)
     return n / (time.perf_counter() - t)

@@ -10,9 +10,15 @@ and, as the ceiling, two bare loops over the same files: open+read every file, a
 the same bytes into one file (fsync'd once at the end, as the LMDB writer and the manifest are).
 
     python benchmarks/bench_convert.py [--images 20000] [--size 500x375] [--rounds 3]
-                                       [--baseline /path/to/other/checkout]
+                                       [--baseline /path/to/other/checkout] [--mix web]
 
-The generated photos are cached in ``--data`` (``photos-<N>-<W>x<H>``), so reruns reuse them.
+``--mix web`` converts web-like photos instead (``converters.synth.make_web_photos``: ~40%
+progressive, 4:2:0 and 4:4:4, EXIF orientations, 640-4000 px times ``--web-scale``), so the
+progressive->baseline transcode is in the path; each format then also runs with ``--jpeg keep``
+(no transcode) in the same rounds, and the difference is the transcode's cost.
+
+The generated photos are cached in ``--data`` (``photos-<N>-<W>x<H>``, ``web-<N>-s<scale>``), so
+reruns reuse them.
 """
 
 from __future__ import annotations
@@ -43,6 +49,21 @@ def photos(data: Path, n: int, size: tuple[int, int]) -> Path:
         make_photos(tmp, n, size=size, classes=7, seed=1)
         tmp.rename(out)
         print(f"  made {n} photos in {out} ({time.perf_counter() - t:.0f} s)")
+    return out
+
+
+def web_photos(data: Path, n: int, scale: float) -> Path:
+    """The cached folder of ``n`` web-like photos (see the module docstring)."""
+    from converters.synth import make_web_photos
+
+    out = data / f"web-{n}-s{scale:g}"
+    if not out.exists():
+        tmp = data / f".{out.name}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        t = time.perf_counter()
+        make_web_photos(tmp, n, classes=7, seed=1, scale=scale)
+        tmp.rename(out)
+        print(f"  made {n} web photos in {out} ({time.perf_counter() - t:.0f} s)")
     return out
 
 
@@ -99,6 +120,11 @@ def main() -> None:
     ap.add_argument("--images", type=int, default=20_000)
     ap.add_argument("--size", default="500x375", help="photo size W×H (default 500x375)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--mix", choices=("photos", "web"), default="photos",
+                    help="photos: all-baseline ~--size photos; web: the web photo mix "
+                    "(progressive share transcoded), also run with --jpeg keep")
+    ap.add_argument("--web-scale", type=float, default=0.5,
+                    help="--mix web: photo sides times this (1.0: 640-4000 px)")
     ap.add_argument("--formats", nargs="+", default=list(FORMATS), choices=FORMATS)
     ap.add_argument("--cli-args", default="", help="extra convert options, e.g. '--workers 2'")
     ap.add_argument("--baseline", type=Path, help="another checkout (e.g. main) whose CLI runs in "
@@ -107,16 +133,28 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/convert.json"))
     args = ap.parse_args()
     w, h = (int(v) for v in args.size.lower().split("x"))
-    src = photos(args.data, args.images, (w, h))
+    web = args.mix == "web"
+    src = web_photos(args.data, args.images, args.web_scale) if web else \
+        photos(args.data, args.images, (w, h))
     files = files_of(src)
     bytes_in = sum(p.stat().st_size for p in files)
     print(f"{len(files)} files, {bytes_in / len(files) / 1e3:.1f} kB mean, "
           f"{bytes_in / 1e6:.0f} MB; {args.rounds} interleaved rounds")
+    mix = None
+    if web:
+        from converters.synth import jpeg_mix
+
+        mix = jpeg_mix(files)
+        print(f"  web mix: {mix}")
     runs = {"ceiling: open+read every file": read_all(files),
             "ceiling: read + write into one file": read_write_all(files, args.data / "ceiling.bin")}
     outs = {fmt: args.data / f"convert-{fmt}" for fmt in args.formats}
     for fmt, out in outs.items():
         runs[f"CLI convert --to {fmt}"] = cli(src, fmt, out, len(files), args.cli_args.split())
+        if web:
+            runs[f"CLI convert --jpeg keep --to {fmt}"] = cli(
+                src, fmt, args.data / f"convert-keep-{fmt}", len(files),
+                [*args.cli_args.split(), "--jpeg", "keep"])
         if args.baseline:
             runs[f"baseline CLI convert --to {fmt}"] = cli(
                 src, fmt, args.data / f"convert-baseline-{fmt}", len(files),
@@ -126,10 +164,12 @@ def main() -> None:
     ratios = {fmt: tree_bytes(out) / bytes_in for fmt, out in outs.items()}
     for r in results:
         fmt = r.name.rsplit(" ", 1)[-1]
-        if fmt in ratios and not r.name.startswith("baseline"):
+        if fmt in ratios and r.name.startswith("CLI convert --to"):
             r.note = f"output {ratios[fmt]:.3f}x input bytes"
             print(f"  {fmt:<5} output/input size {ratios[fmt]:.3f}")
-    save(args.json, results, {"size_ratio": ratios, "images": len(files), "photo_size": [w, h],
+    save(args.json, results, {"size_ratio": ratios, "images": len(files), "mix": args.mix,
+                              "web_scale": args.web_scale if web else None, "jpeg_mix": mix,
+                              "photo_size": None if web else [w, h],
                               "bytes_in": bytes_in, "rounds": args.rounds,
                               "cli_args": args.cli_args,
                               "baseline": str(args.baseline) if args.baseline else None,

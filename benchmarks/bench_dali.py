@@ -21,6 +21,8 @@ from typing import Any, Callable
 import psutil
 import torch
 
+from feedpipe import Dali, Output
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Items, Result, drain, measure_side_by_side, save  # noqa: E402
 
@@ -100,19 +102,21 @@ def main(argv: list[str] | None = None) -> None:
     results: list[Result] = []
     t0 = time.perf_counter()
     for title, path, kw in (
-            ("LMDB JPEG, center crop, uint8", packed["lmdb-passthrough"], dict(dtype="uint8")),
+            ("LMDB JPEG, center crop, uint8", packed["lmdb-passthrough"],
+             dict(output=Output(dtype="uint8"))),
             ("LMDB JPEG, random-resized-crop + flip, float16 normalized",
              packed["lmdb-passthrough"],
-             dict(crop="random_resized_crop", flip=True, dtype="float16")),
-            ("raw LMDB (no decode), center crop, uint8", packed["lmdb-raw"], dict(dtype="uint8"))):
+             dict(crop="random_resized_crop", flip=True, output=Output(dtype="float16"))),
+            ("raw LMDB (no decode), center crop, uint8", packed["lmdb-raw"],
+             dict(output=Output(dtype="uint8")))):
         loaders = pair(path, **kw)
         results += [replace(r, name=f"{title}: {r.name}")
                     for r in group(title, loaders, args.repeats)]
     wds = packed["wds-passthrough"]
-    loaders = {**pair(wds, dtype="uint8"),
+    loaders = {**pair(wds, output=Output(dtype="uint8")),
                "dali webdataset reader": feedpipe.make_loader(
-                   wds, BATCH, backend="dali", dali_reader="webdataset", size=args.size,
-                   device=device, dtype="uint8")}
+                   wds, BATCH, backend=Dali(reader="webdataset"), size=args.size,
+                   device=device, output=Output(dtype="uint8"))}
     title = "WebDataset JPEG, center crop, uint8"
     results += [replace(r, name=f"{title}: {r.name}")
                 for r in group(title, loaders, args.repeats)]

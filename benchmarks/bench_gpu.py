@@ -4,7 +4,7 @@
    ``make_loader(device="cuda")`` does), and from pageable memory, against the link's peak
    (PCIe generation × width from NVML when ``nvidia-ml-py`` is installed).
 2. **Decode**: nvJPEG (``torchvision.io.decode_jpeg(device="cuda")``, feedpipe's
-   ``decode_on="device"``) images/s against simplejpeg on one CPU core, on the same files.
+   ``Workers(decode_on="device")``) images/s against simplejpeg on one CPU core, on the same files.
 3. **Loader**: ``make_loader`` epochs onto the device, decoding on the CPU workers and on the
    device.
 4. **Training**: a ResNet-50 (torchvision's layout, written here: no torchvision needed) AMP step
@@ -31,6 +31,8 @@ import numpy as np
 import simplejpeg
 import torch
 from torch import nn
+
+from feedpipe import Output, Workers
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import machine, save  # noqa: E402
@@ -165,8 +167,9 @@ def train_step(device: torch.device, classes: int) -> Callable[[torch.Tensor, to
 def loader(path: Path, device: torch.device, batch: int, size: int, workers: int,
            decode_on: str, dtype: str = "uint8") -> Any:
     return feedpipe.make_loader(path, batch, size=size, crop="random_resized_crop", flip=True,
-                                dtype=dtype, device=device, num_workers=workers, seed=0,
-                                decode_on=decode_on, channels_last=dtype != "uint8")
+                                device=device, num_workers=workers, seed=0,
+                                output=Output(dtype=dtype, channels_last=dtype != "uint8"),
+                                workers=Workers(decode_on=decode_on))
 
 
 def loader_rates(path: Path, device: torch.device, batch: int, size: int, workers: int,

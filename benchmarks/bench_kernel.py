@@ -10,7 +10,8 @@ The "web" groups (not run by default: ``--groups "web center_crop"``) use photos
 properties of web collections (``converters.synth.make_web_photos``, mix in benchmarks/README.md:
 40% progressive, 4:2:0 and 4:4:4, EXIF orientations, 640-4000 px, quality 75-95): the kernel
 decodes the files as they are, feedpipe reads them converted (progressive ones stored as
-baseline) and, for LMDB, converted with ``jpeg="keep"`` (progressive bytes as they are).
+baseline) and, for LMDB, converted with ``jpeg="keep"`` (progressive bytes as they are) and
+the all-baseline control (the same photos, the progressive ones saved baseline, as LMDB).
 Every configuration of a group runs in interleaved rounds (benchmarks/harness.py), and each
 ratio is the median of the rounds' own ratios, so ratios hold on a busy machine. 224² uint8
 output, batch 64, one epoch per round.
@@ -35,6 +36,8 @@ import psutil
 import simplejpeg
 import torch
 import torch.nn.functional as F
+
+from feedpipe import Output
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Items, drain, machine, measure_side_by_side, save  # noqa: E402
@@ -156,7 +159,8 @@ class Timed:
 
 def packed(data: Path, label: str, n: int, store: str = "passthrough") -> dict[str, Path]:
     """The photos and their LMDB / WebDataset / HDF5 packings (made once, reused); web photos
-    also as LMDB with ``jpeg="keep"`` (key ``lmdb jpeg=keep``)."""
+    also as LMDB with ``jpeg="keep"`` (key ``lmdb jpeg=keep``) and their all-baseline control
+    as LMDB (key ``lmdb all-baseline``)."""
     photos = data / f"kernel-photos-{label}-{n}"
     if not photos.exists():
         print(f"generating {n} photos ({label}) in {photos}", flush=True)
@@ -174,12 +178,27 @@ def packed(data: Path, label: str, n: int, store: str = "passthrough") -> dict[s
                     resize=SIZE if store == "raw" else None,
                     writer_options={"shard_size": 32 << 20} if fmt == "wds" else None)
         out[fmt + (" jpeg=keep" if keep else "")] = dst
+    if label == "web":
+        out["lmdb all-baseline"] = web_control(data, n)
     return out
 
 
+def web_control(data: Path, n: int) -> Path:
+    """The web photos' all-baseline control (``make_web_photos(progressive=False)``: the same
+    pixels, sizes and EXIF, no progressive file) packed as LMDB (made once, reused)."""
+    photos = data / f"kernel-photos-web-baseline-{n}"
+    if not photos.exists():
+        print(f"generating the {n} web photos all baseline in {photos}", flush=True)
+        make_web_photos(photos, n, classes=7, seed=1, progressive=False)
+    dst = data / f"kernel-lmdb-passthrough-web-baseline-{n}"
+    if not dst.exists():
+        convert(photos, dst, to="lmdb", workers=0)
+    return dst
+
+
 def loader(path: Path, crop: str, workers: int) -> object:
-    return feedpipe.make_loader(path, BATCH, size=SIZE, crop=crop, dtype="uint8", device="cpu",
-                                num_workers=workers, seed=0)
+    return feedpipe.make_loader(path, BATCH, size=SIZE, crop=crop, device="cpu",
+                                num_workers=workers, seed=0, output=Output(dtype="uint8"))
 
 
 def group(name: str, runs: dict[str, Callable[[], Items]], rounds: int) -> dict[str, dict]:
@@ -227,7 +246,8 @@ def raw_group(data: Path, n: int, rounds: int) -> dict[str, dict]:
     paths = packed(data, "500x375", n, store="raw")
     runs = {f"raw lmdb workers={w}": (lambda ld=loader(paths["lmdb"], "center_crop", w):  # noqa: B008
                                       drain(ld)) for w in (0, WORKERS)}
-    auto = feedpipe.make_loader(paths["lmdb"], BATCH, size=SIZE, dtype="uint8", device="cpu")
+    auto = feedpipe.make_loader(paths["lmdb"], BATCH, size=SIZE, device="cpu",
+                                output=Output(dtype="uint8"))
     res = group(f"raw uint8 LMDB (stored {SIZE}px), {n} images", runs, rounds)
     res["auto_workers"] = {"num_workers": auto.cfg.num_workers}  # type: ignore[attr-defined]
     return res
@@ -256,11 +276,17 @@ def ratios(res: dict[str, dict]) -> dict[str, float]:
         elif name.startswith("feedpipe"):
             out[f"{name}: wall share of {WORKERS}p ceiling"] = paired(r, kp, rate)
             out[f"{name}: CPU share of {WORKERS}p ceiling"] = paired(r, kp, cpu, invert=True)
-    for w in (0, WORKERS):  # web photos: what storing progressive JPEGs as baseline gains
-        keep = res.get(f"feedpipe lmdb jpeg=keep workers={w}")
-        if keep is not None:
+    for w in (0, WORKERS):  # web photos: what storing progressive JPEGs as baseline gains,
+        keep = res.get(f"feedpipe lmdb jpeg=keep workers={w}")  # and how near the all-baseline
+        if keep is not None:  # control it comes (the goal: within 10%)
             out[f"feedpipe lmdb workers={w}: rate vs jpeg=keep"] = \
                 paired(res[f"feedpipe lmdb workers={w}"], keep, rate)
+        control = res.get(f"feedpipe lmdb all-baseline workers={w}")
+        if control is not None:
+            out[f"feedpipe lmdb workers={w}: rate vs all-baseline control"] = \
+                paired(res[f"feedpipe lmdb workers={w}"], control, rate)
+            out[f"feedpipe lmdb workers={w}: CPU/img vs all-baseline control"] = \
+                paired(res[f"feedpipe lmdb workers={w}"], control, cpu)
     return out
 
 

@@ -1,8 +1,8 @@
 """Ragged labels on the hot path: the loader on COCO-like data (JPEG photos with 0-50 boxes each)
 with boxes against the same images alone, side by side in one run (interleaved rounds).
 
-Random-resized-crop to 160², flip, batch 64; boxes padded (``ragged="pad"``) and as lists
-(``ragged="list"``); in the main process (``num_workers=0``: the per-batch label cost shows
+Random-resized-crop to 160², flip, batch 64; boxes padded (``Output(ragged="pad")``) and as
+lists (``Output(ragged="list")``); in the main process (``num_workers=0``: the per-batch label cost shows
 undiluted) and with 2 workers. Figures on a shared, loaded machine: read the ratios.
 
     python benchmarks/bench_labels.py [--images 768] [--data bench-data] [--json FILE]
@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from feedpipe import Output
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Result, drain, measure_side_by_side, save  # noqa: E402
@@ -62,8 +64,8 @@ def coco_like(root: Path, n: int, seed: int = 0) -> Path:
 def batch_cost(root: Path, repeats: int) -> list[Result]:
     """One worker's ``__getitems__`` per batch, image only against image + boxes, alternating
     batch by batch in this process (the cost a worker pays, without IPC or scheduling noise)."""
-    base = dict(size=SIZE, crop="random_resized_crop", flip=True, device="cpu", dtype="uint8",
-                mean=None, std=None, seed=0, num_workers=0)
+    base = dict(size=SIZE, crop="random_resized_crop", flip=True, device="cpu", seed=0,
+                num_workers=0, output=Output(dtype="uint8", mean=None, std=None))
     sets = {"worker batch: image only": feedpipe.make_loader(root, BATCH, fields=["image"], **base),
             "worker batch: image + boxes": feedpipe.make_loader(root, BATCH,
                                                                 fields=["image", "boxes"], **base)}
@@ -113,15 +115,16 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/labels.json"))
     args = ap.parse_args()
     root = coco_like(args.data, args.images)
-    base = dict(size=SIZE, crop="random_resized_crop", flip=True, device="cpu", dtype="uint8",
-                mean=None, std=None, seed=0)
+    base = dict(size=SIZE, crop="random_resized_crop", flip=True, device="cpu", seed=0,
+                output=Output(dtype="uint8", mean=None, std=None))
     runs = {}
     for workers in (0, 2):
         for name, extra in (("image only", {"fields": ["image"]}),
                             ("image + boxes (pad)", {"fields": ["image", "boxes"]}),
                             ("image + boxes (list)", {"fields": ["image", "boxes"],
-                                                      "ragged": "list"})):
-            loader = feedpipe.make_loader(root, BATCH, num_workers=workers, **base, **extra)
+                                                      "output": Output(dtype="uint8", mean=None,
+                                                                       std=None, ragged="list")})):
+            loader = feedpipe.make_loader(root, BATCH, num_workers=workers, **{**base, **extra})
             runs[f"{name}, {workers} workers"] = lambda ld=loader: drain(ld)
     results = measure_side_by_side(runs, repeats=args.repeats)
     results += batch_cost(root, args.repeats)

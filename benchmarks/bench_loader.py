@@ -23,6 +23,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
+from feedpipe import Output
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Result, drain, measure, one_thread, save  # noqa: E402
 
@@ -148,7 +150,8 @@ def main() -> None:
     results.append(measure(f"hand-tuned DataLoader (workers={cores}), loose JPEG",
                            lambda: drain(tuned)))
     for name, path in packed.items():
-        ld = feedpipe.make_loader(path, BATCH, size=SIZE, dtype="uint8", device="cpu")
+        ld = feedpipe.make_loader(path, BATCH, size=SIZE, device="cpu",
+                                  output=Output(dtype="uint8"))
         results.append(measure(f"make_loader {name} (workers={ld.cfg.num_workers})",
                                lambda ld=ld: drain(ld)))
 

@@ -16,6 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from feedpipe import Mix, Output
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import drain, measure_side_by_side, save  # noqa: E402
 
@@ -64,13 +66,13 @@ def main() -> None:
         convert(a, root / "a.lmdb", to="lmdb", workers=0)
         convert(b, root / "b.wds", to="wds", workers=0, writer_options={"shard_count": 100})
         convert(both, root / "one.lmdb", to="lmdb", workers=0)
-        kw = dict(size=224, dtype="uint8", device="cpu", num_workers=0, seed=1)
+        kw = dict(size=224, device="cpu", num_workers=0, seed=1, output=Output(dtype="uint8"))
         runs = {
             f"one LMDB dataset, {2 * args.images}": lambda: drain(
                 feedpipe.make_loader(root / "one.lmdb", 64, **kw)),
             f"mix LMDB + WDS, 2 x {args.images}, 0.5/0.5": lambda: drain(
-                feedpipe.make_loader([root / "a.lmdb", root / "b.wds"], 64, weights=[0.5, 0.5],
-                                     fields=["image", "label", "source"], **kw)),
+                feedpipe.make_loader(Mix([root / "a.lmdb", root / "b.wds"], weights=[0.5, 0.5]),
+                                     64, fields=["image", "label", "source"], **kw)),
         }
         results = measure_side_by_side(runs, repeats=args.rounds)
     plan, single = [], []

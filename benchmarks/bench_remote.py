@@ -129,8 +129,10 @@ def epoch(source: object, bs: int, servers: list[psutil.Process] | None = None,
 
     c0, s0, t = own(), cpu(servers or []), time.perf_counter()
     n, first = 0, None
+    if kw:  # a URL with its cache and storage options
+        source = feedpipe.Remote(source, **kw)  # type: ignore[arg-type]
     for b in feedpipe.make_loader(source, bs, size=224, num_workers=2,  # type: ignore[arg-type]
-                                  shuffle=True, seed=0, **kw):
+                                  shuffle=True, seed=0):
         n += len(b["label"])
         if first is None:
             first = (time.perf_counter(), n)

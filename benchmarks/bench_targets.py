@@ -23,6 +23,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from feedpipe import Output
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import Result, drain, measure, measure_side_by_side, one_thread, save  # noqa: E402
 
@@ -108,10 +110,10 @@ def main() -> None:
     print(f"  -> loading is {per_image[1] / per_image[0]:.1f}x faster per image")
 
     print(f"\nloader throughput, batch {BATCH}, {cores} workers (images/s):")
-    only = feedpipe.make_loader(packed, BATCH, size=SIZE, fields=["image"], dtype="uint8",
-                                device="cpu", num_workers=cores)
+    only = feedpipe.make_loader(packed, BATCH, size=SIZE, fields=["image"], device="cpu",
+                                num_workers=cores, output=Output(dtype="uint8"))
     seg = feedpipe.make_loader(packed, BATCH, size=SIZE, fields=["image", "mask", "distance_map"],
-                               dtype="uint8", device="cpu", num_workers=cores)
+                               device="cpu", num_workers=cores, output=Output(dtype="uint8"))
     fly = DataLoader(OnTheFly(packed), batch_size=BATCH, shuffle=True, num_workers=cores,
                      persistent_workers=True, prefetch_factor=4, worker_init_fn=one_thread)
     results += measure_side_by_side({

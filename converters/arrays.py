@@ -3,9 +3,9 @@
 The input is a dict of equal-length arrays (``{"x": float32 N×T×F, "y": int64 N}``: sample ``k``
 is ``{"x": x[k], "y": y[k]}``) or an iterable of sample dicts. Every value keeps its dtype
 (float32 stays float32); object dtypes are refused (they would need pickle). Packing goes through
-:func:`converters.records.pack_records`, so the output is atomic, checksummed and summarized like
-any conversion. Missing values (NaN) are counted per field, with their first rows, in the result
-and the manifest.
+:func:`converters.convert` (as a :class:`~converters.records.RecordSource`), so the output is
+atomic, checksummed and summarized like any conversion. Missing values (NaN) are counted per
+field, with their first rows, in the result and the manifest.
 
 ``series=True`` stores one time series (row ``k`` of every array is time step ``k``) once, in
 blocks of rows, with per-field normalization statistics from the training rows only;
@@ -26,9 +26,9 @@ import numpy as np
 from feedpipe.errors import BadInputError, ConfigError, NothingConvertedError
 from feedpipe.schema.fields import ArrayField, Field, JsonField
 
-from .options import Format, PackOptions
-from .pack import ConvertResult
-from .records import Progress, Record, RecordSource, pack_records
+from .options import Format
+from .pack import ConvertResult, convert
+from .records import Progress, Record, RecordSource
 
 NUMERIC = "biufc"  # bool, ints, unsigned ints, floats, complex: what a tensor can hold
 TEXT = "U"  # numpy str: stored as JSON text
@@ -87,9 +87,9 @@ def pack_arrays(data: Arrays | Iterable[Mapping[str, Any]], out: str | Path, *, 
     else:
         src = _samples(data, roots, info, where)
     src = replace(src, not_taken=tuple(not_taken))
-    result = pack_records(src, out, to=to, options=PackOptions(), strict=strict,
-                          overwrite=overwrite, val_fraction=val_fraction, seed=seed,
-                          writer_options=writer_options, progress=progress)
+    result = convert(src, out, to=to, strict=strict, overwrite=overwrite,
+                     val_fraction=val_fraction, seed=seed, writer_options=writer_options,
+                     progress=progress)
     result.missing = info["missing"]
     result.image_codec = ""
     return result

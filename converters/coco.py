@@ -1,6 +1,8 @@
 """A COCO ``instances.json`` as a conversion source: its images, each with its boxes (xywh → xyxy
 pixels), category ids mapped to contiguous indices (the category names, in id order, become the
-classes) and ``iscrowd`` kept per box. Images without annotations are kept with 0 boxes.
+classes; the ids are kept as the boxes field's ``class_ids``, so ``class_ids[label]`` is the COCO
+``category_id`` a result needs) and ``iscrowd`` kept per box; each image's COCO id is in ``meta``
+as ``coco_id``. Images without annotations are kept with 0 boxes.
 
 Read with the json module: the file is plain JSON; its segmentation polygons / RLE are not used.
 """
@@ -27,6 +29,11 @@ def scan_coco(images: str | Path, instances: str | Path) -> Source:
         imgs, anns, cats = doc["images"], doc.get("annotations", []), doc["categories"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BadInputError(f"{instances}: not a COCO instances file: {exc!r}") from exc
+    bad = [c.get("id") for c in cats
+           if not isinstance(c.get("id"), int) or isinstance(c.get("id"), bool)]
+    if bad:
+        raise BadInputError(f"{instances}: category ids must be integers (as COCO's); found "
+                            f"{bad[:3]!r}", file=instances)
     cats = sorted(cats, key=lambda c: c["id"])
     index = {c["id"]: k for k, c in enumerate(cats)}
     classes = tuple(str(c["name"]) for c in cats)
@@ -37,7 +44,8 @@ def scan_coco(images: str | Path, instances: str | Path) -> Source:
                                 f"{a.get('image_id')!r} / category {a.get('category_id')!r}, "
                                 "which the file does not list")
         per_image[a["image_id"]].append(a)
-    field = BoxesField("boxes", classes=classes, attrs=("iscrowd",))
+    field = BoxesField("boxes", classes=classes, attrs=("iscrowd",),
+                       class_ids=tuple(int(c["id"]) for c in cats))
     items = []
     for im in sorted(imgs, key=lambda i: i["file_name"]):
         rows = sorted(per_image[im["id"]], key=lambda a: a["id"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -38,6 +39,22 @@ class LabelColumns:
     vocab: str | None = None
     classes: tuple[str, ...] | None = None  # box category names (labels are indices into them)
 
+    def __post_init__(self) -> None:
+        flip = self.flip_indices
+        if flip is not None:
+            k = len(flip)
+            if sorted(flip) != list(range(k)) or any(flip[flip[i]] != i for i in range(k)):
+                raise ConfigError(f"flip_indices={','.join(map(str, flip))!r}: not a self-inverse "
+                                  f"permutation of 0..{k - 1} (each landmark names its mirror, "
+                                  "pairs swap both ways, e.g. 1,0,2)", option="flip_indices")
+        if self.vocab is not None:
+            twice = sorted({c for c in self.vocab if self.vocab.count(c) > 1})
+            if twice or not self.vocab or "\0" in self.vocab:
+                raise ConfigError(f"vocab={self.vocab!r}: the characters must be distinct and "
+                                  "not NUL (each one's position is its CTC index)"
+                                  + (f"; repeated: {''.join(twice)!r}" if twice else ""),
+                                  option="vocab")
+
     @property
     def names(self) -> list[str]:
         return [n for n in (self.keypoints, self.boxes, self.text, *self.arrays) if n]
@@ -54,56 +71,122 @@ def _json(value: Any, what: str) -> Any:
 
 def apply_columns(source: Source, cols: LabelColumns | None) -> Source:
     """Move the declared columns of a manifest source out of ``extra`` into typed fields; warn
-    about geometric-looking columns left in ``meta`` (passed through in stored-image pixels)."""
+    about geometric-looking columns left in ``meta`` (passed through in stored-image pixels).
+    A row whose cell is malformed (not JSON, the wrong shape, a character outside the vocab) is
+    refused by its line, not fatal (``convert(strict=True)`` stops on it)."""
     cols = cols or LabelColumns()
     names = cols.names
     if names and source.kind != "manifest":
         raise ConfigError(f"label columns {names} come from a CSV/JSONL manifest; {source.root} "
                           f"is a {source.kind} source")
+    if not names:
+        return _warn_geometric(source)
+    bad: dict[int, str] = {}  # item index -> why its row is refused
     values: dict[str, list[Any]] = {n: [] for n in names}
     for k, it in enumerate(source.items):
         extra = it.extra or {}
         for n in names:
+            raw = extra.get(n)
             if n not in extra:
-                raise BadInputError(f"{it.rel}: manifest row {k + 1} has no column {n!r}")
-            what = f"{it.rel}: column {n!r}"
-            raw = extra[n]
+                bad.setdefault(k, f"no column {n!r}")
             path = n in cols.arrays and isinstance(raw, str) and raw.strip().endswith(".npy")
-            values[n].append(raw if n == cols.text or path else _json(raw, what))
+            try:
+                values[n].append(raw if n == cols.text or path else _json(raw, f"column {n!r}"))
+            except BadInputError as exc:
+                bad.setdefault(k, str(exc))
+                values[n].append(None)
     fields: list[Field] = []
     if cols.keypoints:
-        arrs = [np.asarray(v, np.float32) for v in values[cols.keypoints]]
-        shapes = {a.shape for a in arrs}
-        if len(shapes) != 1:
-            raise BadInputError(f"column {cols.keypoints!r}: every row needs the same K×2 or "
-                                f"K×3 points; found shapes {sorted(shapes)[:4]}")
-        fields.append(KeypointsField(cols.keypoints, shape=shapes.pop(),
-                                     flip_indices=cols.flip_indices))
-        values[cols.keypoints] = arrs
+        values[cols.keypoints] = _keypoints(values[cols.keypoints], cols.keypoints, bad)
+        shapes = Counter(a.shape for k, a in enumerate(values[cols.keypoints]) if k not in bad)
+        if shapes:
+            shape = shapes.most_common(1)[0][0]
+            for k, a in enumerate(values[cols.keypoints]):
+                if k not in bad and a.shape != shape:
+                    bad[k] = (f"column {cols.keypoints!r}: {a.shape[0]} points, where the other "
+                              f"rows have {shape[0]} (every row needs the same K)")
+            if cols.flip_indices is not None and len(cols.flip_indices) != shape[0]:
+                raise ConfigError(f"flip_indices={','.join(map(str, cols.flip_indices))!r}: "
+                                  f"{len(cols.flip_indices)} entries for {shape[0]} keypoints",
+                                  option="flip_indices")
+            fields.append(KeypointsField(cols.keypoints, shape=shape,
+                                         flip_indices=cols.flip_indices))
     if cols.boxes:
-        rows = [np.asarray(v if v is not None else [], np.float64).reshape(-1, 5)
-                for v in values[cols.boxes]]
-        values[cols.boxes] = [{"boxes": r[:, :4], "labels": r[:, 4].astype(np.int64)}
-                              for r in rows]
+        values[cols.boxes] = [_boxes(v, cols.boxes, k, bad) for k, v in
+                              enumerate(values[cols.boxes])]
         fields.append(BoxesField(cols.boxes, classes=cols.classes))
     if cols.text:
         fields.append(TextField(cols.text, vocab=cols.vocab))
     for n in cols.arrays:
-        arrs = [_array(v, source, f"column {n!r}") for v in values[n]]
-        fields.append(ArrayField(n, arrs[0].dtype.str if arrs else "float32", _shape(arrs)))
+        arrs = [_array_row(v, source, n, k, bad) for k, v in enumerate(values[n])]
+        good = [a for k, a in enumerate(arrs) if k not in bad]
+        fields.append(ArrayField(n, good[0].dtype.str if good else "float32", _shape(good)))
         values[n] = arrs
-    items = tuple(replace(it, extra={k: v for k, v in (it.extra or {}).items() if k not in names}
-                          or None, fields={**(it.fields or {}), **{n: values[n][k]
-                                                                   for n in names}} or None)
-                  for k, it in enumerate(source.items))
-    out = replace(source, items=items, typed=(*source.typed, *fields))
-    left = sorted({k for it in items for k in (it.extra or {}) if k.lower() in GEOMETRIC_NAMES})
+    for f in fields:  # the field's own checks (vocab, finite xyxy boxes...), row by row
+        for k, v in enumerate(values[f.name]):
+            if k not in bad:
+                try:
+                    f.validate(v)
+                except (TypeError, ValueError) as exc:
+                    bad[k] = str(exc)
+    items, refused = [], list(source.refused)
+    for k, it in enumerate(source.items):
+        if k in bad:
+            refused.append((it.rel, f"manifest line {it.row}: {bad[k]}"))
+            continue
+        items.append(replace(it, extra={c: v for c, v in (it.extra or {}).items()
+                                        if c not in names} or None,
+                             fields={**(it.fields or {}), **{n: values[n][k] for n in names}}))
+    if not items:
+        raise BadInputError(f"{source.root}: every manifest row was refused; "
+                            + "; ".join(f"{p}: {r}" for p, r in refused[:3]))
+    return _warn_geometric(replace(source, items=tuple(items), typed=(*source.typed, *fields),
+                                   refused=tuple(refused)))
+
+
+def _warn_geometric(source: Source) -> Source:
+    left = sorted({k for it in source.items for k in (it.extra or {})
+                   if k.lower() in GEOMETRIC_NAMES})
     if left:
         warnings.warn(f"{source.root}: manifest columns {left} go to the 'meta' JSON field "
                       "unchanged, in stored-image pixels: the loader's crop, resize and flip do "
                       "not apply to them; declare them (--keypoints-column, --boxes-column) to "
-                      "have them follow the image", stacklevel=2)
+                      "have them follow the image", stacklevel=3)
+    return source
+
+
+def _keypoints(cells: list[Any], name: str, bad: dict[int, str]) -> list[np.ndarray]:
+    out = []
+    for k, v in enumerate(cells):
+        try:
+            a = np.asarray(v, np.float32)
+        except (TypeError, ValueError):
+            a = np.zeros((0,), np.float32)
+        if k not in bad and (a.ndim != 2 or a.shape[1] not in (2, 3) or not len(a)):
+            bad[k] = f"column {name!r}: keypoints are [[x, y], ...] or [[x, y, v], ...], got {v!r:.60}"
+        out.append(a)
     return out
+
+
+def _boxes(v: Any, name: str, k: int, bad: dict[int, str]) -> dict[str, np.ndarray]:
+    try:
+        r = np.asarray(v if v is not None else [], np.float64)
+        if r.size and (r.ndim != 2 or r.shape[1] != 5):
+            raise ValueError
+        r = r.reshape(-1, 5)
+    except (TypeError, ValueError):
+        bad.setdefault(k, f"column {name!r}: boxes are [[x1, y1, x2, y2, label], ...], got "
+                          f"{v!r:.60}")
+        r = np.zeros((0, 5))
+    return {"boxes": r[:, :4], "labels": r[:, 4].astype(np.int64)}
+
+
+def _array_row(v: Any, source: Source, name: str, k: int, bad: dict[int, str]) -> np.ndarray:
+    try:
+        return _array(v, source, f"column {name!r}")
+    except (BadInputError, TypeError, ValueError) as exc:
+        bad.setdefault(k, str(exc))
+        return np.zeros(0)
 
 
 def _array(value: Any, source: Source, what: str) -> np.ndarray:

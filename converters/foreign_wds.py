@@ -288,7 +288,7 @@ def check_text(f: TextField, data: bytes, what: str) -> bytes:
 
 def source(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES
            ) -> RecordSource:
-    """Foreign shards as a :class:`RecordSource` for :func:`converters.records.pack_records`."""
+    """Foreign shards as a :class:`RecordSource` for :func:`converters.convert`."""
     p = plan(specs, max_member_bytes)
 
     def records() -> Iterator[Record]:

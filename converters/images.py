@@ -17,7 +17,6 @@ from __future__ import annotations
 import io
 import os
 import struct
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -36,6 +35,7 @@ from feedpipe.schema.imaging import (
 )
 
 from .progressive import transcoded
+from .stored import Stored
 
 if TYPE_CHECKING:
     from .options import PackOptions
@@ -50,20 +50,6 @@ class Refused(Exception):
     """This input cannot be stored as asked; the message is the skip reason."""
 
 
-@dataclass(frozen=True)
-class Stored:
-    """One image as stored: the value, how it was made, and notes for the summary."""
-
-    value: bytes | np.ndarray
-    how: str                      # "jpeg unchanged", "tiff→png", "jpeg→jpeg", "png→raw", ...
-    codec: str                    # the stored codec: jpeg, png, webp or raw
-    size: tuple[int, int]         # the upright source's (W, H), before any resize
-    slow_jpeg: bool = False       # only the Pillow fallback decodes it (simplejpeg refuses it)
-    dropped: str | None = None    # what extra_channels="drop" removed
-    progressive: bool = False     # a progressive JPEG stored as it is (converters.progressive)
-    kept: str | None = None       # why that JPEG was not transcoded to baseline (jpeg="baseline")
-
-
 def output_codec(kind: str, lossless_webp: bool, opts: PackOptions) -> str:
     """The codec an input of format ``kind`` is stored as (the same for every such input)."""
     if opts.store == "raw":
@@ -75,23 +61,29 @@ def output_codec(kind: str, lossless_webp: bool, opts: PackOptions) -> str:
     return "png"
 
 
-def planned_codec(path: Path, opts: PackOptions) -> str | None:
-    """The codec ``path`` will be stored as, from its first bytes; None when it cannot be read."""
+def planned_codec(data: bytes, opts: PackOptions) -> str:
+    """The codec an encoded image will be stored as, from its first bytes (what
+    :func:`store_image` decides)."""
+    kind = sniff_codec(data)
+    return output_codec(kind, kind == "webp" and webp_lossless(data), opts)
+
+
+def file_codec(path: Path, opts: PackOptions) -> str | None:
+    """:func:`planned_codec` of a file's first bytes; None when it cannot be read."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # unbuffered: cheaper than open()
         try:
             head = os.read(fd, 64)
-            kind = sniff_codec(head)
-            if kind == "webp":
+            if sniff_codec(head) == "webp":
                 head += os.read(fd, 1 << 20)  # the image chunk may follow ICC/EXIF chunks
         finally:
             os.close(fd)
-        if kind == "unknown":  # a format without magic bytes here (TGA, ...) or not an image
+        if sniff_codec(head) == "unknown":  # a format without magic bytes here (TGA, ...)
             with Image.open(path):
                 pass
     except (OSError, ValueError, SyntaxError):  # skipped later with the reason
         return None
-    return output_codec(kind, kind == "webp" and webp_lossless(head), opts)
+    return planned_codec(head, opts)
 
 
 def image_codec(items: Sequence[SourceItem], opts: PackOptions, sniff: bool = True) -> str:
@@ -108,7 +100,7 @@ def image_codec(items: Sequence[SourceItem], opts: PackOptions, sniff: bool = Tr
         return opts.codec
     if not sniff:
         return "mixed"
-    codecs = {planned_codec(it.path, opts) for it in items} - {None}
+    codecs = {file_codec(it.path, opts) for it in items} - {None}
     return codecs.pop() if len(codecs) == 1 else "mixed" if codecs else "jpeg"
 
 
@@ -209,6 +201,7 @@ def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Store
             if stored.progressive and opts.jpeg == "baseline" and transcode:
                 return transcoded(stored)
             return stored
+    unasked = keep  # a lossy re-encode from here on was not asked for: it is named
     keep = keep and kind != "jpeg"  # a JPEG that gets here needs rotation or colour conversion
     if kind == "png" and len(data) >= 24 and data[12:16] == b"IHDR":  # Pillow: only at 2^31
         _too_big(*struct.unpack(">II", data[16:24]), opts)
@@ -231,6 +224,7 @@ def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Store
             if target == "png" and opts.resize is None:
                 return Stored(_png(upright, bool(lost)), how, target, size, dropped=lost)
             arr = resized_rgb(upright, opts)
+            why = _why_changed(img) if unasked and target in ("jpeg", "webp") else None
     except Image.DecompressionBombError as exc:
         raise Refused(f"decompression bomb refused by Pillow: {exc}") from exc
     except (OSError, ValueError, SyntaxError) as exc:
@@ -239,4 +233,14 @@ def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Store
         raise Refused(f"corrupt image: {exc}") from exc
     if target == "raw":
         return Stored(np.ascontiguousarray(arr), how, target, size, dropped=lost)
-    return Stored(encode_rgb(arr, target, opts.quality), how, target, size, dropped=lost)
+    return Stored(encode_rgb(arr, target, opts.quality), how, target, size, dropped=lost,
+                  lossy=why and f"{why}; re-encoded as {target} at quality {opts.quality}")
+
+
+def _why_changed(img: Image.Image) -> str:
+    """Why a JPEG or lossy WebP stored as its own codec could not keep its bytes."""
+    orientation = img.getexif().get(0x0112, 1)
+    why = [f"EXIF orientation {orientation} turned upright"] if orientation not in (0, 1) else []
+    if img.mode not in ("RGB", "L"):
+        why.append(f"{img.mode} converted to RGB")
+    return ", ".join(why) or "pixels changed"

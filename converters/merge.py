@@ -16,24 +16,24 @@ from __future__ import annotations
 import errno
 import fnmatch
 import glob
+import hashlib
 import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Mapping, Sequence
-
-import numpy as np
+from typing import Any, Mapping, Sequence
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
+from feedpipe.dataset.verify import read_manifest
 from feedpipe.errors import OutputRefusedError, PartsError
-from feedpipe.paths import atomic_writer
+from feedpipe.paths import cache_dir
 from feedpipe.schema.model import Schema
+from feedpipe.storage.store import Store, open_store
 
 from .merge_formats import BUILDERS
-from .output import OutputLock, fsync_dir
+from .output import OutputLock, _shown, fsync_dir
 from .parts import PARTS_DIR, Part
-from .remote_output import is_remote
 
 log = logging.getLogger(__name__)
 #: conversion entries that describe one part only; the merged manifest sums or drops them
@@ -67,81 +67,104 @@ class PartInfo:
     fingerprint: str
 
 
-class LocalStore:
-    """Every file-system step of a merge, in one place (a remote store can take its place):
-    list and adopt parts, write the merged files atomically, write the manifest last."""
+class MergeTarget:
+    """Every file step of a merge, over its output's :class:`~feedpipe.storage.Store` (a local
+    directory or an object-store prefix): list and adopt parts, write the merged files
+    atomically, write the manifest last (the commit point). A local merge moves parts in with
+    one rename; an object store has no renames, so there it takes only the parts already in."""
 
-    def __init__(self, out: Path) -> None:
-        self.out = out
-        self.parts = out / PARTS_DIR
+    def __init__(self, out: str | os.PathLike[str],
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        self.store: Store = open_store(out, storage_options)
+        self.options = storage_options
+        self.parts = self.store.where(PARTS_DIR)
+        if self.store.remote:  # two merges of one URL on this machine
+            where = cache_dir() / "merge"
+            where.mkdir(parents=True, exist_ok=True)
+            self.lock = OutputLock(where / hashlib.sha256(self.store.url.encode()).hexdigest()[:16])
+        else:
+            self.out = Path(out)
+            self.lock = OutputLock(self.out)
 
-    def listed_parts(self) -> list[Path]:
-        """Part directories already inside the dataset (not the hidden partial ones)."""
-        if not self.parts.is_dir():
-            return []
-        return sorted(p for p in self.parts.iterdir()
-                      if p.is_dir() and fnmatch.fnmatch(p.name, "part-*-of-*"))
+    def listed_parts(self) -> list[str]:
+        """Part folders already inside the dataset, ``parts/part-*-of-*`` (not the hidden
+        partial ones)."""
+        names = {n.split("/")[1] for n in self.store.names()
+                 if n.startswith(PARTS_DIR + "/") and n.count("/") >= 2}
+        return [self.part_path(n) for n in sorted(names) if fnmatch.fnmatch(n, "part-*-of-*")]
+
+    def read_part(self, where: str | os.PathLike[str]) -> PartInfo:
+        """The part at ``where`` (a folder, or a URL in this store's object store)."""
+        if self.store.remote:
+            return read_part(str(where).rstrip("/"), read_manifest(str(where), self.options))
+        return read_part(Path(where))
 
     def check_target(self, names: set[str]) -> None:
         """OUT may hold only its parts and what an interrupted merge of it left."""
-        if (self.out / MANIFEST_NAME).exists():
-            raise OutputRefusedError(f"{self.out}: already a complete dataset (it has "
+        url = self.store.url
+        if not self.store.remote:
+            if self.out.is_symlink() or (self.out.exists() and not self.out.is_dir()):
+                raise OutputRefusedError(f"{url}: not a directory; choose another output")
+        held = self.store.names()
+        if MANIFEST_NAME in held:
+            raise OutputRefusedError(f"{url}: already a complete dataset (it has "
                                      f"{MANIFEST_NAME}); merge into a new output")
-        if self.out.is_symlink() or (self.out.exists() and not self.out.is_dir()):
-            raise OutputRefusedError(f"{self.out}: not a directory; choose another output")
-        foreign = [n for n in (os.listdir(self.out) if self.out.is_dir() else [])
-                   if n != PARTS_DIR and n not in names and not n.startswith(".")]
+        foreign = sorted({n.split("/")[0] for n in held if not n.startswith(PARTS_DIR + "/")
+                          and n not in names and not n.startswith(".")})
         if foreign:
-            raise OutputRefusedError(f"{self.out}: holds files a merge did not make "
-                                     f"({', '.join(sorted(foreign)[:5])}); choose another output")
+            raise OutputRefusedError(f"{url}: holds files a merge did not make "
+                                     f"({_shown(foreign)}); choose another output")
 
-    def adopt(self, src: Path | str, name: str) -> bool:
-        """Move a part directory into ``OUT/parts/<name>`` with one rename; False when it is
-        already there."""
-        src = Path(src)
-        dest = self.parts / name
-        if src.resolve() == dest.resolve():
-            return False
-        if dest.exists() or dest.is_symlink():
-            raise PartsError(f"{src}: {dest} already exists and is another directory; move one "
-                             "of them away")
-        self.parts.mkdir(parents=True, exist_ok=True)
-        try:
-            os.rename(src, dest)
-        except OSError as exc:
-            if exc.errno == errno.EXDEV:
-                raise PartsError(f"{src}: on another filesystem than {self.out}; a merge moves "
-                                 "parts, it never copies them: write the parts with "
-                                 f"`feedpipe convert ... -o {self.out} --part i/N` (they land in "
-                                 f"{self.parts}) or move them there yourself") from exc
-            raise
-        fsync_dir(self.parts)
-        return True
+    def adopt(self, src: str | os.PathLike[str], name: str) -> bool:
+        """Move a part folder into ``OUT/parts/<name>`` with one rename; False when it is
+        already there. On an object store it must already be there (objects are never copied)."""
+        dest = self.part_path(name)
+        if self.store.remote:
+            if str(src).rstrip("/") == dest:
+                return False
+            raise PartsError(f"{src}: on object storage a merge takes only the parts already "
+                             f"under {self.parts}/ (it never copies shards); convert them with "
+                             f"`feedpipe convert ... -o {self.store.url} --part i/N`")
+        return _move_in(Path(src), Path(dest), self.out)
 
-    def part_path(self, name: str) -> Path:
-        return self.parts / name
-
-    def path(self, name: str) -> Path:
-        """The local path of a merged file (HDF5 writes through h5py)."""
-        return self.out / name
-
-    def load(self, name: str) -> Any:
-        """The .npy array ``OUT/name`` (no pickle)."""
-        return np.load(self.out / name, allow_pickle=False)
-
-    def write(self, name: str, write_fn: Callable[[BinaryIO], None]) -> None:
-        """Write ``OUT/name`` atomically: ``write_fn(file)`` fills a new temporary file
-        (:func:`~feedpipe.paths.atomic_writer`: never a name planted in OUT), then a rename."""
-        with atomic_writer(self.out / name) as fh:
-            write_fn(fh)
+    def part_path(self, name: str) -> str:
+        return self.store.where(f"{PARTS_DIR}/{name}")
 
     def entry(self, name: str) -> FileEntry:
+        """Size and SHA-256 of a file in the dataset (a part's manifest)."""
+        if self.store.remote:
+            raw = self.store.read_bytes(name)
+            return FileEntry(name, len(raw), hashlib.sha256(raw).hexdigest())
         return FileEntry.of(self.out, name)
 
     def commit(self, manifest: Manifest) -> None:
-        fsync_dir(self.out)
-        manifest.write(self.out)
-        fsync_dir(self.out)
+        """Write the manifest last: the commit point (made durable in a local folder)."""
+        if not self.store.remote:
+            fsync_dir(self.out)
+        self.store.write(MANIFEST_NAME, lambda fh: fh.write(manifest.encoded()))
+        if not self.store.remote:
+            fsync_dir(self.out)
+
+
+def _move_in(src: Path, dest: Path, out: Path) -> bool:
+    """One rename of a part folder into the dataset; False when it is already there."""
+    if src.resolve() == dest.resolve():
+        return False
+    if dest.exists() or dest.is_symlink():
+        raise PartsError(f"{src}: {dest} already exists and is another directory; move one "
+                         "of them away")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(src, dest)
+    except OSError as exc:
+        if exc.errno == errno.EXDEV:
+            raise PartsError(f"{src}: on another filesystem than {out}; a merge moves "
+                             "parts, it never copies them: write the parts with "
+                             f"`feedpipe convert ... -o {out} --part i/N` (they land in "
+                             f"{dest.parent}) or move them there yourself") from exc
+        raise
+    fsync_dir(dest.parent)
+    return True
 
 
 def expand(parts: Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -249,54 +272,43 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
     place (:mod:`converters.remote_merge`).
     """
     t0 = time.perf_counter()
-    store: Any
-    if is_remote(out):
-        from .remote_merge import RemoteStore
-
-        store = RemoteStore(str(out), storage_options)
-        infos = [read_part(u, store.read_manifest(u)) for u in store.listed_parts()]
-        infos += [read_part(str(p), store.read_manifest(str(p))) for p in parts
-                  if str(p).rstrip("/") not in {str(i.path) for i in infos}]
-        lock = store.lock
-    else:
-        out = Path(out)
-        store = LocalStore(out)
-        seen: dict[Path, Path] = {}
-        for p in [*store.listed_parts(), *expand(parts)]:
-            seen.setdefault(p.resolve(), p)
-        infos = [read_part(p) for p in seen.values()]
-        out.parent.mkdir(parents=True, exist_ok=True)
-        lock = OutputLock(out)
+    target = MergeTarget(out, storage_options)
+    seen: dict[str, str | Path] = {}
+    for p in [*target.listed_parts(), *(expand(parts) if not target.store.remote else parts)]:
+        key = str(p).rstrip("/") if target.store.remote else str(Path(p).resolve())
+        seen.setdefault(key, p)
+    infos = [target.read_part(p) for p in seen.values()]
+    if not target.store.remote:
+        target.out.parent.mkdir(parents=True, exist_ok=True)
     ordered, schema = check_parts(infos)
     fmt = ordered[0].manifest.format
-    if is_remote(out) and fmt != "wds":
+    if target.store.remote and fmt != "wds":
         raise PartsError(f"{out}: parts are {fmt}; on object storage only WebDataset parts "
                          "merge (LMDB and HDF5 would need several files opened together). Use "
                          "--to wds for remote data, or merge the parts in a local folder")
     builder = BUILDERS[fmt]
-    lock.acquire()
-    result = MergeResult(out if isinstance(out, Path) else str(out), parts=len(ordered))
+    target.lock.acquire()
+    result = MergeResult(str(out) if target.store.remote else Path(out), parts=len(ordered))
     try:
-        store.check_target(set(builder.names))
+        target.check_target(set(builder.names))
         adopted = []
         for info in ordered:
-            result.moved += store.adopt(info.path, info.part.name)
-            adopted.append(replace(info, path=store.part_path(info.part.name)))
+            result.moved += target.adopt(info.path, info.part.name)
+            where = target.part_path(info.part.name)
+            adopted.append(replace(info, path=where if target.store.remote else Path(where)))
         dirs = [f"{PARTS_DIR}/{info.part.name}" for info in adopted]
-        files, extra = builder.build(store, [i.manifest for i in adopted], dirs, schema)
+        files, extra = builder.build(target.store, [i.manifest for i in adopted], dirs, schema)
         for d, info in zip(dirs, adopted):
             files += [FileEntry(f"{d}/{f.name}", f.size, f.sha256) for f in info.manifest.files]
-            files.append(store.entry(f"{d}/{MANIFEST_NAME}"))
+            files.append(target.entry(f"{d}/{MANIFEST_NAME}"))
         extra["parts"] = [{"dir": d, "num_samples": i.manifest.num_samples,
                            "start": i.start, "stop": i.stop,
                            **{k: v for k, v in i.manifest.extra.items() if k == "dataset_id"}}
                           for d, i in zip(dirs, adopted)]
         manifest = _merged_manifest(adopted, schema, files, extra, result)
-        store.commit(manifest)
+        target.commit(manifest)
     finally:
-        lock.release()
-        if hasattr(store, "close"):
-            store.close()
+        target.lock.release()
     result.seconds = time.perf_counter() - t0
     return result
 

@@ -1,13 +1,17 @@
 """What a merge writes per format, over the parts already inside the dataset (no data copied).
 
 Each builder returns the merged files it wrote (as manifest entries) and the format's ``extra``;
-all writing goes through the merge's store (:class:`converters.merge.LocalStore`).
+all reading and writing goes through the output's :class:`feedpipe.storage.Store` (a local
+folder, or an object-store prefix for WebDataset).
 """
 
 from __future__ import annotations
 
 import hashlib
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable, Protocol
+import io
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Protocol
 
 import h5py
 import numpy as np
@@ -17,9 +21,7 @@ from feedpipe.dataset.formats.wds import CRC_FILE, INDEX_FILES, VALUES_FILE
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.errors import PartsError
 from feedpipe.schema.model import Schema
-
-if TYPE_CHECKING:
-    from .merge import LocalStore
+from feedpipe.storage.store import Store
 
 Built = tuple[list[FileEntry], dict[str, Any]]
 
@@ -27,8 +29,18 @@ Built = tuple[list[FileEntry], dict[str, Any]]
 class Builder(Protocol):
     names: tuple[str, ...]  # the files it writes at the dataset's top level
 
-    def build(self, store: LocalStore, parts: list[Manifest], dirs: list[str],
+    def build(self, store: Store, parts: list[Manifest], dirs: list[str],
               schema: Schema) -> Built: ...
+
+
+def _load(store: Store, name: str) -> np.ndarray:
+    """The .npy array ``name`` of the store (no pickle)."""
+    return np.load(io.BytesIO(store.read_bytes(name)), allow_pickle=False)
+
+
+def _write(store: Store, name: str, write_fn: Callable[[BinaryIO], None]) -> FileEntry:
+    """Write ``name`` atomically; its manifest entry."""
+    return FileEntry(name, *store.write(name, write_fn))
 
 
 def _save(arr: np.ndarray) -> Callable[[BinaryIO], None]:
@@ -42,7 +54,7 @@ class WdsMerge:
 
     names: tuple[str, ...] = (*INDEX_FILES, CRC_FILE, VALUES_FILE)  # values: with index fields
 
-    def build(self, store: LocalStore, parts: list[Manifest], dirs: list[str],
+    def build(self, store: Store, parts: list[Manifest], dirs: list[str],
               schema: Schema) -> Built:
         cols: list[list[np.ndarray]] = [[], [], [], []]
         shards: list[str] = []
@@ -54,13 +66,13 @@ class WdsMerge:
             if m.extra.get("index_fields") != kept:
                 raise PartsError(f"{d}: index fields {m.extra.get('index_fields')}, the first "
                                  f"part has {kept}; convert every part with the same options")
-            arrays = [store.load(f"{d}/{n}") for n in INDEX_FILES]
-            crc = store.load(f"{d}/{CRC_FILE}")
+            arrays = [_load(store, f"{d}/{n}") for n in INDEX_FILES]
+            crc = _load(store, f"{d}/{CRC_FILE}")
             arrays[1] = arrays[1].astype(np.int32) + len(shards)
             if kept:  # spans of index fields point into the packed values: shift them
                 arrays[0] = np.array(arrays[0], np.int64)
                 arrays[0][:, in_index, 0] += packed
-                values.append(store.load(f"{d}/{VALUES_FILE}"))
+                values.append(_load(store, f"{d}/{VALUES_FILE}"))
                 packed += len(values[-1])
             for col, a in zip(cols, [*arrays, crc]):
                 col.append(a)
@@ -75,10 +87,7 @@ class WdsMerge:
         arrays = [offsets, shard_of, keys, crcs]
         if kept:
             arrays.append(np.concatenate(values).astype(np.uint8))
-        written = []
-        for name, arr in zip(self.names, arrays):
-            store.write(name, _save(arr))
-            written.append(store.entry(name))
+        written = [_write(store, name, _save(arr)) for name, arr in zip(self.names, arrays)]
         return written, {"shards": shards, **({"index_fields": kept} if kept else {})}
 
 
@@ -87,7 +96,7 @@ class LmdbMerge:
 
     names: tuple[str, ...] = ()
 
-    def build(self, store: LocalStore, parts: list[Manifest], dirs: list[str],
+    def build(self, store: Store, parts: list[Manifest], dirs: list[str],
               schema: Schema) -> Built:
         return [], {}
 
@@ -98,33 +107,18 @@ class Hdf5Merge:
 
     names: tuple[str, ...] = (FILE_NAME,)
 
-    def build(self, store: LocalStore, parts: list[Manifest], dirs: list[str],
+    def build(self, store: Store, parts: list[Manifest], dirs: list[str],
               schema: Schema) -> Built:
         total = sum(m.num_samples for m in parts)
-        files = [h5py.File(store.path(f"{d}/{FILE_NAME}"), "r") for d in dirs]
-        try:
-            layouts = {}
-            for name in files[0]:
-                first = files[0][name]
-                srcs = [f.get(name) for f in files]
-                for d, s in zip(dirs, srcs):
-                    if s is None or s.dtype != first.dtype or s.shape[1:] != first.shape[1:]:
-                        raise PartsError(f"{d}/{FILE_NAME}: dataset {name!r} is missing or "
-                                         f"differs from the first part's ({first.dtype}, "
-                                         f"{first.shape[1:]})")
-                layout = h5py.VirtualLayout(shape=(total, *first.shape[1:]), dtype=first.dtype)
-                at = 0
-                for d, s, m in zip(dirs, srcs, parts):
-                    if s.shape[0] != m.num_samples:
-                        raise PartsError(f"{d}/{FILE_NAME}: dataset {name!r} has {s.shape[0]} "
-                                         f"rows, its manifest says {m.num_samples} samples")
-                    layout[at: at + m.num_samples] = h5py.VirtualSource(
-                        f"{d}/{FILE_NAME}", name, shape=s.shape)
-                    at += m.num_samples
-                layouts[name] = layout
-        finally:
-            for f in files:
-                f.close()
+        with tempfile.TemporaryDirectory(prefix="feedpipe-merge-") as tmp:  # remote: fetched
+            files = []
+            try:
+                for d in dirs:
+                    files.append(h5py.File(store.local(f"{d}/{FILE_NAME}", Path(tmp)), "r"))
+                layouts = {name: _stack(name, files, parts, dirs, total) for name in files[0]}
+            finally:
+                for f in files:
+                    f.close()
 
         # the merged file's dataset id: its parts' ids, in order (see DatasetWriter.dataset_id)
         merged_id = hashlib.blake2b("\n".join(str(m.extra.get("dataset_id")) for m in parts)
@@ -137,9 +131,29 @@ class Hdf5Merge:
                 out.attrs["num_samples"] = total
                 out.attrs[ID_ATTR] = np.bytes_(merged_id)
 
-        store.write(FILE_NAME, write)
-        return [store.entry(FILE_NAME)], {"compression": parts[0].extra.get("compression"),
+        return [_write(store, FILE_NAME, write)], {"compression": parts[0].extra.get("compression"),
                                           "dataset_id": merged_id}
+
+
+def _stack(name: str, files: list[h5py.File], parts: list[Manifest], dirs: list[str],
+           total: int) -> h5py.VirtualLayout:
+    """The virtual layout of dataset ``name``: the parts' datasets stacked in part order."""
+    first = files[0][name]
+    srcs = [f.get(name) for f in files]
+    for d, s in zip(dirs, srcs):
+        if s is None or s.dtype != first.dtype or s.shape[1:] != first.shape[1:]:
+            raise PartsError(f"{d}/{FILE_NAME}: dataset {name!r} is missing or differs from "
+                             f"the first part's ({first.dtype}, {first.shape[1:]})")
+    layout = h5py.VirtualLayout(shape=(total, *first.shape[1:]), dtype=first.dtype)
+    at = 0
+    for d, s, m in zip(dirs, srcs, parts):
+        if s.shape[0] != m.num_samples:
+            raise PartsError(f"{d}/{FILE_NAME}: dataset {name!r} has {s.shape[0]} rows, its "
+                             f"manifest says {m.num_samples} samples")
+        layout[at: at + m.num_samples] = h5py.VirtualSource(f"{d}/{FILE_NAME}", name,
+                                                            shape=s.shape)
+        at += m.num_samples
+    return layout
 
 
 BUILDERS: dict[str, Builder] = {"wds": WdsMerge(), "lmdb": LmdbMerge(), "hdf5": Hdf5Merge()}

@@ -38,9 +38,9 @@ class PackOptions:
     """How each image is stored; every option checked by type and value on creation.
 
     ``resize`` is an int (the shorter side; ``store="raw"`` then crops the center square) or
-    (height, width), the order of ``make_loader(size=)``. Pass one whole as
-    ``convert(..., options=PackOptions(...))``; ``masks`` is set by :func:`convert` from the
-    source, and ``targets`` takes names (``"distance_map"``) or :class:`Target` objects.
+    (height, width), the order of ``make_loader(size=)``. :func:`converters.convert` makes it
+    from its keywords (``masks`` from the source); ``targets`` takes names
+    (``"distance_map"``) or :class:`Target` objects.
     """
 
     store: Store = "passthrough"
@@ -103,7 +103,6 @@ class PackOptions:
         return (int(h), int(w), 3)
 
 
-PACK_DEFAULTS = {f.name: f.default for f in dc_fields(PackOptions)}  # "not given" in convert()
 _HOW = {
     "store": "use 'passthrough', 'reencode' or 'raw'",
     "resize": f"use {RESIZE_HELP}",

@@ -18,7 +18,7 @@ import resource
 import shutil
 import stat
 from pathlib import Path
-from typing import Any, Iterable, NoReturn, Protocol
+from typing import Any, Callable, Iterable, NoReturn, Protocol
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
 from feedpipe.dataset.registry import DatasetWriter
@@ -361,9 +361,10 @@ def _exhausted(partial: Path) -> bool:
         return False
 
 
-def empty_result(source: Source, counts: dict[str, int],
-                 skipped: list[dict[str, Any]]) -> NothingConvertedError | None:
-    """Zero samples written (or an empty train/val split) is an error that says why."""
+def empty_result(where: str, counts: dict[str, int], skipped: list[dict[str, Any]],
+                 why: Callable[[list[dict[str, Any]]], str]) -> NothingConvertedError | None:
+    """Zero samples written (or an empty train/val split) is an error that says why: ``why``
+    tells it from the skip list (:func:`why_empty` for a folder or manifest source)."""
     total = sum(counts.values())
     if total and all(counts.values()):
         return None
@@ -371,10 +372,11 @@ def empty_result(source: Source, counts: dict[str, int],
         empty = [k for k, v in counts.items() if not v]
         return NothingConvertedError(f"the {empty[0]} split got 0 of {total} samples: raise "
                                      "--val-fraction, or leave it out for a single dataset")
-    return NothingConvertedError(f"{source.root}: wrote 0 samples: {_why_empty(source, skipped)}")
+    return NothingConvertedError(f"{where}: wrote 0 samples: {why(skipped)}")
 
 
-def _why_empty(source: Source, skipped: list[dict[str, Any]]) -> str:
+def why_empty(source: Source, skipped: list[dict[str, Any]]) -> str:
+    """Why a folder or manifest source gave no sample: missing paths, skips, or what it holds."""
     if source.items:
         missing = [i.rel for i in source.items if not i.path.exists()]
         if missing:
@@ -397,7 +399,7 @@ def _why_empty(source: Source, skipped: list[dict[str, Any]]) -> str:
     if tars:
         return (f"{root} holds {len(tars)} .tar files ({_shown(tars, 3)}): looks like WebDataset "
                 f"shards; `feedpipe convert {root}` packs them, or from Python "
-                "converters.records.pack_records(converters.foreign_wds.source([DIR]), ...); "
+                "converters.convert(converters.foreign_wds.source([DIR]), ...); "
                 "`feedpipe index` reads them in place")
     if files:
         return f"no image files found ({len(files)} other files, e.g. {_shown(files, 3)})"

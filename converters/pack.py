@@ -8,18 +8,15 @@ that reads as a dataset, and a re-run clears the leftover by itself.
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
-from dataclasses import dataclass, field, replace
 from dataclasses import fields as dc_fields
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
-import numpy as np
-
-from feedpipe.dataset.formats.base import sample_key
-from feedpipe.dataset.manifest import Manifest, refuse_url
-from feedpipe.dataset.registry import WRITERS, DatasetWriter
+from feedpipe.dataset.manifest import refuse_url
 from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.schema.fields import Field, ImageField, JsonField, LabelField
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
@@ -30,7 +27,6 @@ from .coco import scan_coco
 from .columns import LabelColumns, apply_columns
 from .images import image_codec, likely_jpeg
 from .options import (
-    PACK_DEFAULTS,
     Check,
     Codec,
     ExtraChannels,
@@ -45,51 +41,20 @@ from .options import (
     Unlabeled,
     resolve_targets,
 )
-from .output import Output, abandon, empty_result
+from .output import why_empty
+from .packer import ConvertResult, PackTarget, Progress, Sample, split_indices, write_samples
 from .palette import resolve_palette
 from .parts import Part, plan_part
+from .records import RecordSource, pack_record_source
 from .remote_merge import refuse_merged
-from .remote_output import RemoteOutput, is_remote
-from .report import account, settle_codec, tally
+from .remote_output import is_remote
+from .report import account, settle_codec
 from .sources import Source, attach_masks, scan
 from .split_root import SplitClasses, SplitRoot, scan_split_root, split_of
 from .targets import Target
 from .worker import INFO_KEY, MASK_MAX_KEY, results
 
-Progress = Callable[[int, int], None]
-
-
-@dataclass
-class ConvertResult:
-    """What a conversion did, for the CLI summary and for callers."""
-
-    out: Path | str  # a str for a URL output
-    written: int = 0
-    skipped: list[dict[str, str]] = field(default_factory=list)
-    passthrough: int = 0
-    reencoded: int = 0
-    transcoded: int = 0  # progressive JPEGs stored as baseline, losslessly (jpeg="baseline")
-    ignored: int = 0
-    stored: dict[str, int] = field(default_factory=dict)  # "jpeg unchanged", "tiff→png"... → count
-    ignored_files: list[dict[str, str]] = field(default_factory=list)  # {"path", "reason"}
-    slow_jpegs: list[str] = field(default_factory=list)  # need the Pillow fallback decoder
-    progressive_kept: list[dict[str, str]] = field(default_factory=list)  # not transcoded: why
-    channels_dropped: list[str] = field(default_factory=list)  # extra_channels="drop" did this
-    empty_classes: list[str] = field(default_factory=list)
-    image_codec: str = ""
-    bytes_in: int = 0
-    bytes_out: int = 0
-    seconds: float = 0.0
-    splits: dict[str, int] = field(default_factory=dict)
-    unmatched_masks: list[str] = field(default_factory=list)
-    unlabeled: list[str] = field(default_factory=list)  # labelled manifest rows kept with -1
-    mask_palette: tuple[tuple[int, int, int, int], ...] | None = None  # (r, g, b, class)
-    palette_left_out: list[dict[str, Any]] = field(default_factory=list)  # auto's rare colours
-    missing: dict[str, Any] = field(default_factory=dict)  # arrays: NaN per field (converters.arrays)
-
-    @property
-    def rate(self) -> float:
-        return (self.written + len(self.skipped)) / self.seconds if self.seconds else 0.0
+__all__ = ["ConvertResult", "build_schema", "convert", "split_indices"]
 
 
 # --- orchestration ------------------------------------------------------------------------------
@@ -118,15 +83,7 @@ def build_schema(source: Source, opts: PackOptions, codec: str | None = None) ->
     return Schema(tuple(fields))
 
 
-def split_indices(n: int, val_fraction: float, seed: int) -> np.ndarray:
-    """A boolean mask of validation items: a seeded permutation, deterministic for (n, seed)."""
-    mask = np.zeros(n, dtype=bool)
-    k = round(n * val_fraction)
-    mask[np.random.default_rng(seed).permutation(n)[:k]] = True
-    return mask
-
-
-def convert(src: str | Path | Source, out: str | Path, *, to: Format,
+def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: Format,
             workers: int | None = None, store: Store = "passthrough",
             resize: int | tuple[int, int] | None = None, codec: Codec = "auto", quality: int = 90,
             check: Check = "header", strict: bool = False,
@@ -138,14 +95,15 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
             targets: Sequence[str | Target] | Mapping[str, Any] | None = None,
             extra_channels: ExtraChannels = "refuse",
             max_pixels: int | None = DEFAULT_MAX_PIXELS, layout: Layout = "auto",
-            options: PackOptions | None = None,
             mask_palette: str | Path | None = None, split_root: SplitRoot | None = None,
             split_classes: SplitClasses = "agree", coco: str | Path | None = None,
             columns: LabelColumns | None = None,
             storage_options: Mapping[str, Any] | None = None,
             part: Part | None = None, labels: LabelsAs = "auto",
             unlabeled: Unlabeled = "refuse", jpeg: JpegStore = "baseline") -> ConvertResult:
-    """Pack a source (folder, ImageFolder tree or CSV/JSONL manifest) into ``out`` as ``to``.
+    """Pack a source into ``out`` as ``to``: a folder, ImageFolder tree or CSV/JSONL manifest of
+    image files, or a :class:`~converters.records.RecordSource` (foreign WebDataset shards, a
+    Hugging Face dataset, arrays: :mod:`converters.records`).
 
     Lossless inputs stay lossless unless ``codec`` asks otherwise (see :mod:`converters.images`).
     Progressive JPEGs are stored as baseline with the same DCT coefficients (the same decoded
@@ -161,8 +119,7 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     ``resize``: an int is the shorter side (``store="raw"`` then crops the center square); a
     tuple is (height, width), the order of ``make_loader(size=)`` and ``--resize HxW``.
     Every option after ``out`` is keyword-only and checked by type and value (ConfigError).
-    ``options``: the image options (``store`` ... ``max_pixels``, ``targets``) as one
-    :class:`PackOptions`, instead of the separate keywords. ``mask_palette``: colour masks
+    ``mask_palette``: colour masks
     mapped to classes, ``"auto"`` or a palette JSON file (:mod:`converters.palette`).
     ``split_root``: ``src`` holds train/val(/test) ImageFolder trees, written as one dataset each
     or as one with a ``split`` field (:mod:`converters.split_root`).
@@ -178,13 +135,14 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     by shard and committed by its manifest, uploaded last (:mod:`converters.remote_output`).
     ``part``: pack only that contiguous slice of the sorted source list, into
     ``out/parts/part-IIIII-of-NNNNN`` (see :mod:`converters.parts`); ``feedpipe merge`` joins them.
+    The options of image files only (masks, labels, part...) are refused for a record source.
     """
     t0 = time.perf_counter()
     for where, what in ((src, "the source"), (out, "the output")):
-        if not isinstance(where, Source) and not (where is out and is_remote(out)):
+        if not isinstance(where, (Source, RecordSource)) and \
+                not (where is out and is_remote(out)):
             refuse_url(where, what)
-    if to not in WRITERS:
-        raise ConfigError(f"to={to!r}: use one of {sorted(WRITERS)}", option="to")
+    target = PackTarget(out, to, overwrite, storage_options, writer_options, strict, progress)
     if not 0.0 <= val_fraction < 1.0:
         raise ConfigError(f"val_fraction={val_fraction}: use a fraction in [0, 1)",
                           option="val_fraction")
@@ -192,6 +150,42 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     if workers < 0:
         raise ConfigError(f"workers={workers}: use 0 or 1 for in-process, or a positive count",
                           option="workers")
+    image_opts = {"store": store, "resize": resize, "codec": codec, "quality": quality,
+                  "check": check, "extra_channels": extra_channels, "max_pixels": max_pixels,
+                  "jpeg": jpeg}
+    if isinstance(src, RecordSource):
+        files_only = {"masks": masks, "mask_store": mask_store, "mask_dtype": mask_dtype,
+                      "num_classes": num_classes, "targets": targets or None,
+                      "mask_palette": mask_palette, "split_root": split_root,
+                      "split_classes": split_classes, "coco": coco, "columns": columns,
+                      "part": part, "labels": labels, "unlabeled": unlabeled, "layout": layout}
+        given = [k for k, v in files_only.items() if v != _FILE_DEFAULTS[k]]
+        if given:
+            flags = ", ".join(f"{k}= (--{k.replace('_', '-')})" for k in given)
+            raise ConfigError(f"{flags}: for image folders and manifests, not for a {src.kind} "
+                              "source", option=given[0])
+        result = pack_record_source(src, target, PackOptions(**image_opts),  # type: ignore
+                                    val_fraction, seed)
+    else:
+        result = _pack_files(src, target, workers, val_fraction, seed, masks, PackOptions(
+            **image_opts, mask_store=mask_store, mask_dtype=mask_dtype,  # type: ignore[arg-type]
+            num_classes=num_classes, targets=resolve_targets(targets)),
+            mask_palette, split_root, split_classes, coco, columns, part, labels, unlabeled,
+            layout)
+    result.seconds = time.perf_counter() - t0
+    return result
+
+
+_FILE_DEFAULTS = {k: v.default for k, v in inspect.signature(convert).parameters.items()}
+
+
+def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_fraction: float,
+                seed: int, masks: str | Path | None, options: PackOptions,
+                mask_palette: str | Path | None, split_root: SplitRoot | None,
+                split_classes: SplitClasses, coco: str | Path | None,
+                columns: LabelColumns | None, part: Part | None, labels: LabelsAs,
+                unlabeled: Unlabeled, layout: Layout) -> ConvertResult:
+    """:func:`convert` of a folder, ImageFolder tree or manifest of image files."""
     if coco is not None:
         source = scan_coco(src, coco) if not isinstance(src, Source) else src
     else:
@@ -207,33 +201,21 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     if masks is not None:
         source = attach_masks(source, masks)
     palette, left_out = resolve_palette(mask_palette, [i.mask for i in source.items if i.mask],
-                                        max_pixels)
-    kept = {"store": store, "resize": resize, "codec": codec, "quality": quality, "check": check,
-            "mask_store": mask_store, "mask_dtype": mask_dtype, "num_classes": num_classes,
-            "extra_channels": extra_channels, "max_pixels": max_pixels, "mask_palette": palette,
-            "jpeg": jpeg}
-    if options is None:
-        options = PackOptions(**kept, targets=resolve_targets(targets))  # type: ignore[arg-type]
-    elif targets or any(v != PACK_DEFAULTS[k] for k, v in kept.items()):
-        changed = [k for k, v in kept.items() if v != PACK_DEFAULTS[k]] + \
-            (["targets"] if targets else [])
-        raise ConfigError(f"options= holds the image options: set {', '.join(changed)} in "
-                          "PackOptions(...), or pass them as keywords without options=",
-                          option="options")
+                                        options.max_pixels)
     if mask_palette is not None and not source.masked:
         raise ConfigError("mask_palette maps colour masks: pass masks=DIR (--masks) too")
     if options.targets and not source.masked:
         raise ConfigError("targets are computed from masks: pass masks=DIR (--masks) or a "
                           "manifest with a 'mask' column")
-    opts = replace(options, masks=source.masked)
+    opts = replace(options, masks=source.masked, mask_palette=palette)
     if opts.resize is not None and any(f.kind in ("keypoints", "boxes") for f in source.typed):
         raise ConfigError("resize= with keypoints or boxes: their pixel coordinates refer to the "
                           "source images; convert without resize (the loader resizes both)",
                           option="resize")
-    if strict and source.refused:
+    if target.strict and source.refused:
         raise BadInputError(f"{source.root / source.refused[0][0]}: {source.refused[0][1]}")
-    remote = is_remote(out)
-    out = out if remote else Path(out)
+    remote = is_remote(target.out)
+    to = target.to
     sniff = to == "wds"  # WebDataset member names carry the codec: it is decided before writing
     schema = build_schema(source, opts, image_codec(source.items, opts, sniff))
     codec = schema["image"].codec  # type: ignore[attr-defined]
@@ -241,26 +223,24 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
     items, key0, part_info = list(source.items), 0, None
     if part is not None:
         if remote:  # a local output is checked by plan_part
-            refuse_merged(str(out), storage_options)
-        out, key0, stop, part_info = plan_part(part, source, out, to, opts, val_fraction)
+            refuse_merged(str(target.out), target.storage_options)
+        target.out, key0, stop, part_info = plan_part(part, source, target.out, to, opts,
+                                                      val_fraction)
+        target.key0 = key0
         items = items[key0:stop]
     val_mask = split_indices(len(items), val_fraction, seed) if val_fraction else None
-    output = RemoteOutput(str(out), overwrite, storage_options) if remote else \
-        Output(Path(out), overwrite)
-    tmp = output.claim(source)  # checks, locks and clears leftovers; see converters/output.py
-    splits = {"train": tmp / "train", "val": tmp / "val"} if val_mask is not None else {"": tmp}
+    names: list[str] = ["train", "val"] if val_mask is not None else [""]
     if source.split_by == "separate":
-        splits = {n: tmp / n for n in source.split_names}
-    writers: dict[str, DatasetWriter] = {}
-    skipped: dict[str, list[dict[str, str]]] = {name: [] for name in splits}
+        names = list(source.split_names)
     labeled, has_extra = source.labeled, source.has_extra
-    result = ConvertResult(out, ignored=len(source.not_taken), ignored_files=source.not_taken,
+    result = ConvertResult(target.out, ignored=len(source.not_taken),
+                           ignored_files=source.not_taken,
                            unmatched_masks=list(source.unmatched_masks), image_codec=codec,
                            mask_palette=opts.mask_palette, palette_left_out=list(left_out))
     mask_max = -1
-    try:
-        writers = {name: WRITERS[to](path, schema, **(writer_options or {}))
-                   for name, path in splits.items()}
+
+    def samples() -> Iterator[Sample]:
+        nonlocal mask_max
         for k, (values, how, nbytes) in enumerate(results(items, opts, workers, guess)):
             item = items[k]
             split = "" if val_mask is None else ("val" if val_mask[k] else "train")
@@ -270,31 +250,21 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
             if values is not None and codec not in ("mixed", values[INFO_KEY].codec):
                 values, how = None, f"changed while converting (now {values[INFO_KEY].codec})"
             if values is None:
-                if strict:
-                    raise BadInputError(f"{item.path}: {how}")
-                skipped[split].append({"path": item.rel, "reason": how})
-            else:
-                tally(result, values.pop(INFO_KEY), item.rel)
-                mask_max = max(mask_max, values.pop(MASK_MAX_KEY, -1))
-                if labeled:
-                    values["label"] = item.label
-                values["path"] = item.rel
-                if source.split_by == "field":
-                    values["split"] = split_of(item.rel)
-                values.update(item.fields or {})
-                if has_extra:
-                    values["meta"] = item.extra or {}
-                if part_info is not None and to == "wds":  # keys stay unique once merged
-                    writers[split].write(values, key=sample_key(key0 + writers[split].count))
-                else:
-                    writers[split].write(values)
-                output.after_write(splits[split], writers[split])
-            if progress is not None:
-                progress(k + 1, len(items))
-        empty = empty_result(source, {n: w.count for n, w in writers.items()},
-                             [s for name in splits for s in skipped[name]])
-        if empty is not None:
-            raise empty
+                yield Sample(item.rel, split, None, how, shown=str(item.path))
+                continue
+            stored = values.pop(INFO_KEY)
+            mask_max = max(mask_max, values.pop(MASK_MAX_KEY, -1))
+            if labeled:
+                values["label"] = item.label
+            values["path"] = item.rel
+            if source.split_by == "field":
+                values["split"] = split_of(item.rel)
+            values.update(item.fields or {})
+            if has_extra:
+                values["meta"] = item.extra or {}
+            yield Sample(item.rel, split, values, stored=stored)
+
+    def finish(skipped: dict[str, list[dict[str, str]]]) -> tuple[dict[str, Any], Schema]:
         conversion = {"source": str(source.root), "source_kind": source.kind,
                       "inputs": len(items), "ignored_non_images": len(source.ignored),
                       "val_fraction": val_fraction, "seed": seed,
@@ -302,31 +272,25 @@ def convert(src: str | Path | Source, out: str | Path, *, to: Format,
                          if f.name != "targets"},
                       "targets": {t.name: {"target": t.spec or t.name, **t.params}
                                   for t in opts.targets},
-                      **account(source, result, items, skipped, strict, whole=not part_info),
+                      **account(source, result, items, skipped, target.strict,
+                                whole=not part_info),
                       **({"part": part_info} if part_info else {}),
                       **({"labels": labels} if source.kind == "manifest" else {})}
+        settled = schema
         if source.masked:
             conversion["masks"] = str(masks) if masks is not None else "manifest column 'mask'"
             conversion["masks_without_images"] = list(source.unmatched_masks)
             conversion["mask_palette_left_out"] = result.palette_left_out
-            if num_classes is None and mask_max >= 0:  # record what the masks hold
-                schema = Schema(tuple(replace(f, num_classes=mask_max + 1)
-                                      if isinstance(f, MaskField) else f for f in schema))
+            if opts.num_classes is None and mask_max >= 0:  # record what the masks hold
+                settled = Schema(tuple(replace(f, num_classes=mask_max + 1)
+                                       if isinstance(f, MaskField) else f for f in settled))
         if not sniff:
-            schema = settle_codec(schema, result)
-        for name, writer in writers.items():
-            files, extra = writer.close()
-            root = splits[name]
-            entries = tuple(output.entry(root, f) for f in files)
-            Manifest(to, writer.count, schema, source.classes, entries,
-                     {**conversion, "split": name or None}, tuple(skipped[name]), extra
-                     ).write(root)
-            result.splits[name or "all"] = writer.count
-            result.written += writer.count
-            result.bytes_out += sum(e.size for e in entries)
-        result.skipped = [s for name in splits for s in skipped[name]]
-    except BaseException as exc:
-        abandon(exc, writers.values(), output, Path(out), tmp)
-    output.commit()
-    result.seconds = time.perf_counter() - t0
-    return result
+            settled = settle_codec(settled, result)
+        return conversion, settled
+
+    if part_info is None:
+        target.key0 = None
+    return write_samples(target, result, claim=source, split_names=names, schema=schema,
+                         classes=source.classes, samples=samples(), total=len(items),
+                         finish=finish, where=str(source.root),
+                         why_empty=lambda skipped: why_empty(source, skipped))

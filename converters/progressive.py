@@ -18,7 +18,6 @@ and named with that reason.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -33,8 +32,7 @@ try:
 except ImportError:  # pragma: no cover - no wheel for this platform / Python (see pyproject)
     turbojpeg = None
 
-if TYPE_CHECKING:
-    from .images import Stored
+from .stored import Stored
 
 #: how a transcoded image was stored, in ``ConvertResult.stored`` and the manifest
 TRANSCODED = "progressive jpeg→baseline jpeg"

@@ -4,33 +4,29 @@ and arrays or tables without images (:mod:`converters.arrays`).
 
 Each source yields :class:`Record` objects; images go through the same
 :func:`~converters.images.store_image` as files do (lossless in, lossless out), every other value
-is stored as given, and the output is claimed, written and swapped in by
-:class:`~converters.output.Output` exactly as :func:`converters.convert` does (atomic, locked, the
-partial removed on any failure). Records that cannot be stored are skipped and named.
+is stored as given, and :func:`converters.convert` packs them with the one packer of every source
+(:mod:`converters.packer`: atomic, locked, the partial removed on any failure, a local folder or
+an object-store URL). Records that cannot be stored are skipped and named.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from feedpipe.dataset.manifest import FileEntry, Manifest
-from feedpipe.dataset.registry import WRITERS, DatasetWriter
-from feedpipe.errors import BadInputError, ConfigError, NothingConvertedError
 from feedpipe.schema.fields import Field, ImageField, JsonField, LabelField
-from feedpipe.schema.imaging import sniff_codec, webp_lossless
 from feedpipe.schema.model import Schema
 
-from .images import Refused, output_codec, store_image
-from .options import Format, PackOptions
-from .output import Output, abandon, check_not_source
-from .pack import ConvertResult, split_indices
-from .report import jpeg_account, settle_codec, tally
+from .images import Refused, planned_codec, store_image
+from .options import PackOptions
+from .output import check_not_source
+from .packer import ConvertResult, PackTarget, Progress, Sample, split_indices, write_samples
+from .remote_output import is_remote
+from .report import jpeg_account, settle_codec
 from .sources import Source
 
-Progress = Callable[[int, int], None]
+__all__ = ["Progress", "Record", "RecordSource", "field_name", "pack_record_source"]
 
 
 @dataclass
@@ -63,130 +59,82 @@ class RecordSource:
     images: bool = True  # False: samples are ``values`` only (arrays), stored as given
 
 
-def planned_codec(data: bytes, opts: PackOptions) -> str:
-    """The codec an encoded image will be stored as (what :func:`store_image` decides)."""
-    if opts.store == "raw":
-        return "raw"
-    kind = sniff_codec(data)
-    return output_codec(kind, kind == "webp" and webp_lossless(data), opts)
-
-
-def pack_records(src: RecordSource, out: str | Path, *, to: Format, options: PackOptions,
-                 strict: bool = False, overwrite: bool = False, val_fraction: float = 0.0,
-                 seed: int = 0, writer_options: dict[str, Any] | None = None,
-                 progress: Progress | None = None) -> ConvertResult:
-    """Write every record of ``src`` to ``out`` as ``to`` (with ``val_fraction``: ``out/train``
-    and ``out/val``); skipped records are listed in the result and the manifest."""
-    t0 = time.perf_counter()
-    if to not in WRITERS:
-        raise ConfigError(f"to={to!r}: use one of {sorted(WRITERS)}", option="to")
-    if not 0.0 <= val_fraction < 1.0:
-        raise ConfigError(f"val_fraction={val_fraction}: use a fraction in [0, 1)",
-                          option="val_fraction")
+def pack_record_source(src: RecordSource, target: PackTarget, opts: PackOptions,
+                       val_fraction: float, seed: int) -> ConvertResult:
+    """Write every record of ``src`` (with ``val_fraction``: into ``train`` and ``val``) through
+    :func:`~converters.packer.write_samples`; :func:`converters.convert` calls it."""
     codec = "mixed"
-    if to == "wds" and src.images:  # member names carry the codec: decide it first (cheap)
-        codecs = {planned_codec(r.image, options) for r in src.records()
+    if target.to == "wds" and src.images:  # member names carry the codec: decide it first
+        codecs = {planned_codec(r.image, opts) for r in src.records()
                   if r.problem is None and r.image}
         codecs.discard("unknown")
         codec = codecs.pop() if len(codecs) == 1 else "mixed"
     fields: list[Field] = [*src.fields]
     if src.images:
-        fields = [ImageField("image", codec, options.raw_shape),
+        fields = [ImageField("image", codec, opts.raw_shape),
                   *([LabelField("label")] if src.labeled else []), *fields, JsonField("path")]
     schema = Schema(tuple(fields))
-    out = Path(out)
-    output = Output(out, overwrite)
-    for root in src.roots[1:]:
-        check_not_source(Source(root, src.kind, ()), out)
-    tmp = output.claim(Source(src.roots[0], src.kind, ()) if src.roots else None)
+    if not is_remote(target.out):
+        for root in src.roots[1:]:
+            check_not_source(Source(root, src.kind, ()), Path(target.out))
     val = split_indices(src.count, val_fraction, seed) if val_fraction else None
-    splits = {"train": tmp / "train", "val": tmp / "val"} if val is not None else {"": tmp}
-    writers: dict[str, DatasetWriter] = {}
-    skipped: dict[str, list[dict[str, str]]] = {name: [] for name in splits}
-    result = ConvertResult(out, ignored=len(src.not_taken), ignored_files=list(src.not_taken),
-                           image_codec=codec)
-    try:
-        writers = {n: WRITERS[to](p, schema, **(writer_options or {})) for n, p in splits.items()}
+    result = ConvertResult(target.out, ignored=len(src.not_taken),
+                           ignored_files=list(src.not_taken), image_codec=codec)
+
+    def samples() -> Iterator[Sample]:
         for k, rec in enumerate(src.records()):
             split = "" if val is None else ("val" if k < len(val) and val[k] else "train")
-            why = rec.problem or (
-                _store(rec, writers[split], result, options, src.labeled, codec) if src.images
-                else _put(rec, writers[split], result))
-            if why is not None:
-                if strict:
-                    raise BadInputError(f"{rec.name}: {why}")
-                skipped[split].append({"path": rec.name, "reason": why})
-            if progress is not None:
-                progress(k + 1, src.count)
-        counts = {n: w.count for n, w in writers.items()}
-        if not all(counts.values()):
-            gone = [s for v in skipped.values() for s in v]
-            where = src.roots[0] if src.roots else src.kind
-            raise NothingConvertedError(
-                f"{where}: wrote 0 samples" + (" to a split" if sum(counts.values()) else "")
-                + ": " + ("; ".join(f"{s['path']}: {s['reason']}" for s in gone[:3])
-                          or "the source holds no samples"))
+            if rec.problem is not None:
+                yield Sample(rec.name, split, None, rec.problem)
+            elif not src.images:
+                result.bytes_in += sum(getattr(v, "nbytes", 0) for v in rec.values.values())
+                yield Sample(rec.name, split, rec.values)
+            else:
+                yield _image_sample(rec, split, result, opts, src.labeled, codec)
+
+    def finish(skipped: dict[str, list[dict[str, str]]]) -> tuple[dict[str, Any], Schema]:
         conversion = {"source": ", ".join(map(str, src.roots)), "source_kind": src.kind,
                       "inputs": src.count, "val_fraction": val_fraction, "seed": seed,
                       "ignored": result.ignored_files}
         if src.images:
-            conversion.update({"store": options.store, "codec": options.codec,
-                               "jpeg": options.jpeg, "stored": result.stored,
+            conversion.update({"store": opts.store, "codec": opts.codec, "jpeg": opts.jpeg,
+                               "stored": result.stored,
                                "jpegs_needing_fallback_decoder": result.slow_jpegs,
                                "channels_dropped": result.channels_dropped,
                                **jpeg_account(result)})
         conversion.update(src.conversion)
-        if to != "wds" and src.images:
-            schema = settle_codec(schema, result)
-        for name, writer in writers.items():
-            files, extra = writer.close()
-            root = splits[name]
-            Manifest(to, writer.count, schema, src.classes,
-                     tuple(FileEntry.of(root, f) for f in files),
-                     {**conversion, "split": name or None}, tuple(skipped[name]), extra
-                     ).write(root)
-            result.splits[name or "all"] = writer.count
-            result.written += writer.count
-            result.bytes_out += sum((root / f).stat().st_size for f in files)
-        result.skipped = [s for name in splits for s in skipped[name]]
-    except BaseException as exc:
-        abandon(exc, writers.values(), output, out, tmp)
-    output.commit()
-    result.seconds = time.perf_counter() - t0
-    return result
+        settled = settle_codec(schema, result) if target.to != "wds" and src.images else schema
+        return conversion, settled
+
+    def why(skipped: list[dict[str, str]]) -> str:
+        return "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3]) \
+            or "the source holds no samples"
+
+    target.skip_bad_values = True
+    return write_samples(
+        target, result, claim=Source(src.roots[0], src.kind, ()) if src.roots else None,
+        split_names=["train", "val"] if val is not None else [""], schema=schema,
+        classes=src.classes, samples=samples(), total=src.count, finish=finish,
+        where=str(src.roots[0] if src.roots else src.kind), why_empty=why)
 
 
-def _store(rec: Record, writer: DatasetWriter, result: ConvertResult, opts: PackOptions,
-           labeled: bool, codec: str) -> str | None:
-    """Store one record's image and write it; the reason it was skipped, or None."""
+def _image_sample(rec: Record, split: str, result: ConvertResult, opts: PackOptions,
+                  labeled: bool, codec: str) -> Sample:
+    """One record's image stored (:func:`store_image`) with its values, or the skip reason."""
     if not rec.image:
-        return "no image"
+        return Sample(rec.name, split, None, "no image")
     result.bytes_in += len(rec.image)
     try:
         stored = store_image(rec.image, opts)
     except Refused as exc:
-        return str(exc)
+        return Sample(rec.name, split, None, str(exc))
     if codec not in ("mixed", stored.codec):
-        return f"stored as {stored.codec}, the dataset's images are {codec}"
+        return Sample(rec.name, split, None,
+                      f"stored as {stored.codec}, the dataset's images are {codec}")
     values = {"image": stored.value, **rec.values, "path": rec.name}
     if labeled:
         values["label"] = rec.label
-    try:
-        writer.write(values)
-    except (TypeError, ValueError) as exc:  # a value the field cannot hold: name the record
-        return f"cannot store: {exc}"
-    tally(result, stored, rec.name)
-    return None
-
-
-def _put(rec: Record, writer: DatasetWriter, result: ConvertResult) -> str | None:
-    """Write an image-less record's values as given; the reason it was skipped, or None."""
-    try:
-        writer.write(rec.values)
-    except (TypeError, ValueError) as exc:  # a value the field cannot hold: name the record
-        return f"cannot store: {exc}"
-    result.bytes_in += sum(getattr(v, "nbytes", 0) for v in rec.values.values())
-    return None
+    return Sample(rec.name, split, values, stored=stored)
 
 
 def field_name(suffix: str, taken: Sequence[str]) -> str:

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
 from feedpipe.dataset.registry import DatasetWriter
-from feedpipe.errors import ConfigError, OutputRefusedError, StorageError
+from feedpipe.errors import ConfigError, OutputRefusedError, RemoteNotFoundError, StorageError
 from feedpipe.paths import cache_dir
 from feedpipe.storage import filesystem, with_retries
 from feedpipe.storage import is_remote as _is_remote
@@ -100,6 +100,12 @@ class RemoteOutput:
             held = {p[len(self.root) + 1:] for p in self.fs.find(self.root)}
         except FileNotFoundError:
             held = set()
+        bucket = self.root.split("/")[0]
+        if not held and not self._retry(lambda: self.fs.exists(bucket), "", "look for the bucket"):
+            scheme = self.url.partition("://")[0]
+            raise RemoteNotFoundError(f"{scheme}://{bucket}: no such bucket; create it, or check "
+                                      f"its name and the endpoint, before writing {self.url}",
+                                      url=self.url)
         self.journal = self._read_json(JOURNAL) or {} if JOURNAL in held else {}
         self.journal = dict(self.journal.get("files", {}))
         manifests = {s + MANIFEST_NAME: self._read_json(s + MANIFEST_NAME)

@@ -15,7 +15,7 @@ from .progressive import TRANSCODED
 from .sources import Source, SourceItem
 
 if TYPE_CHECKING:
-    from .pack import ConvertResult
+    from .packer import ConvertResult
 
 log = logging.getLogger("feedpipe.convert")
 
@@ -30,6 +30,8 @@ def tally(result: ConvertResult, stored: Stored, rel: str) -> None:
     result.reencoded += not (unchanged or lossless)
     if stored.kept:
         result.progressive_kept.append({"path": rel, "reason": stored.kept})
+    if stored.lossy:
+        result.lossy.append({"path": rel, "reason": stored.lossy})
     if stored.slow_jpeg:
         result.slow_jpegs.append(rel)
     if stored.dropped:
@@ -61,9 +63,10 @@ def account(source: Source, result: ConvertResult, items: list[SourceItem],
 
 
 def jpeg_account(result: ConvertResult) -> dict[str, Any]:
-    """The manifest's count of progressive JPEGs stored as baseline, and those kept as they are
-    (with the reason)."""
-    return {"jpeg_transcoded": result.transcoded, "jpeg_progressive_kept": result.progressive_kept}
+    """The manifest's count of progressive JPEGs stored as baseline, those kept as they are, and
+    the images lossily re-encoded unasked (EXIF rotation, CMYK), each with the reason."""
+    return {"jpeg_transcoded": result.transcoded, "jpeg_progressive_kept": result.progressive_kept,
+            "reencoded_lossy": result.lossy}
 
 
 def settle_codec(schema: Schema, result: ConvertResult) -> Schema:

@@ -38,6 +38,7 @@ class SourceItem:
     extra: dict[str, Any] | None = None
     mask: Path | None = None
     fields: dict[str, Any] | None = None  # values of the source's typed fields (Source.typed)
+    row: int = 0  # a manifest's line number (1: a CSV's header), for messages; 0: no manifest
 
 
 @dataclass(frozen=True)
@@ -209,30 +210,63 @@ def _is_dir(path: Path) -> bool:
 
 def _scan_manifest(path: Path, how: LabelsAs = "auto", unlabeled: Unlabeled = "refuse") -> Source:
     """CSV (header row) or JSONL rows with ``path`` (relative to the manifest), optional ``label``
-    (read by :func:`manifest_labels`) and any extra columns (kept as the ``meta`` JSON field)."""
-    rows: list[dict[str, Any]] = []
-    with open(path, newline="", encoding="utf-8") as fh:
-        if path.suffix.lower() == ".csv":
-            rows = [dict(r) for r in csv.DictReader(fh)]
-        else:
-            for n, line in enumerate(fh, 1):
-                if line.strip():
-                    try:
-                        rows.append(json.loads(line))
-                    except ValueError as exc:
-                        raise ValueError(f"{path}:{n}: invalid JSON line: {exc}") from exc
-    for n, r in enumerate(rows, 1):
-        if not isinstance(r, dict) or not r.get("path"):
-            raise ValueError(f"{path}: row {n} has no 'path' column")
+    (read by :func:`manifest_labels`) and any extra columns (kept as the ``meta`` JSON field).
+    A malformed row (a JSONL line that is not a JSON object, a row without a path) is refused by
+    line number, not fatal: one bad row must not stop a million-row conversion (``strict`` does)."""
+    rows, lines, bad = _read_rows(path)
+    if not rows and not bad:
+        raise BadInputError(f"{path}: the manifest has no rows" + (
+            " (only a header)" if path.suffix.lower() == ".csv" else ""), file=path)
+    if rows and not any("path" in r for r in rows):
+        raise BadInputError(f"{path}: no 'path' column (it has {sorted(rows[0])[:8]}); name the "
+                            "column of image paths 'path', or drop the image columns to pack "
+                            "the table as arrays (docs/arrays.md)", file=path)
+    keep = [k for k, r in enumerate(rows) if r.get("path") not in (None, "")]
+    bad += [(f"{path.name}:{lines[k]}", "no 'path' value in this row")
+            for k, r in enumerate(rows) if r.get("path") in (None, "")]
+    if not keep:
+        raise BadInputError(f"{path}: no usable row; " + "; ".join(f"{w}: {r}" for w, r in
+                                                                    bad[:3]), file=path)
+    rows, lines = [rows[k] for k in keep], [lines[k] for k in keep]
     labels, classes = manifest_labels(path, rows, how, unlabeled)
     masked = any(r.get("mask") not in (None, "") for r in rows)
     items = []
-    for r, label in zip(rows, labels):
+    for r, label, line in zip(rows, labels, lines):
         rel = str(r["path"])
         extra = {k: v for k, v in r.items() if k not in ("path", "label", "mask")}
         mask = path.parent / str(r["mask"]) if r.get("mask") not in (None, "") else None
-        items.append(SourceItem((path.parent / rel), rel, label, extra or None, mask))
-    return Source(path.parent, "manifest", tuple(items), classes, (), masked)
+        items.append(SourceItem((path.parent / rel), rel, label, extra or None, mask, row=line))
+    return Source(path.parent, "manifest", tuple(items), classes, (), masked,
+                  refused=tuple(sorted(bad, key=lambda e: int(e[0].rpartition(":")[2]))))
+
+
+def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]]:
+    """A manifest's rows, each row's line number, and the lines refused (``name:line``, why)."""
+    rows: list[dict[str, Any]] = []
+    lines: list[int] = []
+    bad: list[Entry] = []
+    with open(path, newline="", encoding="utf-8") as fh:
+        if path.suffix.lower() == ".csv":
+            reader = csv.DictReader(fh)
+            for r in reader:
+                rows.append(dict(r))
+                lines.append(reader.line_num)
+            return rows, lines, bad
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError as exc:
+                bad.append((f"{path.name}:{n}", f"not a JSON line: {exc}"))
+                continue
+            if isinstance(r, dict):
+                rows.append(r)
+                lines.append(n)
+            else:
+                bad.append((f"{path.name}:{n}", f"a JSON {type(r).__name__}, not an object "
+                                                "with a 'path'"))
+    return rows, lines, bad
 
 
 _INT = re.compile(r"[+-]?\d+")
@@ -337,6 +371,6 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
         m = by_rel.get(rel) or (stem[0] if len(stem) == 1 and image_stems[name] == 1 else None)
         if m is not None:
             used.add(m)
-        items.append(SourceItem(it.path, it.rel, it.label, it.extra, m, it.fields))
+        items.append(SourceItem(it.path, it.rel, it.label, it.extra, m, it.fields, it.row))
     unmatched = tuple(p.relative_to(root).as_posix() for p in files if p not in used)
     return replace(source, items=tuple(items), masked=True, unmatched_masks=unmatched)

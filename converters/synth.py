@@ -1,5 +1,6 @@
 """Real-looking test photos: random crops of the sample photographs scikit-image ships (no network);
-:func:`make_web_photos` gives them the JPEG properties of web photo collections (issue 24)."""
+:func:`make_web_photos` gives them the JPEG properties of web photo collections (issue 24), at
+the photographs' own resolution or below (never upscaled)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,11 @@ from feedpipe.schema.codecs import JPEG_PROGRESSIVE, jpeg_frame
 T = TypeVar("T")
 PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "immunohistochemistry",
           "retina")
+#: the photographs behind :func:`make_web_photos`, one per class: camera photos (NASA's astronaut,
+#: coffee, Chelsea the cat, a rocket launch, the left view of a stereo motorcycle pair), the Hubble
+#: deep field and a fundus camera's retina; 300-1411 px as shipped in scikit-image's wheel
+WEB_PHOTOS = ("astronaut", "coffee", "chelsea", "rocket", "motorcycle", "hubble_deep_field",
+              "retina")
 
 
 def _load_photos(names: tuple[str, ...]) -> list[np.ndarray]:
@@ -24,15 +30,16 @@ def _load_photos(names: tuple[str, ...]) -> list[np.ndarray]:
     except ImportError as exc:
         raise MissingDependencyError("sample photos need scikit-image: pip install 'feedpipe[demo]'"
                                      ) from exc
-    return [np.asarray(getattr(skimage.data, n)())[:, :, :3] for n in names]
+    return [np.asarray(skimage.data.stereo_motorcycle()[0] if n == "motorcycle" else
+                       getattr(skimage.data, n)())[:, :, :3] for n in names]
 
 
-def _class_folders(out: str | Path, classes: int, seed: int
+def _class_folders(out: str | Path, classes: int, seed: int, photos: tuple[str, ...] = PHOTOS
                    ) -> tuple[Path, np.random.Generator, tuple[str, ...], list[np.ndarray]]:
     """The output tree's class folders (one per source photograph), the generator and the
     source photographs."""
     out = Path(out)
-    names = tuple(PHOTOS[: max(1, min(classes, len(PHOTOS)))])
+    names = tuple(photos[: max(1, min(classes, len(photos)))])
     for name in names:
         (out / name).mkdir(parents=True, exist_ok=True)
     return out, np.random.default_rng(seed), names, _load_photos(names)
@@ -73,7 +80,7 @@ WEB_QUALITY = (75, 95)       # uniform, inclusive
 WEB_PORTRAIT = 0.25          # share shown portrait; half of those with EXIF are camera-rotated
 WEB_EXIF = 0.60              # share with an EXIF block (make, model, date, orientation)
 WEB_UPSIDE_DOWN = 0.03       # share of EXIF landscape files tagged orientation 3
-WEB_GRAIN = 3.0              # sensor-like noise (σ, 8-bit levels): real photos' entropy
+WEB_DOWNSCALE = (0.5, 1.0)   # each photo's pixels: the source's, shrunk by this much at most
 _SAMPLING = {"4:4:4": 0, "4:2:2": 1, "4:2:0": 2}  # Pillow's subsampling codes
 #: the transpose that stores an upright image under each EXIF orientation (undone when loading)
 _STORE_AS = {3: Image.ROTATE_180, 6: Image.ROTATE_90, 8: Image.ROTATE_270}
@@ -94,15 +101,18 @@ def _exif(orientation: int, rng: np.random.Generator) -> bytes:
 
 
 def make_web_photos(out: str | Path, n: int, *, classes: int = 7, seed: int = 0,
-                    scale: float = 1.0) -> Path:
+                    scale: float = 1.0, progressive: bool = True) -> Path:
     """Write ``n`` JPEGs with web photo collections' properties into ``out/<class>/``: a mix of
     progressive and baseline files, 4:2:0 and 4:4:4, quality 75–95, 640–4000 px, EXIF with
     orientations (the ``WEB_*`` tables). ``scale`` shrinks every size (for tests).
+    ``progressive=False`` writes the all-baseline control: the same files (pixels, sizes,
+    qualities, EXIF), the progressive ones saved baseline with optimized Huffman tables instead.
 
-    Content as :func:`make_photos` (each class crops its own sample photograph), with grain so
-    the entropy-coded data is about as dense as a real photo's at the same size and quality.
+    Content: real photographs at their own resolution or below (:func:`_real_pixels`; each class
+    its own :data:`WEB_PHOTOS` photograph), so the entropy-coded data is as dense as the
+    photographs' at every size (~1.6 bits per pixel at quality 85), where upscaled crops thin out.
     """
-    out, rng, names, photos = _class_folders(out, classes, seed)
+    out, rng, names, photos = _class_folders(out, classes, seed, WEB_PHOTOS)
     for i in range(n):
         c = i % len(names)
         side = max(16, round(_pick(rng, WEB_SIDES) * scale))
@@ -116,13 +126,13 @@ def make_web_photos(out: str | Path, n: int, *, classes: int = 7, seed: int = 0,
             orientation = 6 if rng.random() < 0.6 else 8  # a camera held on its side
         elif tagged and not portrait and rng.random() < WEB_UPSIDE_DOWN:
             orientation = 3
-        img = _crop(photos[c], w, h, rng)
+        img = _real_pixels(photos[c], w, h, rng)
         if orientation != 1:
             img = img.transpose(_STORE_AS[orientation])
         save = {"quality": int(rng.integers(WEB_QUALITY[0], WEB_QUALITY[1] + 1)),
                 "subsampling": _SAMPLING[_pick(rng, WEB_SUBSAMPLING)]}
         if rng.random() < WEB_PROGRESSIVE:
-            save["progressive"] = True
+            save["progressive" if progressive else "optimize"] = True
         elif rng.random() < 0.5:
             save["optimize"] = True  # optimized Huffman tables, as many web encoders write
         if tagged:
@@ -131,19 +141,22 @@ def make_web_photos(out: str | Path, n: int, *, classes: int = 7, seed: int = 0,
     return out
 
 
-def _crop(src: np.ndarray, w: int, h: int, rng: np.random.Generator) -> Image.Image:
-    """A random crop of ``src`` with the aspect of ``w``×``h``, resized to it, maybe flipped,
-    with grain (:data:`WEB_GRAIN`)."""
+def _real_pixels(src: np.ndarray, w: int, h: int, rng: np.random.Generator) -> Image.Image:
+    """A ``w``×``h`` image of ``src``'s own pixels: a random crop shrunk by a factor in
+    :data:`WEB_DOWNSCALE` (Lanczos; never enlarged), mirrored edge to edge where the photograph
+    is smaller than the image (no seams: every 8×8 block holds real photo detail), maybe flipped.
+    """
     sh, sw = src.shape[:2]
-    scale = rng.uniform(0.5, 1.0) * min(sw / w, sh / h)
-    cw, ch = max(8, int(w * scale)), max(8, int(h * scale))
+    s = rng.uniform(*WEB_DOWNSCALE)
+    cw, ch = min(sw, int(np.ceil(w / s))), min(sh, int(np.ceil(h / s)))
     x, y = rng.integers(0, sw - cw + 1), rng.integers(0, sh - ch + 1)
-    img = Image.fromarray(src[y:y + ch, x:x + cw]).resize((w, h), Image.BICUBIC)
+    img = Image.fromarray(src[y:y + ch, x:x + cw]).resize(
+        (max(8, min(w, round(cw * s))), max(8, min(h, round(ch * s)))), Image.LANCZOS)
+    arr = np.asarray(img)
+    arr = np.pad(arr, ((0, h - arr.shape[0]), (0, w - arr.shape[1]), (0, 0)), mode="symmetric")
     if rng.random() < 0.5:
-        img = img.transpose(Image.FLIP_LEFT_RIGHT)
-    grain = rng.standard_normal((h, w, 1), dtype=np.float32) * WEB_GRAIN
-    arr = np.asarray(img, dtype=np.float32) + grain
-    return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8))
+        arr = arr[:, ::-1]
+    return Image.fromarray(np.ascontiguousarray(arr))
 
 
 def jpeg_mix(files: list[Path]) -> dict[str, object]:

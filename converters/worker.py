@@ -5,6 +5,7 @@ results in source order."""
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
 import time
 from collections import deque
@@ -84,12 +85,30 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
     return None
 
 
+def read_file(path: Path) -> bytes:
+    """A whole file in four system calls (``Path.read_bytes`` takes eight: buffered open's
+    isatty and seeks, and a second read to see the end; ~10 µs an image in a passthrough
+    conversion)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size + 1)
+        if len(data) <= size:  # a short read: the end of a regular file
+            return data
+        chunks = [data]  # it grew meanwhile, or reports no size (/proc)
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def prepare(item: SourceItem, opts: PackOptions, transcode: bool = True) -> Prepared:
     """Read and check one image (and its mask and targets); (stored values or None, reason or
     how it was stored, input bytes). ``values[INFO_KEY]`` carries notes for the summary;
     ``transcode=False``: a progressive JPEG is left to the caller (see :func:`store_image`)."""
     try:
-        data = item.path.read_bytes()
+        data = read_file(item.path)
     except OSError as exc:
         return None, f"unreadable: {exc.strerror or exc}", 0
     if not data:

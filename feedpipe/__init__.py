@@ -25,17 +25,24 @@ _EXPORTS = {  # the public names -> the module (under feedpipe) that defines eac
     "Manifest": "dataset.manifest",
     "verify": "dataset.verify",
     "make_loader": "loader.api",
+    "Dali": "loader.options", "Mix": "loader.options", "Output": "loader.options",
+    "RandomResizedCrop": "loader.options", "Remote": "loader.options",
+    "Sampler": "loader.options", "Workers": "loader.options", "World": "loader.sampler",
+    "tuned": "tools.tuned",
     "LoaderConfig": "loader.config",
     "Loader": "loader.protocol",
     "ArrayField": "schema", "BytesField": "schema", "ImageField": "schema", "JsonField": "schema",
     "LabelField": "schema", "MaskField": "schema", "Schema": "schema", "TargetField": "schema",
     "StallMeter": "tools.monitor",
     "autotune": "tools.tune", "find_batch_size": "tools.tune",
+    "convert": "converters",  # a top-level package beside feedpipe: see __getattr__
 }
 
 __all__ = sorted(_EXPORTS)  # every lazy export is public: one list, not two to keep in step
 
 if TYPE_CHECKING:
+    from converters import convert
+
     from .dataset.manifest import Manifest
     from .dataset.registry import DatasetReader, DatasetWriter, open_dataset
     from .dataset.verify import verify
@@ -62,7 +69,17 @@ if TYPE_CHECKING:
     )
     from .loader.api import make_loader
     from .loader.config import LoaderConfig
+    from .loader.options import (
+        Dali,
+        Mix,
+        Output,
+        RandomResizedCrop,
+        Remote,
+        Sampler,
+        Workers,
+    )
     from .loader.protocol import Loader
+    from .loader.sampler import World
     from .schema import (
         ArrayField,
         BytesField,
@@ -75,15 +92,15 @@ if TYPE_CHECKING:
     )
     from .tools.monitor import StallMeter
     from .tools.tune import autotune, find_batch_size
+    from .tools.tuned import tuned
 
 
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'feedpipe' has no attribute {name!r}")
-    if name == "make_loader":  # installs what num_workers="tune" runs (the loader can't import it)
-        importlib.import_module(".tools.tune", __name__)
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    package = (module, None) if module == "converters" else (f".{module}", __name__)
+    value = getattr(importlib.import_module(*package), name)
     globals()[name] = value  # later look-ups skip this function
     return value
 

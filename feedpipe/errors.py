@@ -38,8 +38,9 @@ class IncompleteDatasetError(FeedpipeError):
 
 
 class NotADatasetError(FeedpipeError, NotADirectoryError):
-    """A path given as a dataset is a file (a tar shard, an image...); the message says what it
-    is and what to run."""
+    """A path given as a dataset is not one: a file (a tar shard, a dataset's data file...), a
+    folder of images or a folder of per-split datasets; the message says what it is and what to
+    run."""
 
 
 class ManifestError(FeedpipeError):

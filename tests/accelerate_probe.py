@@ -16,6 +16,7 @@ import torch
 from accelerate import Accelerator
 
 import feedpipe
+from feedpipe import Output, Sampler
 from feedpipe.integrations.accelerate import prepare
 
 cfg = json.loads(Path(sys.argv[1]).read_text())
@@ -23,11 +24,11 @@ out = Path(cfg["out"])
 accelerator = Accelerator(cpu=True, gradient_accumulation_steps=cfg.get("accum", 1),
                           log_with="tensorboard", project_dir=str(out / "tb"))
 accelerator.init_trackers(cfg["run"])
-kw = dict(size=16, dtype="uint8", device="cpu", seed=3, fields=["image", "label"])
+kw = dict(size=16, device="cpu", seed=3, fields=["image", "label"], output=Output(dtype="uint8"))
 train = feedpipe.make_loader(cfg["data"], cfg["batch"], num_workers=cfg.get("workers", 0),
-                             uneven="mask", **kw)
+                             sampler=Sampler(uneven="mask"), **kw)
 val = feedpipe.make_loader(cfg["val"], cfg["batch"], num_workers=0, shuffle=False,
-                           uneven="mask", **kw)
+                           sampler=Sampler(uneven="mask"), **kw)
 model = torch.nn.Linear(3, 3)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 model, optimizer, train, val = prepare(accelerator, model, optimizer, train, val)

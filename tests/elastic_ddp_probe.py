@@ -13,14 +13,16 @@ from pathlib import Path
 import torch.distributed as dist
 
 import feedpipe
+from feedpipe import Output
 from feedpipe.loader.config import usable_cores
 
 dist.init_process_group("gloo")
 data, out, mode, batch = sys.argv[1], Path(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 workers = sys.argv[5] if sys.argv[5] == "auto" else int(sys.argv[5])
 rank = dist.get_rank()
-loader = feedpipe.make_loader(data, batch, size=16, dtype="uint8", device="cpu", seed=3,
-                              fields=["image", "path"], num_workers=workers)
+loader = feedpipe.make_loader(data, batch, size=16, device="cpu", seed=3,
+                              fields=["image", "path"], num_workers=workers,
+                              output=Output(dtype="uint8"))
 loader.set_epoch(1)
 if mode == "post":
     loader.load_state_dict(json.loads((out / "state.json").read_text()))

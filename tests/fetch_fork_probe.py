@@ -13,6 +13,7 @@ from pathlib import Path
 from fp_helpers import batch_digests, remote_batches
 from servers import s3_options
 
+from feedpipe import Workers
 from feedpipe.dataset.remote import open_remote
 from feedpipe.storage import download, fetch
 
@@ -23,7 +24,8 @@ options = s3_options(endpoint)
 def digests(cache_dir: Path) -> list[dict[str, object]]:
     """One epoch with 2 forked workers; no plan-ahead prefetch, so the workers fetch the shards."""
     ds = open_remote(url, cache_dir=cache_dir, storage_options=options, prefetch=0)
-    return batch_digests(remote_batches(ds, num_workers=2, multiprocessing_context="fork"))
+    return batch_digests(remote_batches(ds, num_workers=2,
+                                        workers=Workers(multiprocessing_context="fork")))
 
 
 result = {"clean": digests(cache / "clean"), "parent_used_obstore": fetch._RUNTIME_PID is not None}

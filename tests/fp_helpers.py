@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 from torch.utils.data import Dataset
 
+from feedpipe import Output
 from feedpipe.dataset.registry import DatasetReader
 
 CLI = [sys.executable, "-m", "feedpipe.cli"]
@@ -190,7 +191,8 @@ def data_files(root: Path) -> dict[str, int]:
 
 
 #: the loader settings the remote-storage tests read a dataset with, remote and local alike
-REMOTE_KW: dict[str, Any] = dict(size=48, dtype="uint8", device="cpu", seed=5, num_workers=0)
+REMOTE_KW: dict[str, Any] = dict(size=48, device="cpu", seed=5, num_workers=0,
+                                 output=Output(dtype="uint8"))
 
 
 def remote_batches(source: Any, **extra: Any) -> list[dict[str, Any]]:

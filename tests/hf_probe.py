@@ -15,6 +15,7 @@ import torch
 from transformers import TrainerCallback, TrainingArguments
 
 import feedpipe
+from feedpipe import Output, Sampler
 from feedpipe.integrations.transformers import FeedpipeTrainer
 
 cfg = json.loads(Path(sys.argv[1]).read_text())
@@ -49,8 +50,8 @@ def count(pred):
             "distinct": float(len(np.unique(pred.label_ids)))}
 
 
-kw = dict(size=16, dtype="uint8", device="cpu", seed=3, fields=["image", "label"],
-          num_workers=0)
+kw = dict(size=16, device="cpu", seed=3, fields=["image", "label"],
+          num_workers=0, output=Output(dtype="uint8"))
 model = Model()
 args = TrainingArguments(output_dir=str(out / f"ckpt-{cfg['run']}"), num_train_epochs=cfg["epochs"],
                          save_strategy="steps", save_steps=3, logging_steps=1, report_to=[],
@@ -58,9 +59,10 @@ args = TrainingArguments(output_dir=str(out / f"ckpt-{cfg['run']}"), num_train_e
                          label_names=["labels"], disable_tqdm=True)
 trainer = FeedpipeTrainer(
     model=model, args=args, callbacks=[Stop()], compute_metrics=count,
-    train_loader=feedpipe.make_loader(cfg["data"], cfg["batch"], uneven="mask", **kw),
-    eval_loader=feedpipe.make_loader(cfg["val"], cfg["batch"], shuffle=False, uneven="mask",
-                                     **kw),
+    train_loader=feedpipe.make_loader(cfg["data"], cfg["batch"], sampler=Sampler(uneven="mask"),
+                                      **kw),
+    eval_loader=feedpipe.make_loader(cfg["val"], cfg["batch"], shuffle=False,
+                                     sampler=Sampler(uneven="mask"), **kw),
     rename={"index": "index"})
 trainer.train(resume_from_checkpoint=cfg.get("resume"))
 metrics = trainer.evaluate()

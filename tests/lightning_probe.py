@@ -18,6 +18,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger
 
+from feedpipe import Output, Sampler
 from feedpipe.integrations.lightning import FeedpipeDataModule
 
 cfg = json.loads(Path(sys.argv[1]).read_text())
@@ -51,8 +52,9 @@ class Model(pl.LightningModule):
 
 
 dm = FeedpipeDataModule(cfg["data"], cfg.get("val"), batch_size=cfg["batch"], size=16,
-                        dtype="uint8", device="cpu", num_workers=cfg.get("workers", 0), seed=3,
-                        fields=["image", "label"], uneven="mask")
+                        device="cpu", num_workers=cfg.get("workers", 0), seed=3,
+                        fields=["image", "label"], output=Output(dtype="uint8"),
+                        sampler=Sampler(uneven="mask"))
 callbacks = []
 if cfg.get("every"):
     callbacks.append(ModelCheckpoint(dirpath=out / "ckpt", every_n_train_steps=cfg["every"],

@@ -24,6 +24,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import feedpipe
+from feedpipe import Output
 from feedpipe.errors import ConfigError
 from feedpipe.loader.affine import affine_matrix
 from feedpipe.loader.config import LoaderConfig
@@ -278,8 +279,8 @@ def _dataset(root: Path) -> Path:
 def affine_loader(path: Path, aff: RandomAffine | None, **kw) -> TorchLoader:
     """The torch loader with ``affine=aff``, from make_loader."""
     opts = {**dict(size=(48, 56), crop="random_resized_crop", flip=True, seed=5, shuffle=False,
-                   dtype="uint8", mean=None, std=None, num_workers=0, device="cpu",
-                   fields=["image", "mask", "kp", "boxes"]), **kw}
+                   output=Output(dtype="uint8", mean=None, std=None), num_workers=0,
+                   device="cpu", fields=["image", "mask", "kp", "boxes"]), **kw}
     ld = feedpipe.make_loader(path, 8, affine=aff, **opts)
     assert isinstance(ld, TorchLoader)
     return ld

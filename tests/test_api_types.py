@@ -1,5 +1,6 @@
-"""The public API's shape: make_loader's explicit signature, typo suggestions, and LoaderConfig's
-check of every option by type (driven by its annotations) as well as by value."""
+"""The public API's shape: make_loader's short signature and option groups, help() on one
+screen, typo suggestions, the old keywords' new homes, and LoaderConfig's check of every option
+by type (driven by its annotations) as well as by value."""
 
 from __future__ import annotations
 
@@ -7,39 +8,114 @@ import dataclasses
 import inspect
 import pydoc
 import re
+import textwrap
+from pathlib import Path
 from typing import Literal, Optional
 
 import pytest
+import torch
 
+import converters
 import feedpipe
+from feedpipe import Output
 from feedpipe.checks import conforms, describe
 from feedpipe.errors import ConfigError
-from feedpipe.loader.api import make_loader
+from feedpipe.loader.api import MOVED, make_loader
 from feedpipe.loader.config import LoaderConfig
+from feedpipe.loader.options import _FLAT
 
 
-def test_signature_shows_every_option_with_its_default():
+def test_signature_is_short_and_every_option_reachable_once_with_one_default():
+    """About 15 keywords; every LoaderConfig option is either one of them or a field of one
+    option group, with the same default there as in the config (they cannot drift)."""
     params = inspect.signature(feedpipe.make_loader).parameters
-    options = {f.name: f.default for f in dataclasses.fields(LoaderConfig)
-               if f.name != "batch_size"}
     assert list(params)[:2] == ["source", "batch_size"]
     shown = {n: p.default for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert shown.pop("world") is None
-    assert shown == options  # one set of defaults: the signature cannot drift from the config
-    doc = pydoc.render_doc(feedpipe.make_loader)
-    for name in options:
-        assert f"``{name}``" in inspect.getdoc(make_loader)  # one documented line each
-        assert f"{name}:" in doc or f"{name}=" in doc  # help() shows it
+    assert len(shown) <= 16
+    config = {f.name: f.default for f in dataclasses.fields(LoaderConfig)
+              if f.name != "batch_size"}
+    reached: dict[str, object] = {n: d for n, d in shown.items() if n in config}
+    for group, names in _FLAT.items():
+        for f in dataclasses.fields(group):
+            if f.name in names:
+                assert names[f.name] not in reached, names[f.name]  # one place each
+                reached[names[f.name]] = f.default
+    for f in dataclasses.fields(feedpipe.Remote)[1:]:  # a source: opens its URL itself
+        reached[f.name] = f.default
+    assert reached == config
+    doc = inspect.getdoc(make_loader)
+    for name in shown:  # one documented line each
+        assert re.search(rf"^(\w+, )*{name}(, \w+)*: ", doc, re.M), name
+
+
+def test_help_fits_on_one_screen():
+    """help(feedpipe.make_loader) on a 100-column terminal: at most 50 lines."""
+    text = pydoc.render_doc(feedpipe.make_loader, renderer=pydoc.plaintext)
+    lines = [w for line in text.splitlines() for w in textwrap.wrap(line, 100) or [""]]
+    assert len(lines) <= 50, len(lines)
+
+
+def test_the_common_case_is_one_line_and_groups_fold_into_the_config(packed):
+    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, crop="random_resized_crop", flip=True)
+    assert next(iter(ld))["image"].shape[1:] == (3, 32, 32)
+    ld = feedpipe.make_loader(
+        packed["lmdb"], 8, size=32, crop=feedpipe.RandomResizedCrop(scale=(0.5, 1.0)),
+        device="cpu", num_workers=0, workers=feedpipe.Workers(on_error="skip"),
+        output=feedpipe.Output(dtype="uint8", mean=None, std=None),
+        sampler=feedpipe.Sampler(shuffle_window=2), backend="torch")
+    cfg = ld.cfg
+    assert (cfg.crop, cfg.scale, cfg.on_error, cfg.dtype, cfg.mean, cfg.shuffle_window) == \
+        ("random_resized_crop", (0.5, 1.0), "skip", "uint8", None, 2)
+    assert next(iter(ld))["image"].dtype == torch.uint8
+    assert feedpipe.convert is converters.convert  # Python's convert, beside make_loader
 
 
 @pytest.mark.parametrize("typo, close", [("flp", "flip"), ("num_worker", "num_workers"),
                                           ("szie", "size")])
 def test_typo_names_the_keyword_and_the_closest_option(packed, typo, close):
-    with pytest.raises(TypeError, match=rf"make_loader\(\) got an unexpected keyword argument "
-                       rf"'{typo}'; did you mean '{close}'\?"):
+    with pytest.raises(ConfigError, match=rf"make_loader\(\) got an unexpected keyword argument "
+                       rf"'{typo}'; did you mean '{close}'\?") as exc:
         feedpipe.make_loader(packed["lmdb"], 4, **{typo: 1})
-    with pytest.raises(TypeError, match="the options are shuffle, seed"):
+    assert exc.value.option == typo
+    with pytest.raises(ConfigError, match="the options are shuffle, seed"):
         feedpipe.make_loader(packed["lmdb"], 4, qqqqqq=1)
+
+
+@pytest.mark.parametrize("group, typo, close", [
+    (feedpipe.Workers, "prefech_factor", "prefetch_factor"), (feedpipe.Output, "dtyp", "dtype"),
+    (feedpipe.Sampler, "uneve", "uneven"), (feedpipe.RandomResizedCrop, "scales", "scale"),
+    (feedpipe.Dali, "readr", "reader"), (feedpipe.Remote, "cache_dri", "cache_dir"),
+    (feedpipe.Mix, "weigths", "weights"),
+])
+def test_typo_in_an_option_group_names_the_closest_field(group, typo, close):
+    args = ("s3://b/d",) if group is feedpipe.Remote else ([],) if group is feedpipe.Mix else ()
+    with pytest.raises(ConfigError, match=rf"{group.__name__}\(\) got an unexpected keyword "
+                       rf"argument '{typo}'; did you mean '{close}'\?") as exc:
+        group(*args, **{typo: 1})
+    assert exc.value.option == typo
+
+
+def test_every_old_keyword_names_its_new_home(packed):
+    """The flat keywords of before 0.1: each gets a ConfigError that says where it went, and the
+    README's mapping paragraph names every one."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    mapping = readme[readme.index("### Options moved in 0.1"):]
+    mapping = mapping[:mapping.index("\n#", 1)]
+    for old, new in MOVED.items():
+        group = re.match(r"(\w+)=feedpipe\.(\w+)\(", new)
+        assert group, new
+        with pytest.raises(ConfigError, match=re.escape(f"{old}= moved: use {new}")) as exc:
+            feedpipe.make_loader(packed["lmdb"], 4, **{old: None})
+        assert exc.value.option == old
+        param, cls = group.groups()
+        assert param in inspect.signature(make_loader).parameters
+        field = new[new.index("(") + 1:].split("=")[0].split(", ")[-1]
+        assert field in {f.name for f in dataclasses.fields(getattr(feedpipe, cls))}, new
+        assert f"`{old}=`" in mapping, old  # the README says it too
+    with pytest.raises(ConfigError, match=r"num_workers='tune' moved: use workers=feedpipe\."
+                       r"tuned\(\)") as exc:
+        feedpipe.make_loader(packed["lmdb"], 4, num_workers="tune")
+    assert exc.value.option == "num_workers" and "`num_workers=\"tune\"`" in mapping
 
 
 @pytest.mark.parametrize("option, value, accepted", [
@@ -50,7 +126,7 @@ def test_typo_names_the_keyword_and_the_closest_option(packed, typo, close):
     ("size", (224, 224.0), r"\(height, width\)"),
     ("scale", "ab", r"a \(float, float\) tuple"),
     ("pin_memory", "yes", "True, False or 'auto'"),
-    ("num_workers", 2.0, "'auto', 'tune'"),
+    ("num_workers", 2.0, "'auto' or an int"),
     ("dtype", "int7", "'float32', 'float16', 'bfloat16' or 'uint8'"),
     ("multiprocessing_context", "thread", "'fork', 'spawn', 'forkserver' or None"),
     ("device", 3, "a str"),
@@ -108,7 +184,7 @@ def test_convert_resize_is_height_width_in_python_and_cli(tmp_path, photo_dir, c
     assert rc == 0, err
     assert feedpipe.open_dataset(tmp_path / "cli")[0]["image"].shape == (24, 40, 3)
     loader = feedpipe.make_loader(tmp_path / "cli", 4, size=(24, 40), crop="resize",
-                                  dtype="uint8", device="cpu", num_workers=0)
+                                  device="cpu", num_workers=0, output=Output(dtype="uint8"))
     assert tuple(next(iter(loader))["image"].shape[2:]) == (24, 40)  # the same order both ends
 
 
@@ -163,20 +239,19 @@ def test_default_fields_are_decided_once():
     assert LoaderConfig(4, fields=["mask"]).fields_in({"image", "mask"}) == ("mask",)
 
 
-def test_convert_takes_the_image_options_whole(tmp_path, photo_dir):
-    from converters import PackOptions, convert
+def test_convert_takes_the_image_options_as_keywords_only(tmp_path, photo_dir):
+    """One way to pass options (issue 25): keywords; ``options=PackOptions`` is gone."""
+    from converters import convert
 
-    opts = PackOptions(store="raw", resize=(24, 40), codec="png")
-    convert(photo_dir, tmp_path / "whole", to="hdf5", workers=0, options=opts)
-    ds = feedpipe.open_dataset(tmp_path / "whole")
+    convert(photo_dir, tmp_path / "kw", to="hdf5", workers=0, store="raw", resize=(24, 40),
+            codec="png")
+    ds = feedpipe.open_dataset(tmp_path / "kw")
     assert ds.schema["image"].shape == (24, 40, 3)
     conversion = ds.manifest.conversion
     assert (conversion["store"], tuple(conversion["resize"])) == ("raw", (24, 40))
-    with pytest.raises(ConfigError, match=r"options= holds the image options: set quality, "
-                       r"targets in PackOptions"):
-        convert(photo_dir, tmp_path / "both", to="lmdb", workers=0, options=opts, quality=50,
-                targets=["boundary"])
+    with pytest.raises(TypeError, match="options"):
+        convert(photo_dir, tmp_path / "both", to="lmdb", workers=0,  # type: ignore[call-arg]
+                options=None)
     with pytest.raises(ConfigError, match="targets are computed from masks"):
-        convert(photo_dir, tmp_path / "nomask", to="lmdb", workers=0,
-                options=PackOptions(targets=["boundary"]))
+        convert(photo_dir, tmp_path / "nomask", to="lmdb", workers=0, targets=["boundary"])
     assert not (tmp_path / "both").exists() and not (tmp_path / "nomask").exists()

@@ -290,6 +290,54 @@ def test_same_generator_state_same_batch_and_input_untouched(op):
         assert torch.equal(op(cl, gen(5))["image"], a["image"])  # the loader's layout
 
 
+@pytest.mark.parametrize("op", all_ops()[:3], ids=lambda op: type(op).__name__)
+def test_in_place_apply_adjusts_the_image_given_with_the_same_result(op):
+    for dtype in (torch.float32, torch.uint8):
+        b = batch(dtype=dtype)
+        b["image"] = b["image"].contiguous(memory_format=torch.channels_last)
+        p = op.params(b, gen(5))
+        want = op.apply(b, p)["image"]
+        got = op.apply(b, p, inplace=True)["image"]
+        assert got is b["image"] and torch.equal(got, want)
+
+
+def test_a_chain_makes_one_new_image_and_matches_its_steps_one_by_one(monkeypatch):
+    """After a built-in step, the next built-ins adjust the image it made (nobody else holds it):
+    one new batch per chain, where each step's copy cost more than its work."""
+    steps = [ColorJitter(0.4, 0.4, 0.4), RandomGrayscale(0.5), RandomErasing(1.0)]
+    b = batch()
+    before = b["image"].clone()
+    g, want = gen(3), b
+    for step in steps:
+        want = step(want, g)
+    made = []
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda *a, **k: made.append(1) or empty_like(*a, **k))
+    clones = []
+    clone = torch.Tensor.clone
+    monkeypatch.setattr(torch.Tensor, "clone", lambda t, *a, **k: clones.append(1) or clone(t, *a, **k))
+    got = BatchOps(steps)(b, gen(3))
+    assert torch.equal(got["image"], want["image"]) and torch.equal(b["image"], before)
+    assert len(made) == 1 and not clones  # ColorJitter's output, adjusted in place after it
+    user = BatchOps([steps[0], lambda bb, _: dict(bb), steps[2]])  # a user step ends the chain
+    clones.clear()
+    user(b, gen(3))
+    assert len(clones) == 1
+
+
+def test_the_loaders_pipeline_adjusts_the_image_it_is_handed():
+    """batch_ops (make_loader's pipeline) owns its input: the loader makes a new image per
+    batch, so even the first step allocates nothing; a BatchOps by default leaves it alone."""
+    steps = [ColorJitter(0.4, 0.4, 0.4), RandomErasing(1.0)]
+    b = batch()
+    want = BatchOps(steps)(b, gen(3))["image"]
+    assert not torch.equal(want, b["image"])
+    pipeline = augment.batch_ops(steps)
+    assert pipeline.owns_input and augment.batch_ops(BatchOps(steps)).owns_input
+    got = pipeline(b, gen(3))["image"]
+    assert got is b["image"] and torch.equal(got, want)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("op", all_ops(), ids=lambda op: type(op).__name__)
 def test_cuda_matches_cpu(op):

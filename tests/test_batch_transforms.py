@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import feedpipe
+from feedpipe import Output
 from feedpipe.errors import ConfigError
 from feedpipe.loader.augment import ColorJitter, MixUp, RandomErasing, RandomGrayscale
 from feedpipe.loader.config import IMAGENET_MEAN, IMAGENET_STD
@@ -23,7 +24,7 @@ def epoch(path, **kw):
 
 def test_the_recipe_is_the_plain_batch_operated_on_then_normalized(packed):
     got = epoch(packed["lmdb"], batch_transforms=RECIPE, num_workers=0, **KW)
-    plain = epoch(packed["lmdb"], num_workers=0, dtype="uint8", **KW)
+    plain = epoch(packed["lmdb"], num_workers=0, output=Output(dtype="uint8"), **KW)
     mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     for number, (a, b) in enumerate(zip(got, plain)):
@@ -53,7 +54,7 @@ def test_same_batches_for_any_workers_and_after_a_resume(packed):
 
 
 def test_uint8_output_and_mixup_labels(packed):
-    kw = {**KW, "dtype": "uint8"}
+    kw = {**KW, "output": Output(dtype="uint8")}
     for b in feedpipe.make_loader(packed["lmdb"], 8, num_workers=2, **kw,
                                   batch_transforms=[ColorJitter(0.3), MixUp(0.4, 4)]):
         assert b["image"].dtype == torch.uint8 and b["image"].shape[1:] == (3, 24, 24)
@@ -65,9 +66,9 @@ def test_user_functions_and_refusals(packed):
     def halve(batch, gen):
         return {**batch, "image": batch["image"] * 0.5}
 
-    half = epoch(packed["lmdb"], batch_transforms=[halve], num_workers=0, mean=None, std=None,
-                 **KW)
-    full = epoch(packed["lmdb"], num_workers=0, mean=None, std=None, **KW)
+    half = epoch(packed["lmdb"], batch_transforms=[halve], num_workers=0,
+                 output=Output(mean=None, std=None), **KW)
+    full = epoch(packed["lmdb"], num_workers=0, output=Output(mean=None, std=None), **KW)
     assert all(torch.allclose(a["image"], b["image"] * 0.5) for a, b in zip(half, full))
     with pytest.raises(ConfigError, match="batch_transforms="):
         feedpipe.make_loader(packed["lmdb"], 8, batch_transforms="jitter", **KW)

@@ -69,6 +69,8 @@ def check_against_pycocotools(out: Path, instances: Path) -> None:
     cat_ids = sorted(coco.getCatIds())
     names = [coco.loadCats(c)[0]["name"] for c in cat_ids]
     assert ds.schema["boxes"].classes == tuple(names) == ds.classes
+    class_ids = ds.schema["boxes"].class_ids  # each label's COCO category_id
+    assert class_ids == tuple(cat_ids)
     by_name = {ds[i]["path"]: ds[i] for i in range(len(ds))}
     assert len(by_name) == len(coco.getImgIds())  # images without annotations are kept
     total = 0
@@ -81,6 +83,7 @@ def check_against_pycocotools(out: Path, instances: Path) -> None:
         np.testing.assert_array_equal(s["boxes"]["boxes"], want)
         assert [names[k] for k in s["boxes"]["labels"]] == \
             [coco.loadCats(a["category_id"])[0]["name"] for a in anns]
+        assert [class_ids[k] for k in s["boxes"]["labels"]] == [a["category_id"] for a in anns]
         assert s["boxes"]["iscrowd"].tolist() == [a["iscrowd"] for a in anns]
         assert s["meta"] == {"coco_id": img["id"]}
         total += len(anns)
@@ -116,4 +119,41 @@ def test_coco_unknown_category_is_refused(coco_src: tuple[Path, Path], tmp_path:
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps(doc))
     with pytest.raises(feedpipe.errors.BadInputError, match="category 99"):
+        convert(src, tmp_path / "out", to="lmdb", coco=bad, workers=0)
+
+
+def test_coco_results_map_back_for_cocoeval(coco_src: tuple[Path, Path], tmp_path: Path) -> None:
+    """Issue 27: detections made from the packed dataset (its boxes as perfect predictions)
+    go back to COCO's own ids through ``meta['coco_id']`` and the boxes field's ``class_ids``,
+    and pycocotools' COCOeval scores them AP 1.0."""
+    from pycocotools.cocoeval import COCOeval
+
+    src, instances = coco_src
+    convert(src, tmp_path / "out", to="lmdb", coco=instances, workers=0)
+    ds = feedpipe.open_dataset(tmp_path / "out")
+    class_ids = ds.schema["boxes"].class_ids
+    results = []
+    for i in range(len(ds)):
+        s = ds[i]
+        for box, label, crowd in zip(s["boxes"]["boxes"], s["boxes"]["labels"],
+                                     s["boxes"]["iscrowd"]):
+            if not crowd:
+                x1, y1, x2, y2 = map(float, box)
+                results.append({"image_id": s["meta"]["coco_id"], "score": 1.0,
+                                "category_id": class_ids[label], "bbox": [x1, y1, x2 - x1, y2 - y1]})
+    gt = pycocotools_coco.COCO(str(instances))
+    ev = COCOeval(gt, gt.loadRes(results), "bbox")
+    ev.evaluate()
+    ev.accumulate()
+    ev.summarize()
+    assert ev.stats[0] > 0.99  # AP@[.5:.95]: every box found with its own category id
+
+
+def test_coco_category_ids_must_be_integers(coco_src: tuple[Path, Path], tmp_path: Path) -> None:
+    src, instances = coco_src
+    doc = json.loads(instances.read_text())
+    doc["categories"][0]["id"] = "dog"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(doc))
+    with pytest.raises(feedpipe.errors.BadInputError, match="category ids must be integers"):
         convert(src, tmp_path / "out", to="lmdb", coco=bad, workers=0)

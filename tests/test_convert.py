@@ -17,7 +17,11 @@ import feedpipe
 from converters import convert, scan
 from feedpipe.dataset.manifest import Manifest
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import ConfigError, IncompleteDatasetError, NothingConvertedError
+from feedpipe.errors import (
+    ConfigError,
+    NotADatasetError,
+    NothingConvertedError,
+)
 
 
 def data_files(root: Path) -> dict[str, bytes]:
@@ -106,7 +110,7 @@ def test_val_split_cli_deterministic_disjoint_complete(tmp_path, photo_dir, phot
         assert ds.manifest.conversion["split"] == part
         labels = {p.rel: p.label for p in photos}
         assert all(s["label"] == labels[s["path"]] for s in all_raw(out / part))
-    with pytest.raises(IncompleteDatasetError, match="train"):
+    with pytest.raises(NotADatasetError, match="one per split"):
         feedpipe.open_dataset(out)  # the parent is not a dataset; the error says where to look
 
 

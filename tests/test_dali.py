@@ -14,6 +14,8 @@ import psutil
 import pytest
 import torch
 
+from feedpipe import Dali, Output, Sampler, Workers
+
 pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported; pip install "
                     "'feedpipe[test]'")  # CI installs nvidia-dali-cuda130 with [test]
 
@@ -32,11 +34,11 @@ from feedpipe.loader.dali.index import DaliIndex
 from feedpipe.loader.sampler import World
 
 CPU = torch.device("cpu")
-U8 = dict(dtype="uint8", device="cpu")
+U8 = dict(device="cpu", output=Output(dtype="uint8"))
 
 
 def dali(path, batch_size, **kw):
-    return feedpipe.make_loader(path, batch_size, backend="dali", **kw)
+    return feedpipe.make_loader(path, batch_size, **{"backend": "dali", **kw})
 
 
 def torch_ld(path, batch_size, **kw):
@@ -72,7 +74,7 @@ def wds_copy(packed, copy_dataset) -> Path:
 def test_output_contract(packed, dtype, channels_last):
     """Keys, dtypes, shapes, layout and normalization as the torch backend promises."""
     kw = dict(size=(40, 56), seed=1, device="cpu", fields=["image", "label", "path"])
-    ld = dali(packed["lmdb"], 16, dtype=dtype, channels_last=channels_last, **kw)
+    ld = dali(packed["lmdb"], 16, output=Output(dtype=dtype, channels_last=channels_last), **kw)
     assert isinstance(ld, DaliLoader) and len(ld) == 5
     batches = list(ld)
     assert [len(b["label"]) for b in batches] == [16] * 4 + [8]
@@ -83,20 +85,22 @@ def test_output_contract(packed, dtype, channels_last):
     assert x.is_contiguous(memory_format=torch.channels_last if channels_last
                            else torch.contiguous_format)
     assert b["label"].dtype == torch.int64 and isinstance(b["path"], list)
-    ref = next(iter(torch_ld(packed["lmdb"], 16, dtype=dtype, channels_last=channels_last,
+    ref = next(iter(torch_ld(packed["lmdb"], 16, output=Output(dtype=dtype, channels_last=channels_last),
                              **kw)))  # the torch backend's batch: same structure, field by field
     assert list(ref) == list(b) and ref["path"] == b["path"]
     for k in ("image", "label"):
         assert (b[k].dtype, b[k].shape, b[k].stride()) == (ref[k].dtype, ref[k].shape,
                                                            ref[k].stride())
     if dtype != "uint8":  # normalization of the very same pixels, done by hand
-        raw = next(iter(dali(packed["lmdb"], 16, dtype="uint8", **kw)))["image"].float()
+        raw = next(iter(dali(packed["lmdb"], 16, output=Output(dtype="uint8"),
+                             **kw)))["image"].float()
         mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
         std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
         tol = {"float32": 1e-5, "float16": 4e-3, "bfloat16": 3e-2}[dtype]
         torch.testing.assert_close(x.float(), (raw / 255 - mean) / std, atol=tol, rtol=0)
-    plain = next(iter(dali(packed["lmdb"], 16, dtype="float32", mean=None, std=None, **kw)))
-    raw = next(iter(dali(packed["lmdb"], 16, dtype="uint8", **kw)))["image"]
+    plain = next(iter(dali(packed["lmdb"], 16, output=Output(dtype="float32", mean=None, std=None),
+                           **kw)))
+    raw = next(iter(dali(packed["lmdb"], 16, output=Output(dtype="uint8"), **kw)))["image"]
     torch.testing.assert_close(plain["image"], raw.float() / 255, atol=1e-6, rtol=0)
 
 
@@ -150,15 +154,14 @@ def test_raw_images_skip_decoding(raw48):
 @pytest.mark.parametrize("uneven,drop_last", [("pad", False), ("drop", True)])
 def test_two_ranks(packed, fmt, uneven, drop_last):
     """World(0, 2) and World(1, 2): the torch backend's per-rank plan, equal batch counts."""
-    kw = dict(size=32, seed=5, uneven=uneven, drop_last=drop_last, fields=["image", "path"],
-              **U8)
+    kw = dict(size=32, seed=5, drop_last=drop_last, fields=["image", "path"], **U8)
     per_rank = []
     for rank in (0, 1):
-        world = World(rank, 2)
-        ld = dali(packed[fmt], 8, world=world, **kw)
+        sampler = Sampler(World(rank, 2), uneven)
+        ld = dali(packed[fmt], 8, sampler=sampler, **kw)
         got = list(ld)
         assert len(got) == len(ld)
-        assert paths(got) == paths(torch_ld(packed[fmt], 8, world=world, **kw))
+        assert paths(got) == paths(torch_ld(packed[fmt], 8, sampler=sampler, **kw))
         per_rank.append(got)
     assert len(per_rank[0]) == len(per_rank[1]) > 0
     seen = set(paths(per_rank[0])) | set(paths(per_rank[1]))
@@ -220,7 +223,8 @@ def test_parallel_readers_match_main_thread(packed):
               **U8)
     ref = list(dali(packed["wds"], 10, num_workers=0, **kw))
     before = {p.pid for p in psutil.Process().children()}
-    ld = dali(packed["wds"], 10, num_workers=2, multiprocessing_context="fork", **kw)
+    ld = dali(packed["wds"], 10, num_workers=2, workers=Workers(multiprocessing_context="fork"),
+              **kw)
     peek = next(iter(ld))
     assert len({p.pid for p in psutil.Process().children()} - before) == 2  # the reader workers
     got = list(ld)  # a new iteration: the epoch from its first batch again
@@ -238,9 +242,9 @@ def test_corrupt_jpeg_names_the_record(tmp_path):
 
 def test_requests_dali_cannot_serve(packed, tmp_path):
     with pytest.raises(ConfigError, match="on_error='skip' needs backend='torch'"):
-        dali(packed["lmdb"], 8, size=32, on_error="skip", **U8)
+        dali(packed["lmdb"], 8, size=32, workers=Workers(on_error="skip"), **U8)
     with pytest.raises(ConfigError, match="dali_reader='webdataset' reads WebDataset"):
-        dali(packed["lmdb"], 8, size=32, dali_reader="webdataset", **U8)
+        dali(packed["lmdb"], 8, size=32, backend=Dali(reader="webdataset"), **U8)
     with pytest.raises(ConfigError, match="varying size"):
         dali(packed["lmdb"], 8, **U8)
     images, masks = write_shapes(tmp_path / "seg", [(40, 30)] * 3, seed=0)
@@ -250,8 +254,8 @@ def test_requests_dali_cannot_serve(packed, tmp_path):
     with pytest.raises(ConfigError, match="dali_hw_decoder_load"):
         LoaderConfig(batch_size=2, dali_hw_decoder_load=1.5)
     with pytest.raises(ConfigError, match="'fork' or 'spawn': use one of those"):
-        dali(packed["lmdb"], 8, size=32, num_workers=1, multiprocessing_context="forkserver",
-             **U8)
+        dali(packed["lmdb"], 8, size=32, num_workers=1,
+             workers=Workers(multiprocessing_context="forkserver"), **U8)
 
 
 def test_missing_dali_names_the_wheel(packed, monkeypatch):
@@ -326,11 +330,11 @@ def test_native_webdataset_reader(wds_copy):
     deterministic set_epoch and resume from a DALI checkpoint."""
     src = feedpipe.open_dataset(wds_copy)
     truth = {s["path"]: s["label"] for s in src}
-    kw = dict(size=32, crop="random_resized_crop", flip=True, seed=3, dali_reader="webdataset",
-              fields=["image", "label", "path"], **U8)
+    kw = dict(size=32, crop="random_resized_crop", flip=True, seed=3,
+              fields=["image", "label", "path"], backend=Dali(reader="webdataset"), **U8)
     runs = []
     for rank in (0, 1):
-        ld = dali(wds_copy, 10, world=World(rank, 2), **kw)
+        ld = dali(wds_copy, 10, sampler=Sampler(world=World(rank, 2)), **kw)
         assert isinstance(ld, DaliWdsLoader)
         got = list(ld)
         assert len(got) == len(ld) == 4  # 36 samples per rank: 10, 10, 10, 6
@@ -358,4 +362,4 @@ def test_native_webdataset_reader(wds_copy):
     assert paths(tail) == paths(e1[4:])
     assert all(torch.equal(a["image"], b["image"]) for a, b in zip(tail, e1[4:]))
     with pytest.raises(ValueError, match="dali_reader"):
-        dali(wds_copy, 8, **{**kw, "dali_reader": "plan"}).load_state_dict(state)
+        dali(wds_copy, 8, **{**kw, "backend": Dali(reader="plan")}).load_state_dict(state)

@@ -20,6 +20,7 @@ from converters import convert
 from converters.merge import merge
 from converters.parts import Part
 from converters.synth import make_photos
+from feedpipe import Workers
 from feedpipe.dataset.formats.lmdb import ID_KEY
 from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.dataset.verify import verify
@@ -50,7 +51,7 @@ def refused_everywhere(root: Path, name: str, match: str) -> None:
     assert exc.value.file == root / name
     for on_error in ("raise", "skip"):
         with pytest.raises(DataFileMismatchError, match=name):
-            next(iter(feedpipe.make_loader(root, 8, on_error=on_error, **KW)))
+            next(iter(feedpipe.make_loader(root, 8, workers=Workers(on_error=on_error), **KW)))
     assert any(name in p and "dataset" in p for p in verify(root).problems)
 
 

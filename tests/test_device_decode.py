@@ -21,15 +21,16 @@ from test_loader import _corrupt_dataset
 
 import feedpipe
 from converters import convert
+from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError, CorruptRecordError
-from feedpipe.loader.api import LoaderConfig, TorchLoader
+from feedpipe.loader.api import TorchLoader, loader_config
 from feedpipe.loader.dataset import BatchDataset
 from feedpipe.loader.sampler import BatchRequest, World
 from feedpipe.loader.torch.device_decode import DeviceDecoder, EncodedBatch, choose, nvjpeg
 from feedpipe.loader.transforms import ImageOp
 
 CPU = torch.device("cpu")
-U8 = dict(dtype="uint8", device="cpu")
+U8 = dict(device="cpu", output=Output(dtype="uint8"))
 
 
 def cpu_decode(files: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -40,7 +41,7 @@ def cpu_decode(files: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def device_loader(path: Path, batch_size: int, **options) -> TorchLoader:
     """A torch-backend loader whose JPEGs are decoded by ``cpu_decode`` in the device stage."""
-    cfg = LoaderConfig(batch_size=batch_size, **options).resolve(cuda=False, decodes=True)
+    cfg = loader_config(batch_size, **options).resolve(cuda=False, decodes=True)
     return TorchLoader(feedpipe.open_dataset(path), cfg, World(0, 1), CPU,
                        DeviceDecoder(CPU, cpu_decode))
 
@@ -68,7 +69,7 @@ def test_same_batches_as_cpu_decode(packed, fmt, workers):
 
 
 def test_normalized_output_matches(packed):
-    kw = dict(size=48, shuffle=False, num_workers=0, device="cpu", dtype="float32")
+    kw = dict(size=48, shuffle=False, num_workers=0, device="cpu", output=Output(dtype="float32"))
     a = next(iter(feedpipe.make_loader(packed["hdf5"], 8, **kw)))["image"]
     b = next(iter(device_loader(packed["hdf5"], 8, **kw)))["image"]
     assert b.dtype == torch.float32 and b.shape == a.shape
@@ -131,7 +132,7 @@ def test_bad_records_are_caught_in_the_workers(tmp_path):
     kw = dict(size=16, shuffle=False, num_workers=0, **U8)
     with pytest.raises(CorruptRecordError, match="key 000000007.*truncated JPEG"):
         list(device_loader(root, 8, **kw))
-    ld = device_loader(root, 8, on_error="skip", **kw)
+    ld = device_loader(root, 8, workers=Workers(on_error="skip"), **kw)
     with pytest.warns(UserWarning, match="skipped 2 corrupt"):
         labels = torch.cat([b["label"] for b in ld]).tolist()
     assert len(labels) == 40 and 7 not in labels and 21 not in labels
@@ -187,7 +188,7 @@ def test_choice_of_decoder(packed, tmp_path):
     reason = nvjpeg(CPU)
     assert isinstance(reason, str) and "not cuda" in reason
     with pytest.raises(ConfigError, match="decode_on"):
-        feedpipe.make_loader(packed["lmdb"], 4, size=32, decode_on="gpu", **U8)
+        feedpipe.make_loader(packed["lmdb"], 4, size=32, workers=Workers(decode_on="gpu"), **U8)
     # on this machine (no CUDA) "auto" keeps decoding in the workers
     ld = feedpipe.make_loader(packed["lmdb"], 4, size=32, num_workers=0, **U8)
     assert ld.stage.decoder is None and not ld.batch_dataset.encoded_images

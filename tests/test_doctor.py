@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
 from fp_helpers import cli_main
 
 from converters import convert
+from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError
+from feedpipe.loader.config import PREFETCH_DECODE
+from feedpipe.loader.memory import ring_bytes
 from feedpipe.schema.imaging import decoder_info
 from feedpipe.tools import doctor, machine
 from feedpipe.tools.doctor import (
@@ -24,7 +28,6 @@ from feedpipe.tools.doctor import (
     check_shm,
     check_threads,
     dataset_facts,
-    ring_bytes,
     run_doctor,
 )
 
@@ -40,7 +43,7 @@ def test_shm_tiny_medium_and_enough():
     batch = 64 * 224 * 224 * 3
     tiny = only(check_shm(64 * MiB, batch_size=64, size=224, workers=2))
     assert tiny.severity == "high" and "--shm-size=1g" in tiny.fix and "bus error" in tiny.title
-    ring = ring_bytes(64, 224, 2)
+    ring = ring_bytes(batch, 2, PREFETCH_DECODE)
     assert ring == 10 * batch
     mid = only(check_shm(8 * batch + 1, batch_size=64, size=224, workers=2))  # < 2 × ring
     assert mid.severity == "medium" and "slot ring" in mid.title and "shm-size" in mid.fix
@@ -48,7 +51,7 @@ def test_shm_tiny_medium_and_enough():
     assert only(check_shm(None, batch_size=64, size=224, workers=2)).severity == "high"
     assert only(check_shm(0, batch_size=64, size=224, workers=0)).severity == "ok"
     big = only(check_shm(MiB, batch_size=512, size=448, workers=16))
-    assert f"--shm-size={-(-2 * ring_bytes(512, 448, 16) // GiB)}g" in big.fix
+    assert f"--shm-size={-(-2 * ring_bytes(512 * 448 * 448 * 3, 16, 4) // GiB)}g" in big.fix
 
 
 def test_cores_affinity_and_quota():
@@ -124,6 +127,22 @@ def test_loose_files_are_the_top_finding(photo_dir):
     f = only(check_dataset(facts))
     assert f.severity == "high" and "loose image files" in f.title
     assert f"feedpipe convert {photo_dir} --to lmdb" in f.fix
+
+
+def test_the_loose_files_fix_runs_as_written(photo_dir, tmp_path, monkeypatch, capsys):
+    """The suggested convert command, then the suggested make_loader call, as printed: the call
+    used to lack a batch size and size= (variable-size photos cannot be batched without one)."""
+    import feedpipe
+
+    fix = only(check_dataset(dataset_facts(photo_dir), size=32)).fix
+    command, call = re.fullmatch(r"feedpipe (convert .*?) \(.*\), then (feedpipe\.make_loader"
+                                 r"\(.*\))", fix).groups()
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = cli_main(capsys, *command.split(), "-q")
+    assert rc == 0, err
+    loader = eval(call, {"feedpipe": feedpipe})  # noqa: S307 - the text doctor prints
+    batch = next(iter(loader))
+    assert batch["image"].shape[1:] == (3, 32, 32) and len(batch["label"]) == N
 
 
 def test_encoded_vs_raw(packed, photo_dir, tmp_path):
@@ -241,21 +260,25 @@ def test_cli_text_output(packed, capsys):
 
 
 def test_ring_bytes_are_one_arithmetic_for_the_loader_doctor_and_tune(packed):
-    """The slot ring's size comes from feedpipe.loader.config.ring_bytes everywhere: the ring a
-    real loader allocates, doctor's /dev/shm estimate and tune's RAM estimate."""
+    """The slot ring's size comes from feedpipe.loader.memory everywhere: the ring a real loader
+    allocates, doctor's /dev/shm estimate and tune's RAM estimate."""
     import feedpipe
-    from feedpipe.loader.config import PREFETCH_DECODE, ring_bytes, ring_slots
+    from feedpipe.loader.memory import ring_slots, shm_wanted
     from feedpipe.tools.tune.memory import loader_ram_bytes
 
-    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2, prefetch_factor=3,
-                              device="cpu", dtype="uint8")
+    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2, device="cpu",
+                              workers=Workers(prefetch_factor=3), output=Output(dtype="uint8"))
     next(iter(ld))
     ring = ld.ring
     assert ring is not None and ring.count == ring_slots(2, 3) == 8
     allocated = sum(t.untyped_storage().nbytes() for ts in ring.tensors.values() for t in ts)
     per_batch = allocated // ring.count
-    assert allocated == ring_bytes(per_batch, 2, 3) == ring.nbytes(
-        {k: (tuple(v[0].shape), v[0].numpy().dtype) for k, v in ring.tensors.items()}, 2, 3)
-    assert doctor.ring_bytes(64, 224, 2) == ring_bytes(64 * 224 * 224 * 3, 2, PREFETCH_DECODE)
+    assert allocated == ring_bytes(per_batch, 2, 3) == ring.nbytes
+    image = 64 * 224 * 224 * 3
+    mid = only(check_shm(shm_wanted(ring_bytes(image, 2, 4)) - 1, batch_size=64, size=224,
+                         workers=2))
+    assert mid.severity == "medium"  # doctor's headroom is the loader's: one byte short
+    assert only(check_shm(shm_wanted(ring_bytes(image, 2, 4)), batch_size=64, size=224,
+                          workers=2)).severity == "ok"
     assert loader_ram_bytes(100, 16, 2, 3) == ring_bytes(1600, 2, 3)
     assert loader_ram_bytes(100, 16, 0, 3) == 1600  # in-process: one batch at a time

@@ -12,18 +12,20 @@ import warnings
 import pytest
 
 import feedpipe
+from feedpipe import Output, Sampler
 from feedpipe.loader.sampler import World
 
 HAVE_DALI = importlib.util.find_spec("nvidia.dali") is not None
-KW = dict(size=16, seed=11, dtype="uint8", device="cpu", num_workers=0)
+KW = dict(size=16, seed=11, device="cpu", num_workers=0, output=Output(dtype="uint8"))
 
 
 def ranks(path, size, batch, backend="torch", **kw):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 4 shards for 5 ranks and the like
         fields = ["image", "path"] if backend == "dali" else ["path"]
-        return [feedpipe.make_loader(path, batch, world=World(r, size), backend=backend,
-                                     fields=fields, **{**KW, **kw}) for r in range(size)]
+        return [feedpipe.make_loader(path, batch, backend=backend,
+                                     fields=fields, sampler=Sampler(world=World(r, size)),
+                                     **{**KW, **kw}) for r in range(size)]
 
 
 def take(loaders, epoch, batches=None):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -23,17 +24,19 @@ from conftest import N_ODD as N
 
 import feedpipe
 from converters import convert
+from feedpipe import Output, Sampler
 from feedpipe.errors import ConfigError
 from feedpipe.loader.sampler import World
 
-KW = dict(size=16, seed=7, dtype="uint8", device="cpu", num_workers=0)
+KW = dict(size=16, seed=7, device="cpu", num_workers=0, output=Output(dtype="uint8"))
 
 
 def loaders(path, world, batch, **kw):
+    sampler = kw.pop("sampler", Sampler())  # its uneven, with each rank's world
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return [feedpipe.make_loader(path, batch, world=World(r, world), **{**KW, **kw})
-                for r in range(world)]
+        return [feedpipe.make_loader(path, batch, sampler=replace(sampler, world=World(r, world)),
+                                     **{**KW, **kw}) for r in range(world)]
 
 
 def keys(batch) -> list[int]:
@@ -107,7 +110,8 @@ def test_len_is_the_epochs_while_a_resumed_epoch_runs(odd, before, after):
 
 @pytest.mark.parametrize("world,batch", [(2, 8), (3, 5), (4, 16)])
 def test_mask_counts_every_sample_once_in_full_batches(odd, world, batch):
-    lds = loaders(odd["lmdb"], world, batch, shuffle=False, uneven="mask", fields=["label"])
+    lds = loaders(odd["lmdb"], world, batch, shuffle=False, fields=["label"],
+                  sampler=Sampler(uneven="mask"))
     per_rank = [take_len(ld) for ld in lds]
     assert len({len(r) for r in per_rank}) == 1
     gathered = []
@@ -124,7 +128,7 @@ def test_mask_counts_every_sample_once_in_full_batches(odd, world, batch):
 
 
 def test_mask_resumes_at_another_world_and_refuses_drop_last(odd):
-    lds = loaders(odd["wds"], 2, 8, uneven="mask", fields=["path"])
+    lds = loaders(odd["wds"], 2, 8, fields=["path"], sampler=Sampler(uneven="mask"))
     pre = []
     for ld in lds:
         it = iter(ld)
@@ -132,12 +136,12 @@ def test_mask_resumes_at_another_world_and_refuses_drop_last(odd):
     state = lds[0].state_dict()
     assert state["samples"] == 32
     post = []
-    for ld in loaders(odd["wds"], 3, 4, uneven="mask", fields=["path"]):
+    for ld in loaders(odd["wds"], 3, 4, fields=["path"], sampler=Sampler(uneven="mask")):
         ld.load_state_dict(state)
         post += [i for b in ld for i in b["index"][b["valid"]].tolist()]
     assert sorted(pre + post) == list(range(N))
     with pytest.raises(ConfigError, match="drop_last"):
-        loaders(odd["lmdb"], 1, 8, uneven="mask", drop_last=True)
+        loaders(odd["lmdb"], 1, 8, drop_last=True, sampler=Sampler(uneven="mask"))
 
 
 def test_one_shape_for_torch_compile(odd):
@@ -153,8 +157,8 @@ def test_one_shape_for_torch_compile(odd):
             step(b["image"])
         return torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
-    assert recompiles(uneven="mask") == 1
-    assert recompiles(uneven="pad") > 1
+    assert recompiles(sampler=Sampler(uneven="mask")) == 1
+    assert recompiles(sampler=Sampler(uneven="pad")) > 1
 
 
 def test_fewer_samples_left_than_ranks(odd):

@@ -15,6 +15,7 @@ import pytest
 from fp_helpers import CLI, cli_main, jpeg_bytes, run_cli
 
 import feedpipe
+from feedpipe import Output, Workers
 from feedpipe.cli import args as cli_args
 from feedpipe.cli import build_parser, main
 from feedpipe.cli import info as cli_info
@@ -35,7 +36,7 @@ from feedpipe.schema.fields import ImageField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
 SCHEMA = Schema((ImageField("image"), LabelField("label"), JsonField("path")))
-U8 = dict(dtype="uint8", mean=None, std=None, device="cpu")
+U8 = dict(device="cpu", output=Output(dtype="uint8", mean=None, std=None))
 
 
 def pack(fmt: str, root: Path, n: int, skipped: int = 0) -> Path:
@@ -83,7 +84,7 @@ def test_bad_json_record_is_a_corrupt_record_under_both_policies(tmp_path, fmt):
     with pytest.raises(CorruptRecordError, match="key 000000005") as exc:
         list(feedpipe.make_loader(root, 4, **kw))
     assert exc.value.key == "000000005"
-    ld = feedpipe.make_loader(root, 4, on_error="skip", **kw)
+    ld = feedpipe.make_loader(root, 4, workers=Workers(on_error="skip"), **kw)
     with pytest.warns(UserWarning, match="skipped 1 corrupt"):
         labels = [int(v) for b in ld for v in b["label"]]
     assert len(labels) == 16 and 5 not in labels

@@ -16,6 +16,7 @@ import pytest
 from fp_helpers import batch_digests, same_batches
 from fp_helpers import remote_batches as batches
 
+from feedpipe import Remote
 from feedpipe.errors import (
     AccessDeniedError,
     ConfigError,
@@ -116,7 +117,7 @@ def test_selection_env(monkeypatch):
 def test_batches_equal_local(moto_s3, s3_packed, packed, fmt, backend, tmp_path):
     proxy, options = moto_s3
     proxy.faults([])
-    remote = batches(s3_packed[fmt], cache_dir=tmp_path, storage_options=options)
+    remote = batches(Remote(s3_packed[fmt], cache_dir=tmp_path, storage_options=options))
     assert same_batches(batches(packed[fmt]), remote) and len(remote) == 9
     gets = data_gets(proxy)
     assert gets and all(e["agent"].startswith(OBSTORE_AGENT) == (backend == "obstore")

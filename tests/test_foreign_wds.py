@@ -16,10 +16,9 @@ from fp_helpers import CLI
 from PIL import Image
 
 import feedpipe
+from converters import convert
 from converters.foreign_wds import expand
 from converters.foreign_wds import source as shard_source
-from converters.options import PackOptions
-from converters.records import pack_records
 from converters.wds_index import index_shards
 from feedpipe.errors import BadInputError, NotADatasetError, OutputRefusedError, UnsafeDataError
 from feedpipe.schema.geometric import TextField
@@ -86,10 +85,10 @@ def test_brace_pattern_and_tgz(shards, tmp_path: Path) -> None:
     with tarfile.open(root / "train-000.tar") as src, tarfile.open(tgz, "w:gz") as dst:
         for m in src.getmembers():
             dst.addfile(m, src.extractfile(m))
-    res = pack_records(shard_source([str(root / "train-{000..001}.tar")]), tmp_path / "b",
-                       to="lmdb", options=PackOptions())
+    res = convert(shard_source([str(root / "train-{000..001}.tar")]), tmp_path / "b",
+                       to="lmdb")
     assert res.written == 6 and not res.skipped
-    res = pack_records(shard_source([tgz]), tmp_path / "c", to="hdf5", options=PackOptions())
+    res = convert(shard_source([tgz]), tmp_path / "c", to="hdf5")
     _check(feedpipe.open_dataset(tmp_path / "c"), samples[:4])
     with pytest.raises(BadInputError, match="no such shard"):
         shard_source([str(root / "train-{000..009}.tar")])
@@ -121,7 +120,7 @@ def test_index_in_place_and_make_loader(shards, tmp_path: Path) -> None:
     other.mkdir()
     (other / "x.tar").write_bytes(before["train-000.tar"])
     with pytest.raises(OutputRefusedError, match="did not make"):
-        pack_records(shard_source([other]), root, to="lmdb", options=PackOptions(), overwrite=True)
+        convert(shard_source([other]), root, to="lmdb", overwrite=True)
 
 
 def test_odd_missing_and_unsafe_members_named(tmp_path: Path) -> None:
@@ -138,7 +137,7 @@ def test_odd_missing_and_unsafe_members_named(tmp_path: Path) -> None:
     assert res.skipped == [{"path": "s-000.tar/sample0002", "reason": "no .cls member"}]
     assert any(t["path"] == "*.extra.bin" for t in res.not_taken)
     assert subprocess.run([*CLI, "verify", str(root)]).returncode == 0
-    res = pack_records(shard_source([root]), tmp_path / "o", to="lmdb", options=PackOptions())
+    res = convert(shard_source([root]), tmp_path / "o", to="lmdb")
     assert res.written == 3 and res.skipped[0]["path"] == "s-000.tar/sample0002"
     with wds.TarWriter(str(root / "s-001.tar")) as w:
         w.write({"__key__": "bad", "jpg": _image(9, "JPEG"), "cls": 1, "pyd": b"not opened"})
@@ -184,7 +183,7 @@ def test_captcha_txt_is_text_for_ctc(tmp_path: Path, how: str) -> None:
         assert (root / "captcha-000.tar").read_bytes() == before
         _check_ctc(root)
     else:
-        pack_records(shard_source([root]), tmp_path / "out", to=how, options=PackOptions())
+        convert(shard_source([root]), tmp_path / "out", to=how)
         _check_ctc(tmp_path / "out")
 
 
@@ -195,7 +194,7 @@ def test_txt_not_utf8_is_named(tmp_path: Path) -> None:
     assert res.indexed == 4
     assert [s["path"] for s in res.skipped] == ["captcha-000.tar/latin1"]
     assert ".txt: text is not UTF-8" in res.skipped[0]["reason"]
-    out = pack_records(shard_source([root]), tmp_path / "out", to="lmdb", options=PackOptions())
+    out = convert(shard_source([root]), tmp_path / "out", to="lmdb")
     assert out.written == 4
     assert [s["path"] for s in out.skipped] == ["captcha-000.tar/latin1"]
     assert "not UTF-8" in out.skipped[0]["reason"]

@@ -14,7 +14,7 @@ from test_writers import write_dataset
 
 import feedpipe
 from feedpipe.dataset.formats.hdf5 import CRC_NAME, Hdf5Reader
-from feedpipe.dataset.formats.hdf5_layout import HeapGuard
+from feedpipe.dataset.formats.hdf5_heap import HeapGuard
 from feedpipe.dataset.registry import sample_key
 from feedpipe.errors import CorruptRecordError
 from feedpipe.schema.fields import ArrayField, BytesField, LabelField

@@ -17,6 +17,7 @@ from fp_helpers import downgrade_to_v1, rerecord
 from test_writers import write_dataset
 
 import feedpipe
+from feedpipe import Workers
 from feedpipe.dataset.verify import verify
 from feedpipe.errors import UnsafePathError
 from feedpipe.schema.fields import ImageField, JsonField, LabelField
@@ -91,8 +92,9 @@ def test_a_dataset_reaching_outside_is_refused_by_name(kind, tmp_path):
     assert not report.ok and any(f"'{name}'" in p and what in p for p in report.problems)
     for on_error in ("raise", "skip"):
         with pytest.raises(UnsafePathError, match=f"'{name}'"):
-            next(iter(feedpipe.make_loader(root, 2, on_error=on_error, device="cpu",
-                                           num_workers=0, fields=("image", "label"))))
+            next(iter(feedpipe.make_loader(root, 2, device="cpu", num_workers=0,
+                                           fields=("image", "label"),
+                                           workers=Workers(on_error=on_error))))
 
 
 def test_merged_datasets_virtual_sources_inside_still_read(tmp_path):

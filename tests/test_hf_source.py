@@ -65,14 +65,12 @@ def test_hf_round_trip(saved, tmp_path: Path, to: str) -> None:
 
 
 def test_hf_split_and_images_from_paths(saved, tmp_path: Path) -> None:
+    from converters import convert
     from converters.hf import source
-    from converters.options import PackOptions
-    from converters.records import pack_records
     from feedpipe.errors import ConfigError
 
     path, data = saved
-    assert pack_records(source(str(path), "test"), tmp_path / "t", to="hdf5",
-                        options=PackOptions()).written == 3
+    assert convert(source(str(path), "test"), tmp_path / "t", to="hdf5").written == 3
     with pytest.raises(ConfigError, match="splits"):
         source(str(path), "validation")
     files = []
@@ -82,8 +80,7 @@ def test_hf_split_and_images_from_paths(saved, tmp_path: Path) -> None:
         files.append(str(f))
     ds = datasets.Dataset.from_dict({"img": files}).cast_column("img", datasets.Image())
     ds.save_to_disk(str(tmp_path / "flat"))
-    res = pack_records(source(str(tmp_path / "flat")), tmp_path / "o", to="lmdb",
-                       options=PackOptions())
+    res = convert(source(str(tmp_path / "flat")), tmp_path / "o", to="lmdb")
     got = feedpipe.open_dataset(tmp_path / "o")
     assert res.written == 3 and bytes(got.read_raw(2)["image"]) == Path(files[2]).read_bytes()
     assert "label" not in got.schema

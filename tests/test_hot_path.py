@@ -18,11 +18,12 @@ from PIL import Image
 import feedpipe
 from converters import convert
 from converters.synth import make_photos
+from feedpipe import Output, Workers
 from feedpipe.errors import BadInputError, CorruptRecordError
 from feedpipe.loader import transforms
 from feedpipe.loader.transforms import DCT_MARGIN, ImageOp, _resize_rgb_into
 
-U8 = dict(dtype="uint8", device="cpu")
+U8 = dict(device="cpu", output=Output(dtype="uint8"))
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +48,8 @@ def test_refused_jpeg_falls_back_to_pillow_and_is_counted(tmp_path, refused_dir,
                               fields=["image", "label", "path"], **U8)
     batches = list(ld)
     assert sum(len(b["label"]) for b in batches) == len(ds)
-    assert len(ld.decoder_fallbacks) == 1 and ds.describe(key) == ld.decoder_fallbacks[0]
+    assert len(ld.decoder_fallbacks) == 1  # the record, and the source file it came from
+    assert ld.decoder_fallbacks[0] == f"{ds.describe(key)} [source file: astronaut/zz_410.jpg]"
     img = torch.cat([b["image"] for b in batches])[key].permute(1, 2, 0).numpy()
     ref = np.empty_like(img)
     with Image.open(io.BytesIO(ds.read_raw(key)["image"])) as im:
@@ -65,7 +67,8 @@ def test_pixel_limit_refuses_before_decoding(tmp_path, photo_dir):
     out = tmp_path / "ds"
     convert(photo_dir, out, to="lmdb", workers=0)
     with pytest.raises(CorruptRecordError, match="max_pixels=1,000"):
-        next(iter(feedpipe.make_loader(out, 4, size=16, max_pixels=1000, num_workers=0, **U8)))
+        next(iter(feedpipe.make_loader(out, 4, size=16, num_workers=0,
+                                       workers=Workers(max_pixels=1000), **U8)))
     # the limit the converter recorded in the manifest applies when the caller sets none
     manifest = out / "feedpipe.json"
     doc = json.loads(manifest.read_text())
@@ -74,7 +77,7 @@ def test_pixel_limit_refuses_before_decoding(tmp_path, photo_dir):
     with pytest.raises(CorruptRecordError, match="max_pixels=2,000"):
         next(iter(feedpipe.make_loader(out, 4, size=16, num_workers=0, **U8)))
     assert len(next(iter(feedpipe.make_loader(out, 4, size=16, num_workers=0,
-                                              max_pixels=10**6, **U8)))["image"]) == 4
+                                              workers=Workers(max_pixels=10**6), **U8)))["image"]) == 4
 
 
 def test_pixel_limit_on_a_huge_header_never_allocates():
@@ -158,7 +161,7 @@ def _ring_ptrs(ld) -> set[int]:
 def test_cpu_batches_are_the_ring_slots_and_slots_come_back(packed, workers, context):
     """uint8 on CPU, with workers or in-process: each batch is handed out as its ring slot (no
     copy, no fresh buffer), and a caller that lets go of each batch gets every slot back."""
-    mp = {"multiprocessing_context": context} if context else {}
+    mp = {"workers": Workers(multiprocessing_context=context)} if context else {}
     ld = feedpipe.make_loader(packed["lmdb"], 4, size=32, num_workers=workers, **mp, **U8)
     ptrs, n = _ring_ptrs(ld), 0
     for batch in ld:
@@ -217,8 +220,8 @@ def test_in_process_ring_only_where_slots_can_be_lent(packed):
     assert ld.ring is not None and ld.ring.count == 2
     assert not any(t.is_shared() for t in ld.ring.tensors["image"])
     if torch.cuda.is_available():
-        gpu = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=0, dtype="uint8",
-                                   device="cuda")
+        gpu = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=0, device="cuda",
+                                   output=Output(dtype="uint8"))
         assert gpu.ring is None
 
 
@@ -247,7 +250,7 @@ def test_resize_into_the_slot_is_interpolate_bit_for_bit(src, dst, flip, private
 
 @pytest.mark.parametrize("opts", [{}, {"dtype": "bfloat16", "channels_last": False},
                                   {"dtype": "float16", "mean": None, "std": None},
-                                  {"dtype": "uint8", "channels_last": False}])
+                                  {"dtype": "uint8", "channels_last": False}])  # Output fields
 def test_cpu_workers_convert_without_setting_torchs_thread_count(packed, monkeypatch, opts):
     """With workers on the CPU, the main process converts batches on its own thread (numpy):
     torch's process-wide thread count, which the user's step runs with, is never set (it used to
@@ -257,7 +260,8 @@ def test_cpu_workers_convert_without_setting_torchs_thread_count(packed, monkeyp
     real = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n))[1])
     before = torch.get_num_threads()
-    kw = dict(size=32, device="cpu", shuffle=False, crop="center_crop", flip=False, **opts)
+    kw = dict(size=32, device="cpu", shuffle=False, crop="center_crop", flip=False,
+              output=Output(**opts))
     ld = feedpipe.make_loader(packed["lmdb"], 8, num_workers=2, **kw)
     assert ld.stage.one_thread
     got = list(ld)
@@ -290,7 +294,7 @@ from feedpipe.loader import transforms
 
 assert transforms._UPSAMPLE_AA is None
 ld = feedpipe.make_loader(sys.argv[1], 16, size=48, shuffle=False, num_workers=0, flip=True,
-                          seed=3, dtype="uint8")
+                          seed=3, output=feedpipe.Output(dtype="uint8"))
 np.save(sys.argv[2], np.concatenate([b["image"].numpy() for b in ld]), allow_pickle=False)
 """
 
@@ -305,7 +309,7 @@ def test_a_torch_without_the_private_resize_op_loads_the_same_pixels(packed, tmp
                            str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ld = feedpipe.make_loader(packed["lmdb"], 16, size=48, shuffle=False, num_workers=0,
-                              flip=True, seed=3, dtype="uint8")
+                              flip=True, seed=3, output=Output(dtype="uint8"))
     want = np.concatenate([b["image"].numpy() for b in ld])
     assert transforms._UPSAMPLE_AA is not None  # this process took the private op
     assert np.array_equal(np.load(out, allow_pickle=False), want)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fp_helpers import mean_abs_diff, pil_rgb
+from fp_helpers import cli_main, mean_abs_diff, pil_rgb
 from PIL import Image, ImageOps
 
 import feedpipe
@@ -101,6 +101,24 @@ def test_odd_modes_all_converted(odd_converted):
     assert ds.schema["image"].codec == "mixed"  # JPEG and PNG records
     assert sorted(s["path"] for s in ds) == sorted(expect)
     assert ds.manifest.conversion["stored"] == res.stored
+
+
+def test_lossy_reencodes_are_named(odd_converted, odd_dir, tmp_path, capsys):
+    """Issue 27: a CMYK or EXIF-rotated JPEG is re-encoded lossily without being asked: named
+    with the reason in the result, the manifest and the CLI summary, not only counted."""
+    out, res, _ = odd_converted
+    named = {f["path"]: f["reason"] for f in res.lossy}
+    assert set(named) == {"cmyk.jpg", "rotated.jpg"}  # photo.webp went losslessly to PNG
+    assert "CMYK converted to RGB" in named["cmyk.jpg"]
+    assert "EXIF orientation 6 turned upright" in named["rotated.jpg"]
+    assert all("re-encoded as jpeg at quality 95" in r for r in named.values())
+    conversion = feedpipe.open_dataset(out).manifest.conversion
+    assert conversion["reencoded_lossy"] == res.lossy
+    rc, text, err = cli_main(capsys, "convert", odd_dir[0], "--to", "lmdb", "-o", tmp_path / "o",
+                             "--layout", "flat", "--workers", "0", "-q")
+    assert rc == 0, err
+    assert "re-encoded (lossy) cmyk.jpg: CMYK converted to RGB" in text
+    assert "re-encoded (lossy) rotated.jpg: EXIF orientation 6" in text
 
 
 def test_odd_modes_decode_to_rgb_uint8(odd_converted):

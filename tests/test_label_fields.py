@@ -18,6 +18,7 @@ from fp_helpers import CLI
 import feedpipe
 from converters import LabelColumns, convert
 from converters.synth import make_photos
+from feedpipe import Output
 from feedpipe.errors import ConfigError
 from feedpipe.schema import (
     ArrayField,
@@ -137,7 +138,7 @@ def test_batches_padded_ctc_ready_and_stacked(written: Path, samples: list[dict]
 
 def test_ragged_list_with_workers(written: Path, samples: list[dict]) -> None:
     loader = feedpipe.make_loader(written, 4, fields=["image", "boxes", "series"], shuffle=False,
-                                  num_workers=2, device="cpu", ragged="list")
+                                  num_workers=2, device="cpu", output=Output(ragged="list"))
     got = [b for batch in loader for b in zip(batch["boxes"], batch["boxes_labels"],
                                               batch["series"])]
     assert len(got) == len(samples)
@@ -257,7 +258,7 @@ def test_any_shape_arrays_pad_with_per_dim_lengths_or_refuse_mixed_ranks(tmp_pat
         next(iter(feedpipe.make_loader(mixed, 2, fields=["a"], shuffle=False, num_workers=0,
                                        device="cpu")))
     listed = next(iter(feedpipe.make_loader(mixed, 2, fields=["a"], shuffle=False, num_workers=0,
-                                            device="cpu", ragged="list")))
+                                            device="cpu", output=Output(ragged="list"))))
     assert [t.shape for t in listed["a"]] == [(3,), (2, 2)]
 
 

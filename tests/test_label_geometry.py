@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import feedpipe
+from feedpipe import Output
 from feedpipe.loader.geometry import Framing, Geometry
 from feedpipe.loader.labels import Collector
 from feedpipe.loader.sampler import rng_for
@@ -140,7 +141,7 @@ def test_loader_random_resized_crop_and_flip(tmp_path: Path) -> None:
     loader = feedpipe.make_loader(root, bs, fields=["image", "kp", "boxes"], size=size,
                                   crop="random_resized_crop", flip=True, seed=seed,
                                   shuffle=False, num_workers=0, device="cpu",
-                                  min_box_fraction=0.3)
+                                  output=Output(min_box_fraction=0.3))
     framing = Framing(size, "random_resized_crop", flip=True)
     flips = 0
     for number, batch in enumerate(loader):
@@ -177,8 +178,8 @@ def test_flip_permutation_symmetric_landmarks(tmp_path: Path, fmt: str) -> None:
     root = write_dataset(fmt, tmp_path / "ds", samples, schema)
     loader = feedpipe.make_loader(root, 16, fields=["image", "kp", "plain"], size=100,
                                   crop="resize", flip=True, seed=3, shuffle=False,
-                                  num_workers=0, device="cpu", dtype="uint8", mean=None,
-                                  std=None)
+                                  num_workers=0, device="cpu", output=Output(dtype="uint8",
+                                                                             mean=None, std=None))
     batch = next(iter(loader))
     flipped = batch["image"][:, 0, 50, 0] > 128  # bright on the left: mirrored
     assert 0 < int(flipped.sum()) < 16

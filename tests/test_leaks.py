@@ -15,6 +15,7 @@ import pytest
 from fp_helpers import REMOTE_KW
 
 import feedpipe
+from feedpipe import Remote
 from feedpipe.errors import ConfigError
 from feedpipe.storage import RetryPolicy
 
@@ -137,4 +138,4 @@ def test_timeout_option_is_checked(packed):
         with pytest.raises(ConfigError, match="timeout="):
             RetryPolicy.with_timeout(bad)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="timeout=-1"):
-        feedpipe.make_loader(packed["wds"], 8, timeout=-1)
+        feedpipe.make_loader(Remote(packed["wds"], timeout=-1), 8)

@@ -17,6 +17,7 @@ from fp_helpers import free_port
 from PIL import Image
 
 import feedpipe
+from feedpipe import Output, Sampler, Workers
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import WRITERS
 from feedpipe.errors import ConfigError, CorruptRecordError
@@ -26,7 +27,7 @@ from feedpipe.schema.fields import ImageField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
 FORMATS = ("lmdb", "hdf5", "wds")
-U8 = dict(dtype="uint8", device="cpu")
+U8 = dict(device="cpu", output=Output(dtype="uint8"))
 
 
 def labels_and_paths(loader) -> tuple[list[int], list[str]]:
@@ -44,8 +45,8 @@ def test_same_batches_whatever_workers(packed, fmt, ctx):
     kw = dict(size=48, crop="random_resized_crop", flip=True, seed=5, fields=["image", "label"],
               **U8)
     ref = list(feedpipe.make_loader(packed[fmt], 10, num_workers=0, **kw))
-    got = list(feedpipe.make_loader(packed[fmt], 10, num_workers=2, multiprocessing_context=ctx,
-                                    **kw))
+    got = list(feedpipe.make_loader(packed[fmt], 10, num_workers=2,
+                                    workers=Workers(multiprocessing_context=ctx), **kw))
     assert len(ref) == len(got) == 8  # 72 samples, batch 10, last partial kept
     for a, b in zip(ref, got):
         assert torch.equal(a["label"], b["label"])
@@ -99,8 +100,8 @@ def test_rank_partition(packed, fmt, uneven):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for rank in range(5):
-            ld = feedpipe.make_loader(packed[fmt], 4, world=World(rank, 5), uneven=uneven,
-                                      fields=["path"], num_workers=0, **U8)
+            ld = feedpipe.make_loader(packed[fmt], 4, fields=["path"], num_workers=0,
+                                      sampler=Sampler(world=World(rank, 5), uneven=uneven), **U8)
             paths = [p for b in ld for p in b["path"]]
             per_rank.append(paths)
             counts.append(len(ld))
@@ -153,7 +154,7 @@ def test_decode_matches_pil(packed):
 
 def test_normalization_and_layout(packed):
     ld = feedpipe.make_loader(packed["hdf5"], 6, size=40, device="cpu", num_workers=0,
-                              shuffle=False, channels_last=False)
+                              shuffle=False, output=Output(channels_last=False))
     u8 = feedpipe.make_loader(packed["hdf5"], 6, size=40, shuffle=False, num_workers=0, **U8)
     x, ref = next(iter(ld))["image"], next(iter(u8))["image"].float()
     assert x.dtype == torch.float32 and x.is_contiguous()
@@ -161,7 +162,7 @@ def test_normalization_and_layout(packed):
     std = torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1) * 255
     assert torch.allclose(x, (ref - mean) / std, atol=1e-4)
     half = feedpipe.make_loader(packed["hdf5"], 6, size=40, num_workers=0, device="cpu",
-                                dtype="bfloat16", mean=None, std=None)
+                                output=Output(dtype="bfloat16", mean=None, std=None))
     y = next(iter(half))["image"]
     assert y.dtype == torch.bfloat16 and 0 <= y.min() and y.max() <= 1
 
@@ -189,7 +190,7 @@ def test_on_error(tmp_path, workers):
     assert str(root) in msg and "key 000000007" in msg
     if workers:
         assert "DataLoader worker" in msg  # the worker traceback is kept (an error in a worker)
-    ld = feedpipe.make_loader(root, 8, on_error="skip", **kw)
+    ld = feedpipe.make_loader(root, 8, workers=Workers(on_error="skip"), **kw)
     with pytest.warns(UserWarning, match="skipped 2 corrupt"):
         batches = list(ld)
     assert [len(b["label"]) for b in batches] == [8] * 5
@@ -213,8 +214,8 @@ def test_a_bug_while_filling_a_sample_propagates_under_skip(tmp_path, monkeypatc
         raise bug
 
     monkeypatch.setattr(ImageOp, "apply", buggy)
-    ld = feedpipe.make_loader(root, 8, on_error="skip", size=32, shuffle=False, num_workers=0,
-                              **U8)
+    ld = feedpipe.make_loader(root, 8, size=32, shuffle=False, num_workers=0,
+                              workers=Workers(on_error="skip"), **U8)
     with pytest.raises(type(bug)) as exc:
         next(iter(ld))
     assert exc.value is bug and len(calls) == 1 and not ld.skipped
@@ -236,9 +237,12 @@ def test_worker_memory_is_stable(packed):
 def test_config_errors(packed):
     p = packed["lmdb"]
     for kwargs, hint in [(dict(batch_size=0), "positive"), (dict(num_workers=-1), "num_workers"),
-                         (dict(crop="bogus"), "center_crop"), (dict(dtype="int7"), "float16"),
-                         (dict(mean=(0.5, 0.5)), "three"), (dict(std=None), "together"),
-                         (dict(crop="resize"), "pass size="), (dict(on_error="ignore"), "skip"),
+                         (dict(crop="bogus"), "center_crop"),
+                         (dict(output=Output(dtype="int7")), "float16"),
+                         (dict(output=Output(mean=(0.5, 0.5))), "three"),
+                         (dict(output=Output(std=None)), "together"),
+                         (dict(crop="resize"), "pass size="),
+                         (dict(workers=Workers(on_error="ignore")), "skip"),
                          (dict(fields=["nope"]), "not in the dataset")]:
         kw = {"batch_size": 4, "size": 32, **kwargs}
         with pytest.raises(ConfigError, match=hint):
@@ -279,8 +283,8 @@ def test_wds_fewer_shards_than_ranks_warns(tmp_path, photo_dir):
     out = tmp_path / "one"
     convert(photo_dir, out, to="wds", workers=0)
     with pytest.warns(UserWarning, match="splitting by sample"):
-        ld = feedpipe.make_loader(out, 4, world=World(1, 3), size=32, fields=["label"],
-                                  num_workers=0, **U8)
+        ld = feedpipe.make_loader(out, 4, size=32, fields=["label"],
+                                  num_workers=0, sampler=Sampler(world=World(1, 3)), **U8)
         assert len(ld) == 6
     shutil.rmtree(out)
 

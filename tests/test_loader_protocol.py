@@ -14,6 +14,7 @@ from conftest import N_PHOTOS
 
 import feedpipe
 from converters import convert
+from feedpipe import Output, tuned
 from feedpipe.loader.api import DaliLoader, Loader, LoaderView, TorchLoader
 from feedpipe.tools.bench import BenchConfig, run_bench
 from feedpipe.tools.monitor import LoaderInfo, StallMeter, StallSummary, advise
@@ -25,7 +26,8 @@ needs_dali = pytest.mark.skipif(not HAVE_DALI, reason="NVIDIA DALI cannot be imp
                                 "install 'feedpipe[test]'")
 BACKENDS = [pytest.param(("torch", 0), id="torch-w0"), pytest.param(("torch", 2), id="torch-w2"),
             pytest.param(("dali", 0), id="dali", marks=needs_dali)]
-KW = dict(size=32, seed=5, dtype="uint8", device="cpu", fields=["image", "label", "path"])
+KW = dict(size=32, seed=5, device="cpu", fields=["image", "label", "path"],
+          output=Output(dtype="uint8"))
 
 
 def loader(path, backend, workers=0, batch_size=8, **kw):
@@ -131,8 +133,8 @@ def test_unlabeled_data_has_no_classes(photos, tmp_path, backend):
     for p in photos[:10]:
         shutil.copy(p.path, flat / p.path.name.replace(".", f"-{p.label}."))
     convert(flat, tmp_path / "packed", to="lmdb", workers=0)
-    ld = feedpipe.make_loader(tmp_path / "packed", 4, backend=backend, size=32, dtype="uint8",
-                              device="cpu", num_workers=0)
+    ld = feedpipe.make_loader(tmp_path / "packed", 4, backend=backend, size=32, device="cpu",
+                              num_workers=0, output=Output(dtype="uint8"))
     assert ld.classes == () and "label" not in next(iter(ld))
 
 
@@ -140,7 +142,7 @@ def test_unlabeled_data_has_no_classes(photos, tmp_path, backend):
                                      pytest.param("dali", marks=needs_dali)])
 def test_autotune_and_find_batch_size_on_either_backend(packed, backend):
     res = autotune(packed["lmdb"], 8, backend=backend, budget_cpus=1, trial_batches=3,
-                   cache=False, size=32, dtype="uint8", device="cpu")
+                   cache=False, size=32, device="cpu", output=Output(dtype="uint8"))
     assert [t.workers for t in res.trials][:2] == [0, 1]
     assert all(t.samples_per_s and t.samples_per_s > 0 for t in res.trials)
     assert res.num_workers in (0, 1)
@@ -154,9 +156,9 @@ def test_autotune_and_find_batch_size_on_either_backend(packed, backend):
 
 @needs_dali
 def test_make_loader_tunes_the_dali_backend(packed):
-    """num_workers="tune" with backend="dali": autotune measures DALI's reader processes."""
-    opts = dict(backend="dali", size=32, dtype="uint8", device="cpu")
-    ld = feedpipe.make_loader(packed["lmdb"], 8, num_workers="tune", **opts)
+    """workers=tuned() with backend="dali": autotune measures DALI's reader processes."""
+    opts = dict(backend="dali", size=32, device="cpu", output=Output(dtype="uint8"))
+    ld = feedpipe.make_loader(packed["lmdb"], 8, workers=tuned(), **opts)
     res = autotune(packed["lmdb"], 8, **opts)  # the same settings: what make_loader cached
     assert isinstance(ld, DaliLoader) and res.cached
     assert ld.describe().num_workers == res.num_workers

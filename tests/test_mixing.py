@@ -1,9 +1,10 @@
-"""Mixing several datasets: make_loader([a, b], weights=...), its planned order, source field,
+"""Mixing several datasets: make_loader(Mix([a, b], weights=...)), its planned order, source field,
 schema checks, per-rank equality and exact resume, on real datasets of every format."""
 
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 import feedpipe
 from converters import convert
 from converters.synth import make_photos
+from feedpipe import Mix, Output, Sampler, Workers
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.mixed import MixedReader
 from feedpipe.dataset.registry import WRITERS, open_dataset
@@ -24,8 +26,8 @@ from feedpipe.schema.fields import ArrayField, ImageField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
 N_OTHER = 30
-KW = dict(size=24, crop="resize", dtype="uint8", device="cpu",
-          fields=["image", "label", "path", "source"])
+KW = dict(size=24, crop="resize", device="cpu",
+          fields=["image", "label", "path", "source"], output=Output(dtype="uint8"))
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +76,7 @@ def test_proportions_and_source_field(packed, other):
     """Exact per-source counts over an epoch, and every sample's pixels and label are those of
     the dataset its ``source`` names (the two sets share relative paths, not pixels)."""
     mix = {"a": packed["lmdb"], "b": other["wds"]}
-    ld = feedpipe.make_loader(mix, 10, weights=[0.7, 0.3], epoch_size=100, num_workers=0,
+    ld = feedpipe.make_loader(Mix(mix, weights=[0.7, 0.3], epoch_size=100), 10, num_workers=0,
                               seed=3, **KW)
     assert ld.source_names == ("a", "b")
     bs = batches(ld)
@@ -92,6 +94,18 @@ def test_proportions_and_source_field(packed, other):
     # b gives 30 of its 30 samples: each exactly once; a gives 70 distinct of 72
     assert sorted(p for s, p in zip(sources, paths) if s == 1) == sorted(refs[1])
     assert len({p for s, p in zip(sources, paths) if s == 0}) == 70
+
+
+def test_the_readme_example_runs_as_written(packed, other):
+    """README "Mixing datasets": its code block, on two generated datasets of different sizes
+    (it used to lack size=, which photos of different sizes need)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme[readme.index("### Mixing datasets"):]
+    code = section[section.index("```python\n") + 10:section.index("```\n", 10)]
+    space = {"feedpipe": feedpipe, "lmdb_path": packed["lmdb"], "wds_path": other["wds"]}
+    exec(code, space)  # noqa: S102 - the README's own example
+    batch = next(iter(space["loader"]))
+    assert batch["image"].shape[0] == 64 and set(batch["source"].tolist()) <= {0, 1}
 
 
 def test_proportions_close_to_weights_within_batches(packed, other):
@@ -120,8 +134,8 @@ def test_down_and_up_sampling_cover_sources(packed, other):
 
 
 def test_same_order_whatever_workers(packed, other):
-    mix = [packed["wds"], other["hdf5"], packed["lmdb"]]
-    kw = dict(weights=[0.5, 0.3, 0.2], seed=7, **KW)
+    mix = Mix([packed["wds"], other["hdf5"], packed["lmdb"]], weights=[0.5, 0.3, 0.2])
+    kw = dict(seed=7, **KW)
     ref = batches(feedpipe.make_loader(mix, 8, num_workers=0, **kw))
     got = batches(feedpipe.make_loader(mix, 8, num_workers=2, **kw))
     assert len(ref) == len(got)
@@ -135,10 +149,11 @@ def test_same_order_whatever_workers(packed, other):
 @pytest.mark.parametrize("uneven", ["pad", "drop"])
 def test_equal_batches_per_rank(packed, other, uneven):
     """Every rank gets the same number of batches; together they read the planned epoch."""
-    mix = [packed["lmdb"], other["wds"]]
-    kw = dict(weights=[0.6, 0.4], epoch_size=101, num_workers=0, uneven=uneven, seed=2,
-              size=24, crop="resize", dtype="uint8", device="cpu", fields=["label", "source"])
-    ranks = [batches(feedpipe.make_loader(mix, 8, world=World(r, 3), **kw)) for r in range(3)]
+    mix = Mix([packed["lmdb"], other["wds"]], weights=[0.6, 0.4], epoch_size=101)
+    kw = dict(num_workers=0, seed=2, size=24, crop="resize", device="cpu",
+              fields=["label", "source"], output=Output(dtype="uint8"))
+    ranks = [batches(feedpipe.make_loader(mix, 8, sampler=Sampler(World(r, 3), uneven),
+                                          **kw)) for r in range(3)]
     assert len({len(b) for b in ranks}) == 1
     counts = Counter(s for b in ranks for s in flat(b, "source"))
     total = sum(counts.values())
@@ -146,8 +161,9 @@ def test_equal_batches_per_rank(packed, other, uneven):
 
 
 def test_resume_mid_epoch_exact(packed, other):
-    mix = {"photos": packed["hdf5"], "more": other["wds"]}
-    kw = dict(weights=[0.3, 0.7], epoch_size=80, seed=4, num_workers=0, **KW)
+    mix = Mix({"photos": packed["hdf5"], "more": other["wds"]}, weights=[0.3, 0.7],
+              epoch_size=80)
+    kw = dict(seed=4, num_workers=0, **KW)
     ref = batches(feedpipe.make_loader(mix, 8, **kw))
     ld = feedpipe.make_loader(mix, 8, **kw)
     it = iter(ld)
@@ -161,7 +177,7 @@ def test_resume_mid_epoch_exact(packed, other):
     assert len(rest) == len(ref) - 4
     for x, y in zip(ref[4:], rest):
         assert torch.equal(x["source"], y["source"]) and torch.equal(x["image"], y["image"])
-    changed = feedpipe.make_loader(mix, 8, **{**kw, "weights": [0.5, 0.5]})
+    changed = feedpipe.make_loader(replace(mix, weights=[0.5, 0.5]), 8, **kw)
     with pytest.raises(ConfigError, match="mix"):
         changed.load_state_dict(state)
 
@@ -199,10 +215,10 @@ def test_schema_mismatch_names_the_field(tmp_path, packed):
 
 def test_class_lists_equal_or_union(tmp_path, packed):
     two = _tiny(tmp_path / "two", ImageField("image"), classes=("zebra", "astronaut"))
-    with pytest.raises(ConfigError, match="mix_classes") as exc:
+    with pytest.raises(ConfigError, match=r"Mix\(\.\.\., classes='union'\)") as exc:
         feedpipe.make_loader([packed["lmdb"], two], 4, **KW)
     assert "zebra" in str(exc.value)
-    ld = feedpipe.make_loader([packed["lmdb"], two], 6, mix_classes="union", num_workers=0, **KW)
+    ld = feedpipe.make_loader(Mix([packed["lmdb"], two], classes="union"), 6, num_workers=0, **KW)
     first = open_dataset(packed["lmdb"]).classes
     assert ld.classes == (*first, "zebra")
     seen = Counter()
@@ -216,22 +232,22 @@ def test_class_lists_equal_or_union(tmp_path, packed):
 
 
 def test_bad_mix_options(packed):
-    with pytest.raises(ConfigError, match="weights"):
-        feedpipe.make_loader(packed["lmdb"], 4, weights=[1.0], **KW)
+    with pytest.raises(ConfigError, match="a list of datasets"):
+        feedpipe.make_loader(Mix(packed["lmdb"], weights=[1.0]), 4, **KW)
     with pytest.raises(ConfigError, match="one weight per dataset"):
-        feedpipe.make_loader([packed["lmdb"], packed["wds"]], 4, weights=[1.0], **KW)
+        feedpipe.make_loader(Mix([packed["lmdb"], packed["wds"]], weights=[1.0]), 4, **KW)
     with pytest.raises(ConfigError, match="weights"):
-        feedpipe.make_loader([packed["lmdb"], packed["wds"]], 4, weights=[1.0, -1.0], **KW)
+        feedpipe.make_loader(Mix([packed["lmdb"], packed["wds"]], weights=[1.0, -1.0]), 4, **KW)
     with pytest.raises(ConfigError, match="epoch_size"):
-        feedpipe.make_loader([packed["lmdb"], packed["wds"]], 4, epoch_size=0, **KW)
+        feedpipe.make_loader(Mix([packed["lmdb"], packed["wds"]], epoch_size=0), 4, **KW)
 
 
 def test_dali_backend_reads_the_same_mix(packed, other):
     """backend="dali" (CPU mode): the same plan, so the same sources, labels and paths per batch
     as the torch backend; only the decoder and resizer differ (pixels close, not equal)."""
     pytest.importorskip("nvidia.dali", reason="NVIDIA DALI cannot be imported")
-    mix = [packed["lmdb"], other["wds"]]
-    kw = dict(weights=[0.6, 0.4], epoch_size=40, seed=5, num_workers=0, **KW)
+    mix = Mix([packed["lmdb"], other["wds"]], weights=[0.6, 0.4], epoch_size=40)
+    kw = dict(seed=5, num_workers=0, **KW)
     d = batches(feedpipe.make_loader(mix, 8, backend="dali", **kw))
     t = batches(feedpipe.make_loader(mix, 8, backend="torch", **kw))
     assert len(d) == len(t) == 5
@@ -283,7 +299,7 @@ def test_corrupt_record_names_its_dataset(tmp_path, packed):
     assert "mix source 'bad'" in msg and str(root) in msg and "000000003" in msg
     assert "img3.jpg" in msg
     skipping = feedpipe.make_loader({"good": packed["lmdb"], "bad": root}, 8, shuffle=False,
-                                    num_workers=0, on_error="skip", **KW)
+                                    num_workers=0, workers=Workers(on_error="skip"), **KW)
     with pytest.warns(UserWarning, match="skipped 1"):
         assert sum(len(b["label"]) for b in skipping) == 78
     assert len(skipping.skipped) == 1 and "img3.jpg" in skipping.skipped[0]
@@ -306,12 +322,13 @@ def test_sharded_source_reads_stay_shard_local(packed, other):
 def test_mix_resumes_at_another_world_size(packed, other):
     """A mix saved by 2 ranks mid-epoch resumes on 3 ranks with exactly the rest of the epoch's
     planned picks (the global order is the mix's, dealt anew)."""
-    kw = dict(weights=[0.7, 0.3], epoch_size=60, fields=["path", "source"], size=16, seed=5,
-              dtype="uint8", device="cpu", num_workers=0)
-    srcs = [packed["lmdb"], other["wds"]]
+    kw = dict(fields=["path", "source"], size=16, seed=5, device="cpu", num_workers=0,
+              output=Output(dtype="uint8"))
+    srcs = Mix([packed["lmdb"], other["wds"]], weights=[0.7, 0.3], epoch_size=60)
 
     def loaders(size):
-        return [feedpipe.make_loader(srcs, 4, world=World(r, size), **kw) for r in range(size)]
+        return [feedpipe.make_loader(srcs, 4, sampler=Sampler(world=World(r, size)),
+                                     **kw) for r in range(size)]
 
     def picks(ld, n=None):
         it = iter(ld)

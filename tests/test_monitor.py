@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -164,7 +165,7 @@ def test_wraps_real_loader(packed: dict[str, Path]) -> None:
     assert meter.loader_info == LoaderInfo(num_workers=1, usable_cores=usable_cores(),
                                            codec="jpeg", format="lmdb", batch_size=16,
                                            pin_memory=False, device="cpu", prefetch_factor=4,
-                                           backend="torch")
+                                           backend="torch", size=(32, 32))
     # the torch DataLoader it wraps is understood too
     assert LoaderInfo.from_loader(loader._dl).num_workers == 1
     assert LoaderInfo.from_loader(range(3)) is None
@@ -350,3 +351,23 @@ def test_cli_monitor_with_sampler(tmp_path: Path, capsys: pytest.CaptureFixture[
     args = build_parser().parse_args(["monitor", "--duration", "-1"])
     with pytest.raises(ConfigError, match="--duration -1"):
         cmd_monitor(args, sampler=lambda: sample)
+
+
+def test_advice_uses_the_loaders_size_and_device(packed) -> None:
+    """Issue 27: the advice said `--resize 224` to a loader at size 128, and 'per GPU' on a
+    CPU-only run. It now takes both from the loader itself (its describe())."""
+    loader = feedpipe.make_loader(packed["lmdb"], 16, size=128, num_workers=0, device="cpu")
+    info = LoaderInfo.from_loader(loader)
+    assert info is not None and info.size == (128, 128) and info.device == "cpu"
+    text = "\n".join(advise(_summary(0.6, "input-bound"), info))
+    assert "--store raw --resize 128`" in text and "224" not in text and "DALI" not in text
+    wide = LoaderInfo.from_loader(feedpipe.make_loader(packed["lmdb"], 16, size=(96, 160),
+                                                       num_workers=0, device="cpu"))
+    assert "--resize 96x160`" in "\n".join(advise(_summary(0.6, "input-bound"), wide))
+    busy = "\n".join(advise(_summary(0.01, "compute-bound"), info))
+    assert "speed up the step" in busy and "GPU" not in busy and "a larger batch" in busy
+    gpu = advise(_summary(0.01, "compute-bound"), replace(info, device="cuda"))
+    assert "a larger batch per GPU" in gpu[0]
+    if not torch.cuda.is_available():  # a plain DataLoader (device unknown) on a CPU machine
+        plain = "\n".join(advise(_summary(0.01, "compute-bound"), LoaderInfo(num_workers=2)))
+        assert "GPU" not in plain

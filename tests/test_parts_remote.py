@@ -10,6 +10,8 @@ import pytest
 import torch
 from fp_helpers import cli_main, loader_batches, same_batches
 
+from feedpipe import Mix, Output, Remote
+
 pytest.importorskip("s3fs")
 from servers import cli_opts, objects, upload_tree  # noqa: E402
 
@@ -21,7 +23,7 @@ from feedpipe.dataset.manifest import MANIFEST_NAME  # noqa: E402
 from feedpipe.dataset.remote_verify import read_manifest, verify_remote  # noqa: E402
 from feedpipe.errors import ConfigError, OutputRefusedError, PartsError  # noqa: E402
 
-KW = dict(size=32, crop="resize", dtype="uint8", device="cpu", num_workers=0)
+KW = dict(size=32, crop="resize", device="cpu", num_workers=0, output=Output(dtype="uint8"))
 
 
 def test_cli_parts_to_s3_merge_in_place_read_and_verify(photo_dir, s3, tmp_path, capsys):
@@ -54,7 +56,8 @@ def test_cli_parts_to_s3_merge_in_place_read_and_verify(photo_dir, s3, tmp_path,
     assert feedpipe.open_dataset(local).manifest.files == m.files
 
     ref = loader_batches(local, seed=3, **KW)
-    got = loader_batches(url, seed=3, cache_dir=tmp_path / "cache", storage_options=opts, **KW)
+    got = loader_batches(Remote(url, cache_dir=tmp_path / "cache", storage_options=opts), seed=3,
+                         **KW)
     assert same_batches(ref, got) and len(ref) == 9
     report = verify_remote(url, storage_options=opts)
     assert report.ok, report.problems
@@ -94,10 +97,10 @@ def test_mix_of_local_lmdb_and_remote_wds_equals_two_local(packed, s3, tmp_path)
     bucket, opts, _ = s3
     url = f"{bucket}/wds"
     upload_tree(packed["wds"], url, opts)
-    kw = dict(KW, weights=[0.6, 0.4], seed=11, fields=["image", "label", "source"])
-    ref = loader_batches([packed["lmdb"], packed["wds"]], **kw)
-    got = loader_batches([packed["lmdb"], url], storage_options=opts,
-                         cache_dir=tmp_path / "cache", **kw)
+    kw = dict(KW, seed=11, fields=["image", "label", "source"])
+    ref = loader_batches(Mix([packed["lmdb"], packed["wds"]], weights=[0.6, 0.4]), **kw)
+    remote = Remote(url, storage_options=opts, cache_dir=tmp_path / "cache")
+    got = loader_batches(Mix([packed["lmdb"], remote], weights=[0.6, 0.4]), **kw)
     assert same_batches(ref, got) and len(ref) >= 9
     sources = torch.cat([b["source"] for b in got])
     assert set(sources.tolist()) == {0, 1}  # both datasets feed the mix

@@ -16,6 +16,7 @@ from servers import FaultServer
 
 import feedpipe
 from converters import convert
+from feedpipe import Remote
 from feedpipe.errors import (
     AccessDeniedError,
     CacheFullError,
@@ -46,9 +47,9 @@ def test_s3_batches_equal_local(moto_s3, s3_packed, packed, fmt, tmp_path):
     proxy, options = moto_s3
     local = batches(packed[fmt])
     proxy.faults([])
-    remote = batches(s3_packed[fmt], cache_dir=tmp_path, storage_options=options)
+    remote = batches(Remote(s3_packed[fmt], cache_dir=tmp_path, storage_options=options))
     assert same_batches(local, remote) and len(local) == 9
-    again = batches(s3_packed[fmt], cache_dir=tmp_path, storage_options=options)
+    again = batches(Remote(s3_packed[fmt], cache_dir=tmp_path, storage_options=options))
     assert same_batches(local, again)  # the second run reads the cache: no data file fetched again
     fetched = [e["path"] for e in proxy.log() if e["method"] == "GET"
                and not e["path"].endswith(("feedpipe.json", ".npy"))]
@@ -64,7 +65,7 @@ def test_https_batches_equal_local_under_faults(http_packed, packed, tmp_path):
                    {"kind": "status", "status": 429, "times": 1, "match": ".tar"},
                    {"kind": "drop", "after": 3000, "times": 2, "match": ".tar"},
                    {"kind": "corrupt", "times": 1, "match": "shard-000002"}])
-    remote = batches(urls["wds"], cache_dir=tmp_path)
+    remote = batches(Remote(urls["wds"], cache_dir=tmp_path))
     assert same_batches(batches(packed["wds"]), remote)
     statuses = [e["status"] for e in server.log()]
     assert statuses.count(503) == 3 and statuses.count(429) == 1
@@ -113,8 +114,8 @@ def test_cache_limit_holds_over_an_epoch(photo_dir, tmp_path):
     server = FaultServer(root=tmp_path / "srv")
     try:
         cache = Cache(tmp_path / "cache", limit)
-        ld = feedpipe.make_loader(f"{server.url}/ds", 8, **REMOTE_KW, cache_dir=tmp_path / "cache",
-                                  cache_limit=limit, shuffle=False)
+        ld = feedpipe.make_loader(Remote(f"{server.url}/ds", cache_dir=tmp_path / "cache",
+                                         cache_limit=limit), 8, shuffle=False, **REMOTE_KW)
         seen, peak = [], 0
         for b in ld:
             seen.append(b["image"])

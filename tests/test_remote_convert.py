@@ -153,3 +153,13 @@ def test_doctor_url_says_network_bound_behind_a_slow_link(photo_dir, s3, moto, c
         assert proxy.fetched(".tar")  # the shards were fetched through the slow link
     finally:
         proxy.stop()
+
+
+def test_a_missing_bucket_is_named(photo_dir, s3, capsys):
+    """Issue 27: a bucket that does not exist said 'not found while write the upload journal'."""
+    bucket, opts, fs = s3
+    url = f"{bucket}-missing/ds/"
+    rc, _, err = cli_main(capsys, "convert", photo_dir, "--to", "lmdb", "-o", url, "-q",
+                          *cli_opts(opts))
+    assert rc == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"{bucket}-missing: no such bucket" in err and "journal" not in err

@@ -12,6 +12,8 @@ from urllib.parse import unquote
 import pytest
 from fp_helpers import cli_main, loader_batches, same_batches
 
+from feedpipe import Output, Remote
+
 pytest.importorskip("gcsfs")
 pytest.importorskip("gcp_storage_emulator")
 from servers import cli_opts, objects  # noqa: E402
@@ -29,7 +31,7 @@ from feedpipe.storage import RetryPolicy, download, upload  # noqa: E402
 from feedpipe.storage.fetch import FETCH_ENV, fetch_backend  # noqa: E402
 
 FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05)
-KW = dict(size=48, dtype="uint8", device="cpu", seed=5, num_workers=0)
+KW = dict(size=48, device="cpu", seed=5, num_workers=0, output=Output(dtype="uint8"))
 MEDIA = "/download/storage/v1/b/"  # the JSON API's media download: the object's bytes
 
 
@@ -44,9 +46,11 @@ def test_gs_batches_equal_local(gcs, gcs_packed, packed, fmt, tmp_path):
     proxy, options = gcs
     local = loader_batches(packed[fmt], **KW)
     proxy.faults([])
-    remote = loader_batches(gcs_packed[fmt], **KW, cache_dir=tmp_path, storage_options=options)
+    remote = loader_batches(Remote(gcs_packed[fmt], cache_dir=tmp_path, storage_options=options),
+                            **KW)
     assert same_batches(local, remote) and len(local) == 9
-    again = loader_batches(gcs_packed[fmt], **KW, cache_dir=tmp_path, storage_options=options)
+    again = loader_batches(Remote(gcs_packed[fmt], cache_dir=tmp_path, storage_options=options),
+                           **KW)
     assert same_batches(local, again)  # the second run reads the cache
     data = [e for e in media_gets(proxy) if not e["name"].endswith(("feedpipe.json", ".npy"))]
     files = {f.name: f.size for f in feedpipe.open_dataset(packed[fmt]).manifest.files
@@ -64,7 +68,8 @@ def test_emulator_host_from_the_environment(gcs, gcs_packed, packed, tmp_path, m
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     proxy.faults([])
     options = {"token": "anon"}
-    remote = loader_batches(gcs_packed["wds"], **KW, cache_dir=tmp_path, storage_options=options)
+    remote = loader_batches(Remote(gcs_packed["wds"], cache_dir=tmp_path, storage_options=options),
+                            **KW)
     assert same_batches(loader_batches(packed["wds"], **KW), remote)
     assert {e["name"] for e in media_gets(proxy)} >= {"shard-000000.tar", "feedpipe.json"}
     shard = f"{gcs_packed['wds']}/shard-000000.tar"

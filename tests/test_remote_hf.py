@@ -11,6 +11,7 @@ from fp_helpers import remote_batches as batches
 from hub_emulator import HubRepos
 
 import feedpipe
+from feedpipe import Remote, Workers
 from feedpipe.errors import AccessDeniedError, IncompleteDatasetError, RemoteNotFoundError
 from feedpipe.storage import download, read_bytes, remote_size
 
@@ -29,8 +30,9 @@ def test_hf_batches_equal_local(hf_hub, packed, tmp_path):
     server, urls = hf_hub
     server.faults([])
     local = batches(packed["wds"])
-    assert same_batches(local, batches(urls["photos"], cache_dir=tmp_path)) and len(local) == 9
-    assert same_batches(local, batches(urls["photos"], cache_dir=tmp_path))
+    assert same_batches(local, batches(Remote(urls["photos"], cache_dir=tmp_path)))
+    assert len(local) == 9
+    assert same_batches(local, batches(Remote(urls["photos"], cache_dir=tmp_path)))
     want = {f"{resolved(urls['photos'])}/{name}": size
             for name, size in data_files(packed["wds"]).items()}
     assert server.fetched(".tar") == want
@@ -44,7 +46,7 @@ def test_hf_loader_workers_read_hf_endpoint(hf_hub, packed, tmp_path):
     from feedpipe.dataset.remote import open_remote
 
     ds = open_remote(urls["photos"], cache_dir=tmp_path, prefetch=0)
-    remote = batches(ds, num_workers=2, multiprocessing_context="spawn")
+    remote = batches(ds, num_workers=2, workers=Workers(multiprocessing_context="spawn"))
     assert same_batches(batches(packed["wds"]), remote)
     assert set(server.fetched(".tar")) == {f"{resolved(urls['photos'])}/{n}"
                                            for n in data_files(packed["wds"])}
@@ -62,7 +64,7 @@ def test_hf_revision_in_the_url(hf_hub, packed, tmp_path):
         assert ds.manifest.format == "lmdb"
     assert feedpipe.open_dataset(f"{base}@refs/pr/1/ds", cache_dir=tmp_path).manifest.format == "wds"
     assert feedpipe.open_dataset(urls["photos"], cache_dir=tmp_path).manifest.format == "wds"
-    remote = batches(f"{base}@v1/ds", cache_dir=tmp_path)
+    remote = batches(Remote(f"{base}@v1/ds", cache_dir=tmp_path))
     assert same_batches(batches(packed["lmdb"]), remote)
     data = [e["path"] for e in server.log() if e["path"].endswith("data.mdb")]
     assert data and set(data) == {f"/datasets/feedpipe/photos/resolve/{r}/ds/data.mdb"
@@ -98,7 +100,7 @@ def test_hf_faults_recover_to_the_same_batches(hf_hub, packed, tmp_path):
                    {"kind": "drop", "after": 3000, "times": 1, "match": ".tar"},
                    {"kind": "status", "status": 503, "times": 2, "match": "/api/datasets/"},
                    {"kind": "drop", "after": 10, "times": 2, "match": "feedpipe.json"}])
-    remote = batches(urls["faults"], cache_dir=tmp_path)
+    remote = batches(Remote(urls["faults"], cache_dir=tmp_path))
     assert same_batches(batches(packed["wds"]), remote)
     log = server.log()
     assert [e["status"] for e in log].count(503) == 4

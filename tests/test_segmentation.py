@@ -38,6 +38,7 @@ import feedpipe
 from converters import convert, make_boundary, make_distance_map
 from converters.synth import make_segmentation
 from converters.targets import boundary, distance_map
+from feedpipe import Output
 from feedpipe.dataset.manifest import Manifest
 from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.schema.masks import MaskField, TargetField
@@ -51,7 +52,7 @@ JPG_SIZES = [(200, 150), (176, 208), (240, 170), (150, 150), (160, 120), (224, 2
 # square PNGs (isotropic resize); a nearest resize to 48 px from these never samples a pixel edge
 # except where the position is exactly representable (96: factor 2)
 PNG_SIZES = [96, 144, 60, 168, 44, 100, 120, 72]
-U8 = dict(dtype="uint8", device="cpu")
+U8 = dict(device="cpu", output=Output(dtype="uint8"))
 
 
 def seg_targets() -> list:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import feedpipe
+from feedpipe import Output, Sampler
 from feedpipe.errors import ConfigError
 from feedpipe.loader.order import OrderSpec, interleave
 from feedpipe.loader.sampler import World
@@ -51,15 +52,16 @@ def test_each_shard_is_read_within_one_window(window, world):
 def test_window_loader_is_the_same_whatever_num_workers(packed):
     """The WebDataset default (shuffle_window=8) through real worker processes, and the
     prefetcher's shard order: every shard once, on one rank, in reading order."""
-    kw = dict(size=16, dtype="uint8", device="cpu", fields=["path"], seed=2)
+    kw = dict(size=16, device="cpu", fields=["path"], seed=2, output=Output(dtype="uint8"))
     runs = [[p for b in feedpipe.make_loader(packed["wds"], 8, num_workers=w, **kw)
              for p in b["path"]] for w in (0, 2)]
     assert runs[0] == runs[1] and len(set(runs[0])) == 72
-    one = feedpipe.make_loader(packed["wds"], 8, shuffle_window=1, num_workers=0, **kw)
+    one = feedpipe.make_loader(packed["wds"], 8, num_workers=0, sampler=Sampler(shuffle_window=1),
+                               **kw)
     orders = []
     for r in range(2):
-        ld = feedpipe.make_loader(packed["wds"], 8, shuffle_window=1, num_workers=0,
-                                  world=World(r, 2), **kw)
+        ld = feedpipe.make_loader(packed["wds"], 8, num_workers=0,
+                                  sampler=Sampler(shuffle_window=1, world=World(r, 2)), **kw)
         orders.append(ld.planner.shard_order(0))
         seen = [p for b in ld for p in b["path"]]
         reader = feedpipe.open_dataset(packed["wds"])
@@ -73,4 +75,4 @@ def test_window_loader_is_the_same_whatever_num_workers(packed):
 
 def test_shuffle_window_is_checked(packed):
     with pytest.raises(ConfigError, match="shuffle_window"):
-        feedpipe.make_loader(packed["wds"], 8, shuffle_window=0)
+        feedpipe.make_loader(packed["wds"], 8, sampler=Sampler(shuffle_window=0))

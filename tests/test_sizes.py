@@ -52,5 +52,6 @@ def test_every_size_option_reads_sizes_alike(tmp_path):
     assert exc.value.option == "cache_limit"
     # the defaults keep their bytes: 256 MiB shards and members, as the writer's own default
     defaults = p.parse_args(convert)
-    assert defaults.shard_size == WdsWriter.__init__.__kwdefaults__["shard_size"] == 2**28
+    assert defaults.shard_size is None  # unset (so --to lmdb can refuse a given one): the
+    assert WdsWriter.__init__.__kwdefaults__["shard_size"] == 2**28  # writer's own default
     assert p.parse_args(["index", src]).max_member_size == 2**28

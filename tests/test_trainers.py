@@ -20,6 +20,8 @@ import pytest
 from conftest import N_ODD
 from fp_helpers import free_port
 
+from feedpipe import Output
+
 HERE = Path(__file__).parent
 EVERY = list(range(N_ODD))
 
@@ -136,8 +138,8 @@ def test_data_wait_share_in_a_summary_writer(odd, tmp_path):
     import feedpipe
     from feedpipe.tools.monitor import StallMeter
 
-    ld = feedpipe.make_loader(odd["lmdb"], 8, size=16, dtype="uint8", device="cpu",
-                              num_workers=0)
+    ld = feedpipe.make_loader(odd["lmdb"], 8, size=16, device="cpu",
+                              num_workers=0, output=Output(dtype="uint8"))
     writer = SummaryWriter(tmp_path)
     for epoch in range(2):
         meter = StallMeter(cuda_sync=False)

@@ -20,6 +20,7 @@ from torch import nn
 
 import feedpipe
 from converters import convert
+from feedpipe import Workers, tuned
 from feedpipe.cli import main
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import LoaderConfig, usable_cores
@@ -184,48 +185,51 @@ def test_cache_hit_skips_trials_and_a_changed_dataset_invalidates_it(
         fixed.num_workers
 
 
-def test_num_workers_tune_needs_the_tools_layer(packed):
-    """The loader never imports the tools above it: called directly, before feedpipe.tools.tune
-    is imported, num_workers="tune" is a ConfigError naming the tuner (feedpipe.make_loader
-    installs it)."""
+def test_num_workers_tune_moved_to_an_explicit_tuned_option(packed):
+    """num_workers="tune" (a global hook installed by importing the tools) is gone: the
+    ConfigError names workers=feedpipe.tuned(), and importing the loader alone imports no
+    tools."""
     code = ("import sys\n"
             "from feedpipe.errors import ConfigError\n"
             "from feedpipe.loader.api import make_loader\n"
             "try:\n"
             f"    make_loader({str(packed['lmdb'])!r}, 8, num_workers='tune', device='cpu')\n"
             "except ConfigError as exc:\n"
-            "    print(exc)\n"
+            "    print(exc.option, exc)\n"
             "print('feedpipe.tools.tune' in sys.modules)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     message, imported = proc.stdout.strip().splitlines()
-    assert "feedpipe.tools.tune" in message and "feedpipe.make_loader" in message
+    assert message.startswith("num_workers ") and "workers=feedpipe.tuned()" in message
     assert imported == "False"
 
 
 def test_make_loader_num_workers_tune(packed):
     path = packed["lmdb"]
-    loader = feedpipe.make_loader(path, 16, num_workers="tune", **OPTS)
+    loader = feedpipe.make_loader(path, 16, workers=tuned(), **OPTS)
     res = autotune(path, 16, **OPTS)  # the same settings: what make_loader cached
     assert res.cached and loader.cfg.num_workers == res.num_workers
     if res.num_workers:
         assert loader.cfg.prefetch_factor == res.prefetch_factor
     assert sum(len(b["label"]) for b in loader) == 72
-    fixed = feedpipe.make_loader(path, 16, num_workers="tune", prefetch_factor=2, **OPTS)
+    fixed = feedpipe.make_loader(path, 16, workers=tuned(workers=Workers(prefetch_factor=2)),
+                                 **OPTS)
     assert fixed.cfg.num_workers == 0 or fixed.cfg.prefetch_factor == 2
-    assert {t.prefetch for t in autotune(path, 16, prefetch_factor=2, **OPTS).trials} <= {None, 2}
-    with pytest.raises(ConfigError, match="'tune'"):
-        LoaderConfig(batch_size=4, num_workers="tuned")
-    with pytest.raises(ConfigError, match="measured by make_loader"):
-        LoaderConfig(batch_size=4, num_workers="tune").resolve(cuda=False, decodes=True)
+    assert {t.prefetch for t in autotune(path, 16, workers=Workers(prefetch_factor=2),
+                                         **OPTS).trials} <= {None, 2}
+    with pytest.raises(ConfigError, match="feedpipe.tuned"):
+        LoaderConfig(batch_size=4, num_workers="tune")
+    with pytest.raises(ConfigError, match="chooses num_workers") as exc:
+        feedpipe.make_loader(path, 16, num_workers=2, workers=tuned(), **OPTS)
+    assert exc.value.option == "num_workers"
 
 
 @pytest.mark.parametrize("bad, match", [
     (dict(num_workers=2), "leave it out"), (dict(budget_cpus=0), "budget_cpus"),
     (dict(budget_ram=-1), "budget_ram"), (dict(tolerance=1.5), "tolerance"),
     (dict(trial_batches=2), "trial_batches"), (dict(repeats=0), "repeats"),
-    (dict(prefetch_factor=0), "prefetch_factor"), (dict(crop="squash"), "crop"),
+    (dict(workers=Workers(prefetch_factor=0)), "prefetch_factor"), (dict(crop="squash"), "crop"),
     (dict(budget_ram="2G"), "budget_ram"), (dict(tolerance="0.05"), "tolerance"),
 ])
 def test_autotune_rejects_bad_options(packed, bad, match):
@@ -388,3 +392,39 @@ def test_ddp_ranks_agree_on_the_minimum(tmp_path):
     assert all(t["peak_bytes"] <= budgets[1] for t in ranks[1]["trials"] if t["ok"])
     assert any("another rank" in t["note"] for t in ranks[0]["trials"])  # rank 0 alone fits more
     assert ranks[0]["batch_size"] == math.floor(ranks[1]["largest_fit"] * 0.9)
+
+
+def test_find_batch_size_on_cpu_stays_within_its_time_budget_and_shows_progress(capsys):
+    """On CPU the search has a time cap (issue 27: 1,331 s with no output): a size whose trial
+    would not end within what is left is not run, and each trial is shown as it ends."""
+    def slow_step(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        time.sleep(0.005 * len(batch[0]))  # a step's time grows with the batch, as on a CPU
+        return m(batch[0]).mean()
+
+    res = find_batch_size(tiny_cnn(), images, step=slow_step, start=16, max_size=4096, steps=1,
+                          time_budget=2.0, memory_budget=1 << 30, device="cpu")
+    ran = [t for t in res.trials if t.seconds is not None]
+    assert ran and all(t.ok for t in ran)
+    assert sum(t.seconds for t in ran[:-1]) <= 2.0  # every trial run began within the budget
+    skipped = [t for t in res.trials if "time budget" in t.note]
+    assert skipped and all(not t.ok and t.seconds is None for t in skipped)
+    assert 16 <= res.largest_fit < min(t.size for t in skipped)
+    assert "time budget" in res.reason and res.time_budget_s == 2.0
+    err = capsys.readouterr().err
+    assert "find_batch_size on cpu" in err and f"batch {res.largest_fit}: ok" in err
+
+
+def test_find_batch_size_cpu_defaults_cap_time_and_memory():
+    """Defaults on CPU: half the RAM available and CPU_TIME_BUDGET_S seconds; no caps on time
+    asked for with time_budget=None."""
+    from feedpipe.tools.tune.batch_size import CPU_TIME_BUDGET_S
+    from feedpipe.tools.tune.memory import host_available_bytes
+
+    res = find_batch_size(tiny_cnn(), images, start=8, max_size=16, steps=1, progress=False)
+    assert res.time_budget_s == CPU_TIME_BUDGET_S <= 300
+    assert 0 < res.budget_bytes < host_available_bytes()  # half of it, taken at the start
+    res = find_batch_size(tiny_cnn(), images, start=8, max_size=16, steps=1, progress=False,
+                          time_budget=None)
+    assert res.time_budget_s is None and res.largest_fit == 16
+    with pytest.raises(ConfigError, match="time_budget"):
+        find_batch_size(tiny_cnn(), images, time_budget=0, progress=False)

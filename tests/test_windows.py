@@ -14,6 +14,7 @@ import torch
 
 import feedpipe
 from converters.arrays import pack_arrays
+from feedpipe import Sampler
 from feedpipe.dataset.windows import Windows
 from feedpipe.errors import ConfigError
 from feedpipe.loader.sampler import World
@@ -170,7 +171,8 @@ def test_shuffled_resume_exact_mid_epoch(packed):
 def test_two_ranks_get_equal_batches_of_disjoint_windows(packed):
     w = Windows(packed["hdf5"], length=24, horizon=6, stride=2, targets=["pm25"])
     assert len(w) % 2 == 0  # no padding: every window once
-    ranks = [list(feedpipe.make_loader(w, 10, world=World(r, 2), **{**KW, "num_workers": 1}))
+    ranks = [list(feedpipe.make_loader(w, 10, sampler=Sampler(world=World(r, 2)), **{**KW,
+                                                                                     "num_workers": 1}))
              for r in range(2)]
     assert len(ranks[0]) == len(ranks[1]) > 1
     seen = [torch.cat([b["start"] for b in batches]).tolist() for batches in ranks]

@@ -3,7 +3,7 @@ baseline with the same DCT coefficients, the converter's default) and read by ma
 
 Usage as the project README shows it: ``feedpipe convert SRC OUT --to FORMAT`` (here the Python
 ``converters.convert`` the CLI calls, ``store="passthrough"``), then
-``feedpipe.make_loader(OUT, batch_size, size=224, dtype="uint8", device="cpu")`` with the crop
+``feedpipe.make_loader(OUT, batch_size, size=224, output=Output(dtype="uint8"), device="cpu")`` with the crop
 left at its default (``"center_crop"``: the output's aspect cut from the centre, then resized).
 ``--format`` picks lmdb, wds or hdf5. ``num_workers`` is set to the task's 2 (feedpipe's "auto"
 would pick from the machine).
@@ -19,6 +19,7 @@ from common import serve
 
 import feedpipe
 from converters import convert
+from feedpipe import Output
 
 
 def _fmt() -> str:
@@ -36,8 +37,8 @@ def pack(items: list[tuple[str, int]], work: Path, args: argparse.Namespace) -> 
 
 
 def open_loader(work: Path, args: argparse.Namespace):
-    loader = feedpipe.make_loader(work, args.batch, size=args.size, dtype="uint8", device="cpu",
-                                  num_workers=args.workers, shuffle=True)
+    loader = feedpipe.make_loader(work, args.batch, size=args.size, device="cpu",
+                                  num_workers=args.workers, shuffle=True, output=Output(dtype="uint8"))
 
     def epoch():
         for batch in loader:

@@ -17,7 +17,10 @@ from .remote_args import add_cache_args, add_storage_args, cache_options, storag
 
 def register(sub: Any) -> None:
     """Add the ``bench`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    b = sub.add_parser("bench", help="measure loader throughput on your data, per configuration")
+    b = sub.add_parser("bench", help="measure loader throughput on your data, per configuration",
+        description=("Measure samples/s of the loader on your data for several configurations "
+                     "(workers, decode, backend) and print a table; an image folder is packed first "
+                     "into a temporary dataset."))
     b.add_argument("path", help="packed dataset, dataset URL (s3://bucket/ds/, read through "
                    "the cache), or image folder (packed first into a temporary dataset per "
                    "--formats)")

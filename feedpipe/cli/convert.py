@@ -35,7 +35,11 @@ if TYPE_CHECKING:
 
 def register(sub: Any) -> None:
     """Add the ``convert`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    c = sub.add_parser("convert", help="pack images (or arrays) into LMDB, HDF5 or WebDataset")
+    c = sub.add_parser("convert", help="pack images (or arrays) into LMDB, HDF5 or WebDataset",
+        description=("Pack a source once into LMDB, HDF5 or WebDataset: an image folder or ImageFolder"
+                     " tree, a CSV/JSONL manifest (with labels, boxes, keypoints, text), WebDataset "
+                     "shards, a Hugging Face dataset, or a table of arrays. Writes atomically; bad "
+                     "inputs are skipped and listed (--strict stops on them)."))
     c.add_argument("src", help="image folder, ImageFolder tree, .csv/.jsonl manifest, WebDataset "
                    "shards (folder, .tar/.tgz, brace pattern), or hf://org/name or a "
                    "save_to_disk folder (docs/sources.md); a table of arrays: .npy, .npz, "
@@ -91,9 +95,9 @@ def register(sub: Any) -> None:
                    help="split root: refuse differing class lists (agree) or use their union")
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--overwrite", action="store_true")
-    c.add_argument("--shard-size", default="256MiB", type=size_arg,
-                   help="wds: max bytes per shard (MB: 10^6, MiB: 2^20)")
-    c.add_argument("--shard-count", type=int, default=10_000, help="wds: max samples per shard")
+    c.add_argument("--shard-size", type=size_arg,
+                   help="wds: max bytes per shard (MB: 10^6, MiB: 2^20; default 256MiB)")
+    c.add_argument("--shard-count", type=int, help="wds: max samples per shard (default 10000)")
     c.add_argument("--compression", choices=["lzf", "gzip"], help="hdf5 chunk compression")
     c.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_storage_args(c)
@@ -163,11 +167,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
     from converters import convert, parse_resize
     from converters.parts import parse_part
 
-    writer_options: dict[str, object] = {}
-    if args.to == "wds":
-        writer_options = {"shard_size": args.shard_size, "shard_count": args.shard_count}
-    elif args.to == "hdf5" and args.compression:
-        writer_options = {"compression": args.compression}
+    writer_options = _writer_options(args)
     bar = tqdm(total=None, unit="img", disable=args.quiet or None, dynamic_ncols=True)
 
     def progress(done: int, total: int) -> None:
@@ -203,13 +203,11 @@ def cmd_convert(args: argparse.Namespace) -> int:
         bar.close()
     if table is not None:
         return convert_tables.summary(table, args)
-    splits = ", ".join(f"{k} {v}" for k, v in res.splits.items())
-    print(f"wrote {res.written} samples ({splits}) to {res.out} as {args.to} in {res.seconds:.1f} s "
-          f"({res.rate:.0f} images/s)")
+    print(wrote_line(res, args.to))
     print(f"  stored unchanged: {res.passthrough}, progressive JPEGs made baseline "
           f"(lossless): {res.transcoded}, re-encoded: {res.reencoded}, skipped: "
           f"{len(res.skipped)}, files not taken: {res.ignored}; image codec {res.image_codec}")
-    _print_stored(res)
+    _print_stored(res, part=bool(args.part))
     print(f"  input {human(res.bytes_in)} -> output {human(res.bytes_out)}"
           + (f" ({res.bytes_out / res.bytes_in:.3f}x)" if res.bytes_in else ""))
     for s in res.skipped[:20]:
@@ -226,6 +224,30 @@ def cmd_convert(args: argparse.Namespace) -> int:
               + (" ..." if len(res.unlabeled) > 5 else ""))
     _print_palette(res)
     return 0
+
+
+def _writer_options(args: argparse.Namespace) -> dict[str, object]:
+    """The format's own options; one given for another format is refused, not ignored."""
+    given = {"shard_size": ("wds", args.shard_size), "shard_count": ("wds", args.shard_count),
+             "compression": ("hdf5", args.compression)}
+    wrong = [f"--{k.replace('_', '-')} ({fmt} only)" for k, (fmt, v) in given.items()
+             if v is not None and fmt != args.to]
+    if wrong:
+        raise ConfigError(f"--to {args.to}: {', '.join(wrong)} would be ignored; drop it, or "
+                          "pick the format it applies to")
+    return {k: v for k, (fmt, v) in given.items() if v is not None}
+
+
+def wrote_line(res: ConvertResult, to: str) -> str:
+    """The summary's first line: samples written out of the inputs tried (never "all" when some
+    were skipped), the splits when there are several, where and how fast."""
+    tried = res.written + len(res.skipped)
+    what = (f"{res.written} of {tried} inputs" if res.skipped else f"{res.written} samples")
+    splits = ", ".join(f"{k} {v}" for k, v in res.splits.items())
+    return (f"wrote {what}" + (f" ({splits})" if "all" not in res.splits else "")
+            + f" to {res.out} as {to} in {res.seconds:.1f} s ({res.rate:.0f} images/s)"
+            + (f"; {len(res.skipped)} skipped (listed below and in the manifest)"
+               if res.skipped else ""))
 
 
 def _print_palette(res: ConvertResult) -> None:
@@ -248,8 +270,9 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
                      progress: Any) -> ConvertResult | None:
     """Foreign WebDataset shards and Hugging Face datasets (converters.records); None for the
     sources :func:`converters.convert` reads."""
-    from converters import PackOptions, parse_resize
+    from converters import convert, parse_resize
     from converters.external import record_source
+    from converters.parts import parse_part
 
     limit = args.max_member_size
     src = record_source(args.src, args.split, limit)
@@ -257,8 +280,6 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
         raise ConfigError(f"{args.src}: --max-member-size applies to WebDataset shards only")
     if src is None:
         return None
-    from converters.records import pack_records
-
     unused = [flag for flag, v in (("--masks", args.masks), ("--targets", args.targets),
                                    ("--target", args.target), ("--split-root", args.split_root),
                                    ("--mask-palette", args.mask_palette),
@@ -267,15 +288,17 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
     if unused:
         raise ConfigError(f"{args.src}: {', '.join(unused)} apply to image folders and "
                           "manifests, not to WebDataset shards or Hugging Face datasets")
-    opts = PackOptions(store=args.store, resize=parse_resize(args.resize), codec=args.codec,
-                       quality=args.quality, check=args.check, extra_channels=args.extra_channels,
-                       max_pixels=args.max_pixels, jpeg=args.jpeg)
-    return pack_records(src, args.out, to=args.to, options=opts, strict=args.strict,
-                        overwrite=args.overwrite, val_fraction=args.val_fraction, seed=args.seed,
-                        writer_options=writer_options, progress=progress)
+    return convert(src, args.out, to=args.to, store=args.store, resize=parse_resize(args.resize),
+                   codec=args.codec, quality=args.quality, check=args.check,
+                   extra_channels=args.extra_channels, max_pixels=args.max_pixels,
+                   jpeg=args.jpeg, strict=args.strict, overwrite=args.overwrite,
+                   val_fraction=args.val_fraction, seed=args.seed,
+                   writer_options=writer_options, progress=progress,
+                   storage_options=storage_options(args),
+                   part=parse_part(args.part) if args.part else None)
 
 
-def _print_stored(res: ConvertResult) -> None:
+def _print_stored(res: ConvertResult, part: bool = False) -> None:
     """How each input was stored (from→to), files not taken, and what needs attention."""
     if res.stored:
         print("  stored: " + ", ".join(f"{k} {v}" for k, v in sorted(res.stored.items())))
@@ -284,10 +307,15 @@ def _print_stored(res: ConvertResult) -> None:
                       ("channels_dropped", "images had alpha or extra channels dropped "
                        "(--extra-channels drop)"),
                       ("empty_classes", "classes have no samples")):
-        names = getattr(res, key)
+        names = getattr(res, key) if key != "empty_classes" or not part else None
+        # a part holds a slice of the classes: `feedpipe merge` names those empty in every part
         if names:
             print(f"  {len(names)} {text}: " + ", ".join(names[:5])
                   + (" ..." if len(names) > 5 else ""))
+    for f in res.lossy[:10]:
+        print(f"  re-encoded (lossy) {f['path']}: {f['reason']}")
+    if len(res.lossy) > 10:
+        print(f"  ... and {len(res.lossy) - 10} more re-encoded (all listed in the manifest)")
     kept = res.progressive_kept
     if kept:
         print(f"  {len(kept)} progressive JPEGs stored as they are (listed in the manifest): "
@@ -320,5 +348,27 @@ def _targets(args: argparse.Namespace) -> list[object]:
         name, eq, ref = spec.partition("=")
         if not eq or not name.strip():
             raise ConfigError(f"--target {spec}: use name=package.module:function")
-        out.append(user_target(name.strip(), ref.strip()))
+        try:
+            out.append(user_target(name.strip(), ref.strip()))
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}{_path_hint(ref.strip())}") from exc
     return out
+
+
+def _path_hint(ref: str) -> str:
+    """Why ``module:function`` may not import from the command: the ``feedpipe`` command does
+    not search the current folder, and its workers import the module too."""
+    import importlib.util
+
+    top = ref.partition(":")[0].split(".")[0]
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        found = False
+    if found or not top:
+        return ""
+    here = [p for p in (Path(f"{top}.py"), Path(top)) if p.exists()]
+    where = (f"{here[0]} is in the current folder, which the feedpipe command does not search"
+             if here else f"no module {top!r} on the import path")
+    return (f" ({where}: run with PYTHONPATH set to the folder that holds it, e.g. "
+            f"PYTHONPATH=. feedpipe convert ...)")

@@ -54,7 +54,9 @@ def pack(args: argparse.Namespace, writer_options: dict[str, object],
     unused = [f"--{d.replace('_', '-')}" for d, default in _IMAGE_ONLY
               if getattr(args, d) not in (default, False)]
     if unused:
-        raise ConfigError(f"{args.src} is a table of arrays: {', '.join(unused)} "
+        why = (" (it has no 'path' column: name the column of image paths 'path' to pack "
+               "images)" if str(args.src).lower().endswith((".csv", ".jsonl")) else "")
+        raise ConfigError(f"{args.src} is a table of arrays{why}: {', '.join(unused)} "
                           f"appl{'ies' if len(unused) == 1 else 'y'} to images only")
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
     cols, renamed, skipped = read_table(args.src, columns, args.dtype, args.strict)

@@ -12,7 +12,9 @@ from .remote_args import add_storage_args, storage_options
 
 def register(sub: Any) -> None:
     """Add the ``doctor`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    d = sub.add_parser("doctor", help="check the machine and a dataset for slow-loading causes")
+    d = sub.add_parser("doctor", help="check the machine and a dataset for slow-loading causes",
+        description=("Check the machine (cores, memory, shared memory, GPU, decoders) and optionally a"
+                     " dataset or URL for what would make loading slow, with the fix for each finding."))
     d.add_argument("path", nargs="?", help="packed dataset, image folder or URL (optional; a URL "
                    "gets the fetch bandwidth against the decode rate)")
     d.add_argument("--no-bench", action="store_true", help="skip the short bench of PATH")

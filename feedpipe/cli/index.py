@@ -13,7 +13,9 @@ from .args import size_arg
 def register(sub: Any) -> None:
     """Add the ``index`` subcommand to the ``feedpipe`` CLI's subparsers."""
     c = sub.add_parser("index", help="index WebDataset .tar shards written by other tools, in "
-                       "place, so make_loader reads them without a conversion")
+                       "place, so make_loader reads them without a conversion",
+        description=("Index WebDataset .tar shards written by other tools where they are, so "
+                     "make_loader reads them without a conversion."))
     c.add_argument("folder", type=Path, help="folder of .tar shards")
     c.add_argument("--overwrite", action="store_true", help="index a folder indexed before")
     c.add_argument("--max-member-size", default="256MiB", type=size_arg,

@@ -16,7 +16,9 @@ from .remote_args import add_storage_args, storage_options
 
 def register(sub: Any) -> None:
     """Add the ``info`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    i = sub.add_parser("info", help="print a dataset's manifest summary")
+    i = sub.add_parser("info", help="print a dataset's manifest summary",
+        description=("Print a packed dataset's summary from its manifest: format, samples, fields, "
+                     "classes, files and how it was converted."))
     i.add_argument("path", help="dataset folder or URL (s3://bucket/ds/)")
     i.add_argument("--json", action="store_true", help="print the whole manifest")
     add_storage_args(i)

@@ -10,7 +10,9 @@ from .remote_args import add_storage_args, storage_options
 
 def register(sub: Any) -> None:
     """Add the ``merge`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    m = sub.add_parser("merge", help="join the parts of `convert --part i/N` into one dataset")
+    m = sub.add_parser("merge", help="join the parts of `convert --part i/N` into one dataset",
+        description=("Join the parts written by `feedpipe convert --part i/N` into one dataset, after "
+                     "checking that they agree."))
     m.add_argument("out", help="the merged dataset, a folder or an object-store URL (parts "
                    "already in OUT/parts/ are always taken)")
     m.add_argument("parts", nargs="*", help="part directories or a quoted glob; moved into "

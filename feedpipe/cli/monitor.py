@@ -18,7 +18,9 @@ if TYPE_CHECKING:
 
 def register(sub: Any) -> None:
     """Add the ``monitor`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    m = sub.add_parser("monitor", help="sample GPU utilisation and memory (NVML) next to a job")
+    m = sub.add_parser("monitor", help="sample GPU utilisation and memory (NVML) next to a job",
+        description=("Sample GPU utilisation and memory (NVML) next to a training job, to see whether "
+                     "the loader keeps the GPU busy."))
     m.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     m.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C)")
     m.add_argument("--json", type=Path, help="write the summary here as JSON")

@@ -11,9 +11,11 @@ from .args import hw_size, size_arg
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    from ..loader.options import Output
     from ..tools.tune.autotune import autotune  # torch: only when the command runs
 
-    options: dict[str, Any] = {"crop": args.crop, "dtype": args.dtype, "device": args.device}
+    options: dict[str, Any] = {"crop": args.crop, "output": Output(dtype=args.dtype),
+                               "device": args.device}
     if args.size:
         options["size"] = args.size
     res = autotune(args.path, args.batch_size, budget_cpus=args.budget_cpus,
@@ -27,7 +29,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
 def register(sub: Any) -> None:
     """Add the ``tune`` subcommand to the ``feedpipe`` CLI's subparsers."""
     t = sub.add_parser("tune", help="measure num_workers/prefetch for a dataset and cache the "
-                       "choice (make_loader(..., num_workers='tune') then starts tuned)")
+                       "choice (make_loader(..., workers=feedpipe.tuned()) then starts tuned)",
+        description=("Measure num_workers and prefetch for a dataset on this machine and cache the "
+                     "choice, so make_loader(..., workers=feedpipe.tuned()) starts tuned."))
     t.add_argument("path", help="a packed dataset directory")
     t.add_argument("--batch-size", type=int, required=True)
     t.add_argument("--size", type=hw_size, help="output size: N (square) or HxW, e.g. 96x128 "

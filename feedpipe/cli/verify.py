@@ -10,7 +10,9 @@ from .remote_args import add_storage_args, storage_options
 
 def register(sub: Any) -> None:
     """Add the ``verify`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    v = sub.add_parser("verify", help="re-read every record; non-zero exit on damage")
+    v = sub.add_parser("verify", help="re-read every record; non-zero exit on damage",
+        description=("Re-read every record of a packed dataset and check its checksums; exits non-zero"
+                     " on any damage and names what is damaged."))
     v.add_argument("path", help="dataset folder or URL (every object fetched, its SHA-256 "
                    "checked)")
     v.add_argument("--no-decode", action="store_true", help="skip decoding images")

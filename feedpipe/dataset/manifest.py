@@ -7,6 +7,7 @@ interrupted conversion never reads as a dataset.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import stat
@@ -117,8 +118,11 @@ class Manifest:
     def write(self, root: Path) -> None:
         """Write atomically (:func:`feedpipe.paths.write_atomic`): the last step of every
         conversion."""
-        write_atomic(Path(root) / MANIFEST_NAME,
-                     json.dumps(self.to_json(), indent=1, ensure_ascii=False))
+        write_atomic(Path(root) / MANIFEST_NAME, self.encoded())
+
+    def encoded(self) -> bytes:
+        """The manifest file's bytes (what :meth:`write` writes; a store uploads them)."""
+        return json.dumps(self.to_json(), indent=1, ensure_ascii=False).encode("utf-8")
 
     @classmethod
     def read(cls, root: str | os.PathLike[str]) -> "Manifest":
@@ -131,12 +135,7 @@ class Manifest:
         if not root.is_dir():
             raise FileNotFoundError(f"{root}: no such dataset directory")
         if not path.is_file():
-            hint = ""
-            if (root / "train" / MANIFEST_NAME).is_file():
-                hint = f" (it holds a train/val split: open {root / 'train'} or {root / 'val'})"
-            raise IncompleteDatasetError(
-                f"{root}: no {MANIFEST_NAME}; the conversion did not finish or this is not a "
-                f"feedpipe dataset{hint}. Re-run `feedpipe convert`.")
+            raise _not_a_dataset(root)
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:
@@ -280,8 +279,36 @@ def check_fields(d: dict[str, Any], path: Path) -> None:
             _integer(part, "num_samples", f"extra.parts[{i}].num_samples", path, 0, MAX_SAMPLES)
 
 
+_IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif"})
+
+
+def _not_a_dataset(root: Path) -> NotADatasetError | IncompleteDatasetError:
+    """A folder without a manifest, said for what it is: a folder of datasets (a split root's
+    or --val-fraction's output), an image folder, or a conversion that did not finish."""
+    inner = sorted(p.parent.name for p in root.glob(f"*/{MANIFEST_NAME}"))
+    if inner:
+        return NotADatasetError(
+            f"{root}: holds {len(inner)} datasets, one per split ({', '.join(inner)}), not one "
+            f"dataset; open one of them, e.g. {root / inner[0]}")
+    if (root / "parts").is_dir():
+        return IncompleteDatasetError(f"{root}: holds conversion parts but no merged dataset: "
+                                      f"run `feedpipe merge {root}`")
+    looked = itertools.islice(root.rglob("*"), 10_000)  # an error path: a bounded look
+    images = next((p for p in looked if p.suffix.lower() in _IMAGE_SUFFIXES), None)
+    if images is not None:
+        return NotADatasetError(
+            f"{root}: is a folder of images ({images.relative_to(root)}...), not a packed "
+            f"dataset; pack it first: feedpipe convert {root} --to lmdb -o OUT, then open OUT")
+    return IncompleteDatasetError(
+        f"{root}: no {MANIFEST_NAME}; the conversion did not finish or this is not a feedpipe "
+        "dataset. Re-run `feedpipe convert`.")
+
+
 def _what_file(path: Path) -> str:
     """Why a file is not a dataset, and what to run: a dataset is a directory."""
+    if (path.parent / MANIFEST_NAME).is_file():  # packed/data.mdb: a file of a dataset
+        return (f"{path}: is a file of the dataset {path.parent}; pass the dataset folder "
+                f"({path.parent}), not one of its files")
     with open(path, "rb") as fh:
         head = fh.read(512)
     if head[:2] == b"\x1f\x8b":

@@ -128,12 +128,13 @@ class MixedReader(DatasetReader):
             only0 = [c for c in lists[0] if c not in lists[k]]
             onlyk = [c for c in lists[k] if c not in lists[0]]
             raise ConfigError(
-                f"mix_classes='equal': 'label' class lists differ between {self.names[0]!r} and "
-                f"{self.names[k]!r} (only in the first: {only0}, only in the second: {onlyk}"
+                f"Mix(..., classes='equal'): 'label' class lists differ between "
+                f"{self.names[0]!r} and {self.names[k]!r} (only in the first: {only0}, only in "
+                f"the second: {onlyk}"
                 f"{', same names in another order' if not only0 and not onlyk else ''}); pass "
-                "mix_classes='union' to remap labels into one list", option="mix_classes")
+                "Mix(..., classes='union') to remap labels into one list", option="mix_classes")
         if any(not c for c in lists):
-            raise ConfigError("mix_classes='union' needs every dataset's class list; "
+            raise ConfigError("Mix(..., classes='union') needs every dataset's class list; "
                               f"{self.names[[bool(c) for c in lists].index(False)]!r} has none",
                               option="mix_classes")
         union: list[str] = []
@@ -149,10 +150,6 @@ class MixedReader(DatasetReader):
 
     def sizes(self) -> list[int]:
         return [len(s) for s in self.sources]
-
-    def fingerprint(self) -> dict[str, Any]:
-        """What a saved position depends on: the sources' names and sizes."""
-        return {"names": list(self.names), "sizes": self.sizes()}
 
     # -- DatasetReader ---------------------------------------------------------------------------
     def _open(self) -> None:

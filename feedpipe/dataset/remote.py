@@ -190,7 +190,7 @@ class RemoteWdsReader(WdsReader):
             assert values is not None
             fn(pos, values)
 
-    def plan_ahead(self, plan: Sequence[Sequence[int]], position: int) -> None:
+    def plan_ahead(self, plan: Sequence[Sequence[int] | np.ndarray], position: int) -> None:
         """Called by the loader's sampler as it hands out batch ``position`` of ``plan``: fetch
         the shards of the next batches, up to ``prefetch`` beyond this batch's, in plan order,
         in a small thread pool. Prefetching only fills free room (it never evicts), takes it in

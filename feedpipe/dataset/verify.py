@@ -1,20 +1,28 @@
-"""``feedpipe verify``: checksums of every file, then every record re-read (and decoded).
+"""``feedpipe verify``: checksums of every file, then every record re-read (and decoded); and
+``feedpipe info``'s manifest read. A dataset folder and a URL go through one implementation: the
+files are listed, sized and fetched through a :class:`~feedpipe.storage.Store`.
 
 Records are read through the format's reader, so each one's crc32 is checked (format version 2);
 WebDataset shards are also streamed, which finds damaged tar headers and unsafe members, and
-entries no sample owns (an extra LMDB key, HDF5 dataset or tar member) are reported by name.
+entries no sample owns (an extra LMDB key, HDF5 dataset or tar member) are reported by name. On a
+URL every object is fetched (into a temporary folder under ``workdir``) and problems name its URL.
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
-from ..errors import FeedpipeError, ResourceError
+from ..errors import FeedpipeError, IncompleteDatasetError, RemoteNotFoundError, ResourceError
+from ..storage.store import Store, file_digest, open_store
 from .formats.wds import WdsReader
-from .manifest import FileEntry, Manifest, refuse_url
+from .manifest import MANIFEST_NAME, Manifest
 from .registry import open_dataset
+
+Options = Mapping[str, Any] | None
 
 
 @dataclass
@@ -31,23 +39,75 @@ class VerifyReport:
         return not self.problems
 
 
-def verify(path: str | os.PathLike[str], *, decode: bool = True, chunk: int = 256) -> VerifyReport:
-    """Check sizes and SHA-256 of the manifest's files, then read every record."""
-    refuse_url(path, "the dataset")
-    root = Path(path)
-    manifest = Manifest.read(root)
+def read_manifest(source: str | os.PathLike[str] | Store, storage_options: Options = None,
+                  into: Path | None = None) -> Manifest:
+    """Read and validate the manifest of a dataset folder or URL (:meth:`Manifest.read`'s checks
+    either way); a missing one means the conversion did not finish (or is still uploading).
+    ``into`` keeps a fetched manifest file in that folder."""
+    store = source if not isinstance(source, (str, os.PathLike)) \
+        else open_store(source, storage_options)
+    if not store.remote:
+        return Manifest.read(store.url)
+    try:
+        raw = store.read_bytes(MANIFEST_NAME)
+    except RemoteNotFoundError as exc:
+        raise IncompleteDatasetError(f"{store.url}: no {MANIFEST_NAME}; its conversion did not "
+                                     "finish (or is still uploading), or this is not a feedpipe "
+                                     "dataset. Re-run `feedpipe convert`.") from exc
+    if into is not None:
+        (into / MANIFEST_NAME).write_bytes(raw)
+        return Manifest.read(into)
+    with tempfile.TemporaryDirectory(prefix="feedpipe-manifest-") as tmp:
+        (Path(tmp) / MANIFEST_NAME).write_bytes(raw)
+        return Manifest.read(tmp)
+
+
+def verify(target: str | os.PathLike[str], *, decode: bool = True, chunk: int = 256,
+           storage_options: Options = None, workdir: str | Path | None = None) -> VerifyReport:
+    """Check sizes and SHA-256 of the manifest's files, then read every record, of a dataset
+    folder or URL (whose objects are fetched into a temporary folder under ``workdir``)."""
+    store = open_store(target, storage_options)
+    with tempfile.TemporaryDirectory(prefix="feedpipe-verify-", dir=workdir) as tmp:
+        root = Path(tmp) if store.remote else Path(store.url)
+        manifest = read_manifest(store, into=root if store.remote else None)
+        report = _check_files(store, manifest, root)
+        if store.remote and report.problems:  # records of a missing object would repeat them
+            return report
+        _check_records(root, manifest, report, decode, chunk)
+    if store.remote:
+        report.problems = [p.replace(str(root), store.url) for p in report.problems]
+        report.notes = [n.replace(str(root), store.url) for n in report.notes]
+    return report
+
+
+def _check_files(store: Store, manifest: Manifest, into: Path) -> VerifyReport:
+    """Each file's size and SHA-256 against the manifest (a remote one fetched ``into``)."""
     report = VerifyReport()
     for entry in manifest.files:
         report.files_checked += 1
-        if not (root / entry.name).is_file():
-            report.problems.append(f"{root / entry.name}: missing")
+        where = store.where(entry.name)
+        try:
+            size = store.size(entry.name)
+            if size != entry.size:
+                report.problems.append(f"{where}: size {size}, manifest says {entry.size}")
+                continue
+            local = store.local(entry.name, into, size)
+        except FileNotFoundError:
+            report.problems.append(f"{where}: missing")
             continue
-        actual = FileEntry.of(root, entry.name)
-        if actual.size != entry.size:
-            report.problems.append(f"{root / entry.name}: size {actual.size}, manifest "
-                                   f"says {entry.size}")
-        elif actual.sha256 != entry.sha256:
-            report.problems.append(f"{root / entry.name}: checksum mismatch")
+        except ResourceError:
+            raise
+        except (FeedpipeError, OSError) as exc:
+            report.problems.append(str(exc))
+            continue
+        if file_digest(local)[1] != entry.sha256:
+            report.problems.append(f"{where}: checksum mismatch")
+    return report
+
+
+def _check_records(root: Path, manifest: Manifest, report: VerifyReport, decode: bool,
+                   chunk: int) -> None:
+    """Open the dataset at ``root`` and re-read every record, adding what fails to ``report``."""
     try:
         ds = open_dataset(root)
         if hasattr(ds, "num_entries") and ds.num_entries() != len(ds):
@@ -56,7 +116,7 @@ def verify(path: str | os.PathLike[str], *, decode: bool = True, chunk: int = 25
         raise
     except (FeedpipeError, OSError) as exc:  # OSError: a data file is missing or unreadable
         report.problems.append(str(exc))
-        return report
+        return
     if not ds.checksums:
         report.notes.append(f"{root}: format version {manifest.format_version} carries no record "
                             "checksums: a flipped bit inside an image can decode to wrong pixels "
@@ -95,4 +155,3 @@ def verify(path: str | os.PathLike[str], *, decode: bool = True, chunk: int = 25
                 except (FeedpipeError, OSError) as exc:
                     if str(exc) not in report.problems:  # the shard stream may have named it
                         report.problems.append(str(exc))
-    return report

@@ -6,6 +6,6 @@
   (``feedpipe[transformers]``).
 
 Each keeps epochs and resume exact (the loader contract of :mod:`feedpipe.loader.position`),
-counts every evaluation sample once (``uneven="mask"``), and reports the data-wait share to the
+counts every evaluation sample once (``Sampler(uneven="mask")``), and reports the data-wait share to the
 trainer's own logger. docs/trainers.md shows each in use.
 """

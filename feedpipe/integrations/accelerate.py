@@ -6,7 +6,7 @@
 
 - takes part in accelerate's ``GradientState``: ``end_of_dataloader`` is True for the epoch's last
   batch, so ``accelerator.accumulate`` syncs and steps on it, and ``gather_for_metrics`` trims the
-  padding of an ``uneven="mask"`` loader (its ``remainder``), counting every sample once;
+  padding of an ``Sampler(uneven="mask")`` loader (its ``remainder``), counting every sample once;
 - is registered for checkpointing: ``save_state``/``load_state`` carry its position, and the next
   iteration resumes at the first batch not yet handed out, at any world size; ``skip_first_batches``
   works too (and is harmless after ``load_state``);

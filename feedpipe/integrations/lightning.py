@@ -12,7 +12,7 @@ which keeps three things exact that Lightning alone does not:
 - the data-wait share of each training epoch reaches the trainer's logger (TensorBoard, CSV, W&B)
   as ``feedpipe/data_wait_share`` and friends (:meth:`~feedpipe.tools.monitor.StallSummary.scalars`).
 
-Evaluation loaders use ``uneven="mask"``: every batch is full and carries ``valid`` and ``index``;
+Evaluation loaders use ``Sampler(uneven="mask")``: every batch is full and carries ``valid`` and ``index``;
 count ``batch["valid"]`` (``self.log(..., reduce_fx="sum", sync_dist=True)``) and every
 validation sample counts exactly once across ranks.
 """
@@ -20,10 +20,12 @@ validation sample counts exactly once across ranks.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Any
 
 from ..errors import ConfigError, MissingDependencyError
 from ..loader.api import make_loader
+from ..loader.options import Sampler
 from ..loader.position import EpochPosition
 from ..loader.sampler import World
 from ..tools.monitor import LoaderInfo, StallMeter, batch_rows
@@ -37,9 +39,9 @@ except ImportError:  # the standalone package has the same API
         raise MissingDependencyError("feedpipe.integrations.lightning needs Lightning: pip "
                                      "install 'feedpipe[lightning]'") from exc
 
-EVAL_DEFAULTS: dict[str, Any] = {"shuffle": False, "uneven": "mask", "crop": "center_crop",
-                                 "flip": False}
-_TRAIN_ONLY = ("crop", "scale", "ratio", "flip", "shuffle", "uneven", "drop_last")
+EVAL_DEFAULTS: dict[str, Any] = {"shuffle": False, "sampler": Sampler(uneven="mask"),
+                                 "crop": "center_crop", "flip": False}
+_TRAIN_ONLY = ("crop", "flip", "shuffle", "drop_last")
 
 
 class FeedpipeCallback(pl.Callback):
@@ -139,7 +141,7 @@ class FeedpipeDataModule(pl.LightningDataModule):
 
     ``train``/``val``/``test``/``predict`` are dataset paths or URLs (or mixes, as
     ``make_loader`` takes them); ``options`` go to every ``make_loader`` call, and evaluation
-    loaders add :data:`EVAL_DEFAULTS` (``uneven="mask"``, no shuffle, centre crop) under
+    loaders add :data:`EVAL_DEFAULTS` (``Sampler(uneven="mask")``, no shuffle, centre crop) under
     ``eval_options``. The rank and world size are the trainer's.
     """
 
@@ -154,8 +156,10 @@ class FeedpipeDataModule(pl.LightningDataModule):
         self.sources = {"train": train, "val": val, "test": test, "predict": predict}
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.options = options
+        sampler = options.get("sampler")  # its shuffle window, with the evaluation's uneven
         self.eval_options = {**EVAL_DEFAULTS, **{k: v for k, v in options.items()
                                                  if k not in _TRAIN_ONLY},
+                             **({"sampler": replace(sampler, uneven="mask")} if sampler else {}),
                              **(eval_options or {})}
         self.log_data_wait = log_data_wait
         self.loaders: dict[str, Any] = {}
@@ -170,9 +174,12 @@ class FeedpipeDataModule(pl.LightningDataModule):
             if source is None or split in self.loaders:
                 continue
             train = split == "train"
+            options = self.options if train else self.eval_options
+            sampler = options.get("sampler") or Sampler()
+            sampler = replace(sampler, world=world or sampler.world)  # the trainer's ranks
             self.loaders[split] = make_loader(
-                source, self.batch_size if train else self.eval_batch_size, world=world,
-                **(self.options if train else self.eval_options))
+                source, self.batch_size if train else self.eval_batch_size,
+                **{**options, "sampler": sampler})
 
     def _loader(self, split: str) -> Any:
         """The split's loader; [] (Lightning's "no loader") for a split without a dataset."""

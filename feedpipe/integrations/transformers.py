@@ -1,10 +1,11 @@
 """The Hugging Face ``Trainer`` on feedpipe loaders.
 
-``FeedpipeTrainer(model=..., args=..., train_loader=make_loader(...), eval_loader=make_loader(...,
-uneven="mask"))`` trains and evaluates on feedpipe loaders: the loaders shard by rank themselves,
-``resume_from_checkpoint`` resumes mid-epoch exactly (the Trainer's ``skip_first_batches``
-starts the loader at the batch, reading none of the skipped ones), evaluation with
-``uneven="mask"`` counts every sample once (``gather_for_metrics`` trims the padding), and each
+``FeedpipeTrainer(model=..., args=..., train_loader=make_loader(...),
+eval_loader=make_loader(..., sampler=Sampler(uneven="mask")))`` trains and evaluates on feedpipe
+loaders: the loaders shard by rank themselves, ``resume_from_checkpoint`` resumes mid-epoch
+exactly (the Trainer's ``skip_first_batches`` starts the loader at the batch, reading none of the
+skipped ones), evaluation with ``Sampler(uneven="mask")`` counts every sample once
+(``gather_for_metrics`` trims the padding), and each
 training epoch's data-wait share is logged with the Trainer's other metrics.
 
 Batches reach ``model(**batch)`` with HF's names: ``image`` as ``pixel_values`` and ``label`` as
@@ -60,7 +61,8 @@ class FeedpipeTrainer(Trainer):
     def get_test_dataloader(self, test_dataset: Any) -> Any:
         if not isinstance(test_dataset, EpochPosition):
             raise ConfigError("FeedpipeTrainer.predict/evaluate takes a feedpipe loader "
-                              "(feedpipe.make_loader(..., uneven='mask')) as its dataset")
+                              "(feedpipe.make_loader(..., sampler=feedpipe.Sampler(uneven='mask'))) "
+                              "as its dataset")
         return AcceleratedLoader(test_dataset, self.accelerator, False, self.rename)
 
     def log(self, logs: dict[str, float], *args: Any, **kwargs: Any) -> None:

@@ -5,7 +5,10 @@ tensors (``"image"`` N×C×H×W, ``"label"`` N int64). Random numbers come from 
 given, so its state alone fixes the batch, on any device: seeded per batch, batches reproduce and
 resume exactly. The work runs where the image is (the GPU for a CUDA batch). ``op.params(batch,
 generator)`` draws the parameters (CPU tensors, a row per sample), ``op.apply(batch, params)``
-applies them. The input batch is never modified: the output is a new dict with new tensors.
+applies them. The input batch is never modified: the output is a new dict with new tensors
+(``apply(..., inplace=True)``: ColorJitter, RandomGrayscale and RandomErasing adjust the image
+given; :class:`BatchOps` uses it on the image an earlier built-in step made, which nobody else
+holds, so a chain allocates one new batch, not one per step: fresh pages cost more than the work).
 
 Images: ColorJitter and RandomGrayscale take uint8 (0..255) or float in [0, 1] (before
 normalization); RandomErasing, MixUp and CutMix any dtype. Arithmetic is in float32 (float64 stays)
@@ -70,7 +73,7 @@ class _Drawn:
     def params(self, batch: Batch, generator: torch.Generator) -> Params:
         raise NotImplementedError
 
-    def apply(self, batch: Batch, params: Params) -> Batch:
+    def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
         raise NotImplementedError
 
     def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
@@ -114,13 +117,13 @@ class ColorJitter(_Drawn):
         p["order"] = torch.rand(n, len(ranges), generator=generator).argsort(dim=1)
         return p
 
-    def apply(self, batch: Batch, params: Params) -> Batch:
+    def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
         """Each sample's factors in its own order, with no Python loop over samples: on the CPU
         by groups of samples sharing an order, a few at a time (:func:`jitter_by_order`), else by
         position in the order (:func:`jitter_by_position`)."""
         x = _image(batch, "ColorJitter", rgb=True)
         jitter = jitter_by_order if x.device.type == "cpu" else jitter_by_position
-        return {**batch, "image": jitter(x, params)}
+        return {**batch, "image": jitter(x, params, out=x if inplace else None)}
 
 
 @dataclass(frozen=True)
@@ -137,10 +140,10 @@ class RandomGrayscale(_Drawn):
         n = _image(batch, "RandomGrayscale", rgb=True).shape[0]
         return {"gray": _rand(n, generator) < self.p}
 
-    def apply(self, batch: Batch, params: Params) -> Batch:
+    def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
         """Only the samples turned gray are converted and computed (the rows chosen on the CPU)."""
         x = _image(batch, "RandomGrayscale", rgb=True)
-        out, rows = x.clone(), params["gray"].nonzero().flatten()
+        out, rows = x if inplace else x.clone(), params["gray"].nonzero().flatten()
         if len(rows):
             idx = rows.to(x.device)
             luma = from_work(gray(to_work(x.index_select(0, idx))), x)
@@ -196,14 +199,20 @@ class RandomErasing(_Drawn):
         left = (_rand(n, generator) * (w - bw + 1)).long()
         return {"box": torch.stack([top, left, bh, bw], 1)}
 
-    def apply(self, batch: Batch, params: Params) -> Batch:
+    def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
+        """A copy of the batch, then each erased sample's box filled as a slice: the boxes
+        (on the CPU) name the rows, so no pass over the whole batch builds or applies a mask."""
         x = _image(batch, "RandomErasing")
         value = torch.as_tensor(self.value, dtype=torch.float64).to(x.dtype).to(x.device)
         if value.numel() not in (1, x.shape[1]):
             raise ConfigError(f"value={self.value!r}: give one number or {x.shape[1]} (one per "
                               f"channel of the batch's images)", option="value")
-        mask = _box_mask(params["box"], x.shape[2], x.shape[3], x.device)
-        return {**batch, "image": torch.where(mask, value.view(1, -1, 1, 1), x)}
+        out, fill = x if inplace else x.clone(), value.view(-1, 1, 1)
+        box = params["box"]
+        erased = (box[:, 2] * box[:, 3]).nonzero().flatten()
+        for i, (top, left, bh, bw) in zip(erased.tolist(), box[erased].tolist()):
+            out[i, :, top: top + bh, left: left + bw] = fill
+        return {**batch, "image": out}
 
 
 def _beta(alpha: float, n: int, generator: torch.Generator) -> torch.Tensor:
@@ -261,7 +270,7 @@ class MixUp(_Mix):
         n = _image(batch, "MixUp").shape[0] if self.per_sample else 1
         return {"lam": _beta(self.alpha, n, generator)}
 
-    def apply(self, batch: Batch, params: Params) -> Batch:
+    def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
         x = _image(batch, "MixUp")
         work = to_work(x)
         lam = params["lam"].to(x.device, work.dtype).view(-1, 1, 1, 1)
@@ -287,7 +296,7 @@ class CutMix(_Mix):
         return {"box": torch.stack([y1, x1, y2 - y1, x2 - x1], 1).long(),
                 "lam": 1 - (y2 - y1) * (x2 - x1) / (h * w)}
 
-    def apply(self, batch: Batch, params: Params) -> Batch:
+    def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
         x = _image(batch, "CutMix")
         mask = _box_mask(params["box"], x.shape[2], x.shape[3], x.device)
         return self._mixed(batch, torch.where(mask, x.roll(1, 0), x), params["lam"])
@@ -298,9 +307,12 @@ class BatchOps:
     """Steps run in order on each batch: built-in operations or the user's own ``fn(batch,
     generator) -> batch`` (torchvision.v2 or kornia on the device tensors; drawing from
     ``generator`` keeps batches reproducible), e.g. ``lambda b, g: (mixup if torch.rand(1,
-    generator=g) < 0.5 else cutmix)(b, g)``. A step's error is a TransformError naming it."""
+    generator=g) < 0.5 else cutmix)(b, g)``. A step's error is a TransformError naming it.
+    ``owns_input``: the caller hands ``batch["image"]`` over (the loader's is a new tensor each
+    batch), so a first built-in step adjusts it in place too."""
 
     steps: tuple[Step, ...]
+    owns_input: bool = False
 
     def __post_init__(self) -> None:
         _require(isinstance(self.steps, (list, tuple)) and len(self.steps) > 0, "steps",
@@ -308,13 +320,21 @@ class BatchOps:
         for i, step in enumerate(self.steps):
             _require(callable(step), f"steps[{i}]", step,
                      "use a built-in operation or a function fn(batch, generator) -> batch")
+        _require(isinstance(self.owns_input, bool), "owns_input", self.owns_input,
+                 "use True or False")
         object.__setattr__(self, "steps", tuple(self.steps))
 
     def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
+        # the image an earlier built-in step made (or the caller's, handed over): nobody else
+        # holds it, so the built-ins after adjust it in place
+        made = batch.get("image") if self.owns_input and isinstance(batch, dict) else None
         for i, step in enumerate(self.steps):
             name = f"steps[{i}] ({getattr(step, '__qualname__', type(step).__name__)})"
             try:
-                out = step(batch, generator)
+                if isinstance(step, _INPLACE) and made is not None and batch.get("image") is made:
+                    out = step.apply(batch, step.params(batch, generator), inplace=True)
+                else:
+                    out = step(batch, generator)
             except FeedpipeError:
                 raise
             except Exception as exc:
@@ -324,12 +344,20 @@ class BatchOps:
                 raise TransformError(f"batch operation {name} returned {type(out).__name__}; "
                                      "return the batch dict")
             batch = out
+            made = out.get("image") if isinstance(step, _Drawn) else None
         return batch
 
 
+_INPLACE = (ColorJitter, RandomGrayscale, RandomErasing)  # apply(inplace=True) adjusts the image
+
+
 def batch_ops(spec: Any) -> BatchOps | None:
-    """``make_loader(batch_transforms=...)``: None, one step, a list of steps or a BatchOps."""
-    if spec is None or isinstance(spec, BatchOps):
-        return spec
-    return BatchOps(tuple(spec) if isinstance(spec, (list, tuple)) else (spec,))
+    """``make_loader(batch_transforms=...)``: None, one step, a list of steps or a BatchOps, as
+    the loader's pipeline, which owns its input (each batch's image is a new tensor the loader
+    made for the operations)."""
+    if spec is None:
+        return None
+    steps = spec.steps if isinstance(spec, BatchOps) else \
+        tuple(spec) if isinstance(spec, (list, tuple)) else (spec,)
+    return BatchOps(steps, owns_input=True)
 

@@ -1,4 +1,5 @@
-"""LoaderConfig: every ``make_loader`` option in one frozen, validated object.
+"""LoaderConfig: every ``make_loader`` option, its groups (``loader/options.py``) flattened, in
+one frozen, validated object.
 
 Bad values are rejected up front with a message that says how to fix them; "auto" values are
 resolved once by :meth:`LoaderConfig.resolve` against the machine and the dataset.
@@ -27,7 +28,6 @@ MpContext = Literal["fork", "spawn", "forkserver"]
 Ragged = Literal["pad", "list"]  # boxes and variable-shape arrays: see loader/labels.py
 Auto = Literal["auto"]
 MixClasses = Literal["equal", "union"]
-Tune = Literal["tune"]  # measured by make_loader through feedpipe.tools.tune.autotune
 
 _DTYPES = get_args(Dtype)
 
@@ -36,7 +36,6 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 DEFAULT_FIELDS = ("image", "label")  # what a loader yields when ``fields`` is not given
 RAW_WORKERS = 2  # "auto" workers for decode-free data: memory-bound, more were not measured
 PREFETCH_DECODE = 4  # batches each worker keeps ahead when it decodes ("auto"; 2 when it does not)
-SHM_HEADROOM = 2  # /dev/shm must hold this many times the slot ring before the ring is used
 
 # How to fix a bad value, for options whose accepted values need more than their type to explain.
 _HOW = {
@@ -51,8 +50,8 @@ _HOW = {
                    "tar reader and order, WebDataset only)",
     "decode_on": "use 'cpu' (workers decode), 'device' (nvJPEG on the CUDA device through "
                  "torchvision) or 'auto' (device when it can)",
-    "num_workers": "use 'auto', 'tune' (measured trials, cached) or an int >= 0 (0 loads in the "
-                   "main process)",
+    "num_workers": "use 'auto' or an int >= 0 (0 loads in the main process); for measured "
+                   "trials, workers=feedpipe.tuned()",
     "prefetch_factor": "use 'auto' or an int >= 1",
     "on_error": "use 'raise' or 'skip' (count and refill)",
     "shuffle_window": "use a positive shard count, or None for the shuffle buffer",
@@ -61,8 +60,8 @@ _HOW = {
     "ragged": "use 'pad' (N×max rows plus counts/lengths: fixed-rank tensors, for DDP and "
               "torch.compile) or 'list' (one tensor per sample)",
     "min_box_fraction": "use a fraction in [0, 1] of a box's area that must stay in the crop",
-    "weights": "give one positive weight per mixed dataset (make_loader([a, b], ...)), or None "
-               "(each sample once per epoch)",
+    "weights": "give one positive weight per mixed dataset (feedpipe.Mix([a, b], weights=...)), "
+               "or None (each sample once per epoch)",
     "epoch_size": "use a positive sample count per epoch, or None (the datasets' sizes summed)",
     "mix_classes": "use 'equal' (refuse differing class lists) or 'union' (remap labels into "
                    "one list)",
@@ -101,7 +100,7 @@ class LoaderConfig:
     dali_reader: DaliReader = "plan"   # "webdataset": DALI's own tar reader (its order; opt-in)
     dali_hw_decoder_load: float = 0.65  # share of JPEGs for the A100/H100 hardware decoder
     decode_on: DecodeOn = "auto"
-    num_workers: int | Auto | Tune = "auto"
+    num_workers: int | Auto = "auto"
     prefetch_factor: int | Auto = "auto"
     pin_memory: bool | Auto = "auto"
     persistent_workers: bool | Auto = "auto"
@@ -218,10 +217,6 @@ class LoaderConfig:
 
     def resolve(self, *, cuda: bool, decodes: bool) -> "LoaderConfig":
         """Replace every "auto" with a concrete value (see :func:`auto_workers`)."""
-        if self.num_workers == "tune":
-            raise ConfigError("num_workers='tune' is measured by make_loader (feedpipe.tools."
-                              "tune.autotune) before resolve(); call make_loader, or autotune "
-                              "first", option="num_workers")
         workers = auto_workers(decodes) if self.num_workers == "auto" else self.num_workers
         return replace(
             self,
@@ -232,18 +227,6 @@ class LoaderConfig:
             persistent_workers=workers > 0 if self.persistent_workers == "auto"
             else self.persistent_workers,
         )
-
-
-def ring_slots(workers: int, prefetch: int) -> int:
-    """Batches in the torch backend's slot ring: those ``workers`` keep ``prefetch`` deep, plus
-    the one being handed out and the one in use."""
-    return workers * prefetch + 2
-
-
-def ring_bytes(batch_bytes: int, workers: int, prefetch: int) -> int:
-    """Bytes of that ring of batches of ``batch_bytes`` each: the one arithmetic the backend
-    (``SlotRing``), ``feedpipe doctor`` (/dev/shm) and the tuners (RAM budget) share."""
-    return batch_bytes * ring_slots(workers, prefetch)
 
 
 @cache

@@ -7,6 +7,7 @@ tensors, never as per-sample Python objects.
 
 from __future__ import annotations
 
+import difflib
 import logging
 import struct
 import zlib
@@ -137,17 +138,23 @@ class BatchDataset(torch.utils.data.Dataset):
                               "affine= resamples the decoded image: use decode_on='cpu'",
                               option="decode_on")
         self.columns: list[_Column] = []
+        unknown = [name for name in fields if name not in reader.schema]
+        if unknown:  # all names first: a misspelt field is the error, whatever comes before it
+            near = {n: difflib.get_close_matches(n, reader.schema.names, 1) for n in unknown}
+            said = ", ".join(f"{n!r}" + (f" (did you mean {near[n][0]!r}?)" if near[n] else "")
+                             for n in unknown)
+            raise ConfigError(f"fields: {said} not in the dataset; it has "
+                              f"{reader.schema.names}", option="fields")
         for name in fields:
-            if name not in reader.schema:
-                raise ConfigError(f"fields: {name!r} is not in the dataset; it has "
-                                  f"{reader.schema.names}", option="fields")
             f = reader.schema[name]
             dtype: np.dtype | None = None
             if isinstance(f, ImageField):
                 shape = (*op.size, 3) if op.size else f.shape
                 if shape is None:
-                    raise ConfigError(f"field {name!r} holds images of varying size: pass "
-                                      "size=(H, W) (or an int) to batch them", option="size")
+                    raise ConfigError(f"field {name!r}: the dataset records no image size "
+                                      "(encoded images are stored as they come, each its own "
+                                      "size), so a batch needs one: pass size=(H, W) (or an "
+                                      "int); the loader resizes or crops to it", option="size")
                 if op.crop == "none" and f.shape and op.size and f.shape[:2] != op.size:
                     raise ConfigError(f"crop='none' but stored images are {f.shape[:2]}, not "
                                       f"size={op.size}; choose crop='resize' or 'center_crop'",
@@ -223,7 +230,7 @@ class BatchDataset(torch.utils.data.Dataset):
                     if role == "image":
                         geo = apply(stored[name], f.codec, views[name][pos], rng, name)
                         if geo.fallback:
-                            fallbacks[pos] = self.reader.describe(_at(req, pos, index))
+                            fallbacks[pos] = self._named(_at(req, pos, index))
                     elif role == "stack":
                         views[name][pos] = stored[name]
                     elif role == "encoded":
@@ -280,6 +287,12 @@ class BatchDataset(torch.utils.data.Dataset):
         if fallbacks:
             out[FALLBACK_KEY] = list(fallbacks.values())
         return out
+
+    def _named(self, index: int) -> str:
+        """A record for a message: where it is stored and, when the dataset keeps it, its source
+        file (one extra read of the ``path`` field, so only for the rare record named)."""
+        source = getattr(self.reader, "source_of", lambda _: None)(index)
+        return self.reader.describe(index) + (f" [source file: {source}]" if source else "")
 
     def _transformer(self, req: BatchRequest, out: dict[str, Any]) -> Callable[[int, int], None]:
         """``transform(pos, index)``: the user's function on batch row ``pos`` (sample ``index``),

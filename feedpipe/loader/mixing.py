@@ -12,12 +12,15 @@ global order is dealt round-robin to ranks like map-style data; the usual pad/dr
 
 Everything is a pure function of (sizes, weights, epoch_size, seed, epoch, world): the same on
 every rank, for any ``num_workers``, and a saved (epoch, batch) position resumes it exactly.
+:class:`MixOrder` is the mix's :class:`~feedpipe.loader.order.OrderSpec` kind: the sampler deals
+its one global order and the position saves and resumes it like any other order.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Mapping, Sequence, Union
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -25,16 +28,11 @@ from ..dataset.mixed import MixedReader
 from ..dataset.registry import DatasetReader, open_dataset
 from ..errors import ConfigError
 from .config import DEFAULT_FIELDS, LoaderConfig
+from .order import OrderSpec, rng_for
 
 Dataset = Union[str, "os.PathLike[str]", DatasetReader]
 Sources = Union[Sequence[Dataset], Mapping[str, Dataset]]  # a list, or {name: dataset}
 _MIX = 0x6D6978  # "mix": keeps the mix's generators apart from the sampler's
-
-
-def _rng(*key: int) -> np.random.Generator:
-    """A generator determined only by ``key`` (the sampler's construction; the sampler builds
-    on this module, so it is not imported from there)."""
-    return np.random.Generator(np.random.Philox(np.random.SeedSequence([int(k) for k in key])))
 
 
 def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None,
@@ -61,7 +59,7 @@ def _pass(n: int, source: int, p: int, seed: int, shuffle: bool,
     sharded source its shards in seeded order, each shuffled within itself."""
     if not shuffle:
         return np.arange(n, dtype=np.int64)
-    rng = _rng(seed, _MIX, source, p)
+    rng = rng_for(seed, _MIX, source, p)
     if not shards:
         return rng.permutation(n).astype(np.int64)
     return np.concatenate([shards[k].start + rng.permutation(len(shards[k])).astype(np.int64)
@@ -82,30 +80,66 @@ def source_take(n: int, count: int, source: int, *, seed: int, epoch: int, shuff
     return stream[start: start + count]
 
 
+@dataclass(frozen=True)
+class MixOrder(OrderSpec):
+    """A mix's epoch order: one global order (``streams`` 1, dealt round-robin at any world
+    size) of ``epoch_size`` mixed indices, planned per source by ``weights``. Two mix orders are
+    equal when their sources' names and sizes, weights, epoch size and shuffle are."""
+
+    names: tuple[str, ...] = ()
+    sizes: tuple[int, ...] = ()
+    weights: tuple[float, ...] | None = None
+    epoch_size: int | None = None
+    shards: tuple[tuple[range, ...] | None, ...] = field(default=(), compare=False, repr=False)
+
+    @classmethod
+    def of(cls, reader: MixedReader, cfg: LoaderConfig) -> "MixOrder":
+        """The order ``cfg`` (shuffle, weights, epoch size) gives the mix ``reader``."""
+        shards = [s.shard_ranges() for s in reader.sources]
+        return cls(cfg.shuffle, 1, None, 0, tuple(reader.names), tuple(reader.sizes()),
+                   None if cfg.weights is None else tuple(cfg.weights), cfg.epoch_size,
+                   tuple(tuple(r) if r else None for r in shards))
+
+    def build(self, n: int, shards: Sequence[range] | None, *, seed: int,
+              epoch: int) -> list[np.ndarray]:
+        """The epoch's global order (mixed indices) as the one stream; the mix's own sizes and
+        shards stand for ``n`` and ``shards``."""
+        counts = epoch_counts(self.sizes, self.weights, self.epoch_size)
+        offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
+        takes = [offsets[s] + source_take(size, counts[s], s, seed=seed, epoch=epoch,
+                                          shuffle=self.shuffle, shards=self.shards[s])
+                 for s, size in enumerate(self.sizes)]
+        labels = np.repeat(np.arange(len(self.sizes)), counts)
+        if self.shuffle:
+            labels = rng_for(seed, _MIX, epoch).permutation(labels)
+        else:  # evenly spread: the j-th of c samples sits at (j + 1/2) / c of the epoch
+            spread = np.concatenate([(np.arange(c) + 0.5) / c for c in counts if c])
+            labels = labels[np.argsort(spread, kind="stable")]
+        order = np.empty(len(labels), np.int64)
+        for s, take in enumerate(takes):
+            order[labels == s] = take
+        return [order]
+
+    def saved_with(self) -> dict[str, Any]:
+        """The mix a state was saved on: its sources' names and sizes, weights and epoch size."""
+        return {"mix": {"names": list(self.names), "sizes": list(self.sizes),
+                        "weights": list(self.weights or ()), "epoch_size": self.epoch_size}}
+
+    def restore(self, d: Any) -> "MixOrder":
+        """This mix with the shuffle the state was saved with (its ``saved_with`` matched)."""
+        base = OrderSpec.from_dict(d)
+        if (base.streams, base.window, base.buffer) != (1, None, 0):
+            raise ConfigError(f"state 'order'={d!r} is not a mix's order (one stream, no window "
+                              "or buffer)")
+        return replace(self, shuffle=base.shuffle)
+
+    def length(self, n: int) -> int:
+        return int(self.epoch_size) if self.epoch_size is not None else int(sum(self.sizes))
+
+
 def mix_order(reader: MixedReader, cfg: LoaderConfig, epoch: int) -> np.ndarray:
     """The epoch's global order: mixed (global) indices, ``epoch_size`` of them."""
-    sizes = reader.sizes()
-    counts = epoch_counts(sizes, cfg.weights, cfg.epoch_size)
-    takes = [reader.offsets[s] + source_take(
-        n, counts[s], s, seed=cfg.seed, epoch=epoch, shuffle=cfg.shuffle,
-        shards=reader.sources[s].shard_ranges())
-        for s, n in enumerate(sizes)]
-    labels = np.repeat(np.arange(len(sizes)), counts)
-    if cfg.shuffle:
-        labels = _rng(cfg.seed, _MIX, epoch).permutation(labels)
-    else:  # evenly spread: the j-th of c samples sits at (j + 1/2) / c of the epoch
-        spread = np.concatenate([(np.arange(c) + 0.5) / c for c in counts if c])
-        labels = labels[np.argsort(spread, kind="stable")]
-    order = np.empty(len(labels), np.int64)
-    for s, take in enumerate(takes):
-        order[labels == s] = take
-    return order
-
-
-def mix_state(reader: MixedReader, cfg: LoaderConfig) -> dict[str, object]:
-    """What a saved position of a mix depends on besides the seed: sources, weights, size."""
-    return {**reader.fingerprint(), "weights": list(cfg.weights or ()),
-            "epoch_size": cfg.epoch_size}
+    return MixOrder.of(reader, cfg).build(len(reader), None, seed=cfg.seed, epoch=epoch)[0]
 
 
 def open_mix(sources: Sources, cfg: LoaderConfig) -> MixedReader:

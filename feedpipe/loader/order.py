@@ -7,18 +7,23 @@ their interleaving (:func:`interleave`: round j takes element j of every stream 
 Since every rank yields the same number of batches, after k batches of B the samples consumed by
 all ranks together are exactly the first ``consumed(lengths, k * B)`` of the global order, so a
 position is one number, and a resume at any world size deals the rest of the global order anew.
-Another order (a mix of datasets) plugs in as a spec whose ``build`` returns its streams.
+Another order plugs in as a subclass whose ``build`` returns its streams, which ``restore``s
+the spec a state saved, and which names in ``saved_with`` what else a resume must match (a mix of
+datasets: :class:`feedpipe.loader.mixing.MixOrder`).
 """
 
 from __future__ import annotations
 
+import functools
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from ..errors import ConfigError
+
+SAVED_WITH = ("mix",)  # the state keys beside "order" that some order kind saves (see saved_with)
 
 
 def rng_for(*key: int) -> np.random.Generator:
@@ -26,11 +31,20 @@ def rng_for(*key: int) -> np.random.Generator:
     return np.random.Generator(np.random.Philox(np.random.SeedSequence([int(k) for k in key])))
 
 
+@functools.lru_cache(maxsize=16)
+def _sample_key(seed: int) -> np.ndarray:
+    """The Philox key of the seed's per-sample streams (its own: spawn key 1)."""
+    return np.random.SeedSequence([seed], spawn_key=(1,)).generate_state(2, np.uint64)
+
+
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     """The generator a user ``transform`` gets for sample ``index`` of ``epoch``: the same for any
-    rank, worker count or batch it lands in (its own stream: no other key draws the same)."""
-    return np.random.Generator(np.random.Philox(np.random.SeedSequence(
-        [int(seed), int(epoch), int(index)], spawn_key=(1,))))
+    rank, worker count or batch it lands in. Counter-based: the seed's Philox key with the
+    counter's high words set to (index, epoch), so no two samples' streams overlap (each would
+    need 2^128 draws to reach the next), at a third of the cost of hashing a SeedSequence per
+    sample (~30 µs instead of ~90, per sample, in the workers)."""
+    return np.random.Generator(np.random.Philox(
+        key=_sample_key(int(seed)), counter=[0, 0, int(index), int(epoch)]))
 
 
 def batch_seed(seed: int, epoch: int, rank: int, number: int) -> int:
@@ -109,7 +123,22 @@ class OrderSpec:
     buffer: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """What a state saves of the order (``saved_with`` adds what a kind adds to it)."""
+        return {"shuffle": self.shuffle, "streams": self.streams, "window": self.window,
+                "buffer": self.buffer}
+
+    def saved_with(self) -> dict[str, Any]:
+        """State entries (keys among :data:`SAVED_WITH`) that a resume must match exactly."""
+        return {}
+
+    def restore(self, d: Any) -> "OrderSpec":
+        """The order that saved ``d`` (its :meth:`to_dict`), for a loader whose own fresh order
+        is this one (same kind: a state that does not match its ``saved_with`` was refused)."""
+        return OrderSpec.from_dict(d)
+
+    def length(self, n: int) -> int:
+        """Samples in an epoch's global order over a dataset of ``n`` samples."""
+        return n
 
     @classmethod
     def from_dict(cls, d: Any) -> "OrderSpec":

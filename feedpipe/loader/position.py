@@ -28,8 +28,7 @@ from ..dataset.formats.base import DatasetReader
 from ..dataset.mixed import MixedReader
 from ..errors import ConfigError
 from .config import LoaderConfig
-from .mixing import mix_state
-from .order import OrderSpec
+from .order import SAVED_WITH
 from .sampler import PlanSampler, Segment, World
 from .surface import LoaderBatches, LoaderSampler, batch_as_is
 
@@ -144,7 +143,7 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
             taken -= in_flight
         state = {"epoch": epoch, "batches": taken, "seed": self.cfg.seed,
                  "rank": self.world.rank, "world_size": self.world.size,
-                 "dataset": dataset_identity(self.reader), **self._mix_state()}
+                 "dataset": dataset_identity(self.reader), **self.planner.order.saved_with()}
         if not self.elastic:
             return state
         seg = self.planner.segment(epoch)
@@ -162,9 +161,11 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
         if state.get("seed") != self.cfg.seed:
             raise ConfigError(f"state is for seed={state.get('seed')}; this loader has seed="
                               f"{self.cfg.seed}")
-        if state.get("mix") != self._mix_state().get("mix"):
-            raise ConfigError(f"state is for the mix {state.get('mix')}; this loader reads "
-                              f"{self._mix_state().get('mix')}")
+        mine_with = self.planner.order.saved_with()
+        for key in SAVED_WITH:  # a mix's sources, weights and epoch size (or no mix)
+            if state.get(key) != mine_with.get(key):
+                raise ConfigError(f"state is for the {key} {state.get(key)}; this loader reads "
+                                  f"{mine_with.get(key)}")
         mine = dataset_identity(self.reader)
         if state["dataset"] != mine:
             raise ConfigError(f"state was saved on another dataset or another packing of it "
@@ -184,11 +185,12 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
                                   f"cannot be dealt anew: resume it at world_size={world}")
             seg = Segment(epoch, self.planner.order, 0)
         else:
-            order, start = OrderSpec.from_dict(state.get("order")), _count(state, "start")
-            samples = _count(state, "samples")
-            if samples < start or samples > len(self.reader):
-                raise ConfigError(f"state 'samples'={samples} is outside {start}.."
-                                  f"{len(self.reader)} (start..dataset size)")
+            order = self.planner.order.restore(state.get("order"))
+            start, samples = _count(state, "start"), _count(state, "samples")
+            length = order.length(len(self.reader))
+            if samples < start or samples > length:
+                raise ConfigError(f"state 'samples'={samples} is outside {start}..{length} "
+                                  "(start..epoch size)")
             if not same:  # re-deal what the saver's ranks had not read yet
                 seg, batches = Segment(epoch, order, samples), 0
             else:  # the saver's own plan, from its next batch
@@ -246,11 +248,6 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
             return -1
         rest = self.planner.consumed(epoch, len(self.planner.plan(epoch)))
         return rest % (self.cfg.batch_size * self.world.size)
-
-    def _mix_state(self) -> dict[str, Any]:
-        """A mix's sources, weights and epoch size (feedpipe.loader.mixing); {} otherwise."""
-        reader = self.planner.reader
-        return {"mix": mix_state(reader, self.cfg)} if isinstance(reader, MixedReader) else {}
 
     def _begin(self) -> tuple[int, int]:
         """(epoch, first batch) of an iteration that starts now; a loaded state is used once."""

@@ -25,6 +25,7 @@ class LoaderView:
     device: str                    # "cpu" or "cuda"
     decode_threads: int            # threads decoding in this process (DALI); 0 for torch
     sample_bytes: int              # host bytes one sample occupies in a batch before the device
+    size: tuple[int, int] | None = None  # output images' (H, W); None: no image field
 
 
 @runtime_checkable

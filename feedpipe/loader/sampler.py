@@ -25,7 +25,7 @@ from ..dataset.formats.base import DatasetReader
 from ..dataset.mixed import MixedReader
 from ..errors import ConfigError
 from .config import LoaderConfig
-from .mixing import mix_order
+from .mixing import MixOrder
 from .order import OrderSpec, consumed, interleave, rng_for, shuffle_buffer
 
 Uneven = Literal["pad", "drop", "mask"]
@@ -135,7 +135,10 @@ def order_spec(reader: DatasetReader, cfg: LoaderConfig, world: World, *,
     """The order a fresh epoch of this loader follows (``window`` overrides the config's).
 
     ``uneven="mask"`` reads one global order at any world size (the same evaluation everywhere).
+    A mix of datasets follows its own kind of order (:class:`~feedpipe.loader.mixing.MixOrder`).
     """
+    if isinstance(reader, MixedReader):
+        return MixOrder.of(reader, cfg)
     if not reader.shard_ranges():
         return OrderSpec(cfg.shuffle, 1, None, 0)  # map-style: the same order at any world size
     return OrderSpec(cfg.shuffle, 1 if cfg.uneven == "mask" else world.size,
@@ -178,11 +181,7 @@ class PlanSampler(Sampler[BatchRequest]):
         spec, start = (seg.order, seg.start) if seg else (self.order, 0)
         with warnings.catch_warnings():
             warnings.simplefilter("always" if epoch == 0 and seg is None else "ignore")
-            if isinstance(self.reader, MixedReader):  # one global order (spec.streams is 1)
-                streams = [mix_order(self.reader, self.cfg, epoch)]
-            else:
-                streams = spec.build(len(self.reader), self.shards, seed=self.cfg.seed,
-                                     epoch=epoch)
+            streams = spec.build(len(self.reader), self.shards, seed=self.cfg.seed, epoch=epoch)
         size, cfg = self.world.size, self.cfg
         if cfg.uneven == "mask":
             rest = interleave(streams)[start:]
@@ -239,10 +238,9 @@ class PlanSampler(Sampler[BatchRequest]):
 
     def __iter__(self) -> Iterator[BatchRequest]:
         plan = self.plan(self.epoch)
-        ahead = getattr(self.reader, "plan_ahead", None)  # remote shards: prefetch in plan order
+        ahead = self.reader.plan_ahead  # remote shards: prefetch in plan order
         for b in range(self.start, len(plan)):
-            if ahead is not None:
-                ahead(plan, b)
+            ahead(plan, b)
             slot = self.ring.acquire() if self.ring is not None else -1
             yield BatchRequest(plan[b], self.epoch, b, self.world.rank, slot)
 

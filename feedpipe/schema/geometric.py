@@ -67,7 +67,8 @@ class KeypointsField(ArrayField):
 class BoxesField(BytesField):
     """A variable number M of boxes per sample: M×4 float32 ``xyxy`` pixels of the stored image,
     M int64 category indices (into ``classes`` when given) and one int64 per box for each name in
-    ``attrs`` (COCO's ``iscrowd``, say).
+    ``attrs`` (COCO's ``iscrowd``, say). ``class_ids`` keeps the source's id of each class (COCO
+    category ids: ``class_ids[label]``), so results map back for the source's evaluation.
 
     The user value is a dict ``{"boxes": M×4, "labels": M, **{attr: M}}``. The payload is the
     little-endian float32 boxes followed by the int64 rows ``[label, *attrs]``: its length alone
@@ -76,6 +77,7 @@ class BoxesField(BytesField):
 
     classes: tuple[str, ...] | None = None
     attrs: tuple[str, ...] = ()
+    class_ids: tuple[int, ...] | None = None  # the source's id of each class (COCO category ids)
     kind: ClassVar[str] = "boxes"
     ext: ClassVar[str] = "boxes"
 
@@ -83,6 +85,12 @@ class BoxesField(BytesField):
         super().__post_init__()
         if self.classes is not None:
             object.__setattr__(self, "classes", tuple(str(c) for c in self.classes))
+        if self.class_ids is not None:
+            ids = tuple(int(i) for i in self.class_ids)
+            object.__setattr__(self, "class_ids", ids)
+            if self.classes is None or len(ids) != len(self.classes) or len(set(ids)) != len(ids):
+                raise ValueError(f"field {self.name!r}: class_ids must be one distinct id per "
+                                 f"class ({len(self.classes or ())}), got {len(ids)}")
         object.__setattr__(self, "attrs", tuple(str(a) for a in self.attrs))
         bad = [a for a in self.attrs if a in ("boxes", "labels", "count") or not a.isidentifier()]
         if bad or len(set(self.attrs)) != len(self.attrs):
@@ -94,8 +102,9 @@ class BoxesField(BytesField):
         return 4 * _F32.itemsize + (1 + len(self.attrs)) * _I64.itemsize
 
     def to_json(self) -> dict[str, Any]:
+        ids = {} if self.class_ids is None else {"class_ids": list(self.class_ids)}
         return {**super().to_json(), "classes": None if self.classes is None
-                else list(self.classes), "attrs": list(self.attrs)}
+                else list(self.classes), "attrs": list(self.attrs), **ids}
 
     def validate(self, value: Any) -> bytes:
         if isinstance(value, (bytes, bytearray, memoryview)):  # a payload (re-packing a dataset)

@@ -24,7 +24,7 @@ from .machine import summary_line
 from .throughput import Trial
 
 if TYPE_CHECKING:
-    from .bench import BenchConfig
+    from .benchconfig import BenchConfig
 
 SCHEMA_VERSION = 1
 

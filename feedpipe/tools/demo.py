@@ -9,6 +9,7 @@ from converters import convert
 from converters.synth import make_photos
 
 from ..loader.api import make_loader
+from ..loader.options import Output
 
 
 def run_demo(root: Path, images: int = 600) -> None:
@@ -20,7 +21,8 @@ def run_demo(root: Path, images: int = 600) -> None:
     rows = []
     for fmt in ("lmdb", "hdf5", "wds"):
         res = convert(photos, root / fmt, to=fmt, overwrite=True)
-        loader = make_loader(root / fmt, 64, size=224, dtype="uint8", device="cpu")
+        loader = make_loader(root / fmt, 64, size=224, output=Output(dtype="uint8"),
+                             device="cpu")
         n, t = 0, time.perf_counter()
         for batch in loader:
             n += len(batch["image"])
@@ -30,5 +32,5 @@ def run_demo(root: Path, images: int = 600) -> None:
           f"{'load img/s':>12}{'workers':>9}")
     for fmt, count, crate, ratio, lrate, workers in rows:
         print(f"{fmt:<8}{count:>9}{crate:>15,.0f}{ratio:>14.3f}x{lrate:>12,.0f}{workers:>9}")
-    print("\nload = one epoch of make_loader(size=224, dtype='uint8') incl. worker start-up; "
-          "see benchmarks/ for steady-state figures")
+    print("\nload = one epoch of make_loader(size=224, output=Output(dtype='uint8')) incl. "
+          "worker start-up; see benchmarks/ for steady-state figures")

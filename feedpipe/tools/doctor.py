@@ -20,11 +20,13 @@ from typing import Any, Callable, Literal, Mapping
 
 from converters import scan
 
-from ..dataset.manifest import Manifest, refuse_url
+from ..dataset.manifest import Manifest
+from ..dataset.verify import read_manifest
 from ..errors import ConfigError, EmptyDatasetError
-from ..loader.config import PREFETCH_DECODE, SHM_HEADROOM, auto_workers
-from ..loader.config import ring_bytes as loader_ring_bytes
+from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.dali.pipeline import dali_package
+from ..loader.memory import SHM_FLOOR, ring_bytes, shm_fits, shm_wanted
+from ..storage import is_remote
 from . import machine
 from .bench import BenchConfig, is_packed, run_bench
 
@@ -75,19 +77,14 @@ def check_cores(usable: int, total: int, quota: float | None) -> list[Finding]:
                            + (f" (quota {quota:g})" if quota else ""))]
 
 
-def ring_bytes(batch_size: int, size: int, workers: int, prefetch: int = PREFETCH_DECODE) -> int:
-    """Bytes of the loader's shared-memory slot ring of uint8 batches."""
-    return loader_ring_bytes(batch_size * size * size * 3, workers, prefetch)
-
-
 def check_shm(free: int | None, *, batch_size: int, size: int, workers: int,
               prefetch: int = PREFETCH_DECODE) -> list[Finding]:
     """/dev/shm against what DataLoader workers need to hand batches over, and the slot ring."""
     if workers == 0:
         return [Finding("shm", "ok", "no loader workers: /dev/shm is not used")]
-    batch = batch_size * size * size * 3
-    ring = ring_bytes(batch_size, size, workers, prefetch)
-    want = max(GiB, SHM_HEADROOM * ring)
+    batch = batch_size * size * size * 3  # uint8 RGB images: the ring's bulk
+    ring = ring_bytes(batch, workers, prefetch)
+    want = max(SHM_FLOOR, shm_wanted(ring))
     fix = (f"give /dev/shm at least {math.ceil(want / GiB)} GiB: docker run --shm-size="
            f"{math.ceil(want / GiB)}g (Kubernetes: an emptyDir with medium: Memory mounted at "
            "/dev/shm; or mount -o remount,size=... /dev/shm)")
@@ -97,9 +94,9 @@ def check_shm(free: int | None, *, batch_size: int, size: int, workers: int,
                         f"batches in flight need {workers * prefetch * batch / MiB:,.0f} MiB: "
                         "workers die with 'bus error' or 'No space left on device'", fix,
                         "loading with workers works at all")]
-    if free < SHM_HEADROOM * ring:
+    if not shm_fits(ring, free):
         return [Finding("shm", "medium", f"/dev/shm has {free / MiB:,.0f} MiB free, under the "
-                        f"{SHM_HEADROOM * ring / MiB:,.0f} MiB the loader wants for its reusable slot ring "
+                        f"{shm_wanted(ring) / MiB:,.0f} MiB the loader wants for its reusable slot ring "
                         f"(batch {batch_size}, {size}x{size}): each batch gets fresh shared "
                         "memory instead", fix,
                         f"no page faults on {batch / MiB:,.0f} MiB of fresh shared memory per "
@@ -154,7 +151,7 @@ def check_pinned(cuda: bool, error: str | None) -> list[Finding]:
     if error:
         return [Finding("pinned", "high", f"pinned host memory cannot be allocated: {error}",
                         "raise the locked-memory limit (ulimit -l unlimited; docker --ulimit "
-                        "memlock=-1), or pass pin_memory=False",
+                        "memlock=-1), or pass workers=feedpipe.Workers(pin_memory=False)",
                         "host-to-GPU copies overlap compute instead of blocking it")]
     return [Finding("pinned", "ok", "pinned host memory works")]
 
@@ -200,21 +197,17 @@ class DatasetFacts:
     ram_bytes: int | None = None
 
 
-def dataset_facts(path: str | os.PathLike[str]) -> DatasetFacts:
-    """Read the facts from a packed dataset's manifest, or by listing an image folder."""
-    refuse_url(path, "the dataset")
+def dataset_facts(path: str | os.PathLike[str],
+                  storage_options: Mapping[str, Any] | None = None) -> DatasetFacts:
+    """Read the facts from a packed dataset's manifest (a folder, or a URL read through its
+    :class:`~feedpipe.storage.Store`), or by listing an image folder."""
+    ram = machine.memory()["total"]
+    if is_remote(path):
+        return _packed_facts(str(path), read_manifest(path, storage_options), None, ram)
     path = Path(path)
-    ram, fs = machine.memory()["total"], machine.fs_type(path)
+    fs = machine.fs_type(path)
     if is_packed(path):
-        m = Manifest.read(path)
-        if m.num_samples == 0:
-            raise EmptyDatasetError(f"{path}: the dataset holds 0 samples; its conversion wrote "
-                                    f"none (`feedpipe info {path}` lists skipped inputs). "
-                                    "Convert a source with readable images.", dataset=path)
-        image = m.schema["image"] if "image" in m.schema else None
-        return DatasetFacts(str(path), "packed", m.num_samples, sum(f.size for f in m.files),
-                            m.format, getattr(image, "codec", None), len(m.files),
-                            m.extra.get("compression"), fs, ram)
+        return _packed_facts(str(path), Manifest.read(path), fs, ram)
     items = scan(path).items
     if not items:
         raise ConfigError(f"{path}: neither a packed feedpipe dataset nor a folder with images; "
@@ -222,6 +215,18 @@ def dataset_facts(path: str | os.PathLike[str]) -> DatasetFacts:
     return DatasetFacts(str(path), "folder", len(items),
                         sum(i.path.stat().st_size for i in items), None, None, len(items),
                         None, fs, ram)
+
+
+def _packed_facts(where: str, m: Manifest, fs: str | None, ram: int | None) -> DatasetFacts:
+    """A packed dataset's facts from its manifest (a folder's or a URL's, the same checks)."""
+    if m.num_samples == 0:
+        raise EmptyDatasetError(f"{where}: the dataset holds 0 samples; its conversion wrote "
+                                f"none (`feedpipe info {where}` lists skipped inputs). "
+                                "Convert a source with readable images.", dataset=where)
+    image = m.schema["image"] if "image" in m.schema else None
+    return DatasetFacts(where, "packed", m.num_samples, sum(f.size for f in m.files), m.format,
+                        getattr(image, "codec", None), len(m.files), m.extra.get("compression"),
+                        fs, ram)
 
 
 def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:
@@ -232,7 +237,8 @@ def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:
         out.append(Finding("dataset", "high", f"{f.samples} loose image files ({gb:.2f} GiB): one "
                            "file open + read + decoder setup per sample",
                            f"feedpipe convert {f.path} --to lmdb -o packed/ (JPEG bytes kept "
-                           "unchanged, ~1.06x the size), then feedpipe.make_loader('packed/')",
+                           f"unchanged, ~1.06x the size), then feedpipe.make_loader('packed/', "
+                           f"256, size={size})",
                            FOLDER_GAIN))
     elif f.codec == "raw" and f.ram_bytes and f.total_bytes > 0.8 * f.ram_bytes:
         out.append(Finding("dataset", "medium", f"raw (decoded) images take {gb:.1f} GiB, more "

@@ -43,6 +43,7 @@ class LoaderInfo:
     device: str | None = None         # "cuda" or "cpu"
     prefetch_factor: int | None = None
     backend: str | None = None        # "torch", "dali"; None for a plain DataLoader / unknown
+    size: tuple[int, int] | None = None  # output images' (H, W), what --resize should store
 
     @classmethod
     def from_loader(cls, loader: object) -> "LoaderInfo | None":
@@ -52,7 +53,8 @@ class LoaderInfo:
             v = loader.describe()
             return cls(num_workers=v.num_workers, usable_cores=usable_cores(), codec=v.codec,
                        format=v.format, batch_size=v.batch_size, pin_memory=v.pin_memory,
-                       device=v.device, prefetch_factor=v.prefetch_factor, backend=v.backend)
+                       device=v.device, prefetch_factor=v.prefetch_factor, backend=v.backend,
+                       size=v.size)
         if all(hasattr(loader, a) for a in ("num_workers", "batch_size", "pin_memory", "dataset")):
             return cls(num_workers=loader.num_workers, usable_cores=usable_cores(),  # type: ignore
                        batch_size=loader.batch_size, pin_memory=loader.pin_memory,  # type: ignore
@@ -267,14 +269,33 @@ def time_epoch(loader: Iterable[Any], workers: int | None = None) -> Throughput:
     return of_meter(meter, workers)
 
 
+def _device(info: LoaderInfo | None) -> str:
+    """Where training runs: the loader's device, else "cuda" only where torch can use one."""
+    if info is not None and info.device:
+        return info.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _resize_arg(size: tuple[int, int] | None) -> str | None:
+    """``feedpipe convert --resize`` for a loader's output size: N for a square, else HxW."""
+    if not size:
+        return None
+    return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
+
+
 def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
     """Concrete changes for a summary, most effective first, as specific as ``info`` allows."""
     out = [] if s.batches >= 20 else [f"only {s.batches} batch(es) measured: measure at least "
                                       "20 for a reliable verdict"]
+    i = replace(info or LoaderInfo(), device=_device(info))
     if s.verdict == "compute-bound":
         return (*out, "data keeps up: speed up the step itself (mixed precision, channels_last, "
-                "torch.compile, a larger batch per GPU)")
-    i = info or LoaderInfo()
+                "torch.compile, " + ("a larger batch per GPU)" if i.device == "cuda" else
+                                     "a larger batch; on CPU, bfloat16 autocast where the CPU "
+                                     "supports it)"))
+    resize = _resize_arg(i.size)
     cores, n, encoded = i.usable_cores, i.num_workers, i.codec != "raw"
     if info is None:
         out.append("more DataLoader workers (one per usable core), or feedpipe.make_loader with "
@@ -308,11 +329,14 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
     if not encoded:
         out.append("images are stored raw (no decode): reading and copying bytes is the limit: "
                    "put the dataset on a faster disk or in RAM (page cache), pack it at the "
-                   "training resolution (--resize) so fewer bytes are read")
+                   "training resolution (--resize" + (f" {resize}" if resize else "")
+                   + ") so fewer bytes are read")
     else:
-        out.append("skip decoding at load time: `feedpipe convert ... --store raw --resize 224` "
-                   "stores decoded uint8 images (several times the disk, almost no CPU)")
-        if i.device in ("cuda", None) and not dali:
+        out.append("skip decoding at load time: `feedpipe convert ... --store raw --resize "
+                   + (f"{resize}`" if resize else "N` (N: your loader's size=)")
+                   + " stores decoded uint8 images at the loader's size (several times the "
+                   "disk, almost no CPU)")
+        if i.device == "cuda" and not dali:
             import torch
 
             from ..loader.dali.pipeline import dali_installed, dali_package

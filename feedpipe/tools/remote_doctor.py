@@ -1,6 +1,6 @@
 """``feedpipe doctor URL``: is a job on this remote dataset network-bound?
 
-Fetches the first data files (up to a byte budget) through :mod:`feedpipe.storage`, which gives the
+Fetches the first data files (up to a byte budget) through a :class:`feedpipe.storage.Store`, which gives the
 fetch bandwidth from here; decodes the images of the fetched WebDataset shards on one core, which
 gives the decode rate; and compares the images/s the network delivers (bandwidth ÷ mean stored
 sample size, from the manifest) with what the loader's workers could decode. A cold (first) epoch
@@ -18,12 +18,12 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..dataset.manifest import Manifest
-from ..dataset.remote_verify import read_manifest
+from ..dataset.verify import read_manifest
 from ..errors import BadInputError
 from ..loader.config import auto_workers
 from ..schema.imaging import decode_rgb
-from ..storage import download, join
-from .doctor import RANK, DoctorReport, Finding
+from ..storage import open_store
+from .doctor import RANK, DoctorReport, Finding, check_dataset, dataset_facts
 
 BUDGET = 64 << 20  # bytes fetched to measure the bandwidth
 DECODE_SECONDS = 2.0
@@ -43,16 +43,17 @@ def measure(url: str, storage_options: Mapping[str, Any] | None = None,
             budget: int = BUDGET) -> dict[str, Any]:
     """Fetch up to ``budget`` bytes of data files and decode the fetched shards' images: the
     bandwidth (bytes/s), decode rate (images/s on one core) and mean stored sample size."""
-    m = read_manifest(url, storage_options)
+    store = open_store(url, storage_options)
+    m = read_manifest(store)
     with tempfile.TemporaryDirectory(prefix="feedpipe-doctor-") as tmp:
         fetched, whole = 0, []
         t0 = time.perf_counter()
         for name, size in _data_files(m):
             take = min(size, budget - fetched)
-            download(join(url, name), Path(tmp) / name, take, storage_options)
+            local = store.local(name, Path(tmp), take)
             fetched += take
             if take == size:
-                whole.append(Path(tmp) / name)
+                whole.append(local)
             if fetched >= budget:
                 break
         seconds = time.perf_counter() - t0
@@ -112,9 +113,10 @@ def check_network(url: str, storage_options: Mapping[str, Any] | None = None,
     if net < cpu:
         found.append(Finding(
             "network", "high", f"network-bound: {facts}. A cold (first) epoch runs at about "
-            f"{net:.0f} images/s", fix="keep the node-local cache between runs (cache_dir=, "
-            "cache_limit= at least the dataset size: warm epochs read it at local speed), or "
-            "train nearer the bucket", gain=f"warm epochs up to {cpu / net:.1f}x faster"))
+            f"{net:.0f} images/s", fix="keep the node-local cache between runs "
+            "(Remote(url, cache_dir=..., cache_limit=...) at least the dataset size: warm "
+            "epochs read it at local speed), or train nearer the bucket",
+            gain=f"warm epochs up to {cpu / net:.1f}x faster"))
     else:
         found.append(Finding("network", "ok", f"not network-bound: {facts}"))
     return found
@@ -122,11 +124,16 @@ def check_network(url: str, storage_options: Mapping[str, Any] | None = None,
 
 def with_network(rep: DoctorReport, url: str,
                  storage_options: Mapping[str, Any] | None = None) -> DoctorReport:
-    """``rep`` (the machine checks) with the network finding for ``url`` added; a failed
-    measurement is an "error" finding, as for the other checks."""
-    try:
-        found = check_network(url, storage_options)
-    except Exception as exc:  # noqa: BLE001 - reported like any failed check
-        found = [Finding("network", "error", f"check failed: {type(exc).__name__}: {exc}")]
+    """``rep`` (the machine checks) with the findings for ``url`` added: its storage choices
+    (:func:`~feedpipe.tools.doctor.check_dataset`, as for a folder) and the network finding; a
+    failed check is an "error" finding, as for the other checks."""
+    found: list[Finding] = []
+    checks = [("dataset", lambda: check_dataset(dataset_facts(url, storage_options))),
+              ("network", lambda: check_network(url, storage_options))]
+    for name, check in checks:
+        try:
+            found += check()
+        except Exception as exc:  # noqa: BLE001 - reported like any failed check
+            found.append(Finding(name, "error", f"check failed: {type(exc).__name__}: {exc}"))
     findings = sorted((*rep.findings, *found), key=lambda f: RANK[f.severity])
     return replace(rep, path=url, findings=tuple(findings))

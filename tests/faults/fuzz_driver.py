@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import feedpipe
+from feedpipe import Output, Workers
 from feedpipe.dataset.verify import verify
 from feedpipe.errors import FeedpipeError
 
-KW = dict(size=32, crop="resize", shuffle=False, num_workers=0, dtype="uint8", mean=None,
-          std=None, device="cpu", fields=("image", "label", "path"))
+KW = dict(size=32, crop="resize", shuffle=False, num_workers=0, device="cpu",
+          fields=("image", "label", "path"), output=Output(dtype="uint8", mean=None, std=None))
 _REFERENCE: dict[str, dict[str, str]] = {}
 PHASE_SECONDS = 10  # each of verify, make_loader(on_error="raise") and (on_error="skip")
 PHASES = ("verify", "loader-raise", "loader-skip")
@@ -43,7 +44,7 @@ def digests(root: str | Path, on_error: str = "raise") -> dict[str, list[str]]:
     out: dict[str, list[str]] = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # skipped records are warned about: counted below
-        for batch in feedpipe.make_loader(root, 8, on_error=on_error, **KW):
+        for batch in feedpipe.make_loader(root, 8, workers=Workers(on_error=on_error), **KW):
             for path, img, label in zip(batch["path"], batch["image"], batch["label"]):
                 h = hashlib.sha256(img.numpy().tobytes() + str(int(label)).encode())
                 out.setdefault(path, []).append(h.hexdigest())

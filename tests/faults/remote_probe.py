@@ -13,13 +13,14 @@ from pathlib import Path
 import torch.distributed as dist
 
 import feedpipe
+from feedpipe import Output, Remote
 
 dist.init_process_group("gloo")
 url, cache, out = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 options = json.loads(sys.argv[4]) if len(sys.argv) > 4 else None
-loader = feedpipe.make_loader(url, 4, size=32, dtype="uint8", device="cpu", num_workers=1,
-                              fields=["label", "path"], seed=3, cache_dir=cache,
-                              storage_options=options)
+loader = feedpipe.make_loader(Remote(url, cache_dir=cache, storage_options=options), 4, size=32,
+                              device="cpu", num_workers=1,
+                              fields=["label", "path"], seed=3, output=Output(dtype="uint8"))
 batches = [{"label": b["label"].tolist(), "path": list(b["path"])} for b in loader]
 (out / f"rank{dist.get_rank()}.json").write_text(json.dumps(batches))
 dist.barrier()

@@ -16,6 +16,7 @@ from pathlib import Path
 import psutil
 
 import feedpipe
+from feedpipe import Output, Workers
 
 
 def shm_in_use() -> dict[str, object]:
@@ -41,8 +42,9 @@ def helper(me: psutil.Process, p: psutil.Process) -> bool:
 def main(data: str, context: str, epochs: int) -> dict[str, object]:
     me = psutil.Process()
     before = shm_in_use()
-    loader = feedpipe.make_loader(data, 8, size=32, dtype="uint8", device="cpu", num_workers=2,
-                                  multiprocessing_context=context, seed=1)
+    loader = feedpipe.make_loader(data, 8, size=32, device="cpu", num_workers=2,
+                                  seed=1, output=Output(dtype="uint8"),
+                                  workers=Workers(multiprocessing_context=context))
     rss: dict[str, list[int]] = {}
     workers: list[list[int]] = []
     samples = 0

@@ -23,14 +23,15 @@ from fuzz_driver import run_cases
 from PIL import Image
 
 import feedpipe
+from feedpipe import Output, Workers
 from feedpipe.dataset.registry import sample_key
 from feedpipe.dataset.verify import verify
 from feedpipe.errors import CorruptRecordError, DataFileMismatchError, FeedpipeError, ManifestError
 
 DATA_FILE = {"lmdb": "data.mdb", "hdf5": "data.h5", "wds": "shard-000001.tar"}
 BAD = 30  # lives in the second WebDataset shard of the session's dataset
-KW = dict(size=32, crop="resize", shuffle=False, num_workers=0, dtype="uint8", mean=None,
-          std=None, device="cpu", fields=("image", "label", "path"))
+KW = dict(size=32, crop="resize", shuffle=False, num_workers=0, device="cpu",
+          fields=("image", "label", "path"), output=Output(dtype="uint8", mean=None, std=None))
 
 
 def by_path(loader) -> dict[str, np.ndarray]:
@@ -78,7 +79,7 @@ def test_flipped_bit_in_an_image_is_caught_everywhere(fmt, packed, photos, copy_
     assert str(root) in str(exc.value) and key in str(exc.value) and source in str(exc.value)
     assert exc.value.key == key and exc.value.file == source
 
-    ld = feedpipe.make_loader(root, 8, on_error="skip", **KW)
+    ld = feedpipe.make_loader(root, 8, workers=Workers(on_error="skip"), **KW)
     with pytest.warns(UserWarning, match="skipped 1 corrupt"):
         got = by_path(ld)
     assert source not in got and len(ld.skipped) == 1
@@ -100,7 +101,7 @@ def test_truncated_wds_shard_names_the_lost_keys(packed, photos, copy_dataset):
     assert all("source file" in p for p in report.problems if " key " in p), report.problems
     with pytest.raises(CorruptRecordError, match=sample_key(lost[0])):
         list(feedpipe.make_loader(root, 8, **KW))
-    ld = feedpipe.make_loader(root, 8, on_error="skip", **KW)
+    ld = feedpipe.make_loader(root, 8, workers=Workers(on_error="skip"), **KW)
     with pytest.warns(UserWarning, match="corrupt record"):  # substitutes may be lost ones too
         got = by_path(ld)
     assert not {photos[i].rel for i in lost} & set(got)
@@ -120,7 +121,7 @@ def test_truncated_single_file_dataset_is_refused_whole(fmt, packed, copy_datase
     for on_error in ("raise", "skip"):
         batches = []
         with pytest.raises(DataFileMismatchError, match=DATA_FILE[fmt]):
-            for b in feedpipe.make_loader(root, 8, on_error=on_error, **KW):
+            for b in feedpipe.make_loader(root, 8, workers=Workers(on_error=on_error), **KW):
                 batches.append(b)
         assert not batches  # no batch at all rather than a wrong one
 

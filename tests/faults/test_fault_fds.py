@@ -19,6 +19,7 @@ from fp_helpers import CLI, REMOTE_KW, batch_digests, loader_batches
 import feedpipe
 from converters import convert
 from converters.synth import make_photos
+from feedpipe import Workers
 
 pytestmark = pytest.mark.heavy
 
@@ -26,6 +27,7 @@ PROBE = """
 import json, os, resource, sys
 import feedpipe
 from feedpipe.dataset.verify import verify
+from feedpipe import Workers
 from feedpipe.errors import ResourceError
 from fp_helpers import REMOTE_KW, batch_digests, loader_batches
 path, limit, workers = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -34,7 +36,8 @@ resource.setrlimit(resource.RLIMIT_NOFILE, (limit, resource.getrlimit(resource.R
 out = {}
 for name, run in [("verify", lambda: verify(path)),
                   ("load", lambda: loader_batches(path, **{**REMOTE_KW, "num_workers": workers},
-                                                  on_error="skip", shuffle=True))]:
+                                                  workers=Workers(on_error="skip"),
+                                                  shuffle=True))]:
     try:
         got = run()
         out[name] = got.problems if name == "verify" else batch_digests(got)
@@ -68,7 +71,7 @@ def test_300_shards_under_ulimit_200(many_shards):
     epoch with on_error="skip" and 2 workers is the unlimited one, sample for sample (334 of
     600 were substitutes)."""
     want = batch_digests(loader_batches(many_shards, **{**REMOTE_KW, "num_workers": 0},
-                                        on_error="skip", shuffle=True))
+                                        workers=Workers(on_error="skip"), shuffle=True))
     got = probe(many_shards, 200, 2)
     assert got["verify"] == []
     assert got["load"] == want and len(want) == 75

@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import feedpipe
+from feedpipe import Output
 from feedpipe.dataset.verify import verify
 
 READERS = 140  # > 126, LMDB's default max_readers
@@ -105,7 +106,8 @@ def test_read_only_directory_loads(packed, copy_dataset, fmt):
     _read_only(root)
     before = _snapshot(root)
     try:
-        kw = dict(size=32, dtype="uint8", device="cpu", seed=2, fields=["image", "label", "path"])
+        kw = dict(size=32, device="cpu", seed=2, fields=["image", "label", "path"],
+                  output=Output(dtype="uint8"))
         ref = list(feedpipe.make_loader(packed[fmt], 8, num_workers=0, **kw))
         got = list(feedpipe.make_loader(root, 8, num_workers=2, **kw))
         assert [b["path"] for b in got] == [b["path"] for b in ref]
@@ -127,8 +129,8 @@ import json, sys
 import feedpipe
 out = {}
 for fmt, path in json.loads(sys.argv[1]).items():
-    ld = feedpipe.make_loader(path, 8, size=32, dtype="uint8", device="cpu", num_workers=2,
-                              seed=2, fields=["label", "path"])
+    ld = feedpipe.make_loader(path, 8, size=32, output=feedpipe.Output(dtype="uint8"),
+                              device="cpu", num_workers=2, seed=2, fields=["label", "path"])
     out[fmt] = [p for b in ld for p in b["path"]]
 print(json.dumps(out))
 """
@@ -155,7 +157,8 @@ def test_read_only_mount_loads_every_format(packed, tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     got = json.loads(run.stdout.splitlines()[-1])
     for fmt in packed:
-        ref = feedpipe.make_loader(packed[fmt], 8, size=32, dtype="uint8", device="cpu",
-                                   num_workers=0, seed=2, fields=["label", "path"])
+        ref = feedpipe.make_loader(packed[fmt], 8, size=32, device="cpu",
+                                   num_workers=0, seed=2, fields=["label", "path"],
+                                   output=Output(dtype="uint8"))
         assert got[fmt] == [p for b in ref for p in b["path"]]
     assert not any(mnt.iterdir())  # the mount lived only in the namespace

@@ -18,6 +18,7 @@ from servers import FaultServer
 
 import feedpipe
 from converters import convert
+from feedpipe import Output, Sampler
 from feedpipe.loader.sampler import World
 
 pytest.importorskip("aiohttp")
@@ -37,9 +38,10 @@ def test_two_ranks_share_one_cache_each_shard_fetched_once(packed, http_packed, 
                             str(cache), str(out)], capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stdout + r.stderr
         for rank in range(2):
-            local = feedpipe.make_loader(packed["wds"], 4, size=32, dtype="uint8",
-                                         device="cpu", num_workers=0, fields=["label", "path"],
-                                         seed=3, world=World(rank, 2))
+            local = feedpipe.make_loader(packed["wds"], 4, size=32, device="cpu", num_workers=0,
+                                         fields=["label", "path"],
+                                         seed=3, output=Output(dtype="uint8"),
+                                         sampler=Sampler(world=World(rank, 2)))
             want = [{"label": b["label"].tolist(), "path": list(b["path"])} for b in local]
             assert json.loads((out / f"rank{rank}.json").read_text()) == want
     sizes = {f"/wds/{f.name}": f.size for f in feedpipe.open_dataset(packed["wds"]).manifest.files
@@ -94,9 +96,9 @@ def test_two_nodes_one_cache_per_node(photo_dir, tmp_path):
     ranks = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(4)]
     for rank, got in enumerate(ranks):
         with pytest.warns(UserWarning, match="3 shards for 4 ranks"):  # split by sample
-            local = feedpipe.make_loader(data, 4, size=32, dtype="uint8", device="cpu",
+            local = feedpipe.make_loader(data, 4, size=32, device="cpu",
                                          num_workers=0, fields=["label", "path"], seed=3,
-                                         world=World(rank, 4))
+                                         output=Output(dtype="uint8"), sampler=Sampler(world=World(rank, 4)))
             want = [{"label": b["label"].tolist(), "path": list(b["path"])} for b in local]
         assert got == want
     assert len({len(r) for r in ranks}) == 1 and ranks[0]

@@ -17,6 +17,7 @@ from fp_helpers import REMOTE_KW
 from servers import FaultServer
 
 import feedpipe
+from feedpipe import Remote
 from feedpipe.errors import RetriesExhaustedError
 from feedpipe.storage.fetch import FETCH_ENV
 
@@ -77,7 +78,7 @@ def test_silent_store_fails_make_loader_at_open(silent, tmp_path):
     server, urls = silent
     server.faults([HANG])
     exc, took = within(BOUND + 10, lambda: feedpipe.make_loader(
-        urls["wds"], 8, **REMOTE_KW, cache_dir=tmp_path, timeout=TIMEOUT))
+        Remote(urls["wds"], cache_dir=tmp_path, timeout=TIMEOUT), 8, **REMOTE_KW))
     assert isinstance(exc, RetriesExhaustedError), exc
     assert "feedpipe.json" in str(exc) and took < BOUND, (took, exc)
 
@@ -86,8 +87,9 @@ PROBE = """
 import sys, time
 import feedpipe
 url, cache = sys.argv[1:3]
-loader = feedpipe.make_loader(url, 4, shuffle=False, size=32, dtype="uint8", device="cpu",
-                              num_workers=0, cache_dir=cache, timeout=2)
+loader = feedpipe.make_loader(feedpipe.Remote(url, cache_dir=cache, timeout=2), 4, shuffle=False,
+                              size=32, output=feedpipe.Output(dtype="uint8"), device="cpu",
+                              num_workers=0)
 batch = next(iter(loader))  # shard 0 answers; the prefetch of the next shards waits
 time.sleep(0.5)  # the prefetch threads are in their requests
 print("done", len(batch["label"]), flush=True)

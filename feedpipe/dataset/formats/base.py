@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
@@ -46,6 +48,15 @@ def root_identity(root: str | os.PathLike[str]) -> tuple[int, int] | None:
 def unsafe_name(name: str) -> bool:
     """A member or entry name whose extension says "unpickle me"; feedpipe never opens those."""
     return name.rsplit(".", 1)[-1].lower() in UNSAFE_SUFFIXES if "." in name else False
+
+
+def writer_thread() -> ThreadPoolExecutor:
+    """One helper thread for a writer's I/O (writes overlap the packing of the next batch). It
+    blocks SIGINT, so Ctrl-C always reaches the main thread, and only where the main thread lets
+    it (the converter blocks it while its worker pool starts)."""
+    return ThreadPoolExecutor(1, thread_name_prefix="feedpipe-writer",
+                              initializer=signal.pthread_sigmask,
+                              initargs=(signal.SIG_BLOCK, {signal.SIGINT}))
 
 
 def sample_key(index: int) -> str:
@@ -188,6 +199,12 @@ class DatasetReader(ABC):
     def shard_ranges(self) -> list[range] | None:
         """The sample indices each shard holds, for formats read shard by shard (their samplers
         keep ranks on whole shards); None when any sample is as cheap to reach as any other."""
+        return None
+
+    def plan_ahead(self, plan: Sequence[Sequence[int] | np.ndarray], position: int) -> None:
+        """Called by the loader's sampler as it hands out batch ``position`` of ``plan`` (this
+        rank's batches of the epoch): a reader whose data lives elsewhere (a remote store) starts
+        fetching what the next batches read. Local data needs nothing: the default does nothing."""
         return None
 
     def describe(self, index: int) -> str:

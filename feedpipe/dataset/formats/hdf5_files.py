@@ -15,7 +15,8 @@ import numpy as np
 from h5py import h5s
 
 from ...errors import CorruptRecordError, UnsafePathError
-from .hdf5_layout import HeapGuard, VlenRecords
+from .hdf5_heap import HeapGuard
+from .hdf5_layout import VlenRecords
 
 #: a virtual dataset's source: its first row there, its first row in the source dataset, the
 #: source dataset and its file

@@ -1,35 +1,24 @@
-"""The HDF5 file format's own records, read from the mapped ``data.h5`` (file format 1.x/2.0,
+"""The HDF5 file format's chunk records, read from the mapped ``data.h5`` (file format 1.x/2.0,
 little-endian, 8-byte addresses and lengths, no user block):
 
 - the rows of a dataset chunked along its first axis, found by their chunk's offset
   (:class:`Mapped`; small fixed-size rows: :class:`MappedFixed`);
 - a variable-length row's record in its chunk: its length (u4), the address of a global heap
   collection (u8) and its object index there (u4) (:class:`VlenRecords`), and the row's bytes
-  in that collection (:class:`MappedVlen`);
-- global heap collections checked before libhdf5 parses one (:class:`HeapGuard`).
-
-Why the guard: libhdf5 decodes a whole collection when it reads any object in it, walking its
-objects by their sizes, and a free-space object (index 0) of size 0 -- a zeroed page inside a
-collection -- sends that walk round the same 16 bytes forever, in C, at 100% CPU, where no signal
-or timeout can stop it (H5HG cache deserialize, HDF5 2.0 as h5py 3.16 ships it). Every collection
-a read through h5py could decode is walked here first, once, by the same rules and bounded.
+  in that collection (:class:`MappedVlen`; the collections themselves are parsed in
+  :mod:`.hdf5_heap`).
 """
 
 from __future__ import annotations
 
-import struct
 from typing import Any
 
 import h5py
 import numpy as np
 
-from ...errors import CorruptRecordError
+from .hdf5_heap import SPAN, heap_objects
 
 ROW = np.dtype([("n", "<u4"), ("addr", "<u8"), ("index", "<u4")])  # a vlen row in its chunk
-HEAP = np.dtype([("magic", "S4"), ("version", "u1"), ("pad", "V3"), ("size", "<u8")])
-OBJ = np.dtype([("index", "<u2"), ("refs", "<u2"), ("pad", "V4"), ("size", "<u8")])
-SPAN = np.arange(16)  # each of the three records is 16 bytes
-_OBJ_HEAD = struct.Struct("<H6xQ")  # an object's index and size
 
 
 def is_vlen(ds: h5py.Dataset) -> bool:
@@ -112,12 +101,8 @@ class VlenRecords(Mapped):
 
 
 class MappedVlen(VlenRecords):
-    """The rows of a 1-D uint8 variable-length dataset, read as views of the mapped file.
-
-    A collection is ``GCOL``, version, 3 reserved bytes, its size (u8), then objects: index (u2),
-    reference count (u2), 4 reserved bytes, size (u8), the data padded to 8 bytes. Every record is
-    bounds-checked.
-    """
+    """The rows of a 1-D uint8 variable-length dataset, read as views of the mapped file (their
+    bytes found in their global heap collections by :func:`~.hdf5_heap.heap_objects`)."""
 
     @classmethod
     def of(cls, ds: h5py.Dataset, raw: np.ndarray) -> MappedVlen | None:
@@ -131,95 +116,9 @@ class MappedVlen(VlenRecords):
             return None
         n, off = row["n"].astype(np.int64), np.zeros(len(uniq), np.int64)
         live = np.flatnonzero(n)  # an empty row has no heap object (its address is 0)
-        found = self._objects(row["addr"][live].astype(np.int64), row["index"][live])
+        found = heap_objects(self.raw, row["addr"][live].astype(np.int64),
+                             row["index"][live])
         if found is None or (found[1] != n[live]).any():
             return None
         off[live] = found[0]
         return [self.raw[o: o + k] for o, k in zip(off.tolist(), n.tolist())]
-
-    def _objects(self, addr: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, ...] | None:
-        """File offsets and sizes of global heap objects ``index`` in the collections at
-        ``addr``; None if a collection's header or objects do not parse or hold no such index."""
-        raw, size = self.raw, len(self.raw)
-        if ((addr < 0) | (addr + 16 > size)).any():
-            return None
-        heap = raw[addr[:, None] + SPAN].view(HEAP)[:, 0]
-        end = addr + heap["size"].astype(np.int64)
-        if (heap["magic"] != b"GCOL").any() or ((end <= addr) | (end > size)).any():
-            return None
-        ptr, off, got = addr + 16, np.zeros_like(addr), np.zeros_like(addr)
-        todo = np.arange(len(addr))
-        while len(todo):  # walk each collection's objects to the row's index (usually the first)
-            at = ptr[todo]
-            if (at + 16 > end[todo]).any():  # past the collection: the index is not there
-                return None
-            obj = raw[at[:, None] + SPAN].view(OBJ)[:, 0]
-            step = obj["size"].astype(np.int64)
-            if (step < 0).any():
-                return None
-            hit = obj["index"] == index[todo]
-            off[todo[hit]], got[todo[hit]] = at[hit] + 16, step[hit]
-            ptr[todo] = at + 16 + ((step + 7) & ~7)
-            todo = todo[~hit]
-        return (off, got) if (off + got <= end).all() else None
-
-
-class HeapGuard:
-    """The global heap collections of one mapped file that libhdf5 may decode: each walked once
-    as HDF5 walks it (see the module docstring), and refused unless every object lies inside the
-    collection and the walk ends exactly at its end."""
-
-    def __init__(self, raw: np.ndarray, path: object) -> None:
-        self.raw, self.path = raw, path
-        self._mv = memoryview(raw)  # type: ignore[arg-type]
-        self._good: set[int] = set()
-
-    def check(self, rows: np.ndarray | None, what: str) -> None:
-        """Check the collections that vlen records ``rows`` (:data:`ROW`) point to; ``None``
-        (records not found) and a damaged collection raise CorruptRecordError naming ``what``."""
-        if rows is None:
-            raise CorruptRecordError(f"{self.path}: {what}: its chunk index or chunk is "
-                                     "damaged (a row's record cannot be found)")
-        for addr in np.unique(rows["addr"][rows["n"] > 0]).tolist():
-            if addr not in self._good:
-                problem = self._walk(int(addr))
-                if problem:
-                    raise CorruptRecordError(f"{self.path}: {what}: the global heap collection "
-                                             f"at byte {addr} is damaged ({problem}); "
-                                             "re-convert the dataset")
-                self._good.add(addr)
-
-    def scan(self) -> None:
-        """Check every collection in the file, found by its signature: for a small file whose
-        datasets' own records reference collections (a merged dataset's virtual datasets)."""
-        raw = self.raw.tobytes()
-        at = raw.find(b"GCOL")
-        while at >= 0:
-            problem = self._walk(at) if at not in self._good else None
-            if problem:
-                raise CorruptRecordError(f"{self.path}: the global heap collection at byte {at} "
-                                         f"is damaged ({problem}); re-convert the dataset")
-            self._good.add(at)
-            at = raw.find(b"GCOL", at + 4)
-
-    def _walk(self, addr: int) -> str | None:
-        """Why the collection at ``addr`` would not parse, or None."""
-        raw = self.raw
-        if addr + 16 > len(raw):
-            return "it lies past the end of the file"
-        head = raw[addr: addr + 16].view(HEAP)[0]
-        end = addr + int(head["size"])
-        if head["magic"] != b"GCOL" or head["version"] != 1:
-            return "bad signature or version"
-        if not addr + 4096 <= end <= len(raw):  # HDF5 writes collections of 4 KiB or more
-            return f"its size {int(head['size'])} does not fit the file"
-        p, unpack, mv = addr + 16, _OBJ_HEAD.unpack_from, self._mv
-        while p < end:
-            if p + 16 > end:  # too small for an object: the free tail
-                break
-            index, size = unpack(mv, p)
-            need = 16 + ((size + 7) & ~7) if index else size
-            if need < 16 or p + need > end:  # a step of 0 is libhdf5's endless loop
-                return f"object {index} at byte {p} has size {size}"
-            p += need
-        return None

@@ -12,9 +12,11 @@ with its part's id), read as one: global index ``i`` is key ``i - start`` of the
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 import weakref
+from concurrent.futures import Future
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
@@ -27,10 +29,36 @@ from ...schema.codecs import pack_record, unpack_record
 from ...schema.fields import Field
 from ...schema.model import Schema
 from ..manifest import Manifest
-from .base import KEY_DIGITS, DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
+from .base import (
+    KEY_DIGITS,
+    DatasetReader,
+    DatasetWriter,
+    Visitor,
+    sample_key,
+    unsafe_name,
+    writer_thread,
+)
 
-_FLUSH_BYTES = 64 << 20
+# Small write transactions: LMDB copies a transaction's records into malloc'd dirty pages and
+# frees them at commit, so a 64 MiB transaction made glibc return and re-fault 64 MiB each time
+# (~11 page faults an image, a third of a passthrough conversion's system time;
+# benchmarks/RESULTS.md section 3). 2 MiB ones stay in the retained heap (keep_freed_heap).
+_FLUSH_BYTES = 2 << 20
 _FLUSH_RECORDS = 2048
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (malloc.h)
+
+
+def keep_freed_heap() -> None:
+    """Ask glibc to keep up to 64 MiB of freed heap and to serve blocks up to 32 MiB from it,
+    instead of returning memory to the system at every free and faulting it in again at the next
+    allocation (a writer frees and reallocates the same sizes all the time). Process-wide and
+    harmless elsewhere; a no-op off glibc."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_TRIM_THRESHOLD, 64 << 20)
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)
 #: (pid, device, inode) of a data.mdb -> [its environment, the readers using it]: py-lmdb allows
 #: one handle per data file and process, so the readers of one file share it; the last one to
 #: go closes it (a replaced dataset's deleted data.mdb is unmapped, not kept until exit)
@@ -68,18 +96,28 @@ ID_KEY = b"feedpipe.dataset_id"  # sorts after every sample key: appended last
 
 
 class LmdbWriter(DatasetWriter):
-    """Writes records in batched transactions and grows ``map_size`` itself on MDB_MAP_FULL."""
+    """Writes records in batched transactions and grows ``map_size`` itself on MDB_MAP_FULL.
+
+    Each transaction is committed on a helper thread while this one packs the next batch:
+    py-lmdb releases the GIL in ``commit``, whose copy into the page cache is about a third of
+    a passthrough conversion's CPU time, so it runs on the second core. Puts stay here, so one
+    thread at a time uses a transaction (the environment is opened without LMDB's lock file:
+    the output's own lock keeps other writers out, and nothing reads a partial output).
+    """
 
     format_name = "lmdb"
 
     def __init__(self, root: Path, schema: Schema, map_size: int = 1 << 30) -> None:
         super().__init__(root, schema)
+        keep_freed_heap()
         # meminit: unused page space is zeroed, not stale heap bytes (reproducible data.mdb)
         self._env = lmdb.open(str(self.root), subdir=True, map_size=map_size, sync=False,
-                              metasync=False, meminit=True, max_dbs=0)
+                              metasync=False, meminit=True, max_dbs=0, lock=False)
         self._pending: list[tuple[bytes, bytes]] = []
         self._id: str | None = None
         self._pending_bytes = 0
+        self._committer = writer_thread()
+        self._commit: Future[None] | None = None
 
     def _write(self, index: int, values: list[Any]) -> None:
         rec = pack_record([f.encode(v) for f, v in zip(self.schema, values)])
@@ -90,26 +128,45 @@ class LmdbWriter(DatasetWriter):
             self._flush()
 
     def _flush(self) -> None:
+        """Put the pending records in a new transaction (after the last one is committed) and
+        commit it on the helper thread."""
+        self._wait()
         while self._pending:
+            txn = self._env.begin(write=True)
             try:
-                with self._env.begin(write=True) as txn:
-                    for key, value in self._pending:
-                        txn.put(key, value, append=True)
-                self._pending.clear()
-                self._pending_bytes = 0
+                for key, value in self._pending:
+                    txn.put(key, value, append=True)
             except lmdb.MapFullError:
+                txn.abort()
                 size = self._env.info()["map_size"]
                 self._env.set_mapsize(max(2 * size, size + 4 * self._pending_bytes))
+                continue
+            except BaseException:
+                txn.abort()
+                raise
+            self._pending.clear()
+            self._pending_bytes = 0
+            self._commit = self._committer.submit(txn.commit)
+
+    def _wait(self) -> None:
+        """Wait for the transaction being committed; its error, if any, is raised here."""
+        job, self._commit = self._commit, None
+        if job is not None:
+            job.result()
 
     def close(self) -> tuple[list[str], dict[str, Any]]:
         if self._env is None:
             return ["data.mdb"], {"dataset_id": self._id}
-        self._id = self.dataset_id()
-        self._pending.append((ID_KEY, self._id.encode()))
-        self._flush()
-        self._env.sync(True)
-        self._env.close()
-        self._env = None
+        try:
+            self._id = self.dataset_id()
+            self._pending.append((ID_KEY, self._id.encode()))
+            self._flush()
+            self._wait()
+            self._env.sync(True)
+        finally:
+            self._committer.shutdown(wait=True)  # nothing uses the environment after this
+            self._env.close()
+            self._env = None
         lock = self.root / "lock.mdb"
         if lock.exists():  # readers open with lock=False; the lock file is the writer's only
             lock.unlink()

@@ -113,7 +113,8 @@ class DaliLoader(EpochPosition):
             num_workers=self.py_workers, prefetch_factor=spec.depth if self.py_workers else None,
             pin_memory=self.device.type == "cuda", device=self.device.type,
             decode_threads=self.threads,
-            sample_bytes=spec.size[0] * spec.size[1] * 3 * itemsize + host)
+            sample_bytes=spec.size[0] * spec.size[1] * 3 * itemsize + host,
+            size=tuple(spec.size[:2]))
 
     def _check_state(self, state: dict[str, Any]) -> None:
         if state.get("dali_reader", "plan") != self.cfg.dali_reader:
@@ -272,12 +273,12 @@ class DaliWdsLoader(DaliLoader):
                  device: torch.device) -> None:
         if not isinstance(reader, WdsReader):
             raise ConfigError(f"dali_reader='webdataset' reads WebDataset shards; {reader.root} "
-                              f"is {reader.format_name}: use dali_reader='plan'",
+                              f"is {reader.format_name}: use Dali(reader='plan')",
                               option="dali_reader")
         super().__init__(reader, cfg, world, device)
         if not self.spec.encoded:
             raise ConfigError(f"{reader.root}: dali_reader='webdataset' decodes encoded images; "
-                              "these are stored raw: use dali_reader='plan'", option="dali_reader")
+                              "these are stored raw: use Dali(reader='plan')", option="dali_reader")
         self.index = DaliIndex(reader)
         self.member = list(reader.schema).index(reader.schema[self.image])
         self._resume: bytes | None = None  # a DALI checkpoint for the next pipeline

@@ -20,6 +20,7 @@ from ...dataset.registry import DatasetReader, open_dataset
 from ...errors import ConfigError
 from ...loader.api import make_loader
 from ...loader.config import auto_workers
+from ...loader.options import Workers
 from ...loader.protocol import Loader
 from ..monitor import StallMeter
 from ..throughput import Trial, of_meter, warmup_batches
@@ -47,7 +48,7 @@ class TuneResult:
     def loader_options(self) -> dict[str, Any]:
         """The ``make_loader`` options this result stands for."""
         return {"num_workers": self.num_workers,
-                "prefetch_factor": self.prefetch_factor or "auto"}
+                "workers": Workers(prefetch_factor=self.prefetch_factor or "auto")}
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types."""
@@ -91,12 +92,12 @@ def _epochs(loader: Loader) -> Iterator[Any]:
 
 
 def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, workers: int,
-            prefetch: int | None, *, trial_batches: int = 24, **loader_options: Any) -> Trial:
+            prefetch: int | None, /, *, trial_batches: int = 24, **loader_options: Any) -> Trial:
     """Run one trial: ``trial_batches`` batches after start-up, rated by the one throughput
     measurement (:func:`feedpipe.tools.throughput.of_meter`), as ``feedpipe bench`` rates its."""
     opts = {**loader_options, "num_workers": workers}
     if workers:
-        opts["prefetch_factor"] = prefetch
+        opts["workers"] = replace(opts.get("workers") or Workers(), prefetch_factor=prefetch)
     loader = make_loader(source, batch_size, **opts)
     meter = StallMeter()
     batches = _epochs(loader)
@@ -203,9 +204,9 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
     ``budget_cpus``: most workers to try (default: usable cores shared among the local ranks);
     ``budget_ram``: bytes of batches the loader may hold (ring and prefetch; default: the RAM
     available now). ``loader_options`` go to every ``make_loader`` call; a ``prefetch_factor``
-    among them is kept fixed. ``repeats`` > 1 measures each configuration that many times
-    (interleaved) and keeps its fastest, for busy machines. A cache hit (same dataset, machine
-    and settings) runs no trial.
+    in their ``workers=Workers(...)`` is kept fixed. ``repeats`` > 1 measures each
+    configuration that many times (interleaved) and keeps its fastest, for busy machines. A
+    cache hit (same dataset, machine and settings) runs no trial.
     """
     if "num_workers" in loader_options:
         raise ConfigError("autotune chooses num_workers: leave it out of the loader options")
@@ -222,7 +223,7 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
                           option="tolerance")
     if not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"repeats={repeats!r}: use an int >= 1", option="repeats")
-    fixed = loader_options.pop("prefetch_factor", "auto")
+    fixed = (loader_options.get("workers") or Workers()).prefetch_factor
     if fixed != "auto" and (not isinstance(fixed, int) or fixed < 1):
         raise ConfigError(f"prefetch_factor={fixed!r}: use 'auto' (tuned) or an int >= 1",
                           option="prefetch_factor")

@@ -4,17 +4,19 @@ Each trial runs forward + backward (+ optimizer step) at one size. On CUDA a tri
 raises out-of-memory (or exceeds ``memory_budget``); on CPU when the process's peak resident memory
 grows past the budget (see :mod:`feedpipe.tools.tune.memory`). Memory is freed between trials so a failed
 trial does not poison the next, and the model's and optimizer's state are restored afterwards.
+On CPU the search has default caps (half the RAM available, :data:`CPU_TIME_BUDGET_S` seconds):
+a CPU trains slowly, so doubling to ``max_size`` unbounded ran for 20 minutes and 9 GB. Each trial
+is shown as it ends (a tqdm line on stderr).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import os
 import statistics
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import replace
 from typing import Any, Callable, Literal
 
 import torch
@@ -31,74 +33,20 @@ from .memory import (
     loader_ram_bytes,
     sample_bytes,
 )
+from .search import (
+    BatchSizeResult,
+    BatchTrial,
+    Mode,
+    pick_size,
+    progress_bar,
+    search_batch_size,
+    trial_text,
+)
 
 log = logging.getLogger("feedpipe.tune")
-Mode = Literal["largest", "fastest"]
+CPU_TIME_BUDGET_S = 120.0  # the search's default time cap on CPU (None on CUDA)
+CPU_MEMORY_SHARE = 0.5  # on CPU the default memory budget: this share of the RAM available
 StepFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class BatchTrial:
-    """One trial at ``size``: its peak memory (bytes; None when not run) and training speed."""
-
-    size: int
-    ok: bool
-    peak_bytes: int | None
-    samples_per_s: float | None
-    note: str = ""
-
-
-@dataclass(frozen=True)
-class BatchSizeResult:
-    """The chosen batch size, the largest that fitted, and every trial that led there."""
-
-    batch_size: int
-    largest_fit: int
-    mode: Mode
-    device: str
-    budget_bytes: int | None
-    loader_ram_bytes: int
-    trials: tuple[BatchTrial, ...]
-    reason: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types."""
-        return asdict(self)
-
-    def report(self) -> str:
-        """The trials as a table, then the choice and why."""
-        rows = [f"{'size':>6} {'peak MiB':>9} {'samples/s':>10}  result"]
-        for t in self.trials:
-            peak = "-" if t.peak_bytes is None else f"{t.peak_bytes / 2**20:.1f}"
-            sps = "-" if t.samples_per_s is None else f"{t.samples_per_s:.0f}"
-            rows.append(f"{t.size:>6} {peak:>9} {sps:>10}  {'ok' if t.ok else 'oom'}"
-                        + (f" ({t.note})" if t.note else ""))
-        return "\n".join(rows + [self.reason])
-
-
-def search_batch_size(fits: Callable[[int], bool], *, max_size: int, start: int = 1,
-                      resolution: float = 1 / 32) -> int:
-    """Largest size in [1, max_size] for which ``fits`` holds (0 if none), assuming it is monotone.
-
-    Doubles from ``start`` until a size fails, then bisects between the last fit and the first
-    failure until the gap is within ``resolution`` of the fitting size. Never tries a size above
-    a known failure.
-    """
-    lo, hi, size = 0, None, start
-    while hi is None:
-        if not fits(size):
-            hi = size
-        elif size >= max_size:
-            return size
-        else:
-            lo, size = size, min(2 * size, max_size)
-    while hi - lo > max(1, int(lo * resolution)):
-        mid = (lo + hi) // 2
-        if fits(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -138,10 +86,12 @@ class _Trials:
 
     def __init__(self, model: torch.nn.Module, make_batch: Callable[[int], Batch], step: StepFn,
                  optimizer: torch.optim.Optimizer | None, amp: bool, device: torch.device,
-                 steps: int, budget: int | None, clock: Callable[[], float]) -> None:
+                 steps: int, budget: int | None, clock: Callable[[], float],
+                 seconds: float | None = None, progress: bool = False) -> None:
         self.model, self.make_batch, self.step, self.optimizer = model, make_batch, step, optimizer
         self.amp, self.device, self.steps, self.budget = amp, device, steps, budget
-        self.clock = clock
+        self.clock, self.seconds, self.t0 = clock, seconds, clock()
+        self.bar = progress_bar(device, budget, seconds) if progress else None
         self.cuda = device.type == "cuda"
         self.host = None if self.cuda else HostPeak()
         self.baseline = 0
@@ -174,14 +124,18 @@ class _Trials:
         self.model.zero_grad(set_to_none=True)
 
     def fits(self, size: int) -> bool:
-        trial = self._skip_predicted(size) or self._run(size)
+        trial = self._skip_predicted(size) or self._skip_slow(size) or self._run(size)
         ok, sps = _dist_min([float(trial.ok), trial.samples_per_s or 0.0])
         if trial.ok and not ok:
-            trial = BatchTrial(size, False, trial.peak_bytes, None, "out of memory on another rank")
+            trial = replace(trial, ok=False, samples_per_s=None,
+                            note="out of memory on another rank")
         elif trial.ok:
-            trial = BatchTrial(size, True, trial.peak_bytes, sps, trial.note)
+            trial = replace(trial, samples_per_s=sps)
         log.info("batch size %d: %s, peak %s bytes, %s samples/s %s", size,
                  "ok" if trial.ok else "oom", trial.peak_bytes, trial.samples_per_s, trial.note)
+        if self.bar is not None:
+            self.bar.set_postfix_str(trial_text(trial), refresh=False)
+            self.bar.update(1)
         self.done.append(trial)
         return trial.ok
 
@@ -196,6 +150,19 @@ class _Trials:
             return None
         return BatchTrial(size, False, None, None, f"not run: needs ~{need >> 20} MiB, "
                           f"{avail >> 20} MiB of host RAM available")
+
+    def _skip_slow(self, size: int) -> BatchTrial | None:
+        """A size whose trial would not end within the time budget left is not run (its time
+        predicted from the trials run so far, per sample: a step's time grows with the batch).
+        The first trial always runs: there is nothing to predict from."""
+        rates = [t.seconds / t.size for t in self.done if t.seconds]
+        if self.seconds is None or not rates:
+            return None
+        left, need = self.seconds - (self.clock() - self.t0), max(rates) * size
+        if left > 0 and need <= left:
+            return None
+        return BatchTrial(size, False, None, None, f"not run: ~{need:.1f} s, {max(left, 0):.1f} "
+                          f"s of the {self.seconds:.0f} s time budget left")
 
     def _steps(self, size: int) -> float:
         """Run warm-up + timed training steps at ``size``; the median step's samples/s."""
@@ -214,6 +181,7 @@ class _Trials:
         free_device_memory(self.device)
         if self.host is not None:
             self.host.reset()
+        t0 = self.clock()
         try:
             sps: float | None = self._steps(size)
             note = ""
@@ -230,7 +198,7 @@ class _Trials:
         ok = sps is not None
         if ok and self.budget is not None and peak > self.budget:
             ok, note = False, f"peak {peak / 2**20:.1f} MiB > budget {self.budget / 2**20:.1f} MiB"
-        return BatchTrial(size, ok, peak, sps if ok else None, note)
+        return BatchTrial(size, ok, peak, sps if ok else None, note, self.clock() - t0)
 
 
 def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
@@ -240,14 +208,18 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
                     loader_prefetch: int = PREFETCH_DECODE, loader_workers: int | None = None,
                     step: StepFn | None = None, start: int = 1, steps: int = 3,
                     resolution: float = 1 / 32, clock: Callable[[], float] = time.perf_counter,
+                    time_budget: float | None | Literal["auto"] = "auto", progress: bool = True,
                     **loader_options: Any) -> BatchSizeResult:
     """Find the batch size to train ``model`` with, by trials (see module doc).
 
     ``sample_batch_fn_or_source``: a function ``size -> batch`` or a packed dataset (path or
     reader, loaded with ``make_loader(..., **loader_options)`` and tiled to each size). ``step``
-    computes the loss (default :func:`default_step`). On CPU ``memory_budget`` (default: the RAM
-    available now) bounds the growth of this process's peak resident memory over its size at the
-    start; on CUDA it optionally bounds peak reserved memory. ``mode="largest"`` returns the
+    computes the loss (default :func:`default_step`). On CPU ``memory_budget`` (default: half the
+    RAM available now) bounds the growth of this process's peak resident memory over its size at
+    the start; on CUDA it optionally bounds peak reserved memory. ``time_budget`` (seconds; "auto":
+    :data:`CPU_TIME_BUDGET_S` on CPU, none on CUDA) caps the search: a size whose trial would not
+    end within what is left (predicted from the slowest trial per sample) is not run and counts as
+    not fitting. ``progress`` shows each trial as it ends. ``mode="largest"`` returns the
     largest fitting size less ``margin``; ``"fastest"`` the size with the best samples/s among
     those. The loader's host RAM at that size (``loader_workers × loader_prefetch`` batches) caps
     it too. Under torch.distributed all ranks run the same trials and agree on the minimum.
@@ -278,19 +250,25 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
     if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
         raise ConfigError(f"memory_budget={memory_budget!r}: use a positive int number of bytes",
                           option="memory_budget")
+    if not (time_budget in (None, "auto") or (isinstance(time_budget, (int, float))
+                                              and time_budget > 0)):
+        raise ConfigError(f"time_budget={time_budget!r}: use seconds > 0, None or 'auto'",
+                          option="time_budget")
     params = list(model.parameters())
     dev = torch.device(device) if device is not None else \
         (params[0].device if params else torch.device("cpu"))
     make_batch, per_sample = _batch_source(sample_batch_fn_or_source, dev, max_size,
                                            loader_options)
     budget = memory_budget if memory_budget is not None or dev.type == "cuda" \
-        else host_available_bytes()
+        else int(host_available_bytes() * CPU_MEMORY_SHARE)
+    seconds = (None if dev.type == "cuda" else CPU_TIME_BUDGET_S) if time_budget == "auto" \
+        else time_budget
     saved = (cpu_copy(model.state_dict()),
              cpu_copy(optimizer.state_dict()) if optimizer is not None else None)
     was_training = model.training
     model.train()
     trials = _Trials(model, make_batch, step or default_step, optimizer, amp, dev, steps, budget,
-                     clock)
+                     clock, seconds, progress)
     try:
         with exact_heap():
             trials.start(start)
@@ -303,28 +281,20 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
         model.train(was_training)
         if trials.host is not None:
             trials.host.stop()
+        if trials.bar is not None:
+            trials.bar.close()
         free_device_memory(dev)
     if largest == 0:
         first = trials.done[0]
         raise ConfigError(f"find_batch_size: batch size {first.size} does not fit on {dev} "
                           f"({first.note or 'over budget'}); raise memory_budget or shrink the "
                           "model/input")
-    return _choose(trials.done, largest, mode, margin, dev, budget, per_sample,
-                   loader_workers, loader_prefetch)
-
-
-def pick_size(trials: list[BatchTrial], largest: int, mode: Mode,
-              margin: float) -> tuple[int, str]:
-    """(size, why): ``largest`` less ``margin``, or with ``mode="fastest"`` the trial with the best
-    samples/s among those that fitted at or below that cap."""
-    cap = max(1, math.floor(largest * (1 - margin)))
-    if mode == "fastest":
-        ok = [t for t in trials if t.ok and t.size <= cap and t.samples_per_s]
-        if ok:
-            best = max(ok, key=lambda t: t.samples_per_s or 0.0)
-            return best.size, (f"fastest fitting size within the {margin:.0%} margin (cap {cap}):"
-                               f" {best.size} at {best.samples_per_s:.0f} samples/s")
-    return cap, f"largest fit {largest} less {margin:.0%} margin: {cap}"
+    res = _choose(trials.done, largest, mode, margin, dev, budget, per_sample,
+                  loader_workers, loader_prefetch)
+    if any(t.note.startswith("not run: ~") for t in trials.done):
+        res = replace(res, reason=res.reason + f"; larger sizes not tried within the "
+                      f"{seconds:.0f} s time budget (time_budget=)")
+    return replace(res, time_budget_s=seconds)
 
 
 def _choose(done: list[BatchTrial], largest: int, mode: Mode, margin: float,

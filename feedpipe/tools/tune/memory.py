@@ -7,7 +7,7 @@ import gc
 import os
 from typing import Any
 
-from ...loader.config import ring_bytes
+from ...loader.memory import held_bytes
 from ...loader.protocol import Loader
 from ..machine import memory
 
@@ -27,14 +27,9 @@ def sample_bytes(loader: Loader) -> int:
 
 
 def loader_ram_bytes(per_sample: int, batch_size: int, workers: int, prefetch: int) -> int:
-    """Host bytes of batches a loader holds at once.
-
-    With workers, the torch backend keeps its ring of batches (:func:`ring_bytes`); without
-    workers one batch is built at a time. Worker processes' own memory (interpreter, decoder) is
-    not counted.
-    """
-    batch = per_sample * batch_size
-    return ring_bytes(batch, workers, prefetch) if workers else batch
+    """Host bytes of batches of ``batch_size`` samples of ``per_sample`` bytes a loader holds at
+    once (:func:`feedpipe.loader.memory.held_bytes`, the arithmetic the backend's ring uses)."""
+    return held_bytes(per_sample * batch_size, workers, prefetch)
 
 
 def free_device_memory(device: Any) -> None:

@@ -1,0 +1,163 @@
+"""Where a dataset's files live, behind one interface: a local directory or an object-store prefix
+(an fsspec URL). Tools that read or write a dataset's files (merge, verify, doctor, outputs) take
+a :class:`Store` from :func:`open_store`, so one implementation of each serves both.
+
+Names are relative, ``/``-separated paths inside the store. Writes are atomic either way: a local
+file is filled beside its name and renamed over it; an object is uploaded whole (a PUT replaces
+an object atomically). A missing name raises ``FileNotFoundError`` (remote:
+:class:`~feedpipe.errors.RemoteNotFoundError`, a subclass).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any, BinaryIO, Callable, Mapping, Protocol
+
+from ..paths import atomic_writer
+from .retry import with_retries
+from .transfer import download, read_bytes, remote_size, upload
+from .urls import filesystem, is_remote, join
+
+Writer = Callable[[BinaryIO], None]
+CHUNK = 1 << 22
+
+
+class Store(Protocol):
+    """A dataset's home: list, read, fetch and atomically write files by relative name."""
+
+    url: str  # the directory or the URL, as messages show it
+    remote: bool  # an object store: no renames, no partial files, every read a fetch
+
+    def where(self, name: str) -> str:
+        """The path or URL of ``name``, for messages and for opening it elsewhere."""
+        ...
+
+    def names(self) -> set[str]:
+        """Every file under the store (relative names), hidden ones included."""
+        ...
+
+    def size(self, name: str) -> int: ...
+
+    def read_bytes(self, name: str) -> bytes: ...
+
+    def local(self, name: str, into: Path, size: int | None = None) -> Path:
+        """A local file holding ``name``'s first ``size`` bytes (default: all): a directory's
+        own file, or the object downloaded to ``into / name``."""
+        ...
+
+    def write(self, name: str, write_fn: Writer) -> tuple[int, str]:
+        """Write ``name`` atomically from ``write_fn(file)``; its (size, SHA-256)."""
+        ...
+
+
+def file_digest(path: Path) -> tuple[int, str]:
+    """(size, SHA-256) of a local file, read in chunks."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+class DirStore:
+    """A local directory (its files are read in place, never copied)."""
+
+    remote = False
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self.url = str(self.root)
+
+    def where(self, name: str) -> str:
+        return str(self.root / name)
+
+    def names(self) -> set[str]:
+        out = set()
+        for top, _dirs, files in os.walk(self.root):
+            rel = os.path.relpath(top, self.root)
+            out |= {f if rel == "." else f"{rel}/{f}" for f in files}
+        return out
+
+    def size(self, name: str) -> int:
+        st = (self.root / name).stat()
+        if not stat.S_ISREG(st.st_mode):  # a folder, FIFO or device is no dataset file
+            raise FileNotFoundError(f"{self.root / name}: not a regular file")
+        return st.st_size
+
+    def read_bytes(self, name: str) -> bytes:
+        return (self.root / name).read_bytes()
+
+    def local(self, name: str, into: Path, size: int | None = None) -> Path:
+        path = self.root / name
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: missing")
+        return path
+
+    def write(self, name: str, write_fn: Writer) -> tuple[int, str]:
+        with atomic_writer(self.root / name) as fh:
+            write_fn(fh)
+        return file_digest(self.root / name)
+
+
+class UrlStore:
+    """An object-store prefix (s3://, gs://, https://, hf://, memory://) through fsspec, with
+    feedpipe's retries; a write goes through a private temporary file, then one upload."""
+
+    remote = True
+
+    def __init__(self, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.options = dict(storage_options or {})
+        self.fs, root = filesystem(self.url, self.options)
+        self.root = root.rstrip("/")
+
+    def where(self, name: str) -> str:
+        return join(self.url, name)
+
+    def names(self) -> set[str]:
+        self.fs.invalidate_cache()
+        try:
+            found = with_retries(lambda: self.fs.find(self.root), self.url, "listing")
+        except FileNotFoundError:
+            return set()
+        return {p[len(self.root) + 1:] for p in found}
+
+    def size(self, name: str) -> int:
+        return remote_size(self.where(name), self.options)
+
+    def read_bytes(self, name: str) -> bytes:
+        return read_bytes(self.where(name), self.options)
+
+    def local(self, name: str, into: Path, size: int | None = None) -> Path:
+        dest = into / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        download(self.where(name), dest, self.size(name) if size is None else size,
+                 self.options)
+        return dest
+
+    def write(self, name: str, write_fn: Writer) -> tuple[int, str]:
+        tmp = Path(tempfile.mkdtemp(prefix="feedpipe-put-"))
+        try:
+            with open(tmp / "file", "xb") as fh:  # a private folder (mkdtemp), a new file
+                write_fn(fh)
+            upload(tmp / "file", self.where(name), self.options)
+            return file_digest(tmp / "file")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def open_store(target: str | os.PathLike[str],
+               storage_options: Mapping[str, Any] | None = None) -> Store:
+    """The store of a local directory or a URL."""
+    if is_remote(target):
+        return UrlStore(os.fspath(target), storage_options)
+    return DirStore(target)
+
+
+__all__ = ["DirStore", "Store", "UrlStore", "file_digest", "open_store"]

@@ -1,0 +1,96 @@
+"""Issue 27, section 3: messages that point the right way. A data file given for its dataset, a
+folder of images or of per-split datasets given to ``info``, a part's empty classes, a user
+target module beside the command, and every subcommand's ``--help`` say what they are."""
+
+from __future__ import annotations
+
+import pytest
+from fp_helpers import cli_main, run_cli
+
+from feedpipe.cli.app import build_parser
+
+
+def _one_line(rc: int, err: str) -> str:
+    assert rc == 2, err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_a_data_file_says_pass_the_folder(packed, capsys):
+    data = next(p for p in packed["lmdb"].iterdir() if p.name != "feedpipe.json")
+    for cmd in ("verify", "info"):
+        rc, _, err = cli_main(capsys, cmd, data)
+        assert f"pass the dataset folder ({packed['lmdb']})" in _one_line(rc, err)
+        assert "convert" not in err
+
+
+def test_info_on_images_or_on_split_datasets(photo_dir, tmp_path, capsys):
+    rc, _, err = cli_main(capsys, "info", photo_dir)
+    assert "is a folder of images" in _one_line(rc, err) and "did not finish" not in err
+    assert f"feedpipe convert {photo_dir}" in err
+    out = tmp_path / "split"
+    rc, _, err = cli_main(capsys, "convert", photo_dir, "--to", "lmdb", "-o", out,
+                          "--val-fraction", "0.25", "-q", "--workers", "0")
+    assert rc == 0, err
+    rc, _, err = cli_main(capsys, "info", out)
+    assert "holds 2 datasets, one per split (train, val)" in _one_line(rc, err)
+    assert "did not finish" not in err
+
+
+def test_a_part_leaves_empty_classes_to_merge(photo_dir, tmp_path, capsys):
+    rc, out, err = cli_main(capsys, "convert", photo_dir, "--to", "lmdb", "-o", tmp_path / "o",
+                            "--part", "1/4", "-q", "--workers", "0")
+    assert rc == 0, err
+    assert "have no samples" not in out + err  # the slice holds one class of four
+
+
+def test_target_module_beside_the_command_gets_a_pythonpath_hint(tmp_path, monkeypatch,
+                                                                 capsys):
+    (tmp_path / "mytgt_27.py").write_text("def f(mask):\n    return mask\n")
+    monkeypatch.chdir(tmp_path)
+    rc, _, err = cli_main(capsys, "convert", tmp_path, "--to", "lmdb", "-o", tmp_path / "o",
+                          "--masks", tmp_path, "--target", "t=mytgt_27:f")
+    assert "mytgt_27.py is in the current folder" in _one_line(rc, err)
+    assert "PYTHONPATH=." in err
+
+
+def test_every_subcommand_describes_itself():
+    parser = build_parser()
+    assert "docstring" not in (parser.description or "") and len(parser.description) > 40
+    for name, sub in parser.commands.items():
+        assert sub.description and len(sub.description) > 40, name
+
+
+@pytest.mark.parametrize("module", ["feedpipe", "feedpipe.cli"])
+def test_version_and_module_entry(module):
+    import subprocess
+    import sys
+
+    from feedpipe import __version__
+
+    proc = subprocess.run([sys.executable, "-m", module, "--version"], capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"feedpipe {__version__}"
+    assert run_cli("--help").stdout.count("\n") > 5
+
+
+def test_no_recorded_size_says_so_and_a_misspelt_field_comes_first(tmp_path):
+    """All 28×28 images, stored as they come: the schema records no size. The error used to say
+    'varying size', and it hid a misspelt field named after the image."""
+    import numpy as np
+    from PIL import Image
+
+    import feedpipe
+    from converters import convert
+    from feedpipe.errors import ConfigError
+
+    for k in range(4):
+        (tmp_path / "src" / "c").mkdir(parents=True, exist_ok=True)
+        Image.fromarray(np.full((28, 28, 3), k * 40, np.uint8)).save(tmp_path / "src/c" / f"{k}.jpg")
+    convert(tmp_path / "src", tmp_path / "ds", to="lmdb", workers=0)
+    kw = dict(num_workers=0, device="cpu")
+    with pytest.raises(ConfigError, match="records no image size") as exc:
+        feedpipe.make_loader(tmp_path / "ds", 2, **kw)
+    assert "varying" not in str(exc.value)
+    with pytest.raises(ConfigError, match=r"'lable' \(did you mean 'label'\?\)"):
+        feedpipe.make_loader(tmp_path / "ds", 2, fields=("image", "lable"), **kw)
