@@ -3,6 +3,8 @@
 Every fenced block carries a language:
 - ``python`` blocks run, in page order, in one namespace per page;
 - ``bash`` blocks run with ``bash -euo pipefail`` in the page's working folder;
+- ``console`` blocks are a session: each ``$ `` line runs as a bash command, the rest is the
+  output it printed on some machine (not compared: figures differ);
 - ``text`` blocks (output, synopses, layouts), ``yaml`` and ``json`` blocks are not run.
 
 A hidden ``<!-- docs-test ... -->`` comment holds Python that runs in its place (the files and
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ("python", "bash")
+RUN = ("python", "bash", "console")
 LANGUAGES = (*RUN, "text", "yaml", "json")
 _FENCE = re.compile(r"^(\s*)(```+)\s*([\w+-]*)\s*$")
 _NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(.+?)\s*-->\s*$")
@@ -33,6 +35,13 @@ class Block:
     code: str
     hidden: bool = False
     not_run: str | None = None
+
+    @property
+    def script(self) -> str:
+        """What runs: the code, or a console block's ``$`` commands."""
+        if self.language != "console":
+            return self.code
+        return "\n".join(ln[2:] for ln in self.code.splitlines() if ln.startswith("$ "))
 
 
 def pages() -> list[Path]:

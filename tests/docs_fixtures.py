@@ -7,6 +7,7 @@ import atexit
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from servers import (
     GCSFS_EXTENDED,
@@ -200,3 +201,55 @@ def label_manifest(path: str = "data.csv", n: int = 8, text: str = "code") -> Pa
             out.writerow([photo.relative_to(folder).as_posix(), json.dumps(points),
                           json.dumps(boxes), code, f"w{i}.npy"])
     return Path(path)
+
+
+def lightning_model() -> tuple[Any, Any]:
+    """A tiny LightningModule over feedpipe batches and a one-epoch CPU Trainer: (model, trainer)."""
+    import lightning
+    import torch
+
+    class Model(lightning.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = torch.nn.Linear(3, 2)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.net(x.float().mean((2, 3)))
+
+        def training_step(self, batch: dict, _: int) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(self(batch["image"]), batch["label"])
+
+        def validation_step(self, batch: dict, _: int) -> None:
+            self.log("val_loss", torch.nn.functional.cross_entropy(
+                self(batch["image"]), batch["label"]))
+
+        def configure_optimizers(self) -> torch.optim.Optimizer:
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    trainer = lightning.Trainer(max_epochs=1, accelerator="cpu", devices=1, logger=False,
+                                enable_checkpointing=False, enable_progress_bar=False,
+                                enable_model_summary=False)
+    return Model(), trainer
+
+
+def faces(path: str = "faces", n: int = 24) -> Path:
+    """Raw 64×80 photos with a segmentation ``mask``, three ``landmarks`` and ``boxes``."""
+    import numpy as np
+    from seg_helpers import PALETTE
+    from test_writers import write_dataset
+
+    from feedpipe.schema import BoxesField, ImageField, KeypointsField, Schema
+    from feedpipe.schema.masks import MaskField
+
+    rng = np.random.default_rng(3)
+    schema = Schema((ImageField("image", "raw", (64, 80, 3)),
+                     MaskField("mask", codec="raw", shape=(64, 80), num_classes=5),
+                     KeypointsField("landmarks", shape=(3, 2)), BoxesField("boxes")))
+    samples = []
+    for _ in range(n):
+        mask = np.kron(rng.integers(1, 5, (8, 10)), np.ones((8, 8), np.int64)).astype(np.uint8)
+        xy = rng.uniform(0, 60, (4, 2))
+        samples.append({"image": PALETTE[mask], "mask": mask,
+                        "landmarks": rng.uniform(0, 64, (3, 2)).astype(np.float32),
+                        "boxes": {"boxes": np.concatenate([xy, xy + 12], 1), "labels": [1] * 4}})
+    return Path(write_dataset("lmdb", Path(path), samples, schema))

@@ -13,20 +13,20 @@ import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from docs_blocks import ROOT, blocks  # noqa: E402
+from docs_blocks import ROOT, RUN, blocks  # noqa: E402
 
 
 def main(page: str) -> int:
     namespace: dict[str, object] = {"__name__": "__main__"}
     for block in blocks(ROOT / page):
-        if block.not_run is not None or block.language not in ("python", "bash"):
+        if block.not_run is not None or block.language not in RUN:
             continue
         where = f"{block.page}:{block.line}"
         print(f"--- {where} ({block.language}{', hidden' if block.hidden else ''})", flush=True)
-        if block.language == "bash":
+        if block.language in ("bash", "console"):
             env = dict(os.environ,  # as hidden blocks left it (an S3 endpoint on 127.0.0.1)
                        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-            done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.code], env=env)
+            done = subprocess.run(["bash", "-euo", "pipefail", "-c", block.script], env=env)
             if done.returncode:
                 print(f"{where}: the bash block exited {done.returncode}", file=sys.stderr)
                 return 1

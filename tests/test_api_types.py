@@ -99,7 +99,7 @@ def test_every_old_keyword_names_its_new_home(packed):
     """The flat keywords of before 0.1: each gets a ConfigError that says where it went, and the
     README's mapping paragraph names every one."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    mapping = readme[readme.index("### Options moved in 0.1"):]
+    mapping = readme[readme.index("## Options moved in 0.1"):]
     mapping = mapping[:mapping.index("\n#", 1)]
     for old, new in MOVED.items():
         group = re.match(r"(\w+)=feedpipe\.(\w+)\(", new)

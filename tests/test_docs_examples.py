@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from docs_blocks import LANGUAGES, ROOT, blocks, pages
+from docs_blocks import LANGUAGES, ROOT, RUN, blocks, pages
 
 RUNNABLE = [p for p in pages()
-            if any(b.language in ("python", "bash") and b.not_run is None for b in blocks(p))]
+            if any(b.language in RUN and b.not_run is None for b in blocks(p))]
 
 
 def test_every_block_says_its_language() -> None:
@@ -26,7 +26,7 @@ def test_few_blocks_are_left_out() -> None:
     """A block is left out only with a reason, and only a few are (GPU, a cluster, the cloud)."""
     left = [b for p in pages() for b in blocks(p) if b.not_run is not None]
     run = [b for p in pages() for b in blocks(p)
-           if b.not_run is None and b.language in ("python", "bash") and not b.hidden]
+           if b.not_run is None and b.language in RUN and not b.hidden]
     assert all(b.not_run.strip() for b in left)
     assert len(left) <= len(run) // 4, [f"{b.page}:{b.line}: {b.not_run}" for b in left]
 

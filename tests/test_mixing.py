@@ -97,13 +97,13 @@ def test_proportions_and_source_field(packed, other):
 
 
 def test_the_readme_example_runs_as_written(packed, other):
-    """README "Mixing datasets": its code block, on two generated datasets of different sizes
-    (it used to lack size=, which photos of different sizes need)."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = readme[readme.index("### Mixing datasets"):]
+    """docs/load.md "Mixing datasets": its code block, on two generated datasets of different
+    sizes (it used to lack size=, which photos of different sizes need)."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "load.md").read_text()
+    section = page[page.index("## Mixing datasets"):]
     code = section[section.index("```python\n") + 10:section.index("```\n", 10)]
     space = {"feedpipe": feedpipe, "lmdb_path": packed["lmdb"], "wds_path": other["wds"]}
-    exec(code, space)  # noqa: S102 - the README's own example
+    exec(code, space)  # noqa: S102 - the docs' own example
     batch = next(iter(space["loader"]))
     assert batch["image"].shape[0] == 64 and set(batch["source"].tolist()) <= {0, 1}
 

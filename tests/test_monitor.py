@@ -139,15 +139,15 @@ def test_cuda_sync_true_needs_cuda_auto_does_not() -> None:
 
 
 def test_readme_stall_example_runs_on_this_machine(packed: dict[str, Path]) -> None:
-    """The README's first StallMeter example, executed as written (CPU-only here)."""
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    """The docs' first StallMeter example (docs/measure.md), executed as written (CPU-only)."""
+    readme = (Path(__file__).parents[1] / "docs" / "measure.md").read_text()
     block = readme.split("## Is my job input-bound?")[1].split("```python\n")[1].split("```")[0]
     assert "StallMeter(" in block and "cuda_sync=True" not in block
     loader = feedpipe.make_loader(packed["lmdb"], 16, size=32, device="cpu", num_workers=0)
     steps: list[int] = []
     scope = {"loader": loader, "train_step": lambda b: steps.append(len(b["label"])),
              "print": lambda *a: steps.append(-1)}
-    exec(compile(block, "README.md", "exec"), scope)  # noqa: S102 - our own README's code
+    exec(compile(block, "docs/measure.md", "exec"), scope)  # noqa: S102 - our own docs' code
     assert sum(s for s in steps if s > 0) == N_PHOTOS and steps[-1] == -1
 
 
