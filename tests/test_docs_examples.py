@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from docs_blocks import LANGUAGES, ROOT, RUN, blocks, pages
 
 RUNNABLE = [p for p in pages()
