@@ -42,13 +42,14 @@ from .options import (
     resolve_targets,
 )
 from .output import why_empty
-from .packer import ConvertResult, PackTarget, Progress, Sample, split_indices, write_samples
+from .packer import PackTarget, Progress, Sample, split_indices, write_samples
 from .palette import resolve_palette
 from .parts import Part, plan_part
 from .records import RecordSource, pack_record_source
 from .remote_merge import refuse_merged
 from .remote_output import is_remote
 from .report import account, settle_codec
+from .result import ConvertResult
 from .sources import Source, attach_masks, scan
 from .split_root import SplitClasses, SplitRoot, scan_split_root, split_of
 from .targets import Target
