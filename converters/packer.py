@@ -22,8 +22,7 @@ from feedpipe.dataset.registry import WRITERS, DatasetWriter
 from feedpipe.errors import BadInputError, ConfigError
 
 from .images import Stored
-from .output import Output, abandon, empty_result
-from .remote_output import RemoteOutput, is_remote
+from .output import Output, abandon, empty_result, is_remote
 from .report import tally
 from .result import ConvertResult
 from .sources import Source
@@ -67,10 +66,8 @@ class PackTarget:
         if not is_remote(self.out):
             self.out = Path(self.out)
 
-    def output(self) -> Output | RemoteOutput:
-        if is_remote(self.out):
-            return RemoteOutput(str(self.out), self.overwrite, self.storage_options)
-        return Output(Path(self.out), self.overwrite)
+    def output(self) -> Output:
+        return Output(self.out, self.overwrite, self.storage_options)
 
 
 def split_indices(n: int, val_fraction: float, seed: int) -> np.ndarray:

@@ -20,9 +20,8 @@ from feedpipe.schema.model import Schema
 
 from .images import Refused, planned_codec, store_image
 from .options import PackOptions
-from .output import check_not_source
+from .output import check_not_source, is_remote
 from .packer import PackTarget, Progress, Sample, split_indices, write_samples
-from .remote_output import is_remote
 from .report import jpeg_account, settle_codec
 from .result import ConvertResult
 from .sources import Source
