@@ -32,8 +32,8 @@ from feedpipe.schema.model import Schema
 from feedpipe.storage.store import Store, open_store
 
 from .merge_formats import BUILDERS
-from .output import OutputLock, _shown, fsync_dir
 from .parts import PARTS_DIR, Part
+from .swap import OutputLock, fsync_dir, shown
 
 log = logging.getLogger(__name__)
 #: conversion entries that describe one part only; the merged manifest sums or drops them
@@ -113,7 +113,7 @@ class MergeTarget:
                           and n not in names and not n.startswith(".")})
         if foreign:
             raise OutputRefusedError(f"{url}: holds files a merge did not make "
-                                     f"({_shown(foreign)}); choose another output")
+                                     f"({shown(foreign)}); choose another output")
 
     def adopt(self, src: str | os.PathLike[str], name: str) -> bool:
         """Move a part folder into ``OUT/parts/<name>`` with one rename; False when it is

@@ -41,14 +41,14 @@ from .options import (
     Unlabeled,
     resolve_targets,
 )
-from .output import why_empty
-from .packer import ConvertResult, PackTarget, Progress, Sample, split_indices, write_samples
+from .output import is_remote, why_empty
+from .packer import PackTarget, Progress, Sample, split_indices, write_samples
 from .palette import resolve_palette
 from .parts import Part, plan_part
 from .records import RecordSource, pack_record_source
 from .remote_merge import refuse_merged
-from .remote_output import is_remote
 from .report import account, settle_codec
+from .result import ConvertResult
 from .sources import Source, attach_masks, scan
 from .split_root import SplitClasses, SplitRoot, scan_split_root, split_of
 from .targets import Target
@@ -132,7 +132,7 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
     (:func:`converters.sources.manifest_labels`).
     A URL ``out`` (``s3://bucket/ds``; credentials and endpoint from the environment or
     ``storage_options``, as fsspec takes them) is packed in a local staging folder, uploaded shard
-    by shard and committed by its manifest, uploaded last (:mod:`converters.remote_output`).
+    by shard and committed by its manifest, uploaded last (:mod:`converters.upload`).
     ``part``: pack only that contiguous slice of the sorted source list, into
     ``out/parts/part-IIIII-of-NNNNN`` (see :mod:`converters.parts`); ``feedpipe merge`` joins them.
     The options of image files only (masks, labels, part...) are refused for a record source.

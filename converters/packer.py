@@ -10,7 +10,7 @@ The sources differ only in how a sample is made: image files (:mod:`converters.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -22,46 +22,12 @@ from feedpipe.dataset.registry import WRITERS, DatasetWriter
 from feedpipe.errors import BadInputError, ConfigError
 
 from .images import Stored
-from .output import Output, abandon, empty_result
-from .remote_output import RemoteOutput, is_remote
+from .output import Output, abandon, empty_result, is_remote
 from .report import tally
+from .result import ConvertResult
 from .sources import Source
 
 Progress = Callable[[int, int], None]
-
-
-@dataclass
-class ConvertResult:
-    """What a conversion did, for the CLI summary and for callers."""
-
-    out: Path | str  # a str for a URL output
-    written: int = 0
-    skipped: list[dict[str, str]] = field(default_factory=list)
-    passthrough: int = 0
-    reencoded: int = 0
-    transcoded: int = 0  # progressive JPEGs stored as baseline, losslessly (jpeg="baseline")
-    ignored: int = 0
-    stored: dict[str, int] = field(default_factory=dict)  # "jpeg unchanged", "tiff→png"... → count
-    ignored_files: list[dict[str, str]] = field(default_factory=list)  # {"path", "reason"}
-    slow_jpegs: list[str] = field(default_factory=list)  # need the Pillow fallback decoder
-    progressive_kept: list[dict[str, str]] = field(default_factory=list)  # not transcoded: why
-    lossy: list[dict[str, str]] = field(default_factory=list)  # re-encoded unasked (CMYK, EXIF)
-    channels_dropped: list[str] = field(default_factory=list)  # extra_channels="drop" did this
-    empty_classes: list[str] = field(default_factory=list)
-    image_codec: str = ""
-    bytes_in: int = 0
-    bytes_out: int = 0
-    seconds: float = 0.0
-    splits: dict[str, int] = field(default_factory=dict)
-    unmatched_masks: list[str] = field(default_factory=list)
-    unlabeled: list[str] = field(default_factory=list)  # labelled manifest rows kept with -1
-    mask_palette: tuple[tuple[int, int, int, int], ...] | None = None  # (r, g, b, class)
-    palette_left_out: list[dict[str, Any]] = field(default_factory=list)  # auto's rare colours
-    missing: dict[str, Any] = field(default_factory=dict)  # arrays: NaN per field (converters.arrays)
-
-    @property
-    def rate(self) -> float:
-        return (self.written + len(self.skipped)) / self.seconds if self.seconds else 0.0
 
 
 @dataclass
@@ -100,10 +66,8 @@ class PackTarget:
         if not is_remote(self.out):
             self.out = Path(self.out)
 
-    def output(self) -> Output | RemoteOutput:
-        if is_remote(self.out):
-            return RemoteOutput(str(self.out), self.overwrite, self.storage_options)
-        return Output(Path(self.out), self.overwrite)
+    def output(self) -> Output:
+        return Output(self.out, self.overwrite, self.storage_options)
 
 
 def split_indices(n: int, val_fraction: float, seed: int) -> np.ndarray:

@@ -21,7 +21,7 @@ from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.errors import ConfigError
 
 from .options import PackOptions
-from .remote_output import is_remote
+from .output import is_remote
 from .sources import Source
 
 PARTS_DIR = "parts"

@@ -20,10 +20,10 @@ from feedpipe.schema.model import Schema
 
 from .images import Refused, planned_codec, store_image
 from .options import PackOptions
-from .output import check_not_source
-from .packer import ConvertResult, PackTarget, Progress, Sample, split_indices, write_samples
-from .remote_output import is_remote
+from .output import check_not_source, is_remote
+from .packer import PackTarget, Progress, Sample, split_indices, write_samples
 from .report import jpeg_account, settle_codec
+from .result import ConvertResult
 from .sources import Source
 
 __all__ = ["Progress", "Record", "RecordSource", "field_name", "pack_record_source"]

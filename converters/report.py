@@ -15,7 +15,7 @@ from .progressive import TRANSCODED
 from .sources import Source, SourceItem
 
 if TYPE_CHECKING:
-    from .packer import ConvertResult
+    from .result import ConvertResult
 
 log = logging.getLogger("feedpipe.convert")
 

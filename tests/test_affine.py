@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 import feedpipe
 from feedpipe import Output
 from feedpipe.errors import ConfigError
-from feedpipe.loader.affine import affine_matrix
+from feedpipe.loader.affine_params import affine_matrix
 from feedpipe.loader.config import LoaderConfig
 from feedpipe.loader.dali.backend import dali_loader
 from feedpipe.loader.dataset import BatchDataset

@@ -7,14 +7,6 @@ from __future__ import annotations
 import grimp
 import pytest
 
-# cycles known and owned elsewhere: each is also a strict xfail below, so fixing one fails that
-# test until its entry here is removed
-KNOWN = {
-    frozenset({"converters.pack", "converters.report"}),  # report needs pack's ConvertResult
-    # config checks `affine` against RandomAffine inside a function; geometry takes LoaderConfig
-    frozenset({"feedpipe.loader.affine", "feedpipe.loader.config", "feedpipe.loader.geometry"}),
-}
-
 
 def strongly_connected(edges: dict[str, set[str]]) -> list[set[str]]:
     """The strongly connected components of a directed graph (Kosaraju, iterative)."""
@@ -74,12 +66,6 @@ def _edges(cycle: frozenset[str]) -> list[str]:
             for d in graph.get_import_details(importer=a, imported=b)]
 
 
-def test_no_import_cycle_but_the_known(cycles):
-    new = [c for c in cycles if c not in KNOWN]
-    assert not new, "import cycles: " + "; ".join(", ".join(_edges(c)) for c in new)
-
-
-@pytest.mark.xfail(strict=True, reason="owned by wt-conv / wt-api: remove from KNOWN when fixed")
-@pytest.mark.parametrize("known", sorted(sorted(c) for c in KNOWN), ids=lambda c: c[0])
-def test_known_cycle_is_gone(cycles, known):
-    assert frozenset(known) not in cycles
+def test_no_import_cycle(cycles):
+    """A cycle fails, naming the import lines that make it."""
+    assert not cycles, "import cycles: " + "; ".join(", ".join(_edges(c)) for c in cycles)

@@ -16,7 +16,7 @@ pytest.importorskip("s3fs")
 from servers import FaultServer, cli_opts, objects  # noqa: E402
 
 from converters import convert  # noqa: E402
-from converters.remote_output import JOURNAL  # noqa: E402
+from converters.upload import JOURNAL  # noqa: E402
 from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest  # noqa: E402
 from feedpipe.dataset.remote_verify import read_manifest, verify_remote  # noqa: E402
 from feedpipe.errors import IncompleteDatasetError, OutputRefusedError  # noqa: E402

@@ -88,3 +88,29 @@ def test_doctor_reads_a_url_dataset_like_a_folder(s3, packed):
     assert there == replace(here, path=url, fs_type=None)
     assert there.format == "wds" and there.files > 1
     assert check_dataset(there) == check_dataset(replace(here, fs_type=None))
+
+
+def test_put_publishes_a_staged_file_and_remove_deletes_names(store: Store, tmp_path):
+    """put() publishes a finished local file under a name (a folder renames it in: no copy, the
+    same inode; an object store uploads it); remove() deletes names, missing ones included."""
+    staged = tmp_path / "staged" / "shard.tar"
+    staged.parent.mkdir()
+    staged.write_bytes(b"tar" * 5000)
+    inode = staged.stat().st_ino
+    store.put("sub/shard-000000.tar", staged)
+    assert store.read_bytes("sub/shard-000000.tar") == b"tar" * 5000
+    if store.remote:
+        assert staged.exists()  # the caller's to remove (a re-run may hash it again)
+    else:
+        assert not staged.exists()
+        assert (Path(store.url) / "sub/shard-000000.tar").stat().st_ino == inode
+    store.write("keep.json", lambda fh: fh.write(b"{}"))
+    store.remove(["sub/shard-000000.tar", "never-there.tar"])
+    store.remove([])
+    assert store.names() == {"keep.json"}
+
+
+def test_bucket_exists(s3):
+    bucket, opts, _fs = s3
+    assert UrlStore(f"{bucket}/ds", opts).bucket_exists()
+    assert not UrlStore("s3://no-such-bucket-feedpipe/ds", opts).bucket_exists()

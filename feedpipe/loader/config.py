@@ -16,6 +16,7 @@ from typing import Any, Callable, Container, Literal, get_args, get_type_hints
 from ..checks import conforms, describe
 from ..errors import ConfigError
 from ..storage.cache import parse_limit
+from .affine_params import RandomAffine
 
 Crop = Literal["resize", "center_crop", "random_resized_crop", "none"]
 Backend = Literal["auto", "torch", "dali"]
@@ -144,8 +145,6 @@ class LoaderConfig:
             bad("batch_transforms", "pass a list of batch operations (feedpipe.loader.augment) "
                 "or functions fn(batch, generator) -> batch")
         if self.affine is not None:
-            from .affine import RandomAffine  # torch: only when asked (the CLI imports config)
-
             if not isinstance(self.affine, RandomAffine):
                 bad("affine", "pass feedpipe.loader.transforms.RandomAffine(degrees, translate, "
                     "scale, shear) or None")

@@ -16,11 +16,10 @@ from typing import NamedTuple, TypeVar
 
 import numpy as np
 
+from .affine_params import Matrix
 from .config import Crop, LoaderConfig
 
 Box = tuple[int, int, int, int]  # top, left, height, width
-#: an affine's forward map on the output canvas: x' = a x + b y + c, y' = d x + e y + f
-Matrix = tuple[float, float, float, float, float, float]
 #: random-resized-crop tries this many (area, aspect) draws before falling back to a centre crop,
 #: as torchvision's ``RandomResizedCrop`` and DALI's ``num_attempts`` (the DALI reader path)
 CROP_ATTEMPTS = 10

@@ -35,7 +35,8 @@ from ..schema.imaging import (
     sniff_codec,
 )
 from ..schema.masks import TargetField
-from .affine import RandomAffine, footprint, nearest_points, warp_image, warp_target
+from .affine import footprint, nearest_points, warp_image, warp_target
+from .affine_params import RandomAffine
 from .config import LoaderConfig
 from .geometry import DCT_MARGIN, Framing, Geometry
 

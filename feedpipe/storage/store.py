@@ -16,7 +16,7 @@ import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Mapping, Protocol
+from typing import Any, BinaryIO, Callable, Iterable, Mapping, Protocol
 
 from ..paths import atomic_writer
 from .retry import with_retries
@@ -52,6 +52,16 @@ class Store(Protocol):
 
     def write(self, name: str, write_fn: Writer) -> tuple[int, str]:
         """Write ``name`` atomically from ``write_fn(file)``; its (size, SHA-256)."""
+        ...
+
+    def put(self, name: str, staged: Path) -> None:
+        """Publish a finished local file as ``name``, atomically and without a copy: a
+        directory renames it in (same filesystem), an object store uploads it (the staged
+        file stays for the caller to remove)."""
+        ...
+
+    def remove(self, names: Iterable[str]) -> None:
+        """Delete these names; a missing one is not an error."""
         ...
 
 
@@ -104,6 +114,18 @@ class DirStore:
             write_fn(fh)
         return file_digest(self.root / name)
 
+    def put(self, name: str, staged: Path) -> None:
+        dest = self.root / name
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, dest)
+
+    def remove(self, names: Iterable[str]) -> None:
+        for name in names:
+            try:
+                (self.root / name).unlink()
+            except FileNotFoundError:
+                pass
+
 
 class UrlStore:
     """An object-store prefix (s3://, gs://, https://, hf://, memory://) through fsspec, with
@@ -151,6 +173,32 @@ class UrlStore:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
 
+    def put(self, name: str, staged: Path) -> None:
+        upload(staged, self.where(name), self.options)
+
+    def remove(self, names: Iterable[str]) -> None:
+        keys = [f"{self.root}/{n}" for n in names]
+
+        def rm() -> None:
+            try:
+                self.fs.rm(keys)  # one batched delete where the store has one (S3)
+            except FileNotFoundError:  # a store that refuses a missing key: one by one
+                for key in keys:
+                    try:
+                        self.fs.rm_file(key)
+                    except FileNotFoundError:
+                        pass
+
+        if keys:
+            with_retries(rm, self.url, "deleting")
+
+    def bucket_exists(self) -> bool:
+        """Whether the prefix's bucket (its first path part) exists: writing into a missing
+        one is refused with that said, not as an upload's 404."""
+        bucket = self.root.split("/")[0]
+        return bool(with_retries(lambda: self.fs.exists(bucket), self.url, "looking for the "
+                                 "bucket"))
+
 
 def open_store(target: str | os.PathLike[str],
                storage_options: Mapping[str, Any] | None = None) -> Store:
@@ -160,4 +208,4 @@ def open_store(target: str | os.PathLike[str],
     return DirStore(target)
 
 
-__all__ = ["DirStore", "Store", "UrlStore", "file_digest", "open_store"]
+__all__ = ["DirStore", "Store", "UrlStore", "file_digest", "is_remote", "open_store"]

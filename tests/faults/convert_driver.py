@@ -21,8 +21,8 @@ from functools import wraps
 from pathlib import Path
 from typing import Any, Callable
 
-import converters.output
 import converters.pack
+import converters.swap
 from converters import convert
 from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.dataset.registry import WRITERS
@@ -66,7 +66,7 @@ def arm(phase: str, fmt: str) -> None:
     elif phase in ("swap", "swapped"):
         partial = lambda a, *rest, **k: str(a).endswith(".partial")  # noqa: E731
         wrap = before if phase == "swap" else after
-        converters.output.exchange = wrap(converters.output.exchange, partial)
+        converters.swap.exchange = wrap(converters.swap.exchange, partial)
         os.rename = wrap(os.rename, partial)  # the first conversion into a new path renames
     elif phase == "pause":  # hold the output (and its lock) mid-write until PAUSE_FILE exists
         cls = WRITERS[fmt]

@@ -110,12 +110,12 @@ def test_second_conversion_into_one_output_is_refused(tmp_path, photo_dir):
 
 
 def test_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
-    from converters.output import OutputLock
+    from converters.swap import OutputLock
     from feedpipe.errors import OutputBusyError
 
     out = tmp_path / "out"
     holder = subprocess.Popen([CLI[0], "-c", (
-        "import sys, time; from pathlib import Path; from converters.output import OutputLock\n"
+        "import sys, time; from pathlib import Path; from converters.swap import OutputLock\n"
         f"OutputLock(Path({str(out)!r})).acquire(); print('locked', flush=True); time.sleep(600)")],
         stdout=subprocess.PIPE, text=True)
     try:

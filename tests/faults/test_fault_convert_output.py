@@ -14,7 +14,7 @@ from fp_helpers import run_cli
 
 import feedpipe
 from converters import convert
-from converters.output import MARKER
+from converters.swap import MARKER
 from feedpipe.dataset.verify import verify
 from feedpipe.errors import NothingConvertedError, OutputRefusedError
 
