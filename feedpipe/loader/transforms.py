@@ -149,8 +149,10 @@ class ImageOp(Framing):
                 raise ValueError(f"{what}: image is {src.shape[1]}x{src.shape[0]}, batch is "
                                  f"{out.shape[1]}x{out.shape[0]}; pass size=... to resize")
             _resize_rgb_into(region, out, geo.flip)
+        elif geo.flip:
+            _mirror_into(out, region)
         else:
-            np.copyto(out, region[:, ::-1] if geo.flip else region)
+            np.copyto(out, region)
         return geo.snapped(f)
 
     def apply_mask(self, mask: np.ndarray, geo: Geometry, out: np.ndarray, what: str) -> None:
@@ -277,7 +279,7 @@ def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
     as a channels-last 1×3×H×W tensor through its private ``out=`` form (the same pixels, bit
     for bit, without a result tensor and its copy into the slot); a torch without that op takes
     the public ``F.interpolate`` and copies. A flipped sample goes through this thread's scratch
-    image (torch has no negative strides)."""
+    image (torch has no negative strides), then :func:`_mirror_into` the slot."""
     if not region.flags.writeable:  # a zero-copy view of a read buffer: torch wants writable
         region = np.array(region)
     x = torch.from_numpy(region).permute(2, 0, 1).unsqueeze(0)
@@ -292,7 +294,16 @@ def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
         into.copy_(F.interpolate(x, size=dst.shape[:2], mode="bilinear", antialias=True,
                                  align_corners=False))
     if flip:
-        np.copyto(out, dst[:, ::-1])
+        _mirror_into(out, dst)
+
+
+def _mirror_into(out: np.ndarray, src: np.ndarray) -> None:
+    """``out[:, j] = src[:, W-1-j]`` for H×W(×C) arrays: torch's flip kernel (~16 µs for a
+    224²×3 uint8 image) instead of numpy's copy of a negative-stride view (~170 µs: a 3-byte
+    inner loop per pixel)."""
+    if not src.flags.writeable:  # a zero-copy view of a read buffer: torch wants writable
+        src = np.array(src)
+    torch.from_numpy(out).copy_(torch.from_numpy(src).flip(1))
 
 
 def _flip_scratch(shape: tuple[int, ...]) -> np.ndarray:
