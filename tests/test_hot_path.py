@@ -364,3 +364,28 @@ def test_a_same_size_crop_is_mirrored_into_the_slot(writeable):
     assert np.array_equal(out, full[3:35, 7:31][:, ::-1])
     op._cut(full, out, geo._replace(flip=False), 1, "image")
     assert np.array_equal(out, full[3:35, 7:31])
+
+
+def test_crops_are_made_dense_in_one_reused_buffer(monkeypatch):
+    """A crop of the decoded image (strided rows) is copied into this thread's reused buffer
+    for the resize, not into a fresh tensor per image (fresh pages cost twice the copy's CPU):
+    crops of any size resize from the same memory, and read-only views take the same path."""
+    seen: list[int] = []
+    real = transforms._UPSAMPLE_AA
+    monkeypatch.setattr(transforms, "_UPSAMPLE_AA",
+                        lambda x, *a, **k: (seen.append(x.data_ptr()), real(x, *a, **k))[1])
+    rng = np.random.default_rng(2)
+    full = rng.integers(0, 256, (375, 500, 3), dtype=np.uint8)
+    out = np.zeros((224, 224, 3), np.uint8)
+    for k, (top, left, h, w) in enumerate([(10, 20, 300, 410), (0, 5, 120, 90),
+                                           (40, 1, 335, 499)]):
+        region = full[top: top + h, left: left + w]
+        region.flags.writeable = bool(k % 2)
+        _resize_rgb_into(region, out, False)
+        ref = F.interpolate(torch.from_numpy(region.copy()).permute(2, 0, 1)[None]
+                            .contiguous(memory_format=torch.channels_last), size=(224, 224),
+                            mode="bilinear", antialias=True, align_corners=False)
+        assert np.array_equal(out, ref[0].permute(1, 2, 0).numpy())
+    buf = transforms._BUFFERS.region
+    start = buf.__array_interface__["data"][0]
+    assert all(start <= p < start + buf.size for p in seen) and len(seen) == 3
