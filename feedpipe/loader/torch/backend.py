@@ -61,9 +61,14 @@ class DeviceStage:
         # the cores, and torch's thread count is the user's (cpu_convert)
         self.one_thread = device.type == "cpu" and bool(cfg.num_workers)
         self._mean = self._std = None
+        # (mean, 1/std) in [0, 1] units: the batch operations' images are normalized as they are
+        # (scaling them back to 0..255 first cost a pass over the batch)
+        self._unit: tuple[torch.Tensor, torch.Tensor] | None = None
         if cfg.mean is not None and cfg.dtype != "uint8":
             self._mean = torch.tensor(cfg.mean, device=device).mul(255).view(1, 3, 1, 1)
             self._std = torch.tensor(cfg.std, device=device).mul(255).reciprocal().view(1, 3, 1, 1)
+            self._unit = (torch.tensor(cfg.mean, device=device).view(1, 3, 1, 1),
+                          torch.tensor(cfg.std, device=device).reciprocal().view(1, 3, 1, 1))
         self._np_norm = (None, None) if self._mean is None or not self.one_thread else (
             self._mean.view(3).numpy(), self._std.view(3).numpy())  # type: ignore[union-attr]
         # batch operations (feedpipe.loader.augment) on images before normalization: uint8, or
@@ -147,8 +152,9 @@ class DeviceStage:
             x = x.permute(0, 3, 1, 2)
             if self.cfg.dtype == "uint8":
                 return x.clone(memory_format=torch.channels_last)
-            return cpu_convert.to_float32(x).mul_(1 / 255) if self.one_thread \
-                else x.float().mul_(1 / 255)
+            if self.one_thread:  # one numpy pass (uint8 × float32(1/255)), the same values
+                return cpu_convert.image(x.permute(0, 2, 3, 1), torch.float32, None, None, True)
+            return x.float().mul_(1 / 255)
         if self.one_thread:
             return cpu_convert.image(x, self.dtype, *self._np_norm, self.cfg.channels_last)
         x = x.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last for free
@@ -157,29 +163,29 @@ class DeviceStage:
     def _normalize(self, x: torch.Tensor) -> torch.Tensor:
         """uint8 (or float in [0, 1] after batch operations) N×C×H×W to the output dtype."""
         if x.is_floating_point() and self.batch_ops is not None:
-            if self._mean is not None:
-                x = self._per_channel(x.mul_(255))
+            if self._unit is not None:
+                x = self._per_channel(x, *self._unit)
             if self.dtype != torch.float32:
                 x = x.to(self.dtype)
         elif self.cfg.dtype != "uint8":
             x = x.float()  # normalize in float32, then narrow: fp16/bf16 keep their precision
             if self._mean is not None:
-                x = self._per_channel(x)
+                x = self._per_channel(x, self._mean, self._std)  # type: ignore[arg-type]
             else:
                 x = x.mul_(1 / 255)
             if self.dtype != torch.float32:
                 x = x.to(self.dtype)
         return x if self.cfg.channels_last else x.contiguous()
 
-    def _per_channel(self, x: torch.Tensor) -> torch.Tensor:
+    @staticmethod
+    def _per_channel(x: torch.Tensor, mean: torch.Tensor, inv_std: torch.Tensor) -> torch.Tensor:
         """``(x - mean) * inv_std`` in place. On the CPU, over a channels-last batch's rows of
         W×C values (the same values, ~2.5x faster than broadcasting over an inner length of 3)."""
-        assert self._mean is not None and self._std is not None
         rows = cpu_convert.rows_of(x) if x.device.type == "cpu" else None
         if rows is None:
-            return x.sub_(self._mean).mul_(self._std)
+            return x.sub_(mean).mul_(inv_std)
         width = rows.shape[1] // x.shape[1]
-        rows.sub_(self._mean.view(-1).repeat(width)).mul_(self._std.view(-1).repeat(width))
+        rows.sub_(mean.view(-1).repeat(width)).mul_(inv_std.view(-1).repeat(width))
         return x
 
     def __call__(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
