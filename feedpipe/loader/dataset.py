@@ -48,6 +48,10 @@ class SlotRef:
     rows: int
 
 
+#: ``stage(decoded, out, epoch, rank, number)``: a batch's uint8 N×H×W×3 images operated on into
+#: its float32 N×H×W×3 ``out`` (torch/worker_ops.WorkerOps)
+BatchStage = Callable[[np.ndarray, torch.Tensor, int, int, int], None]
+
 #: how fill() writes a column's value of a sample (see _Column.role)
 Role = Literal["image", "encoded", "mask", "target", "collect", "stack", "list"]
 
@@ -124,7 +128,8 @@ class BatchDataset(torch.utils.data.Dataset):
                  on_error: str, encoded_images: bool = False,
                  max_pixels: int | None = None, ragged: Ragged = "pad",
                  min_box_fraction: float = 0.0,
-                 transform: Callable[..., Any] | None = None) -> None:
+                 transform: Callable[..., Any] | None = None,
+                 batch_stage: BatchStage | None = None) -> None:
         # the pixel limit: the caller's, else the one the converter recorded, else the default
         limit = max_pixels or reader.manifest.conversion.get("max_pixels") or DEFAULT_MAX_PIXELS
         op = replace(op, max_pixels=int(limit))
@@ -133,6 +138,10 @@ class BatchDataset(torch.utils.data.Dataset):
         self.encoded_images = encoded_images
         self.ragged, self.min_box_fraction = ragged, min_box_fraction
         self.transform = transform
+        # the batch operations run here, on the worker's batch (torch/worker_ops.py): images are
+        # decoded into this worker's own uint8 batch, then operated on into the float32 slot
+        self.batch_stage = batch_stage
+        self._decoded: np.ndarray | None = None
         if encoded_images and op.affine is not None:
             raise ConfigError("decode_on='device' leaves images encoded in the workers, where "
                               "affine= resamples the decoded image: use decode_on='cpu'",
@@ -204,9 +213,12 @@ class BatchDataset(torch.utils.data.Dataset):
         req = request if isinstance(request, BatchRequest) else BatchRequest(request, 0, 0, 0)
         n = len(req)
         out: dict[str, Any] = {}
+        staged = "image" if self.batch_stage is not None else None
         for col in self.columns:
             if col.shape is None:
                 out[col.field.name] = [None] * n
+            elif col.field.name == staged:
+                out[col.field.name] = torch.from_numpy(self._decode_batch(n, col.shape))
             elif req.slot >= 0 and col.field.name in self.slots:
                 out[col.field.name] = self.slots[col.field.name][req.slot][:n]
             else:
@@ -278,6 +290,12 @@ class BatchDataset(torch.utils.data.Dataset):
             elif col.shape is None and isinstance(col.field, ArrayField):
                 out[col.field.name] = [torch.from_numpy(np.ascontiguousarray(a))
                                        for a in out[col.field.name]]
+        if staged is not None:
+            u8 = out[staged]
+            dest = self.slots[staged][req.slot][:n] if req.slot >= 0 and staged in self.slots \
+                else torch.from_numpy(np.empty(u8.shape, np.float32))
+            self.batch_stage(u8.numpy(), dest, req.epoch, req.rank, req.number)  # type: ignore[misc]
+            out[staged] = dest
         if req.slot >= 0:
             for name in self.slots:
                 if name in out:
@@ -287,6 +305,13 @@ class BatchDataset(torch.utils.data.Dataset):
         if fallbacks:
             out[FALLBACK_KEY] = list(fallbacks.values())
         return out
+
+    def _decode_batch(self, n: int, shape: tuple[int, ...]) -> np.ndarray:
+        """This worker's uint8 batch the images are decoded into before the batch stage (reused:
+        no fresh pages per batch)."""
+        if self._decoded is None or len(self._decoded) < n:
+            self._decoded = np.empty((n, *shape), np.uint8)
+        return self._decoded[:n]
 
     def _named(self, index: int) -> str:
         """A record for a message: where it is stored and, when the dataset keeps it, its source

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights (ITU-R 601-2 luma)
-CPU_BLOCK = 2 << 20  # bytes of float images adjusted at a time on the CPU: cache-sized
+CPU_BLOCK = 1 << 20  # bytes of float images adjusted at a time on the CPU: in a core's L2
 Params = dict[str, torch.Tensor]  # drawn parameters: CPU tensors, a row per sample
 
 
