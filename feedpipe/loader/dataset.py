@@ -23,7 +23,7 @@ from ..schema.fields import ArrayField, Field, ImageField, LabelField
 from ..schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png
 from ..schema.masks import MaskField, TargetField
 from .labels import Collector, Ragged, check_keys, collects
-from .order import sample_rng
+from .order import SampleRngs
 from .sampler import BatchRequest, rng_for
 from .torch.device_decode import EncodedBatch, plan_encoded
 from .transforms import Geometry, ImageOp
@@ -138,6 +138,7 @@ class BatchDataset(torch.utils.data.Dataset):
         self.encoded_images = encoded_images
         self.ragged, self.min_box_fraction = ragged, min_box_fraction
         self.transform = transform
+        self._rngs = SampleRngs()  # each sample's generator for transform (reused: see there)
         # the batch operations run here, on the worker's batch (torch/worker_ops.py): images are
         # decoded into this worker's own uint8 batch, then operated on into the float32 slot
         self.batch_stage = batch_stage
@@ -323,6 +324,7 @@ class BatchDataset(torch.utils.data.Dataset):
         """``transform(pos, index)``: the user's function on batch row ``pos`` (sample ``index``),
         given tensor views of the row (the image as C×H×W) and writing back what it returns."""
         fn, seed, epoch = self.transform, self.seed, req.epoch
+        rngs = self._rngs
         stacked = [c.field.name for c in self.columns if c.shape is not None]
         images = {c.field.name for c in self.columns if isinstance(c.field, ImageField)}
 
@@ -335,7 +337,7 @@ class BatchDataset(torch.utils.data.Dataset):
             sample = {**views, **{c.field.name: out[c.field.name][pos] for c in self.columns
                                   if c.shape is None and not c.collect}}
             try:
-                got = fn(sample, sample_rng(seed, epoch, index))  # type: ignore[misc]
+                got = fn(sample, rngs(seed, epoch, index))  # type: ignore[misc]
                 for name, value in (sample if got is None else got).items():
                     if name in views:
                         if value is not views[name]:
