@@ -223,7 +223,8 @@ class TorchLoader(EpochPosition):
         self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
         op = ImageOp.of(cfg)
         self.stage = DeviceStage(cfg, device)
-        images = tuple(f for f in fields if reader.schema[f].kind == "image")
+        images = tuple(f for f in fields  # (an unknown name: BatchDataset names it)
+                       if f in reader.schema and reader.schema[f].kind == "image")
         staged = None if decoder is not None else WorkerOps.of(cfg, self.stage.batch_ops, device,
                                                                 images)
         if staged is not None:
