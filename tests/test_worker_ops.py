@@ -78,3 +78,13 @@ def test_label_mixing_and_user_steps_stay_in_the_main_process(packed, monkeypatc
             assert b["image"].dtype == torch.float32
         assert calls
     assert seen
+
+
+def test_the_ring_and_the_described_sample_bytes_hold_float_images(packed):
+    """The slots hold the operated float32 images (4 bytes a value), and describe() says so:
+    the tuners and doctor size the ring and RAM from it."""
+    ops = feedpipe.make_loader(packed["lmdb"], 8, batch_transforms=RECIPE, num_workers=2, **KW)
+    plain = feedpipe.make_loader(packed["lmdb"], 8, num_workers=2, **KW)
+    assert ops.describe().sample_bytes == 40 * 40 * 3 * 4 + 8  # image float32, label int64
+    assert plain.describe().sample_bytes == 40 * 40 * 3 + 8
+    assert ops.ring is not None and ops.ring.tensors["image"][0].dtype == torch.float32

@@ -280,9 +280,8 @@ class TorchLoader(EpochPosition):
             device=self.device.type, decode_threads=0,
             size=cfg.size or (tuple(image.shape[:2]) if image is not None and image.shape
                               and None not in image.shape[:2] else None),
-            sample_bytes=sum(int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize
-                             for c in self.batch_dataset.columns
-                             if c.shape is not None and c.dtype is not None))
+            sample_bytes=sum(int(np.prod(s)) * np.dtype(d).itemsize  # the ring's columns
+                             for (_, *s), d in self._ring_shapes(cfg).values()))
 
     def _ring_shapes(self, cfg: LoaderConfig) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """A slot's tensors: every stacked column, labels included, so that a batch from a
