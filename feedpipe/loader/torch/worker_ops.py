@@ -13,7 +13,6 @@ layout and one thread, so the batches are the main process's bit for bit.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -21,6 +20,7 @@ import torch
 from ..augment import BatchOps, ColorJitter, RandomErasing, RandomGrayscale
 from ..config import LoaderConfig
 from ..order import batch_seed
+from ..photometric import jitter_by_order
 from . import cpu_convert
 
 #: steps that read and change only ``batch["image"]`` and draw only from its shape
@@ -71,15 +71,23 @@ class WorkerOps:
     def __call__(self, image: np.ndarray, out: torch.Tensor, epoch: int, rank: int,
                  number: int) -> None:
         """``image`` (N×H×W×3 uint8) operated on and normalized into ``out`` (N×H×W×3
-        float32: the N×3×H×W channels-last batch's storage), as the main process does it.
-        (An N×C×H×W working copy, where ColorJitter needs no transposing copies, cost as much
-        again in the transposes to and from it.)"""
-        cpu_convert.unit_into(image, out.numpy())
+        float32: the N×3×H×W channels-last batch's storage), with the main process's values.
+        A first ColorJitter reads the uint8 image itself (``jitter_by_order(unit=True)``: the
+        float image's values without its pass). (An N×C×H×W working copy, where ColorJitter
+        needs no transposing copies, cost as much again in the transposes to and from it.)"""
         x = out.permute(0, 3, 1, 2)
         gen = torch.Generator().manual_seed(batch_seed(self.seed, epoch, rank, number))
-        batch: dict[str, Any] = {"image": x}
-        got = self.ops(batch, gen)["image"]
-        if got is not x:  # (the built-ins adjust the image they are handed: not reached)
-            x.copy_(got)
+        steps = self.ops.steps
+        if isinstance(steps[0], ColorJitter):  # its draws first, as BatchOps makes them
+            params = steps[0].params({"image": x}, gen)
+            jitter_by_order(torch.from_numpy(image).permute(0, 3, 1, 2), params, out=x,
+                            unit=True)
+            steps = steps[1:]
+        else:
+            cpu_convert.unit_into(image, out.numpy())
+        if steps:
+            got = BatchOps(steps, owns_input=True)({"image": x}, gen)["image"]
+            if got is not x:  # (the built-ins adjust the image they are handed: not reached)
+                x.copy_(got)
         if self.unit is not None:
             normalize(x, *self.unit)
