@@ -48,8 +48,7 @@ class SlotRef:
     rows: int
 
 
-#: ``stage(decoded, out, epoch, rank, number)``: a batch's uint8 N×H×W×3 images operated on into
-#: its float32 N×H×W×3 ``out`` (torch/worker_ops.WorkerOps)
+#: ``stage(uint8 images, float32 out, epoch, rank, number)``: torch/worker_ops.WorkerOps
 BatchStage = Callable[[np.ndarray, torch.Tensor, int, int, int], None]
 
 #: how fill() writes a column's value of a sample (see _Column.role)
@@ -139,8 +138,7 @@ class BatchDataset(torch.utils.data.Dataset):
         self.ragged, self.min_box_fraction = ragged, min_box_fraction
         self.transform = transform
         self._rngs = SampleRngs()  # each sample's generator for transform (reused: see there)
-        # the batch operations run here, on the worker's batch (torch/worker_ops.py): images are
-        # decoded into this worker's own uint8 batch, then operated on into the float32 slot
+        # batch operations here (worker_ops.py): uint8 images decoded apart, then into the slot
         self.batch_stage = batch_stage
         self._decoded: np.ndarray | None = None
         if encoded_images and op.affine is not None:
