@@ -3,8 +3,9 @@
 Random-resized-crop, flip, ColorJitter(0.4, 0.4, 0.4), normalize, RandomErasing(0.25), on the
 same ~500×375 files (and LMDB packing) as ``bench_kernel.py``, 2 workers, batch 64, float32 out:
 
-- ``feedpipe built-in``: crop and flip in the workers, ``batch_transforms=[ColorJitter(0.4, 0.4,
-  0.4), RandomErasing(0.25, value=IMAGENET_MEAN)]`` and the normalization in the main process;
+- ``feedpipe built-in``: crop and flip, then ``batch_transforms=[ColorJitter(0.4, 0.4, 0.4),
+  RandomErasing(0.25, value=IMAGENET_MEAN)]`` and the normalization on each batch, all in the
+  workers (on a CUDA device the batch operations run there instead);
 - ``feedpipe transform=``: the same colour jitter and erasing as a user's per-sample function in
   the workers (``peers/tv_recipe.user_augment``: torchvision v2's formulas on the uint8 view);
 - ``hand-tuned DataLoader``: the loose JPEG files, PIL decode, the torchvision-style recipe

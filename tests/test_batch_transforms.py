@@ -74,3 +74,25 @@ def test_user_functions_and_refusals(packed):
         feedpipe.make_loader(packed["lmdb"], 8, batch_transforms="jitter", **KW)
     with pytest.raises(ConfigError, match="DALI"):
         feedpipe.make_loader(packed["lmdb"], 8, batch_transforms=RECIPE, backend="dali", **KW)
+
+
+def test_operated_images_are_normalized_in_unit_range_without_a_round_trip(packed, monkeypatch):
+    """After the operations, images in [0, 1] are normalized with mean and 1/std in [0, 1] units:
+    no pass scaling the batch back to 0..255 first (it cost a pass over every batch); the
+    values are the float32 normalization of the operated batch."""
+    scaled: list[float] = []
+    mul_ = torch.Tensor.mul_
+    monkeypatch.setattr(torch.Tensor, "mul_", lambda t, v, *a: (
+        scaled.append(v) if isinstance(v, (int, float)) and v == 255 else None,
+        mul_(t, v, *a))[1])
+    got = epoch(packed["lmdb"], batch_transforms=RECIPE, num_workers=0, **KW)
+    assert got and not scaled
+    plain = epoch(packed["lmdb"], num_workers=0, output=Output(dtype="uint8"), **KW)
+    mean = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
+    for number, (a, b) in enumerate(zip(got, plain)):
+        gen = torch.Generator().manual_seed(batch_seed(5, 0, 0, number))
+        x = {"image": b["image"].float() / 255, "label": b["label"]}
+        for op in RECIPE:
+            x = op(x, gen)
+        assert torch.allclose(a["image"], (x["image"] - mean) / std, atol=2e-6)

@@ -313,3 +313,79 @@ def test_a_torch_without_the_private_resize_op_loads_the_same_pixels(packed, tmp
     want = np.concatenate([b["image"].numpy() for b in ld])
     assert transforms._UPSAMPLE_AA is not None  # this process took the private op
     assert np.array_equal(np.load(out, allow_pickle=False), want)
+
+
+def _cpu_best(fn, reps: int = 30) -> float:
+    """Least CPU time of ``reps`` calls (process time: what another process's load does not
+    inflate, unlike wall time)."""
+    import time
+
+    best = float("inf")
+    for _ in range(reps):
+        t = time.process_time()
+        fn()
+        best = min(best, time.process_time() - t)
+    return best
+
+
+def test_a_flipped_sample_costs_little_more_than_an_unflipped_one():
+    """Flipping after the resize into the slot is one vectorized pass (torch's flip), not
+    numpy's copy of a negative-stride view (~170 µs a 224² image, more than the resize itself:
+    0.12 ms a sample at flip=True's one-in-two). Best-of CPU time, so a busy machine does not
+    make it fail: flipped resizes used to cost ~2.2× unflipped ones, now ~1.15×."""
+    rng = np.random.default_rng(0)
+    region = rng.integers(0, 256, (300, 410, 3), dtype=np.uint8)
+    out = np.zeros((224, 224, 3), np.uint8)
+
+    def many(flip: bool) -> None:
+        for _ in range(20):
+            _resize_rgb_into(region, out, flip)
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a worker's setting (more threads spin under load: CPU noise)
+    try:
+        plain, flipped = _cpu_best(lambda: many(False)), _cpu_best(lambda: many(True))
+    finally:
+        torch.set_num_threads(threads)
+    assert flipped < 1.5 * plain, (flipped, plain)
+
+
+@pytest.mark.parametrize("writeable", [True, False])
+def test_a_same_size_crop_is_mirrored_into_the_slot(writeable):
+    """A crop already at the batch's size is copied (mirrored when flipped) without a resize,
+    from a strided, possibly read-only decode buffer."""
+    rng = np.random.default_rng(1)
+    full = rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    full.flags.writeable = writeable
+    op = ImageOp((32, 24), crop="center_crop")
+    geo = transforms.Geometry(3, 7, 32, 24, True)
+    out = np.zeros((32, 24, 3), np.uint8)
+    assert op._cut(full, out, geo, 1, "image") == geo
+    assert np.array_equal(out, full[3:35, 7:31][:, ::-1])
+    op._cut(full, out, geo._replace(flip=False), 1, "image")
+    assert np.array_equal(out, full[3:35, 7:31])
+
+
+def test_crops_are_made_dense_in_one_reused_buffer(monkeypatch):
+    """A crop of the decoded image (strided rows) is copied into this thread's reused buffer
+    for the resize, not into a fresh tensor per image (fresh pages cost twice the copy's CPU):
+    crops of any size resize from the same memory, and read-only views take the same path."""
+    seen: list[int] = []
+    real = transforms._UPSAMPLE_AA
+    monkeypatch.setattr(transforms, "_UPSAMPLE_AA",
+                        lambda x, *a, **k: (seen.append(x.data_ptr()), real(x, *a, **k))[1])
+    rng = np.random.default_rng(2)
+    full = rng.integers(0, 256, (375, 500, 3), dtype=np.uint8)
+    out = np.zeros((224, 224, 3), np.uint8)
+    for k, (top, left, h, w) in enumerate([(10, 20, 300, 410), (0, 5, 120, 90),
+                                           (40, 1, 335, 499)]):
+        region = full[top: top + h, left: left + w]
+        region.flags.writeable = bool(k % 2)
+        _resize_rgb_into(region, out, False)
+        ref = F.interpolate(torch.from_numpy(region.copy()).permute(2, 0, 1)[None]
+                            .contiguous(memory_format=torch.channels_last), size=(224, 224),
+                            mode="bilinear", antialias=True, align_corners=False)
+        assert np.array_equal(out, ref[0].permute(1, 2, 0).numpy())
+    buf = transforms._BUFFERS.region
+    start = buf.__array_interface__["data"][0]
+    assert all(start <= p < start + buf.size for p in seen) and len(seen) == 3

@@ -129,3 +129,61 @@ def test_sample_streams_are_their_own_and_cheap(monkeypatch):
     order.sample_rng(0, 5, 7)
     order.sample_rng(0, 5, 8)
     assert not hashed
+
+
+
+def test_sample_generators_are_reset_not_rebuilt_and_a_kept_one_is_left_alone(packed,
+                                                                               monkeypatch):
+    """One process's samples share a generator whose Philox state is set per sample (building
+    a Philox drew OS entropy and cost ~30 µs a sample in the workers), with the draws of a fresh
+    ``sample_rng``; a generator the function keeps is never reset under it: the next sample
+    gets a new one."""
+    from feedpipe.loader import order
+
+    built: list[int] = []
+    real = np.random.Philox
+    monkeypatch.setattr(np.random, "Philox", lambda *a, **k: built.append(1) or real(*a, **k))
+    draws: list[list[float]] = []
+    kw = dict(KW, shuffle=False)  # sample i is the i-th transformed
+
+    def draw(sample, rng):
+        draws.append(rng.random(3).tolist())
+
+    batches = len(epoch(packed["lmdb"], transform=draw, num_workers=0, **kw))
+    assert len(draws) > batches > 1
+    assert len(built) <= batches + 2  # a generator per batch, the epoch's order, one shared
+    monkeypatch.setattr(np.random, "Philox", real)
+    assert draws == [order.sample_rng(3, 0, i).random(3).tolist() for i in range(len(draws))]
+
+    kept: list[np.random.Generator] = []
+
+    def keep(sample, rng):
+        rng.random(3)
+        kept.append(rng)
+
+    epoch(packed["lmdb"], transform=keep, num_workers=0, **kw)
+    assert len({id(g) for g in kept}) == len(kept) == len(draws)
+    assert [g.random(2).tolist() for g in kept] == \
+        [order.sample_rng(3, 0, i).random(5)[3:].tolist() for i in range(len(kept))]
+
+
+def test_the_function_runs_after_the_batch_is_decoded(packed, monkeypatch):
+    """transform= runs on each sample once the whole batch is decoded, in batch order: run
+    between decodes, the function and the decoder evicted each other's code and data from the
+    caches (the function ran ~12% slower than on its own); the batches are the same."""
+    from feedpipe.loader.transforms import ImageOp
+
+    log: list[str] = []
+    real = ImageOp.apply
+    monkeypatch.setattr(ImageOp, "apply", lambda self, *a, **k: (log.append("d"),
+                                                                  real(self, *a, **k))[1])
+
+    def mark(sample, rng):
+        log.append("t")
+        noisy(sample, rng)
+
+    got = epoch(packed["lmdb"], transform=mark, num_workers=0, **KW)
+    sizes = [len(b["image"]) for b in got]
+    assert "".join(log) == "".join("d" * n + "t" * n for n in sizes)
+    ref = epoch(packed["lmdb"], transform=noisy, num_workers=2, **KW)
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(got, ref))

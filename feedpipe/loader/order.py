@@ -15,6 +15,7 @@ datasets: :class:`feedpipe.loader.mixing.MixOrder`).
 from __future__ import annotations
 
 import functools
+import sys
 import warnings
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -45,6 +46,33 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
     sample (~30 µs instead of ~90, per sample, in the workers)."""
     return np.random.Generator(np.random.Philox(
         key=_sample_key(int(seed)), counter=[0, 0, int(index), int(epoch)]))
+
+
+class SampleRngs:
+    """:func:`sample_rng`'s generators for one process's samples, one after another, at a tenth
+    of the cost: the last sample's generator is handed out again with its Philox state set to
+    the new sample's (the state a fresh one starts in: the same draws), unless something besides
+    this object still refers to it or to its bit generator (a user function that kept it): then
+    a fresh one. Constructing a Philox draws OS entropy it then ignores and, in a worker between
+    decodes, cost ~30 µs a sample; setting the state ~2."""
+
+    def __init__(self) -> None:
+        self._gen: np.random.Generator | None = None
+        self._refs = (0, 0)  # the generator's and its bit generator's counts when only held here
+
+    def __call__(self, seed: int, epoch: int, index: int) -> np.random.Generator:
+        gen = self._gen
+        if gen is None or (sys.getrefcount(gen), sys.getrefcount(gen.bit_generator)) \
+                != self._refs:
+            gen = self._gen = sample_rng(seed, epoch, index)
+            self._refs = (sys.getrefcount(gen), sys.getrefcount(gen.bit_generator))
+            return gen
+        gen.bit_generator.state = {
+            "bit_generator": "Philox",
+            "state": {"counter": np.array([0, 0, int(index), int(epoch)], np.uint64),
+                      "key": _sample_key(int(seed))},
+            "buffer": np.zeros(4, np.uint64), "buffer_pos": 4, "has_uint32": 0, "uinteger": 0}
+        return gen
 
 
 def batch_seed(seed: int, epoch: int, rank: int, number: int) -> int:

@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights (ITU-R 601-2 luma)
-CPU_BLOCK = 2 << 20  # bytes of float images adjusted at a time on the CPU: cache-sized
+CPU_BLOCK = 1 << 20  # bytes of float images adjusted at a time on the CPU: in a core's L2
 Params = dict[str, torch.Tensor]  # drawn parameters: CPU tensors, a row per sample
 
 
@@ -66,17 +66,21 @@ ADJUST: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] =
 }
 
 
-def jitter_by_order(x: torch.Tensor, params: Params, out: torch.Tensor | None = None
-                    ) -> torch.Tensor:
+def jitter_by_order(x: torch.Tensor, params: Params, out: torch.Tensor | None = None,
+                    unit: bool = False) -> torch.Tensor:
     """Samples sharing an order (at most 24 orders), :data:`CPU_BLOCK` bytes of them at a time:
     each block converted, adjusted and written back while it is in the cache, into ``out`` (a
     new tensor by default; ``x`` itself works: each block reads and writes only its rows). One
     work buffer serves every block, and each row is copied in (converted to float N×C×H×W) and
     back out (to the output's dtype and layout) in one pass each: gathering, converting and
-    scattering whole blocks took a pass and a fresh allocation each."""
+    scattering whole blocks took a pass and a fresh allocation each. ``unit``: uint8 ``x`` is
+    read as ``x.float() * (1 / 255)`` (the values of the float image made from it), adjusted in
+    [0, 1] and written into the float ``out``: the loader's float image without a pass of its
+    own, and a quarter of the bytes read."""
     names, order = [k for k in params if k != "order"], params["order"]
     out = torch.empty_like(x) if out is None else out
-    bound = 255.0 if x.dtype == torch.uint8 else 1.0
+    scaled = unit and x.dtype == torch.uint8
+    bound = 255.0 if x.dtype == torch.uint8 and not scaled else 1.0
     ids = (order * len(names) ** torch.arange(len(names))).sum(1)
     per = max(1, CPU_BLOCK // (4 * x[0:1].numel() + 1))
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
@@ -88,10 +92,12 @@ def jitter_by_order(x: torch.Tensor, params: Params, out: torch.Tensor | None = 
             work = buf[: len(at)]
             for row, i in zip(work, at):
                 row.copy_(x[i])
+            if scaled:
+                work.mul_(1 / 255)
             for j in order[at[0]].tolist():
                 f = params[names[j]][block].to(x.device, work.dtype).view(-1, 1, 1, 1)
                 work = ADJUST[names[j]](work, f, bound)
-            if x.dtype == torch.uint8:
+            if x.dtype == torch.uint8 and not scaled:
                 work = work.round_().clamp_(0, 255)
             for row, i in zip(work, at):
                 out[i].copy_(row)

@@ -32,7 +32,7 @@ def image(x: torch.Tensor, dtype: torch.dtype, mean: np.ndarray | None,
             np.subtract(rows, np.tile(mean, width), out=out_rows)
             np.multiply(out_rows, np.tile(inv_std, width), out=out_rows)
         else:
-            np.multiply(src, _UNIT, out=value)
+            unit_into(src, value)
         if dtype == torch.float16:
             value = value.astype(np.float16)
         elif dtype == torch.bfloat16:
@@ -43,6 +43,11 @@ def image(x: torch.Tensor, dtype: torch.dtype, mean: np.ndarray | None,
     if dtype == torch.bfloat16:
         out = out.view(torch.bfloat16)
     return out if not channels_last else out.permute(0, 3, 1, 2)
+
+
+def unit_into(src: np.ndarray, out: np.ndarray) -> None:
+    """uint8 ``src`` scaled to [0, 1] into float32 ``out``: ``x.float().mul_(1 / 255)``'s values."""
+    np.multiply(src, _UNIT, out=out)
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
