@@ -52,6 +52,8 @@ class Server:
     def __init__(self, args: list[str], what: str, port: int | None = None) -> None:
         if port:  # a fixed port must be free, or the check below would find another server
             with socket.socket() as s:
+                # as the servers bind: an earlier server's connections in TIME_WAIT do not count
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     s.bind(("127.0.0.1", port))
                 except OSError as exc:
