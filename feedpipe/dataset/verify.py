@@ -67,16 +67,21 @@ def verify(target: str | os.PathLike[str], *, decode: bool = True, chunk: int = 
     """Check sizes and SHA-256 of the manifest's files, then read every record, of a dataset
     folder or URL (whose objects are fetched into a temporary folder under ``workdir``)."""
     store = open_store(target, storage_options)
-    with tempfile.TemporaryDirectory(prefix="feedpipe-verify-", dir=workdir) as tmp:
-        root = Path(tmp) if store.remote else Path(store.url)
-        manifest = read_manifest(store, into=root if store.remote else None)
+    if not store.remote:  # read in place: no folder to make (or to fail removing, out of fds)
+        root = Path(store.url)
+        manifest = Manifest.read(root)
         report = _check_files(store, manifest, root)
-        if store.remote and report.problems:  # records of a missing object would repeat them
+        _check_records(root, manifest, report, decode, chunk)
+        return report
+    with tempfile.TemporaryDirectory(prefix="feedpipe-verify-", dir=workdir) as tmp:
+        root = Path(tmp)
+        manifest = read_manifest(store, into=root)
+        report = _check_files(store, manifest, root)
+        if report.problems:  # records of a missing object would repeat them
             return report
         _check_records(root, manifest, report, decode, chunk)
-    if store.remote:
-        report.problems = [p.replace(str(root), store.url) for p in report.problems]
-        report.notes = [n.replace(str(root), store.url) for n in report.notes]
+    report.problems = [p.replace(str(root), store.url) for p in report.problems]
+    report.notes = [n.replace(str(root), store.url) for n in report.notes]
     return report
 
 

@@ -23,8 +23,9 @@ LIMIT = 60  # seconds: far above the few it takes; a hang would be forever
 LOADER = """
 import sys, feedpipe
 try:
-    loader = feedpipe.make_loader(sys.argv[1], 8, size=32, num_workers=0, device="cpu",
-                                  **({"cache_dir": sys.argv[2]} if len(sys.argv) > 2 else {}))
+    source = (feedpipe.Remote(sys.argv[1], cache_dir=sys.argv[2]) if len(sys.argv) > 2
+              else sys.argv[1])
+    loader = feedpipe.make_loader(source, 8, size=32, num_workers=0, device="cpu")
     next(iter(loader))
 except Exception as exc:
     print(type(exc).__name__, exc)
