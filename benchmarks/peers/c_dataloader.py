@@ -42,10 +42,15 @@ def pack(items: list[tuple[str, int]], work: Path, args: argparse.Namespace) -> 
     """Nothing to pack: the loader reads the source files."""
 
 
+def tuned(dataset: Dataset, args: argparse.Namespace) -> DataLoader:
+    """The DataLoader as its docs tune it: persistent workers, prefetch 4, one thread each (the
+    same for the centre-crop and the recipe runs)."""
+    return DataLoader(dataset, batch_size=args.batch, shuffle=True, num_workers=args.workers,
+                      persistent_workers=True, prefetch_factor=4, worker_init_fn=one_thread)
+
+
 def open_loader(work: Path, args: argparse.Namespace):
-    loader = DataLoader(LooseJpegs(load_items(args.items), args.size), batch_size=args.batch,
-                        shuffle=True, num_workers=args.workers, persistent_workers=True,
-                        prefetch_factor=4, worker_init_fn=one_thread)
+    loader = tuned(LooseJpegs(load_items(args.items), args.size), args)
     return lambda: loader
 
 

@@ -36,14 +36,18 @@ def pack(items: list[tuple[str, int]], work: Path, args: argparse.Namespace) -> 
             writer_options={"shard_size": 32 << 20} if _fmt() == "wds" else None)
 
 
-def open_loader(work: Path, args: argparse.Namespace):
-    loader = feedpipe.make_loader(work, args.batch, size=args.size, device="cpu",
-                                  num_workers=args.workers, shuffle=True, output=Output(dtype="uint8"))
-
+def epochs(loader):
+    """The harness's epoch: (images, labels) per batch of ``loader``."""
     def epoch():
         for batch in loader:
             yield batch["image"], batch["label"]
     return epoch
+
+
+def open_loader(work: Path, args: argparse.Namespace):
+    return epochs(feedpipe.make_loader(work, args.batch, size=args.size, device="cpu",
+                                       num_workers=args.workers, shuffle=True,
+                                       output=Output(dtype="uint8")))
 
 
 if __name__ == "__main__":

@@ -10,10 +10,10 @@ import argparse
 from pathlib import Path
 
 import torch
-from c_dataloader import pack
-from common import load_items, one_thread, serve
+from c_dataloader import pack, tuned
+from common import load_items, serve
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import Dataset
 from tv_recipe import Recipe
 
 
@@ -31,9 +31,7 @@ class RecipeJpegs(Dataset):
 
 
 def open_loader(work: Path, args: argparse.Namespace):
-    loader = DataLoader(RecipeJpegs(load_items(args.items), args.size), batch_size=args.batch,
-                        shuffle=True, num_workers=args.workers, persistent_workers=True,
-                        prefetch_factor=4, worker_init_fn=one_thread)
+    loader = tuned(RecipeJpegs(load_items(args.items), args.size), args)
     return lambda: loader
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from c_feedpipe import _fmt, pack
+from c_feedpipe import _fmt, epochs, pack
 from common import serve
 
 import feedpipe
@@ -18,15 +18,10 @@ from feedpipe.loader.config import IMAGENET_MEAN
 
 
 def open_loader(work: Path, args: argparse.Namespace):
-    loader = feedpipe.make_loader(
+    return epochs(feedpipe.make_loader(
         work, args.batch, size=args.size, crop="random_resized_crop", flip=True, device="cpu",
         num_workers=args.workers, shuffle=True,
-        batch_transforms=[ColorJitter(0.4, 0.4, 0.4), RandomErasing(0.25, value=IMAGENET_MEAN)])
-
-    def epoch():
-        for batch in loader:
-            yield batch["image"], batch["label"]
-    return epoch
+        batch_transforms=[ColorJitter(0.4, 0.4, 0.4), RandomErasing(0.25, value=IMAGENET_MEAN)]))
 
 
 if __name__ == "__main__":
