@@ -20,7 +20,7 @@ from converters import convert  # noqa: E402
 from converters.merge import merge  # noqa: E402
 from converters.parts import Part  # noqa: E402
 from feedpipe.dataset.manifest import MANIFEST_NAME  # noqa: E402
-from feedpipe.dataset.remote_verify import read_manifest, verify_remote  # noqa: E402
+from feedpipe.dataset.verify import read_manifest, verify  # noqa: E402
 from feedpipe.errors import ConfigError, OutputRefusedError, PartsError  # noqa: E402
 
 KW = dict(size=32, crop="resize", device="cpu", num_workers=0, output=Output(dtype="uint8"))
@@ -59,7 +59,7 @@ def test_cli_parts_to_s3_merge_in_place_read_and_verify(photo_dir, s3, tmp_path,
     got = loader_batches(Remote(url, cache_dir=tmp_path / "cache", storage_options=opts), seed=3,
                          **KW)
     assert same_batches(ref, got) and len(ref) == 9
-    report = verify_remote(url, storage_options=opts)
+    report = verify(url, storage_options=opts)
     assert report.ok, report.problems
     assert report.records_checked == 72
     rc, out, err = cli_main(capsys, "verify", url, *cli_opts(opts))
@@ -83,7 +83,7 @@ def test_remote_merge_refusals(photo_dir, s3):
     fs.rm_file(url.removeprefix("s3://") + "/notes.txt")
     fs.rm_file(url.removeprefix("s3://") + "/index-keys.npy")  # as if the last merge was killed
     merge(url, storage_options=opts)  # a re-run finishes it
-    assert verify_remote(url, storage_options=opts, decode=False).ok
+    assert verify(url, storage_options=opts, decode=False).ok
     with pytest.raises(OutputRefusedError, match="already a complete dataset"):
         merge(url, storage_options=opts)
     before = objects(fs, url)

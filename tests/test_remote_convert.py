@@ -18,8 +18,9 @@ from servers import FaultServer, cli_opts, objects  # noqa: E402
 from converters import convert  # noqa: E402
 from converters.upload import JOURNAL  # noqa: E402
 from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest  # noqa: E402
-from feedpipe.dataset.remote_verify import read_manifest, verify_remote  # noqa: E402
+from feedpipe.dataset.verify import read_manifest, verify  # noqa: E402
 from feedpipe.errors import IncompleteDatasetError, OutputRefusedError  # noqa: E402
+from feedpipe.tools.doctor import run_doctor  # noqa: E402
 
 
 @pytest.mark.parametrize("fmt", ["wds", "lmdb"])
@@ -37,7 +38,7 @@ def test_convert_to_s3_reads_back_and_verifies(tmp_path, photo_dir, s3, fmt, cap
         assert held[f.name] == (tmp_path / "local" / f.name).read_bytes(), f.name
     assert res.written == local.written and res.bytes_out == local.bytes_out
     assert read_manifest(url, opts).files == m.files
-    report = verify_remote(url, storage_options=opts)
+    report = verify(url, storage_options=opts)
     assert report.ok, report.problems
     assert report.files_checked == len(m.files) and report.records_checked == res.written
     rc, out, err = cli_main(capsys, "verify", url, *cli_opts(opts))
@@ -56,7 +57,7 @@ def test_verify_names_a_damaged_object(photo_dir, s3, capsys):
     data = bytearray(fs.cat_file(key))
     data[700] ^= 0xFF
     fs.pipe_file(key, bytes(data))
-    report = verify_remote(url, storage_options=opts)
+    report = verify(url, storage_options=opts)
     assert report.problems == [f"{url}/shard-000002.tar: checksum mismatch"]
     rc, out, _ = cli_main(capsys, "verify", url, *cli_opts(opts))
     assert rc == 1 and "shard-000002.tar: checksum mismatch" in out
@@ -85,7 +86,7 @@ def test_overwrite_on_a_url_removes_only_what_the_old_manifest_lists(photo_dir, 
     assert set(after) == {MANIFEST_NAME, *(f["name"] for f in
                                             json.loads(after[MANIFEST_NAME])["files"])}
     assert "shard-000005.tar" in before and "shard-000005.tar" not in after
-    assert verify_remote(url, storage_options=opts).ok
+    assert verify(url, storage_options=opts).ok
     # an object feedpipe did not make: refused, with or without --overwrite, and left alone
     fs.pipe_file(url.removeprefix("s3://") + "/notes.txt", b"mine")
     for overwrite in (False, True):
@@ -131,7 +132,7 @@ def test_killed_upload_leaves_no_manifest_and_a_rerun_resumes(tmp_path, photo_di
     # the shards uploaded before the kill were not sent again
     assert {n: fs.info(f"{root}/{n}")["LastModified"] for n in uploaded} == stamps
     assert JOURNAL not in objects(fs, url)
-    report = verify_remote(url, storage_options=opts)
+    report = verify(url, storage_options=opts)
     assert report.ok and report.records_checked == len(list((photo_dir).rglob("*.jpg")))
 
 
@@ -153,6 +154,30 @@ def test_doctor_url_says_network_bound_behind_a_slow_link(photo_dir, s3, moto, c
         assert proxy.fetched(".tar")  # the shards were fetched through the slow link
     finally:
         proxy.stop()
+
+
+def test_run_doctor_takes_a_url_as_it_takes_a_folder(photo_dir, s3, tmp_path, monkeypatch):
+    """Issue 25: one doctor entry point. A WebDataset URL gets the dataset, network and short
+    bench findings; the bench reads through a private cache, never the user's."""
+    bucket, opts, _ = s3
+    monkeypatch.setenv("FEEDPIPE_CACHE", str(tmp_path / "user-cache"))
+    convert(photo_dir, f"{bucket}/dw", to="wds", workers=0, storage_options=opts,
+            writer_options={"shard_count": 4})
+    convert(photo_dir, f"{bucket}/dl", to="lmdb", workers=0, storage_options=opts)
+    rep = run_doctor(f"{bucket}/dw", batches=2, batch_size=8, size=32, env={},
+                     storage_options=opts)
+    checks = {f.check: f for f in rep.findings}
+    assert rep.exit_code == 0 and rep.path == f"{bucket}/dw", rep.findings
+    assert checks["network"].severity in ("ok", "high") and "MB/s" in checks["network"].title
+    assert any("shards of" in f.title for f in rep.findings if f.check == "dataset")
+    assert rep.bench is not None and rep.bench["trials"][rep.bench["best"]]["samples_per_s"] > 0
+    assert checks["bench"].title.startswith("2 batches of 8")
+    assert not (tmp_path / "user-cache").exists()
+    lm = run_doctor(f"{bucket}/dl", batches=2, batch_size=8, size=32, env={},
+                    storage_options=opts)
+    found = {(f.check, f.severity): f.title for f in lm.findings}
+    assert lm.bench is None and found["bench", "info"].startswith("no short bench: a lmdb dataset")
+    assert "fetched whole" in found["network", "medium"]
 
 
 def test_a_missing_bucket_is_named(photo_dir, s3, capsys):

@@ -33,15 +33,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
     if args.path is not None and not args.no_bench and not args.json:
         print("running a short bench ...", file=sys.stderr)
-    from ..storage import is_remote
-
-    remote = args.path is not None and is_remote(args.path)
-    rep = run_doctor(None if remote else args.path, bench=not args.no_bench,
-                     batches=args.batches, batch_size=args.batch_size, size=args.size)
-    if remote:  # the fetch bandwidth against the decode rate (feedpipe.tools.remote_doctor)
-        from ..tools.remote_doctor import with_network
-
-        rep = with_network(rep, args.path, storage_options(args))
+    rep = run_doctor(args.path, bench=not args.no_bench, batches=args.batches,
+                     batch_size=args.batch_size, size=args.size,
+                     storage_options=storage_options(args))
     if args.json:
         print(json.dumps(rep.to_json(), indent=1))
         return rep.exit_code

@@ -8,7 +8,6 @@ from typing import Any
 
 import numpy as np
 
-from ..dataset.manifest import Manifest
 from ..schema.masks import MaskField, TargetField
 from .args import human
 from .remote_args import add_storage_args, storage_options
@@ -26,14 +25,9 @@ def register(sub: Any) -> None:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from ..storage import is_remote
+    from ..dataset.verify import read_manifest  # a URL's filesystem: only when it runs
 
-    if is_remote(args.path):
-        from ..dataset.remote_verify import read_manifest
-
-        m = read_manifest(args.path, storage_options(args))
-    else:
-        m = Manifest.read(args.path)
+    m = read_manifest(args.path, storage_options(args))
     if args.json:
         print(json.dumps(m.to_json(), indent=1))
         return 0

@@ -22,15 +22,8 @@ def register(sub: Any) -> None:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     from ..dataset.verify import verify  # the format readers (h5py, lmdb): only when it runs
-    from ..storage import is_remote
 
-    if is_remote(args.path):
-        from ..dataset.remote_verify import verify_remote
-
-        report = verify_remote(args.path, decode=not args.no_decode,
-                               storage_options=storage_options(args))
-    else:
-        report = verify(args.path, decode=not args.no_decode)
+    report = verify(args.path, decode=not args.no_decode, storage_options=storage_options(args))
     for line in report.notes:
         print(f"NOTE {line}")
     for line in report.problems:

@@ -1,4 +1,4 @@
-"""``feedpipe doctor [PATH]``: what on this machine and in this dataset slows loading, and the fix.
+"""``feedpipe doctor [PATH|URL]``: what on this machine and in this dataset slows loading, and the fix.
 
 Every check is a function of its inputs (core counts, /dev/shm bytes, environment, dataset facts)
 returning :class:`Finding` s, so tests can simulate bad setups; :func:`run_doctor` gathers the
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
@@ -29,30 +30,14 @@ from ..loader.memory import SHM_FLOOR, ring_bytes, shm_fits, shm_wanted
 from ..storage import is_remote
 from . import machine
 from .bench import BenchConfig, is_packed, run_bench
+from .findings import RANK, Finding
+from .network import check_network
 
-Severity = Literal["error", "high", "medium", "low", "info", "ok"]
-RANK = {"error": 0, "high": 1, "medium": 2, "low": 3, "info": 4, "ok": 5}
 SCHEMA_VERSION = 1
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "lustre", "gpfs", "beegfs")
 GiB, MiB = 1 << 30, 1 << 20
 FOLDER_GAIN = ("`feedpipe bench PATH --baseline` measures it on this machine (the short bench "
                "does, unless --no-bench)")
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One observation: what was checked, how much it matters, how to fix it, what it gains."""
-
-    check: str
-    severity: Severity
-    title: str
-    fix: str = ""
-    gain: str = ""
-
-    def __str__(self) -> str:
-        out = f"[{self.severity.upper()}] {self.check}: {self.title}"
-        out += f"\n    fix: {self.fix}" if self.fix else ""
-        return out + (f"\n    expected gain: {self.gain}" if self.gain else "")
 
 
 def check_cores(usable: int, total: int, quota: float | None) -> list[Finding]:
@@ -325,8 +310,11 @@ class DoctorReport:
 
 def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True,
                batches: int = 8, batch_size: int = 64, size: int = 224,
-               env: Mapping[str, str] | None = None) -> DoctorReport:
-    """Run every check on this machine (and PATH, with a short bench unless ``bench=False``).
+               env: Mapping[str, str] | None = None,
+               storage_options: Mapping[str, Any] | None = None) -> DoctorReport:
+    """Run every check on this machine, and on PATH (a folder, packed dataset or dataset URL)
+    with a short bench unless ``bench=False``. A URL also gets the network check (the fetch
+    bandwidth against the decode rate); ``storage_options`` are its filesystem's.
 
     A bad PATH or option raises (FileNotFoundError / ConfigError); a check that fails becomes an
     "error" finding and the others still run.
@@ -339,7 +327,8 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
     m = machine.describe()
     usable, cuda = m["cores_usable"], m["cuda_available"]
     workers = auto_workers(True, usable)
-    facts = dataset_facts(path) if path is not None else None
+    remote = path is not None and is_remote(path)
+    facts = dataset_facts(path, storage_options) if path is not None else None
     checks: list[tuple[str, Callable[[], list[Finding]]]] = [
         ("cores", lambda: check_cores(usable, m["cores_machine"], m["cgroup_cpu_limit"])),
         ("shm", lambda: check_shm((m["shm"] or {}).get("free"), batch_size=batch_size, size=size,
@@ -353,14 +342,22 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
     ]
     if facts is not None:
         checks.append(("dataset", lambda: check_dataset(facts, size=size)))
+    if remote:
+        checks.append(("network", lambda: check_network(str(path), storage_options, workers)))
     bench_reports: list[Any] = []
-    if facts is not None and bench:
+    if facts is not None and bench and remote and facts.format != "wds":
+        checks.append(("bench", lambda: [Finding(
+            "bench", "info", f"no short bench: a {facts.format} dataset at a URL is fetched whole "
+            "before its first batch", f"feedpipe bench {path} (fetches it into the cache)")]))
+    elif facts is not None and bench:
         cfg = BenchConfig(workers=("auto",), batch_sizes=(batch_size,), batches=batches,
                           size=size, baseline=True, limit=batches * batch_size,
                           device="cuda" if cuda else "cpu")
 
         def short_bench() -> list[Finding]:
-            rep = run_bench(path, cfg)  # type: ignore[arg-type]
+            with tempfile.TemporaryDirectory(prefix="feedpipe-doctor-") as cache:
+                rep = run_bench(path, cfg, cache_dir=cache if remote else None,  # type: ignore[arg-type]
+                                storage_options=dict(storage_options or {}) or None)
             bench_reports.append(rep)
             return check_bench(rep)
 

@@ -1,4 +1,4 @@
-"""``feedpipe doctor URL``: is a job on this remote dataset network-bound?
+"""``feedpipe doctor URL``'s network check: is a job on this remote dataset network-bound?
 
 Fetches the first data files (up to a byte budget) through a :class:`feedpipe.storage.Store`, which gives the
 fetch bandwidth from here; decodes the images of the fetched WebDataset shards on one core, which
@@ -13,7 +13,6 @@ import os
 import tarfile
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -23,7 +22,7 @@ from ..errors import BadInputError
 from ..loader.config import auto_workers
 from ..schema.imaging import decode_rgb
 from ..storage import open_store
-from .doctor import RANK, DoctorReport, Finding, check_dataset, dataset_facts
+from .findings import Finding
 
 BUDGET = 64 << 20  # bytes fetched to measure the bandwidth
 DECODE_SECONDS = 2.0
@@ -121,19 +120,3 @@ def check_network(url: str, storage_options: Mapping[str, Any] | None = None,
         found.append(Finding("network", "ok", f"not network-bound: {facts}"))
     return found
 
-
-def with_network(rep: DoctorReport, url: str,
-                 storage_options: Mapping[str, Any] | None = None) -> DoctorReport:
-    """``rep`` (the machine checks) with the findings for ``url`` added: its storage choices
-    (:func:`~feedpipe.tools.doctor.check_dataset`, as for a folder) and the network finding; a
-    failed check is an "error" finding, as for the other checks."""
-    found: list[Finding] = []
-    checks = [("dataset", lambda: check_dataset(dataset_facts(url, storage_options))),
-              ("network", lambda: check_network(url, storage_options))]
-    for name, check in checks:
-        try:
-            found += check()
-        except Exception as exc:  # noqa: BLE001 - reported like any failed check
-            found.append(Finding(name, "error", f"check failed: {type(exc).__name__}: {exc}"))
-    findings = sorted((*rep.findings, *found), key=lambda f: RANK[f.severity])
-    return replace(rep, path=url, findings=tuple(findings))
