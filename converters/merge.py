@@ -269,7 +269,8 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
     taken. Raises :class:`~feedpipe.errors.PartsError` when a part is missing, given twice, or
     from another source, schema or class list, before anything is moved. An object-storage
     ``out`` (``s3://...``, WebDataset only) merges the parts already under ``out/parts/`` in
-    place (:mod:`converters.remote_merge`).
+    place: the merged index files are uploaded, then the merged manifest last (the commit point),
+    so an interrupted merge leaves nothing that reads as a dataset and running it again finishes it.
     """
     t0 = time.perf_counter()
     target = MergeTarget(out, storage_options)

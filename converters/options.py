@@ -91,11 +91,6 @@ class PackOptions:
                               "meta/mask")
 
     @property
-    def resize_hw(self) -> tuple[int, int] | None:
-        """``resize`` as (height, width) when it fixes both sides, else None."""
-        return self.resize if isinstance(self.resize, tuple) else None
-
-    @property
     def raw_shape(self) -> tuple[int, int, int] | None:
         if self.store != "raw" or self.resize is None:
             return None

@@ -46,7 +46,6 @@ from .packer import PackTarget, Progress, Sample, split_indices, write_samples
 from .palette import resolve_palette
 from .parts import Part, plan_part
 from .records import RecordSource, pack_record_source
-from .remote_merge import refuse_merged
 from .report import account, settle_codec
 from .result import ConvertResult
 from .sources import Source, attach_masks, scan
@@ -214,7 +213,6 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
                           option="resize")
     if target.strict and source.refused:
         raise BadInputError(f"{source.root / source.refused[0][0]}: {source.refused[0][1]}")
-    remote = is_remote(target.out)
     to = target.to
     sniff = to == "wds"  # WebDataset member names carry the codec: it is decided before writing
     schema = build_schema(source, opts, image_codec(source.items, opts, sniff))
@@ -222,10 +220,8 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
     guess = "jpeg" if codec == "mixed" and not sniff and likely_jpeg(source.items) else codec
     items, key0, part_info = list(source.items), 0, None
     if part is not None:
-        if remote:  # a local output is checked by plan_part
-            refuse_merged(str(target.out), target.storage_options)
         target.out, key0, stop, part_info = plan_part(part, source, target.out, to, opts,
-                                                      val_fraction)
+                                                      val_fraction, target.storage_options)
         target.key0 = key0
         items = items[key0:stop]
     val_mask = split_indices(len(items), val_fraction, seed) if val_fraction else None

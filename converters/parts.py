@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.errors import ConfigError
+from feedpipe.storage.store import open_store
 
 from .options import PackOptions
 from .output import is_remote
@@ -101,9 +102,12 @@ def fingerprint(source: Source, to: str, options: Mapping[str, Any]) -> str:
 
 
 def plan_part(part: Part, source: Source, out: str | Path, to: str, opts: PackOptions,
-              val_fraction: float) -> tuple[str | Path, int, int, dict[str, Any]]:
+              val_fraction: float, storage_options: Mapping[str, Any] | None = None,
+              ) -> tuple[str | Path, int, int, dict[str, Any]]:
     """Check a part conversion and return its directory, slice and the manifest's ``part``
-    entry (what :func:`converters.merge.merge` checks)."""
+    entry (what :func:`converters.merge.merge` checks). A part is never converted into an
+    output that is already a merged dataset (a folder or a URL prefix): its manifest lists the
+    parts' files, and replacing one would break it."""
     options = {f.name: getattr(opts, f.name) for f in fields(opts) if f.name != "targets"}
     options["targets"] = [[t.name, t.spec, t.params] for t in opts.targets]
 
@@ -122,7 +126,11 @@ def plan_part(part: Part, source: Source, out: str | Path, to: str, opts: PackOp
                           "merged there (LMDB and HDF5 merge into several files a remote reader "
                           "cannot open together); use --to wds for remote data, or convert the "
                           "parts to a local folder")
-    if not is_remote(out) and (Path(out) / MANIFEST_NAME).exists():
+    try:
+        open_store(out, storage_options).size(MANIFEST_NAME)
+    except FileNotFoundError:
+        pass
+    else:
         raise ConfigError(f"{out} is already a merged dataset; convert parts into a new output")
     start, stop = part.bounds(n)
     info = {"index": part.index, "count": part.count, "start": start, "stop": stop,

@@ -261,10 +261,6 @@ class _PinnedReader(DatasetReader):
     data_file: str
     _pin: OpenFiles | None = None
 
-    @property
-    def remote_url(self) -> str:
-        return self.source.url
-
     def pin(self, fd: int) -> None:
         """Hold ``fd`` (the data file, shared-locked) for this reader in this process."""
         if self._pin is not None:

@@ -32,7 +32,6 @@ import torch.nn.functional as F
 from ..schema.masks import TargetField
 from .geometry import Geometry, Matrix
 
-IDENTITY: Matrix = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
 #: region pixels per output pixel above which the region is first reduced (antialiased) to this
 #: density: 1.25 had the least error of 1 (two filters blur), 1.25, 1.5, 2 and none (aliasing)
 #: in ``benchmarks/affine_fidelity.py``; docs/transforms.md has the table

@@ -30,7 +30,6 @@ Image.MAX_IMAGE_PIXELS = 1 << 30  # Pillow's own last-resort guard; the checks b
 DEFAULT_MAX_PIXELS = 1 << 28
 
 CODEC_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "mixed": "img"}
-PIL_CODEC = {"JPEG": "jpeg", "MPO": "jpeg", "PNG": "png", "WEBP": "webp"}
 
 try:
     import simplejpeg

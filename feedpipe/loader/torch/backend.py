@@ -193,7 +193,6 @@ class DeviceStage:
                 if b is None:
                     return
                 yield self.convert(b)
-            return
         current = torch.cuda.current_stream(self.device)
         pending = None
         for b in batches:
