@@ -113,6 +113,10 @@ def test_interrupted_merge_is_incomplete_and_rerun_finishes(photo_dir, tmp_path)
     assert (res.parts, res.moved) == (3, 2) and verify(out).ok
     with pytest.raises(Exception, match="already a complete dataset"):
         merge(out)
+    before = sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*"))
+    with pytest.raises(ConfigError, match="already a merged dataset"):  # as for a URL
+        convert(photo_dir, out, to="hdf5", workers=0, part=Part(1, 3), overwrite=True)
+    assert sorted((p, p.stat().st_mtime_ns) for p in out.rglob("*")) == before
 
 
 def test_hdf5_virtual_source_missing_or_outside_is_refused(photo_dir, tmp_path):
