@@ -8,8 +8,9 @@
 3. **Loader**: ``make_loader`` epochs onto the device, decoding on the CPU workers and on the
    device.
 4. **Training**: a ResNet-50 (torchvision's layout, written here: no torchvision needed) AMP step
-   fed by feedpipe, with the stall meter's share of time spent waiting for data, against the
-   same step on a batch already on the device (the compute ceiling).
+   fed by feedpipe (decoding as ``decode_on="auto"`` picks, on the CPU workers, and on the
+   device), with the stall meter's share of time spent waiting for data, against the same step
+   on a batch already on the device (the compute ceiling).
 
 Without CUDA it runs on the CPU with whatever is asked of it, and says which parts it skipped:
 that is how the test suite keeps it working (tests/test_bench_gpu.py).
@@ -195,8 +196,9 @@ def loader_rates(path: Path, device: torch.device, batch: int, size: int, worker
 
 def training(path: Path, device: torch.device, batch: int, size: int, workers: int,
              steps: int, classes: int) -> dict[str, Any]:
-    """The stall share of a ResNet-50 AMP step fed by feedpipe, and the step alone on data
-    already on the device (the images/s the loader has to keep up with)."""
+    """The stall share of a ResNet-50 AMP step fed by feedpipe, decoding on the CPU workers, on
+    the device and as ``decode_on="auto"`` picks; and the step alone on data already on the
+    device (the images/s the loader has to keep up with)."""
     step = train_step(device, classes)
     x = torch.randn(batch, 3, size, size, device=device).to(memory_format=torch.channels_last)
     y = torch.randint(0, classes, (batch,), device=device)
@@ -209,21 +211,27 @@ def training(path: Path, device: torch.device, batch: int, size: int, workers: i
     sync(device)
     ceiling = batch * steps / (time.perf_counter() - t)
     out: dict[str, Any] = {"compute ceiling images/s": ceiling}
-    ld = loader(path, device, batch, size, workers, "auto", dtype="float16"
-                if device.type == "cuda" else "float32")
-    meter = StallMeter()
-    done = 0
-    with meter:
-        while done < steps:
-            for b in meter.wrap(ld):
-                step(b["image"], b["label"])
-                done += 1
-                if done == steps:
-                    break
-    s = meter.summary()
-    out.update(fed_images_per_s=s.samples_per_s, stall_share=s.input_bound,
-               fed_over_ceiling=s.samples_per_s / ceiling, wait_p95_ms=s.wait_p95_ms,
-               verdict=s.verdict)
+    missing = nvjpeg(device)
+    for decode_on in ("auto", "cpu", "device"):
+        if decode_on == "device" and isinstance(missing, str):
+            out[f"decode_on={decode_on}"] = f"skipped: {missing}"
+            continue
+        ld = loader(path, device, batch, size, workers, decode_on,
+                    dtype="float16" if device.type == "cuda" else "float32")
+        meter = StallMeter()
+        done = 0
+        with meter:
+            while done < steps:
+                for b in meter.wrap(ld):
+                    step(b["image"], b["label"])
+                    done += 1
+                    if done == steps:
+                        break
+        s = meter.summary()
+        out[f"decode_on={decode_on}"] = {
+            "fed_images_per_s": s.samples_per_s, "stall_share": s.input_bound,
+            "fed_over_ceiling": s.samples_per_s / ceiling, "wait_p95_ms": s.wait_p95_ms,
+            "verdict": s.verdict}
     return out
 
 

@@ -35,6 +35,19 @@ def test_cpu_run_measures_what_it_can_and_names_what_it_skipped(tmp_path):
     assert res["loader"]["decode_on=cpu"] > 0
     assert res["loader"]["decode_on=device"].startswith("skipped")
     t = res["training"]
-    assert t["compute ceiling images/s"] > 0 and t["fed_images_per_s"] > 0
-    assert 0 <= t["stall_share"] <= 1 and t["verdict"] in (
-        "input-bound", "partly input-bound", "compute-bound")
+    assert t["compute ceiling images/s"] > 0 and t["decode_on=device"].startswith("skipped")
+    for fed in (t["decode_on=auto"], t["decode_on=cpu"]):
+        assert fed["fed_images_per_s"] > 0 and 0 <= fed["stall_share"] <= 1
+        assert fed["verdict"] in ("input-bound", "partly input-bound", "compute-bound")
+
+
+def test_batch_size_bench_runs_both_modes_on_cpu(tmp_path):
+    """benchmarks/bench_batch_size.py, which a lent GPU runs (benchmarks/device_check.sh)."""
+    out = tmp_path / "bs.json"
+    subprocess.run([sys.executable, str(BENCH / "bench_batch_size.py"), "--device", "cpu",
+                    "--max-size", "16", "--size", "64", "--json", str(out)], check=True,
+                   timeout=300)
+    runs = json.loads(out.read_text())["runs"]
+    assert runs["largest"]["largest_fit"] == 16 and runs["largest"]["batch_size"] == 14
+    assert runs["fastest"]["batch_size"] in (8, 14)
+    assert all(t["ok"] and t["peak_bytes"] > 0 for t in runs["largest"]["trials"])

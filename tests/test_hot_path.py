@@ -294,7 +294,7 @@ from feedpipe.loader import transforms
 
 assert transforms._UPSAMPLE_AA is None
 ld = feedpipe.make_loader(sys.argv[1], 16, size=48, shuffle=False, num_workers=0, flip=True,
-                          seed=3, output=feedpipe.Output(dtype="uint8"))
+                          seed=3, output=feedpipe.Output(dtype="uint8"), device="cpu")
 np.save(sys.argv[2], np.concatenate([b["image"].numpy() for b in ld]), allow_pickle=False)
 """
 
@@ -309,7 +309,7 @@ def test_a_torch_without_the_private_resize_op_loads_the_same_pixels(packed, tmp
                            str(out)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ld = feedpipe.make_loader(packed["lmdb"], 16, size=48, shuffle=False, num_workers=0,
-                              flip=True, seed=3, output=Output(dtype="uint8"))
+                              flip=True, seed=3, output=Output(dtype="uint8"), device="cpu")
     want = np.concatenate([b["image"].numpy() for b in ld])
     assert transforms._UPSAMPLE_AA is not None  # this process took the private op
     assert np.array_equal(np.load(out, allow_pickle=False), want)
