@@ -349,6 +349,27 @@ def test_find_batch_size_caps_by_the_loaders_host_ram(packed):
     assert res.largest_fit == 16 and res.batch_size == 1 and "capped" in res.reason
 
 
+def test_the_loaders_batches_leave_half_the_host_ram(monkeypatch):
+    """On the H200 the largest fitting ResNet-50 batch had the loader hold 111 of 128 GiB; the
+    loader's batches now take at most half the RAM available."""
+    from feedpipe.tools.tune import batch_size as bs
+    from feedpipe.tools.tune.memory import loader_ram_bytes
+
+    per_sample, workers, prefetch = 600_000, 16, 4
+    at = {n: loader_ram_bytes(per_sample, n, workers, prefetch) for n in (1, 2048, 2937)}
+    monkeypatch.setattr(bs, "host_available_bytes", lambda: int(at[2937] / 0.9))
+    done = [bs.BatchTrial(n, True, 1 << 30, 100.0) for n in (1024, 2048, 3264)]
+    with pytest.warns(UserWarning, match="more than half"):
+        res = bs._choose(done, 3264, "largest", 0.1, torch.device("cpu"), None, per_sample,
+                         workers, prefetch)
+    assert res.largest_fit == 3264 and "capped" in res.reason
+    assert res.loader_ram_bytes <= int(at[2937] / 0.9) * bs.LOADER_RAM_SHARE
+    assert res.batch_size == int(at[2937] / 0.9 * bs.LOADER_RAM_SHARE) // at[1]
+    monkeypatch.setattr(bs, "host_available_bytes", lambda: 3 * at[2937])
+    assert bs._choose(done, 3264, "largest", 0.1, torch.device("cpu"), None, per_sample,
+                      workers, prefetch).batch_size == 2937  # room enough: no cap
+
+
 def test_allocation_failures_are_ooms_and_other_errors_propagate():
     model = tiny_cnn()
 
