@@ -17,6 +17,10 @@ that is how the test suite keeps it working (tests/test_bench_gpu.py).
 
     python benchmarks/bench_gpu.py [--images 2048] [--batch 256] [--steps 50] [--workers N]
                                    [--device cuda] [--data bench-data] [--json FILE]
+                                   [--parts copy,decode,loader,training]
+
+With few batches an epoch, each epoch's start (the workers decoding its first batches while the
+step waits) weighs on the training figure: give it ``--images`` for many batches an epoch.
 """
 
 from __future__ import annotations
@@ -246,7 +250,10 @@ def main() -> None:
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--data", type=Path, default=Path("bench-data"))
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/gpu.json"))
+    ap.add_argument("--parts", default="copy,decode,loader,training",
+                    help="which parts to run (comma-separated)")
     a = ap.parse_args()
+    parts = set(a.parts.split(","))
     device = torch.device(a.device)
     m = machine()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "no GPU (CPU run)"
@@ -260,14 +267,16 @@ def main() -> None:
         convert(photos, packed, to="lmdb", workers=0)
     files = [p.read_bytes() for p in sorted(photos.rglob("*.jpg"))]
     res: dict[str, Any] = {"device": name}
-    res["copy"] = copy_rates(device, a.batch, a.size, repeats=20)
-    print("copy:", res["copy"], flush=True)
-    res["decode"] = decode_rates(files, device, repeats=2)
-    print("decode:", res["decode"], flush=True)
-    res["loader"] = loader_rates(packed, device, a.batch, a.size, a.workers, a.epochs)
-    print("loader:", res["loader"], flush=True)
-    res["training"] = training(packed, device, a.batch, a.size, a.workers, a.steps, classes=10)
-    print("training:", res["training"], flush=True)
+    runs: dict[str, Callable[[], dict[str, Any]]] = {
+        "copy": lambda: copy_rates(device, a.batch, a.size, repeats=20),
+        "decode": lambda: decode_rates(files, device, repeats=2),
+        "loader": lambda: loader_rates(packed, device, a.batch, a.size, a.workers, a.epochs),
+        "training": lambda: training(packed, device, a.batch, a.size, a.workers, a.steps,
+                                     classes=10)}
+    for part, run in runs.items():
+        if part in parts:
+            res[part] = run()
+            print(f"{part}:", res[part], flush=True)
     save(a.json, [], {**res, "args": {k: str(v) for k, v in vars(a).items()},
                       "images": len(files), "mean_bytes": float(np.mean([len(f) for f in files]))})
     print(f"wrote {a.json}")
