@@ -126,9 +126,12 @@ def plan_part(part: Part, source: Source, out: str | Path, to: str, opts: PackOp
                           "merged there (LMDB and HDF5 merge into several files a remote reader "
                           "cannot open together); use --to wds for remote data, or convert the "
                           "parts to a local folder")
+    if not is_remote(out) and Path(out).exists() and not Path(out).is_dir():
+        raise ConfigError(f"{out} is a file, not a folder: parts are converted into a folder's "
+                          "parts/ (give -o a new or existing folder)")
     try:
         open_store(out, storage_options).size(MANIFEST_NAME)
-    except FileNotFoundError:
+    except FileNotFoundError:  # no manifest there: not a merged dataset
         pass
     else:
         raise ConfigError(f"{out} is already a merged dataset; convert parts into a new output")

@@ -149,6 +149,10 @@ def test_part_refuses_val_fraction(photo_dir, tmp_path):
     with pytest.raises(ConfigError, match="--val-fraction"):
         convert(photo_dir, tmp_path / "o", to="wds", workers=0, val_fraction=0.2,
                 part=Part(0, 2))
+    (tmp_path / "afile").write_text("not feedpipe's")
+    with pytest.raises(ConfigError, match="afile is a file, not a folder"):
+        convert(photo_dir, tmp_path / "afile", to="wds", workers=0, part=Part(0, 2))
+    assert (tmp_path / "afile").read_text() == "not feedpipe's"
 
 
 def test_loader_reads_a_merged_dataset_in_worker_processes(fmt, photo_dir, tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
@@ -355,8 +356,10 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
                           device="cuda" if cuda else "cpu")
 
         def short_bench() -> list[Finding]:
-            with tempfile.TemporaryDirectory(prefix="feedpipe-doctor-") as cache:
-                rep = run_bench(path, cfg, cache_dir=cache if remote else None,  # type: ignore[arg-type]
+            private = tempfile.TemporaryDirectory(prefix="feedpipe-doctor-") if remote \
+                else nullcontext(None)  # a URL is read through a cache of doctor's own
+            with private as cache:
+                rep = run_bench(path, cfg, cache_dir=cache,  # type: ignore[arg-type]
                                 storage_options=dict(storage_options or {}) or None)
             bench_reports.append(rep)
             return check_bench(rep)
