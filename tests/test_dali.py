@@ -29,7 +29,7 @@ from feedpipe.errors import ConfigError, CorruptRecordError, MissingDependencyEr
 from feedpipe.loader.api import DaliLoader, LoaderConfig, TorchLoader
 from feedpipe.loader.config import IMAGENET_MEAN, IMAGENET_STD
 from feedpipe.loader.dali import pipeline as dali_pipeline
-from feedpipe.loader.dali.backend import DaliWdsLoader, choose_backend
+from feedpipe.loader.dali.backend import DaliWdsLoader
 from feedpipe.loader.dali.index import DaliIndex
 from feedpipe.loader.sampler import World
 
@@ -272,24 +272,16 @@ def test_missing_dali_names_the_wheel(packed, monkeypatch):
     assert dali_pipeline.dali_package("13.0")[0] == "nvidia-dali-cuda130"
     assert dali_pipeline.dali_package(None, lambda: "12.8")[0] == "nvidia-dali-cuda120"
     assert dali_pipeline.dali_package(None, lambda: None)[0] == "nvidia-dali-cuda130"
-    # backend="auto" never needs DALI: with it missing, even a CUDA device gets the torch backend
-    cfg = LoaderConfig(batch_size=8, size=32)
-    assert choose_backend(feedpipe.open_dataset(packed["lmdb"]), cfg,
-                          torch.device("cuda")) == "torch"
+    # backend="auto" never needs DALI: with it missing, loading goes on with the torch backend
+    assert isinstance(feedpipe.make_loader(packed["lmdb"], 8, size=32, **U8), TorchLoader)
 
 
-def test_auto_backend_choice(packed, raw48):
-    """On this machine (no GPU) "auto" is the torch backend; the rule itself, per device."""
+def test_auto_backend_is_torch_until_a_gpu_run_shows_dali_feeds_more(packed):
+    """backend="auto" is the torch backend on any machine (DALI has yet to feed a training step
+    faster in a GPU run, benchmarks/RESULTS.md); asked for by name, DALI is used."""
     ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, **U8)
-    assert isinstance(ld, TorchLoader) and not torch.cuda.is_available()
-    cfg = LoaderConfig(batch_size=8, size=32)
-    jpeg, raw = feedpipe.open_dataset(packed["lmdb"]), feedpipe.open_dataset(raw48)
-    cuda = torch.device("cuda")  # only consulted, never used
-    assert choose_backend(jpeg, cfg, CPU) == "torch"
-    assert choose_backend(jpeg, cfg, cuda) == "dali"
-    assert choose_backend(raw, cfg, cuda) == "torch"  # raw pixels: nothing for DALI to decode
-    assert choose_backend(jpeg, LoaderConfig(batch_size=8, on_error="skip"), cuda) == "torch"
-    assert choose_backend(jpeg, LoaderConfig(batch_size=8, backend="dali"), CPU) == "dali"
+    assert isinstance(ld, TorchLoader) and ld.describe().backend == "torch"
+    assert isinstance(dali(packed["lmdb"], 8, size=32, **U8), DaliLoader)
 
 
 def test_dali_index_files(wds_copy, tmp_path, monkeypatch, caplog):

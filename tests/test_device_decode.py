@@ -183,6 +183,8 @@ def _headerless(root: Path) -> Path:
 def test_choice_of_decoder(packed, tmp_path):
     assert choose("cpu", CPU, True) is None
     assert choose("auto", CPU, True) is None  # no CUDA device: workers decode
+    # on any device "auto" decodes in the workers until a GPU run shows nvJPEG feeds more
+    assert choose("auto", torch.device("cuda"), True) is None
     with pytest.raises(ConfigError, match="decodes JPEG only"):
         choose("device", torch.device("cuda"), False)
     reason = nvjpeg(CPU)
@@ -206,3 +208,61 @@ def _png_source(tmp_path: Path) -> Path:
     for i in range(4):
         Image.fromarray(np.full((30, 40, 3), 40 * i, np.uint8)).save(src / f"{i}.png")
     return src
+
+
+def test_progressive_jpegs_are_decoded_in_the_workers(tmp_path):
+    """A progressive JPEG (kept as it is at conversion) leaves the worker decoded, as pixels cut
+    by its planned box; the rest stay encoded. The batch is the CPU path's within resize
+    rounding either way."""
+    from PIL import Image
+
+    src = tmp_path / "src" / "a"
+    src.mkdir(parents=True)
+    rng = np.random.default_rng(3)
+    for i in range(6):
+        pixels = (rng.random((90, 120, 3)) * 64 + np.linspace(0, 180, 120)[None, :, None])
+        Image.fromarray(pixels.astype(np.uint8)).save(src / f"{i}.jpg", quality=92,
+                                                       progressive=i % 2 == 0)
+    out = tmp_path / "ds"
+    convert(tmp_path / "src", out, to="lmdb", workers=0, jpeg="keep")
+    reader = feedpipe.open_dataset(out)
+    op = ImageOp((40, 40), "random_resized_crop", flip=True)
+    enc = BatchDataset(reader, ["image"], op, seed=2, on_error="raise", encoded_images=True)
+    batch = enc.__getitems__(BatchRequest(list(range(6)), epoch=0, number=0, rank=0))["image"]
+    assert batch.rows is not None and batch.rows.tolist() == [0, 2, 4]
+    assert batch.decoded.shape == (3, 40, 40, 3)
+    files, pos = batch.files()
+    assert pos == [1, 3, 5] and all(len(f) > 0 for f in files)
+    kw = dict(size=40, seed=2, shuffle=False, crop="random_resized_crop", flip=True,
+              num_workers=0, **U8)
+    ref = torch.cat([b["image"] for b in feedpipe.make_loader(out, 3, **kw)]).int()
+    got = torch.cat([b["image"] for b in device_loader(out, 3, **kw)]).int()
+    d = (ref - got).abs().float()
+    assert d.max() <= 3 and d.mean() < 0.3, (d.max(), d.mean())
+
+
+def test_the_batched_resize_is_interpolate_per_image():
+    """Crop, antialiased resize and flip of a batch of images of different sizes in two batched
+    matrix products: F.interpolate(antialias=True)'s pixels per image, within rounding."""
+    import torch.nn.functional as F
+
+    from feedpipe.loader.torch.device_decode import resize_boxes
+
+    g = torch.Generator().manual_seed(0)
+    sizes = [(120, 160), (300, 200), (64, 64), (500, 375), (31, 47), (200, 90)]
+    images = [torch.randint(0, 256, (3, h, w), generator=g, dtype=torch.uint8) for h, w in sizes]
+    boxes = torch.tensor([[10, 20, 100, 120], [0, 0, 300, 200], [5, 7, 30, 40],
+                          [100, 50, 300, 200], [0, 0, 31, 47], [50, 10, 20, 70]])
+    flips = torch.tensor([False, True, False, True, False, True])
+    out = torch.zeros((7, 48, 56, 3), dtype=torch.uint8)
+    rows = torch.tensor([6, 0, 1, 2, 3, 5])
+    resize_boxes(images, boxes, flips, (48, 56), out, rows)
+    assert not out[4].any()  # the row nothing was written to
+    for x, (t, left, h, w), flip, row in zip(images, boxes.tolist(), flips.tolist(),
+                                             rows.tolist()):
+        ref = F.interpolate(x[None, :, t: t + h, left: left + w].float(), size=(48, 56),
+                            mode="bilinear", antialias=True, align_corners=False)[0]
+        ref = ref.round().clamp(0, 255)
+        ref = ref.flip(-1) if flip else ref
+        d = (out[row].permute(2, 0, 1).int() - ref.int()).abs()
+        assert d.max() <= 1 and d.float().mean() < 0.01

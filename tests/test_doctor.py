@@ -14,7 +14,7 @@ from converters import convert
 from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import PREFETCH_DECODE
-from feedpipe.loader.memory import ring_bytes
+from feedpipe.loader.memory import ring_bytes, ring_slots
 from feedpipe.schema.imaging import decoder_info
 from feedpipe.tools import doctor, machine
 from feedpipe.tools.doctor import (
@@ -44,7 +44,7 @@ def test_shm_tiny_medium_and_enough():
     tiny = only(check_shm(64 * MiB, batch_size=64, size=224, workers=2))
     assert tiny.severity == "high" and "--shm-size=1g" in tiny.fix and "bus error" in tiny.title
     ring = ring_bytes(batch, 2, PREFETCH_DECODE)
-    assert ring == 10 * batch
+    assert ring == ring_slots(2, PREFETCH_DECODE) * batch == 12 * batch
     mid = only(check_shm(8 * batch + 1, batch_size=64, size=224, workers=2))  # < 2 × ring
     assert mid.severity == "medium" and "slot ring" in mid.title and "shm-size" in mid.fix
     assert only(check_shm(2 * ring, batch_size=64, size=224, workers=2)).severity == "ok"
@@ -263,14 +263,14 @@ def test_ring_bytes_are_one_arithmetic_for_the_loader_doctor_and_tune(packed):
     """The slot ring's size comes from feedpipe.loader.memory everywhere: the ring a real loader
     allocates, doctor's /dev/shm estimate and tune's RAM estimate."""
     import feedpipe
-    from feedpipe.loader.memory import ring_slots, shm_wanted
+    from feedpipe.loader.memory import FEED_DEPTH, shm_wanted
     from feedpipe.tools.tune.memory import loader_ram_bytes
 
     ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=2, device="cpu",
                               workers=Workers(prefetch_factor=3), output=Output(dtype="uint8"))
     next(iter(ld))
     ring = ld.ring
-    assert ring is not None and ring.count == ring_slots(2, 3) == 8
+    assert ring is not None and ring.count == ring_slots(2, 3) == 2 * 3 + FEED_DEPTH + 2
     allocated = sum(t.untyped_storage().nbytes() for ts in ring.tensors.values() for t in ts)
     per_batch = allocated // ring.count
     assert allocated == ring_bytes(per_batch, 2, 3) == ring.nbytes
@@ -281,4 +281,5 @@ def test_ring_bytes_are_one_arithmetic_for_the_loader_doctor_and_tune(packed):
     assert only(check_shm(shm_wanted(ring_bytes(image, 2, 4)), batch_size=64, size=224,
                           workers=2)).severity == "ok"
     assert loader_ram_bytes(100, 16, 2, 3) == ring_bytes(1600, 2, 3)
-    assert loader_ram_bytes(100, 16, 0, 3) == 1600  # in-process: one batch at a time
+    # in-process: the ring of the batch being made, those kept ready and the one in use
+    assert loader_ram_bytes(100, 16, 0, 3) == ring_bytes(1600, 0, 0) == 1600 * (FEED_DEPTH + 2)

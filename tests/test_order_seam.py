@@ -3,6 +3,7 @@ and the position saves like any other, and remote prefetch is a declared Dataset
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Sequence
 
@@ -17,6 +18,7 @@ from feedpipe.loader.config import LoaderConfig
 from feedpipe.loader.mixing import MixOrder, open_mix
 from feedpipe.loader.order import OrderSpec
 from feedpipe.loader.sampler import PlanSampler, World
+from feedpipe.loader.torch.backend import Requests
 
 KW = dict(size=16, output=feedpipe.Output(dtype="uint8"), device="cpu", num_workers=0,
           fields=["label", "source"])
@@ -89,14 +91,16 @@ class Watching(DatasetReader):
 
 
 def test_plan_ahead_is_declared_and_called_in_plan_order(packed: dict[str, Path]):
-    """Every reader has plan_ahead (local ones do nothing), and the sampler calls it once per
-    batch it hands out, in order, from the resumed batch on."""
+    """Every reader has plan_ahead (local ones do nothing), and the request stream calls it once
+    per batch it asks for, in order, from the resumed batch on (and on into the next epoch)."""
     reader = open_dataset(packed["lmdb"])
     assert reader.plan_ahead([[0, 1]], 0) is None  # declared: local data does nothing
     watched = Watching(reader)
     cfg = LoaderConfig(batch_size=16, seed=0)
-    sampler = PlanSampler(watched, cfg, World(0, 1))
-    sampler.start = 1
-    batches = list(sampler)
-    assert watched.calls == list(range(1, len(sampler.plan(0))))
-    assert len(batches) == len(watched.calls)
+    planner = PlanSampler(watched, cfg, World(0, 1))
+    requests = Requests(planner, 0, None)
+    requests.at = (0, 1)
+    n = len(planner.plan(0))
+    batches = list(itertools.islice(requests, n + 1))
+    assert watched.calls == [*range(1, n), 0]
+    assert [(b.epoch, b.number) for b in batches] == [*((0, k) for k in range(1, n)), (1, 0)]

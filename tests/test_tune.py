@@ -24,6 +24,7 @@ from feedpipe import Workers, tuned
 from feedpipe.cli import main
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import LoaderConfig, usable_cores
+from feedpipe.loader.memory import ring_slots
 from feedpipe.tools import rss
 from feedpipe.tools.tune import (
     BatchTrial,
@@ -40,7 +41,7 @@ from feedpipe.tools.tune import (
 autotune_mod = importlib.import_module("feedpipe.tools.tune.autotune")
 
 OPTS = dict(size=64, device="cpu")
-SAMPLE_BYTES = 64 * 64 * 3 + 8  # a 64×64 uint8 RGB image and an int64 label
+SAMPLE_BYTES = 64 * 64 * 3 * 4 + 8  # a 64×64 float32 RGB image (as the workers convert it), label
 
 
 @pytest.fixture(autouse=True)
@@ -114,15 +115,15 @@ def test_autotune_picks_one_of_its_trials_by_its_own_rule(packed):
     assert chosen.samples_per_s >= (1 - 0.05) * top.samples_per_s
     assert chosen.setting in res.reason
     for t in res.trials:
-        slots = t.workers * t.prefetch + 2 if t.workers else 1
-        assert t.ram_bytes == SAMPLE_BYTES * 16 * slots
+        assert t.ram_bytes == SAMPLE_BYTES * 16 * ring_slots(t.workers, t.prefetch or 0)
     loader = feedpipe.make_loader(path, 16, **res.loader_options(), **OPTS)
     assert loader.cfg.num_workers == res.num_workers  # the options reproduce the pick
 
 
 def test_budgets_are_respected(packed):
     path = packed["lmdb"]
-    budget = int(3.5 * SAMPLE_BYTES * 16)  # 1 worker × prefetch 1 (3 slots) fits, 4 slots do not
+    # in-process (4 slots) and 1 worker × prefetch 1 (5 slots) fit; 6 slots do not
+    budget = int(5.5 * SAMPLE_BYTES * 16)
     res = autotune(path, 16, budget_cpus=2, budget_ram=budget, trial_batches=6, cache=False,
                    **OPTS)
     for t in res.trials:
@@ -337,8 +338,8 @@ def test_find_batch_size_from_a_dataset_fastest_and_loader_ram(packed):
     cap = math.floor(res.largest_fit * 0.9)
     measured = [t for t in res.trials if t.ok and t.size <= cap]
     assert res.batch_size == max(measured, key=lambda t: t.samples_per_s).size
-    per_sample = 32 * 32 * 3 + 8
-    assert res.loader_ram_bytes == per_sample * res.batch_size * (2 * 3 + 2)
+    per_sample = 32 * 32 * 3 * 4 + 8  # float32 images, as the workers convert them
+    assert res.loader_ram_bytes == per_sample * res.batch_size * ring_slots(2, 3)
 
 
 def test_find_batch_size_caps_by_the_loaders_host_ram(packed):

@@ -1,4 +1,4 @@
-"""Batch operations in the workers on a CPU device (feedpipe/loader/torch/worker_ops.py): the
+"""Batch operations in the workers on a CPU device (feedpipe/loader/torch/convert.py): the
 image-only built-ins and the normalization run in the worker that made the batch, writing the
 float32 batch into its ring slot, so the main process is no serial stage; the batches are the
 main process's bit for bit, for any number of workers and after a resume."""
@@ -80,14 +80,19 @@ def test_label_mixing_and_user_steps_stay_in_the_main_process(packed, monkeypatc
     assert seen
 
 
-def test_the_ring_and_the_described_sample_bytes_hold_float_images(packed):
-    """The slots hold the operated float32 images (4 bytes a value), and describe() says so:
-    the tuners and doctor size the ring and RAM from it."""
+def test_the_ring_and_the_described_sample_bytes_hold_the_output_images(packed):
+    """The slots hold the images as the workers convert them: float32 (4 bytes a value),
+    operated on or only normalized; uint8 output as decoded. describe() says so: the tuners and
+    doctor size the ring and RAM from it."""
     ops = feedpipe.make_loader(packed["lmdb"], 8, batch_transforms=RECIPE, num_workers=2, **KW)
     plain = feedpipe.make_loader(packed["lmdb"], 8, num_workers=2, **KW)
+    u8 = feedpipe.make_loader(packed["lmdb"], 8, num_workers=2,
+                              **{**KW, "output": feedpipe.Output(dtype="uint8")})
     assert ops.describe().sample_bytes == 40 * 40 * 3 * 4 + 8  # image float32, label int64
-    assert plain.describe().sample_bytes == 40 * 40 * 3 + 8
-    assert ops.ring is not None and ops.ring.tensors["image"][0].dtype == torch.float32
+    assert plain.describe().sample_bytes == 40 * 40 * 3 * 4 + 8
+    assert u8.describe().sample_bytes == 40 * 40 * 3 + 8
+    for ld in (ops, plain):
+        assert ld.ring is not None and ld.ring.tensors["image"][0].dtype == torch.float32
 
 
 def test_a_first_jitter_reads_the_uint8_image_with_the_float_images_values():

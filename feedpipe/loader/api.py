@@ -17,7 +17,7 @@ from ..errors import ConfigError
 from ..schema.fields import ImageField
 from ..schema.imaging import decoder_info
 from .config import Auto, Backend, Crop, LoaderConfig, auto_workers, usable_cores
-from .dali.backend import DaliLoader, choose_backend, dali_loader
+from .dali.backend import DaliLoader, dali_loader
 from .mixing import Sources, open_mix
 from .options import (
     Dali,
@@ -46,7 +46,7 @@ Source = str | os.PathLike[str] | DatasetReader | Sources | Mix | Remote
 #: The flat make_loader keywords of before 0.1 -> where each lives now (README: "Options moved").
 MOVED = {
     **{k: f"workers=feedpipe.Workers({k}=...)" for k in (
-        "prefetch_factor", "pin_memory", "persistent_workers", "multiprocessing_context",
+        "prefetch_factor", "pin_memory", "multiprocessing_context",
         "decode_on", "on_error", "max_pixels")},
     **{k: f"output=feedpipe.Output({k}=...)" for k in (
         "dtype", "mean", "std", "channels_last", "ragged", "min_box_fraction")},
@@ -219,7 +219,9 @@ def _build(reader: DatasetReader, cfg: LoaderConfig, world: World,
               if isinstance(f, ImageField)]
     decodes = any(f.codec != "raw" for f in images)
     warn_meta(reader.root, cfg, reader.schema, fields, images)
-    if choose_backend(reader, cfg, device) == "dali":
+    # backend="auto" is the torch backend: DALI has yet to feed a training step faster on a GPU
+    # run (benchmarks/RESULTS.md); it is there to be chosen, and measured
+    if cfg.backend == "dali":
         return _named(dali_loader(reader, cfg, world, device), reader)  # resolves its "auto"s
     cfg = cfg.resolve(cuda=device.type == "cuda", decodes=decodes)
     log.info("feedpipe loader: %s (%s), %d samples, rank %d/%d, device %s, workers %s, "

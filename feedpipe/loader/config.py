@@ -50,7 +50,8 @@ _HOW = {
     "dali_reader": "use 'plan' (feedpipe's order, every format) or 'webdataset' (DALI's native "
                    "tar reader and order, WebDataset only)",
     "decode_on": "use 'cpu' (workers decode), 'device' (nvJPEG on the CUDA device through "
-                 "torchvision) or 'auto' (device when it can)",
+                 "torchvision) or 'auto' (the CPU workers, until a GPU run shows nvJPEG feeds "
+                 "the step more: benchmarks/RESULTS.md)",
     "num_workers": "use 'auto' or an int >= 0 (0 loads in the main process); for measured "
                    "trials, workers=feedpipe.tuned()",
     "prefetch_factor": "use 'auto' or an int >= 1",
@@ -104,7 +105,6 @@ class LoaderConfig:
     num_workers: int | Auto = "auto"
     prefetch_factor: int | Auto = "auto"
     pin_memory: bool | Auto = "auto"
-    persistent_workers: bool | Auto = "auto"
     multiprocessing_context: MpContext | None = None
     shuffle_buffer: int = 1000
     shuffle_window: int | None = 8  # sharded data: shards per shuffle window (None: the buffer)
@@ -223,8 +223,6 @@ class LoaderConfig:
             prefetch_factor=(PREFETCH_DECODE if decodes else 2) if self.prefetch_factor == "auto"
             else self.prefetch_factor,
             pin_memory=cuda if self.pin_memory == "auto" else self.pin_memory,
-            persistent_workers=workers > 0 if self.persistent_workers == "auto"
-            else self.persistent_workers,
         )
 
 

@@ -25,6 +25,7 @@ from ..schema.masks import MaskField, TargetField
 from .labels import Collector, Ragged, check_keys, collects
 from .order import SampleRngs
 from .sampler import BatchRequest, rng_for
+from .torch.convert import Conversion
 from .torch.device_decode import EncodedBatch, plan_encoded
 from .transforms import Geometry, ImageOp
 
@@ -47,9 +48,6 @@ class SlotRef:
     index: int
     rows: int
 
-
-#: ``stage(uint8 images, float32 out, epoch, rank, number)``: torch/worker_ops.WorkerOps
-BatchStage = Callable[[np.ndarray, torch.Tensor, int, int, int], None]
 
 #: how fill() writes a column's value of a sample (see _Column.role)
 Role = Literal["image", "encoded", "mask", "target", "collect", "stack", "list"]
@@ -127,8 +125,7 @@ class BatchDataset(torch.utils.data.Dataset):
                  on_error: str, encoded_images: bool = False,
                  max_pixels: int | None = None, ragged: Ragged = "pad",
                  min_box_fraction: float = 0.0,
-                 transform: Callable[..., Any] | None = None,
-                 batch_stage: BatchStage | None = None) -> None:
+                 transform: Callable[..., Any] | None = None) -> None:
         # the pixel limit: the caller's, else the one the converter recorded, else the default
         limit = max_pixels or reader.manifest.conversion.get("max_pixels") or DEFAULT_MAX_PIXELS
         op = replace(op, max_pixels=int(limit))
@@ -138,9 +135,10 @@ class BatchDataset(torch.utils.data.Dataset):
         self.ragged, self.min_box_fraction = ragged, min_box_fraction
         self.transform = transform
         self._rngs = SampleRngs()  # each sample's generator for transform (reused: see there)
-        # batch operations here (worker_ops.py): uint8 images decoded apart, then into the slot
-        self.batch_stage = batch_stage
-        self._decoded: np.ndarray | None = None
+        # the images' conversion here (torch/convert.py, set by the torch backend on a CPU
+        # device): uint8 images decoded apart, then converted into the slot
+        self.convert: Conversion | None = None
+        self._decoded: dict[str, np.ndarray] = {}
         if encoded_images and op.affine is not None:
             raise ConfigError("decode_on='device' leaves images encoded in the workers, where "
                               "affine= resamples the decoded image: use decode_on='cpu'",
@@ -212,12 +210,13 @@ class BatchDataset(torch.utils.data.Dataset):
         req = request if isinstance(request, BatchRequest) else BatchRequest(request, 0, 0, 0)
         n = len(req)
         out: dict[str, Any] = {}
-        staged = "image" if self.batch_stage is not None else None
+        staged = self.convert.images if self.convert is not None else ()
         for col in self.columns:
             if col.shape is None:
                 out[col.field.name] = [None] * n
-            elif col.field.name == staged:
-                out[col.field.name] = torch.from_numpy(self._decode_batch(n, col.shape))
+            elif col.field.name in staged:
+                out[col.field.name] = torch.from_numpy(self._decode_batch(col.field.name, n,
+                                                                          col.shape))
             elif req.slot >= 0 and col.field.name in self.slots:
                 out[col.field.name] = self.slots[col.field.name][req.slot][:n]
             else:
@@ -249,9 +248,13 @@ class BatchDataset(torch.utils.data.Dataset):
                         views[name][pos] = stored[name]
                     elif role == "encoded":
                         data = bytes(stored[name])
-                        geo = plan_encoded(op, data, rng, name, op.max_pixels)
+                        geo, progressive = plan_encoded(op, data, rng, name, op.max_pixels)
+                        pixels = None
+                        if progressive:  # decoded here: slow on the device, rare after packing
+                            pixels = np.empty((*(op.size or f.shape[:2]), 3), np.uint8)
+                            op.decode_planned(data, geo, pixels, name)
                         out[name][pos] = (np.frombuffer(data, np.uint8), geo,
-                                          _at(req, pos, index))
+                                          _at(req, pos, index), pixels)
                     elif role == "mask":
                         m = stored[name]
                         m = decode_mask_png(m, name, max_pixels=op.max_pixels) \
@@ -289,18 +292,19 @@ class BatchDataset(torch.utils.data.Dataset):
             if col.collect:
                 continue
             if col.shape is None and isinstance(col.field, ImageField):
-                files, geos, idx = zip(*out[col.field.name]) if n else ((), (), ())
-                out[col.field.name] = EncodedBatch.pack(files, [g[:4] for g in geos],
-                                                        [g.flip for g in geos], idx)
+                files, geos, idx, pixels = zip(*out[col.field.name]) if n else ((),) * 4
+                done = {i: p for i, p in enumerate(pixels) if p is not None}
+                out[col.field.name] = EncodedBatch.pack(
+                    [np.empty(0, np.uint8) if i in done else f for i, f in enumerate(files)],
+                    [g[:4] for g in geos], [g.flip for g in geos], idx, done)
             elif col.shape is None and isinstance(col.field, ArrayField):
                 out[col.field.name] = [torch.from_numpy(np.ascontiguousarray(a))
                                        for a in out[col.field.name]]
-        if staged is not None:
-            u8 = out[staged]
-            dest = self.slots[staged][req.slot][:n] if req.slot >= 0 and staged in self.slots \
-                else torch.from_numpy(np.empty(u8.shape, np.float32))
-            self.batch_stage(u8.numpy(), dest, req.epoch, req.rank, req.number)  # type: ignore[misc]
-            out[staged] = dest
+        if self.convert is not None:
+            into = {k: self.slots[k][req.slot] for k in staged
+                    if req.slot >= 0 and k in self.slots}
+            out.update(self.convert({k: out[k] for k in staged}, req.epoch, req.rank, req.number,
+                                    into))
         if req.slot >= 0:
             for name in self.slots:
                 if name in out:
@@ -311,12 +315,13 @@ class BatchDataset(torch.utils.data.Dataset):
             out[FALLBACK_KEY] = list(fallbacks.values())
         return out
 
-    def _decode_batch(self, n: int, shape: tuple[int, ...]) -> np.ndarray:
-        """This worker's uint8 batch the images are decoded into before the batch stage (reused:
-        no fresh pages per batch)."""
-        if self._decoded is None or len(self._decoded) < n:
-            self._decoded = np.empty((n, *shape), np.uint8)
-        return self._decoded[:n]
+    def _decode_batch(self, name: str, n: int, shape: tuple[int, ...]) -> np.ndarray:
+        """This worker's uint8 batch of image ``name``, decoded into before the conversion
+        (reused: no fresh pages per batch)."""
+        buf = self._decoded.get(name)
+        if buf is None or len(buf) < n:
+            buf = self._decoded[name] = np.empty((n, *shape), np.uint8)
+        return buf[:n]
 
     def _named(self, index: int) -> str:
         """A record for a message: where it is stored and, when the dataset keeps it, its source

@@ -6,7 +6,7 @@ by construction. torch-free: tools import it without starting torch."""
 from __future__ import annotations
 
 import shutil
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -16,18 +16,29 @@ SHM_HEADROOM = 2
 SHM_FLOOR = 1 << 30
 SHM_PATH = "/dev/shm"
 
-Shapes = Mapping[str, "tuple[tuple[int, ...], np.dtype]"]
+Shapes = Mapping[str, "tuple[tuple[int, ...], Any]"]  # dtype: numpy's, or torch's
+
+
+#: finished batches the feed engine keeps ready ahead of the training step (loader/engine.py)
+FEED_DEPTH = 2
 
 
 def ring_slots(workers: int, prefetch: int) -> int:
-    """Batches in the slot ring: those ``workers`` keep ``prefetch`` deep, plus the one being
-    handed out and the one in use (in-process: 2, the same reuse)."""
-    return workers * prefetch + 2
+    """Batches in the slot ring: those ``workers`` keep ``prefetch`` deep, those the feed engine
+    keeps ready, plus the one it is finishing and the one in use (in-process: the same without
+    workers)."""
+    return workers * prefetch + FEED_DEPTH + 2
+
+
+def itemsize(dtype: object) -> int:
+    """Bytes per element of a numpy dtype (or type), or of a torch dtype (torch-free)."""
+    size = getattr(dtype, "itemsize", None)
+    return size if isinstance(size, int) else np.dtype(dtype).itemsize  # type: ignore[call-overload]
 
 
 def batch_bytes(shapes: Shapes) -> int:
     """Bytes of one batch whose stacked columns have these (shape, dtype)s."""
-    return sum(int(np.prod(s)) * np.dtype(d).itemsize for s, d in shapes.values())
+    return sum(int(np.prod(s)) * itemsize(d) for s, d in shapes.values())
 
 
 def ring_bytes(batch: int, workers: int, prefetch: int) -> int:
@@ -37,9 +48,9 @@ def ring_bytes(batch: int, workers: int, prefetch: int) -> int:
 
 
 def held_bytes(batch: int, workers: int, prefetch: int) -> int:
-    """Host bytes of batches a loader holds at once: its ring with workers, one batch at a time
-    without (worker processes' own memory, interpreter and decoder, is not counted)."""
-    return ring_bytes(batch, workers, prefetch) if workers else batch
+    """Host bytes of batches a loader holds at once: its ring, with or without workers (worker
+    processes' own memory, interpreter and decoder, is not counted)."""
+    return ring_bytes(batch, workers, prefetch)
 
 
 def shm_free(path: str = SHM_PATH) -> int | None:

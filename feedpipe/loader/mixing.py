@@ -101,9 +101,9 @@ class MixOrder(OrderSpec):
                    tuple(tuple(r) if r else None for r in shards))
 
     def build(self, n: int, shards: Sequence[range] | None, *, seed: int,
-              epoch: int) -> list[np.ndarray]:
+              epoch: int, warn: bool = True) -> list[np.ndarray]:
         """The epoch's global order (mixed indices) as the one stream; the mix's own sizes and
-        shards stand for ``n`` and ``shards``."""
+        shards stand for ``n`` and ``shards`` (``warn``: unused, a mix has nothing to warn of)."""
         counts = epoch_counts(self.sizes, self.weights, self.epoch_size)
         offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         takes = [offsets[s] + source_take(size, counts[s], s, seed=seed, epoch=epoch,

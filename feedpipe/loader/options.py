@@ -66,14 +66,14 @@ def checked(cls: type[T]) -> type[T]:
 @checked
 @dataclass(frozen=True)
 class Workers:
-    """The loading processes (``num_workers`` of them, a ``make_loader`` option): DataLoader's
-    names; plus ``decode_on`` ("cpu": they decode; "device": nvJPEG on the CUDA device;
+    """The loading processes (``num_workers`` of them, a ``make_loader`` option; they live as
+    long as the loader, ``loader.close()`` or ``del loader`` ends them): DataLoader's names;
+    plus ``decode_on`` ("cpu": they decode; "device": nvJPEG on the CUDA device;
     "auto"), ``on_error`` ("raise", or "skip" a corrupt sample: counted, named, refilled) and
     ``max_pixels`` (decompression-bomb limit; None: the dataset's own)."""
 
     prefetch_factor: int | Auto = "auto"  # batches each keeps ahead; "auto": 4 decoding, else 2
     pin_memory: bool | Auto = "auto"  # "auto": on for CUDA
-    persistent_workers: bool | Auto = "auto"  # "auto": when there are workers
     multiprocessing_context: MpContext | None = None  # None: torch's default
     decode_on: DecodeOn = "auto"
     on_error: OnError = "raise"

@@ -187,17 +187,19 @@ class OrderSpec:
                    None if d["window"] is None else count("window", 1), count("buffer", 0))
 
     def build(self, n: int, shards: Sequence[range] | None, *, seed: int,
-              epoch: int) -> list[np.ndarray]:
-        """The epoch's streams of sample indices (their :func:`interleave` is the global order)."""
+              epoch: int, warn: bool = True) -> list[np.ndarray]:
+        """The epoch's streams of sample indices (their :func:`interleave` is the global order);
+        ``warn``: say when the shards are too few to deal by shard (once, for the first epoch)."""
         rng, w = rng_for(seed, epoch), self.streams
         if shards is None or len(shards) == 0:
             order = rng.permutation(n) if self.shuffle else np.arange(n)
             return [order[r::w] for r in range(w)]
         shard_order = rng.permutation(len(shards)) if self.shuffle else np.arange(len(shards))
         if len(shards) < w:
-            warnings.warn(f"{len(shards)} shards for {w} ranks: splitting by sample instead "
-                          "of by shard (write more, smaller shards to keep reads shard-local)",
-                          stacklevel=4)
+            if warn:
+                warnings.warn(f"{len(shards)} shards for {w} ranks: splitting by sample instead "
+                              "of by shard (write more, smaller shards to keep reads "
+                              "shard-local)", stacklevel=4)
             ordered = [shards[s] for s in shard_order]
             flat = self._within(ordered, rng) if self.shuffle else _concat(ordered)
             return [flat[r::w] for r in range(w)]

@@ -19,15 +19,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Iterator
+from typing import Any, Hashable, Iterator
 
 import torch
 from torch.utils.data import IterableDataset
 
 from ..dataset.formats.base import DatasetReader
 from ..dataset.mixed import MixedReader
-from ..errors import ConfigError
+from ..errors import ConfigError, LoaderError
 from .config import LoaderConfig
+from .engine import FeedEngine, Ready
 from .order import SAVED_WITH
 from .sampler import PlanSampler, Segment, World
 from .surface import LoaderBatches, LoaderSampler, batch_as_is
@@ -82,6 +83,7 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
     planner: PlanSampler
     reader: DatasetReader
     device: torch.device
+    engine: FeedEngine  # makes the batches; the training thread only takes them (engine.py)
     elastic: bool = True
     _epoch: int = 0
     _consumed: int = 0
@@ -199,33 +201,64 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
         self._epoch, self._consumed, self._resume_at = epoch, batches, batches
         self.planner.resumed = None if fresh or not self.elastic else seg
 
-    def _hand_out(self, batches: Iterator[dict[str, Any]], epoch: int,
-                  start: int) -> Iterator[dict[str, Any]]:
-        """Yield ``batches`` (the backend's, of ``epoch`` from batch ``start``), counting them;
-        the epoch ends as its last planned batch is handed out. Under ``uneven="mask"`` each
-        batch gets ``valid`` (bool: a real sample, not padding) and ``index`` (its sample)."""
-        plan = self.planner.plan(epoch)
-        count, mask = self._count(epoch), self.cfg.uneven == "mask"
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """One epoch from its first batch (or, once, from where ``load_state_dict`` says)."""
+        refuse_nested_workers(self.cfg)
+        epoch, start = self._begin()
+        count = self._count(epoch)
         self.end_of_dataloader, self.remainder = False, self._remainder(epoch)
-        number = start
-        for batch in batches:
-            if number >= count:
-                raise RuntimeError(f"the backend yielded more than the {count} batches planned "
-                                   f"for epoch {epoch}")
-            if mask:
-                real = self.planner.real(epoch, number)
-                batch[VALID_KEY] = (torch.arange(len(plan[number])) < real).to(self.device)
-                batch[INDEX_KEY] = torch.from_numpy(plan[number]).to(self.device)
-            number += 1
-            self._consumed = number
-            if number == count:
-                self._end_epoch(epoch)
-            yield batch
-        if number < count:
-            raise RuntimeError(f"the backend ended epoch {epoch} after {number} of {count} "
-                               "batches")
-        if count == start:  # nothing left to hand out: the epoch is over all the same
+        if start >= count:  # nothing left to hand out: the epoch is over all the same
             self._end_epoch(epoch)
+            return
+        self.engine.start((epoch, start, self._plan_key(epoch)))
+        yield from self._hand_out(epoch, start, count)
+
+    def _hand_out(self, epoch: int, start: int, count: int) -> Iterator[dict[str, Any]]:
+        """Hand out the engine's batches of ``epoch`` from ``start``, counting them; the epoch
+        ends as its last planned batch goes out. Per batch this thread takes it from the queue
+        and, on CUDA, waits for its event: nothing else (the engine made it complete)."""
+        engine, wait = self.engine, self._wait
+        number = start
+        try:
+            while number < count:
+                ready = engine.get()
+                number += 1
+                if ready.following[:2] != ((epoch, number) if number < count else (epoch + 1, 0)):
+                    raise LoaderError(f"the feed engine handed out a batch out of order: "
+                                      f"{ready.following[:2]} after batch {number - 1} of epoch "
+                                      f"{epoch} ({count} planned)")
+                if ready.event is not None:
+                    wait(ready)
+                if ready.notes is not None:
+                    self._note(ready.notes)
+                self._consumed = number
+                if number == count:
+                    self._end_epoch(epoch)
+                yield ready.batch
+        except GeneratorExit:
+            raise  # the caller stopped early: the engine keeps its workers for the next epoch
+        except BaseException:
+            engine.abort()  # a worker's error, Ctrl-C: stop the workers, as a DataLoader does
+            raise
+
+    def _wait(self, ready: Ready) -> None:
+        """Order the caller's CUDA stream after the batch's event, and mark its tensors as used
+        there (so their memory is not reused before the caller's work on them is done)."""
+        stream = torch.cuda.current_stream(self.device)
+        stream.wait_event(ready.event)
+        for t in ready.tensors:
+            t.record_stream(stream)
+
+    def _note(self, notes: Any) -> None:
+        """Backend hook: what a batch brought beside its tensors (skipped records...)."""
+
+    def _plan_key(self, epoch: int) -> Hashable:
+        """What besides (epoch, batch) fixes the batches a stream yields: the resumed plan."""
+        return self.planner.segment(epoch)
+
+    def close(self) -> None:
+        """Stop the workers and the feed thread now (``del loader`` does it too)."""
+        self.engine.close()
 
     def _count(self, epoch: int) -> int:
         """Batches ``epoch``'s current plan hands out on this rank, from its first."""

@@ -14,12 +14,11 @@ samples of the global order consumed (:mod:`feedpipe.loader.position`).
 from __future__ import annotations
 
 import os
-import warnings
+import threading
 from dataclasses import dataclass
-from typing import Any, Iterator, Literal, Protocol, Sequence
+from typing import Any, Literal, Sequence
 
 import numpy as np
-from torch.utils.data import Sampler
 
 from ..dataset.formats.base import DatasetReader
 from ..dataset.mixed import MixedReader
@@ -99,12 +98,6 @@ def plan_masked(order: np.ndarray, world: World, batch_size: int) -> tuple[list[
 
 # --- the batch plan both backends iterate ---------------------------------------------------------
 
-class Slots(Protocol):
-    """A ring of output buffers (the torch backend's SlotRing): the slot a batch is written into."""
-
-    def acquire(self) -> int: ...
-
-
 class BatchRequest(list):
     """The indices of one batch, what makes its augmentation deterministic, and the ring slot
     (-1: none free) its images are written into."""
@@ -155,9 +148,11 @@ class Plan:
     real: list[int]
 
 
-class PlanSampler(Sampler[BatchRequest]):
-    """Both backends' batch order: this rank's batches for the current epoch, from ``start``
-    (for resume); sharded formats keep each rank on whole shards.
+class PlanSampler:
+    """Both backends' batch order: this rank's batches of each epoch, as index arrays (plans
+    only: the feed engine, :mod:`feedpipe.loader.engine`, asks for them in order); sharded
+    formats keep each rank on whole shards. Thread-safe: the feed thread plans the next epoch
+    while the training thread reads the current one.
 
     A fresh epoch gives rank r stream r of :attr:`order`; ``resumed`` (set by
     :class:`~feedpipe.loader.position.EpochPosition` for the iteration a loaded state resumes)
@@ -168,10 +163,9 @@ class PlanSampler(Sampler[BatchRequest]):
         self.reader, self.cfg, self.world = reader, cfg, world
         self.shards = reader.shard_ranges()
         self.order = order_spec(reader, cfg, world)
-        self.epoch, self.start = 0, 0
         self.resumed: Segment | None = None
-        self.ring: Slots | None = None
         self._cache: dict[tuple[int, Segment | None], Plan] = {}
+        self._lock = threading.Lock()
 
     def segment(self, epoch: int) -> Segment | None:
         """The resumed segment when it is for ``epoch``; None: the epoch's fresh plan."""
@@ -179,9 +173,8 @@ class PlanSampler(Sampler[BatchRequest]):
 
     def _build(self, epoch: int, seg: Segment | None) -> Plan:
         spec, start = (seg.order, seg.start) if seg else (self.order, 0)
-        with warnings.catch_warnings():
-            warnings.simplefilter("always" if epoch == 0 and seg is None else "ignore")
-            streams = spec.build(len(self.reader), self.shards, seed=self.cfg.seed, epoch=epoch)
+        streams = spec.build(len(self.reader), self.shards, seed=self.cfg.seed, epoch=epoch,
+                             warn=epoch == 0 and seg is None)
         size, cfg = self.world.size, self.cfg
         if cfg.uneven == "mask":
             rest = interleave(streams)[start:]
@@ -197,11 +190,13 @@ class PlanSampler(Sampler[BatchRequest]):
     def _cached(self, epoch: int, fresh: bool = False) -> Plan:
         seg = None if fresh else self.segment(epoch)
         key = (epoch, seg)
-        if key not in self._cache:
-            if len(self._cache) >= 2:  # the current epoch's plan and its fresh twin
-                self._cache.pop(next(iter(self._cache)))
-            self._cache[key] = self._build(epoch, seg)
-        return self._cache[key]
+        with self._lock:
+            plan = self._cache.get(key)
+            if plan is None:
+                if len(self._cache) >= 4:  # this epoch's plan, its fresh twin, the next epoch's
+                    self._cache.pop(next(iter(self._cache)))
+                plan = self._cache[key] = self._build(epoch, seg)
+        return plan
 
     def plan(self, epoch: int) -> list[np.ndarray]:
         """All of this rank's batches (index arrays) for ``epoch``."""
@@ -223,30 +218,18 @@ class PlanSampler(Sampler[BatchRequest]):
             return min(lengths[0], batches * self.cfg.batch_size * self.world.size)
         return consumed(lengths, batches * self.cfg.batch_size)
 
-    def shard_order(self, epoch: int | None = None) -> list[int]:
-        """The shards this rank reads in ``epoch`` (default: the current one, from ``start``), in
-        the order it first reads them: what a prefetcher fetches next ([] for map-style data)."""
+    def shard_order(self, epoch: int, start: int = 0) -> list[int]:
+        """The shards this rank reads in ``epoch`` from batch ``start``, in the order it first
+        reads them: what a prefetcher fetches next ([] for map-style data)."""
         if not self.shards:
             return []
-        plan = self.plan(self.epoch if epoch is None else epoch)
-        rest = plan[self.start:] if epoch is None else plan
+        rest = self.plan(epoch)[start:]
         if not rest:
             return []
         ids = np.searchsorted([r.start for r in self.shards], np.concatenate(rest), "right") - 1
         _, first = np.unique(ids, return_index=True)
         return [int(i) for i in ids[np.sort(first)]]
 
-    def __iter__(self) -> Iterator[BatchRequest]:
-        plan = self.plan(self.epoch)
-        ahead = self.reader.plan_ahead  # remote shards: prefetch in plan order
-        for b in range(self.start, len(plan)):
-            ahead(plan, b)
-            slot = self.ring.acquire() if self.ring is not None else -1
-            yield BatchRequest(plan[b], self.epoch, b, self.world.rank, slot)
 
-    def __len__(self) -> int:
-        return len(self.plan(self.epoch)) - self.start
-
-
-__all__ = ["BatchRequest", "Plan", "PlanSampler", "Segment", "Slots", "World", "order_spec",
+__all__ = ["BatchRequest", "Plan", "PlanSampler", "Segment", "World", "order_spec",
            "plan_batches", "plan_masked", "rng_for", "shuffle_buffer"]

@@ -114,6 +114,17 @@ class ImageOp(Framing):
             return self._cut(src, out, geo, geo.dct, what)
         return self._decode_other(stored, codec, out, rng, what)
 
+    def decode_planned(self, stored: bytes, geo: Geometry, out: np.ndarray, what: str) -> None:
+        """Decode a JPEG at full size and execute ``geo`` as planned, with no DCT-grid snap: the
+        device path's cut, made in a worker (for a progressive JPEG, which decodes slowly on the
+        device)."""
+        try:
+            h, w = simplejpeg.decode_jpeg_header(stored)[:2]  # type: ignore[union-attr]
+            src = _decode_jpeg(stored, h, w, 1)
+        except (ValueError, AttributeError):  # refused (or no simplejpeg): Pillow reads it
+            src = decode_with_pillow(stored, what, self.max_pixels)
+        self._cut(src, out, geo._replace(dct=1), 1, what)
+
     def _fallback(self, stored: object, out: np.ndarray, rng: np.random.Generator | None,
                   what: str, planned: tuple[tuple[int, int], Geometry] | None = None) -> Geometry:
         """A JPEG simplejpeg refuses: Pillow decodes it at full size and executes the plan made

@@ -358,8 +358,8 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
                    f"buffer more batches ahead with a higher prefetch_factor{now}")
     if s.wall_s > 0 and s.first_batch_s > 0.2 * s.wall_s:
         out.append(f"start-up (first batch {s.first_batch_s:.1f} s) is "
-                   f"{s.first_batch_s / s.wall_s:.0%} of the run: keep workers across epochs "
-                   "(persistent_workers=True, the default with workers) and measure a longer run")
+                   f"{s.first_batch_s / s.wall_s:.0%} of the run: keep one loader across epochs "
+                   "(its workers live as long as it does) and measure a longer run")
     return tuple(out)
 
 

@@ -208,11 +208,12 @@ class PlanSource:
     """``external_source`` callback: batch ``info.iteration`` of epoch ``info.epoch_idx`` → the
     stored image bytes (raw arrays as they are), crop windows and flips.
 
-    Stateless given the BatchInfo (so it also runs in DALI's parallel worker processes): DALI
-    epoch ``e`` is feedpipe epoch ``epoch + e``, starting at batch ``start`` when ``e == 0``
-    (resume; of ``segment``'s plan when a state resumed it at another world). The order is the
-    shared :class:`PlanSampler` plan, and the windows and flips are the samples'
-    :meth:`Framing.plan` over the torch backend's generator for the batch
+    Stateless given the BatchInfo (so it also runs in DALI's parallel worker processes): it runs
+    on across feedpipe's epochs, from batch ``start`` of ``epoch`` (resume; of ``segment``'s plan
+    when a state resumed it at another world), so DALI's own epoch never ends and the pipeline
+    never drains at an epoch boundary; it raises StopIteration only at an epoch with nothing to
+    plan. The order is the shared :class:`PlanSampler` plan, and the windows and flips are the
+    samples' :meth:`Framing.plan` over the torch backend's generator for the batch
     (``rng_for(seed, epoch, rank, batch)``).
     """
 
@@ -224,15 +225,23 @@ class PlanSource:
         self.codec = reader.schema[field].codec  # type: ignore[attr-defined]
         self.sampler = PlanSampler(reader, cfg, world)
         self.sampler.resumed = segment  # the plan of a resumed first epoch
+        self._lengths: dict[int, int] = {}  # batches of each epoch's plan (computed once)
 
-    def batch(self, epoch_idx: int, iteration: int) -> tuple[int, int]:
-        """(feedpipe epoch, batch number) of a DALI (epoch_idx, iteration)."""
-        return self.epoch + epoch_idx, iteration + (self.start if epoch_idx == 0 else 0)
+    def batch(self, iteration: int) -> tuple[int, int]:
+        """(feedpipe epoch, batch number) of DALI's ``iteration``, counted from the start."""
+        epoch, number = self.epoch, self.start + iteration
+        while True:
+            n = self._lengths.get(epoch)
+            if n is None:
+                n = self._lengths[epoch] = len(self.sampler.plan(epoch))
+            if number < n or not n:
+                return epoch, number
+            epoch, number = epoch + 1, number - n
 
     def __call__(self, info: Any) -> tuple[list[np.ndarray] | np.ndarray, ...]:
-        epoch, number = self.batch(info.epoch_idx, info.iteration)
+        epoch, number = self.batch(info.iteration)
         plan = self.sampler.plan(epoch)
-        if number >= len(plan):
+        if number >= len(plan):  # an epoch with nothing for this rank
             raise StopIteration
         indices = plan[number]
         rng = rng_for(self.cfg.seed, epoch, self.world.rank, number) if self.op.random else None

@@ -1,36 +1,43 @@
-"""The torch backend: a tuned DataLoader plus a device stage that prefetches on a side CUDA stream.
+"""The torch backend: DataLoader worker processes fill a ring of batch slots, and the feed
+engine's thread finishes each batch on the device (:mod:`feedpipe.loader.engine`).
 
-Workers produce uint8 NHWC batches; the main process pins them (DataLoader's pin thread), copies
-them with ``non_blocking=True`` on a side stream one batch ahead, and converts / normalizes /
-lays out on the device. On CPU the same code runs without streams.
+Per batch, in the feed thread: the worker's batch arrives as slot numbers; on CUDA the slot is
+copied to the device with ``non_blocking=True`` on a side stream (the ring is page-locked in
+place, so the copy is a DMA), converted there (normalize, dtype, channels-last, the batch
+operations), and an event is recorded; the slot goes back to the ring once the copy's event has
+passed. On a CPU device the workers convert their own batches into the slots (the conversion is
+:mod:`~feedpipe.loader.torch.convert`, the same code), and the batch handed out is the slot
+itself, lent until the caller lets go of it. JPEGs left encoded for nvJPEG are decoded here too
+(:mod:`~feedpipe.loader.torch.device_decode`).
 """
 
 from __future__ import annotations
 
 import logging
 import warnings
+import weakref
+from collections import deque
+from dataclasses import replace
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
 from ...workers import single_threaded
-from ..augment import batch_ops
 from ..config import LoaderConfig
 from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset
+from ..engine import FeedEngine, Position, Ready
 from ..labels import RaggedList
-from ..order import batch_seed
-from ..position import EpochPosition, refuse_nested_workers
+from ..memory import batch_bytes
+from ..position import INDEX_KEY, VALID_KEY, EpochPosition
 from ..protocol import LoaderView
-from ..sampler import PlanSampler, World
+from ..sampler import BatchRequest, PlanSampler, World
 from ..transforms import ImageOp
-from . import cpu_convert
+from .convert import Conversion, layout
 from .device_decode import DeviceDecoder, EncodedBatch
-from .ring import _LEND_MIN_BYTES, SLOT_KEY, SlotRing
-from .worker_ops import WorkerOps, normalize, unit_mean_std
+from .ring import LEND_MIN_BYTES, SlotRing
 
 log = logging.getLogger("feedpipe.loader")
 
@@ -44,169 +51,205 @@ def _identity(batch: dict[str, Any]) -> dict[str, Any]:
     return batch
 
 
+class Requests:
+    """The DataLoader's batch sampler: this rank's batches from a position on, endlessly across
+    epochs (each epoch's plan in turn), each with a free ring slot to be written into. It runs in
+    the feed thread, inside the DataLoader iterator; ``sent`` is what it asked for, in order, so
+    the batches coming back are known by position."""
+
+    def __init__(self, planner: PlanSampler, rank: int, ring: SlotRing | None) -> None:
+        self.planner, self.rank, self.ring = planner, rank, ring
+        self.at = (0, 0)
+        self.sent: deque[tuple[int, int]] = deque()
+
+    def __iter__(self) -> Iterator[BatchRequest]:
+        epoch, start = self.at
+        self.sent.clear()  # (a DataLoader reset has drained what the last stream asked for)
+        if self.ring is not None:
+            self.ring.reset()
+        ahead = self.planner.reader.plan_ahead  # remote shards: prefetch in plan order
+        while True:
+            plan = self.planner.plan(epoch)
+            if not plan:
+                return  # an epoch with nothing for this rank: the stream waits to be reopened
+            for number in range(start, len(plan)):
+                ahead(plan, number)
+                slot = self.ring.acquire() if self.ring is not None else -1
+                self.sent.append((epoch, number))
+                yield BatchRequest(plan[number], epoch, number, self.rank, slot)
+            epoch, start = epoch + 1, 0
+
+
 class DeviceStage:
-    """Moves uint8 batches to the device and converts them there; one batch ahead on CUDA."""
+    """Finishes a worker's batch in the feed thread: slots resolved, tensors on the device,
+    encoded JPEGs decoded, what the workers did not convert converted, ``uneven="mask"``'s
+    fields added; then the slot is given back (after its copy, or once the caller lets go)."""
 
-    def __init__(self, cfg: LoaderConfig, device: torch.device) -> None:
-        self.cfg, self.device = cfg, device
-        self.image_fields: tuple[str, ...] = ()
-        self.float_fields: tuple[str, ...] = ()  # targets resampled as values: float32 out
-        self.ring: SlotRing | None = None  # set when batches are filled into a ring of slots
-        self.decoder: DeviceDecoder | None = None  # set when JPEGs are decoded on the device
-        self.fallbacks: list[str] = []  # records whose JPEG only Pillow could decode
-        self.size: tuple[int, int] | None = cfg.size
-        self.dtype = getattr(torch, cfg.dtype)
-        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.moves = device.type != "cpu"  # on CPU, ``.to(device)`` is a no-op call per field
-        # with workers on a CPU device, conversions run on this thread only: the workers own
-        # the cores, and torch's thread count is the user's (cpu_convert)
-        self.one_thread = device.type == "cpu" and bool(cfg.num_workers)
-        self._mean = self._std = None
-        # (mean, 1/std) in [0, 1] units: the batch operations' images are normalized as they are
-        # (scaling them back to 0..255 first cost a pass over the batch)
-        unit = unit_mean_std(cfg)
-        self._unit = None if unit is None else (unit[0].to(device), unit[1].to(device))
-        if cfg.mean is not None and cfg.dtype != "uint8":
-            self._mean = torch.tensor(cfg.mean, device=device).mul(255).view(1, 3, 1, 1)
-            self._std = torch.tensor(cfg.std, device=device).mul(255).reciprocal().view(1, 3, 1, 1)
-        self._np_norm = (None, None) if self._mean is None or not self.one_thread else (
-            self._mean.view(3).numpy(), self._std.view(3).numpy())  # type: ignore[union-attr]
-        # batch operations (feedpipe.loader.augment) on images before normalization: uint8, or
-        # float in [0, 1]; each batch draws from a generator seeded by (seed, epoch, rank, batch)
-        self.batch_ops = batch_ops(cfg.batch_transforms)
-        # the batch operations ran in the workers (worker_ops.WorkerOps): images arrive final
-        self.in_workers = False
-        self.at: tuple[int, int, int] = (0, 0, 0)  # (epoch, rank, batch) of the next batch
+    def __init__(self, cfg: LoaderConfig, device: torch.device, planner: PlanSampler,
+                 rank: int, conversion: Conversion | None, ring: SlotRing | None,
+                 decoder: DeviceDecoder | None, size: tuple[int, int] | None,
+                 converted: tuple[str, ...] = ()) -> None:
+        self.device, self.planner, self.rank = device, planner, rank
+        conversion = conversion.to(device) if conversion is not None else None
+        # images the workers converted into their slots, stored as Conversion.output lays out
+        self.converted, self.channels_last = converted, cfg.channels_last
+        self.conversion, self.ring, self.decoder, self.size = conversion, ring, decoder, size
+        self.mask = cfg.uneven == "mask"
+        self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.batch_size = cfg.batch_size
+        self._staging: dict[str, list[tuple[torch.Tensor, Any]]] = {}
+        self._slot_storage = [] if ring is None else [
+            {t[i].untyped_storage().data_ptr() for t in ring.tensors.values()}
+            for i in range(ring.count)]
+        if ring is not None and self.side is not None and cfg.pin_memory:
+            why = ring.register()
+            if why is not None:
+                log.warning("feedpipe loader: the batch ring could not be page-locked in place "
+                            "(%s); the feed thread copies each batch into pinned memory first "
+                            "instead (raise the locked-memory limit, `ulimit -l`, to avoid it)",
+                            why)
+        self.pinned = bool(cfg.pin_memory)
 
-    def convert(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """Copy (non_blocking from pinned memory) and convert one batch; runs on self.stream.
-
-        Ring-slot tensors are copied out first into cached pinned memory for CUDA, so the slot is
-        recycled at once. On CPU a conversion (normalizing, float targets) reads the slot directly
-        and releases it; a field that needs no conversion is handed out *as the slot itself* (no
-        copy): the slot goes back to the ring only once nothing refers to it (see SlotRing), so
-        keeping batches is safe, and a caller that lets go of each batch gets the ring's speed.
-        Float targets become float32; masks arrive as batched (uint8, or int32 for uint16
-        masks: call ``.long()`` for ``cross_entropy``, as with DALI or torchvision).
-        """
-        slot = batch.pop(SLOT_KEY, -1)
+    @torch.no_grad()
+    def finish(self, batch: dict[str, Any], epoch: int, number: int,
+               following: Position) -> Ready:
+        """The batch as the caller gets it, and what the caller's thread still waits on."""
+        skipped = batch.pop(SKIPPED_KEY, None)
         fallbacks = batch.pop(FALLBACK_KEY, None)
-        if fallbacks:
-            self.fallbacks.extend(fallbacks)
-        ring = self.ring if slot >= 0 else None
-        lend = False
-        out = {}
-        for k, v in batch.items():
-            if isinstance(v, EncodedBatch):
-                v = self._image(self.decoder(v, self.size))  # type: ignore[misc,arg-type]
-            elif isinstance(v, RaggedList):  # ragged="list": per-sample views of one tensor
-                v = v.split(self.device)
-            elif isinstance(v, torch.Tensor):
-                if ring is not None and k in ring.tensors:
-                    if self.device.type == "cuda":
-                        v = v.pin_memory()
-                    elif not self._converts(k, v):
-                        if ring.can_lend() and v.nbytes >= _LEND_MIN_BYTES:
-                            lend = True
-                        else:  # labels and other small columns: a copy costs less than a slot
-                            v = v.clone()
-                if self.moves:
-                    v = v.to(self.device, non_blocking=True)
-                if k in self.image_fields:
-                    v = self._image(v)
-                elif k in self.float_fields:
-                    v = cpu_convert.to_float32(v) if self.one_thread else v.float()
-            out[k] = v
-        if ring is not None:
-            ring.settle(slot, lend)
-        return self._operate(out) if self.batch_ops is not None else out
+        notes = (skipped or [], fallbacks or []) if skipped or fallbacks else None
+        slot = self.ring.resolve(batch) if self.ring is not None else -1
+        if slot >= 0:
+            for k in self.converted:
+                batch[k] = layout(batch[k], self.channels_last)
+        if self.side is None:
+            out = self._on_cpu(batch, slot, epoch, number)
+            return Ready(following, out, notes=notes)
+        with torch.cuda.stream(self.side):
+            out = self._to_device(batch, slot)
+            if self.conversion is not None:
+                out = self.conversion(out, epoch, self.rank, number)
+            self._mask(out, epoch, number)
+            event = torch.cuda.Event()
+            event.record(self.side)
+        tensors = tuple(t for v in out.values()
+                        for t in (v if isinstance(v, list) else (v,))
+                        if isinstance(t, torch.Tensor) and t.is_cuda)
+        return Ready(following, out, event, tensors, notes)
 
-    def begin(self, epoch: int, rank: int, start: int) -> None:
-        """An iteration of ``epoch`` on ``rank`` starts at batch ``start``."""
-        self.at = (epoch, rank, start)
-
-    def _operate(self, out: dict[str, Any]) -> dict[str, Any]:
-        """Run the batch operations on images in [0, 1] (or uint8), then normalize them."""
-        epoch, rank, number = self.at
-        self.at = (epoch, rank, number + 1)
-        gen = torch.Generator().manual_seed(batch_seed(self.cfg.seed, epoch, rank, number))
-        before = torch.get_num_threads()
-        if self.one_thread:  # torch kernels here, while the workers own the cores
-            torch.set_num_threads(1)
-        try:
-            out = self.batch_ops(out, gen)  # type: ignore[misc]
-            for k in self.image_fields:
-                out[k] = self._normalize(out[k])
-        finally:
-            if self.one_thread:
-                torch.set_num_threads(before)
+    def _on_cpu(self, batch: dict[str, Any], slot: int, epoch: int,
+                number: int) -> dict[str, Any]:
+        out = {k: self._decoded(v) for k, v in batch.items()}
+        if self.conversion is not None:
+            out = self.conversion(out, epoch, self.rank, number)
+        self._mask(out, epoch, number)
+        if slot >= 0:  # lend the slot where the batch is the slot itself; copy out small columns
+            held = self._slot_storage[slot]
+            lend = False
+            for k, v in out.items():
+                if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() in held:
+                    if v.nbytes >= LEND_MIN_BYTES and self.ring.can_lend():  # type: ignore[union-attr]
+                        lend = True
+                    else:
+                        out[k] = v.clone()
+            self.ring.lend(slot) if lend else self.ring.release(slot)  # type: ignore[union-attr]
         return out
 
-    def _converts(self, name: str, v: torch.Tensor) -> bool:
-        """Whether converting ``name`` on this device already yields a new tensor."""
-        if name in self.image_fields:
-            return not self.in_workers and (self.cfg.dtype != "uint8" or not self.cfg.channels_last
-                                            or self.batch_ops is not None)
-        return name in self.float_fields and v.dtype != torch.float32
+    def _decoded(self, v: Any) -> Any:
+        if isinstance(v, EncodedBatch):
+            return self.decoder(v, self.size)  # type: ignore[misc,arg-type]
+        if isinstance(v, RaggedList):  # ragged="list": per-sample views of one tensor
+            return v.split(self.device)
+        return v
 
-    def _image(self, x: torch.Tensor) -> torch.Tensor:
-        if self.in_workers:  # operated on and normalized: N×H×W×3 float32 seen as N×3×H×W
-            return x.permute(0, 3, 1, 2)
-        if self.batch_ops is not None:  # in [0, 1] (or uint8), normalized after the operations
-            x = x.permute(0, 3, 1, 2)
-            if self.cfg.dtype == "uint8":
-                return x.clone(memory_format=torch.channels_last)
-            if self.one_thread:  # one numpy pass (uint8 × float32(1/255)), the same values
-                return cpu_convert.image(x.permute(0, 2, 3, 1), torch.float32, None, None, True)
-            return x.float().mul_(1 / 255)
-        if self.one_thread:
-            return cpu_convert.image(x, self.dtype, *self._np_norm, self.cfg.channels_last)
-        x = x.permute(0, 3, 1, 2)  # NHWC storage seen as NCHW: channels_last for free
-        return self._normalize(x)
-
-    def _normalize(self, x: torch.Tensor) -> torch.Tensor:
-        """uint8 (or float in [0, 1] after batch operations) N×C×H×W to the output dtype."""
-        if x.is_floating_point() and self.batch_ops is not None:
-            if self._unit is not None:
-                x = self._per_channel(x, *self._unit)
-            if self.dtype != torch.float32:
-                x = x.to(self.dtype)
-        elif self.cfg.dtype != "uint8":
-            x = x.float()  # normalize in float32, then narrow: fp16/bf16 keep their precision
-            if self._mean is not None:
-                x = self._per_channel(x, self._mean, self._std)  # type: ignore[arg-type]
+    def _to_device(self, batch: dict[str, Any], slot: int) -> dict[str, Any]:
+        """Every tensor of ``batch`` on the device, copied on the side stream; a ring slot from
+        its page-locked pages (else through pinned staging, made here, never in the training
+        thread); the slot goes back once its copy has passed."""
+        out = {}
+        direct = slot >= 0 and self.ring.registered  # type: ignore[union-attr]
+        for k, v in batch.items():
+            if isinstance(v, torch.Tensor):
+                v = v.to(self.device, non_blocking=True) if direct or not self.pinned \
+                    else self._staged(k, v)
             else:
-                x = x.mul_(1 / 255)
-            if self.dtype != torch.float32:
-                x = x.to(self.dtype)
-        return x if self.cfg.channels_last else x.contiguous()
+                v = self._decoded(v)
+            out[k] = v
+        if slot >= 0:
+            copied = torch.cuda.Event()
+            copied.record(self.side)
+            if direct:
+                self.ring.release_after(slot, copied)  # type: ignore[union-attr]
+            else:  # the staging copy has read it already
+                self.ring.release(slot)  # type: ignore[union-attr]
+        return out
 
-    _per_channel = staticmethod(normalize)
+    def _staged(self, name: str, v: torch.Tensor) -> torch.Tensor:
+        """``v`` copied to the device through one of two pinned buffers of its column, each
+        reused once the copy that last read it has passed (a partial batch uses its rows)."""
+        pair = self._staging.setdefault(name, [])
+        buf, done = pair.pop(0) if len(pair) == 2 else (None, None)
+        if buf is None or buf.dtype != v.dtype or buf.shape[1:] != v.shape[1:] \
+                or len(buf) < len(v):
+            buf = torch.empty((max(len(v), self.batch_size), *v.shape[1:]), dtype=v.dtype,
+                              pin_memory=True)
+        elif done is not None:
+            done.synchronize()
+        part = buf[: len(v)]
+        part.copy_(v)
+        dev = part.to(self.device, non_blocking=True)
+        copied = torch.cuda.Event()
+        copied.record(self.side)
+        pair.append((buf, copied))
+        return dev
 
-    def __call__(self, batches: Iterator[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        if self.stream is None:
-            it = iter(batches)
-            while True:
-                if self.ring is not None:  # before the DataLoader asks the sampler for a slot
-                    self.ring.reclaim()
-                b = next(it, None)
-                if b is None:
-                    return
-                yield self.convert(b)
-        current = torch.cuda.current_stream(self.device)
-        pending = None
-        for b in batches:
-            with torch.cuda.stream(self.stream):
-                nxt = self.convert(b)
-            if pending is not None:
-                yield pending
-            current.wait_stream(self.stream)
-            for v in nxt.values():  # tensors made on the side stream are used on the current one
-                if isinstance(v, torch.Tensor) and v.is_cuda:
-                    v.record_stream(current)
-            pending = nxt
-        if pending is not None:
-            yield pending
+    def _mask(self, out: dict[str, Any], epoch: int, number: int) -> None:
+        """``uneven="mask"``: ``valid`` (a real sample, not padding) and ``index`` (its sample)."""
+        if self.mask:
+            indices = self.planner.plan(epoch)[number]
+            real = self.planner.real(epoch, number)
+            out[VALID_KEY] = (torch.arange(len(indices)) < real).to(self.device)
+            out[INDEX_KEY] = torch.from_numpy(indices).to(self.device)
+
+
+class TorchStream:
+    """The torch backend's decode stage for the feed engine: the DataLoader's workers fed an
+    endless request stream, their batches finished by the :class:`DeviceStage`."""
+
+    def __init__(self, dl: DataLoader, requests: Requests, stage: DeviceStage) -> None:
+        self.dl, self.requests, self.stage = dl, requests, stage
+        self._it: Any = None
+
+    def open(self, at: Position) -> Iterator[Ready]:
+        epoch, start, _ = at
+        self.requests.at = (epoch, start)
+        self._it = iter(self.dl)  # workers start once; later, a reset drains the last stream
+        return self._ready(self._it)
+
+    def _ready(self, it: Any) -> Iterator[Ready]:
+        sent, planner, stage = self.requests.sent, self.requests.planner, self.stage
+        for batch in it:
+            epoch, number = sent.popleft()
+            following = (epoch, number + 1, planner.segment(epoch)) \
+                if number + 1 < len(planner.plan(epoch)) \
+                else (epoch + 1, 0, planner.segment(epoch + 1))
+            yield stage.finish(batch, epoch, number, following)
+
+    def abort(self) -> None:
+        """Stop the workers of an iteration that raised (a worker's error, Ctrl-C) now, in this
+        process: persistent workers start afresh with the next stream."""
+        it, self._it = self._it, None
+        stop = getattr(it, "_shutdown_workers", None)  # torch's multi-process iterator only
+        if stop is not None:
+            stop()
+        if getattr(self.dl, "_iterator", None) is it:
+            self.dl._iterator = None
+        if self.stage.ring is not None:  # nothing is in flight to a worker any more
+            self.stage.ring.reset()
+
+    def close(self) -> None:
+        self.abort()
+        if self.stage.ring is not None:
+            self.stage.ring.unregister()
 
 
 class TorchLoader(EpochPosition):
@@ -220,49 +263,56 @@ class TorchLoader(EpochPosition):
             raise ConfigError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
                               f"from {reader.schema.names}", option="fields")
         self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
-        op = ImageOp.of(cfg)
-        self.stage = DeviceStage(cfg, device)
         images = tuple(f for f in fields  # (an unknown name: BatchDataset names it)
                        if f in reader.schema and reader.schema[f].kind == "image")
-        staged = None if decoder is not None else WorkerOps.of(cfg, self.stage.batch_ops, device,
-                                                                images)
-        if staged is not None:
-            self.stage.batch_ops, self.stage.in_workers = None, True
         self.batch_dataset = BatchDataset(
-            reader, fields, op, seed=cfg.seed, on_error=cfg.on_error,
+            reader, fields, ImageOp.of(cfg), seed=cfg.seed, on_error=cfg.on_error,
             encoded_images=decoder is not None, max_pixels=cfg.max_pixels, ragged=cfg.ragged,
-            min_box_fraction=cfg.min_box_fraction, transform=cfg.transform, batch_stage=staged)
+            min_box_fraction=cfg.min_box_fraction, transform=cfg.transform)
+        cols = self.batch_dataset.columns
+        floats = tuple(c.field.name for c in cols if c.field.kind == "target"
+                       and c.dtype is not None and c.dtype.kind == "f")
+        conversion = Conversion.of(cfg, images, floats)
+        # the workers (or, in-process, the feed thread running the dataset) convert the images
+        # into the slots on a CPU device; the feed thread converts the rest, and everything on
+        # CUDA (after the copy: a quarter of the bytes cross as uint8)
+        in_workers = device.type == "cpu" and decoder is None and conversion.image_only \
+            and conversion.changes_images
+        if in_workers:
+            self.batch_dataset.convert = replace(conversion, floats=())
+            conversion = replace(conversion, images=(), ops=None)
         self.planner = PlanSampler(reader, cfg, world)
         self._surface()
+        size = cfg.size
         if decoder is not None:
             decoder.describe = reader.describe
-            self.stage.decoder = decoder
-            self.stage.size = self.stage.size or next(
-                tuple(c.field.shape[:2]) for c in self.batch_dataset.columns
-                if c.field.kind == "image")
+            size = size or next(tuple(c.field.shape[:2]) for c in cols if c.field.kind == "image")
         self.ring: SlotRing | None = None
-        cols = self.batch_dataset.columns
-        self.stage.image_fields = tuple(c.field.name for c in cols if c.field.kind == "image")
-        self.stage.float_fields = tuple(c.field.name for c in cols if c.field.kind == "target"
-                                        and c.dtype is not None and c.dtype.kind == "f")
+        workers = int(cfg.num_workers)  # type: ignore[arg-type]
+        if workers or device.type == "cpu":  # in-process on CPU: lent plain memory
+            self.ring = SlotRing.for_loader(self._ring_shapes(), workers,
+                                            int(cfg.prefetch_factor or 0))
+            if self.ring is not None:
+                self.batch_dataset.slots = self.ring.tensors
+        self._requests = Requests(self.planner, world.rank, self.ring)
         kwargs: dict[str, Any] = {}
-        if cfg.num_workers:
-            kwargs = dict(prefetch_factor=cfg.prefetch_factor,
-                          persistent_workers=cfg.persistent_workers,
+        if workers:
+            kwargs = dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=True,
                           multiprocessing_context=cfg.multiprocessing_context)
-        if cfg.num_workers or device.type == "cpu":  # in-process on CPU: lent plain memory
-            ring = SlotRing.for_loader(self._ring_shapes(cfg), int(cfg.num_workers),
-                                       int(cfg.prefetch_factor or 0))
-            if ring is not None:
-                self._use_ring(ring)
-        self._dl = DataLoader(self.batch_dataset, batch_sampler=self.planner,
-                              num_workers=cfg.num_workers, collate_fn=_identity,
-                              pin_memory=bool(cfg.pin_memory) and device.type == "cuda",
-                              worker_init_fn=_worker_init, **kwargs)
+        dl = DataLoader(self.batch_dataset, batch_sampler=self._requests, num_workers=workers,
+                        collate_fn=_identity, worker_init_fn=_worker_init, **kwargs)
+        self.stage = DeviceStage(cfg, device, self.planner, world.rank,
+                                 conversion if conversion.images or conversion.floats
+                                 or conversion.ops else None, self.ring, decoder, size,
+                                 images if in_workers else ())
+        self.engine = FeedEngine(TorchStream(dl, self._requests, self.stage),
+                                 f"feedpipe-feed-{reader.root.name}")
+        weakref.finalize(self, self.engine.close)
         self._epoch = 0
         self._consumed = 0
         self._skipped_before = 0
         self.skipped: list[str] = []
+        self.decoder_fallbacks: list[str] = []  # records whose JPEG only Pillow could decode
         self.classes: tuple[str, ...] = reader.classes
 
     def describe(self) -> LoaderView:
@@ -279,38 +329,32 @@ class TorchLoader(EpochPosition):
             device=self.device.type, decode_threads=0,
             size=cfg.size or (tuple(image.shape[:2]) if image is not None and image.shape
                               and None not in image.shape[:2] else None),
-            sample_bytes=sum(int(np.prod(s)) * np.dtype(d).itemsize  # the ring's columns
-                             for (_, *s), d in self._ring_shapes(cfg).values()))
+            sample_bytes=batch_bytes(self._ring_shapes()) // cfg.batch_size)
 
-    def _ring_shapes(self, cfg: LoaderConfig) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    def _ring_shapes(self) -> dict[str, tuple[tuple[int, ...], Any]]:
         """A slot's tensors: every stacked column, labels included, so that a batch from a
-        worker crosses as slot numbers only."""
-        staged = self.stage.in_workers  # images arrive as the operations' float32 batches
-        return {c.field.name: ((cfg.batch_size, *c.shape), np.dtype(np.float32)
-                               if staged and c.field.kind == "image" else c.dtype)
-                for c in self.batch_dataset.columns if c.shape is not None and c.dtype is not None}
+        worker crosses as slot numbers only; images in the output's dtype and layout where the
+        workers convert them."""
+        conv, b = self.batch_dataset.convert, self.cfg.batch_size
+        shapes = {}
+        for c in self.batch_dataset.columns:
+            if c.shape is None or c.dtype is None:
+                continue
+            shape, dtype = (b, *c.shape), c.dtype
+            if conv is not None and c.field.name in conv.images:
+                shape, dtype = conv.output(shape)  # type: ignore[arg-type,assignment]
+            shapes[c.field.name] = (shape, dtype)
+        return shapes
 
-    def _use_ring(self, ring: SlotRing) -> None:
-        self.ring = ring
-        self.batch_dataset.slots = ring.tensors
-        self.planner.ring = ring
-        self.stage.ring = ring
-
-    @property
-    def decoder_fallbacks(self) -> list[str]:
-        """Records (described by name) whose JPEG simplejpeg refused and Pillow decoded."""
-        return self.stage.fallbacks
+    def _note(self, notes: tuple[list[str], list[str]]) -> None:
+        skipped, fallbacks = notes
+        self.skipped.extend(skipped)
+        self.decoder_fallbacks.extend(fallbacks)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """One epoch from its first batch (or, once, from where ``load_state_dict`` says)."""
-        refuse_nested_workers(self.cfg)
-        epoch, start = self._begin()
-        self.planner.epoch, self.planner.start = epoch, start
-        self.stage.begin(epoch, self.world.rank, start)
-        if self.ring is not None:
-            self.ring.reset()
         self._skipped_before = len(self.skipped)
-        yield from self._hand_out(self.stage(self._batches()), epoch, start)
+        return super().__iter__()
 
     def _epoch_done(self, epoch: int) -> None:
         n = len(self.skipped) - self._skipped_before
@@ -318,32 +362,3 @@ class TorchLoader(EpochPosition):
             warnings.warn(f"{self.reader.root}: skipped {n} corrupt record(s) in epoch "
                           f"{epoch} (on_error='skip'); first: {self.skipped[self._skipped_before]}",
                           stacklevel=4)
-
-    def _batches(self) -> Iterator[dict[str, Any]]:
-        batches = iter(self._dl)
-        try:
-            for batch in batches:
-                skipped = batch.pop(SKIPPED_KEY, None)
-                if skipped:
-                    self.skipped.extend(skipped)
-                if self.ring is not None:
-                    self.ring.resolve(batch)
-                yield batch
-        except GeneratorExit:
-            raise  # the consumer stopped early: persistent workers stay for the next epoch
-        except BaseException:
-            _stop_workers(self._dl, batches)
-            raise
-
-
-def _stop_workers(dl: DataLoader, batches: Any) -> None:
-    """Stop the workers of an epoch that raised (a worker's CorruptRecordError, Ctrl-C) now, in
-    this process. The exception's traceback keeps the DataLoader iterator alive in a reference
-    cycle; left to the garbage collector, it could be freed inside the *next* loader's forked
-    workers, whose ``__del__`` then prints "AssertionError: can only test a child process" once
-    per worker. Stopped here, its ``__del__`` has nothing left to do."""
-    stop = getattr(batches, "_shutdown_workers", None)  # torch's multi-process iterator only
-    if stop is not None:
-        stop()
-    if getattr(dl, "_iterator", None) is batches:  # persistent workers: start afresh next time
-        dl._iterator = None
