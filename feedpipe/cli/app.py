@@ -3,12 +3,14 @@ Progress bars live in the CLI, not in the library."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import sys
 import traceback
-from typing import Sequence
+import warnings
+from typing import Iterator, Sequence, TextIO
 
 from .._version import __version__
 from ..errors import ConfigError, FeedpipeError
@@ -78,6 +80,20 @@ def _broken_pipe() -> int:
     return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the closed pipe
 
 
+@contextlib.contextmanager
+def _plain_warnings(command: str) -> Iterator[None]:
+    """Warnings (advice such as "manifest columns ['bbox'] go to the 'meta' field") print as
+    ``feedpipe COMMAND: warning: ...``, the form of the errors, without Python's source line;
+    library callers keep ``warnings.warn``'s own form."""
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        print(f"feedpipe {command}: warning: {message}", file=file or sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -85,7 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        code = int(args.func(args))
+        with _plain_warnings(args.command):
+            code = int(args.func(args))
         sys.stdout.flush()  # a closed pipe shows up here, inside the handler, not at exit
         return code
     except BrokenPipeError:
