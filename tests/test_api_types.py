@@ -44,8 +44,8 @@ def test_signature_is_short_and_every_option_reachable_once_with_one_default():
         reached[f.name] = f.default
     assert reached == config
     doc = inspect.getdoc(make_loader)
-    for name in shown:  # one documented line each
-        assert re.search(rf"^(\w+, )*{name}(, \w+)*: ", doc, re.M), name
+    for name in shown:  # one documented line each (Google style: under "Args:")
+        assert re.search(rf"^\s+(\w+, )*{name}(, \w+)*: ", doc, re.M), name
 
 
 def test_help_fits_on_one_screen():
