@@ -1,4 +1,4 @@
-"""The GPU side of the input pipeline (issue 13, item 6), in one run on one device.
+"""The GPU side of the input pipeline, in one run on one device.
 
 1. **Copy**: host → device GB/s of a uint8 batch from pinned memory on a side stream (what
    ``make_loader(device="cuda")`` does), and from pageable memory, against the link's peak

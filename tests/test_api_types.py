@@ -240,7 +240,7 @@ def test_default_fields_are_decided_once():
 
 
 def test_convert_takes_the_image_options_as_keywords_only(tmp_path, photo_dir):
-    """One way to pass options (issue 25): keywords; ``options=PackOptions`` is gone."""
+    """One way to pass options: keywords; ``options=PackOptions`` is gone."""
     from converters import convert
 
     convert(photo_dir, tmp_path / "kw", to="hdf5", workers=0, store="raw", resize=(24, 40),

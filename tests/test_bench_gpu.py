@@ -1,4 +1,4 @@
-"""benchmarks/bench_gpu.py (issue 13, item 6) kept working on a machine without a GPU: its
+"""benchmarks/bench_gpu.py kept working on a machine without a GPU: its
 ResNet-50 is torchvision's, and a tiny CPU run goes through every part, saying what it skipped."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 27, section 3: messages that point the right way. A data file given for its dataset, a
+"""Messages that point the right way. A data file given for its dataset, a
 folder of images or of per-split datasets given to ``info``, a part's empty classes, a user
 target module beside the command, and every subcommand's ``--help`` say what they are."""
 
