@@ -52,7 +52,9 @@ def prepare(args: argparse.Namespace) -> Path:
     if args.data:
         return Path(args.data)
     packed = args.work / "air"
-    if not packed.exists():
+    if packed.exists():
+        print(f"using {packed}, made by an earlier run (remove it to generate anew)")
+    else:
         import tiny_data
 
         series = tiny_data.air_quality(hours=args.hours)

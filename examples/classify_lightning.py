@@ -66,7 +66,11 @@ def prepare(args: argparse.Namespace) -> Path:
     if args.data:
         return Path(args.data)
     packed = args.work / "packed"
-    if os.environ.get("LOCAL_RANK") is None and not packed.exists():
+    if os.environ.get("LOCAL_RANK") is not None:  # a DDP rank started by Lightning: made already
+        return packed
+    if packed.exists():
+        print(f"using {packed}, made by an earlier run (remove it to generate anew)")
+    else:
         import tiny_data
 
         src = tiny_data.shapes(args.work / "shapes", n=args.samples)
@@ -89,6 +93,8 @@ def main() -> None:
     args = p.parse_args()
     data = prepare(args)
     workers = args.workers if args.workers == "auto" else int(args.workers)
+    # the validation loader: Sampler(uneven="mask"), no shuffle, centre crop (the module's
+    # evaluation defaults); the training options below go to the training loader
     dm = FeedpipeDataModule(train=data / "train", val=data / "val", batch_size=args.batch_size,
                             size=args.size, flip=True,
                             crop=feedpipe.RandomResizedCrop(scale=(0.5, 1.0)),

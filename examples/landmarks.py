@@ -74,7 +74,9 @@ def prepare(args: argparse.Namespace) -> Path:
     if args.data:
         return Path(args.data)
     packed = args.work / "faces.lmdb"
-    if not packed.exists():
+    if packed.exists():
+        print(f"using {packed}, made by an earlier run (remove it to generate anew)")
+    else:
         import tiny_data
 
         manifest = tiny_data.faces(args.work / "faces", n=args.samples)

@@ -76,7 +76,9 @@ def prepare(args: argparse.Namespace) -> Path:
     if args.data:
         return Path(args.data)
     packed = args.work / "seg.lmdb"
-    if not packed.exists():
+    if packed.exists():
+        print(f"using {packed}, made by an earlier run (remove it to generate anew)")
+    else:
         import tiny_data
 
         images, masks = tiny_data.blobs(args.work / "blobs", n=args.samples)
