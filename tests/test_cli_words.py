@@ -135,3 +135,22 @@ def test_advice_prints_as_a_plain_warning(photo_dir, tmp_path):
     assert "UserWarning" not in proc.stderr and ".py:" not in proc.stderr, proc.stderr
     with pytest.warns(UserWarning, match=r"manifest columns \['bbox'\]"):
         convert(manifest, tmp_path / "lib", to="lmdb", workers=0)
+
+
+def test_only_feedpipe_warnings_print_plainly(capsys):
+    """Another library's warning keeps Python's form (its source line says whose it is)."""
+    import warnings
+
+    import converters
+    from feedpipe.cli.app import _plain_warnings
+
+    python_form: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, lineno, *a: \
+            python_form.append(f"{filename}:{lineno}: {category.__name__}: {message}")
+        with _plain_warnings("bench"):
+            warnings.warn_explicit("advice", UserWarning, converters.__file__, 1)
+            warnings.warn_explicit("theirs", UserWarning, "/opt/lib/torch/utils/data.py", 7)
+    assert capsys.readouterr().err == "feedpipe bench: warning: advice\n"
+    assert python_form == ["/opt/lib/torch/utils/data.py:7: UserWarning: theirs"]

@@ -12,6 +12,9 @@ import traceback
 import warnings
 from typing import Iterator, Sequence, TextIO
 
+import converters
+import feedpipe
+
 from .._version import __version__
 from ..errors import ConfigError, FeedpipeError
 from . import bench, convert, decoders, demo, doctor, index, info, merge, monitor, tune, verify
@@ -80,13 +83,22 @@ def _broken_pipe() -> int:
     return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the closed pipe
 
 
+# feedpipe's own code: the packages whose warnings are advice to print plainly
+OURS = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (converters, feedpipe))
+
+
 @contextlib.contextmanager
 def _plain_warnings(command: str) -> Iterator[None]:
-    """Warnings (advice such as "manifest columns ['bbox'] go to the 'meta' field") print as
-    ``feedpipe COMMAND: warning: ...``, the form of the errors, without Python's source line;
-    library callers keep ``warnings.warn``'s own form."""
+    """feedpipe's warnings (advice such as "manifest columns ['bbox'] go to the 'meta' field")
+    print as ``feedpipe COMMAND: warning: ...``, the form of the errors, without Python's source
+    line; other libraries' keep Python's form (their source line says whose they are), and
+    library callers get ``warnings.warn``'s own."""
+    python_form = warnings.showwarning
+
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
              file: TextIO | None = None, line: str | None = None) -> None:
+        if not os.path.abspath(filename).startswith(OURS):
+            return python_form(message, category, filename, lineno, file, line)
         print(f"feedpipe {command}: warning: {message}", file=file or sys.stderr)
 
     with warnings.catch_warnings():
