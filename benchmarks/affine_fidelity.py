@@ -1,5 +1,4 @@
-"""Pixel error and cost of the affine path's antialiasing threshold (``affine.AA_ABOVE``), measured
-(issue 26 item 3).
+"""Pixel error and cost of the affine path's antialiasing threshold (``affine.AA_ABOVE``), measured.
 
 Each photo is cut with random-resized-crop or centre crop to 224², flipped and put through a
 ``RandomAffine`` in feedpipe's one resampling step; the uint8 result is compared with a float64

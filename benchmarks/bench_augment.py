@@ -1,4 +1,4 @@
-"""Batch operations on the device (issue 26, item 2): each built-in operation's cost per batch.
+"""Batch operations on the device: each built-in operation's cost per batch.
 
 A batch of random images (64×3×224×224 by default), uint8 and float32 in [0, 1], already on the
 device; each operation called with a generator seeded per batch, as the loader does. On the CPU

@@ -1,4 +1,4 @@
-"""DALI backend versus torch backend on the same data (issue 6's benchmark), side by side.
+"""DALI backend versus torch backend on the same data, side by side.
 
 ~500×375 photos packed as LMDB and WebDataset (original JPEG bytes) and as raw 224×224 LMDB; one
 epoch per run, batch 64, configurations timed in interleaved rounds (median of ``--repeats``).

@@ -4,7 +4,7 @@ GETs; ``backend="obstore"``: obstore's), side by side from moto's S3 server on 1
 
 Per client: wall MB/s, and the client process's CPU seconds per GB fetched (``time.process_time``:
 every thread of this process, so fsspec's event loop and obstore's runtime threads count; the
-server is another process). Decides whether obstore goes on the fetch path (issue 15: only if
+server is another process). Decides whether obstore goes on the fetch path (only if
 measured faster). Run: ``PYTHONPATH=. python benchmarks/bench_fetch.py [--mb 64] [--rounds 3]
 [--out benchmarks/results/fetch.json]``."""
 

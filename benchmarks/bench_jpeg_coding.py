@@ -1,5 +1,5 @@
-"""What a JPEG's entropy coding costs the loader's decode (issue 24, item 1: "restart markers or
-anything else the decode path can exploit, measured").
+"""What a JPEG's entropy coding costs the loader's decode ("restart markers or anything
+else the decode path can exploit, measured").
 
 For each photo of the real-photo mix (``converters.synth.make_web_photos``), the same image is
 coded several ways and each is decoded as the loader does (simplejpeg, full size and at the DCT

@@ -1,4 +1,4 @@
-"""feedpipe's hot path against the bare decode kernel, side by side in one run (issue 13).
+"""feedpipe's hot path against the bare decode kernel, side by side in one run.
 
 For ~500×375 and ≥1280 px photos × centre / random-resized crop, on the same files: the bare
 kernel (``simplejpeg.decode_jpeg`` + crop + torch's antialiased uint8 bilinear resize + copy into

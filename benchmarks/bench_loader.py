@@ -1,4 +1,4 @@
-"""Loader throughput, side by side in one run (issue 3's benchmark).
+"""Loader throughput, side by side in one run.
 
 naive ImageFolder DataLoader (num_workers=0) and a hand-tuned DataLoader on the loose JPEGs versus
 ``make_loader`` on the same images packed as LMDB, HDF5, WebDataset (original JPEG bytes) and raw

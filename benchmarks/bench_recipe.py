@@ -1,4 +1,4 @@
-"""The standard ImageNet training recipe at 224², side by side in one run (issue 26, Speed).
+"""The standard ImageNet training recipe at 224², side by side in one run.
 
 Random-resized-crop, flip, ColorJitter(0.4, 0.4, 0.4), normalize, RandomErasing(0.25), on the
 same ~500×375 files (and LMDB packing) as ``bench_kernel.py``, 2 workers, batch 64, float32 out:

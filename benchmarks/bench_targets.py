@@ -1,4 +1,4 @@
-"""Precomputed targets versus computing them on the fly (issue 4's benchmark), side by side.
+"""Precomputed targets versus computing them on the fly, side by side.
 
 On real-looking ~500×375 photos with blob masks packed as LMDB (image JPEG passthrough, raw mask,
 signed distance map truncated at 20 px stored float16):

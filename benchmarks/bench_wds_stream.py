@@ -1,5 +1,5 @@
 """WebDataset sequential streaming: feedpipe's tar member grouping against ``webdataset``'s own
-iterators (``tar_file_iterator`` + ``group_by_keys``), side by side in one run (issue 14).
+iterators (``tar_file_iterator`` + ``group_by_keys``), side by side in one run.
 
 Both sides do the same work per shard: read every member, group by key, check the key against
 the index, check each member's crc32, refuse unpickling suffixes and decode the stored values.

@@ -1,4 +1,4 @@
-"""Pixel error of the DCT-domain downscale margin (ImageOp._dct_factor), measured (issues 13, 24, 27).
+"""Pixel error of the DCT-domain downscale margin (ImageOp._dct_factor), measured.
 
 For each photo and crop, feedpipe's output (uint8) is compared with a float64 antialiased bilinear
 resize of the *full-resolution* decode over the same box (the box feedpipe reports, snapped to

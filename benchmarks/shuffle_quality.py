@@ -1,4 +1,4 @@
-"""Shuffle quality of the sharded orders (issue 15): the window shuffle over k shards per rank,
+"""Shuffle quality of the sharded orders: the window shuffle over k shards per rank,
 the shuffle buffer, and a full permutation (what map-style data gets), on an ImageFolder-ordered
 dataset (samples sorted by class, so each shard holds one or two classes: the hard case).
 

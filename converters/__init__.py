@@ -7,7 +7,7 @@ parser from) imports without numpy or Pillow."""
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 _EXPORTS = {
     "ConvertResult": "pack", "convert": "pack", "PackOptions": "options", "parse_resize": "options",
@@ -20,6 +20,22 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:  # for type checkers and the API reference (docs/reference/convert.md)
+    from .arrays import pack_arrays
+    from .coco import scan_coco
+    from .columns import LabelColumns, apply_columns
+    from .options import PackOptions, parse_resize
+    from .pack import ConvertResult, convert
+    from .sources import IMAGE_EXTS, Source, SourceItem, attach_masks, scan
+    from .targets import (
+        BUILTINS,
+        Target,
+        boundary,
+        distance_map,
+        make_boundary,
+        make_distance_map,
+    )
 
 
 def __getattr__(name: str) -> Any:

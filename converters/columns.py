@@ -29,7 +29,19 @@ GEOMETRIC_NAMES = frozenset({"keypoints", "landmarks", "points", "bbox", "bboxes
 
 @dataclass(frozen=True)
 class LabelColumns:
-    """Which manifest columns hold typed labels (``--keypoints-column`` and the like)."""
+    """``convert(..., columns=LabelColumns(...))``: which manifest columns hold typed labels
+    (``--keypoints-column`` and the like; docs/fields.md).
+
+    Args:
+        keypoints: A column of ``[[x, y(, v)], ...]`` (the same K in every row).
+        boxes: A column of ``[[x1, y1, x2, y2, label], ...]``.
+        text: A column of text (CTC-ready when ``vocab`` is given).
+        arrays: Columns of ``.npy`` paths (relative to the manifest) or JSON lists.
+        flip_indices: For each landmark, the one it becomes under a horizontal flip.
+        vocab: The text's characters: character ``c`` is stored as ``vocab.index(c) + 1`` (0 is
+            CTC's blank and the padding).
+        classes: The box categories' names (box labels are indices into them).
+    """
 
     keypoints: str | None = None
     boxes: str | None = None

@@ -100,41 +100,66 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
             storage_options: Mapping[str, Any] | None = None,
             part: Part | None = None, labels: LabelsAs = "auto",
             unlabeled: Unlabeled = "refuse", jpeg: JpegStore = "baseline") -> ConvertResult:
-    """Pack a source into ``out`` as ``to``: a folder, ImageFolder tree or CSV/JSONL manifest of
-    image files, or a :class:`~converters.records.RecordSource` (foreign WebDataset shards, a
-    Hugging Face dataset, arrays: :mod:`converters.records`).
+    """Pack a source into ``out`` as ``to``, once: parallel, atomic (``.<out>.partial``, then
+    one swap), lossless (docs/convert.md). ``feedpipe convert`` is this function.
 
-    Lossless inputs stay lossless unless ``codec`` asks otherwise (see :mod:`converters.images`).
-    Progressive JPEGs are stored as baseline with the same DCT coefficients (the same decoded
-    pixels, checked per file; ~3× faster to decode), counted in ``transcoded``; one that cannot
-    be is stored as it is and named in ``progressive_kept``; ``jpeg="keep"`` stores every JPEG
-    byte for byte (:mod:`converters.progressive`).
-    Bad inputs are skipped and listed, and files not taken are listed with the reason
-    (``strict=True`` raises on the first bad or refused input, and on a class left empty). With
-    ``val_fraction`` > 0, ``out/train`` and ``out/val`` are written from a seeded split.
-    Segmentation: ``masks`` (a folder matched by file name, or a manifest's ``mask`` column)
-    adds a lossless ``mask`` field, and ``targets`` (e.g. ``["distance_map", "boundary"]``) are
-    computed from each mask in the workers and stored as fields of the same names.
-    ``resize``: an int is the shorter side (``store="raw"`` then crops the center square); a
-    tuple is (height, width), the order of ``make_loader(size=)`` and ``--resize HxW``.
-    Every option after ``out`` is keyword-only and checked by type and value (ConfigError).
-    ``mask_palette``: colour masks
-    mapped to classes, ``"auto"`` or a palette JSON file (:mod:`converters.palette`).
-    ``split_root``: ``src`` holds train/val(/test) ImageFolder trees, written as one dataset each
-    or as one with a ``split`` field (:mod:`converters.split_root`).
-    Labels that follow the image (docs/fields.md): ``coco`` (an ``instances.json`` whose images
-    are in ``src``: boxes, categories, iscrowd) or ``columns`` (a manifest's keypoints, boxes,
-    text and array columns, :class:`~converters.columns.LabelColumns`). A manifest's ``label``
-    column: ``labels`` (``"auto"``, ``"ints"``, ``"names"``) says how to read it, a column that
-    mixes integers and names is refused under ``"auto"``; ``unlabeled="keep"`` stores rows with
-    an empty label as -1, counted in the result, instead of refusing them
-    (:func:`converters.sources.manifest_labels`).
-    A URL ``out`` (``s3://bucket/ds``; credentials and endpoint from the environment or
-    ``storage_options``, as fsspec takes them) is packed in a local staging folder, uploaded shard
-    by shard and committed by its manifest, uploaded last (:mod:`converters.upload`).
-    ``part``: pack only that contiguous slice of the sorted source list, into
-    ``out/parts/part-IIIII-of-NNNNN`` (see :mod:`converters.parts`); ``feedpipe merge`` joins them.
-    The options of image files only (masks, labels, part...) are refused for a record source.
+    Bad inputs are skipped and listed with the reason, and so are files not taken (``strict=True``
+    raises instead). The options of image files only (masks, labels, part...) are refused for a
+    record source. Every option after ``out`` is keyword-only and checked by type and value (a
+    ``ConfigError`` names it).
+
+    Args:
+        src: A folder, an ImageFolder tree or a CSV/JSONL manifest of image files, or a
+            ``RecordSource`` (foreign WebDataset shards, a Hugging Face dataset, arrays:
+            ``converters.records``).
+        out: The dataset folder to write, or a URL (``s3://bucket/ds``: staged locally,
+            uploaded shard by shard, committed by its manifest, uploaded last).
+        to: "lmdb", "hdf5" or "wds" (WebDataset).
+        workers: Conversion processes; None: the usable cores.
+        store: "passthrough" (encoded bytes kept), "reencode" or "raw" (decoded uint8 RGB).
+        resize: An int is the shorter side (``store="raw"`` then crops the centre square); a
+            tuple is (height, width), the order of ``make_loader(size=)``.
+        codec: "auto" keeps lossless inputs lossless (JPEG and PNG byte for byte, other
+            lossless formats as PNG); "jpeg", "png" or "webp" re-encode every other input.
+        quality: For lossy (re-)encoding only.
+        check: "header" (markers and end of image) or "decode" (a full decode) per image.
+        strict: Raise on the first bad or refused input, and on a class left empty.
+        val_fraction: > 0 writes ``out/train`` and ``out/val`` from a seeded split.
+        seed: The split's seed.
+        overwrite: Replace a dataset feedpipe wrote at ``out`` (nothing else).
+        writer_options: The format's own (``shard_size``, ``shard_count``, ``compression``).
+        progress: Called with (done, total) as samples are written.
+        masks: Segmentation masks: a folder matched to the images by file name (a manifest
+            may give a ``mask`` column instead); adds a lossless ``mask`` field.
+        mask_store: "raw" (no decode when loading) or "png" (smaller).
+        mask_dtype: "uint8" or "uint16".
+        num_classes: Classes in the masks; None: the largest index + 1.
+        targets: Computed from each mask in the workers and stored as fields of their names:
+            ``["distance_map", "boundary"]``, ``Target``s, or ``{"name": fn}``.
+        extra_channels: Transparent alpha, channels beyond RGB, 16-bit RGB: "refuse" (skip
+            by name) or "drop" what 8-bit RGB cannot hold.
+        max_pixels: Refuse images declaring more pixels (decompression bombs).
+        layout: "auto" (an ImageFolder tree when a sub-folder holds images), "imagefolder" or
+            "flat".
+        mask_palette: Colour masks mapped to classes: "auto" or a palette JSON file.
+        split_root: ``src`` holds train/val(/test) ImageFolder trees, written as one dataset
+            each ("separate") or as one with a ``split`` field ("field").
+        split_classes: A split root's class lists: "agree" (refuse differing ones) or "union".
+        coco: A COCO ``instances.json`` whose images are in ``src``: boxes, categories,
+            iscrowd.
+        columns: A manifest's keypoints, boxes, text and array columns (``LabelColumns``).
+        storage_options: For a URL ``out``'s fsspec filesystem (endpoint, credentials).
+        part: Pack only this contiguous slice of the sorted sources into
+            ``out/parts/part-IIIII-of-NNNNN``; ``feedpipe merge`` joins the parts.
+        labels: How a manifest's ``label`` column is read: "auto" (integers are indices,
+            other values class names; a column mixing both is refused), "ints" or "names".
+        unlabeled: A labelled manifest's rows with an empty label: "refuse" or "keep" (as -1,
+            counted).
+        jpeg: Progressive JPEGs: "baseline" (the same DCT coefficients re-coded as baseline,
+            checked per file; ~3× faster to decode) or "keep" (byte for byte).
+
+    Returns:
+        What was written, skipped and not taken, with the reasons.
     """
     t0 = time.perf_counter()
     for where, what in ((src, "the source"), (out, "the output")):

@@ -1,9 +1,9 @@
 """Progressive JPEGs stored as baseline, losslessly (``jpeg="baseline"``, the default).
 
 A progressive JPEG decodes ~3× slower than a baseline one with the same pixels, and the DCT-scaled
-decode hardly helps it (issue 24: 8.5 ms against 2.9 ms for a median web photo). libjpeg-turbo's
-lossless transform (``jpegtran -copy all -optimize``: ``tj3Transform`` with no operation,
-``TJXOPT_OPTIMIZE``, ``TJXOPT_PROGRESSIVE`` unset) rewrites the entropy coding only: the same DCT
+decode hardly helps it (8.5 ms against 2.9 ms for a median web photo, benchmarks/RESULTS.md).
+libjpeg-turbo's lossless transform (``jpegtran -copy all -optimize``: ``tj3Transform`` with no
+operation, ``TJXOPT_OPTIMIZE``, ``TJXOPT_PROGRESSIVE`` unset) rewrites the entropy coding only: the same DCT
 coefficients, quantization tables and markers (EXIF, ICC, comments), so the decoded pixels are
 the source's. Each result is checked anyway: both files are decoded with simplejpeg (the loader's
 decoder) and compared exactly; a file that cannot be transcoded, or whose check fails, is stored

@@ -1,5 +1,5 @@
 """Real-looking test photos: random crops of the sample photographs scikit-image ships (no network);
-:func:`make_web_photos` gives them the JPEG properties of web photo collections (issue 24), at
+:func:`make_web_photos` gives them the JPEG properties of web photo collections, at
 the photographs' own resolution or below (never upscaled)."""
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def make_photos(out: str | Path, n: int, *, size: tuple[int, int] = (500, 375), 
 
 
 # --- web photos: the JPEG properties of photo collections gathered from the web --------------
-# (issue 24; the mix is documented in benchmarks/README.md). Each entry: (value, share).
+# (the mix is documented in benchmarks/README.md). Each entry: (value, share).
 WEB_SIDES = ((640, .10), (800, .10), (1024, .15), (1280, .30), (1600, .15), (2048, .10),
              (3000, .05), (4000, .05))  # the longer side, px
 WEB_ASPECTS = (((3, 2), .45), ((4, 3), .35), ((16, 9), .10), ((1, 1), .10))

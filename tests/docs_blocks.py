@@ -9,7 +9,8 @@ Every fenced block carries a language:
 
 A hidden ``<!-- docs-test ... -->`` comment holds Python that runs in its place (the files and
 names a page's examples assume: a photo folder, a model). ``<!-- not run: REASON -->`` right before a
-block leaves it out, and the reason is reported.
+block leaves it out, and the reason is reported. ``<!-- needs: lightning, accelerate -->`` right
+before a block runs it only where those modules import (optional extras; the skip is reported).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ RUN = ("python", "bash", "console")
 LANGUAGES = (*RUN, "text", "yaml", "json")
 _FENCE = re.compile(r"^(\s*)(```+)\s*([\w+-]*)\s*$")
 _NOT_RUN = re.compile(r"^\s*<!--\s*not run:\s*(.+?)\s*-->\s*$")
+_NEEDS = re.compile(r"^\s*<!--\s*needs:\s*(.+?)\s*-->\s*$")
 
 
 @dataclass(frozen=True)
 class Block:
-    """One block of a page: its language, code, first line (1-based) and why it is not run."""
+    """One block of a page: its language, code, first line (1-based), why it is not run, and
+    the modules it needs."""
 
     page: str
     line: int
@@ -35,6 +38,7 @@ class Block:
     code: str
     hidden: bool = False
     not_run: str | None = None
+    needs: tuple[str, ...] = ()
 
     @property
     def script(self) -> str:
@@ -54,7 +58,7 @@ def blocks(page: Path) -> list[Block]:
     name = page.relative_to(ROOT).as_posix()
     lines = page.read_text().splitlines()
     out: list[Block] = []
-    i, pending_reason = 0, None
+    i, pending_reason, pending_needs = 0, None, ()
     while i < len(lines):
         line = lines[i]
         if line.strip() == "<!-- docs-test":
@@ -66,6 +70,10 @@ def blocks(page: Path) -> list[Block]:
             pending_reason = m.group(1)
             i += 1
             continue
+        if m := _NEEDS.match(line):
+            pending_needs = tuple(n.strip() for n in m.group(1).split(","))
+            i += 1
+            continue
         if m := _FENCE.match(line):
             indent, fence, language = m.groups()
             end = next((j for j in range(i + 1, len(lines))
@@ -73,10 +81,11 @@ def blocks(page: Path) -> list[Block]:
             if end is None:
                 raise ValueError(f"{name}:{i + 1}: a code block that never closes")
             code = "\n".join(ln[len(indent):] for ln in lines[i + 1:end])
-            out.append(Block(name, i + 2, language, code, not_run=pending_reason))
-            i, pending_reason = end + 1, None
+            out.append(Block(name, i + 2, language, code, not_run=pending_reason,
+                             needs=pending_needs))
+            i, pending_reason, pending_needs = end + 1, None, ()
             continue
         if line.strip():
-            pending_reason = None
+            pending_reason, pending_needs = None, ()
         i += 1
     return out

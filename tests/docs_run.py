@@ -6,6 +6,7 @@ failing example points at itself. Exit status 1 on the first block that fails.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -22,6 +23,10 @@ def main(page: str) -> int:
         if block.not_run is not None or block.language not in RUN:
             continue
         where = f"{block.page}:{block.line}"
+        absent = [m for m in block.needs if importlib.util.find_spec(m) is None]
+        if absent:
+            print(f"--- {where}: skipped, {', '.join(absent)} not installed", flush=True)
+            continue
         print(f"--- {where} ({block.language}{', hidden' if block.hidden else ''})", flush=True)
         if block.language in ("bash", "console"):
             env = dict(os.environ,  # as hidden blocks left it (an S3 endpoint on 127.0.0.1)

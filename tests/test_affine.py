@@ -1,5 +1,4 @@
-"""Rotation / scale / translation / shear (``RandomAffine``) in the crop's one resampling step
-(issue 26 item 3).
+"""Rotation / scale / translation / shear (``RandomAffine``) in the crop's one resampling step.
 
 The reference is written here, independently: crop → resize → flip as 3×3 matrices (the label
 tests' ``matrix``), then torchvision's affine T·C·R·S·SHy·SHx·C⁻¹ built factor by factor, and

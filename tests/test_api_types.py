@@ -44,8 +44,8 @@ def test_signature_is_short_and_every_option_reachable_once_with_one_default():
         reached[f.name] = f.default
     assert reached == config
     doc = inspect.getdoc(make_loader)
-    for name in shown:  # one documented line each
-        assert re.search(rf"^(\w+, )*{name}(, \w+)*: ", doc, re.M), name
+    for name in shown:  # one documented line each (Google style: under "Args:")
+        assert re.search(rf"^\s+(\w+, )*{name}(, \w+)*: ", doc, re.M), name
 
 
 def test_help_fits_on_one_screen():
@@ -240,7 +240,7 @@ def test_default_fields_are_decided_once():
 
 
 def test_convert_takes_the_image_options_as_keywords_only(tmp_path, photo_dir):
-    """One way to pass options (issue 25): keywords; ``options=PackOptions`` is gone."""
+    """One way to pass options: keywords; ``options=PackOptions`` is gone."""
     from converters import convert
 
     convert(photo_dir, tmp_path / "kw", to="hdf5", workers=0, store="raw", resize=(24, 40),

@@ -1,4 +1,4 @@
-"""The node-local cache on a multi-user node (issue 23, item 3): links, hard links and foreign
+"""The node-local cache on a multi-user node: links, hard links and foreign
 files planted under the names the cache writes are refused by name, their targets untouched; a
 cache folder others may write to (or another user owns) is refused, a group-shared one (setgid)
 works. Real downloads from the HTTP server of tests/servers.py on 127.0.0.1."""

@@ -1,4 +1,4 @@
-"""Issue 27, section 3: bad manifest rows and bad label options speak in one line, never a
+"""Bad manifest rows and bad label options speak in one line, never a
 traceback. A malformed cell refuses its row (named by manifest line, listed in the summary and the
 manifest) and the rest converts; ``--strict`` stops on it with exit 2 naming the row. Options
 that cannot work (``--flip-indices 1,1``, ``--vocab aab``, ``--shard-size`` with lmdb) exit 2."""

@@ -1,4 +1,4 @@
-"""Issue 27, section 3: messages that point the right way. A data file given for its dataset, a
+"""Messages that point the right way. A data file given for its dataset, a
 folder of images or of per-split datasets given to ``info``, a part's empty classes, a user
 target module beside the command, and every subcommand's ``--help`` say what they are."""
 
@@ -94,3 +94,63 @@ def test_no_recorded_size_says_so_and_a_misspelt_field_comes_first(tmp_path):
     assert "varying" not in str(exc.value)
     with pytest.raises(ConfigError, match=r"'lable' \(did you mean 'label'\?\)"):
         feedpipe.make_loader(tmp_path / "ds", 2, fields=("image", "lable"), **kw)
+
+
+@pytest.mark.parametrize("args, said", [
+    (["convert", "imgs", "--to", "lmbd", "-o", "out"], "invalid choice: 'lmbd'"),
+    (["convert", "imgs", "--to", "lmdb"], "required: -o/--out"),
+    (["bench", "packed", "--size", "big"], "argument --size: invalid int value: 'big'"),
+    (["covert", "imgs"], "invalid choice: 'covert'"),
+])
+def test_a_usage_mistake_is_one_line_and_a_hint(args, said, capsys):
+    """argparse printed its whole usage block (40 lines for convert) before the line that says
+    what is wrong: now that line and where the options are, exit status 2."""
+    from feedpipe.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and said in lines[0] and "usage:" not in err, err
+    command = "feedpipe" if args[0] == "covert" else f"feedpipe {args[0]}"
+    assert lines[0].startswith(f"{command}: error: ")
+    assert lines[1] == f"run `{command} --help` for the options"
+
+
+def test_advice_prints_as_a_plain_warning(photo_dir, tmp_path):
+    """A manifest column that looks geometric is advice: the CLI prints it as ``feedpipe convert:
+    warning: ...``, not Python's ``converters/pack.py:193: UserWarning`` with a source line;
+    library callers still get a ``UserWarning``."""
+    from converters import convert
+
+    images = sorted(photo_dir.rglob("*.jpg"))[:3]
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("path,bbox\n" + "".join(f"{p},3\n" for p in images))
+    proc = run_cli("convert", manifest, "--to", "lmdb", "-o", tmp_path / "out", "-q",
+                   "--workers", "0")
+    assert proc.returncode == 0, proc.stderr
+    warned = [ln for ln in proc.stderr.splitlines() if "manifest columns ['bbox']" in ln]
+    assert len(warned) == 1 and warned[0].startswith("feedpipe convert: warning: "), proc.stderr
+    assert "UserWarning" not in proc.stderr and ".py:" not in proc.stderr, proc.stderr
+    with pytest.warns(UserWarning, match=r"manifest columns \['bbox'\]"):
+        convert(manifest, tmp_path / "lib", to="lmdb", workers=0)
+
+
+def test_only_feedpipe_warnings_print_plainly(capsys):
+    """Another library's warning keeps Python's form (its source line says whose it is)."""
+    import warnings
+
+    import converters
+    from feedpipe.cli.app import _plain_warnings
+
+    python_form: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, lineno, *a: \
+            python_form.append(f"{filename}:{lineno}: {category.__name__}: {message}")
+        with _plain_warnings("bench"):
+            warnings.warn_explicit("advice", UserWarning, converters.__file__, 1)
+            warnings.warn_explicit("theirs", UserWarning, "/opt/lib/torch/utils/data.py", 7)
+    assert capsys.readouterr().err == "feedpipe bench: warning: advice\n"
+    assert python_form == ["/opt/lib/torch/utils/data.py:7: UserWarning: theirs"]

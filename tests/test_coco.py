@@ -123,7 +123,7 @@ def test_coco_unknown_category_is_refused(coco_src: tuple[Path, Path], tmp_path:
 
 
 def test_coco_results_map_back_for_cocoeval(coco_src: tuple[Path, Path], tmp_path: Path) -> None:
-    """Issue 27: detections made from the packed dataset (its boxes as perfect predictions)
+    """Detections made from the packed dataset (its boxes as perfect predictions)
     go back to COCO's own ids through ``meta['coco_id']`` and the boxes field's ``class_ids``,
     and pycocotools' COCOeval scores them AP 1.0."""
     from pycocotools.cocoeval import COCOeval

@@ -1,6 +1,6 @@
 """What a conversion costs per image, counted in ways a busy machine does not blur: page faults
 (fresh memory the kernel hands out, the system time of a passthrough conversion) and which files
-take the progressive transcode (issue 24 item 3)."""
+take the progressive transcode."""
 
 from __future__ import annotations
 

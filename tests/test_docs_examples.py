@@ -39,3 +39,17 @@ def test_page_examples_run(page: Path, tmp_path: Path) -> None:
                            page.relative_to(ROOT).as_posix()], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-6000:]
+
+
+def test_trainer_snippets_are_run_where_their_library_is() -> None:
+    """docs/trainers.md's Lightning, accelerate and HF Trainer snippets are whole programs that
+    the docs test runs (each where its library imports), never blocks left out."""
+    page = [b for b in blocks(ROOT / "docs" / "trainers.md") if b.language == "python"]
+    assert all(b.not_run is None for b in page), [b.line for b in page if b.not_run]
+    needs = {m for b in page for m in b.needs}
+    assert needs == {"lightning", "accelerate", "transformers"}
+    for block in page:
+        if block.needs:
+            compile(block.code, "trainers.md", "exec")
+            assert f"import {block.needs[0]}" in block.code or \
+                f"from {block.needs[0]}" in block.code, block.line  # imports what it uses

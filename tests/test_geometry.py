@@ -1,4 +1,4 @@
-"""One geometry plan per sample (issue 14): the CPU decoder, the nvJPEG path's workers and the
+"""One geometry plan per sample: the CPU decoder, the nvJPEG path's workers and the
 DALI backend's plan source execute the same ``Framing.plan`` for the same (seed, epoch, batch).
 
 Real packed photos and the real executors' inputs: the CPU path's returned geometry and

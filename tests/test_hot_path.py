@@ -1,4 +1,4 @@
-"""The decode hot path (issue 13): per-image decoder fallback, the pixel limit, "mixed" fields,
+"""The decode hot path: per-image decoder fallback, the pixel limit, "mixed" fields,
 the DCT-downscale margin's fidelity, and the zero-copy ring slots handed out on CPU."""
 
 from __future__ import annotations

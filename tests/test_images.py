@@ -104,7 +104,7 @@ def test_odd_modes_all_converted(odd_converted):
 
 
 def test_lossy_reencodes_are_named(odd_converted, odd_dir, tmp_path, capsys):
-    """Issue 27: a CMYK or EXIF-rotated JPEG is re-encoded lossily without being asked: named
+    """A CMYK or EXIF-rotated JPEG is re-encoded lossily without being asked: named
     with the reason in the result, the manifest and the CLI summary, not only counted."""
     out, res, _ = odd_converted
     named = {f["path"]: f["reason"] for f in res.lossy}

@@ -1,4 +1,4 @@
-"""A CSV/JSONL manifest's label column is read one way for every row (issue 23, items 16 and 17).
+"""A CSV/JSONL manifest's label column is read one way for every row.
 One ``unknown`` or ``1.5`` among integer labels used to switch the whole dataset to sorted
 string classes (label 2 became 4, 10 became 2) without a word, and an empty label cell was stored
 as -1 and counted nowhere. Now a mix, or an empty cell among labelled rows, is refused naming

@@ -355,7 +355,7 @@ def test_cli_monitor_with_sampler(tmp_path: Path, capsys: pytest.CaptureFixture[
 
 
 def test_advice_uses_the_loaders_size_and_device(packed) -> None:
-    """Issue 27: the advice said `--resize 224` to a loader at size 128, and 'per GPU' on a
+    """The advice said `--resize 224` to a loader at size 128, and 'per GPU' on a
     CPU-only run. It now takes both from the loader itself (its describe())."""
     loader = feedpipe.make_loader(packed["lmdb"], 16, size=128, num_workers=0, device="cpu")
     info = LoaderInfo.from_loader(loader)

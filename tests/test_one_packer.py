@@ -1,4 +1,4 @@
-"""One packer for every source (issue 25 item 1): record sources (foreign WebDataset shards,
+"""One packer for every source: record sources (foreign WebDataset shards,
 Hugging Face datasets, arrays) go through :func:`converters.convert` like image folders, so a URL
 output, ``--storage-option`` and ``--part`` mean the same for them, or are refused by name."""
 

@@ -1,8 +1,8 @@
-"""Parts and merge in object storage (issue 16 §1), against moto's S3 server on 127.0.0.1:
+"""Parts and merge in object storage, against moto's S3 server on 127.0.0.1:
 ``convert -o s3://... --part i/N`` uploads each part under ``parts/``, ``merge s3://...`` writes
 the index files and the manifest last without copying shards, and the merged dataset reads
 (through the remote cache, whose shard names hold ``/``) and verifies like a local merge. Also a
-mix of a local LMDB and a remote WebDataset (issue 16 §5) against two local copies."""
+mix of a local LMDB and a remote WebDataset against two local copies."""
 
 from __future__ import annotations
 

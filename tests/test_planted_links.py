@@ -1,6 +1,6 @@
 """Symlinks (and hard links) planted under the names feedpipe writes must never lead a write
 outside the folder: ``feedpipe index`` and ``merge`` write through a fresh ``mkstemp`` file, the
-output lock refuses a link by name (issue 23, item 1)."""
+output lock refuses a link by name."""
 
 from __future__ import annotations
 

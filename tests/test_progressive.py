@@ -1,4 +1,4 @@
-"""Progressive JPEGs stored as baseline at conversion, losslessly (issue 24, item 1): the stored
+"""Progressive JPEGs stored as baseline at conversion, losslessly: the stored
 file decodes to the source's pixels exactly (4:2:0 and 4:4:4, grayscale), keeps its EXIF, ICC
 and comment markers, and is counted; baseline files and ``jpeg="keep"`` stay byte for byte; a
 progressive file the transcode cannot take is stored as it is and named, in this process and in

@@ -157,7 +157,7 @@ def test_doctor_url_says_network_bound_behind_a_slow_link(photo_dir, s3, moto, c
 
 
 def test_run_doctor_takes_a_url_as_it_takes_a_folder(photo_dir, s3, tmp_path, monkeypatch):
-    """Issue 25: one doctor entry point. A WebDataset URL gets the dataset, network and short
+    """One doctor entry point. A WebDataset URL gets the dataset, network and short
     bench findings; the bench reads through a private cache, never the user's."""
     bucket, opts, _ = s3
     monkeypatch.setenv("FEEDPIPE_CACHE", str(tmp_path / "user-cache"))
@@ -181,7 +181,7 @@ def test_run_doctor_takes_a_url_as_it_takes_a_folder(photo_dir, s3, tmp_path, mo
 
 
 def test_a_missing_bucket_is_named(photo_dir, s3, capsys):
-    """Issue 27: a bucket that does not exist said 'not found while write the upload journal'."""
+    """A bucket that does not exist said 'not found while write the upload journal'."""
     bucket, opts, fs = s3
     url = f"{bucket}-missing/ds/"
     rc, _, err = cli_main(capsys, "convert", photo_dir, "--to", "lmdb", "-o", url, "-q",

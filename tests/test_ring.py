@@ -1,5 +1,5 @@
-"""The torch backend's slot ring and its one owner of ring and /dev/shm sizes (issue 25 item 4;
-issue 27: "not enough shared memory for a 0 MiB batch ring" with 24 GiB free)."""
+"""The torch backend's slot ring and its one owner of ring and /dev/shm sizes (it once said
+"not enough shared memory for a 0 MiB batch ring" with 24 GiB free)."""
 
 from __future__ import annotations
 

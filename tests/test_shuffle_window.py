@@ -1,4 +1,4 @@
-"""Shard-aware shuffling (issue 15): each rank reads each of its shards once, inside one window
+"""Shard-aware shuffling: each rank reads each of its shards once, inside one window
 of ``shuffle_window`` shards; seeded, equal per rank, the same whatever ``num_workers``."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A FIFO (or a folder, a device) in place of a dataset file would block every open or read
-forever: it is refused by name when the manifest is read, before anything is opened (issue 23,
-item 5). Only ``Manifest.read`` runs here, which never opens a data file, so a regression fails
-instead of hanging; tests/faults/test_fault_fifo.py runs verify and make_loader themselves."""
+forever: it is refused by name when the manifest is read, before anything is opened. Only
+``Manifest.read`` runs here, which never opens a data file, so a regression fails instead of
+hanging; tests/faults/test_fault_fifo.py runs verify and make_loader themselves."""
 
 from __future__ import annotations
 

@@ -417,7 +417,7 @@ def test_ddp_ranks_agree_on_the_minimum(tmp_path):
 
 
 def test_find_batch_size_on_cpu_stays_within_its_time_budget_and_shows_progress(capsys):
-    """On CPU the search has a time cap (issue 27: 1,331 s with no output): a size whose trial
+    """On CPU the search has a time cap (it once ran 1,331 s with no output): a size whose trial
     would not end within what is left is not run, and each trial is shown as it ends."""
     def slow_step(m: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         time.sleep(0.005 * len(batch[0]))  # a step's time grows with the batch, as on a CPU

@@ -1,4 +1,4 @@
-"""Hostile values that used to surface as numpy's or Python's own exceptions (issue 23, item 12):
+"""Hostile values that used to surface as numpy's or Python's own exceptions:
 a foreign ``.npy`` member declaring 10⁷ × 10⁷ elements (``_ArrayMemoryError`` in ``convert``
 and ``index``), and manifest fields of the wrong type or range (``num_samples: -5`` or ``2**63``,
 ``max_pixels: "big"``: ``ValueError``/``OverflowError`` in ``verify`` and ``make_loader``). Each is

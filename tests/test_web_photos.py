@@ -1,4 +1,4 @@
-"""The web photo benchmark set (issue 24, item 2): ``make_web_photos`` writes the documented mix
+"""The web photo benchmark set: ``make_web_photos`` writes the documented mix
 (progressive and baseline, 4:2:0 and 4:4:4, EXIF orientations, quality 75-95, sizes scaled from
 640-4000 px) of real photographs' own pixels (never enlarged), ``jpeg_mix`` measures it back, the
 all-baseline control holds the same photos, and converting the mix stores every progressive

@@ -1,4 +1,4 @@
-"""feedpipe against its peers on the same files, side by side in one run (issue 13, item 3).
+"""feedpipe against its peers on the same files, side by side in one run.
 
 Each contender (c_*.py) runs in its own process: it packs the source photos into its own format,
 then loads epochs on command. Rounds are interleaved across contenders (the order rotates each

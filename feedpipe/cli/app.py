@@ -3,12 +3,17 @@ Progress bars live in the CLI, not in the library."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import sys
 import traceback
-from typing import Sequence
+import warnings
+from typing import Iterator, Sequence, TextIO
+
+import converters
+import feedpipe
 
 from .._version import __version__
 from ..errors import ConfigError, FeedpipeError
@@ -78,6 +83,29 @@ def _broken_pipe() -> int:
     return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the closed pipe
 
 
+# feedpipe's own code: the packages whose warnings are advice to print plainly
+OURS = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (converters, feedpipe))
+
+
+@contextlib.contextmanager
+def _plain_warnings(command: str) -> Iterator[None]:
+    """feedpipe's warnings (advice such as "manifest columns ['bbox'] go to the 'meta' field")
+    print as ``feedpipe COMMAND: warning: ...``, the form of the errors, without Python's source
+    line; other libraries' keep Python's form (their source line says whose they are), and
+    library callers get ``warnings.warn``'s own."""
+    python_form = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        if not os.path.abspath(filename).startswith(OURS):
+            return python_form(message, category, filename, lineno, file, line)
+        print(f"feedpipe {command}: warning: {message}", file=file or sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
@@ -85,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose or args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        code = int(args.func(args))
+        with _plain_warnings(args.command):
+            code = int(args.func(args))
         sys.stdout.flush()  # a closed pipe shows up here, inside the handler, not at exit
         return code
     except BrokenPipeError:

@@ -4,7 +4,8 @@ byte sizes (``2GB``) and image sizes (``HxW``)."""
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import sys
+from typing import Any, NoReturn
 
 from ..errors import ConfigError
 from ..storage.sizes import parse_size
@@ -22,6 +23,13 @@ class FlagParser(argparse.ArgumentParser):
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
         return self._record(super().add_argument(*args, **kwargs))
+
+    def error(self, message: str) -> NoReturn:
+        """A usage mistake (``--to lmbd``, a missing ``-o``) in one line and where the options
+        are, not argparse's whole usage block before it; exit status 2, as argparse's."""
+        print(f"{self.prog}: error: {message}\nrun `{self.prog} --help` for the options",
+              file=sys.stderr)
+        raise SystemExit(2)
 
     def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
         return self._recording(super().add_argument_group(*args, **kwargs))

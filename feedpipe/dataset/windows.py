@@ -33,19 +33,30 @@ _READ = 8192  # rows read per visit of a row-per-sample dataset
 
 
 class Windows(DatasetReader):
-    """Fixed-length windows over a stored series (see the module docstring).
+    """Fixed-length windows over a stored series, cut at load time (docs/arrays.md): window
+    ``i`` is ``{"x": length × F, "y": horizon × T, "start": int64}``, ``x`` the feature columns
+    of ``length`` rows from ``start``, ``y`` the target columns of the ``horizon`` rows after
+    them. A ``DatasetReader``: pass it to ``make_loader`` (``fields=["x", "y"]``).
 
-    ``targets``: the fields forecast; ``features``: the fields read as input (default: every
-    numeric field, targets included). A field holding a vector per row gives one column per
-    element. ``stride``: rows between window starts. ``split``: the rows windows come from:
-    None (all), ``"train"``/``"val"`` (before / from the conversion's ``train_fraction``),
-    ``(a, b)`` floats (fractions of the rows) or ints (rows ``a .. b-1``).
-    ``normalize``: subtract each column's mean and divide by its std, both computed at
-    conversion from the training rows only (a std of 0 divides by 1). ``gaps``: windows that
-    touch a missing value (NaN) are refused (default, naming the rows), ``"skip"``ped (left out,
-    counted in :attr:`left_out`), or ``"fill"``ed: each column's last value before the gap
-    (forward fill), 0 before a column's first value (its mean, normalized). ``dtype``: of x and
-    y (every column is cast to it once, at open).
+    Args:
+        source: A series packed with ``series=True`` (``pack_arrays``, ``feedpipe convert
+            TABLE --series``), or any dataset of fixed-shape numeric fields, one row per
+            sample; a path or an opened dataset.
+        length: Rows in each window's ``x``.
+        targets: The fields forecast (``y``).
+        horizon: Rows in each window's ``y``.
+        stride: Rows between window starts.
+        features: The fields read as input (``x``); None: every numeric field, targets
+            included. A field holding a vector per row gives one column per element.
+        split: The rows windows come from: None (all), "train"/"val" (before / from the
+            conversion's ``train_fraction``), ``(a, b)`` floats (fractions of the rows) or ints
+            (rows ``a .. b-1``). Every window lies wholly inside its split.
+        normalize: Subtract each column's mean and divide by its std, both computed at
+            conversion from the training rows only (a std of 0 divides by 1).
+        gaps: Windows that touch a missing value (NaN): "refuse" (naming the rows), "skip"
+            (left out, counted in ``left_out``), or "fill" (each column's last value before the
+            gap; 0 before a column's first value, its mean when normalized).
+        dtype: Of ``x`` and ``y`` (every column is cast to it once, at open).
     """
 
     format_name = "windows"

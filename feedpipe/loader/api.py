@@ -110,29 +110,45 @@ def make_loader(source: Source, batch_size: int, *, shuffle: bool = True, seed: 
                 workers: Workers | Tuned | None = None, output: Output | None = None,
                 sampler: Sampler | None = None, backend: Backend | Dali = "auto") -> Loader:
     """Batches of ``source`` as dicts of tensors on ``device``: ``image`` N×C×H×W, ``label``
-    N int64, and any other ``fields``. Returns a :class:`Loader` (``len``, ``set_epoch``,
-    ``state_dict``/``load_state_dict``, ``classes``, ``describe()``).
-
-    source: a packed dataset's path, an opened dataset, ``Remote(url, cache_dir=...)``, or
-        ``Mix([a, b], weights=...)`` (a list or ``{name: dataset}`` is an unweighted Mix).
-    shuffle, seed, drop_last: as DataLoader's; the order is seeded by (seed, epoch, rank).
-    fields: the fields to yield (default: image and label where the dataset has them).
-    size: output (height, width); an int is a square; None keeps the stored size.
-    crop: "resize", "center_crop", "random_resized_crop", "none", or
-        ``RandomResizedCrop(scale, ratio)``.
-    flip: flip each sample horizontally with probability 1/2.
-    affine: ``RandomAffine(degrees, translate, scale, shear)``, resampled with the crop.
-    transform: your ``fn(sample, rng)``, run in the workers after the crop (docs/transforms.md).
-    batch_transforms: operations on whole batches on the device (feedpipe.loader.augment).
-    device: "auto" (CUDA when available), "cpu", "cuda[:N]" or a torch.device.
-    num_workers: loader processes: an int (0: the main process) or "auto".
-    workers: ``Workers(prefetch_factor, pin_memory, ...)`` or ``feedpipe.tuned()`` (measured).
-    output: ``Output(dtype, mean, std, channels_last, ragged, min_box_fraction)``.
-    sampler: ``Sampler(world, uneven, shuffle_window, shuffle_buffer)``.
-    backend: "auto", "torch", "dali" or ``Dali(reader, hw_decoder_load)``.
+    N int64, and any other ``fields``. The call that replaces ``DataLoader(...)``.
 
     Every option is checked (a ConfigError names it; a typo gets the closest name, an option
     that moved its new place); "auto" values are resolved for the machine and the data.
+
+    Args:
+        source: A packed dataset's path or URL, an opened dataset (``open_dataset``,
+            ``Windows``), ``Remote(url, cache_dir=...)``, or ``Mix([a, b], weights=...)`` (a
+            list or ``{name: dataset}`` is an unweighted Mix).
+        batch_size: Samples per batch on this rank.
+        shuffle: A new order each epoch (as DataLoader's), seeded by (seed, epoch, rank).
+        seed: The seed of the order and of every random draw (crops, flips, ``transform``'s
+            ``rng``): the batches are the same for any ``num_workers`` and on resume.
+        drop_last: Leave out the last, smaller batch (as DataLoader's).
+        fields: The fields to yield (default: ``image`` and ``label`` where the dataset has
+            them; for data without images, every field).
+        size: Output (height, width); an int is a square; None keeps the stored size.
+        crop: "resize", "center_crop", "random_resized_crop", "none", or
+            ``RandomResizedCrop(scale, ratio)``.
+        flip: Flip each sample horizontally with probability 1/2 (its labels follow).
+        affine: ``RandomAffine(degrees, translate, scale, shear)``, resampled with the crop.
+        transform: Your ``fn(sample, rng)``, in the workers after the crop (docs/transforms.md).
+        batch_transforms: Operations on whole batches on the device
+            (``feedpipe.loader.augment``: ColorJitter, RandomErasing, MixUp, ...; or your own
+            ``fn(batch, generator) -> batch``).
+        device: "auto" (CUDA when available), "cpu", "cuda[:N]" or a ``torch.device``.
+        num_workers: Loader processes: an int (0: the main process) or "auto".
+        workers: ``Workers(prefetch_factor, pin_memory, ...)``, or ``feedpipe.tuned()``
+            (``num_workers`` and ``prefetch_factor`` measured).
+        output: ``Output(dtype, mean, std, channels_last, ragged, min_box_fraction)``.
+        sampler: ``Sampler(world, uneven, shuffle_window, shuffle_buffer)``.
+        backend: "auto", "torch", "dali" or ``Dali(reader, hw_decoder_load)``.
+
+    Returns:
+        The loader: iterate it once per epoch; it has ``len``, ``set_epoch``,
+        ``state_dict``/``load_state_dict``, ``classes`` and ``describe()``.
+
+    Raises:
+        ConfigError: An option misspelt, moved, out of range, or that the data cannot serve.
     """
     given = {k: v for k, v in locals().items() if k not in ("source", "batch_size")}
     cfg, tuned = _config(source, batch_size, given)

@@ -66,15 +66,26 @@ def checked(cls: type[T]) -> type[T]:
 @checked
 @dataclass(frozen=True)
 class Workers:
-    """The loading processes (``num_workers`` of them, a ``make_loader`` option; they live as
-    long as the loader, ``loader.close()`` or ``del loader`` ends them): DataLoader's names;
-    plus ``decode_on`` ("cpu": they decode; "device": nvJPEG on the CUDA device;
-    "auto"), ``on_error`` ("raise", or "skip" a corrupt sample: counted, named, refilled) and
-    ``max_pixels`` (decompression-bomb limit; None: the dataset's own)."""
+    """``workers=Workers(...)``: the loading processes (``num_workers`` of them, a
+    ``make_loader`` option), with DataLoader's names where DataLoader has the setting. They live
+    as long as the loader (``loader.close()`` or ``del loader`` ends them), so an epoch's end
+    never waits for them to drain or start again.
 
-    prefetch_factor: int | Auto = "auto"  # batches each keeps ahead; "auto": 4 decoding, else 2
-    pin_memory: bool | Auto = "auto"  # "auto": on for CUDA
-    multiprocessing_context: MpContext | None = None  # None: torch's default
+    Args:
+        prefetch_factor: Batches each worker keeps ahead; "auto": 4 when they decode, else 2.
+        pin_memory: Batches in page-locked memory for a fast copy to the GPU; "auto": on for
+            CUDA.
+        multiprocessing_context: "fork", "spawn" or "forkserver"; None: torch's default.
+        decode_on: "cpu" (the workers decode), "device" (nvJPEG on the CUDA device) or "auto"
+            (the workers, until a GPU run shows nvJPEG feeds the step more).
+        on_error: "raise", or "skip" a corrupt sample: counted, named (``loader.skipped``) and
+            replaced.
+        max_pixels: The decompression-bomb limit; None: the dataset's own.
+    """
+
+    prefetch_factor: int | Auto = "auto"
+    pin_memory: bool | Auto = "auto"
+    multiprocessing_context: MpContext | None = None
     decode_on: DecodeOn = "auto"
     on_error: OnError = "raise"
     max_pixels: int | None = None
@@ -95,11 +106,19 @@ class Tuned:
 @checked
 @dataclass(frozen=True)
 class Output:
-    """How batches come out: ``dtype`` ("float32", "float16", "bfloat16" normalized, or
-    "uint8" as stored), per-channel RGB ``mean``/``std`` in 0..1 units (both None: no
-    normalization), ``channels_last`` memory format, ``ragged`` boxes and variable-shape arrays
-    ("pad": N×max rows plus counts; "list": a tensor per sample), and ``min_box_fraction``
-    (boxes keeping less of their area inside the crop are dropped)."""
+    """``output=Output(...)``: how batches come out.
+
+    Args:
+        dtype: The images' dtype: "float32", "float16", "bfloat16" (normalized), or "uint8"
+            (as stored).
+        mean: Per-channel RGB mean in 0..1 units, subtracted (ImageNet's by default); None
+            with ``std=None``: no normalization.
+        std: Per-channel RGB standard deviation in 0..1 units, divided by.
+        channels_last: Images in the channels-last memory format (N×C×H×W shape).
+        ragged: Boxes and variable-shape arrays: "pad" (N×max rows plus counts) or "list" (a
+            tensor per sample).
+        min_box_fraction: Boxes keeping less of their area inside the crop are dropped (0..1).
+    """
 
     dtype: Dtype = "float32"
     mean: tuple[float, float, float] | None = IMAGENET_MEAN
@@ -112,10 +131,18 @@ class Output:
 @checked
 @dataclass(frozen=True)
 class Sampler:
-    """Which samples, in what order (DistributedSampler's place): ``world`` (rank and size;
-    None: from torchrun), ``uneven`` shares across ranks ("pad" wraps, "drop" trims, "mask"
-    marks the padding in ``valid``), ``shuffle_window`` (sharded data: shards shuffled together;
-    None: the buffer) and ``shuffle_buffer`` (samples; docs/shuffle.md)."""
+    """``sampler=Sampler(...)``: which samples, in what order (DistributedSampler's place).
+
+    Args:
+        world: This process's ``World(rank, size)``; None: from torch.distributed or torchrun's
+            environment.
+        uneven: When the samples do not divide among the ranks: "pad" wraps round, "drop"
+            trims, "mask" pads and marks the padding False in ``batch["valid"]`` (exact
+            evaluation: every sample counted once).
+        shuffle_window: Sharded data: shards shuffled together (docs/shuffle.md); None: the
+            buffer.
+        shuffle_buffer: Samples shuffled together when ``shuffle_window`` is None.
+    """
 
     world: World | None = None
     uneven: Uneven = "pad"
@@ -126,8 +153,12 @@ class Sampler:
 @checked
 @dataclass(frozen=True)
 class RandomResizedCrop:
-    """``crop=RandomResizedCrop(scale, ratio)``: torchvision's crop with its ranges of the
-    image area (fractions) and of aspect ratios (width / height)."""
+    """``crop=RandomResizedCrop(scale, ratio)``: torchvision's crop with its ranges.
+
+    Args:
+        scale: The range of the crop's area, as fractions of the image's.
+        ratio: The range of the crop's aspect ratio (width / height).
+    """
 
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
@@ -136,9 +167,13 @@ class RandomResizedCrop:
 @checked
 @dataclass(frozen=True)
 class Dali:
-    """``backend=Dali(...)``: NVIDIA DALI, with ``reader`` "plan" (feedpipe's order, every
-    format) or "webdataset" (DALI's own tar reader), and ``hw_decoder_load``, the share of JPEGs
-    for the A100/H100 hardware decoder (0..1)."""
+    """``backend=Dali(...)``: NVIDIA DALI (docs/dali.md).
+
+    Args:
+        reader: "plan" (feedpipe's order, every format) or "webdataset" (DALI's own tar
+            reader, its order).
+        hw_decoder_load: The share of JPEGs for the A100/H100 hardware decoder (0..1).
+    """
 
     reader: DaliReader = "plan"
     hw_decoder_load: float = 0.65
@@ -147,10 +182,17 @@ class Dali:
 @checked
 @dataclass(frozen=True)
 class Remote:
-    """A dataset URL (s3://, gs://, https://, hf://) with its node-local ``cache_dir`` (None:
-    ``$FEEDPIPE_CACHE`` or ~/.cache/feedpipe/remote), ``cache_limit`` (bytes or "200GB"),
-    ``storage_options`` for its fsspec filesystem, and ``timeout`` (seconds to connect or for
-    the next bytes; None: 30); docs/remote.md."""
+    """``source=Remote(url, ...)``: a dataset in object storage, read through a node-local
+    cache (docs/remote.md).
+
+    Args:
+        url: s3://, gs://, https:// or hf:// (a local path works too).
+        cache_dir: The node-local cache; None: ``$FEEDPIPE_CACHE`` or
+            ~/.cache/feedpipe/remote.
+        cache_limit: The cache's size limit, in bytes or as "200GB".
+        storage_options: Options for the URL's fsspec filesystem (endpoint, credentials).
+        timeout: Seconds to connect or to wait for the next bytes; None: 30.
+    """
 
     url: str | os.PathLike[str]
     cache_dir: str | os.PathLike[str] | None = None
@@ -174,11 +216,16 @@ class Remote:
 @checked
 @dataclass(frozen=True)
 class Mix:
-    """Several datasets read as one, with a ``source`` field (docs/mixing.md): ``sources`` a
-    list or ``{name: dataset}`` (paths, URLs, :class:`Remote`, opened readers); ``weights``
-    their shares of each epoch (None: each sample once); ``epoch_size`` samples per epoch
-    (None: the sizes summed); ``classes`` "equal" (refuse differing class lists) or "union"
-    (remap the labels into one list)."""
+    """``source=Mix([...])``: several datasets read as one, with a ``source`` field
+    (docs/mixing.md).
+
+    Args:
+        sources: A list or ``{name: dataset}`` of paths, URLs, ``Remote``s or opened datasets.
+        weights: Their shares of each epoch; None: each sample once.
+        epoch_size: Samples per epoch; None: the sizes summed.
+        classes: "equal" (refuse differing class lists) or "union" (remap the labels into one
+            list).
+    """
 
     sources: Sequence[Any] | Mapping[str, Any]
     weights: Sequence[float] | None = None

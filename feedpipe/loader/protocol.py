@@ -30,21 +30,33 @@ class LoaderView:
 
 @runtime_checkable
 class Loader(Protocol):
-    """Iterate once per epoch; every new ``iter()`` starts its epoch at the first batch, only
-    ``load_state_dict()`` resumes mid-epoch (once). A fully consumed epoch moves on to the next.
+    """What ``make_loader`` returns, whichever backend. Iterate it once per epoch: every new
+    ``iter()`` starts its epoch at the first batch, only ``load_state_dict()`` resumes mid-epoch
+    (once). A fully consumed epoch moves on to the next. ``len(loader)`` is the epoch's batch
+    count on this rank (docs/trainers.md: the contract).
+
+    Attributes:
+        classes: Class names from the manifest; () for unlabeled data.
+        skipped: Records skipped under ``Workers(on_error="skip")``, by name.
     """
 
-    classes: tuple[str, ...]       # class names from the manifest; () for unlabeled data
-    skipped: list[str]             # records skipped under on_error="skip", by name
+    classes: tuple[str, ...]
+    skipped: list[str]
 
     def __iter__(self) -> Iterator[dict[str, Any]]: ...
 
     def __len__(self) -> int: ...
 
-    def set_epoch(self, epoch: int) -> None: ...
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch to iterate next (its order and augmentation); the same epoch again changes
+        nothing, so frameworks that call it every epoch keep a loaded state."""
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loader is: the next epoch and batch, and which dataset (refused on
+        another); resumes at any world size."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at the batch ``state`` names: the next ``iter()`` starts there."""
 
-    def describe(self) -> LoaderView: ...
+    def describe(self) -> LoaderView:
+        """The resolved settings (backend, workers, prefetch, device...), for measurement."""

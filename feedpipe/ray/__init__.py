@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from converters.merge import MergeResult, merge
+from converters.options import Format
 from converters.parts import Part
 from converters.sources import Source, SourceItem, scan
 from feedpipe.errors import ConfigError, MissingDependencyError
@@ -54,7 +55,7 @@ def source_of(data: str | os.PathLike[str] | Sequence[str] | ray.data.Dataset) -
     return Source(root, "paths", items)
 
 
-def _pack(batch: dict[str, Any], *, source: Source, out: str, to: str, count: int,
+def _pack(batch: dict[str, Any], *, source: Source, out: str, to: Format, count: int,
           options: dict[str, Any]) -> dict[str, Any]:
     """One Ray task: pack the parts of this batch in-process with feedpipe's converter."""
     from converters import convert
@@ -68,7 +69,7 @@ def _pack(batch: dict[str, Any], *, source: Source, out: str, to: str, count: in
 
 
 def convert(data: str | os.PathLike[str] | Sequence[str] | ray.data.Dataset,
-            out: str | os.PathLike[str], to: str = "wds", *, parts: int | None = None,
+            out: str | os.PathLike[str], to: Format = "wds", *, parts: int | None = None,
             **options: Any) -> MergeResult:
     """Pack ``data`` into the dataset ``out`` with Ray Data, then merge the parts.
 

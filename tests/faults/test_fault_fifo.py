@@ -1,6 +1,6 @@
 """A FIFO in place of a dataset file blocked ``verify`` and ``make_loader`` forever (its open
 waits for a writer that never comes). Each call runs in a child process with a timeout, so a
-regression fails here instead of hanging the suite (issue 23, item 5)."""
+regression fails here instead of hanging the suite."""
 
 from __future__ import annotations
 

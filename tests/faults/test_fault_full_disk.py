@@ -1,4 +1,4 @@
-"""A disk that is already full (issue 23, item 13): the remote-data cache's download and
+"""A disk that is already full: the remote-data cache's download and
 ``convert -o`` onto it each give one typed error naming the path (and the URL), leave no partial
 file, and the CLI prints one line. A real 2 MiB tmpfs, filled to the last page (needs root to
 mount: skipped otherwise)."""

@@ -275,7 +275,7 @@ def test_damaged_merged_hdf5_gives_a_typed_error_in_seconds(photo_dir, tmp_path)
 
 @pytest.mark.parametrize("cases", TIERS)
 def test_progressive_transcode(cases):
-    """Damaged progressive JPEGs through the lossless transcode to baseline (issue 24): it gives
+    """Damaged progressive JPEGs through the lossless transcode to baseline: it gives
     a file that decodes to exactly the source's pixels, or keeps the source with a reason; it
     never raises and never crashes the process (a beta libjpeg-turbo is bundled)."""
     simplejpeg = pytest.importorskip("simplejpeg")

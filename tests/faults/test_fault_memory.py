@@ -1,4 +1,4 @@
-"""Small hostile inputs that declare huge sizes (issue 23, item 11): a few-MB ``.tgz`` holding a
+"""Small hostile inputs that declare huge sizes: a few-MB ``.tgz`` holding a
 1 GiB member of zeros, a plain ``.tar`` declaring one (sparse on disk), and a PNG mask of a few
 MB declaring 30000×30000 pixels, at conversion and in the loader. Each is refused by name from
 its header, and the peak RSS of the process that meets it stays far below what reading it would

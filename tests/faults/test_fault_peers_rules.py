@@ -1,4 +1,4 @@
-"""The peers harness rates the bare kernel and every contender by one rule (issue 24 item 4):
+"""The peers harness rates the bare kernel and every contender by one rule:
 no PSS sampling in a timed epoch (it costs ~9 ms of system time a sample, a fifth of a core at
 10 Hz, which the kernel never paid), the peak PSS from untimed epochs, and the kernel's images/s
 over its whole span. Runs the real harness on a few generated photos, feedpipe LMDB only."""

@@ -1,4 +1,4 @@
-"""Issue 27: after a worker raised CorruptRecordError, the next loader printed "AssertionError:
+"""After a worker raised CorruptRecordError, the next loader printed "AssertionError:
 can only test a child process" once per worker: the failed epoch's DataLoader iterator, kept in
 a reference cycle by the exception's traceback, was freed inside the next loader's forked
 workers. The torch backend now stops a failed epoch's workers itself."""

@@ -224,7 +224,8 @@ class DatasetReader(ABC):
 
     def visit(self, indices: Sequence[int], fn: Visitor,
               fields: Sequence[str] | None = None) -> None:
-        """Public form of :meth:`_visit` with index checks; ``fields`` limits what is read.
+        """Call ``fn(position, stored_values)`` for each of ``indices`` (checked), in order, in
+        one read pass; ``fields`` limits what is read.
 
         A damaged or unsafe record raises with its key and, when its ``path`` field is still
         readable, the source file it was converted from."""

@@ -199,14 +199,28 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
              trial_batches: int = 24, tolerance: float = 0.05, repeats: int = 1,
              cache: bool = True, **loader_options: Any) -> TuneResult:
     """Measure loader configurations of ``source`` at ``batch_size`` and return the cheapest
-    within ``tolerance`` of the fastest (see module doc).
+    within ``tolerance`` of the fastest: workers 0, 1, 2, ... until one more no longer pays,
+    then prefetch depths near the best (docs/measure.md). A cache hit (same dataset, machine
+    and settings) runs no trial.
 
-    ``budget_cpus``: most workers to try (default: usable cores shared among the local ranks);
-    ``budget_ram``: bytes of batches the loader may hold (ring and prefetch; default: the RAM
-    available now). ``loader_options`` go to every ``make_loader`` call; a ``prefetch_factor``
-    in their ``workers=Workers(...)`` is kept fixed. ``repeats`` > 1 measures each
-    configuration that many times (interleaved) and keeps its fastest, for busy machines. A
-    cache hit (same dataset, machine and settings) runs no trial.
+    Args:
+        source: A packed dataset's path or an opened dataset.
+        batch_size: The training's batch size.
+        budget_cpus: The most workers to try; None: the usable cores shared among the local
+            ranks.
+        budget_ram: Bytes of batches the loader may hold (ring and prefetch); None: the RAM
+            available now.
+        trial_batches: Batches timed per configuration.
+        tolerance: The cheapest configuration within this share of the fastest wins.
+        repeats: > 1 measures each configuration that many times (interleaved) and keeps its
+            fastest, for busy machines.
+        cache: Read and write the cached choice.
+        **loader_options: Go to every ``make_loader`` call; a ``prefetch_factor`` in their
+            ``workers=Workers(...)`` is kept fixed.
+
+    Returns:
+        The choice, every trial and why (``loader_options()``: what to pass to
+        ``make_loader``).
     """
     if "num_workers" in loader_options:
         raise ConfigError("autotune chooses num_workers: leave it out of the loader options")

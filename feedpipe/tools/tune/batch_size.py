@@ -214,23 +214,40 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
                     resolution: float = 1 / 32, clock: Callable[[], float] = time.perf_counter,
                     time_budget: float | None | Literal["auto"] = "auto", progress: bool = True,
                     **loader_options: Any) -> BatchSizeResult:
-    """Find the batch size to train ``model`` with, by trials (see module doc).
+    """Find the batch size to train ``model`` with, by trials of real forward + backward +
+    optimizer steps (model and optimizer state restored afterwards): doubled, then bisected.
 
-    ``sample_batch_fn_or_source``: a function ``size -> batch`` or a packed dataset (path or
-    reader, loaded with ``make_loader(..., **loader_options)`` and tiled to each size). ``step``
-    computes the loss (default :func:`default_step`). On CPU ``memory_budget`` (default: half the
-    RAM available now) bounds the growth of this process's peak resident memory over its size at
-    the start; on CUDA it optionally bounds peak reserved memory. ``time_budget`` (seconds; "auto":
-    :data:`CPU_TIME_BUDGET_S` on CPU, none on CUDA) caps the search: a size whose trial would not
-    end within what is left (predicted from the slowest trial per sample) is not run and counts as
-    not fitting. ``progress`` shows each trial as it ends. ``mode="largest"`` returns the
-    largest fitting size less ``margin``; ``"fastest"`` the size with the best samples/s among
-    those. The loader's host RAM at that size (``loader_workers × loader_prefetch`` batches) caps
-    it too, at half the RAM available (:data:`LOADER_RAM_SHARE`). Under torch.distributed all
-    ranks run the same trials and agree on the minimum.
-    ``amp`` runs the step under autocast (float16 on CUDA, bfloat16 on CPU; no GradScaler, whose
-    memory is negligible). The binary search stops once its bracket is within ``resolution`` of
-    the fitting size.
+    Under torch.distributed all ranks run the same trials and agree on the minimum.
+
+    Args:
+        model: The model to train.
+        sample_batch_fn_or_source: A function ``size -> batch``, or a packed dataset (path or
+            reader, loaded with ``make_loader(..., **loader_options)`` and tiled to each size).
+        optimizer: Stepped in each trial (its state's memory counts), restored afterwards;
+            None: forward and backward only.
+        amp: Run the step under autocast (float16 on CUDA, bfloat16 on CPU).
+        margin: ``mode="largest"`` returns the largest fitting size less this share.
+        max_size: The largest size tried.
+        mode: "largest" fitting size, or "fastest": the best samples/s among those.
+        device: Where to train; None: the device of the model's parameters.
+        memory_budget: On CPU (default: half the RAM available now) it bounds the growth of
+            this process's peak resident memory; on CUDA it optionally bounds peak reserved
+            memory (a trial also fails on out-of-memory).
+        loader_prefetch: Batches each loader worker holds: ``loader_workers ×
+            loader_prefetch`` batches at the size are capped at half the RAM available.
+        loader_workers: The loader's workers, for that cap; None: the loader's default.
+        step: ``step(model, batch) -> loss``; None: ``default_step``.
+        start: The first size tried.
+        steps: Timed steps per trial.
+        resolution: The bisection stops within this share of the fitting size.
+        clock: The timer.
+        time_budget: Seconds for the whole search: a size whose trial would not end in what
+            is left counts as not fitting; "auto": ``CPU_TIME_BUDGET_S`` on CPU, none on CUDA.
+        progress: Show each trial as it ends.
+        **loader_options: For ``make_loader`` when a dataset is given.
+
+    Returns:
+        The size, every trial and why.
     """
     if mode not in ("largest", "fastest"):
         raise ConfigError(f"mode={mode!r}: use 'largest' or 'fastest'", option="mode")
