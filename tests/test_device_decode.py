@@ -113,7 +113,9 @@ def test_workers_ship_the_stored_bytes_and_the_planned_geometry(packed):
     out = enc.__getitems__(req)
     batch = out["image"]
     assert isinstance(batch, EncodedBatch) and batch.offsets.tolist()[0] == 0
-    for f, i in zip(batch.files(), req):
+    files, pos = batch.files()
+    assert pos == [0, 1, 2] and batch.rows is None  # baseline JPEGs: all still encoded
+    for f, i in zip(files, req):
         assert f.numpy().tobytes() == bytes(reader.read_raw(i)["image"])
     # the same random draws as the CPU path: plan() over a fresh rng for the same request
     from feedpipe.loader.sampler import rng_for

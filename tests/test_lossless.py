@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from fp_helpers import pil_rgb
 from PIL import Image
 
@@ -191,24 +190,6 @@ def test_cli_summary_names_slow_jpegs(tmp_path, odd_sampling, capsys):
     out = capsys.readouterr().out
     assert "3 JPEGs need the slower fallback decoder" in out and "s410.jpg" in out
     assert main(["verify", str(tmp_path / "o")]) == 0
-
-
-def test_auto_backend_keeps_non_jpeg_data_on_torch(tmp_path, photo_dir, base, packed, caplog):
-    from feedpipe.loader.config import LoaderConfig
-    from feedpipe.loader.dali.backend import choose_backend
-    from feedpipe.loader.dali.pipeline import dali_installed
-
-    if not dali_installed():
-        pytest.skip("DALI is not installed: 'auto' never picks it")
-    src = tmp_path / "src"
-    shutil.copytree(photo_dir, src)
-    Image.fromarray(base).save(src / "astronaut" / "zz.png")
-    convert(src, tmp_path / "o", to="wds", workers=0)
-    cfg, cuda = LoaderConfig(batch_size=8, size=32), torch.device("cuda")  # no CUDA call is made
-    assert choose_backend(feedpipe.open_dataset(packed["wds"]), cfg, cuda) == "dali"
-    with caplog.at_level("INFO", logger="feedpipe.loader"):
-        assert choose_backend(feedpipe.open_dataset(tmp_path / "o"), cfg, cuda) == "torch"
-    assert "stored as mixed, not JPEG" in caplog.text
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "wds"])

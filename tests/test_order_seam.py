@@ -101,6 +101,6 @@ def test_plan_ahead_is_declared_and_called_in_plan_order(packed: dict[str, Path]
     requests = Requests(planner, 0, None)
     requests.at = (0, 1)
     n = len(planner.plan(0))
-    batches = list(itertools.islice(requests, n + 1))
+    batches = list(itertools.islice(requests, n))  # epoch 0 from batch 1, then epoch 1's first
     assert watched.calls == [*range(1, n), 0]
     assert [(b.epoch, b.number) for b in batches] == [*((0, k) for k in range(1, n)), (1, 0)]
