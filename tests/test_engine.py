@@ -133,7 +133,7 @@ def test_a_slot_is_never_reused_while_a_batch_holds_it(packed, workers, monkeypa
     poisoned: list[int] = []
 
     def poison(ring: SlotRing, slot: int) -> None:
-        for name, ts in ring.tensors.items():
+        for ts in ring.tensors.values():
             ts[slot].fill_(float("nan") if ts[slot].is_floating_point() else -7)
         poisoned.append(slot)
 
@@ -154,7 +154,7 @@ def test_a_slot_is_never_reused_while_a_batch_holds_it(packed, workers, monkeypa
     ld = feedpipe.make_loader(packed["lmdb"], 4, num_workers=workers, **F32)
     kept, copies = [], []
     rng = np.random.default_rng(0)
-    for epoch in range(3):
+    for _ in range(3):  # epochs
         for k, b in enumerate(ld):
             assert not torch.isnan(b["image"]).any() and (b["label"] >= 0).all()
             if rng.random() < 0.3:  # some batches kept, the others let go at once
