@@ -3,7 +3,8 @@ each checkout converts them with its own CLI (so its own HDF5 layout), then the 
 which checkout goes first, every figure from a fresh process of that checkout:
 
 - conversion: ``feedpipe convert SRC --to hdf5 -o OUT -q``, process start to exit, images/s;
-- random reads: ``reader.visit`` of random 64-sample batches (every field), µs a sample;
+- random reads: ``reader.visit`` of random 64-sample batches (every field; ``visit-image``: the
+  image and label only), µs a sample;
 - loader: one ``make_loader`` epoch after a warm-up one (224² centre crop, uint8, batch 64), 0
   and 2 workers, images/s.
 
@@ -24,7 +25,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve()
-KINDS = ("convert", "visit", "loader-0", "loader-2")
+KINDS = ("convert", "visit", "visit-image", "loader-0", "loader-2")
 
 
 def child(kind: str, path: str) -> float:
@@ -34,15 +35,16 @@ def child(kind: str, path: str) -> float:
     import feedpipe
     from feedpipe import Output
 
-    if kind == "visit":
+    if kind.startswith("visit"):
         ds = feedpipe.open_dataset(path)
+        fields = ("image", "label") if kind == "visit-image" else None
         rng = np.random.default_rng(0)
         batches = [rng.choice(len(ds), 64, replace=False) for _ in range(400)]
         for b in batches[:20]:  # warm-up: open, page cache
-            ds.visit(b, lambda *_: None)
+            ds.visit(b, lambda *_: None, fields)
         t = time.perf_counter()
         for b in batches:
-            ds.visit(b, lambda *_: None)
+            ds.visit(b, lambda *_: None, fields)
         return 1e6 * (time.perf_counter() - t) / (64 * len(batches))
     ld = feedpipe.make_loader(path, 64, size=224, crop="center_crop", device="cpu",
                               num_workers=int(kind.split("-")[1]),

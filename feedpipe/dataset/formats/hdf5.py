@@ -38,6 +38,7 @@ import numpy as np
 from ...errors import CorruptRecordError, UnsafeDataError, UnsafePathError
 from ...schema.codecs import crc32
 from ...schema.fields import Field
+from ..manifest import Manifest
 from .base import DatasetReader, Visitor, unsafe_name
 from .hdf5_write import (
     ARRAY,
@@ -67,7 +68,7 @@ class Hdf5Reader(DatasetReader):
     format_name = "hdf5"
     _handles = ("_h5", "_cols")
 
-    def __init__(self, root: str | os.PathLike[str], manifest: Any = None) -> None:
+    def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None) -> None:
         super().__init__(root, manifest)
         self._files, self._ids, self._ends = self.parts(FILE_NAME)
         self._starts = np.concatenate([[0], self._ends[:-1]])
@@ -97,11 +98,7 @@ class Hdf5Reader(DatasetReader):
         self.check_size(name, os.stat(path).st_size)
         h5 = h5py.File(path, "r")
         self._h5.append(h5)
-        attr = h5.attrs.get_id(ID_ATTR) if ID_ATTR in h5.attrs else None
-        if attr is not None and attr.dtype.kind != "S":  # read only a fixed-length string
-            raise CorruptRecordError(f"{path}: attribute {ID_ATTR!r} is {attr.dtype}, not "
-                                     "fixed-length ASCII", dataset=self.root)
-        self.check_id(name, h5.attrs[ID_ATTR] if attr is not None else None, dataset_id)
+        self.check_id(name, h5.attrs.get(ID_ATTR), dataset_id)
         with open(path, "rb") as fh:  # the mapping outlives the descriptor and its views
             size = os.fstat(fh.fileno()).st_size
             raw = np.frombuffer(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
