@@ -4,11 +4,11 @@ The merged dataset contains its parts: each part directory lives at
 ``OUT/parts/part-IIIII-of-NNNNN`` (``convert --part`` writes it there; a part given from
 elsewhere on the same filesystem is moved in with one ``rename``, so it is always whole in its old
 place or its new one). Nothing is copied: WebDataset gets one shard list and one index over the
-parts' shards, HDF5 a ``data.h5`` of virtual datasets (h5py VDS) over the parts' files, LMDB a list
-of environments the reader opens together. The manifest, written last, names the parts' files as
-relative ``parts/...`` paths (``Manifest.check_paths`` keeps them inside the dataset). An
-interrupted merge leaves no manifest, so it never reads as a dataset, and running the merge again
-finishes it: the parts already moved in are always taken.
+parts' shards; LMDB and HDF5 a list of the parts' files, which the reader opens together. The
+manifest, written last, names the parts' files as relative ``parts/...`` paths
+(``Manifest.check_paths`` keeps them inside the dataset). An interrupted merge leaves no
+manifest, so it never reads as a dataset, and running the merge again finishes it: the parts
+already moved in are always taken.
 """
 
 from __future__ import annotations

@@ -7,16 +7,11 @@ folder, or an object-store prefix for WebDataset).
 
 from __future__ import annotations
 
-import hashlib
 import io
-import tempfile
-from pathlib import Path
 from typing import Any, BinaryIO, Callable, Protocol
 
-import h5py
 import numpy as np
 
-from feedpipe.dataset.formats.hdf5 import FILE_NAME, ID_ATTR
 from feedpipe.dataset.formats.wds import CRC_FILE, INDEX_FILES, VALUES_FILE
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.errors import PartsError
@@ -91,70 +86,17 @@ class WdsMerge:
         return written, {"shards": shards, **({"index_fields": kept} if kept else {})}
 
 
-class LmdbMerge:
-    """Nothing to write: the reader opens the parts' environments (``extra.parts``) together."""
+class PartsMerge:
+    """Nothing to write: the reader opens the parts' files (``extra.parts``) together (LMDB
+    environments, HDF5 files)."""
 
     names: tuple[str, ...] = ()
 
     def build(self, store: Store, parts: list[Manifest], dirs: list[str],
               schema: Schema) -> Built:
-        return [], {}
+        return [], ({"compression": parts[0].extra.get("compression")}
+                    if "compression" in parts[0].extra else {})
 
 
-class Hdf5Merge:
-    """``data.h5`` of virtual datasets (HDF5 VDS): each dataset of the parts' files, stacked in
-    part order, by paths relative to the merged file."""
-
-    names: tuple[str, ...] = (FILE_NAME,)
-
-    def build(self, store: Store, parts: list[Manifest], dirs: list[str],
-              schema: Schema) -> Built:
-        total = sum(m.num_samples for m in parts)
-        with tempfile.TemporaryDirectory(prefix="feedpipe-merge-") as tmp:  # remote: fetched
-            files = []
-            try:
-                for d in dirs:
-                    files.append(h5py.File(store.local(f"{d}/{FILE_NAME}", Path(tmp)), "r"))
-                layouts = {name: _stack(name, files, parts, dirs, total) for name in files[0]}
-            finally:
-                for f in files:
-                    f.close()
-
-        # the merged file's dataset id: its parts' ids, in order (see DatasetWriter.dataset_id)
-        merged_id = hashlib.blake2b("\n".join(str(m.extra.get("dataset_id")) for m in parts)
-                                    .encode(), digest_size=16).hexdigest()
-
-        def write(fh: BinaryIO) -> None:
-            with h5py.File(fh, "w") as out:
-                for name, layout in layouts.items():
-                    out.create_virtual_dataset(name, layout)
-                out.attrs["num_samples"] = total
-                out.attrs[ID_ATTR] = np.bytes_(merged_id)
-
-        return [_write(store, FILE_NAME, write)], {"compression": parts[0].extra.get("compression"),
-                                          "dataset_id": merged_id}
-
-
-def _stack(name: str, files: list[h5py.File], parts: list[Manifest], dirs: list[str],
-           total: int) -> h5py.VirtualLayout:
-    """The virtual layout of dataset ``name``: the parts' datasets stacked in part order."""
-    first = files[0][name]
-    srcs = [f.get(name) for f in files]
-    for d, s in zip(dirs, srcs):
-        if s is None or s.dtype != first.dtype or s.shape[1:] != first.shape[1:]:
-            raise PartsError(f"{d}/{FILE_NAME}: dataset {name!r} is missing or differs from "
-                             f"the first part's ({first.dtype}, {first.shape[1:]})")
-    layout = h5py.VirtualLayout(shape=(total, *first.shape[1:]), dtype=first.dtype)
-    at = 0
-    for d, s, m in zip(dirs, srcs, parts):
-        if s.shape[0] != m.num_samples:
-            raise PartsError(f"{d}/{FILE_NAME}: dataset {name!r} has {s.shape[0]} rows, its "
-                             f"manifest says {m.num_samples} samples")
-        layout[at: at + m.num_samples] = h5py.VirtualSource(f"{d}/{FILE_NAME}", name,
-                                                            shape=s.shape)
-        at += m.num_samples
-    return layout
-
-
-BUILDERS: dict[str, Builder] = {"wds": WdsMerge(), "lmdb": LmdbMerge(), "hdf5": Hdf5Merge()}
+BUILDERS: dict[str, Builder] = {"wds": WdsMerge(), "lmdb": PartsMerge(), "hdf5": PartsMerge()}
 

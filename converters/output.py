@@ -159,12 +159,12 @@ def check_not_source(source: Source, out: Path) -> None:
 
 def abandon(exc: BaseException, writers: Iterable[DatasetWriter], output: Output,
             out: Path, partial: Path) -> NoReturn:
-    """After a failed conversion: close the writers (a failed close loses to ``exc``), remove the
+    """After a failed conversion: discard the writers (a failed one loses to ``exc``), remove the
     partial output, and raise: :class:`DiskFullError` (from ``exc``) when the disk filled, else
     ``exc`` itself."""
     for writer in writers:
         try:
-            writer.close()
+            writer.discard()
         except Exception:  # the original error matters more than a failed cleanup
             pass
     full = disk_full(exc, out, partial)

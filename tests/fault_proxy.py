@@ -5,9 +5,9 @@ Hugging Face Hub (``--hf``, :mod:`hub_emulator`).
 
 Faults are set over HTTP while it runs (``POST /__faults__`` with a JSON list of rules), and it
 keeps an access log (``GET /__log__``): method, path, query string, Range, status, body bytes
-(-1: cut), User-Agent (which client sent it: ``object_store/...`` is obstore), the access key id and
-session token an S3 request was signed with, and the client's ``X-Client`` header (a tag telling
-apart processes or simulated nodes), per request.
+(-1: cut), User-Agent (which client sent it), the access key id and session token an S3 request
+was signed with, and the client's ``X-Client`` header (a tag telling apart processes or
+simulated nodes), per request.
 Rule keys: ``match`` (a substring of the path; default every path), ``skip`` (matching requests
 let through before the rule applies; default 0), ``kind``:
 - ``status``: answer ``status`` (500, 503, 429...) ``times`` times (-1: always);

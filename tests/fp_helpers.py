@@ -89,6 +89,28 @@ def rerecord(root: Path) -> Path:
     return root
 
 
+def put_hdf5_value(root: Path, name: str, index: int, data: bytes) -> Path:
+    """Store ``data`` as field ``name`` of sample ``index`` in an HDF5 dataset, with its
+    checksum (a damaged record the checksum cannot catch), and re-record the file."""
+    import zlib
+
+    import h5py
+
+    from feedpipe.dataset.manifest import Manifest
+
+    col = Manifest.read(root).schema.names.index(name)
+    with h5py.File(root / "data.h5", "r+") as f:
+        off, blob = f[f"{name}__offsets"][:], f[name][:]
+        a, b = int(off[index]), int(off[index + 1])
+        off[index + 1:] += len(data) - (b - a)
+        for key, value in ((name, np.concatenate([blob[:a], np.frombuffer(data, np.uint8),
+                                                  blob[b:]])), (f"{name}__offsets", off)):
+            del f[key]
+            f[key] = value
+        f["_feedpipe.crc32"][index, col] = zlib.crc32(data)
+    return rerecord(root)
+
+
 def cli_main(capsys, *args: str | os.PathLike[str]) -> tuple[int, str, str]:
     """Run the CLI's ``main`` in this process (no interpreter start-up); (exit code, out, err)."""
     from feedpipe.cli import main
@@ -119,13 +141,12 @@ def free_port() -> int:
 
 
 def downgrade_to_v1(root: Path, fmt: str) -> Path:
-    """Rewrite a packed LMDB or HDF5 dataset in place as format version 1 (records without
-    checksums), the layout datasets written before checksums hold. A WebDataset's manifest only
-    is marked version 1: feedpipe refuses it before reading any other file."""
+    """Rewrite a packed LMDB dataset in place as format version 1 (records without checksums),
+    the layout datasets written before checksums hold. A WebDataset's or HDF5 dataset's manifest
+    only is marked version 1: feedpipe refuses it before reading any other file."""
     import json
     import struct
 
-    import h5py
     import lmdb
 
     from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
@@ -145,9 +166,6 @@ def downgrade_to_v1(root: Path, fmt: str) -> Path:
                                        *parts]))
         env.close()
         (root / "lock.mdb").unlink()
-    elif fmt == "hdf5":
-        with h5py.File(root / "data.h5", "r+") as f:
-            del f["_feedpipe.crc32"]
     d["format_version"] = 1
     d["files"] = [vars(FileEntry.of(root, f["name"])) for f in d["files"]]
     (root / MANIFEST_NAME).write_text(json.dumps(d))

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import json
 import subprocess
-import zlib
 from pathlib import Path
 
-import h5py
 import numpy as np
 import pytest
-from fp_helpers import CLI, cli_main, jpeg_bytes, run_cli
+from fp_helpers import CLI, cli_main, jpeg_bytes, put_hdf5_value, run_cli
 
 import feedpipe
 from feedpipe import Output, Workers
@@ -20,7 +18,6 @@ from feedpipe.cli import args as cli_args
 from feedpipe.cli import build_parser, main
 from feedpipe.cli import info as cli_info
 from feedpipe.cli.app import speak_cli
-from feedpipe.dataset.formats.hdf5 import CRC_NAME
 from feedpipe.dataset.formats.wds import check_key
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import WRITERS
@@ -77,9 +74,7 @@ def test_library_errors_are_typed_and_keep_their_builtin(tmp_path):
 @pytest.mark.parametrize("fmt", ["hdf5"])
 def test_bad_json_record_is_a_corrupt_record_under_both_policies(tmp_path, fmt):
     root = pack(fmt, tmp_path / "ds", 16)
-    with h5py.File(root / "data.h5", "r+") as f:  # a damaged record whose checksum matches
-        f["path"][5] = "{not json"
-        f[CRC_NAME][5, 2] = zlib.crc32(b"{not json")
+    put_hdf5_value(root, "path", 5, b"{not json")  # a damaged record whose checksum matches
     kw = dict(size=16, shuffle=False, num_workers=0, fields=("image", "label", "path"), **U8)
     with pytest.raises(CorruptRecordError, match="key 000000005") as exc:
         list(feedpipe.make_loader(root, 4, **kw))

@@ -28,7 +28,6 @@ from feedpipe.errors import (
 )
 from feedpipe.storage import RetryPolicy, download, is_remote, local_path, read_bytes
 from feedpipe.storage.cache import Cache
-from feedpipe.storage.fetch import FETCH_ENV
 
 pytest.importorskip("fsspec")
 FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05)
@@ -149,13 +148,9 @@ def test_partial_download_resumes_with_range(http_packed, packed, tmp_path):
     assert [e["range"] for e in server.log()] == [f"bytes=5000-{len(data) - 1}"]
 
 
-@pytest.mark.parametrize("backend", ["fsspec", "obstore"])
-def test_range_ignored_fails_at_once(http_packed, packed, backend, tmp_path, monkeypatch):
-    """A server that answers a ranged GET with the whole file (a 200): both fetch clients say
-    so at once, typed, after one request (it was fetched 8 times, then called "unreachable")."""
-    if backend == "obstore":
-        pytest.importorskip("obstore")
-    monkeypatch.setenv(FETCH_ENV, backend)
+def test_range_ignored_fails_at_once(http_packed, packed, tmp_path):
+    """A server that answers a ranged GET with the whole file (a 200): said at once, typed,
+    after one request (it was fetched 8 times, then called "unreachable")."""
     server, urls = http_packed
     data = (packed["wds"] / "shard-000000.tar").read_bytes()
     server.faults([{"kind": "norange", "times": -1}])

@@ -1,8 +1,7 @@
 """gs:// against a real GCS JSON-API server on 127.0.0.1: gcp-storage-emulator behind the fault
 proxy (tests/servers.py), reached the ways gcsfs documents (``endpoint_url`` in storage_options,
 or ``STORAGE_EMULATOR_HOST``). Remote batches are the local batches, each data file fetched once
-with ranged GETs; ``convert -o gs://`` then ``verify``; a missing path fails typed, naming it.
-The data files go through fsspec here: obstore's GCS store has no endpoint setting."""
+with ranged GETs; ``convert -o gs://`` then ``verify``; a missing path fails typed, naming it."""
 
 from __future__ import annotations
 
@@ -23,12 +22,10 @@ from converters import convert  # noqa: E402
 from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest  # noqa: E402
 from feedpipe.errors import (  # noqa: E402
     AccessDeniedError,
-    ConfigError,
     IncompleteDatasetError,
     RemoteNotFoundError,
 )
 from feedpipe.storage import RetryPolicy, download, upload  # noqa: E402
-from feedpipe.storage.fetch import FETCH_ENV, fetch_backend  # noqa: E402
 
 FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05)
 KW = dict(size=48, device="cpu", seed=5, num_workers=0, output=Output(dtype="uint8"))
@@ -58,12 +55,10 @@ def test_gs_batches_equal_local(gcs, gcs_packed, packed, fmt, tmp_path):
     assert sorted(e["name"] for e in data) == sorted(files)  # each data file once, two runs
     for e in data:  # fetched by ranged GETs, which the emulator answers 206
         assert e["range"] == f"bytes=0-{files[e['name']] - 1}" and e["status"] == 206, e
-    assert not any(e["agent"].startswith("object_store/") for e in proxy.log())
 
 
 def test_emulator_host_from_the_environment(gcs, gcs_packed, packed, tmp_path, monkeypatch):
-    """``STORAGE_EMULATOR_HOST`` instead of ``endpoint_url``: gcsfs follows it; ``auto`` keeps
-    the fetch on fsspec (obstore would go to Google), and ``obstore`` refuses, saying why."""
+    """``STORAGE_EMULATOR_HOST`` instead of ``endpoint_url``: gcsfs follows it."""
     proxy, _ = gcs
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", proxy.url)
     proxy.faults([])
@@ -72,15 +67,6 @@ def test_emulator_host_from_the_environment(gcs, gcs_packed, packed, tmp_path, m
                             **KW)
     assert same_batches(loader_batches(packed["wds"], **KW), remote)
     assert {e["name"] for e in media_gets(proxy)} >= {"shard-000000.tar", "feedpipe.json"}
-    shard = f"{gcs_packed['wds']}/shard-000000.tar"
-    monkeypatch.setenv(FETCH_ENV, "auto")
-    assert fetch_backend(shard, options) == "fsspec"
-    monkeypatch.setenv(FETCH_ENV, "obstore")
-    with pytest.raises(ConfigError, match="STORAGE_EMULATOR_HOST"):
-        fetch_backend(shard, options)
-    monkeypatch.delenv("STORAGE_EMULATOR_HOST")
-    with pytest.raises(ConfigError, match="endpoint_url"):  # the storage_options form, too
-        fetch_backend(shard, gcs[1])
 
 
 def test_large_object_round_trip(gcs, gs, tmp_path):

@@ -29,11 +29,12 @@ from ..schema.model import Schema
 
 MANIFEST_NAME = "feedpipe.json"
 MANIFEST_VERSION = 1
-# Version 2 adds a crc32 per record and field, checked on every read; LMDB and HDF5 version 1
-# still read. WebDataset version 3 keeps the source path in the index, not the tars; its versions
-# 1 and 2 were written before release 0.1 only and are refused (OLDEST_VERSIONS): re-convert.
-FORMAT_VERSIONS = {"lmdb": 2, "hdf5": 2, "wds": 3}
-OLDEST_VERSIONS = {"lmdb": 1, "hdf5": 1, "wds": 3}
+# Version 2 adds a crc32 per record and field, checked on every read; LMDB version 1 still
+# reads. WebDataset version 3 keeps the source path in the index, not the tars; HDF5 version 3
+# keeps variable-length values as bytes and offsets, not HDF5 variable-length types. Older
+# versions of those two are refused (OLDEST_VERSIONS): re-convert.
+FORMAT_VERSIONS = {"lmdb": 2, "hdf5": 3, "wds": 3}
+OLDEST_VERSIONS = {"lmdb": 1, "hdf5": 3, "wds": 3}
 #: the most samples (and bytes in a file) a manifest may declare: beyond any real dataset, and far
 #: from where int64 index arithmetic overflows; a larger or negative count is a ManifestError
 MAX_SAMPLES = 1 << 48
@@ -155,9 +156,10 @@ class Manifest:
             raise ManifestError(f"{path}: {fmt} format version {d.get('format_version')!r} is not "
                                 f"supported (expected 1 to {FORMAT_VERSIONS[fmt]})")
         if d["format_version"] < OLDEST_VERSIONS[fmt]:
-            raise ManifestError(f"{path}: {fmt} format version {d['format_version']} predates "
-                                "feedpipe 0.1 and is no longer read; re-convert the dataset from "
-                                f"its source (feedpipe convert SRC --to {fmt} -o OUT)")
+            raise ManifestError(f"{path}: {fmt} format version {d['format_version']} is no "
+                                f"longer read (this feedpipe reads {fmt} version "
+                                f"{OLDEST_VERSIONS[fmt]}); re-convert the dataset from its "
+                                f"source (feedpipe convert SRC --to {fmt} -o OUT)")
         check_fields(d, path)
         try:
             manifest = cls(

@@ -1,8 +1,7 @@
-"""Object storage (s3://, gs://, https://, hf://) through fsspec (data-file fetches through obstore
-where ``fetch.py`` maps the credentials exactly): URLs, retries, transfers, and the node-local
-shard cache, and :class:`Store` (a local directory or a URL prefix behind one interface). Sits
-between ``dataset`` (which opens remote datasets through it) and
-``schema``; it knows nothing of formats."""
+"""Object storage (s3://, gs://, https://, hf://) through fsspec: URLs, retries, transfers, the
+node-local shard cache, and :class:`Store` (a local directory or a URL prefix behind one
+interface). Sits between ``dataset`` (which opens remote datasets through it) and ``schema``;
+it knows nothing of formats."""
 
 from .retry import DEFAULT_POLICY, RetryPolicy, classify, with_retries
 from .store import DirStore, Store, UrlStore, open_store

@@ -35,7 +35,6 @@ from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import CacheFullError, ChecksumMismatchError, DiskFullError
 from .cachefs import Trust, trust_of
-from .fetch import Backend
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .sizes import parse_size
 from .transfer import CHUNK, download
@@ -308,12 +307,9 @@ class Cache:
                storage_options: Mapping[str, Any] | None, policy: RetryPolicy,
                chunk: int) -> int:
         part = path.with_name(f".{path.name}.part")
-        # the manifest and index files go through fsspec: a parent opening a dataset before its
-        # DataLoader workers fork must not start obstore's runtime (it does not survive fork)
-        backend: Backend | None = "fsspec" if KEPT.match(path.name) else None
         for _ in range(2):  # a mismatch may be a resumed part from an older file: refetch
             os.close(self.trust.open(part, os.O_WRONLY | os.O_CREAT, write=True))  # checked
-            download(url, part, size, storage_options, policy, chunk, backend=backend)
+            download(url, part, size, storage_options, policy, chunk)
             got = sha256_of(part)
             if got == sha256:
                 fd = self.trust.open(part, os.O_RDONLY)

@@ -2,7 +2,7 @@
 on transient failures, and an immediate, typed failure on a missing object or refused credentials.
 
 Transient: timeouts, 5xx, throttling (429, 503 SlowDown), connections refused or cut mid-body.
-The same rules read fsspec's (aiohttp, botocore) and obstore's exceptions alike.
+The same rules read the exceptions of fsspec's clients (aiohttp, botocore, gcsfs, httpx) alike.
 Permanent: 404 (:class:`RemoteNotFoundError`, check the path) and 401/403
 (:class:`AccessDeniedError`, check the credential named). After ``attempts`` failures in a row,
 :class:`RetriesExhaustedError` names the URL and the last error.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import re
 import time
 from dataclasses import dataclass, replace
 from typing import Callable, Literal, TypeVar
@@ -92,31 +91,13 @@ class RetryPolicy:
 DEFAULT_POLICY = RetryPolicy()
 
 
-#: obstore's errors carry no status attribute; object_store writes it into the message
-_OBSTORE_STATUS = re.compile(r"Server returned non-2xx status code: (\d{3})")
-#: obstore error classes (obstore.exceptions) that no retry can fix
-_OBSTORE_VERDICT: dict[str, Verdict] = {
-    "NotFoundError": "not_found", "PermissionDeniedError": "denied",
-    "UnauthenticatedError": "denied", "InvalidPathError": "fatal", "NotSupportedError": "fatal",
-    "UnknownConfigurationKeyError": "fatal", "AlreadyExistsError": "fatal",
-    "PreconditionError": "fatal", "NotModifiedError": "fatal"}
-
-
 #: how gcsfs reports a 403: a bare OSError("Forbidden: URL ...") (gcsfs.retry.validate_response)
 _GCSFS_FORBIDDEN = "Forbidden: "
 
 
-def _brief(exc: BaseException) -> str:
-    """The exception's message without obstore's multi-line ``Debug source:`` dump."""
-    return str(exc).split("\n\nDebug source:", 1)[0].strip()
-
-
 def _status(exc: BaseException) -> int | None:
     """The HTTP status an exception carries (aiohttp, botocore, requests/httpx responses,
-    gcsfs's errors, and obstore's message)."""
-    if type(exc).__module__.startswith("obstore"):
-        m = _OBSTORE_STATUS.search(str(exc))
-        return int(m[1]) if m else None
+    gcsfs's errors)."""
     if type(exc).__module__.startswith("gcsfs"):  # gcsfs.retry.HttpError: the status is ``code``
         code = getattr(exc, "code", None)
         return code if isinstance(code, int) else None
@@ -139,9 +120,6 @@ def classify(exc: BaseException) -> Verdict:
     if isinstance(exc, StorageError):
         return "not_found" if isinstance(exc, RemoteNotFoundError) else \
             "denied" if isinstance(exc, AccessDeniedError) else "fatal"
-    verdict = _OBSTORE_VERDICT.get(type(exc).__name__)
-    if verdict is not None and type(exc).__module__.startswith("obstore"):
-        return verdict
     status = _status(exc)
     if status is not None:
         if status == 404:
@@ -157,7 +135,7 @@ def classify(exc: BaseException) -> Verdict:
         return "retry"
     module = type(exc).__module__.split(".")[0]
     if module in ("aiohttp", "botocore", "aiobotocore", "urllib3", "httpx", "httpx2",
-                  "requests", "fsspec", "obstore"):  # httpx2: huggingface_hub's HTTP client
+                  "requests", "fsspec"):  # httpx2: huggingface_hub's HTTP client
         return "retry"  # connection and protocol errors (client errors with a status are above)
     return "retry" if isinstance(exc, OSError) else "fatal"
 
@@ -173,9 +151,9 @@ def typed(exc: BaseException, url: str, what: str) -> StorageError:
                                    "completely", url=url)
     if verdict == "denied":
         creds = CREDENTIALS.get(scheme_of(url) or "", "the store's credentials")
-        return AccessDeniedError(f"{url}: access denied while {what} ({_brief(exc)}); check "
+        return AccessDeniedError(f"{url}: access denied while {what} ({str(exc).strip()}); check "
                                  f"{creds}, or pass them in storage_options=", url=url)
-    return StorageError(f"{url}: {what} failed: {type(exc).__name__}: {_brief(exc)}", url=url)
+    return StorageError(f"{url}: {what} failed: {type(exc).__name__}: {str(exc).strip()}", url=url)
 
 
 def with_retries(call: Callable[[], T], url: str, what: str,
@@ -196,10 +174,10 @@ def with_retries(call: Callable[[], T], url: str, what: str,
             if failures >= policy.attempts or spent + pause > policy.deadline:
                 raise RetriesExhaustedError(
                     f"{url}: {what} failed {failures} times in a row in {spent:.1f} s; last "
-                    f"error {type(exc).__name__}: {_brief(exc) or 'no answer'}. The store is "
+                    f"error {type(exc).__name__}: {str(exc).strip() or 'no answer'}. The store is "
                     f"unreachable or overloaded: retry later, or check the endpoint (each try "
                     f"waits {policy.timeout:g} s for an answer; a request gives up after "
                     f"{policy.deadline:g} s: the timeout= option)", url=url) from exc
             log.info("%s: %s failed (%s: %s); retry %d of %d in %.2f s", url, what,
-                     type(exc).__name__, _brief(exc), failures, policy.attempts - 1, pause)
+                     type(exc).__name__, str(exc).strip(), failures, policy.attempts - 1, pause)
             time.sleep(pause)

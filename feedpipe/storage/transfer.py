@@ -1,10 +1,8 @@
 """Moving bytes between a store and local files, every request under the retry policy.
 
 Downloads go in ranged chunks (an HTTP ``Range`` / S3 ranged GET: fsspec's ``cat_file(start,
-end)`` or obstore's ``get_range``, chosen by :func:`feedpipe.storage.fetch.fetch_backend`), each
-appended to a partial file as it arrives, so a connection cut mid-body, or a process killed
-mid-download, resumes from the bytes already on disk instead of starting over. Everything else
-(manifests, sizes, uploads) goes through fsspec.
+end)``), each appended to a partial file as it arrives, so a connection cut mid-body, or a process killed
+mid-download, resumes from the bytes already on disk instead of starting over.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from ..errors import DiskFullError, RangeNotSupportedError, StorageError
-from .fetch import Backend, fetch_backend, obstore_ranged_get
 from .retry import DEFAULT_POLICY, RetryPolicy, with_retries
 from .urls import filesystem
 
@@ -46,8 +43,8 @@ def exists(url: str, storage_options: Options = None,
     return bool(with_retries(lambda: fs.exists(path), url, "checking it exists", policy))
 
 
-def _fsspec_ranged_get(url: str, storage_options: Options,
-                       timeout: float | None = None) -> Callable[[int, int], bytes]:
+def _ranged_get(url: str, storage_options: Options,
+                timeout: float | None = None) -> Callable[[int, int], bytes]:
     """``get(start, end)`` through fsspec, one request for exactly those bytes. A filesystem
     without its own ranged ``cat_file`` (huggingface_hub's ``HfFileSystem``) would open a
     buffered file whose read-ahead cache asks for a block more than the range (and the next
@@ -67,29 +64,13 @@ def _fsspec_ranged_get(url: str, storage_options: Options,
     return get
 
 
-_RANGE_REFUSED = "Range request not supported"  # obstore's words, and ours
-
-
-def _range_refused(url: str, start: int, end: int, got: str) -> RangeNotSupportedError:
-    return RangeNotSupportedError(
-        f"{url}: asked bytes {start}-{end - 1}, the server answered with {got} (it ignored the "
-        f"Range header): {_RANGE_REFUSED}. Serve the dataset from a server that honours HTTP "
-        "Range requests (or an object store)",
-        url=url)
-
-
 def download(url: str, part: Path, size: int, storage_options: Options = None,
              policy: RetryPolicy = DEFAULT_POLICY, chunk: int = CHUNK,
-             progress: Callable[[int], None] | None = None, *,
-             backend: Backend | None = None) -> None:
+             progress: Callable[[int], None] | None = None) -> None:
     """Append ``url``'s bytes to ``part`` from ``part``'s current length up to ``size``, one
     ranged request per ``chunk``, each flushed before the next; the retry budget counts failures
-    in a row, so a slow but moving transfer never exhausts it. The caller verifies and renames.
-    ``backend`` None: as ``$FEEDPIPE_FETCH`` selects (:func:`fetch_backend`)."""
-    if backend is None:
-        backend = fetch_backend(url, storage_options)
-    ranged_get = obstore_ranged_get(url, storage_options, policy.timeout) \
-        if backend == "obstore" else _fsspec_ranged_get(url, storage_options, policy.timeout)
+    in a row, so a slow but moving transfer never exhausts it. The caller verifies and renames."""
+    ranged_get = _ranged_get(url, storage_options, policy.timeout)
     try:
         _append(part, url, size, ranged_get, policy, chunk, progress)
     except OSError as exc:
@@ -112,14 +93,13 @@ def _append(part: Path, url: str, size: int, ranged_get: Callable[[int, int], by
             start = done
 
             def get(start: int = start, end: int = end) -> Any:
-                try:
-                    data = ranged_get(start, end)
-                except Exception as exc:  # obstore checks the 206 itself
-                    if _RANGE_REFUSED not in str(exc):
-                        raise
-                    raise _range_refused(url, start, end, "the whole object") from exc
+                data = ranged_get(start, end)
                 if len(data) > end - start:  # a 200 with the whole object: no retry can help
-                    raise _range_refused(url, start, end, f"{len(data)} bytes")
+                    raise RangeNotSupportedError(
+                        f"{url}: asked bytes {start}-{end - 1}, the server answered with "
+                        f"{len(data)} bytes (it ignored the Range header): Range request not "
+                        "supported. Serve the dataset from a server that honours HTTP Range "
+                        "requests (or an object store)", url=url)
                 if len(data) < end - start:  # a short body: the server cut it
                     raise ConnectionError(f"asked bytes {start}-{end - 1}, got {len(data)} "
                                           "bytes")

@@ -2,10 +2,11 @@
 FeedpipeError (never a bare ValueError, struct.error, KeyError...). A few hundred cases each in the
 quick tier, thousands under the ``heavy`` marker.
 
-The heavy tier also damages whole structures of real datasets (HDF5 object headers, B-tree nodes
-and heaps, LMDB meta and tree pages, tar headers, the index files' npy headers), each case in a
-subprocess (``fuzz_driver.py``) watched with a timeout: ``verify`` and ``make_loader`` must give
-a typed error within 10 s or the right data, never a hang, a crash or a wrong sample."""
+The heavy tier also damages whole structures of real datasets (HDF5 object headers, B-tree
+nodes, heaps and the start of each dataset's data, LMDB meta and tree pages, tar headers, the
+index files' npy headers), each case in a subprocess (``fuzz_driver.py``) watched with a
+timeout: ``verify`` and ``make_loader`` must give a typed error within 10 s or the right data,
+never a hang, a crash or a wrong sample."""
 
 from __future__ import annotations
 
@@ -180,25 +181,22 @@ def test_manifest_json(cases):
 
 # --- whole structures damaged in real datasets: a typed error within 10 s, or the right data ---
 
-def spans_hdf5(root: Path) -> dict[str, tuple[str, int, int]]:
+def spans_hdf5(root: Path, name: str = "data.h5") -> dict[str, tuple[str, int, int]]:
     """The HDF5 file's structures: the superblock, object headers, B-tree nodes, the group's
-    local heap and symbol table node, a global heap collection's header, one of its objects
-    and a page inside it (the issue's hang), and chunks of vlen records, labels and crc32s."""
+    local heap and symbol table node, and the first bytes of each dataset's data (images,
+    offsets, labels, crc32s)."""
     import h5py
 
-    raw = (root / "data.h5").read_bytes()
-    out = {"superblock": ("data.h5", 0, 96)}
-    with h5py.File(root / "data.h5", "r") as f:
-        out["root group header"] = ("data.h5", h5py.h5o.get_info(f.id).addr, 256)
-        for name in f:
-            out[f"{name} header"] = ("data.h5", h5py.h5o.get_info(f[name].id).addr, 256)
-            out[f"{name} chunk"] = ("data.h5", f[name].id.get_chunk_info(0).byte_offset, 1024)
+    raw = (root / name).read_bytes()
+    out = {"superblock": (name, 0, 96)}
+    with h5py.File(root / name, "r") as f:
+        out["root group header"] = (name, h5py.h5o.get_info(f.id).addr, 256)
+        for ds in f:
+            out[f"{ds} header"] = (name, h5py.h5o.get_info(f[ds].id).addr, 256)
+            out[f"{ds} data"] = (name, f[ds].id.get_offset(), 1024)
     for sig, size in ((b"TREE", 256), (b"HEAP", 32), (b"SNOD", 256)):
         for k, at in enumerate(m.start() for m in re.finditer(sig, raw)):
-            out[f"{sig.decode()} {k}"] = ("data.h5", at, size)
-    heap = raw.find(b"GCOL")
-    out.update({"heap header": ("data.h5", heap, 16), "heap object": ("data.h5", heap + 16, 16),
-                "heap page": ("data.h5", (heap // 4096 + 1) * 4096, 4096)})
+            out[f"{sig.decode()} {k}"] = (name, at, size)
     return out
 
 
@@ -251,9 +249,8 @@ def test_damaged_structures_give_a_typed_error_in_seconds(fmt, packed, tmp_path)
 
 @pytest.mark.heavy
 def test_damaged_merged_hdf5_gives_a_typed_error_in_seconds(photo_dir, tmp_path):
-    """A merged HDF5 dataset: its ``data.h5`` of virtual datasets (whose layouts HDF5 keeps in
-    a global heap), every 512 bytes of it zeroed and randomised, and a page inside a part's
-    heap collection zeroed: the same answers as above."""
+    """A merged HDF5 dataset (its parts' files, read together): each structure of a part's
+    ``data.h5``, zeroed and randomised: the same answers as above."""
     from converters import convert
     from converters.merge import merge
     from converters.parts import Part
@@ -262,13 +259,9 @@ def test_damaged_merged_hdf5_gives_a_typed_error_in_seconds(photo_dir, tmp_path)
     for i in range(2):
         convert(photo_dir, src, to="hdf5", workers=0, part=Part(i, 2))
     merge(src)
-    part = f"parts/{Part(0, 2).name}/data.h5"
-    heap = (src / part).read_bytes().find(b"GCOL")
-    cases = {f"data.h5 at {at} ({mode})": {"file": "data.h5", "offset": at, "length": 512,
-                                           "mode": mode}
-             for at in range(0, (src / "data.h5").stat().st_size, 512) for mode in ("zero", "rand")}
-    cases["part heap page"] = {"file": part, "offset": (heap // 4096 + 1) * 4096, "length": 4096,
-                               "mode": "zero"}
+    cases = {f"{what} ({mode})": {"file": name, "offset": offset, "length": length, "mode": mode}
+             for what, (name, offset, length) in spans_hdf5(
+                 src, f"parts/{Part(1, 2).name}/data.h5").items() for mode in ("zero", "rand")}
     failures = run_cases(src, cases, tmp_path / "case")
     assert not failures, "\n".join(failures)
 

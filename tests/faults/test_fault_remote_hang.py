@@ -19,7 +19,6 @@ from servers import FaultServer
 import feedpipe
 from feedpipe import Remote
 from feedpipe.errors import RetriesExhaustedError
-from feedpipe.storage.fetch import FETCH_ENV
 
 pytestmark = pytest.mark.heavy
 pytest.importorskip("aiohttp")
@@ -57,11 +56,7 @@ def silent(packed):
         server.stop()
 
 
-@pytest.mark.parametrize("backend", ["fsspec", "obstore"])
-def test_silent_shards_fail_typed_within_the_timeout(silent, backend, tmp_path, monkeypatch):
-    if backend == "obstore":
-        pytest.importorskip("obstore")
-    monkeypatch.setenv(FETCH_ENV, backend)
+def test_silent_shards_fail_typed_within_the_timeout(silent, tmp_path):
     server, urls = silent
     server.faults([{**HANG, "match": ".tar"}])  # the manifest and index answer; shards never
     ds = feedpipe.open_dataset(urls["wds"], cache_dir=tmp_path, timeout=TIMEOUT, prefetch=0)

@@ -8,15 +8,12 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-import zlib
 from pathlib import Path
 
-import h5py
 import pytest
 
-from feedpipe.dataset.formats.hdf5 import CRC_NAME
-
 sys.path.insert(0, str(Path(__file__).parents[1]))
+from fp_helpers import put_hdf5_value  # noqa: E402
 from test_errors import pack  # noqa: E402
 
 pytestmark = pytest.mark.heavy  # two loaders with worker processes in a fresh interpreter
@@ -48,9 +45,7 @@ SCRIPT = textwrap.dedent("""
 
 def test_next_loader_after_a_worker_error_prints_nothing(tmp_path):
     root = pack("hdf5", tmp_path / "ds", 16)
-    with h5py.File(root / "data.h5", "r+") as f:  # a damaged record whose checksum matches
-        f["path"][5] = "{not json"
-        f[CRC_NAME][5, 2] = zlib.crc32(b"{not json")
+    put_hdf5_value(root, "path", 5, b"{not json")  # a damaged record whose checksum matches
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(root)], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

@@ -103,6 +103,10 @@ class DatasetWriter(ABC):
     def close(self) -> tuple[list[str], dict[str, Any]]:
         """Flush everything; return the data file names and format extras for the manifest."""
 
+    def discard(self) -> None:
+        """After a failed conversion (its output is removed): let go of what the writer holds."""
+        self.close()
+
     def __enter__(self) -> "DatasetWriter":
         return self
 
@@ -187,6 +191,20 @@ class DatasetReader(ABC):
     # -- everything else -------------------------------------------------------------------------
     def __len__(self) -> int:
         return self.manifest.num_samples
+
+    def parts(self, data_file: str) -> tuple[list[str], list[object], np.ndarray]:
+        """The data files read (a merged dataset's parts', ``extra.parts``, else its own
+        ``data_file``) relative to the root, each one's dataset id, and where each one's samples
+        end: global index ``i`` is row ``i - start`` of the part holding it."""
+        parts = self.manifest.extra.get("parts") or [
+            {"dir": ".", "num_samples": len(self), "dataset_id": self.manifest.extra.get(
+                "dataset_id")}]
+        ends = np.cumsum([int(p["num_samples"]) for p in parts])
+        if ends[-1] != len(self):
+            raise CorruptRecordError(f"{self.root}: its parts hold {ends[-1]} samples, the "
+                                     f"manifest says {len(self)}", dataset=self.root)
+        return ([data_file if p["dir"] == "." else f"{p['dir']}/{data_file}" for p in parts],
+                [p.get("dataset_id") for p in parts], ends)
 
     def require_samples(self, tool: str) -> None:
         """Refuse an empty dataset at once: a loader over it would never yield a batch."""

@@ -1,22 +1,21 @@
-"""HDF5's writer: one file, one dataset per field, appended in blocks (the layout is described in
-:mod:`.hdf5`, whose reader shares the names and field helpers below)."""
+"""HDF5's writer: each stored column spooled to a file beside ``data.h5`` while samples come
+(plain Python writes: a full disk is an ENOSPC like any other), then written at close as one
+dataset (the layout is described in :mod:`.hdf5`, whose reader shares the names below)."""
 
 from __future__ import annotations
 
 import errno
 import json
+import os
 import resource
 import shutil
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import h5py
 import numpy as np
 
-from ...errors import (
-    ConfigError,
-    DiskFullError,
-)
+from ...errors import ConfigError, DiskFullError
 from ...schema.codecs import crc32
 from ...schema.fields import ArrayField, BytesField, Field, ImageField, JsonField, LabelField
 from ...schema.masks import MaskField
@@ -26,8 +25,10 @@ from .base import DatasetWriter
 FILE_NAME = "data.h5"
 CRC_NAME = "_feedpipe.crc32"  # not an identifier, so no field can be called that
 ID_ATTR = "dataset_id"  # the root's attribute (fixed-length ASCII): the manifest's extra.dataset_id
-_BLOCK = 256
-_HEADROOM = 1 << 20  # free bytes kept beyond a block's data, for HDF5's metadata and heaps
+OFFSETS, SHAPE = "__offsets", "__shape"  # a variable-length field's companion datasets
+FIXED, LABEL, JSON, BLOB, BYTES, ARRAY = range(6)  # how a field is stored (:func:`kind`)
+_HEADROOM = 1 << 20  # free bytes kept beyond the data, for HDF5's metadata
+_COPY = 64 << 20  # bytes a spool hands HDF5 per write at close
 Compression = Literal["lzf", "gzip"] | None
 
 
@@ -39,29 +40,53 @@ def fixed_shape(f: Field) -> tuple[int, ...] | None:
     return None
 
 
-def vlen_base(f: Field) -> np.dtype:
-    if isinstance(f, ArrayField) or (isinstance(f, MaskField) and f.codec == "raw"):
-        return np.dtype(f.dtype)
-    return np.dtype(np.uint8)
+def kind(f: Field) -> int:
+    """FIXED (an N×shape dataset), LABEL (int64), or the bytes of each value back to back with
+    N+1 offsets (``>= JSON``): JSON (UTF-8), BLOB (encoded images), BYTES, ARRAY (raw values,
+    and a shape)."""
+    if fixed_shape(f) is not None:
+        return FIXED
+    if isinstance(f, LabelField):
+        return LABEL
+    if isinstance(f, JsonField):
+        return JSON
+    if isinstance(f, BytesField):
+        return BYTES
+    if isinstance(f, (ImageField, MaskField)) and f.codec != "raw":
+        return BLOB
+    return ARRAY
 
 
-def _encoded(f: Field) -> bool:
-    """Fields stored as opaque encoded bytes (no shape companion)."""
-    return isinstance(f, BytesField) or (isinstance(f, (ImageField, MaskField))
-                                         and f.codec != "raw")
+def base_dtype(f: Field) -> np.dtype:
+    """The dtype of a FIXED or ARRAY field's elements (uint8 for images)."""
+    return np.dtype(f.dtype if isinstance(f, (ArrayField, MaskField)) else np.uint8)
 
 
-_MAX_NDIM = 8
-
-
-def _shape_width(f: Field) -> int:
-    """Columns of the ``__shape`` companion: the rank if the schema fixes it, else 8 (-1 padded)."""
+def shape_width(f: Field) -> int:
+    """Columns of an ARRAY field's ``__shape`` dataset: its rank (-1 padded to 8 if free)."""
     shape = getattr(f, "shape", None)
-    return len(shape) if shape is not None else _MAX_NDIM
+    return {ImageField: 3, MaskField: 2}.get(type(f)) or (len(shape) if shape is not None else 8)
+
+
+def columns(schema: Schema) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """Every dataset of ``data.h5`` by name: its dtype and row shape."""
+    out: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+    for f in schema:
+        k = kind(f)
+        if k == FIXED:
+            out[f.name] = base_dtype(f), fixed_shape(f)  # type: ignore[assignment]
+        elif k == LABEL:
+            out[f.name] = np.dtype(np.int64), ()
+        else:
+            out[f.name], out[f.name + OFFSETS] = (np.dtype(np.uint8), ()), (np.dtype(np.int64), ())
+            if k == ARRAY:
+                out[f.name + SHAPE] = np.dtype(np.int64), (shape_width(f),)
+    out[CRC_NAME] = np.dtype(np.uint32), (len(schema),)
+    return out
 
 
 class Hdf5Writer(DatasetWriter):
-    """Appends samples in blocks of 256 to resizable datasets."""
+    """Appends each sample's columns to their spool files; :meth:`close` writes ``data.h5``."""
 
     format_name = "hdf5"
 
@@ -71,110 +96,93 @@ class Hdf5Writer(DatasetWriter):
             raise ConfigError(f"compression={compression!r}: HDF5 compression is None, 'lzf' "
                               "or 'gzip'", option="compression")
         self.compression = compression
-        self._file = h5py.File(self.root / FILE_NAME, "w")
-        self._block: list[list[Any]] = []
+        self._plan = [(kind(f), base_dtype(f), shape_width(f)) for f in schema]
+        self._spools: dict[str, BinaryIO] | None = {
+            name: open(self._spool(name), "wb", buffering=1 << 20) for name in columns(schema)}
+        self._ends = [0] * len(schema)  # bytes written so far, per field stored back to back
         for f in schema:
-            self._create(f)
-        self._file.create_dataset(CRC_NAME, shape=(0, len(schema)), maxshape=(None, len(schema)),
-                                  chunks=(4096, len(schema)), dtype=np.uint32)
+            if f.name + OFFSETS in self._spools:
+                self._spools[f.name + OFFSETS].write(np.zeros(1, np.int64).tobytes())
 
-    def _create(self, f: Field) -> None:
-        shape = fixed_shape(f)
-        if shape is not None:
-            dt = np.uint8 if isinstance(f, ImageField) else np.dtype(f.dtype)  # type: ignore[attr-defined]
-            self._file.create_dataset(f.name, shape=(0, *shape), maxshape=(None, *shape), dtype=dt,
-                                      chunks=(1, *shape), compression=self.compression)
-        elif isinstance(f, LabelField):
-            self._file.create_dataset(f.name, shape=(0,), maxshape=(None,), dtype=np.int64,
-                                      chunks=(4096,))
-        elif isinstance(f, JsonField):
-            self._file.create_dataset(f.name, shape=(0,), maxshape=(None,), chunks=(1024,),
-                                      dtype=h5py.string_dtype("utf-8"))
-        else:  # encoded image, bytes, variable-shape array or raw image
-            self._file.create_dataset(f.name, shape=(0,), maxshape=(None,), chunks=(256,),
-                                      dtype=h5py.vlen_dtype(vlen_base(f)))
-            if not _encoded(f):
-                w = {ImageField: 3, MaskField: 2}.get(type(f)) or _shape_width(f)
-                self._file.create_dataset(f"{f.name}__shape", shape=(0, w), maxshape=(None, w),
-                                          chunks=(1024, w), dtype=np.int64)
+    def _spool(self, name: str) -> Path:
+        return self.root / f".spool-{name}"
 
     def _write(self, index: int, values: list[Any]) -> None:
-        self._block.append(values)
-        if len(self._block) >= _BLOCK:
-            self._flush()
+        assert self._spools is not None
+        crcs = np.empty(len(values), np.uint32)
+        data: Any
+        for j, (f, v, (k, dt, width)) in enumerate(zip(self.schema, values, self._plan)):
+            out = self._spools[f.name]
+            if k == FIXED:
+                data = np.ascontiguousarray(v, dt)
+            elif k == LABEL:
+                data = np.array([v], np.int64)
+            elif k == JSON:
+                data = json.dumps(v, ensure_ascii=False).encode()
+            elif k in (BLOB, BYTES):
+                data = bytes(v)
+            else:
+                shape = np.full(width, -1, np.int64)
+                shape[: np.ndim(v)] = np.shape(v)
+                self._spools[f.name + SHAPE].write(shape.tobytes())
+                data = np.ascontiguousarray(np.ravel(v), dt)
+            crcs[j] = crc32(data, crc32(shape) if k == ARRAY else 0)
+            out.write(data)
+            if k >= JSON:
+                self._ends[j] += memoryview(data).nbytes
+                self._spools[f.name + OFFSETS].write(np.int64(self._ends[j]).tobytes())
+        self._spools[CRC_NAME].write(crcs.tobytes())
+        self.content.update(crcs.tobytes())
 
-    def _check_space(self) -> None:
-        """Refuse a block the output's filesystem cannot hold: the HDF5 library crashes
-        (SIGSEGV) when a write meets a full disk, so it must never get there."""
-        need = _HEADROOM + sum(len(v) if isinstance(v, (bytes, bytearray, memoryview))
-                               else np.asarray(v).nbytes if not isinstance(v, (str, dict, list))
-                               else len(json.dumps(v)) for row in self._block for v in row)
+    def _check_space(self, need: int) -> None:
+        """Refuse a ``data.h5`` of ``need`` bytes the output's filesystem (or the file size
+        limit) cannot hold: the HDF5 library crashes (SIGSEGV) when a write meets a full disk,
+        so it must never get there."""
         free = shutil.disk_usage(self.root).free
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]  # a file size limit crashes it too
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
         if limit != resource.RLIM_INFINITY:
-            free = min(free, limit - self._file.id.get_filesize())
+            free = min(free, limit)
         if free < need:
-            exc = DiskFullError(f"{self.root / FILE_NAME}: the next {len(self._block)} samples "
-                                f"need ~{need:,} bytes, the filesystem (or file size limit) "
-                                f"leaves {free:,}; stopped before HDF5 runs out of space",
+            exc = DiskFullError(f"{self.root / FILE_NAME}: the {self.count} samples need "
+                                f"~{need:,} bytes, the filesystem (or file size limit) leaves "
+                                f"{free:,}; stopped before HDF5 runs out of space",
                                 file=self.root / FILE_NAME)
             exc.errno = errno.ENOSPC
             raise exc
 
-    def _flush(self) -> None:
-        if not self._block:
-            return
-        self._check_space()
-        n0 = self._file[self.schema.fields[0].name].shape[0]
-        n1 = n0 + len(self._block)
-        crcs = np.zeros((len(self._block), len(self.schema)), np.uint32)
-        for j, f in enumerate(self.schema):
-            col = [row[j] for row in self._block]
-            ds = self._file[f.name]
-            ds.resize((n1, *ds.shape[1:]))
-            if fixed_shape(f) is not None:
-                block = np.stack(col)
-                ds[n0:n1] = block
-                crcs[:, j] = [crc32(row) for row in block]
-            elif isinstance(f, LabelField):
-                labels = np.asarray(col, dtype=np.int64)
-                ds[n0:n1] = labels
-                crcs[:, j] = [crc32(labels[k: k + 1]) for k in range(len(labels))]
-            elif isinstance(f, JsonField):
-                texts = [json.dumps(v, ensure_ascii=False) for v in col]
-                ds[n0:n1] = texts
-                crcs[:, j] = [crc32(s.encode()) for s in texts]
-            else:
-                shapes = None
-                if f"{f.name}__shape" in self._file:
-                    sds = self._file[f"{f.name}__shape"]
-                    sds.resize((n1, sds.shape[1]))
-                    shapes = np.full((len(col), sds.shape[1]), -1, np.int64)
-                    for k, v in enumerate(col):
-                        shapes[k, : np.ndim(v)] = np.shape(v)
-                    sds[n0:n1] = shapes
-                # one write per block, straight to HDF5 (``ds[a:b] = rows`` would turn rows of
-                # equal length into a 2-D array): the vlen dtype's array of row arrays, filled one
-                # by one; in memory only
-                rows = np.empty(len(col), dtype=ds.dtype)
-                for k, v in enumerate(col):
-                    flat = np.ascontiguousarray(np.frombuffer(bytes(v), np.uint8) if isinstance(
-                        v, (bytes, bytearray, memoryview)) else np.ravel(v))
-                    rows[k] = flat
-                    crcs[k, j] = crc32(flat, 0 if shapes is None else crc32(shapes[k]))
-                ds.write_direct(rows, dest_sel=np.s_[n0:n1])
-        self.content.update(crcs.tobytes())
-        cds = self._file[CRC_NAME]
-        cds.resize((n1, len(self.schema)))
-        cds[n0:n1] = crcs
-        self._block.clear()
+    def discard(self) -> None:
+        if self._spools is not None:
+            for fh in self._spools.values():
+                fh.close()
+            self._spools = None
 
     def close(self) -> tuple[list[str], dict[str, Any]]:
-        if self._file is not None:
-            self._flush()
-            self._file.attrs["num_samples"] = self.count
-            self._file.attrs[ID_ATTR] = np.bytes_(self.dataset_id())
-            self._file.close()
-            self._file = None
+        if self._spools is not None:
+            for fh in self._spools.values():
+                fh.flush()
+            self._check_space(_HEADROOM + sum(fh.tell() for fh in self._spools.values()))
+            self.discard()
+            with h5py.File(self.root / FILE_NAME, "w") as out:
+                for name, (dt, shape) in columns(self.schema).items():
+                    self._dataset(out, name, dt, shape)
+                out.attrs["num_samples"] = self.count
+                out.attrs[ID_ATTR] = np.bytes_(self.dataset_id())
         return [FILE_NAME], {"compression": self.compression, "dataset_id": self.dataset_id()}
 
+    def _dataset(self, out: h5py.File, name: str, dt: np.dtype, shape: tuple[int, ...]) -> None:
+        """Dataset ``name`` from its spool, which is then removed: contiguous, or chunked one
+        sample a chunk where a fixed-shape field is compressed."""
+        path = self._spool(name)
+        row = dt.itemsize * int(np.prod(shape, dtype=np.int64))
+        n = path.stat().st_size // row
+        packed = self.compression is not None and name in self.schema and \
+            kind(self.schema[name]) == FIXED
+        ds = out.create_dataset(name, (n, *shape), dt, chunks=(1, *shape) if packed else None,
+                                compression=self.compression if packed else None)
+        if n:
+            src = np.memmap(path, dt, "r", shape=(n, *shape))
+            step = max(1, _COPY // row)
+            for a in range(0, n, step):
+                ds[a: a + step] = src[a: a + step]
+            del src
+        os.unlink(path)

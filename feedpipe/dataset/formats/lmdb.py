@@ -185,16 +185,8 @@ class LmdbReader(DatasetReader):
         super().__init__(root, manifest)
         self.readahead = readahead
         self._fields = list(self.schema)
-        parts = self.manifest.extra.get("parts") or [
-            {"dir": ".", "num_samples": len(self), "dataset_id": self.manifest.extra.get(
-                "dataset_id")}]
-        self._dirs = [self.root / str(p["dir"]) for p in parts]  # names checked by the manifest
-        self._files = ["data.mdb" if p["dir"] == "." else f"{p['dir']}/data.mdb" for p in parts]
-        self._ids = [p.get("dataset_id") for p in parts]
-        self._ends = np.cumsum([int(p["num_samples"]) for p in parts])
-        if self._ends[-1] != len(self):
-            raise CorruptRecordError(f"{self.root}: its parts hold {self._ends[-1]} samples, the "
-                                     f"manifest says {len(self)}", dataset=self.root)
+        self._files, self._ids, self._ends = self.parts("data.mdb")
+        self._dirs = [(self.root / f).parent for f in self._files]  # checked by the manifest
 
     def _open(self) -> None:
         if self._use is not None:  # a forked child's copy (gives nothing back there)
