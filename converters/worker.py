@@ -4,13 +4,12 @@ results in source order."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import signal
 import time
 from collections import deque
 from contextlib import ExitStack, contextmanager
-from multiprocessing.pool import AsyncResult, Pool
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -24,6 +23,7 @@ from feedpipe.workers import single_threaded
 from .images import Refused, Stored, geometry, store_image
 from .options import PackOptions
 from .palette import Palette, colour_mask
+from .pool import WorkerPool
 from .progressive import transcoded
 from .sources import SourceItem
 
@@ -125,29 +125,27 @@ def prepare(item: SourceItem, opts: PackOptions, transcode: bool = True) -> Prep
     return values, stored.how, len(data)
 
 
-def _prepare_star(args: tuple[SourceItem, PackOptions]) -> Prepared:
-    return prepare(*args)
-
-
 def _worker_init() -> None:
-    """Pool initializer: one thread; Ctrl-C is the main process's to handle (it ends the pool
+    """Worker set-up: one thread; Ctrl-C is the main process's to handle (it ends the pool
     and removes the partial output)."""
     single_threaded(ignore_sigint=True)
 
 
 @contextmanager
-def _pool(workers: int) -> Iterator[Pool]:
-    """A pool of ``workers`` single-threaded processes (forkserver where there is one), ended
-    when the ``with`` is left."""
-    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+def _pool(workers: int) -> Iterator[WorkerPool]:
+    """A pool of ``workers`` single-threaded processes (:mod:`converters.pool`), ended when the
+    ``with`` is left."""
     # Ctrl-C is blocked while the pool starts: the worker processes (and the forkserver) inherit
     # the blocked signal, so one still importing before its initializer ignores SIGINT cannot
     # print a KeyboardInterrupt traceback. It is unblocked only inside the pool's own `with`, so
     # a Ctrl-C that came meanwhile is raised where leaving the `with` ends the pool (raised
     # before it, the pool's processes would be left running and keep the process from exiting).
+    # The resource tracker is started first: starting it unblocks SIGINT and SIGTERM after its
+    # own spawn, which let Ctrl-C reach a forkserver still importing (a traceback on stderr).
+    resource_tracker.ensure_running()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        pool = ctx.Pool(workers, initializer=_worker_init)
+        pool = WorkerPool(workers, _worker_init)
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         raise
@@ -171,7 +169,7 @@ def results(items: list[SourceItem], opts: PackOptions, workers: int, codec: str
     elif decodes:
         with _pool(workers) as pool:
             chunk = max(1, min(64, len(items) // (workers * 8)))
-            yield from pool.imap(_prepare_star, ((it, opts) for it in items), chunksize=chunk)
+            yield from pool.imap(prepare, ((str(it.path), (it, opts)) for it in items), chunk)
     else:
         yield from _passthrough(items, opts, workers)
 
@@ -184,11 +182,11 @@ def _passthrough(items: list[SourceItem], opts: PackOptions, workers: int) -> It
     """Passthrough in this process; progressive JPEGs are transcoded by a worker pool, started
     once they have taken :data:`_INLINE_S` here, while the files after them are read; all come
     back in source order."""
-    queue: deque[tuple[Prepared, AsyncResult[Stored] | None]] = deque()
+    queue: deque[tuple[Prepared, int | None]] = deque()  # with its transcode's job, if any
     busy = ahead = 0  # transcodes in flight; bytes held in the queue
     inline = 0.0  # seconds spent transcoding in this process
     with ExitStack() as stack:
-        pool: Pool | None = None
+        pool: WorkerPool | None = None
         for it in items:
             values, how, nbytes = prepare(it, opts, transcode=False)
             job = None
@@ -199,24 +197,25 @@ def _passthrough(items: list[SourceItem], opts: PackOptions, workers: int) -> It
                     inline += time.perf_counter() - t0
                 else:
                     pool = pool or stack.enter_context(_pool(workers))
-                    job = pool.apply_async(transcoded, (values[INFO_KEY],))
+                    job = pool.submit(transcoded, [(str(it.path), (values[INFO_KEY],))])[0]
                     busy += 1
             queue.append(((values, how, nbytes), job))
             ahead += nbytes
-            while queue and (queue[0][1] is None or queue[0][1].ready() or busy > 4 * workers
-                             or len(queue) > _AHEAD or ahead > _AHEAD_BYTES):
+            while queue and (queue[0][1] is None or pool is None or pool.ready(queue[0][1])
+                             or busy > 4 * workers or len(queue) > _AHEAD
+                             or ahead > _AHEAD_BYTES):
                 busy -= queue[0][1] is not None
                 ahead -= queue[0][0][2]
-                yield _finish(queue.popleft())
+                yield _finish(queue.popleft(), pool)
         while queue:
-            yield _finish(queue.popleft())
+            yield _finish(queue.popleft(), pool)
 
 
-def _finish(entry: tuple[Prepared, AsyncResult[Stored] | None]) -> Prepared:
+def _finish(entry: tuple[Prepared, int | None], pool: WorkerPool | None) -> Prepared:
     """A queued image, with its transcode's result (waited for) when it had one."""
     (values, how, nbytes), job = entry
-    if job is not None and values is not None:
-        how = _done(values, job.get())
+    if job is not None and pool is not None and values is not None:
+        how = _done(values, pool.result(job))
     return values, how, nbytes
 
 

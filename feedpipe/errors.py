@@ -100,6 +100,12 @@ class ResourceError(FeedpipeError, OSError):
     message names the file and what to change. ``errno`` is the system's."""
 
 
+class WorkerDiedError(ResourceError):
+    """A conversion worker process died (killed by a signal, e.g. the OOM killer's SIGKILL, or
+    crashed) while preparing a file: the conversion stops at once and its partial output is
+    removed; the message names the file (``file``) and how the worker ended."""
+
+
 class DataFileMismatchError(FeedpipeError):
     """A data file is not the one its manifest recorded: its size or the dataset id written into
     it at conversion differs (cut short, grown, or another dataset's file copied in). Refused when
