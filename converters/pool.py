@@ -1,19 +1,21 @@
-"""The worker processes of a conversion, each fed through a pipe of its own.
+"""The worker processes of a conversion, each fed through pipes of its own.
 
-The main process sends a worker a chunk of inputs only when it holds none, and reads back one
-result per input, so it always knows which input each worker is on. A worker that dies (kill -9,
-the OOM killer, a crash inside a decoder) is seen at once through its process sentinel, and the
-conversion stops with :class:`~feedpipe.errors.WorkerDiedError` naming the file it held.
-``multiprocessing.Pool`` waits forever for a dead worker's task instead (and ending it can block on
-a queue lock the worker died holding); ``ProcessPoolExecutor`` sees the death but not which input
-the dead worker held.
+The main process sends each worker chunks of inputs (at most :data:`HELD` at a time) and reads
+back each chunk's results; a worker writes the job it is on into shared memory, so a worker that
+dies (kill -9, the OOM killer, a crash inside a decoder) is seen at once through its process
+sentinel, and the conversion stops with :class:`~feedpipe.errors.WorkerDiedError` naming the
+file it was converting. ``multiprocessing.Pool`` waits forever for a dead worker's task instead (and ending
+it can block on a queue lock the worker died holding); ``ProcessPoolExecutor`` sees the death
+but not which input the dead worker held.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import pickle
+import queue
 import signal
+import threading
 from collections import deque
 from multiprocessing.connection import Connection, wait
 from multiprocessing.pool import ExceptionWithTraceback
@@ -22,7 +24,25 @@ from typing import Any, Callable, Iterable, Iterator, NoReturn, Sequence
 from feedpipe.errors import WorkerDiedError
 
 Task = tuple[str, tuple[Any, ...]]  # (the file it is about, fn's arguments)
+HELD = 2  # chunks a worker holds: one it works on, the next already in its inbox
 _JOIN_S = 5.0  # a worker ended with SIGTERM that is still there after this is killed
+
+
+class _Worker:
+    """One worker process, its two pipes, the job it is on (shared memory, -1: none) and the
+    chunks it holds: the (job, file) of each task, per chunk sent and not yet answered."""
+
+    def __init__(self, ctx: Any, initializer: Callable[[], None]) -> None:
+        task_r, self.tasks = ctx.Pipe(duplex=False)
+        self.results, result_w = ctx.Pipe(duplex=False)
+        self.current = ctx.RawValue("q", -1)
+        self.proc = ctx.Process(target=_serve, args=(task_r, result_w, self.current,
+                                                     initializer),
+                                daemon=True, name="feedpipe-convert-worker")
+        self.proc.start()
+        task_r.close()  # the worker's ends: a dead worker's pipes then read as closed
+        result_w.close()
+        self.chunks: deque[list[tuple[int, str]]] = deque()
 
 
 class WorkerPool:
@@ -33,22 +53,13 @@ class WorkerPool:
     def __init__(self, workers: int, initializer: Callable[[], None]) -> None:
         ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods()
                              else "spawn")
-        self._procs: list[Any] = []
-        self._conns: list[Connection] = []
-        self._held: list[deque[tuple[int, str]]] = []  # per worker: (job, file) sent, not answered
+        self._workers: list[_Worker] = []
         self._queue: deque[tuple[Callable[..., Any], list[tuple[int, Task]]]] = deque()
         self._done: dict[int, tuple[bool, Any]] = {}
         self._next = 0
         try:
             for _ in range(workers):
-                ours, theirs = ctx.Pipe()
-                proc = ctx.Process(target=_serve, args=(theirs, initializer), daemon=True,
-                                   name="feedpipe-convert-worker")
-                proc.start()
-                theirs.close()  # the worker's end: a dead worker's pipe then reads as closed
-                self._procs.append(proc)
-                self._conns.append(ours)
-                self._held.append(deque())
+                self._workers.append(_Worker(ctx, initializer))
         except BaseException:
             self.close()
             raise
@@ -84,11 +95,11 @@ class WorkerPool:
 
     def imap(self, fn: Callable[..., Any], tasks: Iterable[Task], chunksize: int
              ) -> Iterator[Any]:
-        """``fn(*args)`` of each task, in order; chunks are queued at most two per worker past
-        the result awaited, so results that wait for a slow one stay few."""
+        """``fn(*args)`` of each task, in order; at most ``HELD + 1`` chunks per worker are
+        submitted past the result awaited, so results that wait for a slow one stay few."""
         it = iter(tasks)
         jobs: deque[int] = deque()
-        ahead = 2 * len(self._procs) * chunksize
+        ahead = (HELD + 1) * len(self._workers) * chunksize
         while True:
             while len(jobs) < ahead:
                 chunk = [t for _, t in zip(range(chunksize), it)]
@@ -101,60 +112,59 @@ class WorkerPool:
 
     def close(self) -> None:
         """End every worker now (SIGTERM; SIGKILL if one is still there after a few seconds)."""
-        for proc in self._procs:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in self._procs:
-            proc.join(_JOIN_S)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for conn in self._conns:
-            conn.close()
-        self._procs, self._conns, self._held = [], [], []
+        for w in self._workers:
+            if w.proc.is_alive():
+                w.proc.terminate()
+        for w in self._workers:
+            w.proc.join(_JOIN_S)
+            if w.proc.is_alive():
+                w.proc.kill()
+                w.proc.join()
+            w.tasks.close()
+            w.results.close()
+        self._workers = []
 
     def _dispatch(self) -> None:
-        """Send queued chunks to the workers that hold none: a worker is sent work only while it
-        waits for it, so neither side ever blocks sending while the other does."""
-        for w, held in enumerate(self._held):
-            if not self._queue:
+        """Send queued chunks to the workers holding fewest, up to :data:`HELD` each (a worker
+        reads its pipe in a thread of its own, so a send never waits for its work)."""
+        while self._queue:
+            w = min(self._workers, key=lambda w: len(w.chunks))
+            if len(w.chunks) >= HELD:
                 return
-            if held:
-                continue
             fn, chunk = self._queue.popleft()
             try:
-                self._conns[w].send((fn, [args for _, (_, args) in chunk]))
+                w.tasks.send((fn, chunk[0][0], [args for _, (_, args) in chunk]))
             except OSError:  # its end is closed: it died
                 self._died(w)
-            held.extend((job, name) for job, (name, _) in chunk)
+            w.chunks.append([(job, name) for job, (name, _) in chunk])
 
     def _poll(self, timeout: float | None) -> None:
-        """Collect the results that came (waiting up to ``timeout``), and notice dead workers."""
-        sentinels = [p.sentinel for p in self._procs]
-        ready = set(wait([*self._conns, *sentinels], timeout))
-        for w, conn in enumerate(self._conns):
-            if conn in ready or sentinels[w] in ready:
+        """Collect the results that came (waiting up to ``timeout``), notice dead workers, and
+        send the next chunks."""
+        sentinels = [w.proc.sentinel for w in self._workers]
+        ready = set(wait([*(w.results for w in self._workers), *sentinels], timeout))
+        for w, sentinel in zip(self._workers, sentinels):
+            if w.results in ready:
                 try:
-                    while conn.poll():
-                        ok, value = conn.recv()
-                        job, _ = self._held[w].popleft()
-                        self._done[job] = (ok, value)
+                    results = w.results.recv()
                 except (EOFError, OSError):
                     self._died(w)
-                if sentinels[w] in ready:
-                    self._died(w)
+                for (job, _), out in zip(w.chunks.popleft(), results):
+                    self._done[job] = out
+            elif sentinel in ready:  # died, and nothing of it is left to read
+                self._died(w)
         self._dispatch()
 
-    def _died(self, w: int) -> NoReturn:
-        proc = self._procs[w]
-        proc.join(_JOIN_S)
-        code = proc.exitcode
+    def _died(self, w: _Worker) -> NoReturn:
+        w.proc.join(_JOIN_S)
+        code = w.proc.exitcode
         how = (f"was killed by {_signal_name(-code)}" if code is not None and code < 0 else
                f"exited with status {code}" if code is not None else "stopped answering")
         hint = " (the OOM killer sends SIGKILL when memory runs out)" if code == -signal.SIGKILL \
             else ""
-        if self._held[w]:
-            name = self._held[w][0][1]
+        on = {job: name for chunk in w.chunks for job, name in chunk}.get(w.current.value)
+        if on is not None:
+            name = on
             raise WorkerDiedError(f"{name}: the worker process converting it {how}{hint}; the "
                                   "conversion stopped and kept nothing. Convert with fewer "
                                   "--workers or more memory, or leave this file out", file=name)
@@ -169,22 +179,36 @@ def _signal_name(num: int) -> str:
         return f"signal {num}"
 
 
-def _serve(conn: Connection, initializer: Callable[[], None]) -> None:
-    """A worker's loop: a chunk in, one ``(ok, result or exception)`` out per task."""
+def _serve(tasks: Connection, results: Connection, current: Any,
+           initializer: Callable[[], None]) -> None:
+    """A worker's loop: chunks in (read ahead by a thread), each task's ``(ok, result or
+    exception)`` out as one list per chunk; ``current`` holds the job being run."""
     initializer()
-    while True:
-        try:
-            fn, chunk = conn.recv()
-        except (EOFError, OSError):  # the main process went away
-            return
-        for args in chunk:
+    inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
+    threading.Thread(target=_read, args=(tasks, inbox), daemon=True).start()
+    while (msg := inbox.get()) is not None:
+        fn, first, chunk = msg
+        outs: list[tuple[bool, Any]] = []
+        for job, args in enumerate(chunk, first):
+            current.value = job
             try:
-                out: tuple[bool, Any] = (True, fn(*args))
+                outs.append((True, fn(*args)))
             except Exception as exc:
-                out = (False, ExceptionWithTraceback(exc, exc.__traceback__))
-            try:
-                conn.send(out)
-            except (pickle.PicklingError, TypeError, AttributeError) as exc:  # nothing was sent
-                conn.send((False, RuntimeError(f"a worker's result could not be sent: {exc!r}")))
-            except OSError:
-                return
+                outs.append((False, ExceptionWithTraceback(exc, exc.__traceback__)))
+        current.value = -1
+        try:
+            results.send(outs)
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # nothing was sent
+            why = RuntimeError(f"a worker's result could not be sent: {exc!r}")
+            results.send([(False, why)] * len(outs))
+        except OSError:  # the main process went away
+            return
+
+
+def _read(tasks: Connection, inbox: queue.SimpleQueue[Any]) -> None:
+    """Move chunks from the pipe to ``inbox`` as they come; None once the pipe is closed."""
+    try:
+        while True:
+            inbox.put(tasks.recv())
+    except (EOFError, OSError):
+        inbox.put(None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -26,11 +27,20 @@ def test_results_in_order_and_errors_with_their_traceback():
         assert "Traceback" in str(e.value.__cause__)  # the worker's own, kept
 
 
-def test_sigkill_of_a_busy_worker_names_its_file():
+def started_then_sleep(marker: str) -> None:
+    """A task that says it started (``marker`` appears), then works for a minute."""
+    Path(marker).touch()
+    time.sleep(60)
+
+
+def test_sigkill_of_a_busy_worker_names_its_file(tmp_path):
+    marker = tmp_path / "started"
     with WorkerPool(1, _worker_init) as pool:
         pid = pool.result(pool.submit(os.getpid, [("first.jpg", ())])[0])
-        job = pool.submit(time.sleep, [("slow.jpg", (60,))])[0]
-        assert not pool.ready(job)
+        job = pool.submit(started_then_sleep, [("slow.jpg", (str(marker),))])[0]
+        while not marker.exists():
+            assert not pool.ready(job)
+            time.sleep(0.01)
         os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()
         with pytest.raises(WorkerDiedError, match=r"^slow\.jpg: the worker process converting it "
