@@ -61,6 +61,7 @@ class Source:
     split_by: str = ""  # a split root (converters.split_root): "separate" or "field"
     split_names: tuple[str, ...] = ()
     typed: tuple[Any, ...] = ()  # label fields (keypoints, boxes, text...) the items fill
+    contained: bool = False  # every file it names must lie inside ``root`` (see :func:`outside`)
 
     @property
     def labeled(self) -> bool:
@@ -76,6 +77,22 @@ class Source:
         return [{"path": p, "reason": r} for p, r in (*self.refused, *self.ignored)]
 
 
+def outside(root: Path, rel: str) -> str | None:
+    """Why ``rel`` (a path a source names, relative to ``root``) leads outside ``root``, or None
+    when it stays inside: an absolute path, a ``..`` that climbs out, or a symlink (the file or a
+    folder on its way) whose target lies outside. Checked under ``contained=True``."""
+    if os.path.isabs(rel):
+        return "an absolute path, outside the source folder"
+    norm = os.path.normpath(rel)
+    if norm == ".." or norm.startswith("../"):
+        return "'..' leads outside the source folder"
+    base = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(base, rel))
+    if os.path.commonpath([base, real]) != base:
+        return f"a symlink leads outside the source folder (to {real})"
+    return None
+
+
 def display_name(rel: str) -> str:
     """A path as it can be printed and stored in JSON: bytes that are not UTF-8 become \\xNN."""
     return os.fsencode(rel).decode("utf-8", "backslashreplace")
@@ -88,8 +105,10 @@ class _Tree:
     refused: list[Entry] = field(default_factory=list)
 
 
-def _walk(folder: Path, base: Path, tree: _Tree, seen: frozenset[tuple[int, int]]) -> None:
-    """List ``folder`` recursively (symlinks followed, loops and unreadable entries reported)."""
+def _walk(folder: Path, base: Path, tree: _Tree, seen: frozenset[tuple[int, int]],
+          contained: bool = False) -> None:
+    """List ``folder`` recursively (symlinks followed, loops and unreadable entries reported;
+    ``contained``: symlinks leading outside ``base`` refused)."""
     try:
         with os.scandir(folder) as it:
             entries = sorted(it, key=lambda e: os.fsencode(e.name))
@@ -118,11 +137,14 @@ def _walk(folder: Path, base: Path, tree: _Tree, seen: frozenset[tuple[int, int]
                    f"cannot stat: {exc.strerror or exc}")
             tree.refused.append((shown, why))
             continue
+        if contained and e.is_symlink() and (away := outside(base, rel)) is not None:
+            tree.refused.append((shown, away))
+            continue
         if not regular and stat.S_ISDIR(st.st_mode):
             if (st.st_dev, st.st_ino) in seen:
                 tree.refused.append((shown + "/", "symlink loop (links to a folder that holds it)"))
             else:
-                _walk(path, base, tree, seen | {(st.st_dev, st.st_ino)})
+                _walk(path, base, tree, seen | {(st.st_dev, st.st_ino)}, contained)
         elif not regular:
             tree.ignored.append((shown, "not a regular file"))
         elif shown != rel:
@@ -133,16 +155,16 @@ def _walk(folder: Path, base: Path, tree: _Tree, seen: frozenset[tuple[int, int]
             tree.ignored.append((rel, "not an image (file extension)"))
 
 
-def _walk_root(root: Path) -> _Tree:
+def _walk_root(root: Path, contained: bool = False) -> _Tree:
     """Everything under ``root``, files sorted by relative path."""
     tree, st = _Tree(), os.stat(root)
-    _walk(root, root, tree, frozenset({(st.st_dev, st.st_ino)}))
+    _walk(root, root, tree, frozenset({(st.st_dev, st.st_ino)}), contained)
     tree.files.sort(key=lambda f: f[1])
     return tree
 
 
 def scan(src: str | Path, layout: Layout = "auto", labels: LabelsAs = "auto",
-         unlabeled: Unlabeled = "refuse") -> Source:
+         unlabeled: Unlabeled = "refuse", contained: bool = False) -> Source:
     """Detect the source kind and list its images.
 
     A directory is an ImageFolder tree when a top-level sub-directory holds an image (sorted class
@@ -150,7 +172,8 @@ def scan(src: str | Path, layout: Layout = "auto", labels: LabelsAs = "auto",
     the top level are refused by name, never turned into unlabeled samples. Otherwise it is a flat
     folder (no labels, searched recursively). ``layout`` forces either reading. A ``.csv`` or
     ``.jsonl`` file is a manifest; ``labels`` and ``unlabeled`` say how to read its labels
-    (:func:`manifest_labels`).
+    (:func:`manifest_labels`). ``contained``: a manifest row naming a file outside the
+    manifest's folder, or a symlink in a folder leading outside it, is refused (:func:`outside`).
     """
     if layout not in ("auto", "imagefolder", "flat"):
         raise ConfigError(f"layout={layout!r}: use 'auto', 'imagefolder' or 'flat'",
@@ -160,18 +183,19 @@ def scan(src: str | Path, layout: Layout = "auto", labels: LabelsAs = "auto",
         raise FileNotFoundError(f"{src}: source does not exist")
     if src.is_file():
         if src.suffix.lower() in (".csv", ".jsonl"):
-            return _scan_manifest(src, labels, unlabeled)
+            return _scan_manifest(src, labels, unlabeled, contained)
         raise ConfigError(f"{src}: a source file must be a .csv or .jsonl manifest")
     if layout == "auto" and (splits := split_dirs(src)):
         raise ConfigError(f"{src} holds {' and '.join(splits)} split folders: pass "
                           "split_root='separate' (--split-root separate: one dataset each) or "
                           "'field' (one dataset with a split field), or layout='imagefolder' "
                           "(--layout imagefolder) to read them as classes")
-    tree = _walk_root(src)
+    tree = _walk_root(src, contained)
     in_dirs = any("/" in rel for _, rel in tree.files)
     if layout == "flat" or (layout == "auto" and not in_dirs):
         items = tuple(SourceItem(p, rel) for p, rel in tree.files)
-        return Source(src, "folder", items, (), tuple(tree.ignored), refused=tuple(tree.refused))
+        return Source(src, "folder", items, (), tuple(tree.ignored), refused=tuple(tree.refused),
+                      contained=contained)
     classes = sorted(display_name(e.name) for e in os.scandir(src)
                      if not e.name.startswith(".") and _is_dir(Path(e.path)))
     label = {c: k for k, c in enumerate(classes)}
@@ -185,7 +209,7 @@ def scan(src: str | Path, layout: Layout = "auto", labels: LabelsAs = "auto",
                                  "from class folders; --layout flat reads the folder unlabeled)"))
     items.sort(key=lambda i: i.label)  # stable: class order, then path order within a class
     return Source(src, "imagefolder", tuple(items), tuple(classes), tuple(tree.ignored),
-                  refused=tuple(refused))
+                  refused=tuple(refused), contained=contained)
 
 
 def split_dirs(src: Path) -> list[str]:
@@ -208,11 +232,13 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def _scan_manifest(path: Path, how: LabelsAs = "auto", unlabeled: Unlabeled = "refuse") -> Source:
+def _scan_manifest(path: Path, how: LabelsAs = "auto", unlabeled: Unlabeled = "refuse",
+                   contained: bool = False) -> Source:
     """CSV (header row) or JSONL rows with ``path`` (relative to the manifest), optional ``label``
     (read by :func:`manifest_labels`) and any extra columns (kept as the ``meta`` JSON field).
-    A malformed row (a JSONL line that is not a JSON object, a row without a path) is refused by
-    line number, not fatal: one bad row must not stop a million-row conversion (``strict`` does)."""
+    A malformed row (a JSONL line that is not a JSON object, a row without a path; with
+    ``contained``, a path or mask outside the manifest's folder) is refused by line number, not
+    fatal: one bad row must not stop a million-row conversion (``strict`` does)."""
     rows, lines, bad = _read_rows(path)
     if not rows and not bad:
         raise BadInputError(f"{path}: the manifest has no rows" + (
@@ -221,9 +247,16 @@ def _scan_manifest(path: Path, how: LabelsAs = "auto", unlabeled: Unlabeled = "r
         raise BadInputError(f"{path}: no 'path' column (it has {sorted(rows[0])[:8]}); name the "
                             "column of image paths 'path', or drop the image columns to pack "
                             "the table as arrays (docs/arrays.md)", file=path)
-    keep = [k for k, r in enumerate(rows) if r.get("path") not in (None, "")]
-    bad += [(f"{path.name}:{lines[k]}", "no 'path' value in this row")
-            for k, r in enumerate(rows) if r.get("path") in (None, "")]
+    why = {k: "no 'path' value in this row" for k, r in enumerate(rows)
+           if r.get("path") in (None, "")}
+    if contained:
+        for k, r in enumerate(rows):
+            for col in ("path", "mask"):
+                if k not in why and r.get(col) not in (None, "") and \
+                        (away := outside(path.parent, str(r[col]))) is not None:
+                    why[k] = f"{col} {str(r[col])!r}: {away}"
+    keep = [k for k in range(len(rows)) if k not in why]
+    bad += [(f"{path.name}:{lines[k]}", w) for k, w in why.items()]
     if not keep:
         raise BadInputError(f"{path}: no usable row; " + "; ".join(f"{w}: {r}" for w, r in
                                                                     bad[:3]), file=path)
@@ -237,7 +270,8 @@ def _scan_manifest(path: Path, how: LabelsAs = "auto", unlabeled: Unlabeled = "r
         mask = path.parent / str(r["mask"]) if r.get("mask") not in (None, "") else None
         items.append(SourceItem((path.parent / rel), rel, label, extra or None, mask, row=line))
     return Source(path.parent, "manifest", tuple(items), classes, (), masked,
-                  refused=tuple(sorted(bad, key=lambda e: int(e[0].rpartition(":")[2]))))
+                  refused=tuple(sorted(bad, key=lambda e: int(e[0].rpartition(":")[2]))),
+                  contained=contained)
 
 
 def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]]:
@@ -352,7 +386,7 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
     root = Path(masks)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: mask folder does not exist")
-    files = [p for p, _ in _walk_root(root).files]
+    files = [p for p, _ in _walk_root(root, source.contained).files]
     by_rel: dict[str, Path] = {}
     by_stem: dict[str, list[Path]] = {}
     for p in files:

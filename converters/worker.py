@@ -4,7 +4,6 @@ results in source order."""
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from collections import deque
@@ -16,7 +15,8 @@ from typing import Any, Iterator
 import numpy as np
 from PIL import Image
 
-from feedpipe.errors import CorruptRecordError
+from feedpipe.errors import CorruptRecordError, NotRegularFileError
+from feedpipe.paths import read_regular
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png, encode_mask_png
 from feedpipe.workers import single_threaded
 
@@ -40,7 +40,7 @@ def read_mask(path: Path, dtype: str, palette: Palette | None = None,
     arr = colour_mask(path, palette, max_pixels) if palette is not None else None
     if arr is None:
         try:
-            arr = decode_mask_png(path.read_bytes(), f"mask {path.name}", png_only=False,
+            arr = decode_mask_png(read_regular(path), f"mask {path.name}", png_only=False,
                                   max_pixels=max_pixels)
         except CorruptRecordError as exc:
             if "mode RGB" in str(exc):  # say what to do about a colour mask
@@ -67,6 +67,8 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
         mask = read_mask(item.mask, opts.mask_dtype, opts.mask_palette, opts.max_pixels)
     except CorruptRecordError as exc:  # already names the mask file
         return str(exc)
+    except NotRegularFileError as exc:
+        return f"mask {item.mask.name}: {exc.kind}, not a regular file (refused unread)"
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         return f"mask {item.mask.name}: {exc}"
     if (mask.shape[1], mask.shape[0]) != size:
@@ -85,30 +87,14 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
     return None
 
 
-def read_file(path: Path) -> bytes:
-    """A whole file in four system calls (``Path.read_bytes`` takes eight: buffered open's
-    isatty and seeks, and a second read to see the end; ~10 µs an image in a passthrough
-    conversion)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        data = os.read(fd, size + 1)
-        if len(data) <= size:  # a short read: the end of a regular file
-            return data
-        chunks = [data]  # it grew meanwhile, or reports no size (/proc)
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def prepare(item: SourceItem, opts: PackOptions, transcode: bool = True) -> Prepared:
     """Read and check one image (and its mask and targets); (stored values or None, reason or
     how it was stored, input bytes). ``values[INFO_KEY]`` carries notes for the summary;
     ``transcode=False``: a progressive JPEG is left to the caller (see :func:`store_image`)."""
     try:
-        data = read_file(item.path)
+        data = read_regular(item.path)
+    except NotRegularFileError as exc:  # a manifest row naming a FIFO or /dev/zero
+        return None, f"{exc.kind}, not a regular file (refused unread)", 0
     except OSError as exc:
         return None, f"unreadable: {exc.strerror or exc}", 0
     if not data:

@@ -60,6 +60,16 @@ class BadInputError(FeedpipeError):
     """A source file cannot be converted (empty, truncated, not an image, unreadable)."""
 
 
+class NotRegularFileError(BadInputError):
+    """A source file is a FIFO, a device (``/dev/zero`` never ends), a socket or a folder, not a
+    regular file: refused before a byte is read (reading it could block forever or never end).
+    ``kind`` says what it is; ``file`` names it."""
+
+    def __init__(self, message: str = "", *, kind: str = "", **where: object) -> None:
+        super().__init__(message, **where)  # type: ignore[arg-type]
+        self.kind = kind
+
+
 class MissingDependencyError(FeedpipeError, ImportError):
     """An optional dependency is needed for this feature; the message names the pip package."""
 

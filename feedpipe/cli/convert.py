@@ -83,6 +83,10 @@ def register(sub: Any) -> None:
     c.add_argument("--unlabeled", default="refuse", choices=get_args(Unlabeled),
                    help="manifest rows with an empty label among labelled rows: refuse (by row; "
                    "default) or keep them with label -1, counted in the summary")
+    c.add_argument("--contained", action="store_true",
+                   help="refuse, by name, every file the source names or links to outside its "
+                   "folder (a manifest's absolute paths, '..', symlinks leading out): for "
+                   "manifests from untrusted hands")
     c.add_argument("--check", default="header", choices=get_args(Check),
                    help="header: markers + end-of-image (fast); decode: full decode")
     c.add_argument("--strict", action="store_true", help="fail on the first bad or refused "
@@ -191,7 +195,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
                       columns=_columns(args),  # type: ignore[arg-type]
                       storage_options=storage_options(args),
                       part=parse_part(args.part) if args.part else None,
-                      labels=args.labels, unlabeled=args.unlabeled, jpeg=args.jpeg)
+                      labels=args.labels, unlabeled=args.unlabeled, jpeg=args.jpeg,
+                      contained=args.contained)
     except KeyboardInterrupt:
         bar.close()
         kept = ("the uploaded shards were kept without a manifest (nothing reads them as a "
@@ -284,7 +289,8 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
                                    ("--target", args.target), ("--split-root", args.split_root),
                                    ("--mask-palette", args.mask_palette),
                                    ("--labels", args.labels != "auto"),
-                                   ("--unlabeled", args.unlabeled != "refuse")) if v]
+                                   ("--unlabeled", args.unlabeled != "refuse"),
+                                   ("--contained", args.contained)) if v]
     if unused:
         raise ConfigError(f"{args.src}: {', '.join(unused)} apply to image folders and "
                           "manifests, not to WebDataset shards or Hugging Face datasets")
