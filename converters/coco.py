@@ -17,10 +17,9 @@ from typing import Any
 import numpy as np
 
 from feedpipe.errors import BadInputError
-from feedpipe.paths import open_regular
 from feedpipe.schema.geometric import BoxesField
 
-from .sources import Source, SourceItem, outside
+from .sources import Source, SourceItem, open_regular, outside
 
 
 def scan_coco(images: str | Path, instances: str | Path, contained: bool = False) -> Source:

@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 
 from feedpipe.errors import BadInputError, ConfigError
-from feedpipe.paths import open_regular
 from feedpipe.schema.fields import ArrayField, Field
 from feedpipe.schema.geometric import BoxesField, KeypointsField, TextField
 
-from .sources import Source, SourceItem, outside
+from .sources import Source, SourceItem, open_regular, outside
 
 GEOMETRIC_NAMES = frozenset({"keypoints", "landmarks", "points", "bbox", "bboxes", "box", "boxes",
                              "x", "y", "x1", "y1", "x2", "y2", "polygon", "segmentation"})

@@ -24,8 +24,9 @@ from PIL import Image
 
 from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.errors import ConfigError, CorruptRecordError, NotRegularFileError
-from feedpipe.paths import open_regular
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, check_pixels
+
+from .sources import open_regular
 
 Palette = tuple[tuple[int, int, int, int], ...]  # (r, g, b, class index)
 Rare = tuple[dict[str, Any], ...]  # colours auto left out: {"colour", "pixels", "mask"}

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from feedpipe.errors import BadInputError, ConfigError
+from feedpipe.errors import BadInputError, ConfigError, NotRegularFileError
+from feedpipe.paths import KINDS
 
 from .options import LabelsAs, Layout, Unlabeled
 
@@ -75,6 +76,48 @@ class Source:
     def not_taken(self) -> list[dict[str, str]]:
         """Every file not taken, refused first: ``{"path", "reason"}`` (for the manifest)."""
         return [{"path": p, "reason": r} for p, r in (*self.refused, *self.ignored)]
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor of ``path`` when it is a regular file (symlinks followed). It is
+    opened non-blocking (opening a FIFO waits for a writer, forever) and checked with ``fstat``:
+    a FIFO, a device (``/dev/zero`` never ends), a socket or a folder is closed again and refused
+    with :class:`NotRegularFileError` before a byte is read."""
+    return _open_regular(path)[0]
+
+
+def _open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        mode = st.st_mode
+        if not stat.S_ISREG(mode):
+            kind = KINDS.get(stat.S_IFMT(mode), "not a regular file")
+            raise NotRegularFileError(f"{os.fspath(path)}: {kind}, not a regular file; refused "
+                                      "unread (reading it could block forever or never end)",
+                                      kind=kind, file=os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def read_regular(path: str | os.PathLike[str]) -> bytes:
+    """A whole regular file (:func:`open_regular`'s check) in four system calls
+    (``Path.read_bytes`` takes eight: buffered open's isatty and seeks, and a second read to see
+    the end; ~10 µs an image in a passthrough conversion)."""
+    fd, st = _open_regular(path)
+    try:
+        size = st.st_size
+        data = os.read(fd, size + 1)
+        if len(data) <= size:  # a short read: the end of a regular file
+            return data
+        chunks = [data]  # it grew meanwhile, or reports no size (/proc)
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def outside(root: Path, rel: str) -> str | None:

@@ -16,7 +16,6 @@ import numpy as np
 from PIL import Image
 
 from feedpipe.errors import CorruptRecordError, NotRegularFileError
-from feedpipe.paths import read_regular
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png, encode_mask_png
 from feedpipe.workers import single_threaded
 
@@ -25,7 +24,7 @@ from .options import PackOptions
 from .palette import Palette, colour_mask
 from .pool import WorkerPool
 from .progressive import transcoded
-from .sources import SourceItem
+from .sources import SourceItem, read_regular
 
 MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
 INFO_KEY = "_info"  # a prepared sample's stored codec and notes for the summary, not stored

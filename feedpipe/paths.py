@@ -1,5 +1,4 @@
-"""feedpipe's per-user cache directory, its one atomic file write, and reading a file only when
-it is a regular file."""
+"""feedpipe's per-user cache directory and its one atomic file write."""
 
 from __future__ import annotations
 
@@ -12,11 +11,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from .errors import NotRegularFileError
-
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _MANGLED = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")  # Path("s3://b/k") is "s3:/b/k"
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+#: what a file that is not a regular file is, by ``stat.S_IFMT`` of its mode (for messages)
 KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFDIR: "a folder", stat.S_IFSOCK: "a socket",
          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
@@ -62,44 +60,3 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     with atomic_writer(path) as fh:
         fh.write(data.encode("utf-8") if isinstance(data, str) else bytes(data))
 
-
-def open_regular(path: str | os.PathLike[str]) -> int:
-    """A read-only descriptor of ``path`` when it is a regular file (symlinks followed). It is
-    opened non-blocking (opening a FIFO waits for a writer, forever) and checked with ``fstat``:
-    a FIFO, a device (``/dev/zero`` never ends), a socket or a folder is closed again and refused
-    with :class:`NotRegularFileError` before a byte is read."""
-    return _open_regular(path)[0]
-
-
-def _open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    try:
-        st = os.fstat(fd)
-        mode = st.st_mode
-        if not stat.S_ISREG(mode):
-            kind = KINDS.get(stat.S_IFMT(mode), "not a regular file")
-            raise NotRegularFileError(f"{os.fspath(path)}: {kind}, not a regular file; refused "
-                                      "unread (reading it could block forever or never end)",
-                                      kind=kind, file=os.fspath(path))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
-
-
-def read_regular(path: str | os.PathLike[str]) -> bytes:
-    """A whole regular file (:func:`open_regular`'s check) in four system calls
-    (``Path.read_bytes`` takes eight: buffered open's isatty and seeks, and a second read to see
-    the end; ~10 µs an image in a passthrough conversion)."""
-    fd, st = _open_regular(path)
-    try:
-        size = st.st_size
-        data = os.read(fd, size + 1)
-        if len(data) <= size:  # a short read: the end of a regular file
-            return data
-        chunks = [data]  # it grew meanwhile, or reports no size (/proc)
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
