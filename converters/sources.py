@@ -12,6 +12,7 @@ import json
 import os
 import re
 import stat
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -325,6 +326,11 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]
     with open(path, newline="", encoding="utf-8") as fh:
         if path.suffix.lower() == ".csv":
             reader = csv.DictReader(fh)
+            twice = sorted(h for h, n in Counter(reader.fieldnames or ()).items() if n > 1)
+            if twice:
+                raise BadInputError(f"{path}: the header names {', '.join(map(repr, twice))} more "
+                                    "than once; one of each would be lost: give every column "
+                                    "its own name", file=path)
             for r in reader:
                 rows.append(dict(r))
                 lines.append(reader.line_num)
@@ -333,7 +339,11 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]
             if not line.strip():
                 continue
             try:
-                r = json.loads(line)
+                r = json.loads(line, object_pairs_hook=json_object)
+            except Twice as exc:
+                bad.append((f"{path.name}:{n}", f"key {exc.args[0]!r} is given twice in this "
+                                                "object (one value would be lost)"))
+                continue
             except ValueError as exc:
                 bad.append((f"{path.name}:{n}", f"not a JSON line: {exc}"))
                 continue
@@ -347,6 +357,18 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]
 
 
 _INT = re.compile(r"[+-]?\d+")
+
+
+class Twice(Exception):
+    """A JSON object that gives a key twice (``json`` would keep the last value only)."""
+
+
+def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json``'s object hook that refuses a key given twice."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise Twice(next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1))
+    return d
 
 
 def manifest_labels(path: Path, rows: list[dict[str, Any]], how: LabelsAs = "auto",

@@ -160,3 +160,15 @@ def test_contained_from_the_cli_and_for_folders_arrays_and_coco(tmp_path, escapi
     res = convert(data, tmp_path / "c", to="lmdb", workers=0, coco=tmp_path / "instances.json",
                   contained=True)
     assert res.written == 1 and res.ignored_files[0]["path"] == "../secret/x.jpg"
+
+
+def test_an_image_manifest_never_drops_a_column_or_a_value(tmp_path, src):
+    (src / "twice.csv").write_text("path,note,note\na.jpg,x,y\n")
+    with pytest.raises(BadInputError, match=r"the header names 'note' more than once"):
+        convert(src / "twice.csv", tmp_path / "o", to="lmdb", workers=0)
+    (src / "twice.jsonl").write_text('{"path": "a.jpg", "note": 1, "note": 2}\n'
+                                     '{"path": "b.jpg", "note": 3}\n')
+    res = convert(src / "twice.jsonl", tmp_path / "j", to="lmdb", workers=0)
+    assert res.written == 1 and res.ignored_files == [
+        {"path": "twice.jsonl:1", "reason": "key 'note' is given twice in this object (one "
+                                            "value would be lost)"}]

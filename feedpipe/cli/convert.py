@@ -71,7 +71,8 @@ def register(sub: Any) -> None:
                    f"{DEFAULT_MAX_PIXELS:,})")
     c.add_argument("--max-member-size", type=size_arg,
                    help="WebDataset shards: refuse a member larger than this (members are read "
-                   "whole; default 256MiB)")
+                   "whole; default 256MiB); tables: an .npz array or a Parquet column (read "
+                   "whole into memory; default 1GiB)")
     c.add_argument("--layout", default="auto", choices=get_args(Layout),
                    help="auto: an ImageFolder tree when a sub-folder holds images (class folders "
                    "win; top-level images are skipped by name), else a flat folder")
@@ -282,7 +283,8 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
     limit = args.max_member_size
     src = record_source(args.src, args.split, limit)
     if limit is not None and (src is None or src.kind != "wds-shards"):
-        raise ConfigError(f"{args.src}: --max-member-size applies to WebDataset shards only")
+        raise ConfigError(f"{args.src}: --max-member-size applies to WebDataset shards and "
+                          "tables only")
     if src is None:
         return None
     unused = [flag for flag, v in (("--masks", args.masks), ("--targets", args.targets),
