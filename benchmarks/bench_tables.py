@@ -9,9 +9,11 @@ Each run is the whole command, process start to exit:
 
 The table: ``--rows`` rows of ``--columns`` columns, the first an int64 counter, the others
 float64 random walks (CSV/JSONL written with ``repr``, so every value reads back exactly).
-Rates are rows/s (median of interleaved rounds).
+Rates are rows/s (median of interleaved rounds). ``--read`` times ``read_table`` alone instead
+(the parsing and checks, in a fresh process per run, without the interpreter's start-up and the
+packing): the cost of what converters/tables.py checks, on a table large enough to see it.
 
-    python benchmarks/bench_tables.py [--rows 20000] [--columns 8] [--rounds 3]
+    python benchmarks/bench_tables.py [--rows 20000] [--columns 8] [--rounds 3] [--read]
         [--kinds csv jsonl parquet] [--formats lmdb] [--baseline /path/to/other/checkout]
 """
 
@@ -28,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
-from harness import measure_side_by_side, save  # noqa: E402
+from harness import Result, measure_side_by_side, save  # noqa: E402
 
 
 def table(rows: int, columns: int) -> dict[str, np.ndarray]:
@@ -79,6 +81,28 @@ def cli(src: Path, fmt: str, out: Path, rows: int, extra: list[str], code: Path 
     return run
 
 
+READ = """
+import sys, time
+from converters.tables import read_table
+t = time.perf_counter()
+read_table(sys.argv[1])
+print(time.perf_counter() - t)
+"""
+
+
+def read(src: Path, rows: int, code: Path | None):
+    """``read_table`` alone, timed inside a fresh process (feedpipe imported from ``code``)."""
+    env = {**os.environ, "PYTHONPATH": str(code.resolve())} if code else None
+    cwd = code.resolve() if code else None
+
+    def run() -> float:
+        out = subprocess.run([sys.executable, "-c", READ, str(src)], check=True, env=env,
+                             cwd=cwd, capture_output=True, text=True).stdout
+        return float(out)
+
+    return run
+
+
 def tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
@@ -93,6 +117,7 @@ def main() -> None:
     ap.add_argument("--formats", nargs="+", default=["lmdb"], choices=["lmdb", "hdf5", "wds"])
     ap.add_argument("--baseline", type=Path, help="another checkout whose CLI runs in the same "
                     "rounds")
+    ap.add_argument("--read", action="store_true", help="time read_table alone")
     ap.add_argument("--json", type=Path, default=Path(__file__).parent / "results" /
                     "tables.json")
     args = ap.parse_args()
@@ -104,6 +129,27 @@ def main() -> None:
         print(f"{args.rows} rows x {args.columns} columns: {values / 1e6:.1f} MB of values; "
               + ", ".join(f"{k} {p.stat().st_size / 1e6:.1f} MB" for k, p in files.items()))
         runs, outs = {}, {}
+        if args.read:
+            reads = {}
+            for kind, src in files.items():
+                reads[f"read_table {kind}"] = read(src, args.rows, None)
+                if args.baseline:
+                    reads[f"baseline read_table {kind}"] = read(src, args.rows, args.baseline)
+            results = [Result(name, args.rows) for name in reads]
+            for _ in range(args.rounds):  # interleaved, as measure_side_by_side
+                for r, run in zip(results, reads.values()):
+                    r.seconds.append(run())
+            for r in results:
+                print(f"  {r.name:<44} {r.rate:>10,.0f} rows/s", flush=True)
+            for r in results:
+                if args.baseline and not r.name.startswith("baseline "):
+                    base = next(x for x in results if x.name == f"baseline {r.name}")
+                    print(f"  {r.name:<32} this checkout / baseline rate: {r.rate / base.rate:.2f}")
+            save(args.json, results, {"rows": args.rows, "columns": args.columns,
+                                      "value_bytes": values, "read": True,
+                                      "baseline": str(args.baseline) if args.baseline else None,
+                                      "command": " ".join(sys.argv)})
+            return
         for kind, src in files.items():
             for fmt in args.formats:
                 for mode, extra in (("rows", []), ("series", ["--series"])):

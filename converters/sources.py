@@ -335,11 +335,12 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]
                 rows.append(dict(r))
                 lines.append(reader.line_num)
             return rows, lines, bad
+        decoder = json.JSONDecoder(object_pairs_hook=json_object)
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                r = json.loads(line, object_pairs_hook=json_object)
+                r = decoder.decode(line)
             except Twice as exc:
                 bad.append((f"{path.name}:{n}", f"key {exc.args[0]!r} is given twice in this "
                                                 "object (one value would be lost)"))

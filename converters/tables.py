@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import re
 import zipfile
 from collections import Counter
@@ -49,12 +48,7 @@ NA = frozenset({"", "NA", "N/A", "NaN", "nan", "null", "None"})
 MAX_MEMBER_BYTES = 1 << 30
 EXACT = 1 << 53  # float64 holds every integer of magnitude up to this exactly
 _IMAGE_NAME = re.compile(r"\.(jpe?g|png|webp|bmp|tiff?|gif)$", re.IGNORECASE)
-# CSV cells, one per line, as ``_column`` joins them: plain ASCII numbers only (``int`` and
-# ``float`` also take ``1_000`` and other scripts' digits)
-_INT = r"[ \t]*[+-]?[0-9]+[ \t]*"
-_INTS = re.compile(rf"(?:{_INT}\n)*")
-_FLOATS = re.compile(r"(?:[ \t]*[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
-                     r"|(?i:inf|infinity|nan))[ \t]*\n)*")
+_INT = re.compile(r"\s*[+-]?[0-9]+\s*")  # a CSV cell written as an integer
 
 
 def is_table(src: str | Path) -> bool:
@@ -320,29 +314,26 @@ def _csv(p: Path, skipped: list[dict[str, str]], strict: bool) -> dict[str, np.n
             for j, h in enumerate(header)}
 
 
-def _float(text: str) -> float:
-    v = float(text)
-    if math.isinf(v):  # Infinity is a constant, not a number literal: this one overflowed
-        raise BadInputError(f"{text} does not fit float64 (it would read as infinity)")
-    return v
+class _Constant(float):
+    """JSON's ``Infinity``/``NaN`` constants: a value written as infinite, where a number literal
+    read as infinity (``1e400``) overflowed float64."""
 
 
 def _jsonl(p: Path, skipped: list[dict[str, str]], strict: bool) -> dict[str, np.ndarray]:
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
     keys: list[str] | None = None
+    decoder = json.JSONDecoder(object_pairs_hook=json_object, parse_constant=_Constant)
     with open(p, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line, object_pairs_hook=json_object, parse_float=_float)
+                row = decoder.decode(line)
             except Twice as exc:
                 _skip(p, n, f"key {exc.args[0]!r} is given twice in this object (one value "
                       "would be lost)", skipped, strict)
                 continue
-            except BadInputError as exc:
-                raise BadInputError(f"{p}:{n}: {exc}") from None
             except ValueError as exc:
                 _skip(p, n, f"invalid JSON: {exc}", skipped, strict)
                 continue
@@ -384,13 +375,16 @@ def _leaves(values: list[Any]) -> Iterator[Any]:
 def _numbers(values: list[Any], what: str, lines: list[int] | None) -> np.ndarray:
     """JSON scalars (int, float, bool, None) as one array, or BadInputError naming the line of a
     value the array could not hold as given: ``true`` among numbers, a bool column with nulls,
-    an integer beyond int64, or one beyond 2^53 where the column is float64 (it holds fractions
-    or nulls). ``lines``: each value's line (None: not named)."""
+    an integer beyond int64, one beyond 2^53 where the column is float64 (it holds fractions or
+    nulls), or a number literal that overflowed to infinity. ``lines``: each value's line
+    (None: values are counted instead)."""
     kinds = set(map(type, values))
 
-    def line(pick: Any) -> str:
-        k = next(k for k, v in enumerate(values) if pick(v))
+    def at(k: int) -> str:
         return f"line {lines[k]}" if lines is not None else f"value {k + 1}"
+
+    def line(pick: Any) -> str:
+        return at(next(k for k, v in enumerate(values) if pick(v)))
 
     if bool in kinds and kinds - {bool}:
         if kinds <= {bool, type(None)}:
@@ -401,23 +395,32 @@ def _numbers(values: list[Any], what: str, lines: list[int] | None) -> np.ndarra
                             f"numbers ({line(lambda v: type(v) in (int, float))}): nothing is "
                             "cast silently; write every value as a number, or every one as "
                             "true/false")
-    ints = [v for v in values if type(v) is int]
-    if ints:
+    if int in kinds:
+        ints = values if kinds == {int} else [v for v in values if type(v) is int]
         try:
-            np.array(ints, np.int64)
+            arr = np.array(ints, np.int64)
         except OverflowError:
             big = next(v for v in ints if not -(1 << 63) <= v < 1 << 63)
             raise BadInputError(f"{what}: {big} ({line(lambda v: v == big)}) does not fit int64; "
                                 "write it as a string to keep it (a text column, named with "
                                 "--columns) or leave the column out with --columns") from None
-        if kinds - {int}:
-            inexact = next((v for v in ints if abs(v) > EXACT), None)
-            if inexact is not None:
-                raise BadInputError(f"{what}: {inexact} ({line(lambda v: v == inexact)}) among "
-                                    "fractions or nulls: the column is float64 (null: NaN), which "
-                                    f"cannot hold {inexact} exactly; fill the nulls, or leave the "
-                                    "column out with --columns")
-    return as_array([_nulls(v) for v in values], what)
+        if ints is values:
+            return arr
+        inexact = np.flatnonzero((arr > EXACT) | (arr < -EXACT))
+        if len(inexact):
+            v = ints[int(inexact[0])]
+            raise BadInputError(f"{what}: {v} ({line(lambda x: x == v)}) among fractions or "
+                                "nulls: the column is float64 (null: NaN), which cannot hold it "
+                                "exactly; fill the nulls, or leave the column out with --columns")
+    if type(None) in kinds:
+        values = [np.nan if v is None else v for v in values]
+    arr = as_array(values, what)
+    if float in kinds and arr.dtype.kind == "f":
+        for k in np.flatnonzero(np.isinf(arr)).tolist():
+            if type(values[k]) is float:  # not the Infinity constant: a literal that overflowed
+                raise BadInputError(f"{what}: a number ({at(k)}) does not fit float64 (it would "
+                                    "read as infinity); write Infinity for an infinite value")
+    return arr
 
 
 def _nulls(value: Any) -> Any:
@@ -436,53 +439,52 @@ def _skip(p: Path, line: int, why: str, skipped: list[dict[str, str]], strict: b
 def _column(cells: list[str], what: str, lines: list[int]) -> np.ndarray:
     """CSV cells as int64, else float64 (missing: NaN), else text. A number the column's dtype
     cannot hold as written is refused, naming its line (see :func:`_numbers`); a cell that is
-    not a plain ASCII number (``1_000``) makes the column text."""
+    not a plain ASCII number (``1_000``, other scripts' digits: ``int`` and ``float`` take them)
+    makes the column text."""
     na = np.fromiter((c.strip() in NA for c in cells), bool, len(cells))
     if na.all():
         return np.full(len(cells), np.nan)
     given = [c for c, m in zip(cells, na) if not m] if na.any() else cells
-    joined = "\n".join(given) + "\n"
     where = np.flatnonzero(~na)  # the row of each given cell
+    joined = "".join(given)
+    if not joined.isascii() or "_" in joined:
+        return np.array(cells, dtype=str)
 
     def refuse(j: int, why: str) -> BadInputError:
         return BadInputError(f"{what}: {given[j].strip()} (line {lines[where[j]]}) {why}")
 
-    if _INTS.fullmatch(joined):
-        try:
-            ints = np.array(given, dtype=np.int64)
-        except OverflowError:
-            j = next(j for j, c in enumerate(given) if not -(1 << 63) <= int(c) < 1 << 63)
-            raise refuse(j, "does not fit int64; leave the column out with --columns, or quote "
-                         "it as text") from None
-        except ValueError:  # a cell with a line break inside
-            ints = None
-        if ints is not None:
-            if not na.any():
-                return ints
-            big = np.flatnonzero((ints > EXACT) | (ints < -EXACT))
-            if len(big):
-                raise refuse(int(big[0]), "with an empty cell (line "
-                             f"{lines[int(np.flatnonzero(na)[0])]}): a column with missing "
-                             "values is float64 (missing: NaN), which cannot hold it exactly; "
-                             "fill the empty cells, or leave the column out with --columns")
-            out = np.full(len(cells), np.nan)
-            out[where] = ints
-            return out
-    if _FLOATS.fullmatch(joined):
-        try:
-            vals = np.array(given, dtype=np.float64)
-        except ValueError:
-            vals = None
-        if vals is not None:
-            for j in np.flatnonzero(np.isinf(vals)).tolist():
-                if given[j].strip().lstrip("+-").lower() not in ("inf", "infinity"):
-                    raise refuse(j, "does not fit float64 (it would read as infinity)")
-            for j in np.flatnonzero(np.abs(vals) >= EXACT).tolist():  # 2^53 + 1 reads as 2^53
-                if re.fullmatch(_INT, given[j]) and abs(int(given[j])) > EXACT:
-                    raise refuse(j, "among fractions: the column is float64, which cannot hold "
-                                 "it exactly; leave the column out with --columns, or quote it "
-                                 "as text")
-            out = np.full(len(cells), np.nan)
-            out[where] = vals
-            return out
-    return np.array(cells, dtype=str)
+    try:
+        ints = np.array(given, dtype=np.int64)
+    except OverflowError:
+        j = next(j for j, c in enumerate(given) if _INT.fullmatch(c) and
+                 not -(1 << 63) <= int(c) < 1 << 63)
+        raise refuse(j, "does not fit int64; leave the column out with --columns, or quote it "
+                     "as text") from None
+    except ValueError:  # not all integers
+        pass
+    else:
+        if not na.any():
+            return ints
+        big = np.flatnonzero((ints > EXACT) | (ints < -EXACT))
+        if len(big):
+            raise refuse(int(big[0]), f"with an empty cell (line {lines[int(np.flatnonzero(na)[0])]}"
+                         "): a column with missing values is float64 (missing: NaN), which "
+                         "cannot hold it exactly; fill the empty cells, or leave the column out "
+                         "with --columns")
+        out = np.full(len(cells), np.nan)
+        out[where] = ints
+        return out
+    try:
+        vals = np.array(given, dtype=np.float64)
+    except ValueError:
+        return np.array(cells, dtype=str)
+    for j in np.flatnonzero(np.isinf(vals)).tolist():
+        if given[j].strip().lstrip("+-").lower() not in ("inf", "infinity"):
+            raise refuse(j, "does not fit float64 (it would read as infinity)")
+    for j in np.flatnonzero(np.abs(vals) >= EXACT).tolist():  # 2^53 + 1 reads as 2^53
+        if _INT.fullmatch(given[j]) and abs(int(given[j])) > EXACT:
+            raise refuse(j, "among fractions: the column is float64, which cannot hold it "
+                         "exactly; leave the column out with --columns, or quote it as text")
+    out = np.full(len(cells), np.nan)
+    out[where] = vals
+    return out
