@@ -14,10 +14,11 @@ from __future__ import annotations
 import multiprocessing as mp
 import pickle
 import queue
+import selectors
 import signal
 import threading
 from collections import deque
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from multiprocessing.pool import ExceptionWithTraceback
 from typing import Any, Callable, Iterable, Iterator, NoReturn, Sequence
 
@@ -57,9 +58,15 @@ class WorkerPool:
         self._queue: deque[tuple[Callable[..., Any], list[tuple[int, Task]]]] = deque()
         self._done: dict[int, tuple[bool, Any]] = {}
         self._next = 0
+        # every worker's results pipe and process sentinel, registered once: a poll is then one
+        # system call (the passthrough path asks whether a transcode is ready once per file)
+        self._selector = selectors.DefaultSelector()
         try:
             for _ in range(workers):
-                self._workers.append(_Worker(ctx, initializer))
+                w = _Worker(ctx, initializer)
+                self._workers.append(w)
+                self._selector.register(w.results, selectors.EVENT_READ, w)
+                self._selector.register(w.proc.sentinel, selectors.EVENT_READ, w)
         except BaseException:
             self.close()
             raise
@@ -80,7 +87,8 @@ class WorkerPool:
 
     def ready(self, job: int) -> bool:
         """Whether ``job``'s result has come (without waiting)."""
-        self._poll(0)
+        if job not in self._done:
+            self._poll(0)
         return job in self._done
 
     def result(self, job: int) -> Any:
@@ -123,6 +131,7 @@ class WorkerPool:
             w.tasks.close()
             w.results.close()
         self._workers = []
+        self._selector.close()
 
     def _dispatch(self) -> None:
         """Send queued chunks to the workers holding fewest, up to :data:`HELD` each (a worker
@@ -141,17 +150,17 @@ class WorkerPool:
     def _poll(self, timeout: float | None) -> None:
         """Collect the results that came (waiting up to ``timeout``), notice dead workers, and
         send the next chunks."""
-        sentinels = [w.proc.sentinel for w in self._workers]
-        ready = set(wait([*(w.results for w in self._workers), *sentinels], timeout))
-        for w, sentinel in zip(self._workers, sentinels):
-            if w.results in ready:
+        ready = {(key.data, key.fileobj is key.data.results)
+                 for key, _ in self._selector.select(timeout)}
+        for w in self._workers:
+            if (w, True) in ready:
                 try:
                     results = w.results.recv()
                 except (EOFError, OSError):
                     self._died(w)
                 for (job, _), out in zip(w.chunks.popleft(), results):
                     self._done[job] = out
-            elif sentinel in ready:  # died, and nothing of it is left to read
+            elif (w, False) in ready:  # died, and nothing of it is left to read
                 self._died(w)
         self._dispatch()
 
@@ -164,10 +173,9 @@ class WorkerPool:
             else ""
         on = {job: name for chunk in w.chunks for job, name in chunk}.get(w.current.value)
         if on is not None:
-            name = on
-            raise WorkerDiedError(f"{name}: the worker process converting it {how}{hint}; the "
+            raise WorkerDiedError(f"{on}: the worker process converting it {how}{hint}; the "
                                   "conversion stopped and kept nothing. Convert with fewer "
-                                  "--workers or more memory, or leave this file out", file=name)
+                                  "--workers or more memory, or leave this file out", file=on)
         raise WorkerDiedError(f"a conversion worker process {how} between files{hint}; the "
                               "conversion stopped and kept nothing")
 
