@@ -134,11 +134,13 @@ class WorkerPool:
         self._selector.close()
 
     def _dispatch(self) -> None:
-        """Send queued chunks to the workers holding fewest, up to :data:`HELD` each (a worker
-        reads its pipe in a thread of its own, so a send never waits for its work)."""
+        """Send queued chunks to the workers holding fewest: an idle worker gets one; a busy
+        worker its next one (up to :data:`HELD`) only while a chunk is queued for every worker,
+        so the last chunks go to idle workers (a worker reads its pipe in a thread of its own,
+        so a send never waits for its work)."""
         while self._queue:
             w = min(self._workers, key=lambda w: len(w.chunks))
-            if len(w.chunks) >= HELD:
+            if len(w.chunks) >= HELD or (w.chunks and len(self._queue) < len(self._workers)):
                 return
             fn, chunk = self._queue.popleft()
             try:
