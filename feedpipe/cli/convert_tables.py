@@ -104,8 +104,8 @@ def summary(res: ConvertResult, args: argparse.Namespace) -> int:
     if not series and scalars and res.written >= NOTE_ROWS and \
             res.bytes_out > NOTE_RATIO * max(1, res.bytes_in):
         hdf5 = "" if args.to == "hdf5" else (", and --to hdf5 stores each column as one array "
-                                            "(about 6x the values, against 20x in LMDB and "
-                                            "125x in WebDataset)")
+                                            "(about 6x the values, against 21x in LMDB and "
+                                            "130x in WebDataset)")
         print(f"  note: {res.written:,} rows of numbers stored one record each take "
               f"{res.bytes_out / max(1, res.bytes_in):.0f}x the bytes of their values. Rows that "
               "are time steps pack once, in blocks, with --series (windows are cut at load "
