@@ -4,8 +4,8 @@ The input is a dict of equal-length arrays (``{"x": float32 N×T×F, "y": int64 
 is ``{"x": x[k], "y": y[k]}``) or an iterable of sample dicts. Every value keeps its dtype
 (float32 stays float32); object dtypes are refused (they would need pickle). Packing goes through
 :func:`converters.convert` (as a :class:`~converters.records.RecordSource`), so the output is
-atomic, checksummed and summarized like any conversion. Missing values (NaN) are counted per
-field, with their first rows, in the result and the manifest.
+atomic, checksummed and summarized like any conversion. Missing values (NaN) and infinities are
+counted per field, with their first rows, in the result and the manifest.
 
 ``series=True`` stores one time series (row ``k`` of every array is time step ``k``) once, in
 blocks of rows, with per-field normalization statistics from the training rows only;
@@ -152,21 +152,23 @@ def _field(name: str, arr: np.ndarray, block: bool = False) -> Field:
 # --- missing values ---------------------------------------------------------------------------------
 
 def missing_rows(arr: np.ndarray) -> np.ndarray:
-    """Per row (first axis) of a float array: whether it holds a NaN."""
+    """Per row (first axis) of a float array: whether it holds a NaN or an infinity."""
     if arr.dtype.kind not in "fc" or not len(arr):
         return np.zeros(len(arr), bool)
-    nan = np.isnan(arr)
-    return nan.reshape(len(arr), -1).any(axis=1)
+    return (~np.isfinite(arr)).reshape(len(arr), -1).any(axis=1)
 
 
 def missing_report(cols: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """NaN per field: values, rows, and the first rows holding one (fields without: absent)."""
+    """NaN and infinities per field: values (``infinite`` of them, when any), rows, and the
+    first rows holding one (fields without: absent)."""
     out: dict[str, Any] = {}
     for k, a in cols.items():
         rows = missing_rows(a)
         if rows.any():
-            out[k] = {"values": int(np.isnan(a).sum()), "rows": int(rows.sum()),
-                      "first_rows": np.flatnonzero(rows)[:FIRST_ROWS].tolist()}
+            inf = int(np.isinf(a).sum())
+            out[k] = {"values": int((~np.isfinite(a)).sum()), "rows": int(rows.sum()),
+                      "first_rows": np.flatnonzero(rows)[:FIRST_ROWS].tolist(),
+                      **({"infinite": inf} if inf else {})}
     return out
 
 
@@ -179,12 +181,14 @@ class _Missing:
     def add(self, k: int, values: Mapping[str, Any]) -> None:
         for name, v in values.items():
             if isinstance(v, np.ndarray) and v.dtype.kind in "fc":
-                n = int(np.isnan(v).sum())
+                n = int((~np.isfinite(v)).sum())
                 if n:
                     entry = self.report.setdefault(name, {"values": 0, "rows": 0,
                                                           "first_rows": []})
                     entry["values"] += n
                     entry["rows"] += 1
+                    if inf := int(np.isinf(v).sum()):
+                        entry["infinite"] = entry.get("infinite", 0) + inf
                     if len(entry["first_rows"]) < FIRST_ROWS:
                         entry["first_rows"].append(k)
 
@@ -314,11 +318,13 @@ def _series(cols: dict[str, np.ndarray], roots: tuple[Path, ...], info: dict[str
 
 
 def _stats(train: np.ndarray) -> dict[str, Any]:
-    """Per-element mean and std (float64, NaN ignored; flat, C order) over the training rows; an
-    element with no value there is None (``Windows(normalize=True)`` refuses it by name)."""
+    """Per-element mean and std (float64, NaN and infinities ignored, as gaps; flat, C order)
+    over the training rows; an element with no finite value there is None
+    (``Windows(normalize=True)`` refuses it by name)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # an all-NaN element: None below
         x = train.astype(np.float64)
+        x[~np.isfinite(x)] = np.nan
         mean, std = np.nanmean(x, axis=0), np.nanstd(x, axis=0)
 
     def listed(a: np.ndarray) -> Any:

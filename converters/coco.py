@@ -10,6 +10,7 @@ Read with the json module: the file is plain JSON; its segmentation polygons / R
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +19,17 @@ import numpy as np
 from feedpipe.errors import BadInputError
 from feedpipe.schema.geometric import BoxesField
 
-from .sources import Source, SourceItem
+from .sources import Source, SourceItem, open_regular, outside
 
 
-def scan_coco(images: str | Path, instances: str | Path) -> Source:
-    """The images of ``instances`` (paths relative to ``images``) with a ``boxes`` field each."""
+def scan_coco(images: str | Path, instances: str | Path, contained: bool = False) -> Source:
+    """The images of ``instances`` (paths relative to ``images``) with a ``boxes`` field each;
+    ``contained``: an image whose file name leads outside ``images`` is refused by name
+    (:func:`~converters.sources.outside`)."""
     images, instances = Path(images), Path(instances)
     try:
-        doc = json.loads(instances.read_text(encoding="utf-8"))
+        with os.fdopen(open_regular(instances), encoding="utf-8") as fh:  # never a FIFO
+            doc = json.loads(fh.read())
         imgs, anns, cats = doc["images"], doc.get("annotations", []), doc["categories"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BadInputError(f"{instances}: not a COCO instances file: {exc!r}") from exc
@@ -46,7 +50,7 @@ def scan_coco(images: str | Path, instances: str | Path) -> Source:
         per_image[a["image_id"]].append(a)
     field = BoxesField("boxes", classes=classes, attrs=("iscrowd",),
                        class_ids=tuple(int(c["id"]) for c in cats))
-    items = []
+    items, refused = [], []
     for im in sorted(imgs, key=lambda i: i["file_name"]):
         rows = sorted(per_image[im["id"]], key=lambda a: a["id"])
         xywh = np.array([a["bbox"] for a in rows], np.float64).reshape(-1, 4)
@@ -55,6 +59,10 @@ def scan_coco(images: str | Path, instances: str | Path) -> Source:
                                                     np.int64),
                  "iscrowd": np.array([int(a.get("iscrowd", 0)) for a in rows], np.int64)}
         rel = str(im["file_name"])
+        if contained and (away := outside(images, rel)) is not None:
+            refused.append((rel, away))
+            continue
         items.append(SourceItem(images / rel, rel, extra={"coco_id": im["id"]},
                                 fields={"boxes": value}))
-    return Source(images, "coco", tuple(items), classes, typed=(field,))
+    return Source(images, "coco", tuple(items), classes, typed=(field,), refused=tuple(refused),
+                  contained=contained)

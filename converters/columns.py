@@ -10,6 +10,7 @@ array a path to a ``.npy`` file (relative to the manifest; read without pickle) 
 from __future__ import annotations
 
 import json
+import os
 import warnings
 from collections import Counter
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.schema.fields import ArrayField, Field
 from feedpipe.schema.geometric import BoxesField, KeypointsField, TextField
 
-from .sources import Source, SourceItem
+from .sources import Source, SourceItem, open_regular, outside
 
 GEOMETRIC_NAMES = frozenset({"keypoints", "landmarks", "points", "bbox", "bboxes", "box", "boxes",
                              "x", "y", "x1", "y1", "x2", "y2", "polygon", "segmentation"})
@@ -204,8 +205,12 @@ def _array_row(v: Any, source: Source, name: str, k: int, bad: dict[int, str]) -
 def _array(value: Any, source: Source, what: str) -> np.ndarray:
     if isinstance(value, str):
         path = source.root / value
+        why = outside(source.root, value) if source.contained else None
+        if why is not None:
+            raise BadInputError(f"{what}: {value}: {why}")
         try:
-            arr = np.load(path, allow_pickle=False)
+            with os.fdopen(open_regular(path), "rb") as fh:  # never a FIFO or a device
+                arr = np.load(fh, allow_pickle=False)
         except (OSError, ValueError) as exc:
             raise BadInputError(f"{path}: {what}: cannot read a .npy without pickle: {exc}") from exc
     else:

@@ -99,7 +99,8 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
             columns: LabelColumns | None = None,
             storage_options: Mapping[str, Any] | None = None,
             part: Part | None = None, labels: LabelsAs = "auto",
-            unlabeled: Unlabeled = "refuse", jpeg: JpegStore = "baseline") -> ConvertResult:
+            unlabeled: Unlabeled = "refuse", jpeg: JpegStore = "baseline",
+            contained: bool = False) -> ConvertResult:
     """Pack a source into ``out`` as ``to``, once: parallel, atomic (``.<out>.partial``, then
     one swap), lossless (docs/convert.md). ``feedpipe convert`` is this function.
 
@@ -157,6 +158,9 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
             counted).
         jpeg: Progressive JPEGs: "baseline" (the same DCT coefficients re-coded as baseline,
             checked per file; ~3× faster to decode) or "keep" (byte for byte).
+        contained: Refuse, by name, every file a source names or links to outside its folder
+            (a manifest's: its own folder): for manifests from untrusted hands. Default: files
+            may lie anywhere the user can read (absolute paths, ``..``, symlinks).
 
     Returns:
         What was written, skipped and not taken, with the reasons.
@@ -182,7 +186,8 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
                       "num_classes": num_classes, "targets": targets or None,
                       "mask_palette": mask_palette, "split_root": split_root,
                       "split_classes": split_classes, "coco": coco, "columns": columns,
-                      "part": part, "labels": labels, "unlabeled": unlabeled, "layout": layout}
+                      "part": part, "labels": labels, "unlabeled": unlabeled, "layout": layout,
+                      "contained": contained}
         given = [k for k, v in files_only.items() if v != _FILE_DEFAULTS[k]]
         if given:
             flags = ", ".join(f"{k}= (--{k.replace('_', '-')})" for k in given)
@@ -191,11 +196,13 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
         result = pack_record_source(src, target, PackOptions(**image_opts),  # type: ignore
                                     val_fraction, seed)
     else:
+        if not isinstance(contained, bool):
+            raise ConfigError(f"contained={contained!r}: True or False", option="contained")
         result = _pack_files(src, target, workers, val_fraction, seed, masks, PackOptions(
             **image_opts, mask_store=mask_store, mask_dtype=mask_dtype,  # type: ignore[arg-type]
             num_classes=num_classes, targets=resolve_targets(targets)),
             mask_palette, split_root, split_classes, coco, columns, part, labels, unlabeled,
-            layout)
+            layout, contained)
     result.seconds = time.perf_counter() - t0
     return result
 
@@ -208,13 +215,14 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
                 mask_palette: str | Path | None, split_root: SplitRoot | None,
                 split_classes: SplitClasses, coco: str | Path | None,
                 columns: LabelColumns | None, part: Part | None, labels: LabelsAs,
-                unlabeled: Unlabeled, layout: Layout) -> ConvertResult:
+                unlabeled: Unlabeled, layout: Layout, contained: bool) -> ConvertResult:
     """:func:`convert` of a folder, ImageFolder tree or manifest of image files."""
     if coco is not None:
-        source = scan_coco(src, coco) if not isinstance(src, Source) else src
+        source = scan_coco(src, coco, contained) if not isinstance(src, Source) else src
     else:
-        source = src if isinstance(src, Source) else scan_split_root(src, split_root, split_classes) \
-            if split_root else scan(src, layout, labels, unlabeled)
+        source = src if isinstance(src, Source) else scan_split_root(
+            src, split_root, split_classes, contained) \
+            if split_root else scan(src, layout, labels, unlabeled, contained)
         source = apply_columns(source, columns) if source.kind == "manifest" or columns else source
     if (labels, unlabeled) != ("auto", "refuse") and source.kind != "manifest":
         raise ConfigError(f"labels={labels!r}, unlabeled={unlabeled!r}: these read a CSV/JSONL "
@@ -296,7 +304,8 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
                       **account(source, result, items, skipped, target.strict,
                                 whole=not part_info),
                       **({"part": part_info} if part_info else {}),
-                      **({"labels": labels} if source.kind == "manifest" else {})}
+                      **({"labels": labels} if source.kind == "manifest" else {}),
+                      "contained": source.contained}
         settled = schema
         if source.masked:
             conversion["masks"] = str(masks) if masks is not None else "manifest column 'mask'"

@@ -15,6 +15,7 @@ A mask holding a colour the palette lacks is skipped, and its file and colours n
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -22,8 +23,10 @@ import numpy as np
 from PIL import Image
 
 from feedpipe.dataset.manifest import MANIFEST_NAME
-from feedpipe.errors import ConfigError, CorruptRecordError
+from feedpipe.errors import ConfigError, CorruptRecordError, NotRegularFileError
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, check_pixels
+
+from .sources import open_regular
 
 Palette = tuple[tuple[int, int, int, int], ...]  # (r, g, b, class index)
 Rare = tuple[dict[str, Any], ...]  # colours auto left out: {"colour", "pixels", "mask"}
@@ -51,7 +54,8 @@ def load_palette(path: str | Path) -> Palette:
     if path.is_dir():
         path = path / MANIFEST_NAME
     try:
-        d = json.loads(path.read_text(encoding="utf-8"))
+        with os.fdopen(open_regular(path), encoding="utf-8") as fh:
+            d = json.loads(fh.read())
         if isinstance(d, dict) and "feedpipe_manifest" in d:
             rows = (d.get("conversion") or {}).get("mask_palette")
             if not rows:
@@ -60,7 +64,7 @@ def load_palette(path: str | Path) -> Palette:
         else:
             pairs = d.items() if isinstance(d, dict) else ((c, k) for k, c in enumerate(d))
         pal = tuple((*_colour(c, str(path)), int(k)) for c, k in pairs)
-    except (OSError, ValueError, TypeError, IndexError) as exc:
+    except (OSError, ValueError, TypeError, IndexError, NotRegularFileError) as exc:
         raise ConfigError(f"mask_palette={path}: {exc}; use a JSON object "
                           '{"#rrggbb": class index}, a list of colours, or a dataset converted '
                           "with a palette", option="mask_palette") from exc
@@ -78,7 +82,7 @@ def show_palette(palette: Palette) -> str:
 def _rgb(path: Path, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray | None:
     """A colour mask's H×W×3 pixels; None for an index mask (L, P, 1, I;16). One declaring
     over ``max_pixels`` is a CorruptRecordError naming it, from its header, undecoded."""
-    with Image.open(path) as im:
+    with os.fdopen(open_regular(path), "rb") as fh, Image.open(fh) as im:
         if im.mode not in ("RGB", "RGBA"):
             return None
         check_pixels(im.size[0], im.size[1], max_pixels, f"mask {path.name}", CorruptRecordError)
@@ -97,8 +101,8 @@ def auto_palette(masks: Sequence[Path], max_pixels: int | None = DEFAULT_MAX_PIX
     for m in masks:
         try:
             rgb = _rgb(m, max_pixels)
-        except (OSError, CorruptRecordError, Image.DecompressionBombError):
-            continue  # unreadable or oversized masks are skipped later, by name
+        except (OSError, CorruptRecordError, NotRegularFileError, Image.DecompressionBombError):
+            continue  # unreadable, oversized or special masks are skipped later, by name
         if rgb is None:
             continue
         colours, counts = np.unique(_packed(rgb), return_counts=True)

@@ -20,16 +20,17 @@ SplitRoot = Literal["separate", "field"]
 SplitClasses = Literal["agree", "union"]
 
 
-def scan_split_root(src: str | Path, mode: SplitRoot, classes: SplitClasses = "agree"
-                    ) -> Source:
-    """Scan each split as an ImageFolder tree and merge them (see the module docstring)."""
+def scan_split_root(src: str | Path, mode: SplitRoot, classes: SplitClasses = "agree",
+                    contained: bool = False) -> Source:
+    """Scan each split as an ImageFolder tree and merge them (see the module docstring);
+    ``contained`` as for :func:`~converters.sources.scan`."""
     src = Path(src)
     names = split_dirs(src)
     if not names:
         raise ConfigError(f"split_root={mode!r}: {src} is not a split root (its top level must "
                           f"be only 2 or 3 of {', '.join(SPLIT_NAMES)}, each with class folders)",
                           option="split_root")
-    parts = {n: scan(src / n, "imagefolder") for n in names}
+    parts = {n: scan(src / n, "imagefolder", contained=contained) for n in names}
     lists = {n: set(s.classes) for n, s in parts.items()}
     union = sorted(set().union(*lists.values()))
     if classes == "agree":
@@ -48,7 +49,8 @@ def scan_split_root(src: str | Path, mode: SplitRoot, classes: SplitClasses = "a
         ignored += [(f"{n}/{p}", r) for p, r in s.ignored]
         refused += [(f"{n}/{p}", r) for p, r in s.refused]
     return Source(src, "splitroot", tuple(items), tuple(union), tuple(ignored),
-                  refused=tuple(refused), split_by=mode, split_names=tuple(names))
+                  refused=tuple(refused), split_by=mode, split_names=tuple(names),
+                  contained=contained)
 
 
 def split_of(rel: str) -> str:

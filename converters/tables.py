@@ -5,9 +5,15 @@ whose rows have no ``path`` column (those with one are image manifests,
 :func:`read_table` returns a dict of equal-length columns for :func:`converters.arrays.pack_arrays`
 (each row a sample, or a time step with ``series=True``). Numeric columns keep their dtype:
 ``.npy``/``.npz``/Parquet as stored; CSV and JSON numbers as int64, or float64 where a value is
-fractional or missing (empty, ``NA``, ``NaN``, ``null``: NaN). Text columns are taken only when
-``columns`` names them (a misnamed image manifest must not become a table of file names). A CSV
-or JSONL row that cannot be read is skipped and named (``strict``: refused).
+fractional or missing (empty, ``NA``, ``NaN``, ``null``: NaN). Nothing is lost or cast silently:
+a value its column's dtype cannot hold exactly (an integer beyond int64; one beyond 2^53 in a
+float64 column; ``1e400``), ``true`` among numbers, a bool column with nulls and duplicate column
+names are refused, naming the column and the line. Text columns are taken only when ``columns``
+names them (a misnamed image manifest must not become a table of file names); a CSV cell is a
+number only in plain ASCII notation (``1_000`` is text). A CSV or JSONL row that cannot be read
+(the wrong number of cells, not a JSON object, other keys, a key given twice) is skipped and
+named (``strict``: refused). An ``.npz`` member or a Parquet column larger than
+``max_member_bytes`` is refused from its header or metadata, before it is decompressed.
 """
 
 from __future__ import annotations
@@ -15,19 +21,34 @@ from __future__ import annotations
 import csv
 import json
 import re
+import zipfile
+from collections import Counter
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from feedpipe.errors import BadInputError, ConfigError, MissingDependencyError
+from feedpipe.errors import (
+    BadInputError,
+    ConfigError,
+    CorruptRecordError,
+    MissingDependencyError,
+    UnsafeDataError,
+)
+from feedpipe.schema.codecs import npy_decode
 
 from .arrays import RESERVED, as_array
+from .sources import Twice, json_object
 
 TABLE_SUFFIXES = (".npy", ".npz", ".parquet", ".pq")
 ROW_SUFFIXES = (".csv", ".jsonl", ".ndjson")
 NA = frozenset({"", "NA", "N/A", "NaN", "nan", "null", "None"})
+#: one array of a table (an ``.npz`` member, a Parquet column) is read whole into memory: a
+#: larger one is refused before it is decompressed (a 4 MB ``.npz`` can hold 4 GiB of zeros)
+MAX_MEMBER_BYTES = 1 << 30
+EXACT = 1 << 53  # float64 holds every integer of magnitude up to this exactly
 _IMAGE_NAME = re.compile(r"\.(jpe?g|png|webp|bmp|tiff?|gif)$", re.IGNORECASE)
+_INT = re.compile(r"\s*[+-]?[0-9]+\s*")  # a CSV cell written as an integer
 
 
 def is_table(src: str | Path) -> bool:
@@ -51,22 +72,27 @@ def is_table(src: str | Path) -> bool:
 
 
 def read_table(path: str | Path, columns: Sequence[str] | None = None, dtype: str | None = None,
-               strict: bool = False) -> tuple[dict[str, np.ndarray], dict[str, str],
-                                              list[dict[str, str]]]:
+               strict: bool = False, max_member_bytes: int = MAX_MEMBER_BYTES
+               ) -> tuple[dict[str, np.ndarray], dict[str, str], list[dict[str, str]]]:
     """(columns by field name, original name → field name where they differ, rows skipped).
 
     ``columns``: the columns (``.npz`` keys, structured ``.npy`` fields) to take, in that order
     (default: every numeric one; text ones must be named). ``dtype``: a float dtype every
-    floating-point column is cast to (integer columns keep theirs)."""
+    floating-point column is cast to (integer columns keep theirs). ``max_member_bytes``: the
+    largest ``.npz`` member or Parquet column read (see the module docstring)."""
     p = Path(path)
     suffix = p.suffix.lower()
+    if isinstance(max_member_bytes, bool) or not isinstance(max_member_bytes, int) or \
+            max_member_bytes < 1:
+        raise ConfigError(f"max_member_bytes={max_member_bytes!r}: use a positive byte count",
+                          option="max_member_bytes")
     skipped: list[dict[str, str]] = []
     if suffix == ".npy":
         raw = _npy(p)
     elif suffix == ".npz":
-        raw = _npz(p)
+        raw = _npz(p, max_member_bytes)
     elif suffix in (".parquet", ".pq"):
-        raw = _parquet(p, columns)
+        raw = _parquet(p, columns, max_member_bytes)
     elif suffix == ".csv":
         raw = _csv(p, skipped, strict)
     else:
@@ -140,26 +166,36 @@ def _npy(p: Path) -> dict[str, np.ndarray]:
     return {p.stem: as_array(arr, str(p))}
 
 
-def _npz(p: Path) -> dict[str, np.ndarray]:
+def _npz(p: Path, max_bytes: int) -> dict[str, np.ndarray]:
+    """Each member, its size (from the zip directory) bounded by ``max_bytes`` and its npy header
+    checked against that size before it is decompressed; never unpickled."""
     with _load(p) as z:
+        names = {n.removesuffix(".npy"): n for n in z.zip.namelist()}
         out = {}
         for k in z.files:
+            info = z.zip.getinfo(names[k])
+            what = f"{p}: array {k!r}"
+            if info.file_size > max_bytes:
+                raise BadInputError(f"{what} holds {info.file_size:,} bytes ({info.compress_size:,} "
+                                    f"stored), over the bound of {max_bytes:,} for one array of "
+                                    "a table, which is read whole into memory (max_member_bytes, "
+                                    "--max-member-size); raise it for a real large array")
             try:
-                out[k] = as_array(z[k], f"{p}: {k!r}")
-            except ValueError as exc:  # an object array inside: refused by np.load
-                raise BadInputError(f"{p}: array {k!r} cannot be read without pickle ({exc})"
-                                    ) from exc
+                out[k] = as_array(npy_decode(z.zip.read(names[k]), what), what)
+            except (zipfile.BadZipFile, CorruptRecordError, UnsafeDataError, OSError) as exc:
+                raise BadInputError(f"{what} cannot be read without pickle or is damaged "
+                                    f"({exc})") from exc
     return out
 
 
-def _parquet(p: Path, columns: Sequence[str] | None) -> dict[str, np.ndarray]:
+def _parquet(p: Path, columns: Sequence[str] | None, max_bytes: int) -> dict[str, np.ndarray]:
     try:
         import pyarrow as pa
-        import pyarrow.parquet as pq
+        import pyarrow.compute as pc
     except ImportError as exc:
         raise MissingDependencyError("Parquet tables need pyarrow: pip install pyarrow") from exc
     try:
-        table = pq.read_table(p, columns=list(columns) if columns else None)
+        table = _read_parquet(p, columns, max_bytes)
     except (OSError, pa.ArrowException) as exc:
         raise BadInputError(f"{p}: cannot read as Parquet: {exc}") from exc
     out = {}
@@ -170,6 +206,7 @@ def _parquet(p: Path, columns: Sequence[str] | None) -> dict[str, np.ndarray]:
             rows = col.to_pylist()
             if any(r is None for r in rows):
                 raise BadInputError(f"{what}: a row holds no list (null)")
+            _arrow_nulls(pc.list_flatten(col), what)
             try:  # a null inside a list of ints makes the column float64, as for scalars
                 out[name] = np.array(_nulls(rows), dtype=t.value_type.to_pandas_dtype())
             except (TypeError, ValueError):
@@ -178,11 +215,73 @@ def _parquet(p: Path, columns: Sequence[str] | None) -> dict[str, np.ndarray]:
                 pa.types.is_dictionary(t) or pa.types.is_temporal(t):  # dates: text, as in CSV
             out[name] = np.array(["" if v is None else str(v) for v in col.to_pylist()], str)
         elif pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            _arrow_nulls(col, what)
             out[name] = as_array(col.to_numpy(), what)  # ints with nulls: float64 with NaN
         else:
             raise BadInputError(f"{what}: type {t} is not stored (numbers, bool, text, lists of "
                                 "numbers); leave it out with --columns, or cast it")
     return out
+
+
+def _read_parquet(p: Path, columns: Sequence[str] | None, max_bytes: int) -> Any:
+    """The table, no column larger than ``max_bytes``: fixed-width columns are bounded from the
+    metadata (rows × width) before anything is read; others (lists, text) while they are read,
+    batch by batch (a few bytes of run-length code can stand for gigabytes)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pf = pq.ParquetFile(p)
+    schema = pf.schema_arrow
+    names = [c for c in columns if c in schema.names] if columns else schema.names
+    rows = pf.metadata.num_rows
+    fixed = True
+    for name in names:
+        t = schema.field(name).type
+        if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
+            _bound(p, name, rows * max(1, t.bit_width // 8), max_bytes)
+        else:
+            fixed = False
+    if fixed:
+        return pf.read(columns=names)
+    batches, sizes = [], Counter[str]()
+    for batch in pf.iter_batches(batch_size=1 << 16, columns=names):
+        for name, col in zip(batch.schema.names, batch.columns):
+            sizes[name] += col.nbytes
+            _bound(p, name, sizes[name], max_bytes)
+        batches.append(batch)
+    return pa.Table.from_batches(batches) if batches else pf.read(columns=names)
+
+
+def _bound(p: Path, name: str, nbytes: int, max_bytes: int) -> None:
+    if nbytes > max_bytes:
+        raise BadInputError(f"{p}: column {name!r} holds over {max_bytes:,} bytes, the bound for "
+                            "one array of a table, which is read whole into memory "
+                            "(max_member_bytes, --max-member-size); raise it for a real large "
+                            "column")
+
+
+def _arrow_nulls(col: Any, what: str) -> None:
+    """Refuse what numpy would change: a bool column with nulls (it would become objects), an
+    integer column with nulls holding a value float64 cannot hold exactly."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    nulls = col.null_count
+    if not nulls:
+        return
+    if pa.types.is_boolean(col.type):
+        raise BadInputError(f"{what}: true/false with {nulls} null(s): a bool array holds no "
+                            "missing value, so storing it as it is would change it; fill the "
+                            "nulls (pyarrow.compute.fill_null), or cast the column to float64 "
+                            "(1.0/0.0, NaN for null) if that is what should be stored")
+    if pa.types.is_integer(col.type):
+        low, high = pc.min_max(col).values()
+        for v in (low.as_py(), high.as_py()):
+            if v is not None and abs(v) > EXACT:
+                raise BadInputError(f"{what}: {v} with {nulls} null(s): an integer column with "
+                                    "missing values is stored as float64 (null: NaN), which "
+                                    f"cannot hold {v} exactly; fill the nulls, or leave the "
+                                    "column out with --columns")
 
 
 def _csv(p: Path, skipped: list[dict[str, str]], strict: bool) -> dict[str, np.ndarray]:
@@ -191,28 +290,50 @@ def _csv(p: Path, skipped: list[dict[str, str]], strict: bool) -> dict[str, np.n
         header = next(reader, None)
         if not header:
             raise BadInputError(f"{p}: empty file (no header row)")
+        twice = [h for h, n in Counter(header).items() if n > 1]
+        if twice:
+            where = ", ".join(f"{h!r} (columns "
+                              f"{', '.join(str(j + 1) for j, g in enumerate(header) if g == h)})"
+                              for h in twice)
+            raise BadInputError(f"{p}: the header names {where} more than once; one of each "
+                                "would be lost: give every column its own name")
         cells: list[list[str]] = []
-        for n, row in enumerate(reader, 2):
+        lines: list[int] = []
+        for row in reader:
             if len(row) != len(header):
                 if not row:
                     continue
-                _skip(p, n, f"{len(row)} cells, the header has {len(header)}", skipped, strict)
+                _skip(p, reader.line_num, f"{len(row)} cells, the header has {len(header)}",
+                      skipped, strict)
                 continue
             cells.append(row)
+            lines.append(reader.line_num)
     if not cells:
         raise BadInputError(f"{p}: the table has a header but no rows")
-    return {h: _column([r[j] for r in cells]) for j, h in enumerate(header)}
+    return {h: _column([r[j] for r in cells], f"{p}: column {h!r}", lines)
+            for j, h in enumerate(header)}
+
+
+class _Constant(float):
+    """JSON's ``Infinity``/``NaN`` constants: a value written as infinite, where a number literal
+    read as infinity (``1e400``) overflowed float64."""
 
 
 def _jsonl(p: Path, skipped: list[dict[str, str]], strict: bool) -> dict[str, np.ndarray]:
     rows: list[dict[str, Any]] = []
+    lines: list[int] = []
     keys: list[str] | None = None
+    decoder = json.JSONDecoder(object_pairs_hook=json_object, parse_constant=_Constant)
     with open(p, encoding="utf-8") as fh:
         for n, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                row = json.loads(line)
+                row = decoder.decode(line)
+            except Twice as exc:
+                _skip(p, n, f"key {exc.args[0]!r} is given twice in this object (one value "
+                      "would be lost)", skipped, strict)
+                continue
             except ValueError as exc:
                 _skip(p, n, f"invalid JSON: {exc}", skipped, strict)
                 continue
@@ -225,16 +346,81 @@ def _jsonl(p: Path, skipped: list[dict[str, str]], strict: bool) -> dict[str, np
                       strict)
                 continue
             rows.append(row)
+            lines.append(n)
     if not rows or keys is None:
         raise BadInputError(f"{p}: no rows")
     out = {}
     for k in keys:
         values = [r[k] for r in rows]
-        if any(isinstance(v, str) for v in values):
+        kinds = set(map(type, values))
+        what = f"{p}: column {k!r}"
+        if str in kinds:
             out[k] = np.array(["" if v is None else str(v) for v in values], str)
+        elif list in kinds:  # lists of numbers: their leaves checked as a column's values
+            _numbers(list(_leaves(values)), what, None)
+            out[k] = as_array([_nulls(v) for v in values], what)
         else:
-            out[k] = as_array([_nulls(v) for v in values], f"{p}: {k!r}")
+            out[k] = _numbers(values, what, lines)
     return out
+
+
+def _leaves(values: list[Any]) -> Iterator[Any]:
+    for v in values:
+        if isinstance(v, list):
+            yield from _leaves(v)
+        else:
+            yield v
+
+
+def _numbers(values: list[Any], what: str, lines: list[int] | None) -> np.ndarray:
+    """JSON scalars (int, float, bool, None) as one array, or BadInputError naming the line of a
+    value the array could not hold as given: ``true`` among numbers, a bool column with nulls,
+    an integer beyond int64, one beyond 2^53 where the column is float64 (it holds fractions or
+    nulls), or a number literal that overflowed to infinity. ``lines``: each value's line
+    (None: values are counted instead)."""
+    kinds = set(map(type, values))
+
+    def at(k: int) -> str:
+        return f"line {lines[k]}" if lines is not None else f"value {k + 1}"
+
+    def line(pick: Any) -> str:
+        return at(next(k for k, v in enumerate(values) if pick(v)))
+
+    if bool in kinds and kinds - {bool}:
+        if kinds <= {bool, type(None)}:
+            raise BadInputError(f"{what}: true/false with null ({line(lambda v: v is None)}): "
+                                "a bool array holds no missing value; fill the nulls, or write "
+                                "the column as numbers (1/0, null for missing)")
+        raise BadInputError(f"{what}: true/false ({line(lambda v: type(v) is bool)}) among "
+                            f"numbers ({line(lambda v: type(v) in (int, float))}): nothing is "
+                            "cast silently; write every value as a number, or every one as "
+                            "true/false")
+    if int in kinds:
+        ints = values if kinds == {int} else [v for v in values if type(v) is int]
+        try:
+            arr = np.array(ints, np.int64)
+        except OverflowError:
+            big = next(v for v in ints if not -(1 << 63) <= v < 1 << 63)
+            raise BadInputError(f"{what}: {big} ({line(lambda v: v == big)}) does not fit int64; "
+                                "write it as a string to keep it (a text column, named with "
+                                "--columns) or leave the column out with --columns") from None
+        if ints is values:
+            return arr
+        inexact = np.flatnonzero((arr > EXACT) | (arr < -EXACT))
+        if len(inexact):
+            v = ints[int(inexact[0])]
+            raise BadInputError(f"{what}: {v} ({line(lambda x: x == v)}) among fractions or "
+                                "nulls: the column is float64 (null: NaN), which cannot hold it "
+                                "exactly; fill the nulls, or leave the column out with --columns")
+    if type(None) in kinds:
+        values = [np.nan if v is None else v for v in values]
+    arr = as_array(values, what)
+    if float in kinds and arr.dtype.kind == "f":
+        for k in np.flatnonzero(np.isinf(arr)).tolist():
+            if type(values[k]) is float:  # not the Infinity constant: a literal that overflowed
+                raise BadInputError(f"{what}: a number ({at(k)}) does not fit float64 (it would "
+                                    "read as infinity); write Infinity for an infinite value")
+    return arr
 
 
 def _nulls(value: Any) -> Any:
@@ -250,15 +436,55 @@ def _skip(p: Path, line: int, why: str, skipped: list[dict[str, str]], strict: b
     skipped.append({"path": f"{p.name}:{line}", "reason": why})
 
 
-def _column(cells: list[str]) -> np.ndarray:
-    """CSV cells as int64, else float64 (missing: NaN), else text."""
-    na = [c.strip() in NA for c in cells]
-    if not any(na):
-        try:
-            return np.array(cells, dtype=np.int64)
-        except ValueError:
-            pass
+def _column(cells: list[str], what: str, lines: list[int]) -> np.ndarray:
+    """CSV cells as int64, else float64 (missing: NaN), else text. A number the column's dtype
+    cannot hold as written is refused, naming its line (see :func:`_numbers`); a cell that is
+    not a plain ASCII number (``1_000``, other scripts' digits: ``int`` and ``float`` take them)
+    makes the column text."""
+    na = np.fromiter((c.strip() in NA for c in cells), bool, len(cells))
+    if na.all():
+        return np.full(len(cells), np.nan)
+    given = [c for c, m in zip(cells, na) if not m] if na.any() else cells
+    where = np.flatnonzero(~na)  # the row of each given cell
+    joined = "".join(given)
+    if not joined.isascii() or "_" in joined:
+        return np.array(cells, dtype=str)
+
+    def refuse(j: int, why: str) -> BadInputError:
+        return BadInputError(f"{what}: {given[j].strip()} (line {lines[where[j]]}) {why}")
+
     try:
-        return np.array(["nan" if m else c for c, m in zip(cells, na)], dtype=np.float64)
+        ints = np.array(given, dtype=np.int64)
+    except OverflowError:
+        j = next(j for j, c in enumerate(given) if _INT.fullmatch(c) and
+                 not -(1 << 63) <= int(c) < 1 << 63)
+        raise refuse(j, "does not fit int64; leave the column out with --columns, or quote it "
+                     "as text") from None
+    except ValueError:  # not all integers
+        pass
+    else:
+        if not na.any():
+            return ints
+        big = np.flatnonzero((ints > EXACT) | (ints < -EXACT))
+        if len(big):
+            raise refuse(int(big[0]), f"with an empty cell (line {lines[int(np.flatnonzero(na)[0])]}"
+                         "): a column with missing values is float64 (missing: NaN), which "
+                         "cannot hold it exactly; fill the empty cells, or leave the column out "
+                         "with --columns")
+        out = np.full(len(cells), np.nan)
+        out[where] = ints
+        return out
+    try:
+        vals = np.array(given, dtype=np.float64)
     except ValueError:
         return np.array(cells, dtype=str)
+    for j in np.flatnonzero(np.isinf(vals)).tolist():
+        if given[j].strip().lstrip("+-").lower() not in ("inf", "infinity"):
+            raise refuse(j, "does not fit float64 (it would read as infinity)")
+    for j in np.flatnonzero(np.abs(vals) >= EXACT).tolist():  # 2^53 + 1 reads as 2^53
+        if _INT.fullmatch(given[j]) and abs(int(given[j])) > EXACT:
+            raise refuse(j, "among fractions: the column is float64, which cannot hold it "
+                         "exactly; leave the column out with --columns, or quote it as text")
+    out = np.full(len(cells), np.nan)
+    out[where] = vals
+    return out

@@ -4,28 +4,27 @@ results in source order."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import signal
 import time
 from collections import deque
 from contextlib import ExitStack, contextmanager
-from multiprocessing.pool import AsyncResult, Pool
+from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 from PIL import Image
 
-from feedpipe.errors import CorruptRecordError
+from feedpipe.errors import CorruptRecordError, NotRegularFileError
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png, encode_mask_png
 from feedpipe.workers import single_threaded
 
 from .images import Refused, Stored, geometry, store_image
 from .options import PackOptions
 from .palette import Palette, colour_mask
+from .pool import WorkerPool
 from .progressive import transcoded
-from .sources import SourceItem
+from .sources import SourceItem, read_regular
 
 MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
 INFO_KEY = "_info"  # a prepared sample's stored codec and notes for the summary, not stored
@@ -40,7 +39,7 @@ def read_mask(path: Path, dtype: str, palette: Palette | None = None,
     arr = colour_mask(path, palette, max_pixels) if palette is not None else None
     if arr is None:
         try:
-            arr = decode_mask_png(path.read_bytes(), f"mask {path.name}", png_only=False,
+            arr = decode_mask_png(read_regular(path), f"mask {path.name}", png_only=False,
                                   max_pixels=max_pixels)
         except CorruptRecordError as exc:
             if "mode RGB" in str(exc):  # say what to do about a colour mask
@@ -67,6 +66,8 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
         mask = read_mask(item.mask, opts.mask_dtype, opts.mask_palette, opts.max_pixels)
     except CorruptRecordError as exc:  # already names the mask file
         return str(exc)
+    except NotRegularFileError as exc:
+        return f"mask {item.mask.name}: {exc.kind}, not a regular file (refused unread)"
     except (OSError, ValueError, Image.DecompressionBombError) as exc:
         return f"mask {item.mask.name}: {exc}"
     if (mask.shape[1], mask.shape[0]) != size:
@@ -85,30 +86,14 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
     return None
 
 
-def read_file(path: Path) -> bytes:
-    """A whole file in four system calls (``Path.read_bytes`` takes eight: buffered open's
-    isatty and seeks, and a second read to see the end; ~10 µs an image in a passthrough
-    conversion)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        size = os.fstat(fd).st_size
-        data = os.read(fd, size + 1)
-        if len(data) <= size:  # a short read: the end of a regular file
-            return data
-        chunks = [data]  # it grew meanwhile, or reports no size (/proc)
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
-        return b"".join(chunks)
-    finally:
-        os.close(fd)
-
-
 def prepare(item: SourceItem, opts: PackOptions, transcode: bool = True) -> Prepared:
     """Read and check one image (and its mask and targets); (stored values or None, reason or
     how it was stored, input bytes). ``values[INFO_KEY]`` carries notes for the summary;
     ``transcode=False``: a progressive JPEG is left to the caller (see :func:`store_image`)."""
     try:
-        data = read_file(item.path)
+        data = read_regular(item.path)
+    except NotRegularFileError as exc:  # a manifest row naming a FIFO or /dev/zero
+        return None, f"{exc.kind}, not a regular file (refused unread)", 0
     except OSError as exc:
         return None, f"unreadable: {exc.strerror or exc}", 0
     if not data:
@@ -125,29 +110,27 @@ def prepare(item: SourceItem, opts: PackOptions, transcode: bool = True) -> Prep
     return values, stored.how, len(data)
 
 
-def _prepare_star(args: tuple[SourceItem, PackOptions]) -> Prepared:
-    return prepare(*args)
-
-
 def _worker_init() -> None:
-    """Pool initializer: one thread; Ctrl-C is the main process's to handle (it ends the pool
+    """Worker set-up: one thread; Ctrl-C is the main process's to handle (it ends the pool
     and removes the partial output)."""
     single_threaded(ignore_sigint=True)
 
 
 @contextmanager
-def _pool(workers: int) -> Iterator[Pool]:
-    """A pool of ``workers`` single-threaded processes (forkserver where there is one), ended
-    when the ``with`` is left."""
-    ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn")
+def _pool(workers: int) -> Iterator[WorkerPool]:
+    """A pool of ``workers`` single-threaded processes (:mod:`converters.pool`), ended when the
+    ``with`` is left."""
     # Ctrl-C is blocked while the pool starts: the worker processes (and the forkserver) inherit
     # the blocked signal, so one still importing before its initializer ignores SIGINT cannot
     # print a KeyboardInterrupt traceback. It is unblocked only inside the pool's own `with`, so
     # a Ctrl-C that came meanwhile is raised where leaving the `with` ends the pool (raised
     # before it, the pool's processes would be left running and keep the process from exiting).
+    # The resource tracker is started first: starting it unblocks SIGINT and SIGTERM after its
+    # own spawn, which let Ctrl-C reach a forkserver still importing (a traceback on stderr).
+    resource_tracker.ensure_running()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        pool = ctx.Pool(workers, initializer=_worker_init)
+        pool = WorkerPool(workers, _worker_init)
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         raise
@@ -171,7 +154,7 @@ def results(items: list[SourceItem], opts: PackOptions, workers: int, codec: str
     elif decodes:
         with _pool(workers) as pool:
             chunk = max(1, min(64, len(items) // (workers * 8)))
-            yield from pool.imap(_prepare_star, ((it, opts) for it in items), chunksize=chunk)
+            yield from pool.imap(prepare, ((str(it.path), (it, opts)) for it in items), chunk)
     else:
         yield from _passthrough(items, opts, workers)
 
@@ -184,11 +167,11 @@ def _passthrough(items: list[SourceItem], opts: PackOptions, workers: int) -> It
     """Passthrough in this process; progressive JPEGs are transcoded by a worker pool, started
     once they have taken :data:`_INLINE_S` here, while the files after them are read; all come
     back in source order."""
-    queue: deque[tuple[Prepared, AsyncResult[Stored] | None]] = deque()
+    queue: deque[tuple[Prepared, int | None]] = deque()  # with its transcode's job, if any
     busy = ahead = 0  # transcodes in flight; bytes held in the queue
     inline = 0.0  # seconds spent transcoding in this process
     with ExitStack() as stack:
-        pool: Pool | None = None
+        pool: WorkerPool | None = None
         for it in items:
             values, how, nbytes = prepare(it, opts, transcode=False)
             job = None
@@ -199,24 +182,25 @@ def _passthrough(items: list[SourceItem], opts: PackOptions, workers: int) -> It
                     inline += time.perf_counter() - t0
                 else:
                     pool = pool or stack.enter_context(_pool(workers))
-                    job = pool.apply_async(transcoded, (values[INFO_KEY],))
+                    job = pool.submit(transcoded, [(str(it.path), (values[INFO_KEY],))])[0]
                     busy += 1
             queue.append(((values, how, nbytes), job))
             ahead += nbytes
-            while queue and (queue[0][1] is None or queue[0][1].ready() or busy > 4 * workers
-                             or len(queue) > _AHEAD or ahead > _AHEAD_BYTES):
+            while queue and (queue[0][1] is None or pool is None or pool.ready(queue[0][1])
+                             or busy > 4 * workers or len(queue) > _AHEAD
+                             or ahead > _AHEAD_BYTES):
                 busy -= queue[0][1] is not None
                 ahead -= queue[0][0][2]
-                yield _finish(queue.popleft())
+                yield _finish(queue.popleft(), pool)
         while queue:
-            yield _finish(queue.popleft())
+            yield _finish(queue.popleft(), pool)
 
 
-def _finish(entry: tuple[Prepared, AsyncResult[Stored] | None]) -> Prepared:
+def _finish(entry: tuple[Prepared, int | None], pool: WorkerPool | None) -> Prepared:
     """A queued image, with its transcode's result (waited for) when it had one."""
     (values, how, nbytes), job = entry
-    if job is not None and values is not None:
-        how = _done(values, job.get())
+    if job is not None and pool is not None and values is not None:
+        how = _done(values, pool.result(job))
     return values, how, nbytes
 
 

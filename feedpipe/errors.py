@@ -60,6 +60,16 @@ class BadInputError(FeedpipeError):
     """A source file cannot be converted (empty, truncated, not an image, unreadable)."""
 
 
+class NotRegularFileError(BadInputError):
+    """A source file is a FIFO, a device (``/dev/zero`` never ends), a socket or a folder, not a
+    regular file: refused before a byte is read (reading it could block forever or never end).
+    ``kind`` says what it is; ``file`` names it."""
+
+    def __init__(self, message: str = "", *, kind: str = "", **where: object) -> None:
+        super().__init__(message, **where)  # type: ignore[arg-type]
+        self.kind = kind
+
+
 class MissingDependencyError(FeedpipeError, ImportError):
     """An optional dependency is needed for this feature; the message names the pip package."""
 
@@ -98,6 +108,12 @@ class ResourceError(FeedpipeError, OSError):
     """The system refused what a read needed (too many open files, no memory, a stale network
     mount): not damage to the data, so never reported as a damaged record nor skipped; the
     message names the file and what to change. ``errno`` is the system's."""
+
+
+class WorkerDiedError(ResourceError):
+    """A conversion worker process died (killed by a signal, e.g. the OOM killer's SIGKILL, or
+    crashed) while preparing a file: the conversion stops at once and its partial output is
+    removed; the message names the file (``file``) and how the worker ended."""
 
 
 class DataFileMismatchError(FeedpipeError):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -13,6 +14,9 @@ from typing import BinaryIO, Iterator
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _MANGLED = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):/(?!/)")  # Path("s3://b/k") is "s3:/b/k"
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+#: what a file that is not a regular file is, by ``stat.S_IFMT`` of its mode (for messages)
+KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFDIR: "a folder", stat.S_IFSOCK: "a socket",
+         stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
 
 def cache_dir() -> Path:
@@ -55,3 +59,4 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     """Write ``data`` (str as UTF-8) atomically (:func:`atomic_writer`)."""
     with atomic_writer(path) as fh:
         fh.write(data.encode("utf-8") if isinstance(data, str) else bytes(data))
+

@@ -59,7 +59,7 @@ def test_lmdb_commits_run_beside_the_writing_thread(tmp_path: Path) -> None:
 def test_read_file_reads_whole_files(tmp_path: Path) -> None:
     """The packer's file read (four system calls, not ``Path.read_bytes``'s eight) returns every
     byte: of a photo, of an empty file, and of a file whose size says 0 but holds more (/proc)."""
-    from converters.worker import read_file
+    from converters.sources import read_regular as read_file
 
     data = bytes(range(256)) * 300
     (tmp_path / "a.jpg").write_bytes(data)

@@ -71,7 +71,8 @@ def register(sub: Any) -> None:
                    f"{DEFAULT_MAX_PIXELS:,})")
     c.add_argument("--max-member-size", type=size_arg,
                    help="WebDataset shards: refuse a member larger than this (members are read "
-                   "whole; default 256MiB)")
+                   "whole; default 256MiB); tables: an .npz array or a Parquet column (read "
+                   "whole into memory; default 1GiB)")
     c.add_argument("--layout", default="auto", choices=get_args(Layout),
                    help="auto: an ImageFolder tree when a sub-folder holds images (class folders "
                    "win; top-level images are skipped by name), else a flat folder")
@@ -83,6 +84,10 @@ def register(sub: Any) -> None:
     c.add_argument("--unlabeled", default="refuse", choices=get_args(Unlabeled),
                    help="manifest rows with an empty label among labelled rows: refuse (by row; "
                    "default) or keep them with label -1, counted in the summary")
+    c.add_argument("--contained", action="store_true",
+                   help="refuse, by name, every file the source names or links to outside its "
+                   "folder (a manifest's absolute paths, '..', symlinks leading out): for "
+                   "manifests from untrusted hands")
     c.add_argument("--check", default="header", choices=get_args(Check),
                    help="header: markers + end-of-image (fast); decode: full decode")
     c.add_argument("--strict", action="store_true", help="fail on the first bad or refused "
@@ -191,7 +196,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
                       columns=_columns(args),  # type: ignore[arg-type]
                       storage_options=storage_options(args),
                       part=parse_part(args.part) if args.part else None,
-                      labels=args.labels, unlabeled=args.unlabeled, jpeg=args.jpeg)
+                      labels=args.labels, unlabeled=args.unlabeled, jpeg=args.jpeg,
+                      contained=args.contained)
     except KeyboardInterrupt:
         bar.close()
         kept = ("the uploaded shards were kept without a manifest (nothing reads them as a "
@@ -277,14 +283,16 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
     limit = args.max_member_size
     src = record_source(args.src, args.split, limit)
     if limit is not None and (src is None or src.kind != "wds-shards"):
-        raise ConfigError(f"{args.src}: --max-member-size applies to WebDataset shards only")
+        raise ConfigError(f"{args.src}: --max-member-size applies to WebDataset shards and "
+                          "tables only")
     if src is None:
         return None
     unused = [flag for flag, v in (("--masks", args.masks), ("--targets", args.targets),
                                    ("--target", args.target), ("--split-root", args.split_root),
                                    ("--mask-palette", args.mask_palette),
                                    ("--labels", args.labels != "auto"),
-                                   ("--unlabeled", args.unlabeled != "refuse")) if v]
+                                   ("--unlabeled", args.unlabeled != "refuse"),
+                                   ("--contained", args.contained)) if v]
     if unused:
         raise ConfigError(f"{args.src}: {', '.join(unused)} apply to image folders and "
                           "manifests, not to WebDataset shards or Hugging Face datasets")

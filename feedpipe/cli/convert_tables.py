@@ -18,8 +18,9 @@ _IMAGE_ONLY = (("masks", None), ("targets", None), ("target", None), ("split_roo
                ("mask_palette", None), ("coco", None), ("resize", None), ("store", "passthrough"),
                ("codec", "auto"), ("keypoints_column", None), ("boxes_column", None),
                ("text_column", None), ("array_column", []), ("labels", "auto"),
-               ("unlabeled", "refuse"), ("part", None))
+               ("unlabeled", "refuse"), ("part", None), ("contained", False))
 _TABLE_ONLY = ("columns", "dtype", "series", "train_fraction", "block_rows")
+NOTE_ROWS, NOTE_RATIO = 1000, 4  # a table of scalars this long and this much larger on disk: note
 
 
 def add_args(c: Any) -> None:
@@ -59,7 +60,8 @@ def pack(args: argparse.Namespace, writer_options: dict[str, object],
         raise ConfigError(f"{args.src} is a table of arrays{why}: {', '.join(unused)} "
                           f"appl{'ies' if len(unused) == 1 else 'y'} to images only")
     columns = [c.strip() for c in args.columns.split(",") if c.strip()] if args.columns else None
-    cols, renamed, skipped = read_table(args.src, columns, args.dtype, args.strict)
+    limit = {"max_member_bytes": args.max_member_size} if args.max_member_size else {}
+    cols, renamed, skipped = read_table(args.src, columns, args.dtype, args.strict, **limit)
     return pack_arrays(cols, args.out, to=args.to, series=args.series,
                        train_fraction=args.train_fraction, block_rows=args.block_rows,
                        strict=args.strict, overwrite=args.overwrite,
@@ -88,7 +90,8 @@ def summary(res: ConvertResult, args: argparse.Namespace) -> int:
         print(f"  normalization statistics from rows 0..{series['train_rows'] - 1} "
               f"(train fraction {series['train_fraction']})")
     for name, m in res.missing.items():
-        print(f"  missing values (NaN) in {name}: {m['values']} in {m['rows']} rows (first "
+        inf = f", {m['infinite']} infinite" if m.get("infinite") else ""
+        print(f"  missing values (NaN) in {name}: {m['values']} in {m['rows']} rows{inf} (first "
               f"rows {', '.join(map(str, m['first_rows']))}"
               + (" ..." if m["rows"] > len(m["first_rows"]) else "") + ")")
     for s in [*res.ignored_files, *res.skipped][:20]:
@@ -97,6 +100,16 @@ def summary(res: ConvertResult, args: argparse.Namespace) -> int:
     if left > 20:
         print(f"  ... and {left - 20} more (all listed in the manifest)")
     print(f"  arrays {human(res.bytes_in)} -> output {human(res.bytes_out)}")
+    scalars = all(getattr(f, "shape", None) == () for f in ds.schema if f.name != "path")
+    if not series and scalars and res.written >= NOTE_ROWS and \
+            res.bytes_out > NOTE_RATIO * max(1, res.bytes_in):
+        hdf5 = "" if args.to == "hdf5" else (", and --to hdf5 stores each column as one array "
+                                            "(about 6x the values, against 21x in LMDB and "
+                                            "130x in WebDataset)")
+        print(f"  note: {res.written:,} rows of numbers stored one record each take "
+              f"{res.bytes_out / max(1, res.bytes_in):.0f}x the bytes of their values. Rows that "
+              "are time steps pack once, in blocks, with --series (windows are cut at load "
+              f"time){hdf5}: docs/arrays.md")
     return 0
 
 

@@ -24,7 +24,7 @@ from ..errors import (
     SpecialFileError,
     UnsafePathError,
 )
-from ..paths import url_scheme, write_atomic
+from ..paths import KINDS, url_scheme, write_atomic
 from ..schema.model import Schema
 
 MANIFEST_NAME = "feedpipe.json"
@@ -43,10 +43,6 @@ MAX_FILE_BYTES = 1 << 56
 FORMAT_FILES = {"lmdb": ("data.mdb",), "hdf5": ("data.h5",),
                 "wds": ("index-offsets.npy", "index-shards.npy", "index-keys.npy",
                         "index-values.npy")}
-
-
-_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFDIR: "a folder", stat.S_IFSOCK: "a socket",
-          stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device"}
 
 
 def refuse_url(location: str | os.PathLike[str], what: str) -> None:
@@ -228,7 +224,7 @@ def _refuse_special(path: Path, what: str, name: str, real: Path) -> None:
     except OSError:
         return
     if not stat.S_ISREG(mode):
-        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        kind = KINDS.get(stat.S_IFMT(mode), "not a regular file")
         raise SpecialFileError(f"{path}: {what} {name!r} is {kind}, not a regular file; reading "
                                "it could block forever, so it is refused before it is opened. "
                                "Put the dataset's file back (or re-convert).", file=str(real))

@@ -53,9 +53,9 @@ class Windows(DatasetReader):
             (rows ``a .. b-1``). Every window lies wholly inside its split.
         normalize: Subtract each column's mean and divide by its std, both computed at
             conversion from the training rows only (a std of 0 divides by 1).
-        gaps: Windows that touch a missing value (NaN): "refuse" (naming the rows), "skip"
-            (left out, counted in ``left_out``), or "fill" (each column's last value before the
-            gap; 0 before a column's first value, its mean when normalized).
+        gaps: Windows that touch a missing value (NaN, or an infinity): "refuse" (naming the
+            rows), "skip" (left out, counted in ``left_out``), or "fill" (each column's last
+            value before the gap; 0 before a column's first value, its mean when normalized).
         dtype: Of ``x`` and ``y`` (every column is cast to it once, at open).
     """
 
@@ -82,6 +82,9 @@ class Windows(DatasetReader):
                                "features")
         if not self.targets:
             raise ConfigError("targets: name at least one field to forecast", option="targets")
+        if not self.features:
+            raise ConfigError(f"features: name at least one field to read as input, or leave "
+                              f"it None for every numeric field ({numeric})", option="features")
         self.length, self.horizon, self.stride = int(length), int(horizon), int(stride)
         cols = _read_columns(base, list(dict.fromkeys([*self.features, *self.targets])),
                              self.series)
@@ -104,7 +107,7 @@ class Windows(DatasetReader):
                 self.left_out = int(bad.sum())
                 starts = starts[~bad]
             else:
-                x, y = _ffill(x), _ffill(y)
+                x, y = _ffill(_gaps_nan(x)), _ffill(_gaps_nan(y))
         if normalize:
             x = self._normalized(x, self.features, base)
             y = self._normalized(y, self.targets, base)
@@ -265,8 +268,13 @@ def _rows(split: Split, rows: int, series: dict[str, Any]) -> tuple[int, int]:
 
 
 def _nan_rows(a: np.ndarray) -> np.ndarray:
-    """Per row: whether it holds a NaN."""
-    return np.asarray(np.isnan(a).any(axis=1))
+    """Per row: whether it holds a gap (a NaN or an infinity)."""
+    return np.asarray((~np.isfinite(a)).any(axis=1))
+
+
+def _gaps_nan(a: np.ndarray) -> np.ndarray:
+    """Infinities as NaN, so that filling treats them as the gaps they are."""
+    return np.where(np.isinf(a), np.nan, a)
 
 
 def _touches(bad: np.ndarray, starts: np.ndarray, a: int, b: int) -> np.ndarray:
@@ -291,8 +299,8 @@ def _stat(stats: dict[str, Any], name: str, key: str, base: DatasetReader) -> np
                           option="normalize")
     v = np.asarray(stats[name][key], dtype=object).reshape(-1)
     if any(e is None for e in v):
-        raise ConfigError(f"normalize=True: {name!r} has no value in the training rows (all "
-                          "NaN), so it has no mean or std", option="normalize")
+        raise ConfigError(f"normalize=True: {name!r} has no finite value in the training rows "
+                          "(all NaN or infinite), so it has no mean or std", option="normalize")
     return v.astype(np.float64)
 
 
@@ -300,10 +308,11 @@ def _gap_message(base: DatasetReader, cols: dict[str, np.ndarray], features: lis
                  targets: list[str], lo: int, hi: int) -> str:
     parts = []
     for n in dict.fromkeys([*features, *targets]):
-        bad = np.flatnonzero(np.isnan(cols[n][lo:hi]).any(axis=1)) + lo if \
+        bad = np.flatnonzero((~np.isfinite(cols[n][lo:hi])).any(axis=1)) + lo if \
             cols[n].dtype.kind == "f" else np.array([], int)
         if len(bad):
             parts.append(f"{n} in {len(bad)} rows (first {', '.join(map(str, bad[:5]))})")
-    return (f"{base.root}: missing values (NaN) in rows {lo}..{hi - 1}: {'; '.join(parts)}; "
+    return (f"{base.root}: missing values (NaN or infinite) in rows {lo}..{hi - 1}: "
+            f"{'; '.join(parts)}; "
             "pass gaps='skip' (leave out the windows that touch one) or gaps='fill' (forward "
             "fill)")

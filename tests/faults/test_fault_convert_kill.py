@@ -138,6 +138,57 @@ def test_sigint_with_workers(tmp_path, many_photos, existing):
         assert verify(out, decode=False).ok
 
 
+@pytest.mark.heavy
+def test_sigint_while_the_pool_starts(tmp_path, photo_dir):
+    """Ctrl-C while the forkserver that starts the workers is still importing. Starting the
+    resource tracker unblocked SIGINT (multiprocessing does so after its own spawn), so the
+    forkserver was started open to it and printed a KeyboardInterrupt traceback."""
+    out = tmp_path / "out"
+    tag = f"FP_FAULT_{uuid.uuid4().hex}"
+    proc = subprocess.Popen([*CLI, "convert", str(photo_dir), "--to", "lmdb", "-o", str(out),
+                             "--store", "reencode", "--workers", "2", "-q"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, preexec_fn=_terminal_sigint,
+                            env={**os.environ, tag: "1"})
+    try:
+        deadline = time.monotonic() + 60
+        while not any(_catches_sigint(p) for p in tagged_pids(tag)
+                      if b"multiprocessing.forkserver" in _cmdline(p)):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no forkserver started"
+            time.sleep(0.001)
+        os.killpg(proc.pid, signal.SIGINT)  # it is importing: Python's handler is installed
+        _, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    wait_no_orphans(tag)
+    assert proc.returncode == 130, stderr
+    assert stderr.strip().splitlines() == [
+        f"feedpipe convert: interrupted; the partial output was removed and {out} was left as "
+        "it was"]
+    assert list(tmp_path.iterdir()) == []
+
+
+def _catches_sigint(pid: int) -> bool:
+    """Whether ``pid`` has a SIGINT handler (Python installs its own early in start-up; the
+    forkserver then ignores SIGINT once its imports are done)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    caught = int(status.split("SigCgt:")[1].split()[0], 16)
+    return bool(caught & (1 << (signal.SIGINT - 1)))
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 @pytest.fixture(scope="module")
 def many_photos(tmp_path_factory, photos) -> Path:
     """6000 small JPEGs in two class folders: re-encoding them takes seconds even on a quiet
