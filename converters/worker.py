@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 import time
 from collections import deque
 from contextlib import ExitStack, contextmanager
@@ -19,6 +18,7 @@ from PIL import Image
 
 from feedpipe.errors import CorruptRecordError
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png, encode_mask_png
+from feedpipe.system import block_sigint, restore_sigmask
 from feedpipe.workers import single_threaded
 
 from .images import Refused, Stored, geometry, store_image
@@ -145,14 +145,14 @@ def _pool(workers: int) -> Iterator[Pool]:
     # print a KeyboardInterrupt traceback. It is unblocked only inside the pool's own `with`, so
     # a Ctrl-C that came meanwhile is raised where leaving the `with` ends the pool (raised
     # before it, the pool's processes would be left running and keep the process from exiting).
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    mask = block_sigint()
     try:
         pool = ctx.Pool(workers, initializer=_worker_init)
     except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        restore_sigmask(mask)
         raise
     with pool:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        restore_sigmask(mask)
         yield pool
 
 

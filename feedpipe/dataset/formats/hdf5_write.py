@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import errno
 import json
-import resource
 import shutil
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +20,7 @@ from ...schema.codecs import crc32
 from ...schema.fields import ArrayField, BytesField, Field, ImageField, JsonField, LabelField
 from ...schema.masks import MaskField
 from ...schema.model import Schema
+from ...system import file_size_limit
 from .base import DatasetWriter
 
 FILE_NAME = "data.h5"
@@ -110,8 +110,8 @@ class Hdf5Writer(DatasetWriter):
                                else np.asarray(v).nbytes if not isinstance(v, (str, dict, list))
                                else len(json.dumps(v)) for row in self._block for v in row)
         free = shutil.disk_usage(self.root).free
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]  # a file size limit crashes it too
-        if limit != resource.RLIM_INFINITY:
+        limit = file_size_limit()  # a file size limit crashes it too
+        if limit is not None:
             free = min(free, limit - self._file.id.get_filesize())
         if free < need:
             exc = DiskFullError(f"{self.root / FILE_NAME}: the next {len(self._block)} samples "
