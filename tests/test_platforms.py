@@ -6,9 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+import shm_probe
 
 import feedpipe
 
@@ -69,3 +73,33 @@ def test_the_hiding_is_real():
         "feedpipe.x fcntl hidden", "feedpipe.x resource hidden", "converters.x fcntl hidden",
         "converters.x resource hidden", "numpy.x fcntl imported", "numpy.x resource imported",
         "False False", ""], proc.stderr
+
+
+def _can_mount() -> bool:
+    """Whether a private mount namespace with its own tmpfs can be made here (root, or
+    a container allowing it)."""
+    if shutil.which("unshare") is None:
+        return False
+    probe = subprocess.run(["unshare", "-m", "sh", "-c", "mount -t tmpfs -o size=1m tmpfs /mnt"],
+                           capture_output=True, timeout=30)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_mount(), reason="needs unshare and mount (root): a private /dev/shm")
+def test_small_dev_shm_falls_back_and_names_the_page(packed, tmp_path):
+    """Docker's 64 MB /dev/shm, scaled down: with 8 MiB, the loader's batch ring does not fit.
+    The loader warns, naming docs/containers.md, gives each batch fresh shared memory, and serves
+    the very batches it serves with room to spare (here, without workers)."""
+    report = tmp_path / "report.json"
+    script = ("mount -t tmpfs -o size=8m tmpfs /dev/shm && "
+              f"exec {sys.executable} {TESTS / 'shm_probe.py'} {packed['lmdb']} {report}")
+    proc = subprocess.run(["unshare", "-m", "sh", "-c", script], env=_env(TESTS),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(report.read_text())
+    assert got["shm"] == 8 << 20  # the probe ran in the small /dev/shm
+    ring = [w for w in got["warnings"] if "batch ring" in w]
+    assert len(ring) == 1 and "/dev/shm has 8 MiB free" in ring[0], got["warnings"]
+    assert "docs/containers.md" in ring[0]
+    assert got["batches"] == shm_probe.batches(packed["lmdb"], 0)
+    assert len(got["batches"]) == 9

@@ -86,7 +86,8 @@ class SlotRing:
         need, free = ring_bytes(batch_bytes(shapes), workers, prefetch), shm_free()
         if not shm_fits(need, free):
             log.warning("not enough shared memory for a %s batch ring (/dev/shm has %s free, "
-                        "the ring wants %s); each batch gets fresh shared memory instead",
+                        "the ring wants %s); each batch gets fresh shared memory instead. In a "
+                        "container, give /dev/shm more room: docs/containers.md",
                         size_text(need), "no" if free is None else size_text(free),
                         size_text(shm_wanted(need)))
             return None
