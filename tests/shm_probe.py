@@ -9,6 +9,7 @@ import json
 import logging
 import shutil
 import sys
+from itertools import islice
 from pathlib import Path
 
 import feedpipe
@@ -24,13 +25,13 @@ class Kept(logging.Handler):
 
 
 def batches(dataset: Path, workers: int) -> list[list[object]]:
-    """Batches of 0.9 MB (8 × 192×192×3 uint8, as the workers make them): a ring of 6 wants
-    10.6 MB of /dev/shm."""
+    """The first 4 batches, of 0.9 MB each (8 × 192×192×3 uint8, as the workers make them): a
+    ring of 6 wants 10.6 MB of /dev/shm."""
     loader = feedpipe.make_loader(dataset, 8, size=192, seed=7, device="cpu", num_workers=workers,
                                   workers=feedpipe.Workers(prefetch_factor=2),
                                   fields=["image", "label"])
     return [[b["label"].tolist(), hashlib.sha256(b["image"].numpy().tobytes()).hexdigest()]
-            for b in loader]
+            for b in islice(loader, 4)]
 
 
 if __name__ == "__main__":

@@ -111,5 +111,4 @@ def test_small_dev_shm_falls_back_and_names_the_page(packed, tmp_path):
     ring = [w for w in got["warnings"] if "batch ring" in w]
     assert len(ring) == 1 and "/dev/shm has 8 MiB free" in ring[0], got["warnings"]
     assert "docs/containers.md" in ring[0]
-    assert got["batches"] == shm_probe.batches(packed["lmdb"], 0)
-    assert len(got["batches"]) == 9
+    assert len(got["batches"]) == 4 and got["batches"] == shm_probe.batches(packed["lmdb"], 0)
