@@ -11,8 +11,6 @@ from __future__ import annotations
 import os
 import signal
 
-import filelock
-
 try:
     import resource
 except ImportError:  # Windows: no file size limit to honour
@@ -42,6 +40,8 @@ def try_lock(fd: int) -> bool:
 
     filelock's portable primitive: ``flock`` on POSIX, ``LockFileEx`` on Windows; the system
     drops the lock when the holder closes the file or dies."""
+    import filelock  # here: readers and conversion workers never lock, nor pay for its import
+
     return filelock.lock_descriptor(fd, blocking=False)
 
 
