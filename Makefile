@@ -1,43 +1,57 @@
 # Two commands work on a fresh machine: `make demo` and `make test` (each creates .venv first).
+# Each target installs only what it runs, in steps that show pip's progress: torch (the CPU wheel
+# pinned below), then the package with that target's extra (demo, test, lint, docs), each with
+# its own stamp in .venv, so `make demo` never waits for the test, lint or docs tools.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Dev/test installs pin the local CPU wheel; the package itself only asks for a range.
 TORCH_SPEC ?= torch==2.13.0
+PIP := $(BIN)/pip install --disable-pip-version-check
+TORCH_STAMP := $(VENV)/.torch
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint docs test-faults dist bench bench-peers install pillow-simd clean
 
-$(STAMP): pyproject.toml constraints.txt
+$(TORCH_STAMP):
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --disable-pip-version-check $(TORCH_SPEC)
-	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[test,demo,lint,docs]'
+	$(PIP) $(TORCH_SPEC)
+	touch $@
+
+# the package (editable) and one extra: .venv/.installed-demo, -test, -lint, -docs
+$(VENV)/.installed-%: pyproject.toml constraints.txt | $(TORCH_STAMP)
+	$(PIP) -c constraints.txt -e '.[$*]'
+	touch $@
+
+# everything a developer uses at once (the demo, test, lint and docs tools)
+$(STAMP): $(VENV)/.installed-demo $(VENV)/.installed-test $(VENV)/.installed-lint \
+		$(VENV)/.installed-docs
 	touch $@
 
 install: $(STAMP)
 
-demo: $(STAMP)
+demo: $(VENV)/.installed-demo
 	$(BIN)/feedpipe demo
 
-test: $(STAMP)
+test: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m "not heavy" tests
 
 # ruff (style, likely bugs), mypy (strict on the public API), lint-imports (the one-way layers
 # of ARCHITECTURE.md). Settings: pyproject.toml.
-lint: $(STAMP)
+lint: $(VENV)/.installed-lint
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
 # The documentation site (mkdocs.yml) into site/, strict: a broken link, anchor or API reference
 # fails the build. CI runs it.
-docs: $(STAMP)
+docs: $(VENV)/.installed-docs
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The package as released: wheel and sdist built and checked (twine), the wheel installed into a
 # fresh virtualenv (constrained to the CPU torch) where `feedpipe demo` runs. CI runs it.
 DIST_VENV := .venv-dist
-dist: $(STAMP)
+dist: $(VENV)/.installed-lint
 	rm -rf dist $(DIST_VENV)
 	$(BIN)/python -m build -q --outdir dist .
 	$(BIN)/twine check --strict dist/*
@@ -48,10 +62,10 @@ dist: $(STAMP)
 		$(CURDIR)/$(DIST_VENV)/bin/python -m feedpipe --version
 
 # The heavy fault, abuse and soak tests (tests/faults/, marked `heavy`); CI runs them after `make test`.
-test-faults: $(STAMP)
+test-faults: $(VENV)/.installed-test
 	$(BIN)/python -m pytest -q -m heavy tests
 
-bench: $(STAMP)
+bench: $(VENV)/.installed-demo
 	$(BIN)/python benchmarks/bench_convert.py
 	$(BIN)/python benchmarks/bench_kernel.py
 	$(BIN)/python benchmarks/bench_loader.py
@@ -73,7 +87,7 @@ bench-peers: $(PEERS_STAMP)
 
 # pillow-simd: a faster drop-in for Pillow, built from source (needs Debian's
 # libjpeg62-turbo-dev and zlib1g-dev). `feedpipe decoders` says which one is active.
-pillow-simd: $(STAMP)
+pillow-simd: $(VENV)/.installed-demo
 	$(BIN)/pip uninstall -y -q pillow
 	CC="cc -mavx2" $(BIN)/pip install -q --no-binary :all: pillow-simd
 

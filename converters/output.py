@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import errno
 import os
-import resource
+import shutil
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from threading import BoundedSemaphore
@@ -24,6 +24,7 @@ from feedpipe.dataset.registry import DatasetWriter
 from feedpipe.errors import DiskFullError, NothingConvertedError, OutputRefusedError
 from feedpipe.storage.store import DirStore, UrlStore, open_store
 from feedpipe.storage.store import is_remote as _is_remote
+from feedpipe.system import file_size_limit
 
 from .sources import Source
 from .swap import FULL, SwapCommit, shown
@@ -200,11 +201,10 @@ def disk_full(exc: BaseException, out: Path, partial: Path) -> DiskFullError | N
 def _exhausted(partial: Path) -> bool:
     """Less than 1 MiB free where ``partial`` lives, or a file in it at the RLIMIT_FSIZE limit."""
     try:
-        st = os.statvfs(partial)
-        if st.f_bavail * st.f_frsize < 1 << 20:
+        if shutil.disk_usage(partial).free < 1 << 20:
             return True
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        return limit != resource.RLIM_INFINITY and any(
+        limit = file_size_limit()
+        return limit is not None and any(
             p.stat().st_size >= limit - (64 << 10) for p in partial.rglob("*") if p.is_file())
     except OSError:
         return False

@@ -9,7 +9,6 @@ that reads as a dataset, and a re-run clears the leftover by itself.
 from __future__ import annotations
 
 import inspect
-import os
 import time
 from dataclasses import fields as dc_fields
 from dataclasses import replace
@@ -22,6 +21,7 @@ from feedpipe.schema.fields import Field, ImageField, JsonField, LabelField
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
 from feedpipe.schema.masks import MaskField
 from feedpipe.schema.model import Schema
+from feedpipe.system import usable_cores
 
 from .coco import scan_coco
 from .columns import LabelColumns, apply_columns
@@ -174,7 +174,7 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
     if not 0.0 <= val_fraction < 1.0:
         raise ConfigError(f"val_fraction={val_fraction}: use a fraction in [0, 1)",
                           option="val_fraction")
-    workers = workers if workers is not None else len(os.sched_getaffinity(0))
+    workers = workers if workers is not None else usable_cores()
     if workers < 0:
         raise ConfigError(f"workers={workers}: use 0 or 1 for in-process, or a positive count",
                           option="workers")

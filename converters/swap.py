@@ -4,16 +4,16 @@ The writers write straight into ``.<out>.partial`` (the staging folder is the da
 the manifests are written, :class:`SwapCommit` renames it into place atomically. A destructive step
 only ever touches what feedpipe made: ``--overwrite`` replaces a feedpipe dataset (or a train/val
 split of them) and nothing else, and a leftover ``.<out>.partial`` / ``.<out>.old`` is removed only
-when it holds feedpipe's marker or files its manifest lists. An ``fcntl.flock`` on ``.<out>.lock``
-keeps two conversions of one output apart (a remote one locks its staging folder the same way);
-the kernel drops it when the holder dies, so a killed run never blocks the next one.
+when it holds feedpipe's marker or files its manifest lists. An exclusive lock on ``.<out>.lock``
+(:func:`feedpipe.system.try_lock`: flock, or LockFileEx on Windows) keeps two conversions of one
+output apart (a remote one locks its staging folder the same way); the system drops it when the
+holder dies, so a killed run never blocks the next one.
 """
 
 from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import json
 import os
 import shutil
@@ -23,6 +23,7 @@ from pathlib import Path
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
 from feedpipe.errors import DiskFullError, OutputBusyError, OutputRefusedError
 from feedpipe.storage.store import DirStore
+from feedpipe.system import try_lock
 
 MARKER = ".feedpipe-partial"  # written first into every partial directory, removed before the swap
 _OURS = frozenset({MANIFEST_NAME, MANIFEST_NAME + ".tmp", "lock.mdb", MARKER})
@@ -103,9 +104,7 @@ class OutputLock:
     def acquire(self) -> None:
         while self.fd is None:
             fd = self._open()
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
+            if not try_lock(fd):
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
                 os.close(fd)
                 raise OutputBusyError(

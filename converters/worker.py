@@ -4,7 +4,6 @@ results in source order."""
 
 from __future__ import annotations
 
-import signal
 import time
 from collections import deque
 from contextlib import ExitStack, contextmanager
@@ -17,6 +16,7 @@ from PIL import Image
 
 from feedpipe.errors import CorruptRecordError, NotRegularFileError
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png, encode_mask_png
+from feedpipe.system import block_sigint, restore_sigmask
 from feedpipe.workers import single_threaded
 
 from .images import Refused, Stored, geometry, store_image
@@ -128,14 +128,14 @@ def _pool(workers: int) -> Iterator[WorkerPool]:
     # The resource tracker is started first: starting it unblocks SIGINT and SIGTERM after its
     # own spawn, which let Ctrl-C reach a forkserver still importing (a traceback on stderr).
     resource_tracker.ensure_running()
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    mask = block_sigint()
     try:
         pool = WorkerPool(workers, _worker_init)
     except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        restore_sigmask(mask)
         raise
     with pool:
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        restore_sigmask(mask)
         yield pool
 
 

@@ -35,7 +35,7 @@ def conforms(value: object, hint: Any) -> bool:
         return isinstance(value, int) and not isinstance(value, bool)
     if hint is float:  # an int is a fine float (scale=(1, 1)); a bool is not
         return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if isinstance(hint, type):
+    if isinstance(hint, type) and origin is None:  # Python 3.10 calls dict[str, Any] a type
         return isinstance(value, hint)
     return True
 

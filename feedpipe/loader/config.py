@@ -16,6 +16,7 @@ from typing import Any, Callable, Container, Literal, get_args, get_type_hints
 from ..checks import conforms, describe
 from ..errors import ConfigError
 from ..storage.cache import parse_limit
+from ..system import usable_cores as usable_cores  # re-exported: loader.api names it
 from .affine_params import RandomAffine
 
 Crop = Literal["resize", "center_crop", "random_resized_crop", "none"]
@@ -229,14 +230,6 @@ class LoaderConfig:
 @cache
 def _hints() -> dict[str, Any]:
     return get_type_hints(LoaderConfig)
-
-
-def usable_cores() -> int:
-    """Cores this process may run on (affinity / cgroup cpusets), not the machine's total."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 def auto_workers(decodes: bool, cores: int | None = None, local_procs: int | None = None) -> int:

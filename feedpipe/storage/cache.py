@@ -7,7 +7,8 @@ files (kept, not counted), the data files (shards, ``data.mdb``, ``data.h5``: co
 ``limit`` and evicted least recently used first), and per data file ``.NAME.lock`` (the download
 lock; while held it holds the size reserved for the download) and ``.NAME.part`` (the bytes so far).
 
-Protocol (fcntl locks, released by the kernel when a process dies): a reader opens a data file
+Protocol (POSIX ``fcntl`` locks, released by the kernel when a process dies; a system without
+them, Windows, gets a :class:`~feedpipe.errors.StorageError` saying so): a reader opens a data file
 and takes a shared lock on it, so the file cannot be evicted while open; a downloader takes the
 file's exclusive download lock, reserves room under the cache-wide ``.lock`` (evicting unlocked
 files least recently used first), appends to the part file (resuming a killed download), fsyncs,
@@ -23,7 +24,6 @@ removed (the space it holds is what the disk lacks).
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import os
 import re
@@ -33,11 +33,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ..errors import CacheFullError, ChecksumMismatchError, DiskFullError
+from ..errors import CacheFullError, ChecksumMismatchError, DiskFullError, StorageError
 from .cachefs import Trust, trust_of
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .sizes import parse_size
 from .transfer import CHUNK, download
+
+try:
+    import fcntl  # shared and exclusive locks on open files (flock): POSIX
+except ImportError:  # Windows: Cache() refuses, naming it
+    fcntl = None  # type: ignore[assignment]
 
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 KEPT = re.compile(r"^(feedpipe\.json|index-.*)$")  # the manifest and index files: never evicted
@@ -56,10 +61,10 @@ def default_cache_dir() -> Path:
 
 
 @contextmanager
-def _flocked(path: Path, trust: Trust, mode: int = fcntl.LOCK_EX) -> Iterator[int]:
+def _flocked(path: Path, trust: Trust, shared: bool = False) -> Iterator[int]:
     fd = trust.open(path, os.O_RDONLY | os.O_CREAT)  # flock needs no write access
     try:
-        fcntl.flock(fd, mode)
+        fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         yield fd
     finally:
         os.close(fd)
@@ -112,6 +117,10 @@ class Cache:
     def __init__(self, root: str | os.PathLike[str] | None = None,
                  limit: str | int | None = None, *, wait: float = 600.0) -> None:
         self.root = Path(root) if root is not None else default_cache_dir()
+        if fcntl is None:
+            raise StorageError(f"{self.root}: remote datasets are read through a cache that "
+                               "needs POSIX file locks (fcntl), which this system lacks; copy "
+                               "the dataset to a local folder and load that (docs/install.md)")
         self.limit = parse_limit(limit)
         self.wait = wait
         self.root.mkdir(parents=True, exist_ok=True)
@@ -139,7 +148,7 @@ class Cache:
         """Bytes the data files, the partial downloads and the active reservations take (read
         under the cache-wide lock, so a download handing its reservation over to its finished
         file is never counted twice or not at all)."""
-        with _flocked(self.root / ".lock", self.trust, fcntl.LOCK_SH):
+        with _flocked(self.root / ".lock", self.trust, shared=True):
             return sum(size for _, size, _ in self._entries()) + sum(
                 self._reservations().values())
 

@@ -36,9 +36,10 @@ from ..dataset.manifest import MANIFEST_NAME, refuse_url
 from ..dataset.registry import DatasetReader, open_dataset
 from ..errors import ConfigError, EmptyDatasetError, FeedpipeError
 from ..loader.api import Loader, make_loader
-from ..loader.config import auto_workers, usable_cores
+from ..loader.config import auto_workers
 from ..loader.options import Output
 from ..storage import is_remote, local_path
+from ..system import usable_cores
 from . import machine
 from .baseline import naive_loader, stored_bytes_per_sample
 from .benchconfig import BenchConfig

@@ -14,8 +14,8 @@ from importlib import metadata, util
 from pathlib import Path
 from typing import Any
 
-from ..loader.config import usable_cores
 from ..schema.imaging import decoder_info
+from ..system import usable_cores
 
 LIBRARIES = {  # import name -> distribution names to ask for the version, in order
     "torch": ("torch",), "numpy": ("numpy",), "PIL": ("pillow-simd", "Pillow-SIMD", "pillow"),

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
 from ..errors import ConfigError
-from ..loader.config import usable_cores
 from ..loader.protocol import Loader
+from ..system import usable_cores
 from .gpumon import GpuMonitor, GpuStats, GpuSummary
 from .throughput import Throughput, of_meter, throughput
 

@@ -9,7 +9,6 @@ runs at the lower of the two; a warm one reads the node-local cache.
 
 from __future__ import annotations
 
-import os
 import tarfile
 import tempfile
 import time
@@ -22,6 +21,7 @@ from ..errors import BadInputError
 from ..loader.config import auto_workers
 from ..schema.imaging import decode_rgb
 from ..storage import open_store
+from ..system import usable_cores
 from .findings import Finding
 
 BUDGET = 64 << 20  # bytes fetched to measure the bandwidth
@@ -92,7 +92,7 @@ def check_network(url: str, storage_options: Mapping[str, Any] | None = None,
                   workers: int | None = None) -> list[Finding]:
     """One finding: the measured bandwidth against the decode rate, and the verdict."""
     r = measure(url, storage_options)
-    workers = workers or auto_workers(True, len(os.sched_getaffinity(0)))
+    workers = workers or auto_workers(True, usable_cores())
     net = r["bandwidth"] / r["mean_sample_bytes"]
     facts = (f"fetched {r['fetched_bytes'] / 1e6:.1f} MB at {r['bandwidth'] / 1e6:.1f} MB/s; "
              f"mean stored sample {r['mean_sample_bytes'] / 1e3:.1f} kB, so the network "

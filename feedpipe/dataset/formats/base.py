@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import signal
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,6 +28,7 @@ from ...errors import (
 )
 from ...schema.fields import Field
 from ...schema.model import Schema
+from ...system import block_sigint
 from ..manifest import Manifest
 
 KEY_DIGITS = 9
@@ -55,8 +55,7 @@ def writer_thread() -> ThreadPoolExecutor:
     blocks SIGINT, so Ctrl-C always reaches the main thread, and only where the main thread lets
     it (the converter blocks it while its worker pool starts)."""
     return ThreadPoolExecutor(1, thread_name_prefix="feedpipe-writer",
-                              initializer=signal.pthread_sigmask,
-                              initargs=(signal.SIG_BLOCK, {signal.SIGINT}))
+                              initializer=block_sigint)
 
 
 def sample_key(index: int) -> str:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import resource
 import shutil
 from pathlib import Path
 from typing import Any, BinaryIO, Literal
@@ -20,6 +19,7 @@ from ...schema.codecs import crc32
 from ...schema.fields import ArrayField, BytesField, Field, ImageField, JsonField, LabelField
 from ...schema.masks import MaskField
 from ...schema.model import Schema
+from ...system import file_size_limit
 from .base import DatasetWriter
 
 FILE_NAME = "data.h5"
@@ -139,8 +139,8 @@ class Hdf5Writer(DatasetWriter):
         limit) cannot hold: the HDF5 library crashes (SIGSEGV) when a write meets a full disk,
         so it must never get there."""
         free = shutil.disk_usage(self.root).free
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        if limit != resource.RLIM_INFINITY:
+        limit = file_size_limit()  # a file size limit crashes it too
+        if limit is not None:
             free = min(free, limit)
         if free < need:
             exc = DiskFullError(f"{self.root / FILE_NAME}: the {self.count} samples need "

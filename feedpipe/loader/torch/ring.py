@@ -89,8 +89,7 @@ class SlotRing:
         if not shm_fits(need, free):
             log.warning("not enough shared memory for a %s batch ring (/dev/shm has %s free, "
                         "the ring wants %s); each batch gets fresh shared memory instead, which "
-                        "is slower. In a container, give it more: see %s (docker --shm-size, "
-                        "Kubernetes' memory-backed emptyDir)", size_text(need),
+                        "is slower. In a container, give /dev/shm more room: %s", size_text(need),
                         "no" if free is None else size_text(free), size_text(shm_wanted(need)),
                         SHM_DOCS)
             return None

@@ -17,8 +17,8 @@ import torch
 from ..._version import __version__
 from ...dataset.manifest import MANIFEST_NAME
 from ...dataset.registry import DatasetReader
-from ...loader.config import usable_cores
 from ...paths import cache_dir, write_atomic
+from ...system import usable_cores
 from ..machine import cpu_model
 
 log = logging.getLogger("feedpipe.tune")
