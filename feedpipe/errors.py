@@ -60,6 +60,11 @@ class BadInputError(FeedpipeError):
     """A source file cannot be converted (empty, truncated, not an image, unreadable)."""
 
 
+class DamagedImageError(BadInputError):
+    """An image's coded data is damaged: its decoder stopped before the end of the image (data
+    cut short, a bad Huffman code) and would make up the rest (grey); a corrupt sample."""
+
+
 class MissingDependencyError(FeedpipeError, ImportError):
     """An optional dependency is needed for this feature; the message names the pip package."""
 

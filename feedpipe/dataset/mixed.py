@@ -198,9 +198,9 @@ class MixedReader(DatasetReader):
         s, j = self.locate(index)
         return self.sources[s].source_of(j)
 
-    def corrupt(self, index: int, detail: str) -> Any:
+    def corrupt(self, index: int, detail: str, cause: BaseException | None = None) -> Any:
         s, j = self.locate(index)
-        return self.sources[s].corrupt(j, f"(mix source {self.names[s]!r}) {detail}")
+        return self.sources[s].corrupt(j, f"(mix source {self.names[s]!r}) {detail}", cause)
 
     def close(self) -> None:
         for s in self.sources:

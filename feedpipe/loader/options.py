@@ -69,7 +69,9 @@ class Workers:
     """The loading processes (``num_workers`` of them, a ``make_loader`` option): DataLoader's
     names; plus ``decode_on`` ("cpu": they decode; "device": nvJPEG on the CUDA device;
     "auto"), ``on_error`` ("raise", or "skip" a corrupt sample: counted, named, refilled) and
-    ``max_pixels`` (decompression-bomb limit; None: the dataset's own)."""
+    the bounds on one encoded image, checked from its header before it is decoded:
+    ``max_pixels`` (decompression bombs), ``max_scans`` and ``max_pixels_per_byte`` (JPEG scan
+    bombs and files cut short; ``imaging.check_jpeg``); None: the dataset's own."""
 
     prefetch_factor: int | Auto = "auto"  # batches each keeps ahead; "auto": 4 decoding, else 2
     pin_memory: bool | Auto = "auto"  # "auto": on for CUDA
@@ -78,6 +80,8 @@ class Workers:
     decode_on: DecodeOn = "auto"
     on_error: OnError = "raise"
     max_pixels: int | None = None
+    max_scans: int | None = None
+    max_pixels_per_byte: int | None = None
 
 
 @checked

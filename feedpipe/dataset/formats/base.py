@@ -20,6 +20,7 @@ import numpy as np
 
 from ...errors import (
     CorruptRecordError,
+    DamagedImageError,
     DataFileMismatchError,
     DatasetReplacedError,
     EmptyDatasetError,
@@ -287,7 +288,7 @@ class DatasetReader(ABC):
             try:
                 out[pos] = {f.name: f.to_user(stored[f.name], f.name) for f in fields}
             except CorruptRecordError as exc:  # named by key, and (visit) by source file
-                raise self.corrupt(idx[pos], str(exc)) from exc
+                raise self.corrupt(idx[pos], str(exc), exc) from exc
 
         self.visit(idx, decode)
         return out
@@ -307,8 +308,19 @@ class DatasetReader(ABC):
         """The key sample ``index`` is stored under."""
         return sample_key(index)
 
-    def corrupt(self, index: int, detail: str) -> CorruptRecordError:
-        """A CorruptRecordError naming this dataset and key (:meth:`visit` adds the source)."""
+    def corrupt(self, index: int, detail: str, cause: BaseException | None = None
+                ) -> CorruptRecordError:
+        """A CorruptRecordError naming this dataset and key (:meth:`visit` adds the source).
+
+        ``cause``: what failed to decode a record read whole. When its image data is damaged
+        (DamagedImageError) and the record's checksum passed, the damage was in the source file
+        before conversion, and the message says so."""
+        while cause is not None and not isinstance(cause, DamagedImageError):
+            cause = cause.__cause__
+        if cause is not None and self.checksums:
+            detail += ("; the record is as conversion wrote it (its checksum matches): the "
+                       "source file was already damaged (`feedpipe convert` refuses such "
+                       "files unless --check header)")
         exc = CorruptRecordError(f"{self.describe(index)}: {detail}", dataset=self.root,
                                  key=self.key_of(index))
         exc.index = index  # type: ignore[attr-defined]
