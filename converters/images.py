@@ -196,10 +196,10 @@ def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Store
     if kind == "jpeg":
         info, why = jpeg_problem(data, max_pixels=opts.max_pixels, max_scans=opts.max_scans,
                                  max_pixels_per_byte=opts.max_pixels_per_byte)
-        if why is not None and info is not None:
+        if why is not None or info is None:
             raise Refused(why)
         # plain RGB/grayscale JPEGs in upright orientation are stored byte for byte
-        if info is not None and keep and info.components in (1, 3) and info.orientation in (0, 1):
+        if keep and info.components in (1, 3) and info.orientation in (0, 1):
             progressive = info.marker in JPEG_PROGRESSIVE
             fast = jpeg_fast_decodable(data)
             if not fast or (opts.check == "decode" and not (
@@ -210,8 +210,7 @@ def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Store
             if progressive and opts.jpeg == "baseline" and transcode:
                 return transcoded(stored)
             return stored
-        if info is not None:  # Pillow decodes it below, and would fill damaged data with grey
-            _read_whole(data)
+        _read_whole(data)  # Pillow decodes it below, and would fill damaged data with grey
     unasked = keep  # a lossy re-encode from here on was not asked for: it is named
     keep = keep and kind != "jpeg"  # a JPEG that gets here needs rotation or colour conversion
     if kind == "png" and len(data) >= 24 and data[12:16] == b"IHDR":  # Pillow: only at 2^31

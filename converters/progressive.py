@@ -9,8 +9,8 @@ the source's. Each result is checked, decoding once: the transform reads every s
 and stops at libjpeg-turbo's first warning (a source cut short or damaged is refused by name: it
 would decode to grey), and the baseline file is read whole (every scan, at 1/8 scale) and must
 declare the source's size, components and orientation. Memory stays that of the transform (the
-source's DCT coefficients, ~2 bytes a sample); the former check decoded both files in full and
-held them at once (2.4 GB and 83 s for a 16384² file, now ~0.8 GB and ~11 s). A file that cannot
+source's DCT coefficients, ~2 bytes a sample): the former check decoded both files in full and
+held both and the coefficients at once (benchmarks/bench_hostile_jpegs.py). A file that cannot
 be transcoded, or whose check fails, is stored as it is and named with the reason.
 
 The transform comes from the ``turbojpeg`` package (pybind11 bindings over the TurboJPEG 3 API;

@@ -22,6 +22,15 @@ def photo(w: int = 320, h: int = 240, seed: int = 0) -> np.ndarray:
     return (rgb + noise).clip(0, 255).astype(np.uint8)
 
 
+def big_progressive(side: int, quality: int = 75) -> bytes:
+    """A progressive JPEG of side² pixels: a small photo scaled up (smooth, so a few MB even at
+    16384², as large web or scanner images are), made without holding more than the image."""
+    img = Image.fromarray(photo(512, 512, seed=side)).resize((side, side), Image.BICUBIC)
+    out = io.BytesIO()
+    img.save(out, "JPEG", quality=quality, progressive=True)
+    return out.getvalue()
+
+
 def encode(rgb: np.ndarray, **save: object) -> bytes:
     out = io.BytesIO()
     Image.fromarray(rgb).save(out, "JPEG", **{"quality": 90, **save})

@@ -218,6 +218,7 @@ def test_scan_bomb_refused_from_its_header_with_the_bound_and_option(tmp_path):
     out = tmp_path / "raised"  # the limit it was converted with holds when loading it
     assert feedpipe.open_dataset(out).manifest.conversion["max_scans"] == 3000
     assert len(list(feedpipe.make_loader(out, 2, size=16, **U8))[0]["image"]) == 2
+    assert feedpipe.verify(out).ok  # verify decodes under the recorded limits too
     with pytest.raises(CorruptRecordError, match="over the limit of 100"):
         list(feedpipe.make_loader(out, 2, size=16, workers=Workers(max_scans=100), **U8))
 

@@ -135,7 +135,7 @@ class BatchDataset(torch.utils.data.Dataset):
                  transform: Callable[..., Any] | None = None,
                  batch_stage: BatchStage | None = None) -> None:
         # each limit: the caller's, else the one the converter recorded, else the default
-        recorded = reader.manifest.conversion
+        recorded = reader.decode_limits()
         op = replace(op, max_pixels=int(max_pixels or recorded.get("max_pixels")
                                         or DEFAULT_MAX_PIXELS),
                      max_scans=op.max_scans or recorded.get("max_scans") or DEFAULT_MAX_SCANS,

@@ -4,7 +4,7 @@ pillow-simd, simplejpeg, turbojpeg).
 A JPEG is decoded whole or not at all: libjpeg-turbo reports data that ends before the image does
 (a file cut short, with or without an end marker put back) or that it cannot follow (a bad Huffman
 code) as a warning, fills the rest with grey and carries on; Pillow does the same without a word.
-Here such a warning makes the image corrupt (BadInputError, naming it), and a JPEG goes to a
+Here such a warning makes the image corrupt (DamagedImageError, naming it), and a JPEG goes to a
 fallback decoder only when simplejpeg cannot read its kind (4:1:0 sampling, CMYK), never because
 its data is damaged. Every JPEG path checks the header first (:func:`check_jpeg`): what a decode
 may cost is bounded before it starts.
@@ -44,6 +44,7 @@ DEFAULT_MAX_SCANS = 100
 # 512 pixels a byte: a 10 KB file declaring 16000×16000 (25,000 a byte) is cut short or hostile,
 # and decoding it would allocate gigabytes for grey. Arithmetic coding has no such floor.
 DEFAULT_MAX_PIXELS_PER_BYTE = 512
+
 CODEC_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "mixed": "img"}
 
 try:
@@ -177,8 +178,9 @@ def jpeg_problem(data: Buffer, *, max_pixels: int | None = DEFAULT_MAX_PIXELS,
         return header, (f"{header.precision}-bit JPEG: simplejpeg, libjpeg-turbo's 8-bit API "
                         "and Pillow read 8-bit JPEGs only; convert it to 8 bits (or PNG) first")
     if w == 0 or h == 0:
-        return header, (f"JPEG frame header declares {w}x{h} (a height given later in a DNL "
-                        "marker): libjpeg-turbo and Pillow cannot decode it; re-encode it")
+        dnl = " (its height given after the first scan, in a DNL marker)" if w else ""
+        return header, (f"JPEG frame header declares {w}x{h}{dnl}: libjpeg-turbo and Pillow "
+                        "cannot decode it; re-encode it")
     if max_pixels is not None and w * h > max_pixels:
         return header, (f"declares {w}x{h} = {w * h:,} pixels, over the limit of "
                         f"{max_pixels:,} (max_pixels={max_pixels:,}, --max-pixels); raise it "

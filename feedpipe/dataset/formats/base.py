@@ -8,6 +8,7 @@ iteration, the loader's batched decode) is built on it here, once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import signal
@@ -28,7 +29,7 @@ from ...errors import (
     MissingFieldError,
     UnsafeDataError,
 )
-from ...schema.fields import Field
+from ...schema.fields import Field, ImageField
 from ...schema.model import Schema
 from ..manifest import Manifest
 
@@ -281,17 +282,27 @@ class DatasetReader(ABC):
     def get_batch(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Decoded samples for ``indices`` (one transaction / read call for the whole batch)."""
         out: list[dict[str, Any]] = [{} for _ in indices]
-        fields = list(self.schema)
+        limits = self.decode_limits()
+        users = [(f.name, functools.partial(f.to_user, limits=limits)
+                  if isinstance(f, ImageField) else f.to_user) for f in self.schema]
         idx = self.check_indices(indices)
 
         def decode(pos: int, stored: dict[str, Any]) -> None:
             try:
-                out[pos] = {f.name: f.to_user(stored[f.name], f.name) for f in fields}
+                out[pos] = {name: user(stored[name], name) for name, user in users}
             except CorruptRecordError as exc:  # named by key, and (visit) by source file
                 raise self.corrupt(idx[pos], str(exc), exc) from exc
 
         self.visit(idx, decode)
         return out
+
+    def decode_limits(self) -> dict[str, int]:
+        """The bounds on decoding one image that its converter recorded (``max_pixels``,
+        ``max_scans``, ``max_pixels_per_byte``: manifest ``conversion``); the defaults apply to
+        the others."""
+        recorded = self.manifest.conversion
+        return {k: recorded[k] for k in ("max_pixels", "max_scans", "max_pixels_per_byte")
+                if recorded.get(k)}
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.get_batch([index])[0]
