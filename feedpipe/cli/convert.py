@@ -98,7 +98,7 @@ def register(sub: Any) -> None:
     c.add_argument("--check", default="decode", choices=get_args(Check),
                    help="decode (default): read every JPEG whole, every scan (at 1/8 scale), so "
                    "one cut short or damaged is refused; header: its markers and end marker "
-                   "only (~3x faster on 2 cores; damaged data then fails when loading)")
+                   "only (~4x the images/s on 2 cores; damaged data then fails when loading)")
     c.add_argument("--strict", action="store_true", help="fail on the first bad or refused "
                    "input, and on a class left with no samples")
     c.add_argument("--val-fraction", type=float, default=0.0)
