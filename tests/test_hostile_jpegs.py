@@ -277,3 +277,29 @@ def test_limits_are_checked_options(tmp_path):
     convert(tmp_path / "src", tmp_path / "ds", to="lmdb")
     with pytest.raises(ConfigError, match="max_pixels_per_byte=-1"):
         feedpipe.make_loader(tmp_path / "ds", 1, workers=Workers(max_pixels_per_byte=-1), **U8)
+
+
+def test_device_decode_workers_check_the_header_too(tmp_path):
+    """Images decoded on the device leave the workers encoded: the workers run the same header
+    checks on the bytes first, so a scan bomb or a file too small for its pixels is a corrupt
+    sample there too (under on_error), never handed to nvJPEG."""
+    from feedpipe.loader.dataset import BatchDataset
+    from feedpipe.loader.sampler import BatchRequest
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for name, data in (("a.jpg", BASE), ("bomb.jpg", scan_bomb(96, 64, 3)),
+                       ("huge.jpg", claims(encode(photo(96, 64), progressive=True), 4000, 3000))):
+        (src / name).write_bytes(data)
+    convert(src, tmp_path / "ds", to="lmdb", workers=0, check="header", jpeg="keep",
+            max_scans=None, max_pixels_per_byte=None)
+    reader = feedpipe.open_dataset(tmp_path / "ds")
+    enc = BatchDataset(reader, ["image"], ImageOp((16, 16)), seed=0, on_error="raise",
+                       encoded_images=True)
+    paths = [s["path"] for s in reader.read_raw_batch(range(3))]
+    good = enc.__getitems__(BatchRequest([paths.index("a.jpg")], 0, 0, 0))["image"]
+    assert len(good.files()) == 1
+    for name, words in (("bomb.jpg", "2,647 scans"), ("huge.jpg", "pixels in")):
+        with pytest.raises(CorruptRecordError, match=words):
+            enc.__getitems__(BatchRequest([paths.index(name)], 0, 0, 0))
+

@@ -256,8 +256,9 @@ class BatchDataset(torch.utils.data.Dataset):
                             fallbacks[pos] = self._named(_at(req, pos, index))
                     elif role == "stack":
                         views[name][pos] = stored[name]
-                    elif role == "encoded":
+                    elif role == "encoded":  # decoded on the device: checked here, in the worker
                         data = bytes(stored[name])
+                        op.check_jpeg(data, name)
                         geo = plan_encoded(op, data, rng, name, op.max_pixels)
                         out[name][pos] = (np.frombuffer(data, np.uint8), geo,
                                           _at(req, pos, index))
