@@ -11,6 +11,10 @@ the same bytes into one file (fsync'd once at the end, as the LMDB writer and th
 
     python benchmarks/bench_convert.py [--images 20000] [--size 500x375] [--rounds 3]
                                        [--baseline /path/to/other/checkout] [--mix web]
+                                       [--also '--check header']
+
+``--also OPTIONS`` runs this checkout once more with those convert options in the same rounds
+(e.g. the markers-only JPEG check against the default, which reads every JPEG whole).
 
 ``--mix web`` converts web-like photos instead (``converters.synth.make_web_photos``: ~40%
 progressive, 4:2:0 and 4:4:4, EXIF orientations, 640-4000 px times ``--web-scale``), so the
@@ -129,6 +133,9 @@ def main() -> None:
     ap.add_argument("--cli-args", default="", help="extra convert options, e.g. '--workers 2'")
     ap.add_argument("--baseline", type=Path, help="another checkout (e.g. main) whose CLI runs in "
                     "the same rounds, for a before/after ratio from one run")
+    ap.add_argument("--also", action="append", default=[], metavar="OPTIONS",
+                    help="convert options run as one more configuration of this checkout in the "
+                    "same rounds (repeatable), e.g. --also='--check header'")
     ap.add_argument("--data", type=Path, default=Path("bench-data"))
     ap.add_argument("--json", type=Path, default=Path("benchmarks/results/convert.json"))
     args = ap.parse_args()
@@ -155,6 +162,10 @@ def main() -> None:
             runs[f"CLI convert --jpeg keep --to {fmt}"] = cli(
                 src, fmt, args.data / f"convert-keep-{fmt}", len(files),
                 [*args.cli_args.split(), "--jpeg", "keep"])
+        for k, also in enumerate(args.also):
+            runs[f"CLI convert {also} --to {fmt}"] = cli(
+                src, fmt, args.data / f"convert-also{k}-{fmt}", len(files),
+                [*args.cli_args.split(), *also.split()])
         if args.baseline:
             runs[f"baseline CLI convert --to {fmt}"] = cli(
                 src, fmt, args.data / f"convert-baseline-{fmt}", len(files),
@@ -171,7 +182,7 @@ def main() -> None:
                               "web_scale": args.web_scale if web else None, "jpeg_mix": mix,
                               "photo_size": None if web else [w, h],
                               "bytes_in": bytes_in, "rounds": args.rounds,
-                              "cli_args": args.cli_args,
+                              "cli_args": args.cli_args, "also": args.also,
                               "baseline": str(args.baseline) if args.baseline else None,
                               "command": " ".join(sys.argv)})
 

@@ -24,18 +24,19 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from feedpipe.errors import BadInputError
-from feedpipe.schema.codecs import JPEG_PROGRESSIVE, jpeg_complete, jpeg_frame
+from feedpipe.schema.codecs import JPEG_PROGRESSIVE
 from feedpipe.schema.imaging import (
-    decode_rgb,
     encode_rgb,
     jpeg_fast_decodable,
+    jpeg_problem,
     pil_to_rgb,
+    read_jpeg_whole,
     sniff_codec,
     webp_lossless,
 )
 
-from .progressive import transcoded
-from .stored import Stored
+from .progressive import can_transcode, transcoded
+from .stored import Refused, Stored
 
 if TYPE_CHECKING:
     from .options import PackOptions
@@ -44,10 +45,6 @@ if TYPE_CHECKING:
 JPEG_EXTS = frozenset({".jpg", ".jpeg", ".jpe", ".jfif"})
 _PNG_MODES = frozenset({"1", "L", "LA", "P", "RGB", "RGBA", "I;16"})
 _DEEP = frozenset({"I", "I;16", "I;16B", "I;16L", "I;16N", "F"})
-
-
-class Refused(Exception):
-    """This input cannot be stored as asked; the message is the skip reason."""
 
 
 def output_codec(kind: str, lossless_webp: bool, opts: PackOptions) -> str:
@@ -135,6 +132,14 @@ def resized_rgb(img: Image.Image, opts: PackOptions) -> np.ndarray:
     return np.asarray(Image.fromarray(arr).resize(geo[0], Image.BILINEAR, box=geo[1]))
 
 
+def _read_whole(data: bytes) -> None:
+    """Refuse a JPEG whose data is damaged or that no decoder reads (``read_jpeg_whole``)."""
+    try:
+        read_jpeg_whole(data, "corrupt image")
+    except BadInputError as exc:
+        raise Refused(str(exc)) from exc
+
+
 def _too_big(w: int, h: int, opts: PackOptions) -> None:
     if opts.max_pixels is not None and w * h > opts.max_pixels:
         raise Refused(f"declares {w}x{h} = {w * h:,} pixels, over the limit of "
@@ -178,29 +183,34 @@ def _png(img: Image.Image, drop: bool) -> bytes:
 def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Stored:
     """Check one input and make its stored value (see the module docstring); raises Refused.
 
-    A plain progressive JPEG is transcoded to baseline losslessly (:mod:`converters.progressive`)
-    unless ``opts.jpeg="keep"``; ``transcode=False`` leaves that to the caller (it comes back
-    ``progressive`` with no ``kept`` reason), which hands it to a worker process."""
+    A JPEG is checked from its header first (``imaging.jpeg_problem``: 8-bit, a height, the
+    pixel, scan and pixels-a-byte bounds, an end marker), then read whole (every scan, strictly:
+    ``imaging.read_jpeg_whole``) when ``opts.check="decode"``, when simplejpeg cannot read it
+    (so the fallback decoder is known to), and before Pillow re-encodes it. A plain progressive
+    JPEG is transcoded to baseline losslessly (:mod:`converters.progressive`, which reads it
+    whole itself) unless ``opts.jpeg="keep"``; ``transcode=False`` leaves that to the caller (it
+    comes back ``progressive`` with no ``kept`` reason), which hands it to a worker process."""
     kind = sniff_codec(data)
     target = output_codec(kind, kind == "webp" and webp_lossless(data), opts)
     keep = opts.store == "passthrough" and opts.resize is None and target == kind
-    if kind == "jpeg" and (info := jpeg_frame(data)) is not None:
-        _too_big(info[0], info[1], opts)
+    if kind == "jpeg":
+        info, why = jpeg_problem(data, max_pixels=opts.max_pixels, max_scans=opts.max_scans,
+                                 max_pixels_per_byte=opts.max_pixels_per_byte)
+        if why is not None or info is None:
+            raise Refused(why)
         # plain RGB/grayscale JPEGs in upright orientation are stored byte for byte
-        if keep and info[2] in (1, 3) and info[3] in (0, 1):
-            if not jpeg_complete(data):
-                raise Refused("truncated JPEG (no end-of-image marker)")
-            if opts.check == "decode":
-                try:
-                    decode_rgb(data, "jpeg", max_pixels=opts.max_pixels)
-                except BadInputError as exc:
-                    raise Refused(f"corrupt image: {exc.__cause__ or exc}") from exc
-            stored = Stored(data, "jpeg unchanged", "jpeg", (info[0], info[1]),
-                            slow_jpeg=not jpeg_fast_decodable(data),
-                            progressive=info[4] in JPEG_PROGRESSIVE)
-            if stored.progressive and opts.jpeg == "baseline" and transcode:
+        if keep and info.components in (1, 3) and info.orientation in (0, 1):
+            progressive = info.marker in JPEG_PROGRESSIVE
+            fast = jpeg_fast_decodable(data)
+            if not fast or (opts.check == "decode" and not (
+                    progressive and opts.jpeg == "baseline" and can_transcode())):
+                _read_whole(data)
+            stored = Stored(data, "jpeg unchanged", "jpeg", (info.width, info.height),
+                            slow_jpeg=not fast, progressive=progressive)
+            if progressive and opts.jpeg == "baseline" and transcode:
                 return transcoded(stored)
             return stored
+        _read_whole(data)  # Pillow decodes it below, and would fill damaged data with grey
     unasked = keep  # a lossy re-encode from here on was not asked for: it is named
     keep = keep and kind != "jpeg"  # a JPEG that gets here needs rotation or colour conversion
     if kind == "png" and len(data) >= 24 and data[12:16] == b"IHDR":  # Pillow: only at 2^31

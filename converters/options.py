@@ -12,7 +12,11 @@ from typing import Any, Literal, Mapping, Sequence, get_type_hints
 
 from feedpipe.checks import conforms, describe
 from feedpipe.errors import ConfigError
-from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
+from feedpipe.schema.imaging import (
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MAX_PIXELS_PER_BYTE,
+    DEFAULT_MAX_SCANS,
+)
 
 from .targets import BUILTINS, StoreDtype, Target, user_target
 
@@ -47,7 +51,7 @@ class PackOptions:
     resize: int | tuple[int, int] | None = None
     codec: Codec = "auto"  # auto: JPEG and lossy WebP as they are, every lossless format as PNG
     quality: int = 90  # for lossy (re-)encoding only
-    check: Check = "header"
+    check: Check = "decode"  # JPEGs read whole (every scan); "header": markers only
     masks: bool = False
     mask_store: MaskStore = "raw"
     mask_dtype: MaskDtype = "uint8"
@@ -55,6 +59,8 @@ class PackOptions:
     targets: tuple[Target, ...] = ()
     extra_channels: ExtraChannels = "refuse"  # alpha, channels beyond RGB, 16-bit RGB
     max_pixels: int | None = DEFAULT_MAX_PIXELS  # decompression-bomb limit (width × height)
+    max_scans: int | None = DEFAULT_MAX_SCANS  # a JPEG's scans (scan bombs)
+    max_pixels_per_byte: int | None = DEFAULT_MAX_PIXELS_PER_BYTE  # a JPEG cut short or hostile
     # colour masks: (r, g, b, class index) per colour (converters.palette); None: index masks only
     mask_palette: tuple[tuple[int, int, int, int], ...] | None = None
     # progressive JPEGs stored as baseline with the same DCT coefficients (decoded pixels
@@ -72,9 +78,10 @@ class PackOptions:
             if not conforms(value, hints[f.name]):
                 how = _HOW.get(f.name) or f"use {describe(hints[f.name])}"
                 raise ConfigError(f"{f.name}={value!r}: {how}", option=f.name)
-        if self.max_pixels is not None and self.max_pixels <= 0:
-            raise ConfigError(f"max_pixels={self.max_pixels}: use a positive pixel count",
-                              option="max_pixels")
+        for limit in ("max_pixels", "max_scans", "max_pixels_per_byte"):
+            if getattr(self, limit) is not None and getattr(self, limit) <= 0:
+                raise ConfigError(f"{limit}={getattr(self, limit)}: use a positive count, or "
+                                  "None for no limit", option=limit)
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"quality={self.quality}: use an integer in 1..100", option="quality")
         if self.store == "raw" and self.resize is None:

@@ -18,7 +18,11 @@ from typing import Any, Iterator, Mapping, Sequence
 from feedpipe.dataset.manifest import refuse_url
 from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.schema.fields import Field, ImageField, JsonField, LabelField
-from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS
+from feedpipe.schema.imaging import (
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MAX_PIXELS_PER_BYTE,
+    DEFAULT_MAX_SCANS,
+)
 from feedpipe.schema.masks import MaskField
 from feedpipe.schema.model import Schema
 from feedpipe.system import usable_cores
@@ -85,7 +89,7 @@ def build_schema(source: Source, opts: PackOptions, codec: str | None = None) ->
 def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: Format,
             workers: int | None = None, store: Store = "passthrough",
             resize: int | tuple[int, int] | None = None, codec: Codec = "auto", quality: int = 90,
-            check: Check = "header", strict: bool = False,
+            check: Check = "decode", strict: bool = False,
             val_fraction: float = 0.0, seed: int = 0, overwrite: bool = False,
             writer_options: dict[str, Any] | None = None,
             progress: Progress | None = None, masks: str | Path | None = None,
@@ -93,7 +97,9 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
             num_classes: int | None = None,
             targets: Sequence[str | Target] | Mapping[str, Any] | None = None,
             extra_channels: ExtraChannels = "refuse",
-            max_pixels: int | None = DEFAULT_MAX_PIXELS, layout: Layout = "auto",
+            max_pixels: int | None = DEFAULT_MAX_PIXELS,
+            max_scans: int | None = DEFAULT_MAX_SCANS,
+            max_pixels_per_byte: int | None = DEFAULT_MAX_PIXELS_PER_BYTE, layout: Layout = "auto",
             mask_palette: str | Path | None = None, split_root: SplitRoot | None = None,
             split_classes: SplitClasses = "agree", coco: str | Path | None = None,
             columns: LabelColumns | None = None,
@@ -180,6 +186,7 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
                           option="workers")
     image_opts = {"store": store, "resize": resize, "codec": codec, "quality": quality,
                   "check": check, "extra_channels": extra_channels, "max_pixels": max_pixels,
+                  "max_scans": max_scans, "max_pixels_per_byte": max_pixels_per_byte,
                   "jpeg": jpeg}
     if isinstance(src, RecordSource):
         files_only = {"masks": masks, "mask_store": mask_store, "mask_dtype": mask_dtype,

@@ -5,9 +5,13 @@ decode hardly helps it (8.5 ms against 2.9 ms for a median web photo, benchmarks
 libjpeg-turbo's lossless transform (``jpegtran -copy all -optimize``: ``tj3Transform`` with no
 operation, ``TJXOPT_OPTIMIZE``, ``TJXOPT_PROGRESSIVE`` unset) rewrites the entropy coding only: the same DCT
 coefficients, quantization tables and markers (EXIF, ICC, comments), so the decoded pixels are
-the source's. Each result is checked anyway: both files are decoded with simplejpeg (the loader's
-decoder) and compared exactly; a file that cannot be transcoded, or whose check fails, is stored
-as it is and named with the reason.
+the source's. Each result is checked, decoding once: the transform reads every scan of the source
+and stops at libjpeg-turbo's first warning (a source cut short or damaged is refused by name: it
+would decode to grey), and the baseline file is read whole (every scan, at 1/8 scale) and must
+declare the source's size, components and orientation. Memory stays that of the transform (the
+source's DCT coefficients, ~2 bytes a sample): the former check decoded both files in full and
+held both and the coefficients at once (benchmarks/bench_hostile_jpegs.py). A file that cannot
+be transcoded, or whose check fails, is stored as it is and named with the reason.
 
 The transform comes from the ``turbojpeg`` package (pybind11 bindings over the TurboJPEG 3 API;
 its wheels bundle libturbojpeg, so nothing comes from the system). Where it has no wheel (Linux
@@ -19,20 +23,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
+from feedpipe.errors import BadInputError
+from feedpipe.schema.codecs import JPEG_PROGRESSIVE, jpeg_header
+from feedpipe.schema.imaging import read_jpeg_whole, simplejpeg, turbojpeg
 
-from feedpipe.schema.codecs import JPEG_PROGRESSIVE, jpeg_frame
-
-try:
-    import simplejpeg
-except ImportError:  # pragma: no cover - a dependency; the check below then names it
-    simplejpeg = None
-try:
-    import turbojpeg
-except ImportError:  # pragma: no cover - no wheel for this platform / Python (see pyproject)
-    turbojpeg = None
-
-from .stored import Stored
+from .stored import Refused, Stored
 
 #: how a transcoded image was stored, in ``ConvertResult.stored`` and the manifest
 TRANSCODED = "progressive jpeg→baseline jpeg"
@@ -40,35 +35,42 @@ NO_TRANSFORM = ("not transcoded: the lossless transform needs the turbojpeg pack
                 "no wheel for this platform or Python (pip install turbojpeg)")
 
 
+def can_transcode() -> bool:
+    """Whether this platform has the lossless transform (and simplejpeg, to check it)."""
+    return turbojpeg is not None and simplejpeg is not None
+
+
 def to_baseline(data: bytes) -> tuple[bytes, None] | tuple[None, str]:
     """``data`` (a progressive JPEG) as baseline with the same coefficients and markers, checked
-    pixel for pixel: (the baseline bytes, None), or (None, why it is kept as it is)."""
-    if turbojpeg is None or simplejpeg is None:
+    (see the module docstring): (the baseline bytes, None), or (None, why it is kept as it is).
+    BadInputError when the source's data is damaged."""
+    if not can_transcode():
         return None, NO_TRANSFORM
-    try:  # decoded first: a file libjpeg-turbo warns about never reaches the transform
-        before = simplejpeg.decode_jpeg(data, colorspace="RGB")
-    except ValueError as exc:
-        return None, f"not transcoded: simplejpeg cannot decode it to check a transcode ({exc})"
-    try:
+    try:  # reads every scan; libjpeg-turbo's first warning raises
         out = turbojpeg.transform(data, optimize=True)  # progressive=False, copynone=False
     except RuntimeError as exc:
+        read_jpeg_whole(data, "corrupt image")  # damaged data raises; else a kind it cannot take
         return None, f"not transcoded: the lossless transform failed ({exc})"
-    frame = jpeg_frame(out)
-    if frame is None or frame[4] in JPEG_PROGRESSIVE:
+    before, after = jpeg_header(data), jpeg_header(out)
+    if after is None or after.marker in JPEG_PROGRESSIVE:
         return None, "not transcoded: the transform did not give a baseline JPEG"
+    if before is None or after[:4] != before[:4]:
+        return None, "not transcoded: the baseline file declares another size or orientation"
     try:
-        after = simplejpeg.decode_jpeg(out, colorspace="RGB")
-    except ValueError as exc:
-        return None, f"not transcoded: the baseline file does not decode ({exc})"
-    if not np.array_equal(before, after):
-        return None, "not transcoded: the baseline file decodes to different pixels"
+        read_jpeg_whole(out, "baseline file")
+    except BadInputError as exc:
+        return None, f"not transcoded: the baseline file does not decode whole ({exc})"
     return out, None
 
 
 def transcoded(stored: Stored) -> Stored:
     """A progressive JPEG stored as it is (``stored.progressive``) → stored as baseline, or kept
-    with the reason in ``kept``. Runs in the conversion's worker processes."""
-    out, why = to_baseline(bytes(stored.value))
+    with the reason in ``kept``; Refused when its data is damaged. Runs in the conversion's
+    worker processes."""
+    try:
+        out, why = to_baseline(bytes(stored.value))
+    except BadInputError as exc:
+        raise Refused(str(exc)) from exc
     if out is None:
         return replace(stored, kept=why)
     return replace(stored, value=out, how=TRANSCODED, progressive=False, slow_jpeg=False)

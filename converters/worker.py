@@ -9,7 +9,7 @@ from collections import deque
 from contextlib import ExitStack, contextmanager
 from multiprocessing import resource_tracker
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from PIL import Image
@@ -178,7 +178,7 @@ def _passthrough(items: list[SourceItem], opts: PackOptions, workers: int) -> It
             if values is not None and pending(values[INFO_KEY], opts):
                 if pool is None and inline < _INLINE_S:  # a few: not worth starting a pool
                     t0 = time.perf_counter()
-                    how = _done(values, transcoded(values[INFO_KEY]))
+                    values, how = _done(values, transcoded, values[INFO_KEY])
                     inline += time.perf_counter() - t0
                 else:
                     pool = pool or stack.enter_context(_pool(workers))
@@ -200,14 +200,20 @@ def _finish(entry: tuple[Prepared, int | None], pool: WorkerPool | None) -> Prep
     """A queued image, with its transcode's result (waited for) when it had one."""
     (values, how, nbytes), job = entry
     if job is not None and pool is not None and values is not None:
-        how = _done(values, pool.result(job))
+        values, how = _done(values, pool.result, job)
     return values, how, nbytes
 
 
-def _done(values: dict[str, Any], stored: Stored) -> str:
-    """Put a transcode's result in a prepared sample's values; how it was stored."""
+def _done(values: dict[str, Any], get: Callable[..., Stored], *args: Any
+          ) -> tuple[dict[str, Any] | None, str]:
+    """A prepared sample's values with its transcode's result (``get(*args)``) put in, and how it
+    was stored; (None, the reason) when the transcode refused it (damaged data)."""
+    try:
+        stored = get(*args)
+    except Refused as exc:
+        return None, str(exc)
     values.update({"image": stored.value, INFO_KEY: stored})
-    return stored.how
+    return values, stored.how
 
 
 def pending(stored: Stored, opts: PackOptions) -> bool:

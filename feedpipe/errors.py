@@ -70,6 +70,11 @@ class NotRegularFileError(BadInputError):
         self.kind = kind
 
 
+class DamagedImageError(BadInputError):
+    """An image's coded data is damaged: its decoder stopped before the end of the image (data
+    cut short, a bad Huffman code) and would make up the rest (grey); a corrupt sample."""
+
+
 class MissingDependencyError(FeedpipeError, ImportError):
     """An optional dependency is needed for this feature; the message names the pip package."""
 

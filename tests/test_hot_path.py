@@ -60,7 +60,7 @@ def test_refused_jpeg_falls_back_to_pillow_and_is_counted(tmp_path, refused_dir,
 
 def test_no_decoder_reads_it_is_corrupt():
     bad = b"\xff\xd8\xff\xe0" + b"\x00\x10JFIF" + bytes(200)
-    with pytest.raises(BadInputError, match="cannot decode image"):
+    with pytest.raises(BadInputError, match="damaged JPEG header"):
         ImageOp((16, 16)).apply(bad, "jpeg", np.empty((16, 16, 3), np.uint8), None, "image")
 
 

@@ -237,33 +237,34 @@ EXPECTED_REASONS = {"empty.jpg": "empty file", "truncated.jpg": "truncated",
 def test_bad_inputs_skipped_counted_and_listed(tmp_path, bad_dir, fmt):
     out = tmp_path / "out"
     res = convert(bad_dir, out, to=fmt, workers=0)
-    assert res.written == 3  # good1, good2 and the entropy-damaged one (header check passes)
+    assert res.written == 2  # the default check reads every JPEG whole: the damaged one is out
     assert res.ignored == 2
     reasons = {s["path"]: s["reason"] for s in res.skipped}
-    assert reasons.keys() == EXPECTED_REASONS.keys()
+    assert reasons.keys() == {*EXPECTED_REASONS, "zz-bad-entropy.jpg"}
     for path, words in EXPECTED_REASONS.items():
         assert words in reasons[path], (path, reasons[path])
+    assert reasons["zz-bad-entropy.jpg"].startswith("corrupt image: damaged JPEG data")
     m = Manifest.read(out)
     assert list(m.skipped) == res.skipped
     assert m.conversion["ignored_non_images"] == 2 and m.conversion["inputs"] == 7
+    assert m.conversion["check"] == "decode"
     ds = feedpipe.open_dataset(out)
-    assert [s["path"] for s in ds.read_raw_batch(range(len(ds)))] == [
-        "good1.jpg", "good2.jpg", "zz-bad-entropy.jpg"]
-    # verify decodes every record, so it finds the damage the header check let through
-    report = verify(out)
-    assert not report.ok
-    assert len(report.problems) == 1 and sample_key(2) in report.problems[0]
-
-
-def test_check_decode_catches_entropy_damage(tmp_path, bad_dir):
-    out = tmp_path / "out"
-    res = convert(bad_dir, out, to="lmdb", workers=0, check="decode")
-    assert res.written == 2
-    reasons = {s["path"]: s["reason"] for s in res.skipped}
-    assert set(reasons) == {*EXPECTED_REASONS, "zz-bad-entropy.jpg"}
-    assert reasons["zz-bad-entropy.jpg"].startswith("corrupt image")
-    assert {s["path"] for s in Manifest.read(out).skipped} == set(reasons)
+    assert [s["path"] for s in ds.read_raw_batch(range(len(ds)))] == ["good1.jpg", "good2.jpg"]
     assert verify(out).ok
+
+
+def test_check_header_stores_damage_that_verify_blames_on_the_source(tmp_path, bad_dir):
+    out = tmp_path / "out"
+    res = convert(bad_dir, out, to="lmdb", workers=0, check="header")
+    assert res.written == 3  # the header check cannot see entropy damage
+    assert {s["path"] for s in res.skipped} == set(EXPECTED_REASONS)
+    # verify decodes every record, so it finds the damage the header check let through, and
+    # the record's checksum passing tells it the source was damaged, not the packed record
+    report = verify(out)
+    assert len(report.problems) == 1 and sample_key(2) in report.problems[0]
+    assert "damaged JPEG data" in report.problems[0]
+    assert "the source file was already damaged" in report.problems[0]
+    assert "[source file: zz-bad-entropy.jpg]" in report.problems[0]
 
 
 def test_check_decode_in_worker_pool(tmp_path, bad_dir, photo_dir):

@@ -1,8 +1,8 @@
 """Progressive JPEGs stored as baseline at conversion, losslessly: the stored
 file decodes to the source's pixels exactly (4:2:0 and 4:4:4, grayscale), keeps its EXIF, ICC
 and comment markers, and is counted; baseline files and ``jpeg="keep"`` stay byte for byte; a
-progressive file the transcode cannot take is stored as it is and named, in this process and in
-the worker pool."""
+progressive file the transcode cannot take is stored as it is and named; one whose data is
+damaged is refused by name (it would decode to grey), in this process and in the worker pool."""
 
 from __future__ import annotations
 
@@ -104,10 +104,11 @@ def test_jpeg_frame_tells_progressive(rgb):
 @pytest.mark.parametrize("fmt", ["lmdb", "wds"])
 def test_progressive_stored_as_baseline_bit_exact(src, tmp_path, fmt):
     res = convert(src, tmp_path / fmt, to=fmt, workers=0, layout="flat")
-    assert res.written == 5 and res.transcoded == 3 and res.passthrough == 2 and not res.reencoded
-    assert res.stored == {TRANSCODED: 3, "jpeg unchanged": 2}
-    assert [k["path"] for k in res.progressive_kept] == ["damaged.jpg"]
-    assert "simplejpeg cannot decode it" in res.progressive_kept[0]["reason"]
+    assert res.written == 4 and res.transcoded == 3 and res.passthrough == 1 and not res.reencoded
+    assert res.stored == {TRANSCODED: 3, "jpeg unchanged": 1}
+    assert not res.progressive_kept
+    assert [(k["path"], k["reason"].split(",")[0]) for k in res.skipped] == \
+        [("damaged.jpg", "corrupt image: damaged JPEG data")]
     got = stored(tmp_path / fmt)
     ds = feedpipe.open_dataset(tmp_path / fmt)
     assert ds.schema["image"].codec == "jpeg"
@@ -124,7 +125,7 @@ def test_progressive_stored_as_baseline_bit_exact(src, tmp_path, fmt):
     assert {m for m, _ in markers(got["p420.jpg"])} >= {0xE1, 0xE2, 0xFE}
     assert Image.open(io.BytesIO(got["p420.jpg"])).getexif()[0x010F] == "FeedpipeCam"
     assert got["base.jpg"] == (src / "base.jpg").read_bytes()  # baseline: byte for byte
-    assert got["damaged.jpg"] == (src / "damaged.jpg").read_bytes()  # kept as it is
+    assert "damaged.jpg" not in got
     conv = json.loads((tmp_path / fmt / "feedpipe.json").read_text())["conversion"]
     assert conv["jpeg"] == "baseline" and conv["jpeg_transcoded"] == 3
     assert conv["jpeg_progressive_kept"] == res.progressive_kept
@@ -133,17 +134,24 @@ def test_progressive_stored_as_baseline_bit_exact(src, tmp_path, fmt):
 
 def test_jpeg_keep_is_byte_for_byte(src, tmp_path):
     res = convert(src, tmp_path / "keep", to="lmdb", workers=0, layout="flat", jpeg="keep")
-    assert res.transcoded == 0 and res.passthrough == 5 and not res.progressive_kept
-    assert stored(tmp_path / "keep") == {p.name: p.read_bytes() for p in src.iterdir()}
+    assert res.transcoded == 0 and res.passthrough == 4 and not res.progressive_kept
+    assert [k["path"] for k in res.skipped] == ["damaged.jpg"]  # read whole: refused
+    assert stored(tmp_path / "keep") == {p.name: p.read_bytes() for p in src.iterdir()
+                                         if p.name != "damaged.jpg"}
     conv = feedpipe.open_dataset(tmp_path / "keep").manifest.conversion
     assert conv["jpeg"] == "keep" and conv["jpeg_transcoded"] == 0
+    res = convert(src, tmp_path / "header", to="lmdb", workers=0, layout="flat", jpeg="keep",
+                  check="header")  # markers only: the damage goes unseen
+    assert res.passthrough == 5 and stored(tmp_path / "header") == \
+        {p.name: p.read_bytes() for p in src.iterdir()}
 
 
 @needs_transform
 def test_transcode_in_worker_pool_keeps_source_order(rgb, src, tmp_path, monkeypatch):
     """70 files (over the 64 that start a pool), every other one progressive and one damaged:
-    with 2 workers the transcodes run in the pool while the baseline files are read, and the
-    dataset is record for record the in-process one."""
+    with 2 workers and the header check the transcodes run in the pool while the baseline files
+    are read, and the dataset is record for record the in-process one; the damaged file is
+    refused by the transcode's own reading, in the pool as in this process."""
     many = tmp_path / "many"
     many.mkdir()
     for i in range(70):
@@ -153,17 +161,19 @@ def test_transcode_in_worker_pool_keeps_source_order(rgb, src, tmp_path, monkeyp
     monkeypatch.setattr(worker, "_INLINE_S", 0.0)  # the pool from the first progressive file
     started, pool = [], worker._pool
     monkeypatch.setattr(worker, "_pool", lambda n: started.append(n) or pool(n))
-    pooled = convert(many, tmp_path / "pooled", to="hdf5", workers=2)
+    pooled = convert(many, tmp_path / "pooled", to="hdf5", workers=2, check="header")
     assert started == [2]  # one pool, started by the transcodes (passthrough stays in-process)
-    inline = convert(many, tmp_path / "inline", to="hdf5", workers=0)
+    inline = convert(many, tmp_path / "inline", to="hdf5", workers=0, check="header")
     assert pooled.transcoded == inline.transcoded == 34
-    assert pooled.progressive_kept == inline.progressive_kept
-    assert [k["path"] for k in pooled.progressive_kept] == ["010.jpg"]
+    assert not pooled.progressive_kept and not inline.progressive_kept
+    assert pooled.skipped == inline.skipped and [k["path"] for k in pooled.skipped] == ["010.jpg"]
+    assert "damaged JPEG data" in pooled.skipped[0]["reason"]
     a, b = feedpipe.open_dataset(tmp_path / "pooled"), feedpipe.open_dataset(tmp_path / "inline")
-    assert a.read_raw_batch(range(70)) == b.read_raw_batch(range(70))
-    for i in range(0, 70, 2):
-        if i != 10:
-            assert np.array_equal(a[i]["image"],
+    assert len(a) == 69 and a.read_raw_batch(range(69)) == b.read_raw_batch(range(69))
+    for k, s in enumerate(a.read_raw_batch(range(69))):
+        i = int(s["path"][:3])
+        if i % 2 == 0:
+            assert np.array_equal(a[k]["image"],
                                   simplejpeg.decode_jpeg((many / f"{i:03d}.jpg").read_bytes()))
 
 
@@ -173,11 +183,13 @@ def test_cli_summary_and_keep(src, tmp_path, capsys):
                           "--workers", "0", "--layout", "flat")
     assert rc == 0
     assert "progressive JPEGs made baseline (lossless): 3" in out
-    assert "1 progressive JPEGs stored as they are" in out and "damaged.jpg" in out
+    assert "stored as they are" not in out
+    assert "skipped damaged.jpg: corrupt image: damaged JPEG data" in out
     rc, out, _ = cli_main(capsys, "convert", src, "--to", "lmdb", "-o", tmp_path / "b", "-q",
                           "--workers", "0", "--layout", "flat", "--jpeg", "keep")
     assert rc == 0 and "made baseline (lossless): 0" in out and "stored as they are" not in out
-    assert stored(tmp_path / "b") == {p.name: p.read_bytes() for p in src.iterdir()}
+    assert stored(tmp_path / "b") == {p.name: p.read_bytes() for p in src.iterdir()
+                                      if p.name != "damaged.jpg"}
     with pytest.raises(SystemExit):  # argparse names the flag and its choices
         cli_main(capsys, "convert", src, "--to", "lmdb", "-o", tmp_path / "c", "--jpeg", "x")
     assert "--jpeg: invalid choice: 'x' (choose from 'baseline', 'keep')" in capsys.readouterr().err
@@ -186,11 +198,12 @@ def test_cli_summary_and_keep(src, tmp_path, capsys):
 def test_without_the_transform_progressive_files_are_kept_and_named(src, tmp_path, monkeypatch):
     monkeypatch.setattr(progressive, "turbojpeg", None)  # a platform without the wheel
     res = convert(src, tmp_path / "out", to="lmdb", workers=0, layout="flat")
-    assert res.transcoded == 0 and res.passthrough == 5
-    assert sorted(k["path"] for k in res.progressive_kept) == \
-        ["damaged.jpg", "p420.jpg", "p444.jpg", "pgray.jpg"]
+    assert res.transcoded == 0 and res.passthrough == 4
+    assert sorted(k["path"] for k in res.progressive_kept) == ["p420.jpg", "p444.jpg", "pgray.jpg"]
     assert all("turbojpeg" in k["reason"] for k in res.progressive_kept)
-    assert stored(tmp_path / "out") == {p.name: p.read_bytes() for p in src.iterdir()}
+    assert [k["path"] for k in res.skipped] == ["damaged.jpg"]  # read whole without it too
+    assert stored(tmp_path / "out") == {p.name: p.read_bytes() for p in src.iterdir()
+                                        if p.name != "damaged.jpg"}
 
 
 @needs_transform
@@ -199,9 +212,8 @@ def test_merged_parts_count_the_transcodes(src, tmp_path):
         convert(src, tmp_path / "ds", to="lmdb", workers=0, layout="flat", part=Part(i, 2))
     merge(tmp_path / "ds")
     conv = feedpipe.open_dataset(tmp_path / "ds").manifest.conversion
-    assert conv["jpeg_transcoded"] == 3
-    assert [k["path"] for k in conv["jpeg_progressive_kept"]] == ["damaged.jpg"]
-    assert conv["stored"] == {TRANSCODED: 3, "jpeg unchanged": 2}
+    assert conv["jpeg_transcoded"] == 3 and not conv["jpeg_progressive_kept"]
+    assert conv["stored"] == {TRANSCODED: 3, "jpeg unchanged": 1}
 
 
 @needs_transform

@@ -268,8 +268,9 @@ def check_fields(d: dict[str, Any], path: Path) -> None:
         _typed(f.get("name"), str, f"files[{i}].name", path)
         _integer(f, "size", f"files[{i}].size", path, 0, MAX_FILE_BYTES)
         _typed(f.get("sha256"), str, f"files[{i}].sha256", path)  # verify compares its value
-    _integer(d.get("conversion", {}), "max_pixels", "conversion.max_pixels", path, 1,
-             MAX_FILE_BYTES, optional=True)
+    for limit in ("max_pixels", "max_scans", "max_pixels_per_byte"):  # the loader applies them
+        _integer(d.get("conversion", {}), limit, f"conversion.{limit}", path, 1, MAX_FILE_BYTES,
+                 optional=True)
     parts = d.get("extra", {}).get("parts")
     if parts is not None:
         _typed(parts, list, "extra.parts", path, dict)

@@ -108,11 +108,14 @@ class MixedReader(DatasetReader):
         self.schema = Schema((*picked, _SOURCE))
         self.classes, self._remap = self._classes(classes, "label" in wanted)
         first = self.sources[0].manifest
-        limits = [s.manifest.conversion.get("max_pixels") for s in self.sources]
+        limits = {}  # each decode bound every source recorded: the largest
+        for key in ("max_pixels", "max_scans", "max_pixels_per_byte"):
+            got = [s.manifest.conversion.get(key) or 0 for s in self.sources]
+            if all(got):
+                limits[key] = max(int(x) for x in got)
         self.manifest = replace(first, num_samples=int(self.offsets[-1]), schema=self.schema,
                                 classes=self.classes, files=(), skipped=(), extra={},
-                                conversion={"max_pixels": max(int(x) for x in limits)}  # type: ignore[arg-type]
-                                if all(limits) else {})
+                                conversion=limits)
         self.root = Path("mix(" + " + ".join(f"{n}={s.root}" for n, s in
                                              zip(self.names, self.sources)) + ")")
         self._root_id = None
@@ -198,9 +201,9 @@ class MixedReader(DatasetReader):
         s, j = self.locate(index)
         return self.sources[s].source_of(j)
 
-    def corrupt(self, index: int, detail: str) -> Any:
+    def corrupt(self, index: int, detail: str, cause: BaseException | None = None) -> Any:
         s, j = self.locate(index)
-        return self.sources[s].corrupt(j, f"(mix source {self.names[s]!r}) {detail}")
+        return self.sources[s].corrupt(j, f"(mix source {self.names[s]!r}) {detail}", cause)
 
     def close(self) -> None:
         for s in self.sources:

@@ -60,6 +60,9 @@ _HOW = {
     "shuffle_window": "use a positive shard count, or None for the shuffle buffer",
     "max_pixels": "use a positive pixel count (width x height) or None for the dataset's own "
                   "limit",
+    "max_scans": "use a positive count of JPEG scans or None for the dataset's own limit",
+    "max_pixels_per_byte": "use a positive count of pixels a JPEG may declare per byte of file, "
+                           "or None for the dataset's own limit",
     "ragged": "use 'pad' (N×max rows plus counts/lengths: fixed-rank tensors, for DDP and "
               "torch.compile) or 'list' (one tensor per sample)",
     "min_box_fraction": "use a fraction in [0, 1] of a box's area that must stay in the crop",
@@ -111,6 +114,8 @@ class LoaderConfig:
     shuffle_window: int | None = 8  # sharded data: shards per shuffle window (None: the buffer)
     on_error: OnError = "raise"
     max_pixels: int | None = None  # None: the dataset's recorded limit, else DEFAULT_MAX_PIXELS
+    max_scans: int | None = None  # a JPEG's scans; None: as max_pixels (DEFAULT_MAX_SCANS)
+    max_pixels_per_byte: int | None = None  # None: as max_pixels (DEFAULT_MAX_PIXELS_PER_BYTE)
     transform: Callable[..., Any] | None = None  # the user's per-sample function, in the workers
     batch_transforms: Any = None  # batch operations on the device (feedpipe.loader.augment)
     affine: Any = None  # a feedpipe.loader.transforms.RandomAffine, in the crop's resampling
@@ -175,8 +180,9 @@ class LoaderConfig:
             bad("shuffle_buffer", "use a positive sample count")
         if self.shuffle_window is not None and self.shuffle_window < 1:
             bad("shuffle_window", _HOW["shuffle_window"])
-        if self.max_pixels is not None and self.max_pixels < 1:
-            bad("max_pixels", _HOW["max_pixels"])
+        for limit in ("max_pixels", "max_scans", "max_pixels_per_byte"):
+            if getattr(self, limit) is not None and getattr(self, limit) < 1:
+                bad(limit, _HOW[limit])
         if not 0.0 <= self.min_box_fraction <= 1.0:
             bad("min_box_fraction", _HOW["min_box_fraction"])
         if self.weights is not None and (not self.weights or min(self.weights) < 0

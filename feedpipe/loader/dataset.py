@@ -20,7 +20,12 @@ import torch
 from ..dataset.registry import DatasetReader
 from ..errors import BadInputError, ConfigError, CorruptRecordError, TransformError
 from ..schema.fields import ArrayField, Field, ImageField, LabelField
-from ..schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png
+from ..schema.imaging import (
+    DEFAULT_MAX_PIXELS,
+    DEFAULT_MAX_PIXELS_PER_BYTE,
+    DEFAULT_MAX_SCANS,
+    decode_mask_png,
+)
 from ..schema.masks import MaskField, TargetField
 from .labels import Collector, Ragged, check_keys, collects
 from .order import SampleRngs
@@ -126,9 +131,13 @@ class BatchDataset(torch.utils.data.Dataset):
                  max_pixels: int | None = None, ragged: Ragged = "pad",
                  min_box_fraction: float = 0.0,
                  transform: Callable[..., Any] | None = None) -> None:
-        # the pixel limit: the caller's, else the one the converter recorded, else the default
-        limit = max_pixels or reader.manifest.conversion.get("max_pixels") or DEFAULT_MAX_PIXELS
-        op = replace(op, max_pixels=int(limit))
+        # each limit: the caller's, else the one the converter recorded, else the default
+        recorded = reader.decode_limits()
+        op = replace(op, max_pixels=int(max_pixels or recorded.get("max_pixels")
+                                        or DEFAULT_MAX_PIXELS),
+                     max_scans=op.max_scans or recorded.get("max_scans") or DEFAULT_MAX_SCANS,
+                     max_pixels_per_byte=op.max_pixels_per_byte
+                     or recorded.get("max_pixels_per_byte") or DEFAULT_MAX_PIXELS_PER_BYTE)
         self.reader, self.op, self.seed, self.on_error = reader, op, seed, on_error
         # decode on the device: images leave the worker still encoded (see device_decode.py)
         self.encoded_images = encoded_images
@@ -246,8 +255,9 @@ class BatchDataset(torch.utils.data.Dataset):
                             fallbacks[pos] = self._named(_at(req, pos, index))
                     elif role == "stack":
                         views[name][pos] = stored[name]
-                    elif role == "encoded":
+                    elif role == "encoded":  # decoded on the device: checked here, in the worker
                         data = bytes(stored[name])
+                        op.check_jpeg(data, name)
                         geo, progressive = plan_encoded(op, data, rng, name, op.max_pixels)
                         pixels = None
                         if progressive:  # decoded here: slow on the device, rare after packing
@@ -273,7 +283,7 @@ class BatchDataset(torch.utils.data.Dataset):
                     raise
                 except DECODE_ERRORS as exc:
                     raise self.reader.corrupt(_at(req, pos, index),
-                                              f"cannot decode {name}: {exc}") from exc
+                                              f"cannot decode {name}: {exc}", exc) from exc
             if user is not None:
                 transformed[pos] = _at(req, pos, index)
 

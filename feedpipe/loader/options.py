@@ -81,6 +81,10 @@ class Workers:
         on_error: "raise", or "skip" a corrupt sample: counted, named (``loader.skipped``) and
             replaced.
         max_pixels: The decompression-bomb limit; None: the dataset's own.
+        max_scans: A JPEG's scans at most (scan bombs); None: the dataset's own.
+        max_pixels_per_byte: Pixels a JPEG may declare per byte of its file (a file cut short,
+            or claiming a size it cannot hold); None: the dataset's own. These bounds are checked
+            from the header, before anything is decoded (``imaging.check_jpeg``).
     """
 
     prefetch_factor: int | Auto = "auto"
@@ -89,6 +93,8 @@ class Workers:
     decode_on: DecodeOn = "auto"
     on_error: OnError = "raise"
     max_pixels: int | None = None
+    max_scans: int | None = None
+    max_pixels_per_byte: int | None = None
 
 
 @checked

@@ -27,12 +27,15 @@ from PIL import Image
 from ..errors import BadInputError
 from ..schema.imaging import (
     DEFAULT_MAX_PIXELS,
-    check_pixels,
+    DEFAULT_MAX_PIXELS_PER_BYTE,
+    DEFAULT_MAX_SCANS,
+    check_jpeg,
+    decode_jpeg_fallback,
     decode_rgb,
-    decode_with_pillow,
     jpeg_path,
     simplejpeg,
     sniff_codec,
+    strict_decode,
 )
 from ..schema.masks import TargetField
 from .affine import footprint, nearest_points, warp_image, warp_target
@@ -53,11 +56,18 @@ class ImageOp(Framing):
 
     max_pixels: int = DEFAULT_MAX_PIXELS  # encoded images declaring more are refused undecoded
     affine: RandomAffine | None = None  # rotation/scale/translate/shear, in the crop's resampling
+    # JPEG bounds checked from the header (imaging.check_jpeg); None: the dataset's recorded
+    # limit, else the default (resolved by the loader's dataset)
+    max_scans: int | None = None
+    max_pixels_per_byte: int | None = None
 
     @classmethod
     def of(cls, cfg: LoaderConfig) -> ImageOp:
-        """The configuration's framing plus its ``affine`` option (when the config has one)."""
-        return replace(super().of(cfg), affine=getattr(cfg, "affine", None))
+        """The configuration's framing plus its ``affine`` option and JPEG bounds (when the config
+        has them)."""
+        return replace(super().of(cfg), affine=getattr(cfg, "affine", None),
+                       max_scans=getattr(cfg, "max_scans", None),
+                       max_pixels_per_byte=getattr(cfg, "max_pixels_per_byte", None))
 
     @property
     def random(self) -> bool:
@@ -85,10 +95,13 @@ class ImageOp(Framing):
         executing the sample's :meth:`plan` (made from the header, before decoding); returns the
         plan as executed (:meth:`Geometry.snapped` to the scale decoded).
 
-        JPEG (and the JPEG records of a "mixed" field) take the fast path below; a JPEG that
-        simplejpeg refuses (4:1:0 subsampling, a 2×4 image, ...) falls back to Pillow and the
-        result says so (``Geometry.fallback``). Encoded images declaring more than
-        ``max_pixels`` are refused from their header, before anything is decoded.
+        JPEG (and the JPEG records of a "mixed" field) take the fast path below, after
+        :meth:`check_jpeg` (pixels, scans, bytes, end marker: from the header, before anything is
+        decoded); a JPEG whose kind simplejpeg cannot read (4:1:0 subsampling, a 2×4 image, ...)
+        falls back (``imaging.decode_jpeg_fallback``) and the result says so
+        (``Geometry.fallback``); one whose data is damaged (cut short, a bad code) is a
+        BadInputError, never decoded to grey. Other encoded images declaring more than
+        ``max_pixels`` are refused from their header too.
         """
         if codec == "mixed":
             codec = sniff_codec(stored)  # type: ignore[arg-type]
@@ -98,40 +111,46 @@ class ImageOp(Framing):
                 np.copyto(out, src)
                 return Geometry(0, 0, src.shape[0], src.shape[1], False)
             return self._cut(src, out, self.plan(src.shape[0], src.shape[1], rng), 1, what)
+        if codec == "jpeg":
+            self.check_jpeg(stored, what)
         if codec == "jpeg" and JPEG_PATH == "pillow-simd":
             return self._apply_pil(stored, out, rng, what)
         if codec == "jpeg" and simplejpeg is not None:
             try:
                 h, w = simplejpeg.decode_jpeg_header(stored)[:2]
-            except ValueError:  # simplejpeg refuses the header: Pillow may still read it
+            except ValueError:  # simplejpeg cannot read this kind of JPEG: the fallback may
                 return self._fallback(stored, out, rng, what)
-            self.check_pixels(h, w, what)
             geo = self.plan(h, w, rng)
-            try:
-                src = _decode_jpeg(stored, h, w, geo.dct)
-            except ValueError:
+            src = strict_decode(lambda strict: _decode_jpeg(stored, h, w, geo.dct, strict), what)
+            if src is None:
                 return self._fallback(stored, out, rng, what, ((h, w), geo))
             return self._cut(src, out, geo, geo.dct, what)
         return self._decode_other(stored, codec, out, rng, what)
 
     def decode_planned(self, stored: bytes, geo: Geometry, out: np.ndarray, what: str) -> None:
-        """Decode a JPEG at full size and execute ``geo`` as planned, with no DCT-grid snap: the
-        device path's cut, made in a worker (for a progressive JPEG, which decodes slowly on the
-        device)."""
-        try:
-            h, w = simplejpeg.decode_jpeg_header(stored)[:2]  # type: ignore[union-attr]
-            src = _decode_jpeg(stored, h, w, 1)
-        except (ValueError, AttributeError):  # refused (or no simplejpeg): Pillow reads it
-            src = decode_with_pillow(stored, what, self.max_pixels)
+        """Decode a JPEG at full size, as strictly as :meth:`apply`, and execute ``geo`` as
+        planned, with no DCT-grid snap: the device path's cut, made in a worker (for a
+        progressive JPEG, which decodes slowly on the device)."""
+        src = None
+        if simplejpeg is not None:
+            try:
+                h, w = simplejpeg.decode_jpeg_header(stored)[:2]
+            except ValueError:  # a kind simplejpeg cannot read: the fallback may
+                pass
+            else:
+                src = strict_decode(lambda strict: _decode_jpeg(stored, h, w, 1, strict), what)
+        if src is None:
+            src = decode_jpeg_fallback(stored, what, self.max_pixels)
         self._cut(src, out, geo._replace(dct=1), 1, what)
 
     def _fallback(self, stored: object, out: np.ndarray, rng: np.random.Generator | None,
                   what: str, planned: tuple[tuple[int, int], Geometry] | None = None) -> Geometry:
-        """A JPEG simplejpeg refuses: Pillow decodes it at full size and executes the plan made
+        """A JPEG whose kind simplejpeg cannot read: the fallback decoder
+        (``imaging.decode_jpeg_fallback``) decodes it at full size and executes the plan made
         from its header (``planned``: the header's size and plan; planned here from the decoded
         size when simplejpeg could not read the header), marked as a fallback (the dataset
-        counts them). Corrupt only when Pillow cannot read it either."""
-        src = decode_with_pillow(stored, what, self.max_pixels)  # type: ignore[arg-type]
+        counts them). Corrupt when its data is damaged or no decoder reads it."""
+        src = decode_jpeg_fallback(stored, what, self.max_pixels)  # type: ignore[arg-type]
         if planned is not None and planned[0] == src.shape[:2]:
             geo = planned[1]
         else:
@@ -144,9 +163,12 @@ class ImageOp(Framing):
         src = decode_rgb(stored, codec, what, self.max_pixels)  # type: ignore[arg-type]
         return self._cut(src, out, self.plan(src.shape[0], src.shape[1], rng), 1, what)
 
-    def check_pixels(self, h: int, w: int, what: str) -> None:
-        """Refuse an image whose header declares more than ``max_pixels`` (no decode, no OOM)."""
-        check_pixels(w, h, self.max_pixels, what)
+    def check_jpeg(self, stored: object, what: str) -> None:
+        """``imaging.check_jpeg`` with this op's bounds: a JPEG over ``max_pixels``, scans or
+        pixels a byte, or without its end marker, is refused from its header (BadInputError)."""
+        check_jpeg(stored, what, max_pixels=self.max_pixels,  # type: ignore[arg-type]
+                   max_scans=self.max_scans or DEFAULT_MAX_SCANS,
+                   max_pixels_per_byte=self.max_pixels_per_byte or DEFAULT_MAX_PIXELS_PER_BYTE)
 
     def _cut(self, src: np.ndarray, out: np.ndarray, geo: Geometry, f: int,
              what: str) -> Geometry:
@@ -238,7 +260,6 @@ class ImageOp(Framing):
             raise BadInputError(f"{what}: cannot decode JPEG: {exc}") from exc
         with im:
             w, h = im.size
-            self.check_pixels(h, w, what)
             geo, f = self.plan(h, w, rng), 1
             if geo.dct > 1:
                 im.draft("RGB", (w // geo.dct, h // geo.dct))
@@ -257,17 +278,18 @@ class ImageOp(Framing):
 _BUFFERS = threading.local()  # reusable decode / region / flip buffers per thread: no fresh pages
 
 
-def _decode_jpeg(data: object, h: int, w: int, f: int) -> np.ndarray:
+def _decode_jpeg(data: object, h: int, w: int, f: int, strict: bool = True) -> np.ndarray:
     """simplejpeg RGB decode at 1/``f`` scale into this thread's reused buffer (the result is a
-    view of it, valid until the next decode on this thread)."""
+    view of it, valid until the next decode on this thread); ``strict``: libjpeg-turbo's
+    warnings (damaged data) raise."""
     sh, sw = -(-h // f), -(-w // f)
     buf = getattr(_BUFFERS, "buf", None)
     if buf is None or buf.size < sh * sw * 3:
         buf = _BUFFERS.buf = np.empty(max(sh * sw * 3, 1 << 20), np.uint8)
     if f > 1:
         return simplejpeg.decode_jpeg(data, colorspace="RGB", min_factor=f, min_height=sh,
-                                      min_width=sw, buffer=buf)
-    return simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=buf)
+                                      min_width=sw, buffer=buf, strict=strict)
+    return simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=buf, strict=strict)
 
 
 def _private_aa() -> object | None:

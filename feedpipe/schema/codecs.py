@@ -12,7 +12,7 @@ import math
 import re
 import struct
 from functools import lru_cache
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -196,6 +196,27 @@ _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0x
 
 #: start-of-frame markers of progressive JPEGs: SOF2 (Huffman) and SOF10 (arithmetic coding)
 JPEG_PROGRESSIVE = frozenset({0xC2, 0xCA})
+_STANDALONE = frozenset({0x01, *range(0xD0, 0xD8)})  # markers without a length (TEM, RSTn)
+#: sequential frames (baseline, extended, lossless; Huffman or arithmetic): one scan holding
+#: every component is the whole image
+_SEQUENTIAL = frozenset({0xC0, 0xC1, 0xC3, 0xC9, 0xCB})
+
+
+class JpegHeader(NamedTuple):
+    """What a JPEG's markers say before its first scan is decoded (:func:`jpeg_header`)."""
+
+    width: int
+    height: int  # 0: the height comes in a DNL marker after the first scan
+    components: int
+    orientation: int  # EXIF orientation, 1 when absent
+    marker: int  # the frame header's: 0xC0 baseline, 0xC2 progressive, ... (JPEG_PROGRESSIVE)
+    precision: int  # bits per sample: 8 for nearly every JPEG, 12 or 16 for a few
+    scans: int  # start-of-scan markers: 0 when the file ends before its first scan
+
+    @property
+    def arithmetic(self) -> bool:
+        """Arithmetic-coded (SOF9-SOF15): no lower bound of one bit per 8×8 block."""
+        return self.marker >= 0xC8
 
 
 def jpeg_info(data: Buffer) -> tuple[int, int, int, int] | None:
@@ -205,41 +226,63 @@ def jpeg_info(data: Buffer) -> tuple[int, int, int, int] | None:
     Far cheaper than opening the file with Pillow (benchmarks/RESULTS.md), which keeps
     passthrough I/O-bound.
     """
-    frame = jpeg_frame(data)
-    return None if frame is None else frame[:4]
+    header = jpeg_header(data)
+    return None if header is None else header[:4]
 
 
 def jpeg_frame(data: Buffer) -> tuple[int, int, int, int, int] | None:
     """:func:`jpeg_info` and the frame header's marker (0xC0 baseline, 0xC2 progressive, ...:
     :data:`JPEG_PROGRESSIVE`), from the same one pass over the markers."""
+    header = jpeg_header(data)
+    return None if header is None else header[:5]
+
+
+def jpeg_header(data: Buffer) -> JpegHeader | None:
+    """The markers up to the first scan, parsed without decoding anything; None when there is
+    no frame header before the first scan (or the header is damaged).
+
+    ``scans`` counts the start-of-scan markers: entropy-coded data byte-stuffs 0xFF, so every
+    FF DA after the first scan is one (or sits in a comment between scans: an upper bound).
+    A sequential frame whose first scan holds every component cannot have another (libjpeg
+    refuses a second one), so its data is not searched: counting costs nothing for a baseline
+    JPEG. Bytes that are not a marker where one belongs end the parse: scans are then counted
+    from there.
+    """
     b = bytes(data) if not isinstance(data, bytes) else data
     if not b.startswith(b"\xff\xd8"):
         return None
     pos, n, orientation = 2, len(b), 1
+    frame: tuple[int, int, int, int, int] | None = None  # width, height, components, marker, bits
     while pos + 4 <= n:
         if b[pos] != 0xFF:
-            return None
+            break
         marker = b[pos + 1]
         if marker == 0xFF:  # fill byte
             pos += 1
             continue
-        if marker in (0x01, *range(0xD0, 0xD8)):
+        if marker in _STANDALONE:
             pos += 2
             continue
-        (length,) = struct.unpack_from(">H", b, pos + 2)
+        length = b[pos + 2] << 8 | b[pos + 3]
         if length < 2 or pos + 2 + length > n:
-            return None
+            break
         if marker == 0xE1 and b[pos + 4: pos + 10] == b"Exif\x00\x00":
             orientation = _exif_orientation(b[pos + 10: pos + 2 + length])
-        elif marker in _SOF:
+        elif marker in _SOF and frame is None:
             if length < 8:
                 return None
             height, width = struct.unpack_from(">HH", b, pos + 5)
-            return width, height, b[pos + 9], orientation, marker
-        elif marker == 0xDA:  # scan before any frame header
-            return None
+            frame = width, height, b[pos + 9], marker, b[pos + 4]
+        elif marker == 0xDA:  # the first scan: its header says whether more can follow
+            if frame is None:
+                return None
+            one = frame[3] in _SEQUENTIAL and length > 2 and b[pos + 4] >= frame[2]
+            scans = 1 if one else b.count(b"\xff\xda", pos)
+            return JpegHeader(*frame[:3], orientation, *frame[3:], scans)
         pos += 2 + length
-    return None
+    if frame is None:
+        return None
+    return JpegHeader(*frame[:3], orientation, *frame[3:], b.count(b"\xff\xda", pos))
 
 
 def _exif_orientation(tiff: bytes) -> int:

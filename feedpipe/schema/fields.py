@@ -13,7 +13,7 @@ import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, ClassVar, Literal, cast
+from typing import Any, ClassVar, Literal, Mapping, cast
 
 import numpy as np
 
@@ -128,11 +128,14 @@ class ImageField(Field):
     def materialize(self, value: Any) -> Any:
         return np.array(value) if self.codec == "raw" else bytes(value)
 
-    def to_user(self, value: Any, what: str) -> np.ndarray:
+    def to_user(self, value: Any, what: str, limits: Mapping[str, int] | None = None
+                ) -> np.ndarray:
+        """Decoded H×W×3 uint8; ``limits``: decode_rgb's bounds (max_pixels, max_scans,
+        max_pixels_per_byte), e.g. those the dataset's converter recorded."""
         if self.codec == "raw":
             return np.array(value)
         try:
-            return decode_rgb(value, self.codec, what)
+            return decode_rgb(value, self.codec, what, **(limits or {}))
         except Exception as exc:
             raise CorruptRecordError(str(exc)) from exc
 

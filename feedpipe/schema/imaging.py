@@ -1,5 +1,13 @@
 """Image decoding to RGB uint8, format sniffing, and detection of the decoders installed (pillow,
-pillow-simd, simplejpeg).
+pillow-simd, simplejpeg, turbojpeg).
+
+A JPEG is decoded whole or not at all: libjpeg-turbo reports data that ends before the image does
+(a file cut short, with or without an end marker put back) or that it cannot follow (a bad Huffman
+code) as a warning, fills the rest with grey and carries on; Pillow does the same without a word.
+Here such a warning makes the image corrupt (DamagedImageError, naming it), and a JPEG goes to a
+fallback decoder only when simplejpeg cannot read its kind (4:1:0 sampling, CMYK), never because
+its data is damaged. Every JPEG path checks the header first (:func:`check_jpeg`): what a decode
+may cost is bounded before it starts.
 
 Documented mode conversions (used when decoding stored non-JPEG data to a batch):
 EXIF orientation is applied; grayscale (L, LA, 1), palette (P, PA), CMYK, YCbCr and RGBA go through
@@ -14,13 +22,13 @@ from __future__ import annotations
 import functools
 import io
 from importlib import metadata
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 from PIL import Image, ImageOps
 
-from ..errors import BadInputError, CorruptRecordError
-from .codecs import Buffer
+from ..errors import BadInputError, CorruptRecordError, DamagedImageError
+from .codecs import Buffer, JpegHeader, jpeg_complete, jpeg_header
 
 Image.MAX_IMAGE_PIXELS = 1 << 30  # Pillow's own last-resort guard; the checks below come first
 
@@ -28,6 +36,14 @@ Image.MAX_IMAGE_PIXELS = 1 << 30  # Pillow's own last-resort guard; the checks b
 # allocates (16384² = 268 MP, ~800 MB as RGB). ``convert(max_pixels=)`` records its value in the
 # manifest's conversion section.
 DEFAULT_MAX_PIXELS = 1 << 28
+# Scans a JPEG may hold (libjpeg-turbo's own scan limit, TJPARAM_SCANLIMIT, is off by default):
+# every progressive scan visits every block of its components again, so 2,649 near-empty scans
+# make a 200 KB 4096² file cost 52 s. Encoders write 1 (baseline) or 6-12 (progressive).
+DEFAULT_MAX_SCANS = 100
+# A whole Huffman-coded JPEG spends at least one bit on every 8×8 block's DC, so it holds at most
+# 512 pixels a byte: a 10 KB file declaring 16000×16000 (25,000 a byte) is cut short or hostile,
+# and decoding it would allocate gigabytes for grey. Arithmetic coding has no such floor.
+DEFAULT_MAX_PIXELS_PER_BYTE = 512
 
 CODEC_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "mixed": "img"}
 
@@ -35,6 +51,12 @@ try:
     import simplejpeg
 except ImportError:  # optional: Pillow decodes JPEG when it is missing
     simplejpeg = None
+try:  # TurboJPEG 3 (libjpeg-turbo bundled): reads what simplejpeg's API refuses, and says when a
+    import turbojpeg  # JPEG is damaged, which Pillow never does. No wheel everywhere (pyproject).
+except ImportError:  # pragma: no cover - then Pillow alone is the fallback
+    turbojpeg = None
+
+T = TypeVar("T")
 
 
 @functools.cache
@@ -68,9 +90,16 @@ def decoder_info() -> dict[str, Any]:
         "pil": pillow_flavor(),
         "pil_version": PIL.__version__,
         "jpeg_decoder": "simplejpeg" if simplejpeg is not None else pillow_flavor(),
+        "jpeg_fallback": jpeg_fallback(),
         "jpeg_loader_path": jpeg_path(),
         "simplejpeg": getattr(simplejpeg, "__version__", None) if simplejpeg else None,
     }
+
+
+def jpeg_fallback() -> str:
+    """What decodes the JPEGs simplejpeg cannot read: turbojpeg when installed (it reports damaged
+    data), else Pillow (which cannot tell a JPEG cut short: it fills the rest with grey)."""
+    return "turbojpeg" if turbojpeg is not None else pillow_flavor()
 
 
 def pil_to_rgb(img: Image.Image) -> np.ndarray:
@@ -95,7 +124,7 @@ _MAGIC = ((b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF87a", 
           (b"\x00\x00\x00\x0cjP  \r\n\x87\n", "jp2"), (b"\xffO\xffQ", "jp2"))
 
 
-def sniff_codec(data: bytes | memoryview) -> str:
+def sniff_codec(data: Buffer) -> str:
     """The image format from its magic bytes: jpeg, png, webp, gif, tiff, bmp, jp2, pnm, or unknown.
 
     Stored records of a ``"mixed"`` image field are told apart this way (never by file name).
@@ -135,21 +164,126 @@ def check_pixels(width: int, height: int, max_pixels: int | None, what: str,
                     "--max-pixels); raise it if the image is real")
 
 
-def decode_with_pillow(data: bytes | memoryview, what: str = "image",
+def jpeg_problem(data: Buffer, *, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+                 max_scans: int | None = DEFAULT_MAX_SCANS,
+                 max_pixels_per_byte: int | None = DEFAULT_MAX_PIXELS_PER_BYTE
+                 ) -> tuple[JpegHeader | None, str | None]:
+    """:func:`check_jpeg`'s checks: (the header, None) when they pass, else (the header or None,
+    why the JPEG is refused). A limit of None is not checked."""
+    header = jpeg_header(data)
+    if header is None:
+        return None, "damaged JPEG header (no frame header before the first scan)"
+    w, h = header.width, header.height
+    if header.precision != 8:
+        return header, (f"{header.precision}-bit JPEG: simplejpeg, libjpeg-turbo's 8-bit API "
+                        "and Pillow read 8-bit JPEGs only; convert it to 8 bits (or PNG) first")
+    if w == 0 or h == 0:
+        dnl = " (its height given after the first scan, in a DNL marker)" if w else ""
+        return header, (f"JPEG frame header declares {w}x{h}{dnl}: libjpeg-turbo and Pillow "
+                        "cannot decode it; re-encode it")
+    if max_pixels is not None and w * h > max_pixels:
+        return header, (f"declares {w}x{h} = {w * h:,} pixels, over the limit of "
+                        f"{max_pixels:,} (max_pixels={max_pixels:,}, --max-pixels); raise it "
+                        "if the image is real")
+    if header.scans == 0 or not jpeg_complete(data):
+        return header, "truncated JPEG (no end-of-image marker after its last scan)"
+    if max_scans is not None and header.scans > max_scans:
+        return header, (f"{header.scans:,} scans, over the limit of {max_scans:,} (every scan "
+                        f"decodes every block again: a scan bomb?) (max_scans={max_scans:,}, "
+                        "--max-scans); raise it if the image is real")
+    if max_pixels_per_byte is not None and w * h > max_pixels_per_byte * len(data):
+        return header, (f"declares {w}x{h} = {w * h:,} pixels in {len(data):,} bytes, "
+                        f"{w * h // len(data):,} a byte; a whole Huffman-coded JPEG holds at "
+                        "most 512 (a bit per 8x8 block): cut short or hostile "
+                        f"(max_pixels_per_byte={max_pixels_per_byte:,}, "
+                        "--max-pixels-per-byte); raise it for an arithmetic-coded JPEG")
+    return header, None
+
+
+def check_jpeg(data: Buffer, what: str = "image", *,
+               max_pixels: int | None = DEFAULT_MAX_PIXELS,
+               max_scans: int | None = DEFAULT_MAX_SCANS,
+               max_pixels_per_byte: int | None = DEFAULT_MAX_PIXELS_PER_BYTE,
+               error: type[Exception] = BadInputError) -> JpegHeader:
+    """The header checks every JPEG decode path runs on the encoded bytes before decoding: the
+    CPU loader, the device decoders' workers, conversion. Parses the markers only (a few µs; the
+    data after the first scan is searched for more scans only when the frame allows them).
+
+    Returns the header; raises ``error`` naming ``what`` when the header is damaged or missing,
+    the samples are not 8-bit, the frame declares a zero size (DNL), it declares more than
+    ``max_pixels``, no end-of-image marker follows the last scan, it holds more than
+    ``max_scans`` scans, or it declares more than ``max_pixels_per_byte`` pixels per byte of
+    file. Each message names the bound and the option that raises it. Passing these checks
+    does not prove the entropy data whole: a decoder must still refuse a damaged scan
+    (:func:`decode_jpeg`)."""
+    header, why = jpeg_problem(data, max_pixels=max_pixels, max_scans=max_scans,
+                               max_pixels_per_byte=max_pixels_per_byte)
+    if why is not None:
+        raise error(f"{what}: {why}")
+    assert header is not None
+    return header
+
+
+def strict_decode(decode: Callable[[bool], T], what: str, last: bool = False) -> T | None:
+    """``decode(True)`` (strict: libjpeg-turbo's warnings raise). None when the decoder cannot
+    read the JPEG at all, whatever the strictness (its kind: a fallback may; with ``last``, a
+    BadInputError: none will); DamagedImageError when it reads it only by ignoring a warning:
+    the data is damaged, i.e. cut short (an end marker put back or not), a bad Huffman code, a
+    lost restart marker, or data left over after the last block (a damaged code that ended the
+    image early). The pixels from such a point on are made up (grey) or wrong, so the image is
+    corrupt, never handed to a more forgiving decoder."""
+    try:
+        return decode(True)
+    except (ValueError, RuntimeError) as exc:
+        try:
+            decode(False)
+        except (ValueError, RuntimeError):
+            if last:
+                raise BadInputError(f"{what}: cannot decode JPEG (libjpeg-turbo: {exc})"
+                                    ) from exc
+            return None
+        raise DamagedImageError(f"{what}: damaged JPEG data, it does not decode whole "
+                                f"(libjpeg-turbo: {exc})") from exc
+
+
+def decode_jpeg_fallback(data: Buffer, what: str = "image",
+                         max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
+    """A JPEG simplejpeg cannot read (4:1:0 sampling, CMYK, a 2×4 image) → H×W×3 uint8: turbojpeg
+    (TurboJPEG 3, the same libjpeg-turbo Pillow wraps) decodes it strictly; one only Pillow
+    converts (CMYK) is checked whole by turbojpeg in its own colour space first, then decoded by
+    Pillow. One turbojpeg cannot read at all is a BadInputError (Pillow reads no more, except
+    by ignoring libjpeg-turbo's warnings). Without turbojpeg, Pillow decodes it, and cannot
+    tell damaged data."""
+    if turbojpeg is None:
+        return decode_with_pillow(data, what, max_pixels)
+    rgb = strict_decode(lambda strict: np.asarray(turbojpeg.decompress(
+        data, turbojpeg.PF.RGB, raise_on_warnings=strict)), what)
+    if rgb is not None:
+        return rgb
+    strict_decode(lambda strict: turbojpeg.decompress(data, raise_on_warnings=strict), what,
+                  last=True)
+    return decode_with_pillow(data, what, max_pixels)
+
+
+def decode_with_pillow(data: Buffer, what: str = "image",
                        max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """Any format Pillow reads → H×W×3 uint8 (rules above); the fallback for JPEGs that the fast
-    decoder refuses (e.g. 4:1:0 chroma subsampling), so it is safe to call on any image bytes."""
+    """Any format Pillow reads → H×W×3 uint8 (rules above). For a JPEG, only after libjpeg-turbo
+    found its data whole or could not read it (:func:`decode_jpeg_fallback`): Pillow decodes a
+    JPEG cut short to grey without a word."""
     try:
         with Image.open(io.BytesIO(data)) as img:
             check_pixels(img.size[0], img.size[1], max_pixels, what)
             return pil_to_rgb(img)
+    except Image.UnidentifiedImageError as exc:  # its message names a BytesIO object
+        raise BadInputError(f"{what}: cannot decode image: not a format Pillow reads "
+                            f"({sniff_codec(data)} by its first bytes)") from exc
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
         raise BadInputError(f"{what}: cannot decode image: {exc}") from exc
 
 
 def jpeg_fast_decodable(data: bytes | memoryview) -> bool:
     """True when simplejpeg (the loader's fast JPEG path) reads this JPEG's header; False when
-    only the Pillow fallback can (or simplejpeg is not installed)."""
+    only the fallback decoder can (or simplejpeg is not installed)."""
     if simplejpeg is None:
         return False
     try:
@@ -159,27 +293,50 @@ def jpeg_fast_decodable(data: bytes | memoryview) -> bool:
         return False
 
 
+def decode_jpeg(data: Buffer, what: str = "image", *,
+                max_pixels: int | None = DEFAULT_MAX_PIXELS,
+                max_scans: int | None = DEFAULT_MAX_SCANS,
+                max_pixels_per_byte: int | None = DEFAULT_MAX_PIXELS_PER_BYTE) -> np.ndarray:
+    """JPEG bytes → H×W×3 uint8, whole or a BadInputError: :func:`check_jpeg`, then simplejpeg
+    strictly, then :func:`decode_jpeg_fallback` for a JPEG whose kind simplejpeg cannot read."""
+    check_jpeg(data, what, max_pixels=max_pixels, max_scans=max_scans,
+               max_pixels_per_byte=max_pixels_per_byte)
+    if simplejpeg is not None:
+        rgb: np.ndarray | None = strict_decode(
+            lambda strict: simplejpeg.decode_jpeg(data, colorspace="RGB", strict=strict), what)
+        if rgb is not None:
+            return rgb
+    return decode_jpeg_fallback(data, what, max_pixels)
+
+
+def read_jpeg_whole(data: Buffer, what: str = "image") -> str:
+    """Read every scan of a JPEG that passed :func:`check_jpeg`, as cheaply as that can be done:
+    simplejpeg at 1/8 scale in grey (the entropy data is decoded in full, the inverse DCT is the
+    DC alone); the fallback decoder for a JPEG simplejpeg cannot read. Returns the decoder that
+    read it; BadInputError when the data is damaged or no decoder reads it."""
+    if simplejpeg is not None and strict_decode(lambda strict: simplejpeg.decode_jpeg(
+            data, colorspace="GRAY", min_factor=8, min_height=1, min_width=1, strict=strict),
+            what) is not None:
+        return "simplejpeg"
+    decode_jpeg_fallback(data, what, None)
+    return jpeg_fallback()
+
+
 def decode_rgb(data: bytes | memoryview, codec: str, what: str = "image",
-               max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
+               max_pixels: int | None = DEFAULT_MAX_PIXELS, *,
+               max_scans: int | None = DEFAULT_MAX_SCANS,
+               max_pixels_per_byte: int | None = DEFAULT_MAX_PIXELS_PER_BYTE) -> np.ndarray:
     """Decode encoded image bytes to H×W×3 uint8.
 
-    ``codec="mixed"`` sniffs the magic bytes. JPEG goes through simplejpeg when installed and falls
-    back to Pillow, per image, for whatever simplejpeg refuses; an image is corrupt (BadInputError)
-    only when no decoder reads it.
+    ``codec="mixed"`` sniffs the magic bytes. JPEG goes through :func:`decode_jpeg` (whole or
+    corrupt: a damaged JPEG is never handed to a more forgiving decoder); other formats through
+    Pillow. BadInputError when the image is damaged or no decoder reads it.
     """
     if codec == "mixed":
         codec = sniff_codec(data)
-    if codec == "jpeg" and simplejpeg is not None:
-        try:
-            w, h = simplejpeg.decode_jpeg_header(data)[1::-1]
-        except ValueError:
-            return decode_with_pillow(data, what, max_pixels)  # e.g. 4:1:0 subsampling
-        check_pixels(w, h, max_pixels, what)
-        try:
-            rgb: np.ndarray = simplejpeg.decode_jpeg(data, colorspace="RGB")
-            return rgb
-        except ValueError:
-            return decode_with_pillow(data, what, max_pixels)
+    if codec == "jpeg":
+        return decode_jpeg(data, what, max_pixels=max_pixels, max_scans=max_scans,
+                           max_pixels_per_byte=max_pixels_per_byte)
     return decode_with_pillow(data, what, max_pixels)
 
 

@@ -8,6 +8,7 @@ iteration, the loader's batched decode) is built on it here, once.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 from abc import ABC, abstractmethod
@@ -19,6 +20,7 @@ import numpy as np
 
 from ...errors import (
     CorruptRecordError,
+    DamagedImageError,
     DataFileMismatchError,
     DatasetReplacedError,
     EmptyDatasetError,
@@ -26,7 +28,7 @@ from ...errors import (
     MissingFieldError,
     UnsafeDataError,
 )
-from ...schema.fields import Field
+from ...schema.fields import Field, ImageField
 from ...schema.model import Schema
 from ...system import block_sigint
 from ..manifest import Manifest
@@ -298,17 +300,27 @@ class DatasetReader(ABC):
     def get_batch(self, indices: Sequence[int]) -> list[dict[str, Any]]:
         """Decoded samples for ``indices`` (one transaction / read call for the whole batch)."""
         out: list[dict[str, Any]] = [{} for _ in indices]
-        fields = list(self.schema)
+        limits = self.decode_limits()
+        users = [(f.name, functools.partial(f.to_user, limits=limits)
+                  if isinstance(f, ImageField) else f.to_user) for f in self.schema]
         idx = self.check_indices(indices)
 
         def decode(pos: int, stored: dict[str, Any]) -> None:
             try:
-                out[pos] = {f.name: f.to_user(stored[f.name], f.name) for f in fields}
+                out[pos] = {name: user(stored[name], name) for name, user in users}
             except CorruptRecordError as exc:  # named by key, and (visit) by source file
-                raise self.corrupt(idx[pos], str(exc)) from exc
+                raise self.corrupt(idx[pos], str(exc), exc) from exc
 
         self.visit(idx, decode)
         return out
+
+    def decode_limits(self) -> dict[str, int]:
+        """The bounds on decoding one image that its converter recorded (``max_pixels``,
+        ``max_scans``, ``max_pixels_per_byte``: manifest ``conversion``); the defaults apply to
+        the others."""
+        recorded = self.manifest.conversion
+        return {k: recorded[k] for k in ("max_pixels", "max_scans", "max_pixels_per_byte")
+                if recorded.get(k)}
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         return self.get_batch([index])[0]
@@ -325,8 +337,19 @@ class DatasetReader(ABC):
         """The key sample ``index`` is stored under."""
         return sample_key(index)
 
-    def corrupt(self, index: int, detail: str) -> CorruptRecordError:
-        """A CorruptRecordError naming this dataset and key (:meth:`visit` adds the source)."""
+    def corrupt(self, index: int, detail: str, cause: BaseException | None = None
+                ) -> CorruptRecordError:
+        """A CorruptRecordError naming this dataset and key (:meth:`visit` adds the source).
+
+        ``cause``: what failed to decode a record read whole. When its image data is damaged
+        (DamagedImageError) and the record's checksum passed, the damage was in the source file
+        before conversion, and the message says so."""
+        while cause is not None and not isinstance(cause, DamagedImageError):
+            cause = cause.__cause__
+        if cause is not None and self.checksums:
+            detail += ("; the record is as conversion wrote it (its checksum matches): the "
+                       "source file was already damaged (`feedpipe convert` refuses such "
+                       "files unless --check header)")
         exc = CorruptRecordError(f"{self.describe(index)}: {detail}", dataset=self.root,
                                  key=self.key_of(index))
         exc.index = index  # type: ignore[attr-defined]
