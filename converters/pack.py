@@ -129,7 +129,8 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
         codec: "auto" keeps lossless inputs lossless (JPEG and PNG byte for byte, other
             lossless formats as PNG); "jpeg", "png" or "webp" re-encode every other input.
         quality: For lossy (re-)encoding only.
-        check: "header" (markers and end of image) or "decode" (a full decode) per image.
+        check: "decode" (the default: every JPEG read whole, every scan at 1/8 scale, so one cut
+            short or damaged is refused by name) or "header" (markers and end of image only).
         strict: Raise on the first bad or refused input, and on a class left empty.
         val_fraction: > 0 writes ``out/train`` and ``out/val`` from a seeded split.
         seed: The split's seed.
