@@ -67,7 +67,8 @@ def build_schema(source: Source, opts: PackOptions, codec: str | None = None) ->
         fields.append(LabelField("label"))
     if opts.masks:
         hw = opts.raw_shape[:2] if opts.raw_shape else None
-        fields.append(MaskField("mask", opts.mask_store, opts.mask_dtype, opts.num_classes, hw))
+        fields.append(MaskField("mask", opts.mask_store, opts.mask_dtype, opts.num_classes, hw,
+                                opts.ignore_index))
         for t in opts.targets:
             f = t.field()
             if hw is not None:
@@ -90,7 +91,7 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
             writer_options: dict[str, Any] | None = None,
             progress: Progress | None = None, masks: str | Path | None = None,
             mask_store: MaskStore = "raw", mask_dtype: MaskDtype = "uint8",
-            num_classes: int | None = None,
+            num_classes: int | None = None, ignore_index: int | None = None,
             targets: Sequence[str | Target] | Mapping[str, Any] | None = None,
             extra_channels: ExtraChannels = "refuse",
             max_pixels: int | None = DEFAULT_MAX_PIXELS, layout: Layout = "auto",
@@ -115,6 +116,9 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
     Segmentation: ``masks`` (a folder matched by file name, or a manifest's ``mask`` column)
     adds a lossless ``mask`` field, and ``targets`` (e.g. ``["distance_map", "boundary"]``) are
     computed from each mask in the workers and stored as fields of the same names.
+    ``ignore_index`` (e.g. 255, VOC's "void" band): a mask value of no class, left out of
+    ``num_classes`` and seen as background by the targets; recorded in the mask field.
+    Masks must be lossless: a JPEG mask is skipped, named.
     ``resize``: an int is the shorter side (``store="raw"`` then crops the center square); a
     tuple is (height, width), the order of ``make_loader(size=)`` and ``--resize HxW``.
     Every option after ``out`` is keyword-only and checked by type and value (ConfigError).
@@ -154,7 +158,8 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
                   "jpeg": jpeg}
     if isinstance(src, RecordSource):
         files_only = {"masks": masks, "mask_store": mask_store, "mask_dtype": mask_dtype,
-                      "num_classes": num_classes, "targets": targets or None,
+                      "num_classes": num_classes, "ignore_index": ignore_index,
+                      "targets": targets or None,
                       "mask_palette": mask_palette, "split_root": split_root,
                       "split_classes": split_classes, "coco": coco, "columns": columns,
                       "part": part, "labels": labels, "unlabeled": unlabeled, "layout": layout}
@@ -168,7 +173,8 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
     else:
         result = _pack_files(src, target, workers, val_fraction, seed, masks, PackOptions(
             **image_opts, mask_store=mask_store, mask_dtype=mask_dtype,  # type: ignore[arg-type]
-            num_classes=num_classes, targets=resolve_targets(targets)),
+            num_classes=num_classes, ignore_index=ignore_index,
+            targets=resolve_targets(targets)),
             mask_palette, split_root, split_classes, coco, columns, part, labels, unlabeled,
             layout)
     result.seconds = time.perf_counter() - t0
@@ -203,6 +209,9 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
                                         options.max_pixels)
     if mask_palette is not None and not source.masked:
         raise ConfigError("mask_palette maps colour masks: pass masks=DIR (--masks) too")
+    if options.ignore_index is not None and not source.masked:
+        raise ConfigError("ignore_index is a mask value: pass masks=DIR (--masks) or a "
+                          "manifest with a 'mask' column", option="ignore_index")
     if options.targets and not source.masked:
         raise ConfigError("targets are computed from masks: pass masks=DIR (--masks) or a "
                           "manifest with a 'mask' column")

@@ -22,6 +22,7 @@ import torch
 from ...dataset.formats.wds import WdsReader
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError, CorruptRecordError, FeedpipeError, LoaderError
+from ...schema.masks import ignore_index_of
 from ..config import LoaderConfig, auto_workers
 from ..dataset import BatchDataset
 from ..geometry import Framing
@@ -98,6 +99,7 @@ class DaliLoader(EpochPosition):
         self._seg: Segment | None = None            # the resumed plan it was built for
         self.skipped: list[str] = []                # always empty: DALI raises, never skips
         self.classes: tuple[str, ...] = reader.classes
+        self.ignore_index: int | None = ignore_index_of(reader.schema)
 
     def describe(self) -> LoaderView:
         """The resolved settings (see :class:`~feedpipe.loader.protocol.LoaderView`); a sample's

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader
 
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
+from ...schema.masks import ignore_index_of
 from ...workers import single_threaded
 from ..augment import batch_ops
 from ..config import LoaderConfig
@@ -264,6 +265,7 @@ class TorchLoader(EpochPosition):
         self._skipped_before = 0
         self.skipped: list[str] = []
         self.classes: tuple[str, ...] = reader.classes
+        self.ignore_index: int | None = ignore_index_of(reader.schema)
 
     def describe(self) -> LoaderView:
         """The resolved settings (see :class:`~feedpipe.loader.protocol.LoaderView`)."""
