@@ -13,7 +13,7 @@ import json
 import warnings
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -155,6 +155,60 @@ def _warn_geometric(source: Source) -> Source:
     return source
 
 
+class KeypointCheck:
+    """Keypoints that do not look like pixels of their image, gathered while converting and
+    warned about, by file, at the end: every point in [0, 1] (normalized coordinates), or most of
+    a sample's points outside its image (x and y swapped, another image size). Points with a
+    stored visibility of 0 do not count (COCO writes them as 0, 0)."""
+
+    SHOWN = 5
+
+    def __init__(self, fields: Sequence[Field]) -> None:
+        self.fields = [f for f in fields if isinstance(f, KeypointsField)]
+        self.unit: dict[str, list[str]] = {f.name: [] for f in self.fields}
+        self.outside: dict[str, list[str]] = {f.name: [] for f in self.fields}
+        self.seen = 0
+
+    def add(self, rel: str, values: dict[str, Any], size: tuple[int, int]) -> None:
+        """One converted sample: its typed values and its image's upright (W, H)."""
+        self.seen += 1
+        w, h = size
+        for f in self.fields:
+            p = np.asarray(values[f.name], np.float64)
+            if f.has_visibility:
+                p = p[p[:, 2] > 0]
+            p = p[np.isfinite(p[:, :2]).all(1), :2]
+            if not len(p):
+                continue
+            if max(w, h) > 2 and p.max() > 0 and ((p >= 0) & (p <= 1)).all():
+                self.unit[f.name].append(rel)
+            out = (p[:, 0] < 0) | (p[:, 0] > w) | (p[:, 1] < 0) | (p[:, 1] > h)
+            if 2 * int(out.sum()) > len(p):
+                self.outside[f.name].append(f"{rel} ({w}x{h}: {int(out.sum())} of {len(p)})")
+
+    def warn(self, where: str) -> list[str]:
+        """Warn (a UserWarning per finding) and return the messages."""
+        said = []
+        for name, rels in self.unit.items():
+            if rels:
+                said.append(f"{where}: keypoints {name!r} of {len(rels)} of {self.seen} samples "
+                            f"all lie in [0, 1] ({self._some(rels)}): normalized coordinates? "
+                            "They are read as pixels of the image as decoded: multiply x by "
+                            "its width and y by its height")
+        for name, rels in self.outside.items():
+            if rels:
+                said.append(f"{where}: keypoints {name!r}: most points of {len(rels)} of "
+                            f"{self.seen} samples lie outside their image ({self._some(rels)} "
+                            "outside): x and y swapped, or coordinates of another image size? "
+                            "They are pixels of the image as decoded (EXIF orientation applied)")
+        for text in said:
+            warnings.warn(text, stacklevel=2)
+        return said
+
+    def _some(self, rels: list[str]) -> str:
+        return ", ".join(rels[:self.SHOWN]) + (" ..." if len(rels) > self.SHOWN else "")
+
+
 def _keypoints(cells: list[Any], name: str, bad: dict[int, str]) -> list[np.ndarray]:
     out = []
     for k, v in enumerate(cells):
@@ -212,4 +266,4 @@ def _shape(arrs: list[np.ndarray]) -> tuple[int | None, ...] | None:
                  for i, d in enumerate(arrs[0].shape))
 
 
-__all__ = ["GEOMETRIC_NAMES", "LabelColumns", "SourceItem", "apply_columns"]
+__all__ = ["GEOMETRIC_NAMES", "KeypointCheck", "LabelColumns", "SourceItem", "apply_columns"]

@@ -24,7 +24,7 @@ from feedpipe.schema.masks import MaskField
 from feedpipe.schema.model import Schema
 
 from .coco import scan_coco
-from .columns import LabelColumns, apply_columns
+from .columns import KeypointCheck, LabelColumns, apply_columns
 from .images import image_codec, likely_jpeg
 from .options import (
     Check,
@@ -243,6 +243,7 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
                            unmatched_masks=list(source.unmatched_masks), image_codec=codec,
                            mask_palette=opts.mask_palette, palette_left_out=list(left_out))
     mask_max = -1
+    points = KeypointCheck(source.typed)
 
     def samples() -> Iterator[Sample]:
         nonlocal mask_max
@@ -265,6 +266,8 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
             if source.split_by == "field":
                 values["split"] = split_of(item.rel)
             values.update(item.fields or {})
+            if points.fields:
+                points.add(item.rel, values, stored.size)
             if has_extra:
                 values["meta"] = item.extra or {}
             yield Sample(item.rel, split, values, stored=stored)
@@ -291,6 +294,8 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
                                        if isinstance(f, MaskField) else f for f in settled))
         if not sniff:
             settled = settle_codec(settled, result)
+        if points.fields:
+            conversion["keypoint_warnings"] = points.warn(str(source.root))
         return conversion, settled
 
     if part_info is None:
