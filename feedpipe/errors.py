@@ -8,6 +8,9 @@ field) and its key.
 
 from __future__ import annotations
 
+import pickle
+from typing import Any
+
 
 class FeedpipeError(Exception):
     """Base class for all errors raised by feedpipe."""
@@ -19,6 +22,31 @@ class FeedpipeError(Exception):
 
     def __str__(self) -> str:  # not KeyError's repr() for the classes that are also KeyErrors
         return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with its attributes, notes and cause (a cause that does not pickle travels as
+        a RuntimeError naming it), so an error from a worker process keeps them all."""
+        return _rebuild, (type(self), self.args, self.__dict__, _portable(self.__cause__))
+
+
+def _rebuild(cls: type[FeedpipeError], args: tuple[Any, ...], state: dict[str, Any],
+             cause: BaseException | None) -> FeedpipeError:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    exc.__cause__ = cause
+    return exc
+
+
+def _portable(cause: BaseException | None) -> BaseException | None:
+    """``cause`` if it survives pickling, else a RuntimeError with its type and message."""
+    if cause is None:
+        return None
+    try:
+        pickle.loads(pickle.dumps(cause))
+        return cause
+    except Exception:  # noqa: BLE001 - any exception of the user's may refuse to pickle
+        return RuntimeError(f"{type(cause).__module__}.{type(cause).__qualname__}: {cause}")
 
 
 class ConfigError(FeedpipeError, ValueError):

@@ -21,7 +21,7 @@ from ...schema.masks import ignore_index_of
 from ...workers import single_threaded
 from ..augment import batch_ops
 from ..config import LoaderConfig
-from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset
+from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, raise_carried
 from ..labels import RaggedList
 from ..order import batch_seed
 from ..position import EpochPosition, refuse_nested_workers
@@ -325,6 +325,7 @@ class TorchLoader(EpochPosition):
         batches = iter(self._dl)
         try:
             for batch in batches:
+                raise_carried(batch)
                 skipped = batch.pop(SKIPPED_KEY, None)
                 if skipped:
                     self.skipped.extend(skipped)
