@@ -119,6 +119,21 @@ def test_accelerate_gathers_exactly_and_flushes_the_last_batch(odd, tmp_path):
     assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
 
 
+def test_plain_accelerator_prepare_gathers_exactly(odd, tmp_path):
+    """The loaders through accelerate's own prepare (which returns them as they are): the loader
+    joins accelerate's gradient state while it runs, so gather_for_metrics still drops the
+    padding of Sampler(uneven="mask") (103 samples, not 8 x 8 x 2 = 128) and accumulation still
+    steps on the last batch."""
+    probe("accelerate", {"data": str(odd["lmdb"]), "val": str(odd["wds"]), "out": str(tmp_path),
+                         "run": "plain", "epochs": 1, "batch": 8, "accum": 4, "plain": True},
+          nproc=2)
+    ranks = accelerate_runs(tmp_path, "plain")
+    assert [r["world"] for r in ranks] == [2, 2]
+    for r in ranks:
+        assert len(r["gathered"]) == N_ODD and sorted(r["gathered"]) == EVERY
+        assert r["steps"] == {"0": 2}
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("saver,resumers", [(2, (2, 1)), (1, (2,))])
 def test_accelerate_save_state_resumes_at_any_rank_count(odd, tmp_path, saver, resumers):

@@ -30,7 +30,7 @@ from ..errors import ConfigError
 from .config import LoaderConfig
 from .order import SAVED_WITH
 from .sampler import PlanSampler, Segment, World
-from .surface import LoaderBatches, LoaderSampler, batch_as_is
+from .surface import LoaderBatches, LoaderSampler, batch_as_is, in_gradient_state
 
 STATE_KEYS = ("epoch", "batches", "seed", "rank", "world_size", "dataset")  # every state has these
 VALID_KEY, INDEX_KEY = "valid", "index"  # the fields uneven="mask" adds to every batch
@@ -226,6 +226,13 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
 
     def _hand_out(self, batches: Iterator[dict[str, Any]], epoch: int,
                   start: int) -> Iterator[dict[str, Any]]:
+        """:meth:`_counted`, as accelerate's active dataloader when it is in use (see
+        :func:`~feedpipe.loader.surface.in_gradient_state`)."""
+        with in_gradient_state(self):
+            yield from self._counted(batches, epoch, start)
+
+    def _counted(self, batches: Iterator[dict[str, Any]], epoch: int,
+                 start: int) -> Iterator[dict[str, Any]]:
         """Yield ``batches`` (the backend's, of ``epoch`` from batch ``start``), counting them;
         the epoch ends as its last planned batch is handed out. Under ``uneven="mask"`` each
         batch gets ``valid`` (bool: a real sample, not padding) and ``index`` (its sample)."""
