@@ -82,9 +82,10 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
                           dtype=mask.dtype)
     top = largest_class(mask, opts.ignore_index)
     if opts.num_classes is not None and top >= opts.num_classes:
+        void = opts.ignore_index is None and top in (255, np.iinfo(mask.dtype).max)
         return f"mask {item.mask.name}: index {top} >= num_classes {opts.num_classes}" + (
-            "" if opts.ignore_index is not None else "; a value that marks no class (VOC's 255 "
-            "void) is ignore_index=255 (--ignore-index 255)")
+            f"; if {top} marks pixels of no class (VOC's void), pass ignore_index={top} "
+            f"(--ignore-index {top})" if void else "")
     if opts.targets:  # ignored pixels are background to the targets: never an object or an edge
         seen = mask if opts.ignore_index is None else \
             np.where(mask == opts.ignore_index, 0, mask).astype(mask.dtype)

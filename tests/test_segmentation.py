@@ -771,6 +771,10 @@ def test_ignore_index_keeps_void_out_of_classes_and_targets(tmp_path, capsys):
         convert(images, tmp_path / "no-masks", to="lmdb", workers=0, ignore_index=255)
     with pytest.raises(ConfigError, match="ignore_index=256"):
         convert(images, tmp_path / "wide", to="lmdb", workers=0, masks=masks, ignore_index=256)
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n")  # a table: the option is named, not dropped
+    rc, _, err = cli_main(capsys, "convert", tmp_path / "t.csv", "--to", "lmdb", "-o",
+                          tmp_path / "t", "--ignore-index", "255", "-q")
+    assert rc == 2 and "--ignore-index" in err
 
 
 def jpg_packed_free(tmp_path: Path) -> Path:

@@ -287,6 +287,7 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
     unused = [flag for flag, v in (("--masks", args.masks), ("--targets", args.targets),
                                    ("--target", args.target), ("--split-root", args.split_root),
                                    ("--mask-palette", args.mask_palette),
+                                   ("--ignore-index", args.ignore_index is not None),
                                    ("--labels", args.labels != "auto"),
                                    ("--unlabeled", args.unlabeled != "refuse")) if v]
     if unused:

@@ -18,7 +18,7 @@ _IMAGE_ONLY = (("masks", None), ("targets", None), ("target", None), ("split_roo
                ("mask_palette", None), ("coco", None), ("resize", None), ("store", "passthrough"),
                ("codec", "auto"), ("keypoints_column", None), ("boxes_column", None),
                ("text_column", None), ("array_column", []), ("labels", "auto"),
-               ("unlabeled", "refuse"), ("part", None))
+               ("unlabeled", "refuse"), ("part", None), ("ignore_index", None))
 _TABLE_ONLY = ("columns", "dtype", "series", "train_fraction", "block_rows")
 
 

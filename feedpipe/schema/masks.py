@@ -73,8 +73,8 @@ class MaskField(Field):
                              f"{arr.dtype} {arr.shape}")
         if self.shape and arr.shape != self.shape:
             raise ValueError(f"field {self.name!r}: mask shape {arr.shape} != {self.shape}")
-        top = largest_class(arr, self.ignore_index)
-        if self.num_classes is not None and top >= self.num_classes:
+        if self.num_classes is not None and \
+                (top := largest_class(arr, self.ignore_index)) >= self.num_classes:
             raise ValueError(f"field {self.name!r}: mask index {top} >= num_classes "
                              f"{self.num_classes}")
         return encode_mask_png(arr) if self.codec == "png" else np.ascontiguousarray(arr)
