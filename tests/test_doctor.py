@@ -195,6 +195,9 @@ def test_a_time_series_gets_no_image_advice(tmp_path, capsys):
     assert "decoder" not in checks and {"cores", "shm", "dataset", "bench"} <= checks
     text = " ".join(f"{f.title} {f.fix}" for f in rep.findings)
     assert "None" not in text and "JPEG" not in text and "--store raw" not in text
+    assert "ring" not in only([f for f in rep.findings if f.check == "shm"]).title  # (no ring)
+    assert only(check_shm(None, batch_size=16, size=64, workers=2, images=False)).severity == \
+        "high"
     assert only([f for f in rep.findings if f.check == "dataset"]).title.endswith(
         "no images, 0.00 GiB")
     bench = only([f for f in rep.findings if f.check == "bench"])

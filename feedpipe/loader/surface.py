@@ -148,4 +148,3 @@ def in_gradient_state(loader: Any) -> Iterator[None]:
         yield
     finally:
         state._remove_dataloader(loader)
-

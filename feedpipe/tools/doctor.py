@@ -68,10 +68,17 @@ def check_cores(usable: int, total: int, quota: float | None,
 
 
 def check_shm(free: int | None, *, batch_size: int, size: int, workers: int,
-              prefetch: int = PREFETCH_DECODE) -> list[Finding]:
-    """/dev/shm against what DataLoader workers need to hand batches over, and the slot ring."""
+              prefetch: int = PREFETCH_DECODE, images: bool = True) -> list[Finding]:
+    """/dev/shm against what DataLoader workers need to hand batches over, and the slot ring
+    (sized for ``size``² images; without images, only whether there is a /dev/shm)."""
     if workers == 0:
         return [Finding("shm", "ok", "no loader workers: /dev/shm is not used")]
+    if not images:
+        if free is None:
+            return [Finding("shm", "high", "/dev/shm is missing: loader workers hand batches "
+                            "over through it", "mount a tmpfs at /dev/shm (docker run "
+                            "--shm-size=1g)", "loading with workers works at all")]
+        return [Finding("shm", "ok", f"/dev/shm has {free / GiB:,.1f} GiB free")]
     batch = batch_size * size * size * 3  # uint8 RGB images: the ring's bulk
     ring = ring_bytes(batch, workers, prefetch)
     want = max(SHM_FLOOR, shm_wanted(ring))
@@ -349,7 +356,7 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
         ("cores", lambda: check_cores(usable, m["cores_machine"], m["cgroup_cpu_limit"],
                                       images)),
         ("shm", lambda: check_shm((m["shm"] or {}).get("free"), batch_size=batch_size, size=size,
-                                  workers=workers)),
+                                  workers=workers, images=images)),
         *([("decoder", lambda: check_decoder(m["decoders"]))] if images else []),
         ("gpu", lambda: check_gpu(cuda, [g["name"] for g in m["gpus"]], m["libraries"]["dali"],
                                   m["cuda_version"])),
