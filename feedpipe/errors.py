@@ -8,7 +8,6 @@ field) and its key.
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 
@@ -24,8 +23,8 @@ class FeedpipeError(Exception):
         return str(self.args[0]) if self.args else ""
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled with its attributes, notes and cause (a cause that does not pickle travels as
-        a RuntimeError naming it), so an error from a worker process keeps them all."""
+        """Pickled with its attributes, notes and cause (see :func:`_portable`), so an error
+        from a worker process keeps them all."""
         return _rebuild, (type(self), self.args, self.__dict__, _portable(self.__cause__))
 
 
@@ -38,15 +37,18 @@ def _rebuild(cls: type[FeedpipeError], args: tuple[Any, ...], state: dict[str, A
     return exc
 
 
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
 def _portable(cause: BaseException | None) -> BaseException | None:
-    """``cause`` if it survives pickling, else a RuntimeError with its type and message."""
-    if cause is None:
-        return None
-    try:
-        pickle.loads(pickle.dumps(cause))
+    """A cause that crosses a process boundary as itself: a feedpipe error, or a builtin
+    exception of plain arguments (rebuilt from them); any other (a user's class, which may hold
+    anything or not rebuild from its arguments) as a RuntimeError naming its type and message."""
+    if cause is None or isinstance(cause, FeedpipeError):
         return cause
-    except Exception:  # noqa: BLE001 - any exception of the user's may refuse to pickle
-        return RuntimeError(f"{type(cause).__module__}.{type(cause).__qualname__}: {cause}")
+    if type(cause).__module__ == "builtins" and all(isinstance(a, _PLAIN) for a in cause.args):
+        return cause
+    return RuntimeError(f"{type(cause).__module__}.{type(cause).__qualname__}: {cause}")
 
 
 class ConfigError(FeedpipeError, ValueError):
