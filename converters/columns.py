@@ -14,7 +14,7 @@ import os
 import warnings
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -168,6 +168,76 @@ def _warn_geometric(source: Source) -> Source:
     return source
 
 
+class KeypointCheck:
+    """Keypoints that do not look like pixels of their image, gathered while converting and
+    warned about, by file, at the end: every point in [0, 1] (normalized coordinates), or most of
+    a sample's points outside its image (x and y swapped, another image size). Points with a
+    stored visibility of 0 do not count (COCO writes them as 0, 0). Per sample only references
+    are kept; the check runs once, vectorized, in :meth:`warn`."""
+
+    SHOWN = 5  # files named per finding
+    CHUNK = 1 << 16  # samples judged at once (bounded memory)
+
+    def __init__(self, fields: Sequence[Field]) -> None:
+        self.fields = [f for f in fields if isinstance(f, KeypointsField)]
+        self.rels: list[str] = []
+        self.sizes: list[tuple[int, int]] = []
+        self.points: dict[str, list[np.ndarray]] = {f.name: [] for f in self.fields}
+
+    def add(self, rel: str, values: dict[str, Any], size: tuple[int, int]) -> None:
+        """One converted sample: its typed values and its image's upright (W, H)."""
+        self.rels.append(rel)
+        self.sizes.append(size)
+        for f in self.fields:
+            self.points[f.name].append(values[f.name])
+
+    def warn(self, where: str) -> list[str]:
+        """Warn (a UserWarning per finding) and return the messages."""
+        said = []
+        n = len(self.rels)
+        wh = np.asarray(self.sizes, np.float64).reshape(n, 1, 2)
+        for f in self.fields:
+            if not n:
+                break
+            parts = [self._judge(f, np.stack(self.points[f.name][k: k + self.CHUNK]),
+                                 wh[k: k + self.CHUNK]) for k in range(0, n, self.CHUNK)]
+            unit, out, count = (np.concatenate(a) for a in zip(*parts))
+            far = 2 * out > count
+            if unit.any():
+                rels = [r for r, u in zip(self.rels, unit) if u]
+                said.append(f"{where}: keypoints {f.name!r} of {len(rels)} of {n} samples all "
+                            f"lie in [0, 1] ({self._some(rels)}): normalized coordinates? They "
+                            "are read as pixels of the image as decoded: multiply x by its "
+                            "width and y by its height")
+            if far.any():
+                rels = [f"{r} ({w}x{h}: {o} of {c})" for r, (w, h), o, c, x
+                        in zip(self.rels, self.sizes, out, count, far) if x]
+                said.append(f"{where}: keypoints {f.name!r}: most points of {len(rels)} of {n} "
+                            f"samples lie outside their image ({self._some(rels)} outside): x "
+                            "and y swapped, or coordinates of another image size? They are "
+                            "pixels of the image as decoded (EXIF orientation applied)")
+        for text in said:
+            warnings.warn(text, stacklevel=2)
+        return said
+
+    @staticmethod
+    def _judge(f: KeypointsField, p: np.ndarray, wh: np.ndarray
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per sample (``p``: N×K×2|3 points, ``wh``: N×1×2 image sizes): whether every judged
+        point lies in [0, 1], how many lie outside the image, how many are judged."""
+        xy = p[..., :2]
+        judged = np.isfinite(xy).all(-1) & ((p[..., 2] > 0) if f.has_visibility else True)
+        count = judged.sum(1)
+        beyond = (judged[..., None] & ((xy < 0) | (xy > 1))).any((1, 2))
+        top = np.where(judged[..., None], xy, 0).max((1, 2))
+        unit = (count > 0) & ~beyond & (top > 0) & (wh.max((1, 2)) > 2)
+        out = (judged & ((xy < 0) | (xy > wh)).any(-1)).sum(1)
+        return unit, out, count
+
+    def _some(self, rels: list[str]) -> str:
+        return ", ".join(rels[:self.SHOWN]) + (" ..." if len(rels) > self.SHOWN else "")
+
+
 def _keypoints(cells: list[Any], name: str, bad: dict[int, str]) -> list[np.ndarray]:
     out = []
     for k, v in enumerate(cells):
@@ -229,4 +299,4 @@ def _shape(arrs: list[np.ndarray]) -> tuple[int | None, ...] | None:
                  for i, d in enumerate(arrs[0].shape))
 
 
-__all__ = ["GEOMETRIC_NAMES", "LabelColumns", "SourceItem", "apply_columns"]
+__all__ = ["GEOMETRIC_NAMES", "KeypointCheck", "LabelColumns", "SourceItem", "apply_columns"]

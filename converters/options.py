@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from dataclasses import fields as dc_fields
 from typing import Any, Literal, Mapping, Sequence, get_type_hints
 
+import numpy as np
+
 from feedpipe.checks import conforms, describe
 from feedpipe.errors import ConfigError
 from feedpipe.schema.imaging import (
@@ -56,6 +58,7 @@ class PackOptions:
     mask_store: MaskStore = "raw"
     mask_dtype: MaskDtype = "uint8"
     num_classes: int | None = None
+    ignore_index: int | None = None  # a mask value that is no class (VOC's 255 "void" band)
     targets: tuple[Target, ...] = ()
     extra_channels: ExtraChannels = "refuse"  # alpha, channels beyond RGB, 16-bit RGB
     max_pixels: int | None = DEFAULT_MAX_PIXELS  # decompression-bomb limit (width × height)
@@ -82,6 +85,10 @@ class PackOptions:
             if getattr(self, limit) is not None and getattr(self, limit) <= 0:
                 raise ConfigError(f"{limit}={getattr(self, limit)}: use a positive count, or "
                                   "None for no limit", option=limit)
+        if self.ignore_index is not None and \
+                not 0 <= self.ignore_index <= np.iinfo(self.mask_dtype).max:
+            raise ConfigError(f"ignore_index={self.ignore_index}: a {self.mask_dtype} mask value "
+                              f"(0..{np.iinfo(self.mask_dtype).max}), e.g. 255", option="ignore_index")
         if not 1 <= self.quality <= 100:
             raise ConfigError(f"quality={self.quality}: use an integer in 1..100", option="quality")
         if self.store == "raw" and self.resize is None:

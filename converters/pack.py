@@ -28,7 +28,7 @@ from feedpipe.schema.model import Schema
 from feedpipe.system import usable_cores
 
 from .coco import scan_coco
-from .columns import LabelColumns, apply_columns
+from .columns import KeypointCheck, LabelColumns, apply_columns
 from .images import image_codec, likely_jpeg
 from .options import (
     Check,
@@ -71,7 +71,8 @@ def build_schema(source: Source, opts: PackOptions, codec: str | None = None) ->
         fields.append(LabelField("label"))
     if opts.masks:
         hw = opts.raw_shape[:2] if opts.raw_shape else None
-        fields.append(MaskField("mask", opts.mask_store, opts.mask_dtype, opts.num_classes, hw))
+        fields.append(MaskField("mask", opts.mask_store, opts.mask_dtype, opts.num_classes, hw,
+                                opts.ignore_index))
         for t in opts.targets:
             f = t.field()
             if hw is not None:
@@ -94,7 +95,7 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
             writer_options: dict[str, Any] | None = None,
             progress: Progress | None = None, masks: str | Path | None = None,
             mask_store: MaskStore = "raw", mask_dtype: MaskDtype = "uint8",
-            num_classes: int | None = None,
+            num_classes: int | None = None, ignore_index: int | None = None,
             targets: Sequence[str | Target] | Mapping[str, Any] | None = None,
             extra_channels: ExtraChannels = "refuse",
             max_pixels: int | None = DEFAULT_MAX_PIXELS,
@@ -141,7 +142,11 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
             may give a ``mask`` column instead); adds a lossless ``mask`` field.
         mask_store: "raw" (no decode when loading) or "png" (smaller).
         mask_dtype: "uint8" or "uint16".
-        num_classes: Classes in the masks; None: the largest index + 1.
+        num_classes: Classes in the masks; None: the largest index + 1 (``ignore_index``
+            left out).
+        ignore_index: A mask value of no class (e.g. 255, VOC's "void" band): left out of
+            ``num_classes``, seen as background by the targets, recorded in the mask field.
+            Masks must be lossless: a JPEG or lossy WebP mask is skipped, named.
         targets: Computed from each mask in the workers and stored as fields of their names:
             ``["distance_map", "boundary"]``, ``Target``s, or ``{"name": fn}``.
         extra_channels: Transparent alpha, channels beyond RGB, 16-bit RGB: "refuse" (skip
@@ -191,7 +196,8 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
                   "jpeg": jpeg}
     if isinstance(src, RecordSource):
         files_only = {"masks": masks, "mask_store": mask_store, "mask_dtype": mask_dtype,
-                      "num_classes": num_classes, "targets": targets or None,
+                      "num_classes": num_classes, "ignore_index": ignore_index,
+                      "targets": targets or None,
                       "mask_palette": mask_palette, "split_root": split_root,
                       "split_classes": split_classes, "coco": coco, "columns": columns,
                       "part": part, "labels": labels, "unlabeled": unlabeled, "layout": layout,
@@ -208,7 +214,8 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
             raise ConfigError(f"contained={contained!r}: True or False", option="contained")
         result = _pack_files(src, target, workers, val_fraction, seed, masks, PackOptions(
             **image_opts, mask_store=mask_store, mask_dtype=mask_dtype,  # type: ignore[arg-type]
-            num_classes=num_classes, targets=resolve_targets(targets)),
+            num_classes=num_classes, ignore_index=ignore_index,
+            targets=resolve_targets(targets)),
             mask_palette, split_root, split_classes, coco, columns, part, labels, unlabeled,
             layout, contained)
     result.seconds = time.perf_counter() - t0
@@ -244,6 +251,9 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
                                         options.max_pixels)
     if mask_palette is not None and not source.masked:
         raise ConfigError("mask_palette maps colour masks: pass masks=DIR (--masks) too")
+    if options.ignore_index is not None and not source.masked:
+        raise ConfigError("ignore_index is a mask value: pass masks=DIR (--masks) or a "
+                          "manifest with a 'mask' column", option="ignore_index")
     if options.targets and not source.masked:
         raise ConfigError("targets are computed from masks: pass masks=DIR (--masks) or a "
                           "manifest with a 'mask' column")
@@ -275,6 +285,7 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
                            unmatched_masks=list(source.unmatched_masks), image_codec=codec,
                            mask_palette=opts.mask_palette, palette_left_out=list(left_out))
     mask_max = -1
+    points = KeypointCheck(source.typed)
 
     def samples() -> Iterator[Sample]:
         nonlocal mask_max
@@ -297,6 +308,8 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
             if source.split_by == "field":
                 values["split"] = split_of(item.rel)
             values.update(item.fields or {})
+            if points.fields:
+                points.add(item.rel, values, stored.size)
             if has_extra:
                 values["meta"] = item.extra or {}
             yield Sample(item.rel, split, values, stored=stored)
@@ -324,6 +337,8 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
                                        if isinstance(f, MaskField) else f for f in settled))
         if not sniff:
             settled = settle_codec(settled, result)
+        if points.fields:
+            conversion["keypoint_warnings"] = points.warn(str(source.root))
         return conversion, settled
 
     if part_info is None:

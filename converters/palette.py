@@ -24,7 +24,7 @@ from PIL import Image
 
 from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.errors import ConfigError, CorruptRecordError, NotRegularFileError
-from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, check_pixels
+from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, check_pixels, sniff_codec, webp_lossless
 
 from .sources import open_regular
 
@@ -79,6 +79,16 @@ def show_palette(palette: Palette) -> str:
     return json.dumps({f"#{r:02x}{g:02x}{b:02x}": k for r, g, b, k in palette})
 
 
+def refuse_lossy(data: bytes) -> None:
+    """A mask must be lossless: a JPEG (or lossy WebP) is a ValueError saying why. Its
+    compression moves pixel values along every edge, and each moved value would be a class."""
+    kind = sniff_codec(data)
+    if kind == "jpeg" or (kind == "webp" and not webp_lossless(data)):
+        raise ValueError(f"a {'JPEG' if kind == 'jpeg' else 'lossy WebP'}: masks must be "
+                         "lossless (compression artefacts along the edges would become classes); "
+                         "save the masks as PNG from their source")
+
+
 def _rgb(path: Path, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray | None:
     """A colour mask's H×W×3 pixels; None for an index mask (L, P, 1, I;16). One declaring
     over ``max_pixels`` is a CorruptRecordError naming it, from its header, undecoded."""
@@ -100,9 +110,11 @@ def auto_palette(masks: Sequence[Path], max_pixels: int | None = DEFAULT_MAX_PIX
     most: dict[int, tuple[int, Path]] = {}  # colour → (largest pixel count in one mask, mask)
     for m in masks:
         try:
+            refuse_lossy(m.read_bytes())
             rgb = _rgb(m, max_pixels)
-        except (OSError, CorruptRecordError, NotRegularFileError, Image.DecompressionBombError):
-            continue  # unreadable, oversized or special masks are skipped later, by name
+        except (OSError, ValueError, CorruptRecordError, NotRegularFileError,
+                Image.DecompressionBombError):
+            continue  # unreadable, lossy, oversized or special masks are skipped later, by name
         if rgb is None:
             continue
         colours, counts = np.unique(_packed(rgb), return_counts=True)

@@ -16,12 +16,13 @@ from PIL import Image
 
 from feedpipe.errors import CorruptRecordError, NotRegularFileError
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, decode_mask_png, encode_mask_png
+from feedpipe.schema.masks import largest_class
 from feedpipe.system import block_sigint, restore_sigmask
 from feedpipe.workers import single_threaded
 
 from .images import Refused, Stored, geometry, store_image
 from .options import PackOptions
-from .palette import Palette, colour_mask
+from .palette import Palette, colour_mask, refuse_lossy
 from .pool import WorkerPool
 from .progressive import transcoded
 from .sources import SourceItem, read_regular
@@ -34,12 +35,15 @@ Prepared = tuple[dict[str, Any] | None, str, int]  # (stored values or None, how
 def read_mask(path: Path, dtype: str, palette: Palette | None = None,
               max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
     """A mask file → H×W index array (:func:`~feedpipe.schema.fields.decode_mask_png`, any
-    format Pillow reads); colour masks through ``palette`` (converters.palette). A
-    CorruptRecordError names the file; one declaring over ``max_pixels`` is refused undecoded."""
+    lossless format Pillow reads); colour masks through ``palette`` (converters.palette). A
+    CorruptRecordError names the file; one declaring over ``max_pixels`` is refused undecoded; a
+    JPEG or lossy WebP is a ValueError (:func:`~converters.palette.refuse_lossy`)."""
+    data = read_regular(path)
+    refuse_lossy(data)
     arr = colour_mask(path, palette, max_pixels) if palette is not None else None
     if arr is None:
         try:
-            arr = decode_mask_png(read_regular(path), f"mask {path.name}", png_only=False,
+            arr = decode_mask_png(data, f"mask {path.name}", png_only=False,
                                   max_pixels=max_pixels)
         except CorruptRecordError as exc:
             if "mode RGB" in str(exc):  # say what to do about a colour mask
@@ -77,12 +81,19 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
     if geo is not None:
         mask = np.asarray(Image.fromarray(mask).resize(geo[0], Image.NEAREST, box=geo[1]),
                           dtype=mask.dtype)
-    if opts.num_classes is not None and mask.size and int(mask.max()) >= opts.num_classes:
-        return f"mask {item.mask.name}: index {int(mask.max())} >= num_classes {opts.num_classes}"
-    for t in opts.targets:
-        values[t.name] = t.compute(mask, item.rel)  # a failing user target is a bug: it raises
+    top = largest_class(mask, opts.ignore_index)
+    if opts.num_classes is not None and top >= opts.num_classes:
+        void = opts.ignore_index is None and top in (255, np.iinfo(mask.dtype).max)
+        return f"mask {item.mask.name}: index {top} >= num_classes {opts.num_classes}" + (
+            f"; if {top} marks pixels of no class (VOC's void), pass ignore_index={top} "
+            f"(--ignore-index {top})" if void else "")
+    if opts.targets:  # ignored pixels are background to the targets: never an object or an edge
+        seen = mask if opts.ignore_index is None else \
+            np.where(mask == opts.ignore_index, 0, mask).astype(mask.dtype)
+        for t in opts.targets:
+            values[t.name] = t.compute(seen, item.rel)  # a failing user target is a bug: raises
     values["mask"] = encode_mask_png(mask) if opts.mask_store == "png" else mask
-    values[MASK_MAX_KEY] = int(mask.max()) if mask.size else 0
+    values[MASK_MAX_KEY] = max(top, 0)
     return None
 
 

@@ -8,6 +8,8 @@ field) and its key.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class FeedpipeError(Exception):
     """Base class for all errors raised by feedpipe."""
@@ -19,6 +21,34 @@ class FeedpipeError(Exception):
 
     def __str__(self) -> str:  # not KeyError's repr() for the classes that are also KeyErrors
         return str(self.args[0]) if self.args else ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled with its attributes, notes and cause (see :func:`_portable`), so an error
+        from a worker process keeps them all."""
+        return _rebuild, (type(self), self.args, self.__dict__, _portable(self.__cause__))
+
+
+def _rebuild(cls: type[FeedpipeError], args: tuple[Any, ...], state: dict[str, Any],
+             cause: BaseException | None) -> FeedpipeError:
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    exc.__cause__ = cause
+    return exc
+
+
+_PLAIN = (str, bytes, int, float, bool, type(None))
+
+
+def _portable(cause: BaseException | None) -> BaseException | None:
+    """A cause that crosses a process boundary as itself: a feedpipe error, or a builtin
+    exception of plain arguments (rebuilt from them); any other (a user's class, which may hold
+    anything or not rebuild from its arguments) as a RuntimeError naming its type and message."""
+    if cause is None or isinstance(cause, FeedpipeError):
+        return cause
+    if type(cause).__module__ == "builtins" and all(isinstance(a, _PLAIN) for a in cause.args):
+        return cause
+    return RuntimeError(f"{type(cause).__module__}.{type(cause).__qualname__}: {cause}")
 
 
 class ConfigError(FeedpipeError, ValueError):

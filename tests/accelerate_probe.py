@@ -3,7 +3,8 @@ alone for one process).
 
 usage: accelerate_probe.py CONFIG.json
 CONFIG: data, val, out, run, epochs, batch, accum, stop_after (save_state after this many batches
-of epoch 0, then stop), resume (a save_state directory).
+of epoch 0, then stop), resume (a save_state directory), plain (the loaders through
+accelerator.prepare, not feedpipe.integrations.accelerate.prepare).
 Each rank writes OUT/<run>-rank<r>.json: the sample indices it trained per epoch, the optimizer
 steps per epoch, and what gather_for_metrics returned over the validation loader.
 """
@@ -31,12 +32,17 @@ val = feedpipe.make_loader(cfg["val"], cfg["batch"], num_workers=0, shuffle=Fals
                            sampler=Sampler(uneven="mask"), **kw)
 model = torch.nn.Linear(3, 3)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-model, optimizer, train, val = prepare(accelerator, model, optimizer, train, val)
+if cfg.get("plain"):  # accelerate's own prepare: the loaders come back as they are
+    model, optimizer, train, val = accelerator.prepare(model, optimizer, train, val)
+    loader = train
+else:
+    model, optimizer, train, val = prepare(accelerator, model, optimizer, train, val)
+    loader = train.loader
 if cfg.get("resume"):
     accelerator.load_state(cfg["resume"])
 seen: dict[int, list[int]] = {}
 steps: dict[int, int] = {}
-first = train.loader.position()[0]
+first = loader.position()[0]
 stopped = False
 for epoch in range(first, cfg["epochs"]):
     train.set_epoch(epoch)
@@ -63,4 +69,4 @@ accelerator.wait_for_everyone()  # no rank tears the process group down while on
 accelerator.end_training()
 (out / f"{cfg['run']}-rank{accelerator.process_index}.json").write_text(json.dumps(
     {"seen": seen, "steps": steps, "gathered": gathered, "len": len(train),
-     "world": accelerator.num_processes, "logged": train.epochs_logged}))
+     "world": accelerator.num_processes, "logged": getattr(train, "epochs_logged", None)}))

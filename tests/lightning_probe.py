@@ -2,7 +2,8 @@
 
 usage: lightning_probe.py CONFIG.json
 CONFIG: data, val, out, devices, epochs, batch, workers, every (checkpoint every n train steps),
-kill_at (global step at which every rank SIGKILLs itself), resume (a checkpoint path).
+kill_at (global step at which every rank SIGKILLs itself), resume (a checkpoint path),
+save_after (trainer.save_checkpoint to OUT/<run>-after-fit.ckpt once fit has returned).
 Each rank appends one JSON line per trained batch to OUT/seen-<run>-rank<r>.jsonl
 ({"epoch", "batch_idx", "index": [...]}) and rank 0 writes OUT/<run>-metrics.json.
 """
@@ -67,6 +68,8 @@ trainer = pl.Trainer(accelerator="cpu", devices=cfg["devices"],
                      log_every_n_steps=1)
 model = Model()
 trainer.fit(model, datamodule=dm, ckpt_path=cfg.get("resume"))
+if cfg.get("save_after"):  # a checkpoint taken once fit is over
+    trainer.save_checkpoint(out / f"{run}-after-fit.ckpt")
 metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
 validated = trainer.validate(model, datamodule=dm, verbose=False)[0]
 if trainer.global_rank == 0:

@@ -80,9 +80,10 @@ def apply(m: np.ndarray, pts: np.ndarray) -> np.ndarray:
 
 
 @st.composite
-def geometries(draw: st.DrawFn, max_side: int = 400) -> tuple[Geometry, np.ndarray, int, int]:
-    """A crop box, output size, flip and affine parameters; the Geometry the loader carries and
-    the reference source → output matrix."""
+def geometries(draw: st.DrawFn, max_side: int = 400
+               ) -> tuple[Geometry, np.ndarray, int, int, np.ndarray]:
+    """A crop box, output size, flip and affine parameters; the Geometry the loader carries, the
+    reference source → output matrix, and the source → canvas matrix before the affine."""
     h, w = draw(st.integers(2, max_side)), draw(st.integers(2, max_side))
     ch, cw = draw(st.integers(1, h)), draw(st.integers(1, w))
     top, left = draw(st.integers(0, h - ch)), draw(st.integers(0, w - cw))
@@ -92,14 +93,15 @@ def geometries(draw: st.DrawFn, max_side: int = 400) -> tuple[Geometry, np.ndarr
     s = draw(st.floats(0.25, 4))
     shx, shy = draw(st.floats(-45, 45)), draw(st.floats(-45, 45))
     m = affine_matrix(angle, (tx, ty), s, (shx, shy), (ow / 2, oh / 2))
-    ref = tv_affine(angle, tx, ty, s, shx, shy, oh, ow) @ matrix(top, left, ch, cw, flip, oh, ow)
-    return Geometry(top, left, ch, cw, flip, affine=m), ref, oh, ow
+    crop = matrix(top, left, ch, cw, flip, oh, ow)
+    ref = tv_affine(angle, tx, ty, s, shx, shy, oh, ow) @ crop
+    return Geometry(top, left, ch, cw, flip, affine=m), ref, oh, ow, crop
 
 
 @settings(max_examples=300, deadline=None)
 @given(geo=geometries(), seed=st.integers(0, 2**32 - 1))
 def test_keypoints_match_reference(geo: tuple, seed: int) -> None:
-    g, ref, oh, ow = geo
+    g, ref, oh, ow, crop = geo
     rng = np.random.default_rng(seed)
     pts = np.stack([rng.uniform(-20, 420, 6), rng.uniform(-20, 420, 6)], 1).astype(np.float32)
     c = Collector(KeypointsField("kp", shape=pts.shape), 1, (oh, ow), "pad", 0.0)
@@ -108,9 +110,12 @@ def test_keypoints_match_reference(geo: tuple, seed: int) -> None:
     want = apply(ref, pts.astype(np.float64))
     tol = 1e-4 + 2e-6 * np.abs(want).max()  # float32 results
     np.testing.assert_allclose(got["kp"][0].numpy(), want, rtol=0, atol=tol)
-    x, y = want[:, 0], want[:, 1]
-    vis = (x >= 0) & (x <= ow) & (y >= 0) & (y <= oh)
-    edge = np.minimum.reduce([abs(x), abs(x - ow), abs(y), abs(y - oh)]) < 10 * tol
+    # visible: in the crop (the canvas before the affine) and in the output after it
+    vis, edge = np.ones(len(pts), bool), np.zeros(len(pts), bool)
+    for q, t in ((apply(crop, pts.astype(np.float64)), 1e-6 * max(oh, ow, 400)), (want, tol)):
+        x, y = q[:, 0], q[:, 1]
+        vis &= (x >= 0) & (x <= ow) & (y >= 0) & (y <= oh)
+        edge |= np.minimum.reduce([abs(x), abs(x - ow), abs(y), abs(y - oh)]) < 10 * t
     assert (got["kp_visible"][0].numpy() == vis)[~edge].all()
 
 
@@ -131,7 +136,7 @@ def test_a_sample_without_affine_keeps_its_points_beside_one_with() -> None:
 def test_boxes_match_reference(geo: tuple, seed: int, thr: float, n: int) -> None:
     """Each box's four corners through the map, their enclosing box, clipped; dropped when less
     than ``min_box_fraction`` of that box stays in the output."""
-    g, ref, oh, ow = geo
+    g, ref, oh, ow, _ = geo
     rng = np.random.default_rng(seed)
     xy = rng.uniform(-10, 410, (n, 2))
     boxes = np.concatenate([xy, xy + rng.uniform(0, 200, (n, 2))], 1).astype(np.float32)
@@ -318,6 +323,32 @@ def test_masks_aligned_with_the_image_and_labels_with_the_plan(seg: Path) -> Non
             kp = reader.get_batch([number * 8 + pos])[0]["kp"]
             np.testing.assert_allclose(b["kp"][pos].numpy(), apply(ref, kp), atol=1e-3)
     assert compared > 0.3 * 24 * 48 * 56 and rotated > 12
+
+
+def test_landmarks_the_crop_left_out_stay_invisible_under_a_rotation(tmp_path: Path) -> None:
+    """random-resized crops rotated by 30 degrees: a landmark outside the crop that the rotation
+    brings back onto the output lands on fill, and is marked invisible; every visible one lies
+    on the image (grey pixels; the fill is magenta: its share of a pixel is (R - G) / 255)."""
+    rng = np.random.default_rng(7)
+    schema = Schema((ImageField("image", "raw", (60, 80, 3)), KeypointsField("kp", shape=(40, 2))))
+    samples = [{"image": np.repeat(rng.integers(40, 200, (60, 80, 1), np.uint8), 3, axis=2),
+                "kp": np.stack([rng.uniform(0, 80, 40), rng.uniform(0, 60, 40)], 1).astype(
+                    np.float32)} for _ in range(32)]
+    path = write_dataset("lmdb", tmp_path / "kp", samples, schema)
+    ld = affine_loader(path, RandomAffine(degrees=(30, 30), fill=(255, 0, 255)), size=(32, 32),
+                       crop=feedpipe.RandomResizedCrop(scale=(0.1, 0.4)), fields=["image", "kp"])
+    onto, visible = 0, 0
+    for b in epoch(ld):
+        img = b["image"].permute(0, 2, 3, 1).numpy().astype(int)
+        kp, vis = b["kp"].numpy(), b["kp_visible"].numpy()
+        inside = (kp[..., 0] >= 0) & (kp[..., 0] < 32) & (kp[..., 1] >= 0) & (kp[..., 1] < 32)
+        n, k = np.nonzero(inside)
+        px = img[n, kp[n, k, 1].astype(int), kp[n, k, 0].astype(int)]
+        fill = (px[:, 0] - px[:, 1]) / 255
+        assert (fill[vis[n, k]] < 0.75).all()  # (a point on the crop's edge: a blended pixel)
+        onto += int((fill[~vis[n, k]] > 0.99).sum())  # left out, brought back onto the output
+        visible += int(vis.sum())
+    assert onto > 20 and visible > 100
 
 
 def test_identity_parameters_leave_the_loader_as_it_was(seg: Path) -> None:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 from fp_helpers import cli_main
 
-from converters import convert
+from converters import LabelColumns, convert
 from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import PREFETCH_DECODE
@@ -157,6 +158,51 @@ def test_encoded_vs_raw(packed, photo_dir, tmp_path):
     assert only(check_dataset(dataclasses.replace(raw, ram_bytes=16 * GiB))).severity == "ok"
     big = only(check_dataset(dataclasses.replace(raw, ram_bytes=raw.total_bytes)))
     assert big.severity == "medium" and "RAM" in big.title
+
+
+def test_no_raw_advice_where_convert_refuses_it(photo_dir, tmp_path):
+    """A dataset with keypoints or boxes: `--store raw --resize` is refused by convert (their
+    coordinates refer to the source images), so doctor names why instead of advising it."""
+    (tmp_path / "img").mkdir()
+    for p in sorted(photo_dir.rglob("*.jpg"))[:8]:
+        shutil.copy(p, tmp_path / "img" / f"{p.parent.name}-{p.name}")
+    manifest = tmp_path / "kp.jsonl"
+    manifest.write_text("".join(json.dumps({"path": f"img/{p.name}", "kp": [[10, 12], [40, 30]]})
+                                + "\n" for p in sorted((tmp_path / "img").iterdir())))
+    convert(manifest, tmp_path / "kp", to="lmdb", workers=0,
+            columns=LabelColumns(keypoints="kp"))
+    facts = dataclasses.replace(dataset_facts(tmp_path / "kp"), ram_bytes=16 * GiB)
+    found = only(check_dataset(facts))
+    assert "--store raw" not in found.fix + found.title and "--resize" in found.title
+    assert "kp" in found.title and found.severity == "info" and facts.codec == "jpeg"
+    with pytest.raises(ConfigError, match="resize"):  # what that advice would have met
+        convert(manifest, tmp_path / "raw", to="lmdb", workers=0, store="raw", resize=32,
+                columns=LabelColumns(keypoints="kp"))
+
+
+def test_a_time_series_gets_no_image_advice(tmp_path, capsys):
+    """No image field: no JPEG decoder check, no "None images", no image bench (it would refuse
+    the dataset and fail the run); the rest of the checks run and the run exits 0."""
+    rows = "".join(f"{k * 0.5},{k % 7},{-k}\n" for k in range(200))
+    (tmp_path / "s.csv").write_text("a,b,c\n" + rows)
+    rc, _, err = cli_main(capsys, "convert", tmp_path / "s.csv", "--columns", "a,b,c",
+                          "--dtype", "float32", "--series", "--to", "lmdb", "-o",
+                          tmp_path / "ts", "-q")
+    assert rc == 0, err
+    rep = run_doctor(tmp_path / "ts", batches=2, batch_size=16, size=64, env={})
+    assert rep.exit_code == 0 and not any(f.severity == "error" for f in rep.findings)
+    checks = {f.check for f in rep.findings}
+    assert "decoder" not in checks and {"cores", "shm", "dataset", "bench"} <= checks
+    text = " ".join(f"{f.title} {f.fix}" for f in rep.findings)
+    assert "None" not in text and "JPEG" not in text and "--store raw" not in text
+    assert "ring" not in only([f for f in rep.findings if f.check == "shm"]).title  # (no ring)
+    assert only(check_shm(None, batch_size=16, size=64, workers=2, images=False)).severity == \
+        "high"
+    assert only([f for f in rep.findings if f.check == "dataset"]).title.endswith(
+        "no images, 0.00 GiB")
+    bench = only([f for f in rep.findings if f.check == "bench"])
+    assert bench.severity == "info" and "StallMeter" in bench.fix and rep.bench is None
+    assert "loading scales" in only(check_cores(1, 4, None, images=False)).gain
 
 
 def test_hdf5_compression_small_shards_network_fs(packed, photo_dir, tmp_path):

@@ -123,3 +123,23 @@ def test_bad_states_are_refused_by_name(packed):
         ld.load_state_dict({**good, "order": {**good["order"], "window": 0}})
     with pytest.raises(feedpipe.errors.ConfigError, match="missing"):
         ld.load_state_dict({"seed": 11})
+
+
+@pytest.mark.parametrize("uneven", ["pad", "mask"])
+def test_a_tampered_position_is_refused(packed, uneven):
+    """A state whose batch count is past its epoch's plan (the epoch would yield nothing and
+    count as done), or whose two counts of one position disagree (1 batch of 8 but 24 samples:
+    16 samples would be read twice), is refused before the loader's position changes."""
+    ld = feedpipe.make_loader(packed["lmdb"], 8, fields=["path"], sampler=Sampler(uneven=uneven),
+                              **KW)
+    seen, good = take([ld], 0, batches=3)
+    assert (good["batches"], good["samples"]) == (3, 24)
+    for bad, match in (({"batches": 10**12}, r"'batches'=1000000000000 is past the end of "
+                        r"epoch 0: its plan here has 9 batches"),
+                       ({"batches": 1}, r"'batches'=1 and 'samples'=24 disagree: 1 batches "
+                        r"of 8 on 1 rank\(s\) read 8 samples"),
+                       ({"samples": 16}, "disagree")):
+        with pytest.raises(feedpipe.errors.ConfigError, match=match):
+            ld.load_state_dict({**good, **bad})
+    rest = resume([ld], good)  # refused states left it as it was: the good one still resumes
+    assert len(rest) == 72 - 24 and not set(rest) & set(seen)

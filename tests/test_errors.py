@@ -5,7 +5,9 @@ datasets at once instead of spinning."""
 from __future__ import annotations
 
 import json
+import multiprocessing.reduction as reduction
 import subprocess
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +29,7 @@ from feedpipe.errors import (
     EmptyDatasetError,
     FeedpipeError,
     MissingFieldError,
+    TransformError,
 )
 from feedpipe.loader.sampler import World
 from feedpipe.schema.fields import ImageField, JsonField, LabelField
@@ -222,3 +225,32 @@ def test_cli_speaks_flags_from_the_option_not_the_text():
     # another option's spelling is not guessed at, nor an option without a flag
     assert speak_cli("seed=-1: use seed=0", None, flags) == "seed=-1: use seed=0"
     assert speak_cli("cuda_sync=1: no", "cuda_sync", flags) == "cuda_sync=1: no"
+
+
+class _UsersOwn(Exception):
+    def __init__(self, a: int, b: int) -> None:  # does not rebuild from its args
+        super().__init__(f"{a}/{b}")
+        self.lock = threading.Lock()  # nor pickle
+
+
+def test_an_error_crossing_processes_keeps_its_attributes_notes_and_cause():
+    """What a loader worker sends: attributes and notes as they are; a builtin cause as itself,
+    a user's class as a RuntimeError naming it (it may neither pickle nor rebuild)."""
+    for cause, want in ((KeyError("my bug"), KeyError("my bug")),
+                        (_UsersOwn(1, 2), RuntimeError(f"{__name__}._UsersOwn: 1/2"))):
+        try:
+            try:
+                raise cause
+            except Exception as exc:
+                raise TransformError("boom", dataset="ds", file="a.jpg", key="7") from exc
+        except TransformError as exc:
+            exc.add_note("worker traceback")
+            sent = reduction.ForkingPickler.dumps(exc)
+        got = reduction.ForkingPickler.loads(sent)
+        assert type(got) is TransformError and str(got) == "boom"
+        assert (got.dataset, got.file, got.key, got.__notes__) == ("ds", "a.jpg", "7",
+                                                                   ["worker traceback"])
+        assert type(got.__cause__) is type(want) and got.__cause__.args == want.args
+    opt = reduction.ForkingPickler.loads(reduction.ForkingPickler.dumps(
+        ConfigError("size=0: use a positive size", option="size")))
+    assert opt.option == "size" and isinstance(opt, ValueError)

@@ -236,6 +236,44 @@ def test_manifest_columns_cli(tmp_path: Path) -> None:
         assert s["meta"] == {"bbox": "[1, 2, 3, 4]"}
 
 
+def test_keypoints_that_are_not_pixels_of_their_image_are_warned_by_file(tmp_path: Path) -> None:
+    """Normalized keypoints (all in [0, 1]) and keypoints mostly outside their image convert
+    with a warning naming the files (also kept in the manifest); points stored invisible (COCO's
+    0, 0, 0) count for neither, and good rows warn of nothing."""
+    src = make_photos(tmp_path / "img", 6, size=(64, 48), classes=1, seed=1)
+    cells = [[[10, 12, 2], [40, 12, 2], [0, 0, 0]],  # good, with an unlabelled point at 0, 0
+             [[0.1, 0.2, 2], [0.5, 0.45, 2], [0, 0, 0]],  # normalized
+             [[0.3, 0.9, 1], [0.7, 0.1, 2], [0, 0, 0]],  # normalized
+             [[10, 200, 2], [300, 5, 2], [20, 20, 2]],  # 2 of 3 outside a ~64x48 image
+             [[30, 20, 2], [31, 21, 2], [0, 0, 0]],  # good
+             [[0, 0, 0], [0, 0, 0], [0, 0, 0]]]  # nothing labelled: nothing to judge
+    paths = [p.relative_to(tmp_path).as_posix() for p in sorted(src.rglob("*.jpg"))]
+    manifest = tmp_path / "m.jsonl"
+    manifest.write_text("".join(json.dumps({"path": p, "kp": c}) + "\n"
+                                for p, c in zip(paths, cells)))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        res = convert(manifest, tmp_path / "out", to="lmdb", workers=0,
+                      columns=LabelColumns(keypoints="kp"))
+    assert res.written == 6
+    said = [str(w.message) for w in got if "keypoints 'kp'" in str(w.message)]
+    assert len(said) == 2
+    unit = next(m for m in said if "[0, 1]" in m)
+    assert "2 of 6 samples" in unit and paths[1] in unit and paths[2] in unit
+    assert "normalized" in unit and paths[0] not in unit
+    out = next(m for m in said if "outside" in m)
+    assert "1 of 6 samples" in out and f"{paths[3]} (" in out and ": 2 of 3)" in out
+    assert feedpipe.open_dataset(tmp_path / "out").manifest.conversion[
+        "keypoint_warnings"] == said
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(json.dumps({"path": p, "kp": cells[0]}) + "\n" for p in paths))
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        convert(good, tmp_path / "good", to="lmdb", workers=0,
+                columns=LabelColumns(keypoints="kp"))
+    assert not [w for w in got if "keypoints" in str(w.message)]
+
+
 def test_resize_refused_with_geometric_columns(tmp_path: Path) -> None:
     manifest, _ = write_manifest(tmp_path)
     with pytest.raises(ConfigError, match="resize"), pytest.warns(UserWarning, match="bbox"):

@@ -188,8 +188,9 @@ def test_on_error(tmp_path, workers):
         list(feedpipe.make_loader(root, 8, **kw))
     msg = str(exc.value)
     assert str(root) in msg and "key 000000007" in msg
-    if workers:
-        assert "DataLoader worker" in msg  # the worker traceback is kept (an error in a worker)
+    assert exc.value.key == "000000007" and exc.value.dataset == root  # also from a worker
+    if workers:  # the worker's traceback is kept, as a note
+        assert "DataLoader worker" in "".join(exc.value.__notes__)
     ld = feedpipe.make_loader(root, 8, workers=Workers(on_error="skip"), **kw)
     with pytest.warns(UserWarning, match="skipped 2 corrupt"):
         batches = list(ld)

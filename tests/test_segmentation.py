@@ -39,7 +39,7 @@ from converters import convert, make_boundary, make_distance_map
 from converters.synth import make_segmentation
 from converters.targets import boundary, distance_map
 from feedpipe import Output
-from feedpipe.dataset.manifest import Manifest
+from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest
 from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.schema.masks import MaskField, TargetField
 
@@ -668,3 +668,117 @@ def test_fields_without_image_follow_the_same_geometry(png_packed, jpg_packed):
 def test_variable_size_masks_need_a_size(jpg_packed):
     with pytest.raises(ConfigError, match="size"):
         feedpipe.make_loader(jpg_packed["lmdb"], 4, fields=["mask"], num_workers=0, **U8)
+
+
+# --- lossy masks and a void band ------------------------------------------------------------
+
+def _void_band_pairs(root: Path, n: int = 3) -> tuple[Path, Path, list[np.ndarray]]:
+    """VOC-style pairs: classes 0..3 as rectangles, each outlined by a 2-px band of 255 ("void",
+    no class), 48×40 PNG masks beside JPEG images painted from the classes."""
+    images, masks = root / "im", root / "mk"
+    images.mkdir(parents=True)
+    masks.mkdir()
+    out = []
+    for k in range(n):
+        m = np.zeros((40, 48), np.uint8)
+        for j, cls in enumerate((1, 2, 3)):
+            top, left = 4 + 11 * j, 4 + 6 * k + 8 * j
+            m[top - 2: top + 9, left - 2: left + 14] = 255  # the band around the object
+            m[top: top + 7, left: left + 10] = cls
+        Image.fromarray(paint(np.where(m == 255, 0, m))).save(images / f"s{k}.jpg", quality=95)
+        Image.fromarray(m).save(masks / f"s{k}.png")
+        out.append(m)
+    return images, masks, out
+
+
+def test_jpeg_masks_are_skipped_by_name(tmp_path):
+    """A mask saved as JPEG: its artefacts would become classes (the largest index grows past
+    the classes drawn); every lossy mask is skipped with a reason naming it, so num_classes
+    counts only what the lossless masks hold."""
+    images, masks, drawn = _void_band_pairs(tmp_path)
+    (masks / "s1.png").unlink()
+    clean = np.where(drawn[1] == 255, 0, drawn[1])
+    Image.fromarray(clean).save(masks / "s1.jpg", quality=75)  # classes 0..3, JPEG-compressed
+    assert int(np.asarray(Image.open(masks / "s1.jpg")).max()) > 3  # the artefacts are there
+    Image.fromarray(clean).save(masks / "s2.png")
+    (masks / "s0.png").unlink()
+    (masks / "s0.webp").write_bytes(_lossy_webp(clean))
+    res = convert(images, tmp_path / "o", to="lmdb", workers=0, masks=masks)
+    reasons = {s["path"]: s["reason"] for s in res.skipped}
+    assert set(reasons) == {"s0.jpg", "s1.jpg"} and res.written == 1
+    assert "mask s1.jpg" in reasons["s1.jpg"] and "JPEG" in reasons["s1.jpg"]
+    assert "mask s0.webp" in reasons["s0.jpg"] and "lossy WebP" in reasons["s0.jpg"]
+    assert all("lossless" in r for r in reasons.values())
+    assert feedpipe.open_dataset(tmp_path / "o").schema["mask"].num_classes == 4
+    # colour masks too: a JPEG colour mask is skipped by name, not counted into the palette
+    rgb = tmp_path / "rgb"
+    rgb.mkdir()
+    for k, m in enumerate(drawn):
+        Image.fromarray(paint(np.where(m == 255, 0, m))).save(
+            rgb / f"s{k}.jpg" if k == 0 else rgb / f"s{k}.png", quality=75)
+    res = convert(images, tmp_path / "c", to="lmdb", workers=0, masks=rgb, mask_palette="auto")
+    assert [s["path"] for s in res.skipped] == ["s0.jpg"] and "JPEG" in res.skipped[0]["reason"]
+    assert res.mask_palette is not None and len(res.mask_palette) == 4
+
+
+def _lossy_webp(mask: np.ndarray) -> bytes:
+    import io
+
+    buf = io.BytesIO()
+    Image.fromarray(mask).save(buf, "WEBP", quality=70)
+    return buf.getvalue()
+
+
+def test_ignore_index_keeps_void_out_of_classes_and_targets(tmp_path, capsys):
+    """--ignore-index 255: num_classes counts 0..3 (not 256), --num-classes 4 accepts the masks,
+    the targets see the void band as background (no object, no boundary inside it), the manifest
+    records it and the loader carries it; the stored masks keep their 255s."""
+    images, masks, drawn = _void_band_pairs(tmp_path)
+    targets = [make_distance_map(), make_boundary()]
+    rc, _, err = cli_main(capsys, "convert", images, "--to", "lmdb", "-o", tmp_path / "strict",
+                          "--masks", masks, "--num-classes", "4", "--workers", "0", "-q")
+    assert rc != 0 and "255 >= num_classes 4" in err and "--ignore-index 255" in err
+    for out, kw in (("auto", {}), ("given", {"num_classes": 4})):
+        res = convert(images, tmp_path / out, to="lmdb", workers=0, masks=masks, targets=targets,
+                      ignore_index=255, **kw)
+        assert res.written == 3 and not res.skipped
+        field = feedpipe.open_dataset(tmp_path / out).schema["mask"]
+        assert (field.num_classes, field.ignore_index) == (4, 255)
+    recorded = json.loads((tmp_path / "auto" / MANIFEST_NAME).read_text())
+    assert any(f.get("ignore_index") == 255 for f in recorded["schema"])
+    ds = feedpipe.open_dataset(tmp_path / "auto")
+    for s, m in zip(ds, drawn):
+        assert np.array_equal(s["mask"], m)  # stored as it came, void and all
+        background = np.where(m == 255, 0, m)
+        assert_f16_close(s["distance_map"], distance_map(background))
+        assert np.array_equal(s["boundary"], boundary(background))
+        assert not s["boundary"][m == 255].any()  # the band is never a boundary
+        assert (s["distance_map"][m == 255] > 0).all()  # nor an object (outside: positive)
+    rc, out, _ = cli_main(capsys, "info", tmp_path / "auto")
+    assert rc == 0 and "4 classes, ignore index 255" in out
+    ld = feedpipe.make_loader(tmp_path / "auto", 3, size=(40, 48), crop="resize", shuffle=False,
+                              fields=["image", "mask"], num_workers=0, **U8)
+    assert ld.ignore_index == 255
+    (batch,) = list(ld)
+    assert np.array_equal(batch["mask"].numpy(), np.stack(drawn))
+    loss = torch.nn.functional.cross_entropy(  # what it is for: void pixels add nothing
+        torch.zeros(3, 4, 40, 48), batch["mask"].long(), ignore_index=ld.ignore_index)
+    assert torch.isfinite(loss)
+    plain = feedpipe.make_loader(jpg_packed_free(tmp_path), 1, size=8, fields=["mask"],
+                                 num_workers=0, **U8)
+    assert plain.ignore_index is None
+    with pytest.raises(ConfigError, match="ignore_index"):
+        convert(images, tmp_path / "no-masks", to="lmdb", workers=0, ignore_index=255)
+    with pytest.raises(ConfigError, match="ignore_index=256"):
+        convert(images, tmp_path / "wide", to="lmdb", workers=0, masks=masks, ignore_index=256)
+    (tmp_path / "t.csv").write_text("a,b\n1,2\n")  # a table: the option is named, not dropped
+    rc, _, err = cli_main(capsys, "convert", tmp_path / "t.csv", "--to", "lmdb", "-o",
+                          tmp_path / "t", "--ignore-index", "255", "-q")
+    assert rc == 2 and "--ignore-index" in err
+
+
+def jpg_packed_free(tmp_path: Path) -> Path:
+    """A small mask dataset converted without ignore_index."""
+    images, masks, _ = _void_band_pairs(tmp_path / "plain", 1)
+    convert(images, tmp_path / "plain" / "o", to="lmdb", workers=0, masks=masks)
+    return tmp_path / "plain" / "o"

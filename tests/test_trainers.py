@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import N_ODD
 from fp_helpers import free_port
 
@@ -57,7 +58,7 @@ def flat(rows) -> list[int]:
 
 def test_lightning_fit_and_validate(odd, tmp_path):
     probe("lightning", {"data": str(odd["lmdb"]), "val": str(odd["wds"]), "out": str(tmp_path),
-                        "run": "fit", "devices": 1, "epochs": 3, "batch": 8})
+                        "run": "fit", "devices": 1, "epochs": 3, "batch": 8, "save_after": True})
     seen = lightning_seen(tmp_path, "fit")
     orders = [flat(sorted(seen[e])) for e in range(3)]
     assert all(sorted(o) == EVERY for o in orders)  # every sample once an epoch
@@ -68,6 +69,10 @@ def test_lightning_fit_and_validate(odd, tmp_path):
     assert 0 <= metrics["feedpipe/data_wait_share"] <= 1 and metrics["feedpipe/samples_per_s"] > 0
     logged = (tmp_path / "logs-fit").rglob("metrics.csv")
     assert any("feedpipe/data_wait_share" in p.read_text().splitlines()[0] for p in logged)
+    # trainer.save_checkpoint once fit is over: the loader's position is the next epoch's start
+    ckpt = torch.load(tmp_path / "fit-after-fit.ckpt", weights_only=False)
+    (state,) = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert (state["epoch"], state["batches"], state["samples"]) == (3, 0, 0)
 
 
 @pytest.mark.heavy
@@ -112,6 +117,21 @@ def test_accelerate_gathers_exactly_and_flushes_the_last_batch(odd, tmp_path):
         assert sorted(i for r in ranks for i in r["seen"][epoch]) == EVERY
     assert ranks[0]["logged"] == 2  # the data-wait share went to the tracker each epoch
     assert list((tmp_path / "tb").rglob("events.out.tfevents.*"))
+
+
+def test_plain_accelerator_prepare_gathers_exactly(odd, tmp_path):
+    """The loaders through accelerate's own prepare (which returns them as they are): the loader
+    joins accelerate's gradient state while it runs, so gather_for_metrics still drops the
+    padding of Sampler(uneven="mask") (103 samples, not 8 x 8 x 2 = 128) and accumulation still
+    steps on the last batch."""
+    probe("accelerate", {"data": str(odd["lmdb"]), "val": str(odd["wds"]), "out": str(tmp_path),
+                         "run": "plain", "epochs": 1, "batch": 8, "accum": 4, "plain": True},
+          nproc=2)
+    ranks = accelerate_runs(tmp_path, "plain")
+    assert [r["world"] for r in ranks] == [2, 2]
+    for r in ranks:
+        assert len(r["gathered"]) == N_ODD and sorted(r["gathered"]) == EVERY
+        assert r["steps"] == {"0": 2}
 
 
 @pytest.mark.heavy

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 import torch
 from conftest import N_PHOTOS
+from test_writers import write_dataset
 
 import feedpipe
 from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError, TransformError
 from feedpipe.loader.memory import FEED_DEPTH
+from feedpipe.schema import ImageField, KeypointsField, Schema
 
 KW = dict(size=24, seed=3, device="cpu", crop="random_resized_crop", flip=True,
           output=Output(dtype="uint8"))
@@ -77,19 +79,63 @@ def test_returned_values_and_in_place_edits(packed):
             assert (b["label"] == 7).all()
 
 
-@pytest.mark.parametrize("on_error", ["raise", "skip"])
-def test_an_error_names_the_sample_and_is_never_skipped(packed, on_error):
+@pytest.mark.parametrize("on_error,workers", [("raise", 0), ("skip", 0), ("raise", 2)])
+def test_an_error_names_the_sample_and_is_never_skipped(packed, on_error, workers):
+    """Named by key and source file, the user's exception its cause: also from a worker process
+    (where DataLoader alone would re-raise the type and the traceback's text only)."""
     def fails_on_one(sample, rng):
         if int(sample["label"]) == 2 and rng.random() < 2:  # every sample of class 2
             raise KeyError("my bug")
 
-    ld = feedpipe.make_loader(packed["lmdb"], 8, transform=fails_on_one, num_workers=0,
+    ld = feedpipe.make_loader(packed["lmdb"], 8, transform=fails_on_one, num_workers=workers,
                               workers=Workers(on_error=on_error), **KW)
     with pytest.raises(TransformError, match=r"transform failed on sample \d+ \(from .*\.jpg\)"
                        r": KeyError: 'my bug'") as exc:
         list(ld)
-    assert isinstance(exc.value.__cause__, KeyError)
+    err = exc.value
+    assert isinstance(err.__cause__, KeyError) and err.__cause__.args == ("my bug",)
+    assert err.key is not None and f"sample {err.key} (from {err.file})" in str(err)
+    assert str(err.file).endswith(".jpg") and err.dataset == packed["lmdb"]
+    assert int(feedpipe.open_dataset(packed["lmdb"]).get_batch([int(err.key)])[0]["label"]) == 2
+    notes = "".join(getattr(err, "__notes__", []))
+    assert ("DataLoader worker process" in notes and "fails_on_one" in notes) == bool(workers)
     assert ld.skipped == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_key_it_was_not_given_is_refused_with_the_nearest(packed, workers):
+    """A returned key that is no field of the sample (a typo), or one added to the sample in
+    place, is refused by name with the nearest field, never silently dropped."""
+    def typo(sample, rng):
+        return {"imgae": sample["image"] // 2}
+
+    def added(sample, rng):
+        sample["lable"] = sample["label"] + 1
+
+    for fn, name, near in ((typo, "imgae", "image"), (added, "lable", "label")):
+        ld = feedpipe.make_loader(packed["lmdb"], 8, transform=fn, num_workers=workers, **KW)
+        with pytest.raises(TransformError, match=rf"returned '{name}', which is not one of the "
+                           rf"fields it was given \['image', 'label'\] \(did you mean "
+                           rf"'{near}'\?\)") as exc:
+            list(ld)
+        assert exc.value.key is not None
+
+
+def test_a_field_collated_after_it_runs_is_refused(tmp_path):
+    """Keypoints are transformed for the whole batch after transform= runs: returning them is
+    refused (it would be overwritten), pointing to batch_transforms."""
+    schema = Schema((ImageField("image", "raw", (24, 24, 3)), KeypointsField("kp", shape=(2, 2))))
+    rng = np.random.default_rng(0)
+    path = write_dataset("lmdb", tmp_path / "kp", [
+        {"image": rng.integers(0, 255, (24, 24, 3), np.uint8),
+         "kp": rng.uniform(0, 24, (2, 2)).astype(np.float32)} for _ in range(4)], schema)
+
+    def moves_points(sample, rng):
+        return {"kp": torch.zeros(2, 2)}
+
+    with pytest.raises(TransformError, match="returned 'kp': keypoints, boxes.*batch_transforms"):
+        list(feedpipe.make_loader(path, 4, fields=["image", "kp"], transform=moves_points,
+                                  num_workers=0, **KW))
 
 
 def test_a_wrong_shape_or_dtype_is_refused_by_name(packed):

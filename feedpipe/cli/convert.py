@@ -134,6 +134,9 @@ def register(sub: Any) -> None:
                    "(smaller, ~0.4 ms to decode a 500x375 mask)")
     g.add_argument("--mask-dtype", default="uint8", choices=get_args(MaskDtype))
     g.add_argument("--num-classes", type=int, help="classes in the masks (default: max index+1)")
+    g.add_argument("--ignore-index", type=int, metavar="N",
+                   help="a mask value of no class (e.g. 255, VOC's void band): left out of "
+                   "num_classes, background to the targets, recorded for the loader")
     g.add_argument("--targets", help="built-in targets computed from each mask, comma-separated: "
                    "distance_map, boundary")
     g.add_argument("--target", action="append", metavar="NAME=MODULE:FUNCTION",
@@ -203,6 +206,7 @@ def cmd_convert(args: argparse.Namespace) -> int:
                       seed=args.seed, overwrite=args.overwrite, writer_options=writer_options,
                       progress=progress, masks=args.masks, mask_store=args.mask_store,
                       mask_dtype=args.mask_dtype, num_classes=args.num_classes,
+                      ignore_index=args.ignore_index,
                       targets=_targets(args), extra_channels=args.extra_channels,
                       max_pixels=args.max_pixels, max_scans=args.max_scans,
                       max_pixels_per_byte=args.max_pixels_per_byte, layout=args.layout,
@@ -305,6 +309,7 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
     unused = [flag for flag, v in (("--masks", args.masks), ("--targets", args.targets),
                                    ("--target", args.target), ("--split-root", args.split_root),
                                    ("--mask-palette", args.mask_palette),
+                                   ("--ignore-index", args.ignore_index is not None),
                                    ("--labels", args.labels != "auto"),
                                    ("--unlabeled", args.unlabeled != "refuse"),
                                    ("--contained", args.contained)) if v]

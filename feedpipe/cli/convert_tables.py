@@ -18,7 +18,8 @@ _IMAGE_ONLY = (("masks", None), ("targets", None), ("target", None), ("split_roo
                ("mask_palette", None), ("coco", None), ("resize", None), ("store", "passthrough"),
                ("codec", "auto"), ("keypoints_column", None), ("boxes_column", None),
                ("text_column", None), ("array_column", []), ("labels", "auto"),
-               ("unlabeled", "refuse"), ("part", None), ("contained", False))
+               ("unlabeled", "refuse"), ("part", None), ("contained", False),
+               ("ignore_index", None))
 _TABLE_ONLY = ("columns", "dtype", "series", "train_fraction", "block_rows")
 NOTE_ROWS, NOTE_RATIO = 1000, 4  # a table of scalars this long and this much larger on disk: note
 

@@ -45,7 +45,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"classes ({len(m.classes)}): {shown}")
     for f in m.schema:
         if isinstance(f, MaskField):
-            print(f"mask: {f.codec}, {np.dtype(f.dtype)}, {f.num_classes} classes")
+            print(f"mask: {f.codec}, {np.dtype(f.dtype)}, {f.num_classes} classes"
+                  + (f", ignore index {f.ignore_index}" if f.ignore_index is not None else ""))
         elif isinstance(f, TargetField):
             store = np.dtype(f.dtype).name + (f" (value = stored x {f.scale:.6g} + {f.offset:g})"
                                               if f.quantized else "")

@@ -128,8 +128,9 @@ class FeedpipeCallback(pl.Callback):
         lag = self._in_flight(trainer)
         states, mine = list(fit["combined_loader"]), iter(loaders)
         combined = trainer.fit_loop._combined_loader
+        # (`is not None`: a CombinedLoader's truth is its len(), which raises once fit is over)
         stateful = [ld for ld in combined.flattened
-                    if callable(getattr(ld, "state_dict", None))] if combined else []
+                    if callable(getattr(ld, "state_dict", None))] if combined is not None else []
         for k, ld in enumerate(stateful):
             if isinstance(ld, EpochPosition) and k < len(states):
                 states[k] = next(mine).state_dict(in_flight=lag)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 import struct
+import traceback
 import zlib
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal, Sequence
@@ -18,7 +19,13 @@ import numpy as np
 import torch
 
 from ..dataset.registry import DatasetReader
-from ..errors import BadInputError, ConfigError, CorruptRecordError, TransformError
+from ..errors import (
+    BadInputError,
+    ConfigError,
+    CorruptRecordError,
+    FeedpipeError,
+    TransformError,
+)
 from ..schema.fields import ArrayField, Field, ImageField, LabelField
 from ..schema.imaging import (
     DEFAULT_MAX_PIXELS,
@@ -37,6 +44,7 @@ from .transforms import Geometry, ImageOp
 log = logging.getLogger(__name__)
 SKIPPED_KEY = "_feedpipe_skipped"
 FALLBACK_KEY = "_feedpipe_fallback"  # records whose JPEG only Pillow could decode
+ERROR_KEY = "_feedpipe_error"  # a worker's typed error, sent as its batch (see raise_carried)
 _MAX_REFILL = 16
 #: what reading and decoding a damaged record raises (the decoders' own errors, and the typed
 #: errors feedpipe's readers and decoders turn them into). Anything else from a sample, or a
@@ -116,6 +124,26 @@ def _check_fill(op: ImageOp, name: str, dtype: np.dtype) -> None:
         if not info.min <= op.affine.mask_fill <= info.max:
             raise ConfigError(f"affine: mask_fill={op.affine.mask_fill} does not fit field "
                               f"{name!r} ({dtype}, {info.min}..{info.max})", option="affine")
+
+
+def _not_given(name: str, given: list[str], collected: Sequence[str]) -> str:
+    """Why ``transform=`` may not return ``name``: a typo, or a field collated after it runs."""
+    if name in collected:
+        return (f"returned {name!r}: keypoints, boxes, text and padded arrays are transformed "
+                "and collated for the whole batch after transform= runs; change them in "
+                "batch_transforms= instead")
+    near = difflib.get_close_matches(name, given, 1)
+    return (f"returned {name!r}, which is not one of the fields it was given {given}"
+            + (f" (did you mean {near[0]!r}?)" if near else "")
+            + "; it may change those only (load a field with fields= to change it)")
+
+
+def raise_carried(batch: dict[str, Any]) -> None:
+    """Raise the typed error a worker sent in place of a batch (see ``__getitems__``), with its
+    key, file, cause and the worker's traceback (a note)."""
+    exc = batch.get(ERROR_KEY)
+    if exc is not None:
+        raise exc
 
 
 def _at(req: BatchRequest, pos: int, index: int | None) -> int:
@@ -216,6 +244,19 @@ class BatchDataset(torch.utils.data.Dataset):
         return self.__getitems__(BatchRequest([index], 0, index, 0))
 
     def __getitems__(self, request: Sequence[int]) -> dict[str, Any]:
+        try:
+            return self._batch(request)
+        except FeedpipeError as exc:
+            worker = torch.utils.data.get_worker_info()
+            if worker is None:
+                raise
+            # DataLoader re-raises a worker's exception as its type and traceback text only:
+            # key, file and cause would be lost. Sent as the batch, it is raised whole
+            exc.add_note(f"(raised in DataLoader worker process {worker.id}:)\n"
+                         + "".join(traceback.format_exception(exc)).rstrip())
+            return {ERROR_KEY: exc}
+
+    def _batch(self, request: Sequence[int]) -> dict[str, Any]:
         req = request if isinstance(request, BatchRequest) else BatchRequest(request, 0, 0, 0)
         n = len(req)
         out: dict[str, Any] = {}
@@ -346,6 +387,9 @@ class BatchDataset(torch.utils.data.Dataset):
         rngs = self._rngs
         stacked = [c.field.name for c in self.columns if c.shape is not None]
         images = {c.field.name for c in self.columns if isinstance(c.field, ImageField)}
+        listed = [c.field.name for c in self.columns if c.shape is None and not c.collect]
+        given = [*stacked, *listed]  # the sample's keys: all it may return
+        collected = [c.field.name for c in self.columns if c.collect]
 
         def row(name: str, pos: int) -> Any:
             v = out[name][pos]
@@ -353,16 +397,17 @@ class BatchDataset(torch.utils.data.Dataset):
 
         def run(pos: int, index: int) -> None:
             views = {name: row(name, pos) for name in stacked}
-            sample = {**views, **{c.field.name: out[c.field.name][pos] for c in self.columns
-                                  if c.shape is None and not c.collect}}
+            sample = {**views, **{name: out[name][pos] for name in listed}}
             try:
                 got = fn(sample, rngs(seed, epoch, index))  # type: ignore[misc]
                 for name, value in (sample if got is None else got).items():
                     if name in views:
                         if value is not views[name]:
                             _write_back(views[name], value, name)
-                    elif name in out:
+                    elif name in given:
                         out[name][pos] = value
+                    else:
+                        raise ValueError(_not_given(name, given, collected))
             except Exception as exc:
                 source = self.reader.source_of(index)
                 raise TransformError(

@@ -12,7 +12,7 @@ resized to oh×ow maps ``x → (x - left) * ow / w`` and ``y → (y - top) * oh 
 flip then maps ``x → ow - x``, and an affine (``Geometry.affine``) then maps the point through its
 forward matrix; a box's four corners go through it and the box becomes their enclosing
 axis-aligned box. A point is inside the output when ``0 <= x <= ow`` and ``0 <= y <= oh``
-(closed, so a flip never changes it).
+(closed, so a flip never changes it), both before the affine (in the crop) and after it.
 """
 
 from __future__ import annotations
@@ -97,6 +97,11 @@ def _affine(x: np.ndarray, y: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np
                 np.where(moved, g[..., 10] * x + g[..., 11] * y + g[..., 12], y))
 
 
+def _inside(x: np.ndarray, y: np.ndarray, g: np.ndarray) -> np.ndarray:
+    """Points on the output canvas (edges included; ``g``: geometry rows, broadcast)."""
+    return (x >= 0) & (x <= g[..., 6]) & (y >= 0) & (y <= g[..., 5])
+
+
 def _map_x(x: np.ndarray, g: np.ndarray) -> np.ndarray:
     """x in source pixels → output pixels, before any flip (``g``: geometry rows, broadcast)."""
     return (x - g[..., 1]) * (np.where(np.isinf(g[..., 6]), 1.0, g[..., 6] / g[..., 3]))
@@ -150,8 +155,11 @@ class Collector:
         x, y = _map_x(p[..., 0], g), _map_y(p[..., 1], g)
         flip = self.geo[:, 4] > 0
         x = np.where(flip[:, None], self.geo[:, None, 6] - x, x)
+        # in the crop, then in the output: a point the crop left out stays out wherever the
+        # affine moves it (what lands there is fill)
+        visible = _inside(x, y, g)
         x, y = _affine(x, y, g)
-        visible = (x >= 0) & (x <= g[..., 6]) & (y >= 0) & (y <= g[..., 5])
+        visible &= _inside(x, y, g)
         if f.has_visibility:
             visible &= p[..., 2] > 0
         out = np.stack([x, y], axis=-1).astype(np.float32)

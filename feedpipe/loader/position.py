@@ -31,7 +31,7 @@ from .config import LoaderConfig
 from .engine import FeedEngine, Ready
 from .order import SAVED_WITH
 from .sampler import PlanSampler, Segment, World
-from .surface import LoaderBatches, LoaderSampler, batch_as_is
+from .surface import LoaderBatches, LoaderSampler, batch_as_is, in_gradient_state
 
 STATE_KEYS = ("epoch", "batches", "seed", "rank", "world_size", "dataset")  # every state has these
 VALID_KEY, INDEX_KEY = "valid", "index"  # the fields uneven="mask" adds to every batch
@@ -180,6 +180,7 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
         same = world == self.world.size \
             and state.get("batch_size", self.cfg.batch_size) == self.cfg.batch_size \
             and state.get("uneven", self.cfg.uneven) == self.cfg.uneven
+        samples: int | None = None
         if not self.elastic:
             if not same:
                 raise ConfigError(f"state was saved at world_size={world}; this loader has "
@@ -194,12 +195,36 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
                 raise ConfigError(f"state 'samples'={samples} is outside {start}..{length} "
                                   "(start..epoch size)")
             if not same:  # re-deal what the saver's ranks had not read yet
-                seg, batches = Segment(epoch, order, samples), 0
+                seg, batches, samples = Segment(epoch, order, samples), 0, None
             else:  # the saver's own plan, from its next batch
                 seg = Segment(epoch, order, start)
         fresh = seg.start == 0 and seg.order == self.planner.order  # the epoch's own plan
+        resumed = None if fresh or not self.elastic else seg
+        self._check_position(resumed, epoch, batches, samples)
         self._epoch, self._consumed, self._resume_at = epoch, batches, batches
-        self.planner.resumed = None if fresh or not self.elastic else seg
+        self.planner.resumed = resumed
+
+    def _check_position(self, resumed: Segment | None, epoch: int, batches: int,
+                        samples: int | None) -> None:
+        """Refuse a position its plan cannot hold (a state edited, or another loader's): more
+        batches than ``epoch``'s plan (``resumed``) has here, or ``samples`` other than what
+        those batches read (the state's two counts of one position)."""
+        kept, self.planner.resumed = self.planner.resumed, resumed
+        try:
+            count = len(self.planner.plan(epoch))
+            read = self.planner.consumed(epoch, min(batches, count))
+        finally:
+            self.planner.resumed = kept
+        if batches > count:
+            raise ConfigError(f"state 'batches'={batches} is past the end of epoch {epoch}: its "
+                              f"plan here has {count} batches; the state was edited or is "
+                              "another loader's")
+        start = resumed.start if resumed is not None else 0
+        if samples is not None and samples != start + read:
+            raise ConfigError(f"state 'batches'={batches} and 'samples'={samples} disagree: "
+                              f"{batches} batches of {self.cfg.batch_size} on "
+                              f"{self.world.size} rank(s) read {start + read} samples of epoch "
+                              f"{epoch}; the state was edited or is another loader's")
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """One epoch from its first batch (or, once, from where ``load_state_dict`` says)."""
@@ -211,7 +236,8 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
             self._end_epoch(epoch)
             return
         self.engine.start((epoch, start, self._plan_key(epoch)))
-        yield from self._hand_out(epoch, start, count)
+        with in_gradient_state(self):  # accelerate's active dataloader, when it is in use
+            yield from self._hand_out(epoch, start, count)
 
     def _hand_out(self, epoch: int, start: int, count: int) -> Iterator[dict[str, Any]]:
         """Hand out the engine's batches of ``epoch`` from ``start``, counting them; the epoch

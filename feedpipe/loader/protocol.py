@@ -40,8 +40,9 @@ class Loader(Protocol):
         skipped: Records skipped under ``Workers(on_error="skip")``, by name.
     """
 
-    classes: tuple[str, ...]
-    skipped: list[str]
+    classes: tuple[str, ...]       # class names from the manifest; () for unlabeled data
+    ignore_index: int | None       # the mask value of no class (MaskField); None: none recorded
+    skipped: list[str]             # records skipped under on_error="skip", by name
 
     def __iter__(self) -> Iterator[dict[str, Any]]: ...
 

@@ -14,7 +14,9 @@ loader yields whole batches, made in its workers.
 
 from __future__ import annotations
 
+import sys
 import weakref
+from contextlib import contextmanager
 from typing import Any, Iterator, NamedTuple, Protocol
 
 from torch.utils.data import Dataset
@@ -125,3 +127,24 @@ class LoaderBatches(Dataset[Any]):
         raise TypeError("a feedpipe loader yields whole batches made in its workers, not single "
                         "samples: iterate the loader (for one sample's stored fields, use "
                         "feedpipe.open_dataset(path)[index])")
+
+
+@contextmanager
+def in_gradient_state(loader: Any) -> Iterator[None]:
+    """While an epoch is handed out, ``loader`` is accelerate's active dataloader when an
+    ``Accelerator`` exists in this process (its ``GradientState`` is initialized): its
+    ``end_of_dataloader`` and ``remainder`` then make ``gather_for_metrics`` drop the padding of
+    ``uneven="mask"`` and ``accumulate`` step on the epoch's last batch, also for a loader
+    passed through plain ``accelerator.prepare``, which returns it as it is. accelerate is never
+    imported here: without it, nothing happens."""
+    module = sys.modules.get("accelerate.state")
+    cls = getattr(module, "GradientState", None)
+    if cls is None or not getattr(cls, "_shared_state", None):
+        yield
+        return
+    state = cls()
+    state._add_dataloader(loader)
+    try:
+        yield
+    finally:
+        state._remove_dataloader(loader)

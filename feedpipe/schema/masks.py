@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Iterable, Literal
 
 import numpy as np
 
@@ -21,14 +21,17 @@ MaskCodec = Literal["png", "raw"]
 class MaskField(Field):
     """A segmentation mask: H×W class indices (uint8 or uint16), stored lossless as PNG or raw npy.
 
-    ``num_classes`` is recorded at conversion (the largest index seen + 1 unless given); loaders
-    resize masks with nearest-neighbour sampling so indices are never blended.
+    ``num_classes`` is recorded at conversion (the largest index seen + 1 unless given);
+    ``ignore_index`` is a value that marks pixels of no class (VOC's 255 "void" band), left out
+    of ``num_classes`` and of the targets (``loader.ignore_index``, e.g. for ``cross_entropy``).
+    Loaders resize masks with nearest-neighbour sampling so indices are never blended.
     """
 
     codec: MaskCodec = "png"
     dtype: str = "|u1"
     num_classes: int | None = None
     shape: tuple[int, int] | None = None
+    ignore_index: int | None = None
     kind: ClassVar[str] = "mask"
 
     def __post_init__(self) -> None:
@@ -43,6 +46,9 @@ class MaskField(Field):
             object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
             if len(self.shape) != 2:
                 raise ValueError(f"mask shape must be (H, W), got {self.shape}")
+        top = np.iinfo(dt).max
+        if self.ignore_index is not None and not 0 <= self.ignore_index <= top:
+            raise ValueError(f"mask ignore_index {self.ignore_index}: a {dt} value (0..{top})")
 
     @property
     def ext(self) -> str:  # type: ignore[override]
@@ -55,7 +61,8 @@ class MaskField(Field):
     def to_json(self) -> dict[str, Any]:
         return {**super().to_json(), "codec": self.codec, "dtype": self.dtype,
                 "num_classes": self.num_classes,
-                "shape": list(self.shape) if self.shape else None}
+                "shape": list(self.shape) if self.shape else None,
+                **({"ignore_index": self.ignore_index} if self.ignore_index is not None else {})}
 
     def validate(self, value: Any) -> Any:
         if self.codec == "png" and isinstance(value, (bytes, bytearray, memoryview)):
@@ -66,8 +73,9 @@ class MaskField(Field):
                              f"{arr.dtype} {arr.shape}")
         if self.shape and arr.shape != self.shape:
             raise ValueError(f"field {self.name!r}: mask shape {arr.shape} != {self.shape}")
-        if self.num_classes is not None and arr.size and int(arr.max()) >= self.num_classes:
-            raise ValueError(f"field {self.name!r}: mask index {int(arr.max())} >= num_classes "
+        if self.num_classes is not None and \
+                (top := largest_class(arr, self.ignore_index)) >= self.num_classes:
+            raise ValueError(f"field {self.name!r}: mask index {top} >= num_classes "
                              f"{self.num_classes}")
         return encode_mask_png(arr) if self.codec == "png" else np.ascontiguousarray(arr)
 
@@ -95,6 +103,18 @@ class MaskField(Field):
             raise CorruptRecordError(f"{what}: mask PNG holds {arr.dtype}, schema says "
                                      f"{np.dtype(self.dtype)}")
         return arr
+
+
+def ignore_index_of(fields: Iterable[Field]) -> int | None:
+    """The mask field's ``ignore_index`` (what ``loader.ignore_index`` reads); None without one."""
+    return next((f.ignore_index for f in fields if isinstance(f, MaskField)), None)
+
+
+def largest_class(mask: np.ndarray, ignore_index: int | None = None) -> int:
+    """The largest class index in ``mask``, pixels at ``ignore_index`` left out; -1 if none."""
+    if ignore_index is not None:
+        mask = mask[mask != ignore_index]
+    return int(mask.max()) if mask.size else -1
 
 
 @dataclass(frozen=True)

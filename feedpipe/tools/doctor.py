@@ -28,6 +28,7 @@ from ..errors import ConfigError, EmptyDatasetError
 from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.dali.pipeline import dali_package
 from ..loader.memory import SHM_FLOOR, ring_bytes, shm_fits, shm_wanted
+from ..schema.geometric import BoxesField, KeypointsField
 from ..storage import is_remote
 from . import machine
 from .bench import BenchConfig, is_packed, run_bench
@@ -41,16 +42,19 @@ FOLDER_GAIN = ("`feedpipe bench PATH --baseline` measures it on this machine (th
                "does, unless --no-bench)")
 
 
-def check_cores(usable: int, total: int, quota: float | None) -> list[Finding]:
-    """Cores this process may use (affinity / cpuset) and the cgroup CPU quota vs the machine."""
+def check_cores(usable: int, total: int, quota: float | None,
+                images: bool = True) -> list[Finding]:
+    """Cores this process may use (affinity / cpuset) and the cgroup CPU quota vs the machine
+    (``images``: whether the dataset's loading is image decoding)."""
     out = []
     if usable < total:
+        work = "JPEG decoding" if images else "loading"
         out.append(Finding("cores", "high" if usable == 1 else "medium",
                            f"this process may run on {usable} of the machine's {total} cores "
                            "(CPU affinity / cpuset)",
                            "run without taskset / docker --cpuset-cpus limits, or request more "
                            "cores from the scheduler",
-                           f"JPEG decoding scales with cores: up to {total / usable:.1f}x"))
+                           f"{work} scales with cores: up to {total / usable:.1f}x"))
     if quota is not None and quota < usable - 0.5:
         out.append(Finding("cores", "medium",
                            f"cgroup CPU quota is {quota:g} cores but {usable} are visible: "
@@ -64,10 +68,17 @@ def check_cores(usable: int, total: int, quota: float | None) -> list[Finding]:
 
 
 def check_shm(free: int | None, *, batch_size: int, size: int, workers: int,
-              prefetch: int = PREFETCH_DECODE) -> list[Finding]:
-    """/dev/shm against what DataLoader workers need to hand batches over, and the slot ring."""
+              prefetch: int = PREFETCH_DECODE, images: bool = True) -> list[Finding]:
+    """/dev/shm against what DataLoader workers need to hand batches over, and the slot ring
+    (sized for ``size``² images; without images, only whether there is a /dev/shm)."""
     if workers == 0:
         return [Finding("shm", "ok", "no loader workers: /dev/shm is not used")]
+    if not images:
+        if free is None:
+            return [Finding("shm", "high", "/dev/shm is missing: loader workers hand batches "
+                            "over through it", "mount a tmpfs at /dev/shm (docker run "
+                            "--shm-size=1g)", "loading with workers works at all")]
+        return [Finding("shm", "ok", f"/dev/shm has {free / GiB:,.1f} GiB free")]
     batch = batch_size * size * size * 3  # uint8 RGB images: the ring's bulk
     ring = ring_bytes(batch, workers, prefetch)
     want = max(SHM_FLOOR, shm_wanted(ring))
@@ -181,6 +192,8 @@ class DatasetFacts:
     compression: str | None = None
     fs_type: str | None = None
     ram_bytes: int | None = None
+    images: bool = True  # an image field (a time series or a table has none)
+    geometric: tuple[str, ...] = ()  # keypoints / boxes fields (convert refuses --resize with them)
 
 
 def dataset_facts(path: str | os.PathLike[str],
@@ -210,9 +223,10 @@ def _packed_facts(where: str, m: Manifest, fs: str | None, ram: int | None) -> D
                                 f"none (`feedpipe info {where}` lists skipped inputs). "
                                 "Convert a source with readable images.", dataset=where)
     image = m.schema["image"] if "image" in m.schema else None
+    geometric = tuple(f.name for f in m.schema if isinstance(f, (KeypointsField, BoxesField)))
     return DatasetFacts(where, "packed", m.num_samples, sum(f.size for f in m.files), m.format,
                         getattr(image, "codec", None), len(m.files), m.extra.get("compression"),
-                        fs, ram)
+                        fs, ram, image is not None, geometric)
 
 
 def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:
@@ -233,6 +247,12 @@ def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:
                            "pack at the training resolution (--resize), or keep JPEG "
                            "(--store passthrough) and decode with workers",
                            "disk-bound epochs become memory-bound"))
+    elif f.codec not in (None, "raw") and f.geometric:  # raw needs --resize: refused with them
+        out.append(Finding("dataset", "info",
+                           f"{f.format} with {f.codec} images: every sample is decoded at load "
+                           f"time (CPU-bound); raw storage would need --resize, which convert "
+                           f"refuses with {', '.join(f.geometric)} (their coordinates refer to "
+                           "the source images)"))
     elif f.codec not in (None, "raw"):
         raw = f.samples * size * size * 3
         fits = bool(f.ram_bytes) and raw < 0.5 * f.ram_bytes  # type: ignore[operator]
@@ -259,7 +279,8 @@ def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:
                            "throughput and latency depend on the network",
                            "copy the packed dataset to a local disk (or RAM) before training",
                            "local read speed; no network stalls in the batch waits"))
-    return out or [Finding("dataset", "ok", f"packed {f.format}, {f.codec} images, {gb:.2f} GiB")]
+    held = f"{f.codec} images" if f.images else "no images"
+    return out or [Finding("dataset", "ok", f"packed {f.format}, {held}, {gb:.2f} GiB")]
 
 
 def measured_gain(findings: list[Finding], report: Any) -> list[Finding]:
@@ -330,11 +351,13 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
     workers = auto_workers(True, usable)
     remote = path is not None and is_remote(path)
     facts = dataset_facts(path, storage_options) if path is not None else None
+    images = facts is None or facts.images  # no image field: no decoder, no image bench
     checks: list[tuple[str, Callable[[], list[Finding]]]] = [
-        ("cores", lambda: check_cores(usable, m["cores_machine"], m["cgroup_cpu_limit"])),
+        ("cores", lambda: check_cores(usable, m["cores_machine"], m["cgroup_cpu_limit"],
+                                      images)),
         ("shm", lambda: check_shm((m["shm"] or {}).get("free"), batch_size=batch_size, size=size,
-                                  workers=workers)),
-        ("decoder", lambda: check_decoder(m["decoders"])),
+                                  workers=workers, images=images)),
+        *([("decoder", lambda: check_decoder(m["decoders"]))] if images else []),
         ("gpu", lambda: check_gpu(cuda, [g["name"] for g in m["gpus"]], m["libraries"]["dali"],
                                   m["cuda_version"])),
         ("pinned", lambda: check_pinned(cuda, probe_pinned() if cuda else None)),
@@ -346,7 +369,12 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
     if remote:
         checks.append(("network", lambda: check_network(str(path), storage_options, workers)))
     bench_reports: list[Any] = []
-    if facts is not None and bench and remote and facts.format != "wds":
+    if facts is not None and bench and not facts.images:
+        checks.append(("bench", lambda: [Finding(
+            "bench", "info", "no short bench: it measures image loading, and this dataset has "
+            "no images", "time the batch waits in your own loop with "
+            "feedpipe.StallMeter (docs/measure.md)")]))
+    elif facts is not None and bench and remote and facts.format != "wds":
         checks.append(("bench", lambda: [Finding(
             "bench", "info", f"no short bench: a {facts.format} dataset at a URL is fetched whole "
             "before its first batch", f"feedpipe bench {path} (fetches it into the cache)")]))

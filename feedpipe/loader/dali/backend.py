@@ -30,6 +30,7 @@ import torch
 from ...dataset.formats.wds import WdsReader
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError, CorruptRecordError, FeedpipeError, LoaderError
+from ...schema.masks import ignore_index_of
 from ..config import LoaderConfig, auto_workers
 from ..dataset import BatchDataset
 from ..engine import FeedEngine, Position, Ready
@@ -228,6 +229,7 @@ class DaliLoader(EpochPosition):
         self._epoch = self._consumed = 0
         self.skipped: list[str] = []                # always empty: DALI raises, never skips
         self.classes: tuple[str, ...] = reader.classes
+        self.ignore_index: int | None = ignore_index_of(reader.schema)
         self.engine = FeedEngine(self.stream_kind(self), f"feedpipe-dali-{reader.root.name}")
         weakref.finalize(self, self.engine.close)
 

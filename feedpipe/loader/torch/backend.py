@@ -25,9 +25,10 @@ from torch.utils.data import DataLoader
 
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
+from ...schema.masks import ignore_index_of
 from ...workers import single_threaded
 from ..config import LoaderConfig
-from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset
+from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, raise_carried
 from ..engine import FeedEngine, Position, Ready
 from ..labels import RaggedList
 from ..memory import batch_bytes
@@ -113,7 +114,10 @@ class DeviceStage:
     @torch.no_grad()
     def finish(self, batch: dict[str, Any], epoch: int, number: int,
                following: Position) -> Ready:
-        """The batch as the caller gets it, and what the caller's thread still waits on."""
+        """The batch as the caller gets it, and what the caller's thread still waits on; a
+        worker's error it carries is raised (whole: key, file, cause; the engine hands it to the
+        caller's thread)."""
+        raise_carried(batch)
         skipped = batch.pop(SKIPPED_KEY, None)
         fallbacks = batch.pop(FALLBACK_KEY, None)
         notes = (skipped or [], fallbacks or []) if skipped or fallbacks else None
@@ -314,6 +318,7 @@ class TorchLoader(EpochPosition):
         self.skipped: list[str] = []
         self.decoder_fallbacks: list[str] = []  # records whose JPEG only Pillow could decode
         self.classes: tuple[str, ...] = reader.classes
+        self.ignore_index: int | None = ignore_index_of(reader.schema)
 
     def describe(self) -> LoaderView:
         """The resolved settings (see :class:`~feedpipe.loader.protocol.LoaderView`)."""
