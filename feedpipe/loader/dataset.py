@@ -103,7 +103,9 @@ def _write_back(view: torch.Tensor, value: Any, name: str) -> None:
     if t.shape != view.shape or t.dtype != view.dtype:
         raise ValueError(f"returned {name!r} as {t.dtype} {tuple(t.shape)}; the batch holds "
                          f"{view.dtype} {tuple(view.shape)} (images as C×H×W uint8)")
-    view.copy_(t)
+    # numpy's copy: one thread (torch's splits a 224² image over its threads, and in-process,
+    # where they are not limited to one, it waited ~12 ms a sample on a busy 2-core machine)
+    np.copyto(view.numpy(), t.detach().as_subclass(torch.Tensor).numpy())
 
 
 def _boxes_back(moved: Moved, pos: int, name: str, keys: list[str],

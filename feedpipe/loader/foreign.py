@@ -165,13 +165,14 @@ def _image_back(value: Any, hwc: bool) -> torch.Tensor:
         t = t.permute(2, 0, 1)
     elif t.ndim == 2:
         t = t[None]
-    if t.is_floating_point():
-        lo, hi = float(t.min()), float(t.max())
+    if t.is_floating_point():  # (in numpy: one thread, as the rest of a sample's work)
+        a = t.numpy()
+        lo, hi = float(a.min()), float(a.max())
         if lo < 0 or hi > 1:
             raise ValueError(f"returned a float image with values in [{lo:.3g}, {hi:.3g}], not "
                              "[0, 1]: leave normalization out (the loader's Output(mean=, std=) "
                              "normalizes after the transform)")
-        t = t.mul(255).round_().to(torch.uint8)
+        t = torch.from_numpy(np.rint(a * 255).astype(np.uint8))
     return t
 
 
