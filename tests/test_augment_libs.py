@@ -198,6 +198,27 @@ def test_a_flip_moves_masks_keypoints_and_boxes(faces, how):
         assert torch.allclose(b["boxes"][real], mirrored[real], atol=1e-4)
 
 
+def test_a_transform_function_gets_and_changes_keypoints_and_boxes(faces):
+    """The user's own function gets the keypoints and boxes on the canvas: an edit in place
+    lands in the batch, and returned boxes may be fewer, their labels with them."""
+    def edit(sample, rng):
+        sample["landmarks"][:, 0] += 1  # in place
+        return {"boxes": sample["boxes"][1:], "boxes_labels": sample["boxes_labels"][1:]}
+
+    kw = dict(device="cpu", shuffle=False, fields=FACES, output=Output(dtype="uint8"))
+    for workers in (0, 2):
+        for a, b in zip(epoch(faces, num_workers=0, **kw),
+                        epoch(faces, num_workers=workers, transform=edit, **kw)):
+            assert torch.allclose(b["landmarks"][..., 0], a["landmarks"][..., 0] + 1)
+            assert torch.equal(b["boxes_count"], a["boxes_count"] - 1)
+            assert torch.equal(b["boxes"][:, :3], a["boxes"][:, 1:])
+            assert torch.equal(b["boxes_labels"][:, :3], a["boxes_labels"][:, 1:])
+    with pytest.raises(TransformError, match=r"returned 3 boxes in 'boxes' but 4 values in "
+                       r"'boxes_labels'"):
+        list(feedpipe.make_loader(faces, 8, num_workers=0, **kw, transform=lambda s, r: {
+            "boxes": s["boxes"][1:]}))
+
+
 @pytest.mark.parametrize("how", ["albumentations", "kornia"])
 def test_keypoints_stay_on_what_they_mark_under_a_rotation(dots, how):
     """A quarter turn moves each white pixel to another pixel exactly: its landmark must be at
