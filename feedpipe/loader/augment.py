@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import numpy as np
 import torch
 
 from ..errors import ConfigError, FeedpipeError, TransformError
+from ..schema.fields import Field
+from .foreign import batch_step
 from .photometric import Params, from_work, gray, jitter_by_order, jitter_by_position, to_work
 
 Batch = dict[str, Any]
@@ -304,10 +306,10 @@ class CutMix(_Mix):
 
 @dataclass(frozen=True)
 class BatchOps:
-    """Steps run in order on each batch: built-in operations or the user's own ``fn(batch,
-    generator) -> batch`` (torchvision.v2 or kornia on the device tensors; drawing from
-    ``generator`` keeps batches reproducible), e.g. ``lambda b, g: (mixup if torch.rand(1,
-    generator=g) < 0.5 else cutmix)(b, g)``. A step's error is a TransformError naming it.
+    """Steps run in order on each batch: built-in operations, a Kornia or torchvision.v2
+    augmentation (adapted by :func:`batch_ops`) or the user's own ``fn(batch, generator) ->
+    batch`` (drawing from ``generator`` keeps batches reproducible), e.g. ``lambda b, g: (mixup
+    if torch.rand(1, generator=g) < 0.5 else cutmix)(b, g)``. A step's error is a TransformError naming it.
     ``owns_input``: the caller hands ``batch["image"]`` over (the loader's is a new tensor each
     batch), so a first built-in step adjusts it in place too."""
 
@@ -351,13 +353,13 @@ class BatchOps:
 _INPLACE = (ColorJitter, RandomGrayscale, RandomErasing)  # apply(inplace=True) adjusts the image
 
 
-def batch_ops(spec: Any) -> BatchOps | None:
+def batch_ops(spec: Any, fields: Sequence[Field] | None = None) -> BatchOps | None:
     """``make_loader(batch_transforms=...)``: None, one step, a list of steps or a BatchOps, as
     the loader's pipeline, which owns its input (each batch's image is a new tensor the loader
-    made for the operations)."""
+    made for the operations). A Kornia or torchvision augmentation among the steps is adapted
+    to the batch of ``fields`` (:mod:`feedpipe.loader.foreign`)."""
     if spec is None:
         return None
     steps = spec.steps if isinstance(spec, BatchOps) else \
         tuple(spec) if isinstance(spec, (list, tuple)) else (spec,)
-    return BatchOps(steps, owns_input=True)
-
+    return BatchOps(tuple(batch_step(s, fields) for s in steps), owns_input=True)

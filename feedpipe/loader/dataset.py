@@ -27,6 +27,7 @@ from ..errors import (
     TransformError,
 )
 from ..schema.fields import ArrayField, Field, ImageField, LabelField
+from ..schema.geometric import BoxesField
 from ..schema.imaging import (
     DEFAULT_MAX_PIXELS,
     DEFAULT_MAX_PIXELS_PER_BYTE,
@@ -34,7 +35,8 @@ from ..schema.imaging import (
     decode_mask_png,
 )
 from ..schema.masks import MaskField, TargetField
-from .labels import Collector, Ragged, check_keys, collects
+from .foreign import sample_transform
+from .labels import Collector, Moved, Ragged, batch_keys, check_keys, collects
 from .order import SampleRngs
 from .sampler import BatchRequest, rng_for
 from .torch.convert import Conversion
@@ -114,7 +116,25 @@ def _write_back(view: torch.Tensor, value: Any, name: str) -> None:
     if t.shape != view.shape or t.dtype != view.dtype:
         raise ValueError(f"returned {name!r} as {t.dtype} {tuple(t.shape)}; the batch holds "
                          f"{view.dtype} {tuple(view.shape)} (images as C×H×W uint8)")
-    view.copy_(t)
+    # numpy's copy: one thread (torch's splits a 224² image over its threads, and in-process,
+    # where they are not limited to one, it waited ~12 ms a sample on a busy 2-core machine)
+    np.copyto(view.numpy(), t.detach().as_subclass(torch.Tensor).numpy())
+
+
+def _boxes_back(moved: Moved, pos: int, name: str, keys: list[str],
+                values: dict[str, Any]) -> None:
+    """A transform's boxes of sample ``pos`` (any number, the labels and attributes in ``keys``
+    one per box) into the batch's."""
+    boxes = np.asarray(values[name], np.float32)
+    if boxes.ndim != 2 or boxes.shape[1] != 4:
+        raise ValueError(f"returned {name!r} of shape {boxes.shape}; boxes are M×4 xyxy")
+    cols = [np.asarray(values[k], np.int64).reshape(-1) for k in keys]
+    for k, c in zip(keys, cols):
+        if len(c) != len(boxes):
+            raise ValueError(f"returned {len(boxes)} boxes in {name!r} but {len(c)} values in "
+                             f"{k!r}: return one per box")
+    moved.values[pos] = boxes
+    moved.ints[pos] = np.stack(cols, 1)  # type: ignore[index]
 
 
 def _check_fill(op: ImageOp, name: str, dtype: np.dtype) -> None:
@@ -170,7 +190,6 @@ class BatchDataset(torch.utils.data.Dataset):
         # decode on the device: images leave the worker still encoded (see device_decode.py)
         self.encoded_images = encoded_images
         self.ragged, self.min_box_fraction = ragged, min_box_fraction
-        self.transform = transform
         self._rngs = SampleRngs()  # each sample's generator for transform (reused: see there)
         # the images' conversion here (torch/convert.py, set by the torch backend on a CPU
         # device): uint8 images decoded apart, then converted into the slot
@@ -227,6 +246,10 @@ class BatchDataset(torch.utils.data.Dataset):
                 shape = None
             self.columns.append(_Column(f, shape, dtype))
         check_keys([c.field for c in self.columns], ragged)
+        # another library's transform (albumentations, torchvision, Kornia) adapted to the
+        # sample; the user's own function as it is
+        self.transform = None if transform is None \
+            else sample_transform(transform, [c.field for c in self.columns])
         # the image goes first: its decode fixes the geometry the masks and targets follow
         self.columns.sort(key=lambda c: not isinstance(c.field, ImageField))
         self.names = [c.field.name for c in self.columns]
@@ -280,6 +303,7 @@ class BatchDataset(torch.utils.data.Dataset):
 
         op, apply = self.op, self.op.apply
         user = self._transformer(req, out) if self.transform is not None else None
+        moved: dict[str, Moved] = {}  # keypoints and boxes on the canvas, for transform=
         # transform= runs once every sample is filled, sample after sample: interleaved with
         # the decodes, each evicted the other's code and data (the function ran ~12% slower)
         transformed: dict[int, int] = {}  # batch position -> sample filled in there
@@ -334,11 +358,12 @@ class BatchDataset(torch.utils.data.Dataset):
         else:
             self._fill_skipping(req, fill, skipped)
         if user is not None:
+            moved = {name: c.moved() for name, c in collected.items() if c.geometric}
             for pos in sorted(transformed):
-                user(pos, transformed[pos])
+                user(pos, transformed[pos], moved)
         for name, collector in collected.items():  # transformed and padded once per batch
             del out[name]
-            out.update(collector.finish())
+            out.update(collector.finish(moved.get(name)))
         for col in self.columns:  # variable-shape arrays travel as a list of tensors
             if col.collect:
                 continue
@@ -380,34 +405,53 @@ class BatchDataset(torch.utils.data.Dataset):
         source = getattr(self.reader, "source_of", lambda _: None)(index)
         return self.reader.describe(index) + (f" [source file: {source}]" if source else "")
 
-    def _transformer(self, req: BatchRequest, out: dict[str, Any]) -> Callable[[int, int], None]:
-        """``transform(pos, index)``: the user's function on batch row ``pos`` (sample ``index``),
-        given tensor views of the row (the image as C×H×W) and writing back what it returns."""
+    def _transformer(self, req: BatchRequest, out: dict[str, Any]
+                     ) -> Callable[[int, int, dict[str, Moved]], None]:
+        """``transform(pos, index, moved)``: the user's function on batch row ``pos`` (sample
+        ``index``), given tensor views of the row (the image as C×H×W) and of its keypoints and
+        boxes on the canvas (``moved``), and writing back what it returns."""
         fn, seed, epoch = self.transform, self.seed, req.epoch
         rngs = self._rngs
         stacked = [c.field.name for c in self.columns if c.shape is not None]
         images = {c.field.name for c in self.columns if isinstance(c.field, ImageField)}
+        boxes = {c.field.name: batch_keys(c.field, self.ragged)[1:-1] for c in self.columns
+                 if isinstance(c.field, BoxesField)}
         listed = [c.field.name for c in self.columns if c.shape is None and not c.collect]
-        given = [*stacked, *listed]  # the sample's keys: all it may return
         collected = [c.field.name for c in self.columns if c.collect]
 
         def row(name: str, pos: int) -> Any:
             v = out[name][pos]
             return v.permute(2, 0, 1) if name in images else v
 
-        def run(pos: int, index: int) -> None:
+        def run(pos: int, index: int, moved: dict[str, Moved]) -> None:
             views = {name: row(name, pos) for name in stacked}
-            sample = {**views, **{name: out[name][pos] for name in listed}}
+            geo: dict[str, Any] = {}  # keypoints and boxes: views of the moved values
+            for name, m in moved.items():
+                if name in boxes:
+                    ints = torch.from_numpy(m.ints[pos])  # type: ignore[index]
+                    geo[name] = torch.from_numpy(m.values[pos])
+                    geo.update({k: ints[:, j] for j, k in enumerate(boxes[name])})
+                else:
+                    views[name] = torch.from_numpy(m.values[pos])
+                    views[f"{name}_visible"] = torch.from_numpy(m.visible[pos])  # type: ignore[index]
+            sample = {**views, **geo, **{c.field.name: out[c.field.name][pos]
+                                         for c in self.columns
+                                         if c.shape is None and not c.collect}}
             try:
                 got = fn(sample, rngs(seed, epoch, index))  # type: ignore[misc]
-                for name, value in (sample if got is None else got).items():
+                got = sample if got is None else got
+                for name, value in got.items():
                     if name in views:
                         if value is not views[name]:
                             _write_back(views[name], value, name)
-                    elif name in given:
+                    elif name in listed:
                         out[name][pos] = value
-                    else:
-                        raise ValueError(_not_given(name, given, collected))
+                    elif name not in sample:
+                        raise ValueError(_not_given(name, list(sample), [
+                            c for c in collected if c not in sample]))
+                for name, keys in boxes.items():
+                    if any(k in got and got[k] is not geo.get(k) for k in (name, *keys)):
+                        _boxes_back(moved[name], pos, name, keys, {**geo, **got})
             except Exception as exc:
                 source = self.reader.source_of(index)
                 raise TransformError(

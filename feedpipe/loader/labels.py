@@ -48,6 +48,15 @@ class RaggedList:
         return list(v.split(self.counts.tolist()))
 
 
+@dataclass
+class Moved:
+    """A collected field's values on the output canvas, per sample, before batching."""
+
+    values: Any  # keypoints: N×K×2 float32; boxes: one M×4 float32 xyxy array per sample
+    visible: np.ndarray | None = None  # keypoints: N×K
+    ints: list[np.ndarray] | None = None  # boxes: per sample, M×(1 + attrs) int64 rows
+
+
 def collects(f: Field, ragged: Ragged) -> bool:
     """Whether ``f`` is gathered by a :class:`Collector` rather than stacked or listed as is."""
     if isinstance(f, (KeypointsField, BoxesField, TextField)):
@@ -138,18 +147,47 @@ class Collector:
         else:
             self.rows[pos] = np.array(stored)
 
-    def finish(self) -> dict[str, Any]:
+    @property
+    def geometric(self) -> bool:
+        """Whether the values follow the image (keypoints, boxes): a ``transform=`` gets them."""
+        return isinstance(self.field, (KeypointsField, BoxesField))
+
+    def moved(self) -> Moved:
+        """Keypoints or boxes on the output canvas, per sample, before batching: what a
+        ``transform=`` may change before :meth:`finish` packs them."""
         f = self.field
         if isinstance(f, KeypointsField):
-            return self._keypoints(f)
+            points, visible = self._keypoints_moved(f)
+            return Moved(points, visible=visible)
+        assert isinstance(f, BoxesField)
+        boxes, ints, counts = self._boxes_moved(f)
+        at = np.cumsum(counts)[:-1]
+        return Moved(np.split(boxes, at), ints=np.split(ints, at))
+
+    def finish(self, moved: Moved | None = None) -> dict[str, Any]:
+        """The batch's keys of this field; ``moved``: the values :meth:`moved` gave, as a
+        transform left them."""
+        f = self.field
+        if isinstance(f, KeypointsField):
+            points, visible = self._keypoints_moved(f) if moved is None \
+                else (moved.values, moved.visible)
+            return self._keypoints(f, points, visible)  # type: ignore[arg-type]
         if isinstance(f, BoxesField):
-            return self._boxes(f)
+            if moved is None:
+                return self._boxes(f, *self._boxes_moved(f))
+            counts = np.fromiter((len(b) for b in moved.values), np.int64, self.n)
+            width = 1 + len(f.attrs)
+            return self._boxes(f, np.concatenate([np.zeros((0, 4), np.float32), *moved.values]),
+                               np.concatenate([np.zeros((0, width), np.int64),
+                                               *(moved.ints or ())]),
+                               counts)
         if isinstance(f, TextField):
             return self._text(f)
         return self._arrays(f)  # type: ignore[arg-type]
 
     # --- keypoints ------------------------------------------------------------------------------
-    def _keypoints(self, f: KeypointsField) -> dict[str, Any]:
+    def _keypoints_moved(self, f: KeypointsField) -> tuple[np.ndarray, np.ndarray]:
+        """N×K×2 float32 points on the output canvas and N×K visibility."""
         g = self.geo[:, None, :]
         p = self.points.astype(np.float64)
         x, y = _map_x(p[..., 0], g), _map_y(p[..., 1], g)
@@ -167,10 +205,16 @@ class Collector:
             perm = np.asarray(f.flip_indices)
             out[flip] = out[flip][:, perm]
             visible[flip] = visible[flip][:, perm]
-        return {f.name: torch.from_numpy(out), f"{f.name}_visible": torch.from_numpy(visible)}
+        return out, visible
+
+    def _keypoints(self, f: KeypointsField, points: np.ndarray,
+                   visible: np.ndarray) -> dict[str, Any]:
+        return {f.name: torch.from_numpy(points), f"{f.name}_visible": torch.from_numpy(visible)}
 
     # --- boxes ----------------------------------------------------------------------------------
-    def _boxes(self, f: BoxesField) -> dict[str, Any]:
+    def _boxes_moved(self, f: BoxesField) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The kept boxes on the output canvas (M×4 float32 xyxy, every sample's in turn), their
+        int rows (label, attrs) and the count per sample."""
         width = 1 + len(f.attrs)
         rows = [r if r is not None else (np.zeros((0, 4), np.float32),
                                          np.zeros((0, width), np.int64)) for r in self.rows]
@@ -195,8 +239,13 @@ class Collector:
             frac = np.where(area > 0, (cx2 - cx1) * (cy2 - cy1) / area, inside.astype(float))
         keep = (frac > 0) & (frac >= self.min_box_fraction)
         out = np.stack([cx1, cy1, cx2, cy2], axis=1)[keep].astype(np.float32)
-        ints, sample = ints[keep], sample[keep]
-        counts = np.bincount(sample, minlength=self.n).astype(np.int64)
+        return out, ints[keep], np.bincount(sample[keep], minlength=self.n).astype(np.int64)
+
+    def _boxes(self, f: BoxesField, out: np.ndarray, ints: np.ndarray,
+               counts: np.ndarray) -> dict[str, Any]:
+        """Boxes given sample after sample (``counts`` each) padded, or as lists."""
+        width = 1 + len(f.attrs)
+        sample = np.repeat(np.arange(self.n), counts)
         keys = batch_keys(f, self.ragged)
         cols = [out, *(ints[:, j] for j in range(width))]
         if self.ragged == "list":

@@ -276,7 +276,7 @@ class TorchLoader(EpochPosition):
         cols = self.batch_dataset.columns
         floats = tuple(c.field.name for c in cols if c.field.kind == "target"
                        and c.dtype is not None and c.dtype.kind == "f")
-        conversion = Conversion.of(cfg, images, floats)
+        conversion = Conversion.of(cfg, images, floats, [c.field for c in cols])
         # the workers (or, in-process, the feed thread running the dataset) convert the images
         # into the slots on a CPU device; the feed thread converts the rest, and everything on
         # CUDA (after the copy: a quarter of the bytes cross as uint8)

@@ -11,10 +11,11 @@ either way (a worker runs torch on one thread), so the batches are the same bit 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
+from ...schema.fields import Field
 from .. import augment
 from ..augment import BatchOps, ColorJitter, RandomErasing, RandomGrayscale, batch_ops
 from ..config import LoaderConfig
@@ -55,7 +56,9 @@ class Conversion:
 
     @classmethod
     def of(cls, cfg: LoaderConfig, images: tuple[str, ...] = (),
-           floats: tuple[str, ...] = ()) -> Conversion:
+           floats: tuple[str, ...] = (), fields: Sequence[Field] | None = None) -> Conversion:
+        """The conversion ``cfg`` asks for, of a batch of ``fields`` (what another library's
+        batch augmentation gets besides the image: masks, keypoints, boxes)."""
         mean = std = unit_mean = unit_inv = None
         if cfg.mean is not None and cfg.std is not None and cfg.dtype != "uint8":
             mean = torch.tensor(cfg.mean).mul(255).view(1, 3, 1, 1)
@@ -63,7 +66,7 @@ class Conversion:
             unit_mean = torch.tensor(cfg.mean).view(1, 3, 1, 1)
             unit_inv = torch.tensor(cfg.std).reciprocal().view(1, 3, 1, 1)
         return cls(getattr(torch, cfg.dtype), cfg.channels_last, mean, std, unit_mean, unit_inv,
-                   batch_ops(cfg.batch_transforms), cfg.seed, images, floats)
+                   batch_ops(cfg.batch_transforms, fields), cfg.seed, images, floats)
 
     def to(self, device: torch.device) -> Conversion:
         """This conversion with its constants on ``device`` (moved once, not per batch)."""
