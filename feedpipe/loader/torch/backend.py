@@ -303,8 +303,11 @@ class TorchLoader(EpochPosition):
         if workers:
             kwargs = dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=True,
                           multiprocessing_context=cfg.multiprocessing_context)
+        # its own generator: a DataLoader iterator draws a seed when it starts, which from the
+        # global one would shift the caller's random stream at moments of the feed thread's
         dl = DataLoader(self.batch_dataset, batch_sampler=self._requests, num_workers=workers,
-                        collate_fn=_identity, worker_init_fn=_worker_init, **kwargs)
+                        collate_fn=_identity, worker_init_fn=_worker_init,
+                        generator=torch.Generator().manual_seed(cfg.seed), **kwargs)
         self.stage = DeviceStage(cfg, device, self.planner, world.rank,
                                  conversion if conversion.images or conversion.floats
                                  or conversion.ops else None, self.ring, decoder, size,
