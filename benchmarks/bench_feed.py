@@ -90,16 +90,25 @@ def build(path: Path, kind: str, batch: int, workers: int) -> Any:
 
 
 def batches(loader: Any) -> Iterator[tuple[bool, Any]]:
-    """The loader's batches across epochs, endlessly: (first batch of its epoch, batch)."""
+    """The loader's batches across epochs, endlessly: (first batch of its epoch, batch). It keeps
+    no reference to a batch it handed out, so a batch is freed where the caller lets go of it
+    (after its step), not inside the next ``next()``."""
     while True:
-        first = True
-        for b in loader:
-            yield first, b
+        first, it = True, iter(loader)
+        while True:
+            try:
+                held = [next(it)]
+            except StopIteration:
+                break
+            yield first, held.pop()
             first = False
 
 
-def loader_batch_time(stream: Iterator[tuple[bool, Any]], n: int) -> float:
-    """Seconds per batch of the loader alone (no step), over ``n`` batches."""
+def loader_batch_time(stream: Iterator[tuple[bool, Any]], skip: int, n: int) -> float:
+    """Seconds per batch of the loader alone (no step), over ``n`` batches, after ``skip`` (the
+    batches it holds ready when the clock would start, which would come at once)."""
+    for _ in range(skip):
+        next(stream)
     t = time.perf_counter()
     for _ in range(n):
         next(stream)
@@ -108,8 +117,10 @@ def loader_batch_time(stream: Iterator[tuple[bool, Any]], n: int) -> float:
 
 def fed(stream: Iterator[tuple[bool, Any]], n: int, step: float) -> dict[str, Any]:
     """``n`` batches each followed by a fake step of ``step`` seconds; per ``next()`` wait and
-    training-thread CPU time, each epoch's first wait, and the fed rate over the step's rate."""
-    waits, cpus, firsts = [], [], []
+    training-thread CPU time, each epoch's first wait, and the fed rate over the step's own
+    (the steps as they took, timed: a sleep overshoots on a busy machine, and that is the
+    step's, not the loader's)."""
+    waits, cpus, firsts, steps = [], [], [], []
     t0 = time.perf_counter()
     for _ in range(n):
         w, c = time.perf_counter(), time.thread_time()
@@ -119,14 +130,21 @@ def fed(stream: Iterator[tuple[bool, Any]], n: int, step: float) -> dict[str, An
         if first:
             firsts.append(waits[-1])
         del b
+        s = time.perf_counter()
         time.sleep(step)
+        steps.append(time.perf_counter() - s)
     total = time.perf_counter() - t0
     med = statistics.median(waits)
     return {"cpu_ms_median": 1e3 * statistics.median(cpus), "cpu_ms_p95": 1e3 * p95(cpus),
             "wait_ms_median": 1e3 * med, "wait_ms_p95": 1e3 * p95(waits),
+            "wait_ms_mean": 1e3 * statistics.fmean(waits),
+            "first_wait_ms_median": 1e3 * statistics.median(firsts) if firsts else None,
             "first_wait_ms": [1e3 * f for f in firsts],
             "first_over_median_max": max(firsts) / med if firsts and med else None,
-            "fed_over_step": (n / total) / (1 / step), "step_ms": 1e3 * step}
+            "first_median_over_median": statistics.median(firsts) / med if firsts and med
+            else None,
+            "fed_over_step": sum(steps) / total, "step_ms": 1e3 * step,
+            "step_ms_taken": 1e3 * statistics.fmean(steps)}
 
 
 def p95(xs: list[float]) -> float:
@@ -207,7 +225,8 @@ def run_case(name: str, path: Path, n: int) -> dict[str, Any]:
     stream = batches(loader)
     for _ in range(3 * max(1, len(loader))):  # warm-up: workers up, caches and pages touched
         next(stream)
-    t_loader = loader_batch_time(stream, max(30, 2 * len(loader)))
+    ready = 2 * 4 + 4  # at most what workers and engine hold made: workers × prefetch + 4
+    t_loader = loader_batch_time(stream, ready, max(60, 3 * len(loader)))
     step = STEP_OVER_LOADER * t_loader
     res: dict[str, Any] = {"loader_batch_ms": 1e3 * t_loader, "batches_per_epoch": len(loader)}
     res.update(fed(stream, n, step))
@@ -216,8 +235,10 @@ def run_case(name: str, path: Path, n: int) -> dict[str, Any]:
     res["torch_bytes_per_batch"] = torch_alloc_bytes(stream, 20, step)
     del stream, loader
     print(f"{name:<18} cpu {res['cpu_ms_median']:7.3f} ms (p95 {res['cpu_ms_p95']:7.3f})  wait "
-          f"{res['wait_ms_median']:7.3f} ms (p95 {res['wait_ms_p95']:7.3f})  first/median "
-          f"{res['first_over_median_max'] or 0:6.1f}  calls {res['python_calls_per_batch']:6.1f} "
+          f"{res['wait_ms_median']:7.3f} ms (p95 {res['wait_ms_p95']:7.3f}, mean "
+          f"{res['wait_ms_mean']:6.2f})  epoch's first "
+          f"{res['first_wait_ms_median'] or 0:6.2f} ms (max/median "
+          f"{res['first_over_median_max'] or 0:6.1f})  calls {res['python_calls_per_batch']:6.1f} "
           f"py {res['c_calls_per_batch']:6.1f} C  bytes {res['numpy_bytes_per_batch']:>12,.0f} np "
           f"{res['torch_bytes_per_batch']:>12,.0f} torch  fed/step "
           f"{res['fed_over_step']:.3f}", flush=True)

@@ -207,3 +207,44 @@ def test_a_workers_error_reaches_the_caller_and_the_next_iteration_starts_afresh
                               output=Output(dtype="uint8"), workers=Workers(on_error="skip"))
     with pytest.warns(UserWarning, match="skipped 1 corrupt"):
         assert sum(len(b["label"]) for b in ok) == 40
+
+
+def _stuck_on(key: int, seconds: float):
+    """A transform that takes ``seconds`` over the sample whose label is ``key``."""
+    def fn(sample, rng):
+        if int(sample["label"]) == key:
+            time.sleep(seconds)
+    return fn
+
+
+def test_a_transform_that_never_returns_is_named_and_stopped(tmp_path):
+    """With Workers(batch_timeout=), a worker stuck on a sample fails the loader in the caller's
+    thread within the timeout, naming the batch and its samples; the workers are stopped."""
+    from test_loader import _corrupt_dataset
+
+    root = _corrupt_dataset(tmp_path / "ds", set())  # 40 good records, label = index
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    ld = feedpipe.make_loader(root, 8, size=16, shuffle=False, num_workers=1, device="cpu",
+                              output=Output(dtype="uint8"), transform=_stuck_on(21, 3600),
+                              workers=Workers(batch_timeout=3))
+    t = time.monotonic()
+    with pytest.raises(Exception, match=r"batch 2 of epoch 0 .*000000021.*more than 3 s"):
+        list(ld)
+    assert time.monotonic() - t < 60
+    workers = [p for p in me.children(recursive=True) if p.pid not in before]
+    _, alive = psutil.wait_procs(workers, timeout=20)
+    assert not alive
+
+
+def test_a_slow_batch_is_named_while_the_caller_waits(tmp_path, caplog):
+    from test_loader import _corrupt_dataset
+
+    root = _corrupt_dataset(tmp_path / "ds", set())
+    ld = feedpipe.make_loader(root, 8, size=16, shuffle=False, num_workers=1, device="cpu",
+                              output=Output(dtype="uint8"), transform=_stuck_on(13, 3))
+    ld.engine.patience = 0.5
+    with caplog.at_level("WARNING", logger="feedpipe.loader"):
+        assert sum(len(b["label"]) for b in ld) == 40  # it waited, and went on
+    said = [r.getMessage() for r in caplog.records if "no batch for" in r.getMessage()]
+    assert said and "batch 1 of epoch 0" in said[0] and "000000013" in said[0]

@@ -114,6 +114,7 @@ class LoaderConfig:
     shuffle_window: int | None = 8  # sharded data: shards per shuffle window (None: the buffer)
     on_error: OnError = "raise"
     max_pixels: int | None = None  # None: the dataset's recorded limit, else DEFAULT_MAX_PIXELS
+    batch_timeout: float | None = None  # s a worker may take over a batch; None: no limit
     max_scans: int | None = None  # a JPEG's scans; None: as max_pixels (DEFAULT_MAX_SCANS)
     max_pixels_per_byte: int | None = None  # None: as max_pixels (DEFAULT_MAX_PIXELS_PER_BYTE)
     transform: Callable[..., Any] | None = None  # the user's per-sample function, in the workers
@@ -193,6 +194,8 @@ class LoaderConfig:
         parse_limit(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
         if self.timeout is not None and not self.timeout > 0:
             bad("timeout", _HOW["timeout"])
+        if self.batch_timeout is not None and not self.batch_timeout > 0:
+            bad("batch_timeout", "use seconds > 0, or None to wait (named in a warning)")
 
     def _normalize(self) -> None:
         """The spellings taken for convenience: an int size is a square, lists are tuples, and

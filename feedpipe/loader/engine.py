@@ -25,6 +25,10 @@ from .memory import FEED_DEPTH as DEPTH
 
 log = logging.getLogger("feedpipe.loader")
 
+#: seconds the caller waits for a batch before the batch is named in a warning (and again after
+#: each as many); ``Workers(batch_timeout=)`` makes a worker's batch an error after its own
+PATIENCE = 60.0
+
 #: (epoch, batch number, plan key): where a stream is, or is asked to start
 Position = tuple[int, int, Hashable]
 
@@ -59,6 +63,10 @@ class Stream(Protocol):
         """Release everything (workers, pinned memory): the loader is gone."""
         ...
 
+    def describe(self, at: Position) -> str:
+        """The batch at ``at``, for a message: its samples, where they come from."""
+        ...
+
 
 @dataclass(frozen=True)
 class _Target:
@@ -78,6 +86,7 @@ class FeedEngine:
 
     def __init__(self, stream: Stream, name: str, depth: int = DEPTH) -> None:
         self.stream, self.name, self.depth = stream, name, depth
+        self.patience = PATIENCE
         self._out: queue.SimpleQueue[tuple[int, Ready | _Failed]] = queue.SimpleQueue()
         self._room: queue.SimpleQueue[None] = queue.SimpleQueue()
         for _ in range(depth):
@@ -106,10 +115,19 @@ class FeedEngine:
             self._thread.start()
 
     def get(self) -> Ready:
-        """The next finished batch (blocking); re-raises what the stream raised."""
-        generation = self._generation
+        """The next finished batch (blocking); re-raises what the stream raised. A batch that
+        takes longer than :data:`PATIENCE` is named in a warning (and again each time as long
+        again passes): a transform that never returns, a stalled read, a worker stopped in a
+        debugger all wait here, and the caller should know which batch it is."""
+        generation, waited = self._generation, 0.0
         while True:
-            got, item = self._out.get()
+            try:
+                got, item = self._out.get(timeout=self.patience)
+            except queue.Empty:
+                waited += self.patience
+                log.warning("%s: no batch for %.0f s: waiting for %s", self.name, waited,
+                            self.stream.describe(self._next) if self._next else "the workers")
+                continue
             self._room.put(None)
             if got == generation:
                 break

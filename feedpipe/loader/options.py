@@ -81,6 +81,9 @@ class Workers:
         on_error: "raise", or "skip" a corrupt sample: counted, named (``loader.skipped``) and
             replaced.
         max_pixels: The decompression-bomb limit; None: the dataset's own.
+        batch_timeout: Seconds a worker may take over one batch before the loader raises a
+            LoaderError naming it and stops the workers (a ``transform=`` that never
+            returns); None: wait (after 60 s the batch is named in a warning, each minute).
         max_scans: A JPEG's scans at most (scan bombs); None: the dataset's own.
         max_pixels_per_byte: Pixels a JPEG may declare per byte of its file (a file cut short,
             or claiming a size it cannot hold); None: the dataset's own. These bounds are checked
@@ -93,6 +96,7 @@ class Workers:
     decode_on: DecodeOn = "auto"
     on_error: OnError = "raise"
     max_pixels: int | None = None
+    batch_timeout: float | None = None
     max_scans: int | None = None
     max_pixels_per_byte: int | None = None
 

@@ -186,6 +186,9 @@ class DaliStream:
                      f"{self.reader.root}")
         return exc
 
+    def describe(self, at: Position) -> str:
+        return f"batch {at[1]} of epoch {at[0]} of {self.reader.root} (from DALI's pipeline)"
+
     def abort(self) -> None:
         self._it = None
 

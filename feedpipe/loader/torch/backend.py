@@ -24,7 +24,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ...dataset.registry import DatasetReader
-from ...errors import ConfigError
+from ...errors import ConfigError, LoaderError
 from ...schema.masks import ignore_index_of
 from ...workers import single_threaded
 from ..config import LoaderConfig
@@ -231,12 +231,35 @@ class TorchStream:
 
     def _ready(self, it: Any) -> Iterator[Ready]:
         sent, planner, stage = self.requests.sent, self.requests.planner, self.stage
-        for batch in it:
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            except RuntimeError as exc:  # DataLoader(timeout=): Workers(batch_timeout=)
+                if not self.dl.timeout or "timed out" not in str(exc):
+                    raise
+                raise LoaderError(f"{self.describe(sent[0])} took more than "
+                                  f"{self.dl.timeout:g} s in a worker (Workers(batch_timeout=)): "
+                                  "a transform= that never returns, a stalled read; the "
+                                  "workers were stopped") from exc
             epoch, number = sent.popleft()
             following = (epoch, number + 1, planner.segment(epoch)) \
                 if number + 1 < len(planner.plan(epoch)) \
                 else (epoch + 1, 0, planner.segment(epoch + 1))
             yield stage.finish(batch, epoch, number, following)
+
+    def describe(self, at: tuple[Any, ...]) -> str:
+        """Batch ``number`` of ``epoch`` for a message: its first samples' keys."""
+        epoch, number = at[0], at[1]
+        plan = self.requests.planner.plan(epoch)
+        if number >= len(plan):
+            return f"batch {number} of epoch {epoch}"
+        reader = self.requests.planner.reader
+        keys = [reader.key_of(int(i)) for i in plan[number][:6]]
+        more = f" and {len(plan[number]) - 6} more" if len(plan[number]) > 6 else ""
+        return f"batch {number} of epoch {epoch} of {reader.root} (samples " \
+               f"{', '.join(map(str, keys))}{more})"
 
     def abort(self) -> None:
         """Stop the workers of an iteration that raised (a worker's error, Ctrl-C) now, in this
@@ -302,7 +325,8 @@ class TorchLoader(EpochPosition):
         kwargs: dict[str, Any] = {}
         if workers:
             kwargs = dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=True,
-                          multiprocessing_context=cfg.multiprocessing_context)
+                          multiprocessing_context=cfg.multiprocessing_context,
+                          timeout=cfg.batch_timeout or 0)
         # its own generator: a DataLoader iterator draws a seed when it starts, which from the
         # global one would shift the caller's random stream at moments of the feed thread's
         dl = DataLoader(self.batch_dataset, batch_sampler=self._requests, num_workers=workers,
