@@ -12,7 +12,6 @@ but not which input the dead worker held.
 from __future__ import annotations
 
 import multiprocessing as mp
-import pickle
 import queue
 import selectors
 import signal
@@ -208,11 +207,11 @@ def _serve(tasks: Connection, results: Connection, current: Any,
         current.value = -1
         try:
             results.send(outs)
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:  # nothing was sent
-            why = RuntimeError(f"a worker's result could not be sent: {exc!r}")
-            results.send([(False, why)] * len(outs))
         except OSError:  # the main process went away
             return
+        except Exception as exc:  # a result the pipe cannot carry: nothing was sent
+            why = RuntimeError(f"a worker's result could not be sent: {exc!r}")
+            results.send([(False, why)] * len(outs))
 
 
 def _read(tasks: Connection, inbox: queue.SimpleQueue[Any]) -> None:

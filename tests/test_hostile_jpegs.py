@@ -298,7 +298,7 @@ def test_device_decode_workers_check_the_header_too(tmp_path):
                        encoded_images=True)
     paths = [s["path"] for s in reader.read_raw_batch(range(3))]
     good = enc.__getitems__(BatchRequest([paths.index("a.jpg")], 0, 0, 0))["image"]
-    assert len(good.files()) == 1
+    assert len(good.files()[0]) == 1
     for name, words in (("bomb.jpg", "2,647 scans"), ("huge.jpg", "pixels in")):
         with pytest.raises(CorruptRecordError, match=words):
             enc.__getitems__(BatchRequest([paths.index(name)], 0, 0, 0))

@@ -122,7 +122,10 @@ def test_cache_limit_holds_over_an_epoch(photo_dir, tmp_path):
             assert sum(p.stat().st_size for p in cache.root.glob("*/shard-*.tar")) <= limit
         assert 0 < peak <= limit
         fetched = server.fetched(".tar")
-        assert len(fetched) == 12 and sum(fetched.values()) == sum(sizes)  # each shard once
+        # each shard once; the feed engine may have begun the next epoch, whose first shard
+        # (evicted under the limit) it then fetched again
+        again = sum(fetched.values()) - sum(sizes)
+        assert len(fetched) == 12 and again in (0, sizes[0])
     finally:
         server.stop()
     ref = [b["image"] for b in feedpipe.make_loader(local, 8, **REMOTE_KW, shuffle=False)]

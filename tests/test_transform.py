@@ -17,7 +17,7 @@ import feedpipe
 from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError, TransformError
 from feedpipe.loader.memory import FEED_DEPTH
-from feedpipe.schema import ImageField, KeypointsField, Schema
+from feedpipe.schema import ImageField, Schema, TextField
 
 KW = dict(size=24, seed=3, device="cpu", crop="random_resized_crop", flip=True,
           output=Output(dtype="uint8"))
@@ -122,19 +122,20 @@ def test_a_key_it_was_not_given_is_refused_with_the_nearest(packed, workers):
 
 
 def test_a_field_collated_after_it_runs_is_refused(tmp_path):
-    """Keypoints are transformed for the whole batch after transform= runs: returning them is
-    refused (it would be overwritten), pointing to batch_transforms."""
-    schema = Schema((ImageField("image", "raw", (24, 24, 3)), KeypointsField("kp", shape=(2, 2))))
+    """Text is collated for the whole batch after transform= runs, and not given to it:
+    returning it is refused (it would be overwritten), pointing to batch_transforms.
+    (Keypoints and boxes are given, and may change: tests/test_augment_libs.py.)"""
+    schema = Schema((ImageField("image", "raw", (24, 24, 3)), TextField("text")))
     rng = np.random.default_rng(0)
-    path = write_dataset("lmdb", tmp_path / "kp", [
-        {"image": rng.integers(0, 255, (24, 24, 3), np.uint8),
-         "kp": rng.uniform(0, 24, (2, 2)).astype(np.float32)} for _ in range(4)], schema)
+    path = write_dataset("lmdb", tmp_path / "txt", [
+        {"image": rng.integers(0, 255, (24, 24, 3), np.uint8), "text": b"ab"}
+        for _ in range(4)], schema)
 
-    def moves_points(sample, rng):
-        return {"kp": torch.zeros(2, 2)}
+    def rewrites_text(sample, rng):
+        return {"text": "zz"}
 
-    with pytest.raises(TransformError, match="returned 'kp': keypoints, boxes.*batch_transforms"):
-        list(feedpipe.make_loader(path, 4, fields=["image", "kp"], transform=moves_points,
+    with pytest.raises(TransformError, match="returned 'text': keypoints, boxes.*batch_transforms"):
+        list(feedpipe.make_loader(path, 4, fields=["image", "text"], transform=rewrites_text,
                                   num_workers=0, **KW))
 
 

@@ -437,6 +437,7 @@ class BatchDataset(torch.utils.data.Dataset):
             sample = {**views, **geo, **{c.field.name: out[c.field.name][pos]
                                          for c in self.columns
                                          if c.shape is None and not c.collect}}
+            given = list(sample)  # (the function may add keys to it in place)
             try:
                 got = fn(sample, rngs(seed, epoch, index))  # type: ignore[misc]
                 got = sample if got is None else got
@@ -446,9 +447,9 @@ class BatchDataset(torch.utils.data.Dataset):
                             _write_back(views[name], value, name)
                     elif name in listed:
                         out[name][pos] = value
-                    elif name not in sample:
-                        raise ValueError(_not_given(name, list(sample), [
-                            c for c in collected if c not in sample]))
+                    elif name not in given:
+                        raise ValueError(_not_given(name, given, [
+                            c for c in collected if c not in given]))
                 for name, keys in boxes.items():
                     if any(k in got and got[k] is not geo.get(k) for k in (name, *keys)):
                         _boxes_back(moved[name], pos, name, keys, {**geo, **got})

@@ -300,27 +300,33 @@ class TorchLoader(EpochPosition):
         floats = tuple(c.field.name for c in cols if c.field.kind == "target"
                        and c.dtype is not None and c.dtype.kind == "f")
         conversion = Conversion.of(cfg, images, floats, [c.field for c in cols])
-        # the workers (or, in-process, the feed thread running the dataset) convert the images
-        # into the slots on a CPU device; the feed thread converts the rest, and everything on
-        # CUDA (after the copy: a quarter of the bytes cross as uint8)
-        in_workers = device.type == "cpu" and decoder is None and conversion.image_only \
-            and conversion.changes_images
-        if in_workers:
-            self.batch_dataset.convert = replace(conversion, floats=())
-            conversion = replace(conversion, images=(), ops=None)
         self.planner = PlanSampler(reader, cfg, world)
         self._surface()
         size = cfg.size
         if decoder is not None:
             decoder.describe = reader.describe
             size = size or next(tuple(c.field.shape[:2]) for c in cols if c.field.kind == "image")
+        # the workers (or, in-process, the feed thread running the dataset) convert the images
+        # into the slots on a CPU device; the feed thread converts the rest, and everything on
+        # CUDA (after the copy: a quarter of the bytes cross as uint8)
+        in_workers = device.type == "cpu" and decoder is None and conversion.image_only \
+            and conversion.changes_images
         self.ring: SlotRing | None = None
         workers = int(cfg.num_workers)  # type: ignore[arg-type]
         if workers or device.type == "cpu":  # in-process on CPU: lent plain memory
-            self.ring = SlotRing.for_loader(self._ring_shapes(), workers,
-                                            int(cfg.prefetch_factor or 0))
+            prefetch = int(cfg.prefetch_factor or 0)
+            self.ring = SlotRing.for_loader(self._ring_shapes(conversion if in_workers else None),
+                                            workers, prefetch, warn=not in_workers)
+            if self.ring is None and in_workers and workers:
+                # no room in /dev/shm for slots of float images: uint8 slots (a quarter of the
+                # bytes, and so of any fresh shared memory), converted in the feed thread
+                in_workers = False
+                self.ring = SlotRing.for_loader(self._ring_shapes(None), workers, prefetch)
             if self.ring is not None:
                 self.batch_dataset.slots = self.ring.tensors
+        if in_workers:
+            self.batch_dataset.convert = replace(conversion, floats=())
+            conversion = replace(conversion, images=(), ops=None)
         self._requests = Requests(self.planner, world.rank, self.ring)
         kwargs: dict[str, Any] = {}
         if workers:
@@ -363,11 +369,12 @@ class TorchLoader(EpochPosition):
                               and None not in image.shape[:2] else None),
             sample_bytes=batch_bytes(self._ring_shapes()) // cfg.batch_size)
 
-    def _ring_shapes(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+    def _ring_shapes(self, conversion: Conversion | None = None
+                     ) -> dict[str, tuple[tuple[int, ...], Any]]:
         """A slot's tensors: every stacked column, labels included, so that a batch from a
         worker crosses as slot numbers only; images in the output's dtype and layout where the
-        workers convert them."""
-        conv, b = self.batch_dataset.convert, self.cfg.batch_size
+        workers convert them (``conversion``; default: as this loader's workers do)."""
+        conv, b = conversion or self.batch_dataset.convert, self.cfg.batch_size
         shapes = {}
         for c in self.batch_dataset.columns:
             if c.shape is None or c.dtype is None:

@@ -76,18 +76,20 @@ class SlotRing:
         self._registered: list[int] = []  # data pointers page-locked with cudaHostRegister
 
     @classmethod
-    def for_loader(cls, shapes: Shapes, workers: int, prefetch: int) -> SlotRing | None:
+    def for_loader(cls, shapes: Shapes, workers: int, prefetch: int,
+                   warn: bool = True) -> SlotRing | None:
         """The ring for a loader whose batches stack ``shapes``: shared memory with workers
         (None, with a warning, when /dev/shm lacks the headroom: each batch then gets fresh
-        shared memory), plain memory without (None where slots cannot be lent). No stacked
-        column: nothing to ring (None, no warning)."""
+        shared memory; ``warn`` False: a caller with a smaller ring to try next says nothing),
+        plain memory without (None where slots cannot be lent). No stacked column: nothing to
+        ring (None, no warning)."""
         if not shapes:
             return None
         if not workers:
             return cls(shapes, ring_slots(0, 0), shared=False) if cls.can_lend() else None
         need, free = ring_bytes(batch_bytes(shapes), workers, prefetch), shm_free()
         if not shm_fits(need, free):
-            log.warning("not enough shared memory for a %s batch ring (/dev/shm has %s free, "
+            (log.warning if warn else log.debug)("not enough shared memory for a %s batch ring (/dev/shm has %s free, "
                         "the ring wants %s); each batch gets fresh shared memory instead, which "
                         "is slower. In a container, give /dev/shm more room: %s", size_text(need),
                         "no" if free is None else size_text(free), size_text(shm_wanted(need)),
