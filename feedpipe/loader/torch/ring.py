@@ -89,11 +89,11 @@ class SlotRing:
             return cls(shapes, ring_slots(0, 0), shared=False) if cls.can_lend() else None
         need, free = ring_bytes(batch_bytes(shapes), workers, prefetch), shm_free()
         if not shm_fits(need, free):
-            (log.warning if warn else log.debug)("not enough shared memory for a %s batch ring (/dev/shm has %s free, "
-                        "the ring wants %s); each batch gets fresh shared memory instead, which "
-                        "is slower. In a container, give /dev/shm more room: %s", size_text(need),
-                        "no" if free is None else size_text(free), size_text(shm_wanted(need)),
-                        SHM_DOCS)
+            say = log.warning if warn else log.debug
+            say("not enough shared memory for a %s batch ring (/dev/shm has %s free, the ring "
+                "wants %s); each batch gets fresh shared memory instead, which is slower. In a "
+                "container, give /dev/shm more room: %s", size_text(need),
+                "no" if free is None else size_text(free), size_text(shm_wanted(need)), SHM_DOCS)
             return None
         return cls(shapes, ring_slots(workers, prefetch))
 
