@@ -97,8 +97,6 @@ class DeviceStage:
         self.conversion, self.ring, self.decoder, self.size = conversion, ring, decoder, size
         self.mask = cfg.uneven == "mask"
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
-        self.batch_size = cfg.batch_size
-        self._staging: dict[str, list[tuple[torch.Tensor, Any]]] = {}
         self._slot_storage = [] if ring is None else [
             {t[i].untyped_storage().data_ptr() for t in ring.tensors.values()}
             for i in range(ring.count)]
@@ -167,14 +165,15 @@ class DeviceStage:
 
     def _to_device(self, batch: dict[str, Any], slot: int) -> dict[str, Any]:
         """Every tensor of ``batch`` on the device, copied on the side stream; a ring slot from
-        its page-locked pages (else through pinned staging, made here, never in the training
-        thread); the slot goes back once its copy has passed."""
+        its page-locked pages (else through a pinned staging copy, made here, never in the
+        training thread); the slot goes back once its copy has passed."""
         out = {}
         direct = slot >= 0 and self.ring.registered  # type: ignore[union-attr]
         for k, v in batch.items():
-            if isinstance(v, torch.Tensor):
-                v = v.to(self.device, non_blocking=True) if direct or not self.pinned \
-                    else self._staged(k, v)
+            if isinstance(v, torch.Tensor):  # (torch's pinned allocator keeps a staging
+                # buffer until the copy that reads it has passed)
+                v = (v if direct or not self.pinned else v.pin_memory()).to(self.device,
+                                                                             non_blocking=True)
             else:
                 v = self._decoded(v)
             out[k] = v
@@ -186,25 +185,6 @@ class DeviceStage:
             else:  # the staging copy has read it already
                 self.ring.release(slot)  # type: ignore[union-attr]
         return out
-
-    def _staged(self, name: str, v: torch.Tensor) -> torch.Tensor:
-        """``v`` copied to the device through one of two pinned buffers of its column, each
-        reused once the copy that last read it has passed (a partial batch uses its rows)."""
-        pair = self._staging.setdefault(name, [])
-        buf, done = pair.pop(0) if len(pair) == 2 else (None, None)
-        if buf is None or buf.dtype != v.dtype or buf.shape[1:] != v.shape[1:] \
-                or len(buf) < len(v):
-            buf = torch.empty((max(len(v), self.batch_size), *v.shape[1:]), dtype=v.dtype,
-                              pin_memory=True)
-        elif done is not None:
-            done.synchronize()
-        part = buf[: len(v)]
-        part.copy_(v)
-        dev = part.to(self.device, non_blocking=True)
-        copied = torch.cuda.Event()
-        copied.record(self.side)
-        pair.append((buf, copied))
-        return dev
 
     def _mask(self, out: dict[str, Any], epoch: int, number: int) -> None:
         """``uneven="mask"``: ``valid`` (a real sample, not padding) and ``index`` (its sample)."""
