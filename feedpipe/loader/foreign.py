@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import random
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 import torch
@@ -397,7 +397,7 @@ class _Kornia:
             + ["keypoints"] * len(spec.points) + ["bbox_xyxy"] * len(spec.boxes)
         self.seq = obj
         if len(keys) > 1:  # (a module: an augmentation or a sequence of them)
-            self.seq = K.AugmentationSequential(obj, data_keys=keys)  # type: ignore[arg-type]
+            self.seq = K.AugmentationSequential(cast(Any, obj), data_keys=keys)
 
     def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
         spec = self.spec
