@@ -20,8 +20,8 @@ from feedpipe import Output, Workers
 from feedpipe.loader.api import TorchLoader, loader_config
 from feedpipe.loader.memory import FEED_DEPTH
 from feedpipe.loader.sampler import World
+from feedpipe.loader.torch.backend import SlotRing
 from feedpipe.loader.torch.device_decode import DeviceDecoder
-from feedpipe.loader.torch.ring import SlotRing
 
 F32 = dict(size=32, device="cpu", crop="random_resized_crop", flip=True, seed=5,
            output=Output(dtype="float32"))

@@ -10,8 +10,8 @@ import numpy as np
 import feedpipe
 from converters.arrays import pack_arrays
 from feedpipe.loader import memory
-from feedpipe.loader.torch import ring as ring_mod
-from feedpipe.loader.torch.ring import SlotRing
+from feedpipe.loader.torch import backend as ring_mod
+from feedpipe.loader.torch.backend import SlotRing
 
 
 def test_no_ring_warning_when_nothing_stacks(tmp_path, caplog):

@@ -1,5 +1,5 @@
 """The torch backend's batch memory, in one place: how many batches its slot ring holds, their
-bytes, and whether /dev/shm has room for them. The backend (``loader.torch.ring.SlotRing``),
+bytes, and whether /dev/shm has room for them. The backend (``loader.torch.backend.SlotRing``),
 ``feedpipe doctor`` (/dev/shm) and the tuners (RAM budget) all ask here, so their figures agree
 by construction. torch-free: tools import it without starting torch."""
 
