@@ -1,4 +1,4 @@
-"""The feed engine (feedpipe/loader/engine.py): the training thread only takes finished batches,
+"""The feed engine (feedpipe/loader/position.py): the training thread only takes finished batches,
 the workers go on across epoch boundaries, a slot is never reused while a batch holds it, and
 another position drops what was made ahead. Real DataLoader workers, real files, on the CPU."""
 

@@ -19,7 +19,7 @@ SHM_PATH = "/dev/shm"
 Shapes = Mapping[str, "tuple[tuple[int, ...], Any]"]  # dtype: numpy's, or torch's
 
 
-#: finished batches the feed engine keeps ready ahead of the training step (loader/engine.py)
+#: finished batches the feed engine keeps ready ahead of the training step (loader/position.py)
 FEED_DEPTH = 2
 
 

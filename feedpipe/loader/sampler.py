@@ -150,7 +150,7 @@ class Plan:
 
 class PlanSampler:
     """Both backends' batch order: this rank's batches of each epoch, as index arrays (plans
-    only: the feed engine, :mod:`feedpipe.loader.engine`, asks for them in order); sharded
+    only: the feed engine, :mod:`feedpipe.loader.position`, asks for them in order); sharded
     formats keep each rank on whole shards. Thread-safe: the feed thread plans the next epoch
     while the training thread reads the current one.
 

@@ -1,7 +1,7 @@
 """The DALI backend: the torch backend's interface and batch dicts, with decode and augmentation
 in an NVIDIA DALI pipeline (on the GPU when there is one, in DALI's CPU threads otherwise).
 
-DALI is a decode stage inside the feed engine (:mod:`feedpipe.loader.engine`), as the torch
+DALI is a decode stage inside the feed engine (:mod:`feedpipe.loader.position`), as the torch
 backend's workers are: the engine's thread runs the pipeline's iterator and adds the host
 fields, and the position, epochs and hand-out are the engine's and
 :class:`~feedpipe.loader.position.EpochPosition`'s, the same as the torch backend's.
@@ -33,9 +33,8 @@ from ...errors import ConfigError, CorruptRecordError, FeedpipeError, LoaderErro
 from ...schema.masks import ignore_index_of
 from ..config import LoaderConfig, auto_workers
 from ..dataset import BatchDataset
-from ..engine import FeedEngine, Position, Ready
 from ..geometry import Framing
-from ..position import INDEX_KEY, VALID_KEY, EpochPosition
+from ..position import INDEX_KEY, VALID_KEY, EpochPosition, FeedEngine, Position, Ready
 from ..protocol import LoaderView
 from ..sampler import BatchRequest, PlanSampler, World, rng_for
 from ..transforms import ImageOp

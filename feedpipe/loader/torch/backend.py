@@ -1,5 +1,5 @@
 """The torch backend: DataLoader worker processes fill a ring of batch slots, and the feed
-engine's thread finishes each batch on the device (:mod:`feedpipe.loader.engine`).
+engine's thread finishes each batch on the device (:mod:`feedpipe.loader.position`).
 
 Per batch, in the feed thread: the worker's batch arrives as slot numbers; on CUDA the slot is
 copied to the device with ``non_blocking=True`` on a side stream (the ring is page-locked in
@@ -32,7 +32,6 @@ from ...schema.masks import ignore_index_of
 from ...workers import single_threaded
 from ..config import LoaderConfig
 from ..dataset import FALLBACK_KEY, SKIPPED_KEY, BatchDataset, SlotRef, raise_carried
-from ..engine import FeedEngine, Position, Ready
 from ..labels import RaggedList
 from ..memory import (
     Shapes,
@@ -44,7 +43,7 @@ from ..memory import (
     shm_wanted,
     size_text,
 )
-from ..position import INDEX_KEY, VALID_KEY, EpochPosition
+from ..position import INDEX_KEY, VALID_KEY, EpochPosition, FeedEngine, Position, Ready
 from ..protocol import LoaderView
 from ..sampler import BatchRequest, PlanSampler, World
 from ..transforms import ImageOp
