@@ -34,7 +34,7 @@ demo: $(VENV)/.installed-demo
 	$(BIN)/feedpipe demo
 
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -m "not heavy" tests
+	$(BIN)/python -m pytest -q -m "not heavy" --durations=15 tests
 
 # ruff (style, likely bugs), mypy (strict on the public API), lint-imports (the one-way layers
 # of ARCHITECTURE.md). Settings: pyproject.toml.

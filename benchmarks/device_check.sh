@@ -5,7 +5,7 @@
 # (cudaHostAlloc, /dev/shm registered in place, pageable) and cudaHostRegister's cost, nvJPEG
 # against a CPU core, the loader alone at 1-15 workers, and a ResNet-50 AMP step fed by CPU
 # decode, nvJPEG and DALI at 8 and 15 workers (fed rate over the step's own, GPU idle gaps).
-# Each step has its own time limit (about 9 minutes in all), so one failing step still leaves the
+# Each step has its own time limit (about 9 minutes in all; the fed step first), so one failing step still leaves the
 # others' figures. Wheels of feedpipe's own dependencies the machine lacks may wait in .whl/
 # (see benchmarks/README.md). Figures go to $OUT (default device-out/).
 set -u
@@ -33,20 +33,21 @@ step() {  # step NAME SECONDS COMMAND...: its output appended to $OUT/steps.log,
   $PY -c "import torchvision; print('torchvision', torchvision.__version__)" 2>&1 | tail -1
   $PY -c "import nvidia.dali as d; print('dali', d.__version__)" 2>&1 | tail -1; } >"$OUT/device.txt" 2>&1
 # the photos and their packing first, outside the timed steps' limits
-step data 120 $PY -c "
+step data 100 $PY -c "
 from pathlib import Path
 from converters import convert
 from converters.synth import make_photos
 d = Path('$DATA'); p = d / 'gpu-photos-8192'
 if not p.exists(): make_photos(p, 8192, size=(500, 375), classes=10, seed=3)
 if not (d / 'gpu-lmdb-8192').exists(): convert(p, d / 'gpu-lmdb-8192', to='lmdb', workers=8)"
-step tests 100 $PY -m pytest -q -p no:cacheprovider -rs -x tests/test_engine.py \
-    tests/test_device_decode.py tests/test_dali.py tests/test_augment.py tests/test_gpu_probe.py
+# the fed step first (the goal), then the copy and decode rates, the loader's scaling, the tests
+step training 200 $PY benchmarks/bench_gpu.py --parts training --data "$DATA" --images 8192 \
+    --batch 256 --steps 100 --warmup 12 --train-workers 8,15 --json "$OUT/gpu-training.json"
 step copy_decode 40 $PY benchmarks/bench_gpu.py --parts copy,decode --data "$DATA" \
     --images 8192 --json "$OUT/gpu-copy.json"
-step loader 110 $PY benchmarks/bench_gpu.py --parts loader --data "$DATA" --images 8192 \
+step loader 100 $PY benchmarks/bench_gpu.py --parts loader --data "$DATA" --images 8192 \
     --batch 256 --scale-workers 1,2,4,8,12,15 --workers 8 --loader-batches 30 \
     --json "$OUT/gpu-loader.json"
-step training 180 $PY benchmarks/bench_gpu.py --parts training --data "$DATA" --images 8192 \
-    --batch 256 --steps 100 --warmup 12 --train-workers 8,15 --json "$OUT/gpu-training.json"
+step tests 80 $PY -m pytest -q -p no:cacheprovider -rs tests/test_engine.py \
+    tests/test_device_decode.py tests/test_dali.py tests/test_augment.py tests/test_gpu_probe.py
 cat "$OUT/status.txt"
