@@ -117,7 +117,7 @@ def test_autotune_picks_one_of_its_trials_by_its_own_rule(packed):
     for t in res.trials:
         assert t.ram_bytes == SAMPLE_BYTES * 16 * ring_slots(t.workers, t.prefetch or 0)
     loader = feedpipe.make_loader(path, 16, **res.loader_options(), **OPTS)
-    assert loader.cfg.num_workers == res.num_workers  # the options reproduce the pick
+    assert loader.config.num_workers == res.num_workers  # the options reproduce the pick
 
 
 def test_budgets_are_respected(packed):
@@ -210,13 +210,13 @@ def test_make_loader_num_workers_tune(packed):
     path = packed["lmdb"]
     loader = feedpipe.make_loader(path, 16, workers=tuned(), **OPTS)
     res = autotune(path, 16, **OPTS)  # the same settings: what make_loader cached
-    assert res.cached and loader.cfg.num_workers == res.num_workers
+    assert res.cached and loader.config.num_workers == res.num_workers
     if res.num_workers:
-        assert loader.cfg.prefetch_factor == res.prefetch_factor
+        assert loader.config.workers.prefetch_factor == res.prefetch_factor
     assert sum(len(b["label"]) for b in loader) == 72
     fixed = feedpipe.make_loader(path, 16, workers=tuned(workers=Workers(prefetch_factor=2)),
                                  **OPTS)
-    assert fixed.cfg.num_workers == 0 or fixed.cfg.prefetch_factor == 2
+    assert fixed.config.num_workers == 0 or fixed.config.workers.prefetch_factor == 2
     assert {t.prefetch for t in autotune(path, 16, workers=Workers(prefetch_factor=2),
                                          **OPTS).trials} <= {None, 2}
     with pytest.raises(ConfigError, match="feedpipe.tuned"):

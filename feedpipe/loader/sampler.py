@@ -134,8 +134,9 @@ def order_spec(reader: DatasetReader, cfg: LoaderConfig, world: World, *,
         return MixOrder.of(reader, cfg)
     if not reader.shard_ranges():
         return OrderSpec(cfg.shuffle, 1, None, 0)  # map-style: the same order at any world size
-    return OrderSpec(cfg.shuffle, 1 if cfg.uneven == "mask" else world.size,
-                     cfg.shuffle_window if window == "config" else window, cfg.shuffle_buffer)
+    return OrderSpec(cfg.shuffle, 1 if cfg.sampler.uneven == "mask" else world.size,
+                     cfg.sampler.shuffle_window if window == "config" else window,
+                     cfg.sampler.shuffle_buffer)
 
 
 @dataclass(frozen=True)
@@ -176,7 +177,7 @@ class PlanSampler:
         streams = spec.build(len(self.reader), self.shards, seed=self.cfg.seed, epoch=epoch,
                              warn=epoch == 0 and seg is None)
         size, cfg = self.world.size, self.cfg
-        if cfg.uneven == "mask":
+        if cfg.sampler.uneven == "mask":
             rest = interleave(streams)[start:]
             batches, real = plan_masked(rest, self.world, cfg.batch_size)
             return Plan(batches, [len(rest)], real)
@@ -184,7 +185,7 @@ class PlanSampler:
             rest = interleave(streams)[start:]
             streams = [rest[r::size] for r in range(size)]
         batches = plan_batches(streams, self.world.rank, cfg.batch_size,
-                               drop_last=cfg.drop_last, uneven=cfg.uneven)
+                               drop_last=cfg.drop_last, uneven=cfg.sampler.uneven)
         return Plan(batches, [len(s) for s in streams], [len(b) for b in batches])
 
     def _cached(self, epoch: int, fresh: bool = False) -> Plan:
@@ -214,7 +215,7 @@ class PlanSampler:
         """Samples of ``epoch``'s global order that ``batches`` batches on every rank have read,
         counted from the plan's start (padding repeats are not counted)."""
         lengths = self._cached(epoch).lengths
-        if self.cfg.uneven == "mask":
+        if self.cfg.sampler.uneven == "mask":
             return min(lengths[0], batches * self.cfg.batch_size * self.world.size)
         return consumed(lengths, batches * self.cfg.batch_size)
 

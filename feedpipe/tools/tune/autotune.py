@@ -19,8 +19,7 @@ from typing import Any, Iterator, Sequence
 from ...dataset.registry import DatasetReader, open_dataset
 from ...errors import ConfigError
 from ...loader.api import make_loader
-from ...loader.config import auto_workers
-from ...loader.options import Workers
+from ...loader.config import Workers, auto_workers
 from ...loader.protocol import Loader
 from ..monitor import StallMeter
 from ..throughput import Trial, of_meter, warmup_batches
