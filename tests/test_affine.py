@@ -390,8 +390,7 @@ def test_refusals(seg: Path, packed) -> None:
     with pytest.raises(ConfigError, match="decode_on='device'"):
         BatchDataset(reader, ["image"], ImageOp((16, 16), affine=AFFINE), seed=0,
                      on_error="raise", encoded_images=True)
-    cfg = LoaderConfig(batch_size=8, size=16)
-    object.__setattr__(cfg, "affine", AFFINE)
+    cfg = LoaderConfig(batch_size=8, size=16, affine=AFFINE)
     with pytest.raises(ConfigError, match="DALI"):
         dali_loader(reader, cfg, World(0, 1), torch.device("cpu"))
 

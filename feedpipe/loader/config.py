@@ -14,21 +14,10 @@ import difflib
 import functools
 import inspect
 import os
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from types import SimpleNamespace
-from typing import (
-    TYPE_CHECKING,
-    Any,
-    Callable,
-    Container,
-    Literal,
-    Mapping,
-    NoReturn,
-    Sequence,
-    TypeVar,
-    get_args,
-    get_type_hints,
-)
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, get_args, get_type_hints
 
 from ..checks import conforms, describe
 from ..errors import ConfigError
@@ -71,7 +60,6 @@ _HOW = {
               "shortest rank) or 'mask' (full batches with a 'valid' mask: every sample counted "
               "once, for evaluation)",
     "size": "use an int (square) or (height, width) of positive ints",
-    "crop": "use 'resize', 'center_crop', 'random_resized_crop' or 'none'",
     "reader": "use 'plan' (feedpipe's order, every format) or 'webdataset' (DALI's native "
               "tar reader and order, WebDataset only)",
     "decode_on": "use 'cpu' (workers decode), 'device' (nvJPEG on the CUDA device through "
@@ -113,16 +101,6 @@ _LATE = {"torch": SimpleNamespace(device=object), "World": object}
 _HINTS: dict[type, dict[str, Any]] = {}  # each class's annotations, evaluated once
 
 
-def unknown(name: str, known: Sequence[str], where: str,
-            listed: Sequence[str] | None = None) -> ConfigError:
-    """``where`` got ``name``, which it does not take: name the closest of ``known``, else list
-    ``listed`` (default: all of them)."""
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean {close[0]!r}?" if close else \
-        f"the options are {', '.join(known if listed is None else listed)}"
-    return ConfigError(f"{where} got an unexpected keyword argument {name!r}; {hint}", option=name)
-
-
 def checked(target: T) -> T:
     """A typo in a keyword of ``target``, a function or a class (``make_loader(flp=True)``,
     ``Workers(prefech_factor=2)``), gets a did-you-mean ConfigError (else the list of those with
@@ -132,14 +110,16 @@ def checked(target: T) -> T:
     fn = t.__init__ if is_class else t
     params = inspect.signature(fn).parameters.values()
     known = [p.name for p in params if p.name != "self"]
-    listed = [p.name for p in params if p.default is not p.empty]
-    where = f"{t.__name__}()"
+    listed = ", ".join(p.name for p in params if p.default is not p.empty)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         for name in kwargs:
             if name not in known:
-                raise unknown(name, known, where, listed)
+                close = difflib.get_close_matches(name, known, n=1)
+                raise ConfigError(f"{t.__name__}() got an unexpected keyword argument {name!r}; "
+                                  + (f"did you mean {close[0]!r}?" if close else
+                                     f"the options are {listed}"), option=name)
         return fn(*args, **kwargs)
 
     if is_class:
@@ -513,4 +493,4 @@ def auto_workers(decodes: bool, cores: int | None = None, local_procs: int | Non
 
 
 __all__ = ["Dali", "LoaderConfig", "Mix", "Output", "RandomResizedCrop", "Remote", "Sampler",
-           "Tuned", "Workers", "auto_workers", "unknown"]
+           "Tuned", "Workers", "auto_workers", "checked"]

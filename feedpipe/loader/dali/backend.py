@@ -219,7 +219,7 @@ class DaliLoader(EpochPosition):
         # DALI's CPU threads decode (CPU mode) and assist nvJPEG (GPU mode): this rank's cores;
         # num_workers > 0 adds processes that read and plan batches (parallel external_source)
         self.threads = auto_workers(True)
-        self.py_workers = cfg.num_workers if isinstance(cfg.num_workers, int) else 0
+        self.py_workers = int(cfg.num_workers)  # resolved: loader.api.resolve
         if self.py_workers and cfg.workers.multiprocessing_context not in (None, "fork", "spawn"):
             raise ConfigError(f"multiprocessing_context={cfg.workers.multiprocessing_context!r}: "
                               "DALI starts its reader workers with 'fork' or 'spawn': use one of "
@@ -411,7 +411,7 @@ def dali_loader(reader: DatasetReader, cfg: LoaderConfig, world: World,
         raise ConfigError("transform= runs Python per sample in the torch backend's workers; "
                           "DALI's graph cannot run it: use backend='torch', or express the "
                           "augmentation on the batch after loading", option="transform")
-    if getattr(cfg, "affine", None) is not None:
+    if cfg.affine is not None:
         raise ConfigError("affine= resamples each sample in the torch backend's workers; DALI's "
                           "graph does not run it: use backend='torch'", option="affine")
     if cfg.dali.reader == "webdataset" and cfg.sampler.uneven == "mask":

@@ -202,7 +202,7 @@ def graph_spec(reader: DatasetReader, cfg: LoaderConfig, image: str,
         layout="HWC" if cfg.output.channels_last else "CHW", mean=mean, std=std, flip=cfg.flip,
         scale=cfg.random_resized_crop.scale, ratio=cfg.random_resized_crop.ratio,
         hw_decoder_load=cfg.dali.hw_decoder_load,
-        depth=cfg.workers.prefetch_factor if isinstance(cfg.workers.prefetch_factor, int) else 2)
+        depth=int(cfg.workers.prefetch_factor))
 
 
 class PlanSource:

@@ -236,10 +236,7 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
                           option="tolerance")
     if not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"repeats={repeats!r}: use an int >= 1", option="repeats")
-    fixed = (loader_options.get("workers") or Workers()).prefetch_factor
-    if fixed != "auto" and (not isinstance(fixed, int) or fixed < 1):
-        raise ConfigError(f"prefetch_factor={fixed!r}: use 'auto' (tuned) or an int >= 1",
-                          option="prefetch_factor")
+    fixed = (loader_options.get("workers") or Workers()).prefetch_factor  # Workers checked it
     depths = PREFETCH_DEPTHS if fixed == "auto" else (fixed,)
     max_workers = budget_cpus or auto_workers(True)  # this rank's share of the usable cores
     reader = source if isinstance(source, DatasetReader) else open_dataset(source)
