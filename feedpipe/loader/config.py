@@ -56,33 +56,23 @@ PREFETCH_DECODE = 4  # batches each worker keeps ahead when it decodes ("auto"; 
 _HOW = {
     "batch_size": "use a positive integer",
     "seed": "use a non-negative integer",
-    "uneven": "use 'pad' (wrap around so every rank gets the same count), 'drop' (trim to the "
-              "shortest rank) or 'mask' (full batches with a 'valid' mask: every sample counted "
-              "once, for evaluation)",
     "size": "use an int (square) or (height, width) of positive ints",
-    "reader": "use 'plan' (feedpipe's order, every format) or 'webdataset' (DALI's native "
-              "tar reader and order, WebDataset only)",
     "decode_on": "use 'cpu' (workers decode), 'device' (nvJPEG on the CUDA device through "
                  "torchvision) or 'auto' (the CPU workers, until a GPU run shows nvJPEG feeds "
                  "the step more: benchmarks/RESULTS.md)",
     "num_workers": "use 'auto' or an int >= 0 (0 loads in the main process); for measured "
                    "trials, workers=feedpipe.tuned()",
     "prefetch_factor": "use 'auto' or an int >= 1",
-    "on_error": "use 'raise' or 'skip' (count and refill)",
     "shuffle_window": "use a positive shard count, or None for the shuffle buffer",
     "max_pixels": "use a positive pixel count (width x height) or None for the dataset's own "
                   "limit",
     "max_scans": "use a positive count of JPEG scans or None for the dataset's own limit",
     "max_pixels_per_byte": "use a positive count of pixels a JPEG may declare per byte of file, "
                            "or None for the dataset's own limit",
-    "ragged": "use 'pad' (N×max rows plus counts/lengths: fixed-rank tensors, for DDP and "
-              "torch.compile) or 'list' (one tensor per sample)",
     "min_box_fraction": "use a fraction in [0, 1] of a box's area that must stay in the crop",
     "weights": "give one positive weight per mixed dataset (feedpipe.Mix([a, b], weights=...)), "
                "or None (each sample once per epoch)",
     "epoch_size": "use a positive sample count per epoch, or None (the datasets' sizes summed)",
-    "classes": "use 'equal' (refuse differing class lists) or 'union' (remap labels into one "
-               "list)",
     "mean": "give three per-channel values (RGB, in 0..1 units), or None",
     "std": "give three per-channel values (RGB, in 0..1 units), or None",
     "timeout": "use seconds > 0 (each request to a URL's store waits that long to connect or "
@@ -469,23 +459,15 @@ class LoaderConfig(Options):
     def fields_in(self, schema: Container[str]) -> tuple[str, ...]:
         """The fields to load: ``fields``, else those of :data:`DEFAULT_FIELDS` in ``schema``,
         else (array and time-series data: no image, no label) every field."""
-        if self.fields:
-            return self.fields
-        names: list[str] = list(getattr(schema, "names", ()))
-        return tuple(n for n in DEFAULT_FIELDS if n in schema) or tuple(names)
+        return self.fields or tuple(n for n in DEFAULT_FIELDS if n in schema) or tuple(
+            getattr(schema, "names", ()))
 
 
 def auto_workers(decodes: bool, cores: int | None = None, local_procs: int | None = None) -> int:
-    """The ``num_workers="auto"`` heuristic.
-
-    Usable cores are shared among the local data-parallel processes (``LOCAL_WORLD_SIZE``, one
-    per local GPU under torchrun). Decoding is CPU-bound, so each process gets one worker per
-    core of its share (the main process mostly waits on the queue and copies to the device).
-    Raw, decode-free data is memory-bound: at most :data:`RAW_WORKERS` workers. Since batches
-    travel in a reused shared-memory ring, 2 workers load it faster than the main process
-    (side-by-side runs of ``benchmarks/bench_kernel.py --groups raw``: benchmarks/RESULTS.md) for
-    about the same CPU per sample, and leave the main process free for the training step.
-    """
+    """``num_workers="auto"``: one worker per core of this process's share of the usable cores
+    (``LOCAL_WORLD_SIZE`` processes share them): decoding is CPU-bound. Raw data is memory-bound:
+    at most :data:`RAW_WORKERS`, which load it faster than the main process
+    (``benchmarks/bench_kernel.py --groups raw``: benchmarks/RESULTS.md)."""
     cores = cores or usable_cores()
     local = local_procs or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     share = max(1, cores // max(1, local))
