@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     import torch
 
     from ..dataset.registry import DatasetReader
-    from .sampler import World
 
 Crop = Literal["resize", "center_crop", "random_resized_crop", "none"]
 Backend = Literal["auto", "torch", "dali"]
@@ -85,9 +84,9 @@ _HOW = {
     "sampler": "pass feedpipe.Sampler(...) or None",
 }
 
-#: Annotations' names imported for type checkers only (torch loads with a loader, not with its
-#: configuration; the sampler imports this module): any value passes the annotation check here.
-_LATE = {"torch": SimpleNamespace(device=object), "World": object}
+#: torch, imported for type checkers only (it loads with a loader, not with its configuration):
+#: any value passes its annotation check here.
+_LATE = {"torch": SimpleNamespace(device=object)}
 _HINTS: dict[type, dict[str, Any]] = {}  # each class's annotations, evaluated once
 
 
@@ -116,6 +115,30 @@ def checked(target: T) -> T:
         t.__init__ = call
         return target
     return call  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's rank among ``size`` data-parallel processes."""
+
+    rank: int = 0
+    size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ConfigError(f"invalid world: rank {self.rank} of {self.size}")
+
+    @classmethod
+    def detect(cls) -> "World":
+        """torch.distributed when initialized, else RANK/WORLD_SIZE, else a single process."""
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return cls(dist.get_rank(), dist.get_world_size())
+        except ImportError:  # torch without distributed support
+            pass
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
 
 
 class Options:

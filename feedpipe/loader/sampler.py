@@ -13,7 +13,6 @@ samples of the global order consumed (:mod:`feedpipe.loader.position`).
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
@@ -22,36 +21,9 @@ import numpy as np
 
 from ..dataset.formats.base import DatasetReader
 from ..dataset.mixed import MixedReader
-from ..errors import ConfigError
-from .config import LoaderConfig
+from .config import LoaderConfig, Uneven, World
 from .mixing import MixOrder
 from .order import OrderSpec, consumed, interleave, rng_for, shuffle_buffer
-
-Uneven = Literal["pad", "drop", "mask"]
-
-
-@dataclass(frozen=True)
-class World:
-    """This process's rank among ``size`` data-parallel processes."""
-
-    rank: int = 0
-    size: int = 1
-
-    def __post_init__(self) -> None:
-        if self.size < 1 or not 0 <= self.rank < self.size:
-            raise ConfigError(f"invalid world: rank {self.rank} of {self.size}")
-
-    @classmethod
-    def detect(cls) -> "World":
-        """torch.distributed when initialized, else RANK/WORLD_SIZE, else a single process."""
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                return cls(dist.get_rank(), dist.get_world_size())
-        except ImportError:  # torch without distributed support
-            pass
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
 
 
 def plan_batches(streams: list[np.ndarray], rank: int, batch_size: int, *, drop_last: bool,
