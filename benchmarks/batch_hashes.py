@@ -72,12 +72,13 @@ def cpu_decode(files: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def device_decoded(path: Path, batch: int, **kw: Any) -> Any:
-    from feedpipe.loader.api import TorchLoader, loader_config
+    from feedpipe.loader.api import LoaderConfig, TorchLoader, resolve
     from feedpipe.loader.torch.device_decode import DeviceDecoder
 
-    cfg = loader_config(batch, **kw).resolve(cuda=False, decodes=True)
+    reader = feedpipe.open_dataset(path)
+    cfg = resolve(LoaderConfig(batch, **kw), reader)
     cpu = torch.device("cpu")
-    return TorchLoader(feedpipe.open_dataset(path), cfg, World(0, 1), cpu,
+    return TorchLoader(reader, cfg, World(0, 1), cpu,
                        DeviceDecoder(cpu, cpu_decode))
 
 

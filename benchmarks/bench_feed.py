@@ -78,14 +78,14 @@ def build(path: Path, kind: str, batch: int, workers: int) -> Any:
     if kind == "jpeg":
         return feedpipe.make_loader(path, batch, **kw)
     # nvJPEG's path with a CPU decoder in its place: workers ship encoded bytes and boxes
-    from feedpipe.loader.api import TorchLoader, loader_config
+    from feedpipe.loader.api import LoaderConfig, TorchLoader, resolve
     from feedpipe.loader.sampler import World
     from feedpipe.loader.torch.device_decode import DeviceDecoder
 
-    cfg = loader_config(batch, workers=Workers(decode_on="device"), **kw).resolve(
-        cuda=False, decodes=True)
+    reader = feedpipe.open_dataset(path)
+    cfg = resolve(LoaderConfig(batch, workers=Workers(decode_on="device"), **kw), reader)
     cpu = torch.device("cpu")
-    return TorchLoader(feedpipe.open_dataset(path), cfg, World(0, 1), cpu,
+    return TorchLoader(reader, cfg, World(0, 1), cpu,
                        DeviceDecoder(cpu, cpu_decode))
 
 

@@ -249,7 +249,7 @@ def raw_group(data: Path, n: int, rounds: int) -> dict[str, dict]:
     auto = feedpipe.make_loader(paths["lmdb"], BATCH, size=SIZE, device="cpu",
                                 output=Output(dtype="uint8"))
     res = group(f"raw uint8 LMDB (stored {SIZE}px), {n} images", runs, rounds)
-    res["auto_workers"] = {"num_workers": auto.cfg.num_workers}  # type: ignore[attr-defined]
+    res["auto_workers"] = {"num_workers": auto.config.num_workers}  # type: ignore[attr-defined]
     return res
 
 

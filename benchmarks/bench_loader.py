@@ -152,7 +152,7 @@ def main() -> None:
     for name, path in packed.items():
         ld = feedpipe.make_loader(path, BATCH, size=SIZE, device="cpu",
                                   output=Output(dtype="uint8"))
-        results.append(measure(f"make_loader {name} (workers={ld.cfg.num_workers})",
+        results.append(measure(f"make_loader {name} (workers={ld.config.num_workers})",
                                lambda ld=ld: drain(ld)))
 
     rate = {r.name: r.rate for r in results}

@@ -24,7 +24,6 @@ from harness import drain, measure_side_by_side, save  # noqa: E402
 import feedpipe  # noqa: E402
 from converters import convert  # noqa: E402
 from converters.synth import make_photos  # noqa: E402
-from feedpipe.loader.config import LoaderConfig  # noqa: E402
 from feedpipe.loader.mixing import epoch_counts, source_take  # noqa: E402
 from feedpipe.loader.sampler import rng_for  # noqa: E402
 
@@ -34,9 +33,8 @@ def plan_seconds(sizes: list[int]) -> float:
     interleave, as :func:`mix_order` does, without opening datasets)."""
     import numpy as np
 
-    cfg = LoaderConfig(batch_size=256, weights=(0.7, 0.3))
     t = time.perf_counter()
-    counts = epoch_counts(sizes, cfg.weights, None)
+    counts = epoch_counts(sizes, (0.7, 0.3), None)
     takes = [source_take(n, c, s, seed=0, epoch=3, shuffle=True)
              for s, (n, c) in enumerate(zip(sizes, counts))]
     labels = np.random.default_rng(0).permutation(np.repeat(np.arange(2), counts))

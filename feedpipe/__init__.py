@@ -25,9 +25,9 @@ _EXPORTS = {  # the public names -> the module (under feedpipe) that defines eac
     "Manifest": "dataset.manifest",
     "verify": "dataset.verify",
     "make_loader": "loader.api",
-    "Dali": "loader.options", "Mix": "loader.options", "Output": "loader.options",
-    "RandomResizedCrop": "loader.options", "Remote": "loader.options",
-    "Sampler": "loader.options", "Workers": "loader.options", "World": "loader.sampler",
+    "Dali": "loader.config", "Mix": "loader.config", "Output": "loader.config",
+    "RandomResizedCrop": "loader.config", "Remote": "loader.config",
+    "Sampler": "loader.config", "Workers": "loader.config", "World": "loader.sampler",
     "tuned": "tools.tuned",
     "LoaderConfig": "loader.config",
     "Loader": "loader.protocol",
@@ -68,9 +68,9 @@ if TYPE_CHECKING:
         UnsafePathError,
     )
     from .loader.api import make_loader
-    from .loader.config import LoaderConfig
-    from .loader.options import (
+    from .loader.config import (
         Dali,
+        LoaderConfig,
         Mix,
         Output,
         RandomResizedCrop,

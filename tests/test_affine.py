@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -391,17 +390,14 @@ def test_refusals(seg: Path, packed) -> None:
     with pytest.raises(ConfigError, match="decode_on='device'"):
         BatchDataset(reader, ["image"], ImageOp((16, 16), affine=AFFINE), seed=0,
                      on_error="raise", encoded_images=True)
-    cfg = LoaderConfig(batch_size=8, size=16)
-    object.__setattr__(cfg, "affine", AFFINE)
+    cfg = LoaderConfig(batch_size=8, size=16, affine=AFFINE)
     with pytest.raises(ConfigError, match="DALI"):
         dali_loader(reader, cfg, World(0, 1), torch.device("cpu"))
 
 
 def test_of_reads_the_configs_affine() -> None:
     assert ImageOp.of(LoaderConfig(batch_size=1, size=8)).affine is None
-    cfg = SimpleNamespace(size=(8, 8), crop="center_crop", scale=(0.08, 1.0),
-                          ratio=(0.75, 4 / 3), flip=False, affine=AFFINE)
-    op = ImageOp.of(cfg)  # type: ignore[arg-type]
+    op = ImageOp.of(LoaderConfig(batch_size=1, size=8, affine=AFFINE))
     assert op.affine is AFFINE and op.random
     assert AFFINE.degrees == (-40.0, 40.0) and AFFINE.shear == (-10.0, 10.0, -5.0, 5.0)
     assert RandomAffine(5, shear=7).shear == (-7.0, 7.0, 0.0, 0.0)

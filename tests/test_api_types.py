@@ -1,15 +1,13 @@
 """The public API's shape: make_loader's short signature and option groups, help() on one
-screen, typo suggestions, the old keywords' new homes, and LoaderConfig's check of every option
-by type (driven by its annotations) as well as by value."""
+screen, typo suggestions, the configuration's check of every option by type (driven by its
+annotations) as well as by value, and the resolved configuration a loader shows."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import pydoc
 import re
 import textwrap
-from pathlib import Path
 from typing import Literal, Optional
 
 import pytest
@@ -17,32 +15,19 @@ import torch
 
 import converters
 import feedpipe
+from converters import convert
 from feedpipe import Output
 from feedpipe.checks import conforms, describe
 from feedpipe.errors import ConfigError
-from feedpipe.loader.api import MOVED, make_loader
-from feedpipe.loader.config import LoaderConfig
-from feedpipe.loader.options import _FLAT
+from feedpipe.loader.api import make_loader
+from feedpipe.loader.config import PREFETCH_DECODE, LoaderConfig, auto_workers
 
 
-def test_signature_is_short_and_every_option_reachable_once_with_one_default():
-    """About 15 keywords; every LoaderConfig option is either one of them or a field of one
-    option group, with the same default there as in the config (they cannot drift)."""
+def test_signature_is_short_and_every_keyword_documented():
     params = inspect.signature(feedpipe.make_loader).parameters
     assert list(params)[:2] == ["source", "batch_size"]
     shown = {n: p.default for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY}
     assert len(shown) <= 16
-    config = {f.name: f.default for f in dataclasses.fields(LoaderConfig)
-              if f.name != "batch_size"}
-    reached: dict[str, object] = {n: d for n, d in shown.items() if n in config}
-    for group, names in _FLAT.items():
-        for f in dataclasses.fields(group):
-            if f.name in names:
-                assert names[f.name] not in reached, names[f.name]  # one place each
-                reached[names[f.name]] = f.default
-    for f in dataclasses.fields(feedpipe.Remote)[1:]:  # a source: opens its URL itself
-        reached[f.name] = f.default
-    assert reached == config
     doc = inspect.getdoc(make_loader)
     for name in shown:  # one documented line each (Google style: under "Args:")
         assert re.search(rf"^\s+(\w+, )*{name}(, \w+)*: ", doc, re.M), name
@@ -55,7 +40,7 @@ def test_help_fits_on_one_screen():
     assert len(lines) <= 50, len(lines)
 
 
-def test_the_common_case_is_one_line_and_groups_fold_into_the_config(packed):
+def test_the_common_case_is_one_line_and_groups_nest_in_the_config(packed):
     ld = feedpipe.make_loader(packed["lmdb"], 8, size=32, crop="random_resized_crop", flip=True)
     assert next(iter(ld))["image"].shape[1:] == (3, 32, 32)
     ld = feedpipe.make_loader(
@@ -63,8 +48,9 @@ def test_the_common_case_is_one_line_and_groups_fold_into_the_config(packed):
         device="cpu", num_workers=0, workers=feedpipe.Workers(on_error="skip"),
         output=feedpipe.Output(dtype="uint8", mean=None, std=None),
         sampler=feedpipe.Sampler(shuffle_window=2), backend="torch")
-    cfg = ld.cfg
-    assert (cfg.crop, cfg.scale, cfg.on_error, cfg.dtype, cfg.mean, cfg.shuffle_window) == \
+    cfg = ld.config
+    assert (cfg.crop, cfg.random_resized_crop.scale, cfg.workers.on_error, cfg.output.dtype,
+            cfg.output.mean, cfg.sampler.shuffle_window) == \
         ("random_resized_crop", (0.5, 1.0), "skip", "uint8", None, 2)
     assert next(iter(ld))["image"].dtype == torch.uint8
     assert feedpipe.convert is converters.convert  # Python's convert, beside make_loader
@@ -95,60 +81,95 @@ def test_typo_in_an_option_group_names_the_closest_field(group, typo, close):
     assert exc.value.option == typo
 
 
-def test_every_old_keyword_names_its_new_home(packed):
-    """The flat keywords of before 0.1: each gets a ConfigError that says where it went, and the
-    README's mapping paragraph names every one."""
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    mapping = readme[readme.index("## Options moved in 0.1"):]
-    mapping = mapping[:mapping.index("\n#", 1)]
-    for old, new in MOVED.items():
-        group = re.match(r"(\w+)=feedpipe\.(\w+)\(", new)
-        assert group, new
-        with pytest.raises(ConfigError, match=re.escape(f"{old}= moved: use {new}")) as exc:
-            feedpipe.make_loader(packed["lmdb"], 4, **{old: None})
-        assert exc.value.option == old
-        param, cls = group.groups()
-        assert param in inspect.signature(make_loader).parameters
-        field = new[new.index("(") + 1:].split("=")[0].split(", ")[-1]
-        assert field in {f.name for f in dataclasses.fields(getattr(feedpipe, cls))}, new
-        assert f"`{old}=`" in mapping, old  # the README says it too
-    with pytest.raises(ConfigError, match=r"num_workers='tune' moved: use workers=feedpipe\."
-                       r"tuned\(\)") as exc:
-        feedpipe.make_loader(packed["lmdb"], 4, num_workers="tune")
-    assert exc.value.option == "num_workers" and "`num_workers=\"tune\"`" in mapping
-
-
-@pytest.mark.parametrize("option, value, accepted", [
-    ("flip", "yes", "True or False"),
-    ("shuffle", 1, "True or False"),
-    ("batch_size", 2.0, "positive integer"),
-    ("size", "224", r"\(height, width\)"),
-    ("size", (224, 224.0), r"\(height, width\)"),
-    ("scale", "ab", r"a \(float, float\) tuple"),
-    ("pin_memory", "yes", "True, False or 'auto'"),
-    ("num_workers", 2.0, "'auto' or an int"),
-    ("dtype", "int7", "'float32', 'float16', 'bfloat16' or 'uint8'"),
-    ("multiprocessing_context", "thread", "'fork', 'spawn', 'forkserver' or None"),
-    ("device", 3, "a str"),
-    ("fields", ("image", 1), "a tuple of str or None"),
-    ("max_pixels", 1.5, "positive pixel count"),
-    ("dali_hw_decoder_load", "0.5", "a float"),
+@pytest.mark.parametrize("group, option, value, accepted", [
+    (LoaderConfig, "flip", "yes", "True or False"),
+    (LoaderConfig, "shuffle", 1, "True or False"),
+    (LoaderConfig, "batch_size", 2.0, "positive integer"),
+    (LoaderConfig, "size", "224", r"\(height, width\)"),
+    (LoaderConfig, "size", (224, 224.0), r"\(height, width\)"),
+    (LoaderConfig, "num_workers", 2.0, "'auto' or an int"),
+    (LoaderConfig, "device", 3, "a str"),
+    (LoaderConfig, "fields", ("image", 1), "a tuple of str or None"),
+    (LoaderConfig, "output", "uint8", r"feedpipe\.Output\(\.\.\.\)"),
+    (feedpipe.RandomResizedCrop, "scale", "ab", r"a \(float, float\) tuple"),
+    (feedpipe.Workers, "pin_memory", "yes", "True, False or 'auto'"),
+    (feedpipe.Workers, "multiprocessing_context", "thread",
+     "'fork', 'spawn', 'forkserver' or None"),
+    (feedpipe.Workers, "max_pixels", 1.5, "positive pixel count"),
+    (feedpipe.Output, "dtype", "int7", "'float32', 'float16', 'bfloat16' or 'uint8'"),
+    (feedpipe.Dali, "hw_decoder_load", "0.5", "a float"),
+    (feedpipe.Mix, "classes", "all", "'equal'"),
+    (feedpipe.Remote, "timeout", "30", "seconds > 0"),
 ])
-def test_config_refuses_wrong_types_naming_option_and_values(option, value, accepted):
+def test_each_group_refuses_wrong_types_naming_option_and_values(group, option, value, accepted):
+    first = {LoaderConfig: "batch_size", feedpipe.Mix: "sources", feedpipe.Remote: "url"}
+    given = {first[group]: {LoaderConfig: 4, feedpipe.Mix: []}.get(group, "s3://b/d")} \
+        if group in first else {}
     with pytest.raises(ConfigError, match="^" + re.escape(f"{option}={value!r}: ") + f".*{accepted}"
                        ) as exc:
-        LoaderConfig(**{"batch_size": 4, option: value})
+        group(**{**given, option: value})
+    assert exc.value.option == option
+
+
+@pytest.mark.parametrize("make, option, said", [
+    (lambda: feedpipe.Workers(prefetch_factor=0), "prefetch_factor", "'auto' or an int >= 1"),
+    (lambda: feedpipe.Workers(batch_timeout=0), "batch_timeout", "seconds > 0"),
+    (lambda: feedpipe.Output(mean=None), "mean", "mean and std go together"),
+    (lambda: feedpipe.Output(std=(1, 0, 1)), "std", "values must be positive"),
+    (lambda: feedpipe.Sampler(shuffle_buffer=0), "shuffle_buffer", "positive sample count"),
+    (lambda: feedpipe.RandomResizedCrop(scale=(0.5, 0.2)), "scale", "0 < min <= max <= 1"),
+    (lambda: feedpipe.Dali(hw_decoder_load=1.5), "hw_decoder_load", r"fraction in \[0, 1\]"),
+    (lambda: feedpipe.Remote("s3://b/d", cache_limit="256 parsecs"), "cache_limit", "256 parsecs"),
+    (lambda: feedpipe.Remote("s3://b/d", storage_options=[1]), "storage_options", "a dict"),
+    (lambda: feedpipe.Mix([], weights=[-1, 2]), "weights", "one positive weight"),
+    (lambda: LoaderConfig(4, drop_last=True, sampler=feedpipe.Sampler(uneven="mask")),
+     "uneven", "one or the other"),
+])
+def test_each_group_checks_its_values_when_built(make, option, said):
+    with pytest.raises(ConfigError, match=said) as exc:
+        make()
     assert exc.value.option == option
 
 
 def test_config_takes_the_convenient_spellings():
-    import torch
+    cfg = LoaderConfig(4, size=32, fields=["image"], output=feedpipe.Output(mean=[0, 0, 0],
+                       std=[1, 1, 1]), crop=feedpipe.RandomResizedCrop(scale=(1, 1)),
+                       backend=feedpipe.Dali(reader="webdataset"), device=torch.device("cpu"),
+                       workers=None)
+    assert (cfg.size, cfg.fields, cfg.output.mean, cfg.crop, cfg.random_resized_crop.scale) == \
+        ((32, 32), ("image",), (0.0, 0.0, 0.0), "random_resized_crop", (1.0, 1.0))
+    assert (cfg.backend, cfg.dali.reader, cfg.device, cfg.workers) == \
+        ("dali", "webdataset", torch.device("cpu"), feedpipe.Workers())
+    assert all(type(v) is float for v in cfg.output.std)
 
-    cfg = LoaderConfig(4, size=32, fields=["image"], mean=[0, 0, 0], std=[1, 1, 1],
-                       scale=(1, 1), device=torch.device("cpu"))
-    assert (cfg.size, cfg.fields, cfg.mean, cfg.scale, cfg.device) == \
-        ((32, 32), ("image",), (0.0, 0.0, 0.0), (1.0, 1.0), "cpu")
-    assert all(type(v) is float for v in cfg.std)
+
+def test_the_loader_shows_every_choice_resolved(packed, photo_dir, tmp_path):
+    """``loader.config`` is the configuration with every "auto" decided, once, from the machine
+    and the dataset: the same object the backend reads (its ``describe()`` agrees)."""
+    ld = feedpipe.make_loader(packed["lmdb"], 8, size=32)
+    cfg = ld.config
+    cuda = torch.cuda.is_available()
+    assert cfg.device == (torch.device("cuda", torch.cuda.current_device()) if cuda
+                          else torch.device("cpu"))
+    assert (cfg.backend, cfg.fields, cfg.num_workers) == ("torch", ("image", "label"),
+                                                          auto_workers(True))
+    assert (cfg.workers.prefetch_factor, cfg.workers.pin_memory, cfg.workers.decode_on) == \
+        (PREFETCH_DECODE, cuda, "cpu")
+    assert "auto" not in repr(cfg), cfg
+    view = ld.describe()
+    assert (view.num_workers, view.device, view.backend) == (cfg.num_workers, cfg.device.type,
+                                                             cfg.backend)
+    assert view.prefetch_factor == (cfg.workers.prefetch_factor if cfg.num_workers else None)
+    fixed = feedpipe.make_loader(packed["lmdb"], 8, size=32, device="cpu", num_workers=0,
+                                 fields=["image"], workers=feedpipe.Workers(prefetch_factor=3))
+    assert (fixed.config.device, fixed.config.num_workers, fixed.config.fields,
+            fixed.config.workers.prefetch_factor, fixed.config.workers.pin_memory) == \
+        (torch.device("cpu"), 0, ("image",), 3, False)
+    raw = tmp_path / "raw"
+    convert(photo_dir, raw, to="lmdb", workers=0, store="raw", resize=(24, 24))
+    decode_free = feedpipe.make_loader(raw, 4, device="cpu").config
+    assert (decode_free.num_workers, decode_free.workers.prefetch_factor) == \
+        (auto_workers(False), 2)
 
 
 def test_conforms_and_describe_each_kind():

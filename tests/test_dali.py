@@ -251,8 +251,8 @@ def test_requests_dali_cannot_serve(packed, tmp_path):
     convert(images, tmp_path / "seg.lmdb", to="lmdb", masks=masks, workers=0)
     with pytest.raises(ConfigError, match="masks or targets"):
         dali(tmp_path / "seg.lmdb", 2, size=16, fields=["image", "mask"], **U8)
-    with pytest.raises(ConfigError, match="dali_hw_decoder_load"):
-        LoaderConfig(batch_size=2, dali_hw_decoder_load=1.5)
+    with pytest.raises(ConfigError, match="hw_decoder_load"):
+        LoaderConfig(batch_size=2, backend=Dali(hw_decoder_load=1.5))
     with pytest.raises(ConfigError, match="'fork' or 'spawn': use one of those"):
         dali(packed["lmdb"], 8, size=32, num_workers=1,
              workers=Workers(multiprocessing_context="forkserver"), **U8)

@@ -23,7 +23,7 @@ import feedpipe
 from converters import convert
 from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError, CorruptRecordError
-from feedpipe.loader.api import TorchLoader, loader_config
+from feedpipe.loader.api import LoaderConfig, TorchLoader, resolve
 from feedpipe.loader.dataset import BatchDataset
 from feedpipe.loader.sampler import BatchRequest, World
 from feedpipe.loader.torch.device_decode import DeviceDecoder, EncodedBatch, choose, nvjpeg
@@ -41,8 +41,9 @@ def cpu_decode(files: list[torch.Tensor]) -> list[torch.Tensor]:
 
 def device_loader(path: Path, batch_size: int, **options) -> TorchLoader:
     """A torch-backend loader whose JPEGs are decoded by ``cpu_decode`` in the device stage."""
-    cfg = loader_config(batch_size, **options).resolve(cuda=False, decodes=True)
-    return TorchLoader(feedpipe.open_dataset(path), cfg, World(0, 1), CPU,
+    reader = feedpipe.open_dataset(path)
+    cfg = resolve(LoaderConfig(batch_size, **options), reader)
+    return TorchLoader(reader, cfg, World(0, 1), CPU,
                        DeviceDecoder(CPU, cpu_decode))
 
 

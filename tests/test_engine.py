@@ -17,7 +17,7 @@ import torch
 
 import feedpipe
 from feedpipe import Output, Workers
-from feedpipe.loader.api import TorchLoader, loader_config
+from feedpipe.loader.api import LoaderConfig, TorchLoader, resolve
 from feedpipe.loader.memory import FEED_DEPTH
 from feedpipe.loader.sampler import World
 from feedpipe.loader.torch.backend import SlotRing
@@ -34,10 +34,10 @@ def cpu_decode(files: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 def device_decoded(path, batch: int, **kw) -> TorchLoader:
-    cfg = loader_config(batch, workers=Workers(decode_on="device"), **kw).resolve(
-        cuda=False, decodes=True)
+    reader = feedpipe.open_dataset(path)
+    cfg = resolve(LoaderConfig(batch, workers=Workers(decode_on="device"), **kw), reader)
     cpu = torch.device("cpu")
-    return TorchLoader(feedpipe.open_dataset(path), cfg, World(0, 1), cpu,
+    return TorchLoader(reader, cfg, World(0, 1), cpu,
                        DeviceDecoder(cpu, cpu_decode))
 
 

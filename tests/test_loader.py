@@ -236,20 +236,19 @@ def test_worker_memory_is_stable(packed):
 
 
 def test_config_errors(packed):
+    """A bad option is refused naming it, an option group's when the group is built."""
     p = packed["lmdb"]
-    for kwargs, hint in [(dict(batch_size=0), "positive"), (dict(num_workers=-1), "num_workers"),
-                         (dict(crop="bogus"), "center_crop"),
-                         (dict(output=Output(dtype="int7")), "float16"),
-                         (dict(output=Output(mean=(0.5, 0.5))), "three"),
-                         (dict(output=Output(std=None)), "together"),
-                         (dict(crop="resize"), "pass size="),
-                         (dict(workers=Workers(on_error="ignore")), "skip"),
-                         (dict(fields=["nope"]), "not in the dataset")]:
-        kw = {"batch_size": 4, "size": 32, **kwargs}
+    for kwargs, hint in [(lambda: dict(batch_size=0), "positive"),
+                         (lambda: dict(num_workers=-1), "num_workers"),
+                         (lambda: dict(crop="bogus"), "center_crop"),
+                         (lambda: dict(output=Output(dtype="int7")), "float16"),
+                         (lambda: dict(output=Output(mean=(0.5, 0.5))), "three"),
+                         (lambda: dict(output=Output(std=None)), "together"),
+                         (lambda: dict(crop="resize", size=None), "pass size="),
+                         (lambda: dict(workers=Workers(on_error="ignore")), "skip"),
+                         (lambda: dict(fields=["nope"]), "not in the dataset")]:
         with pytest.raises(ConfigError, match=hint):
-            if "size" in kwargs or kwargs.get("crop") == "resize":
-                kw.pop("size", None)
-            feedpipe.make_loader(p, **kw)
+            feedpipe.make_loader(p, **{"batch_size": 4, "size": 32, **kwargs()})
 
 
 def test_auto_workers_heuristic(monkeypatch):
@@ -273,7 +272,7 @@ def test_raw_store_loads_exact_pixels(tmp_path, photo_dir):
     convert(photo_dir, out, to="lmdb", store="raw", resize=40, workers=0)
     ds = feedpipe.open_dataset(out)
     ld = feedpipe.make_loader(out, 9, size=40, crop="none", shuffle=False, **U8)
-    assert ld.cfg.num_workers == min(usable_cores(), 2)  # "auto" on raw data
+    assert ld.config.num_workers == min(usable_cores(), 2)  # "auto" on raw data
     imgs = torch.cat([b["image"] for b in ld]).permute(0, 2, 3, 1).numpy()
     assert all(np.array_equal(imgs[i], ds[i]["image"]) for i in range(len(ds)))
 

@@ -111,7 +111,7 @@ def test_the_readme_example_runs_as_written(packed, other):
 def test_proportions_close_to_weights_within_batches(packed, other):
     """The interleave is a seeded shuffle: a long epoch's running share follows the weights."""
     r = MixedReader([open_dataset(packed["lmdb"]), open_dataset(other["hdf5"])])
-    cfg = LoaderConfig(batch_size=8, weights=(0.7, 0.3), epoch_size=2000)
+    cfg = LoaderConfig(batch_size=8, mix=Mix([], weights=(0.7, 0.3), epoch_size=2000))
     order = mix_order(r, cfg, 0)
     from_b = (order >= 72).astype(float)
     assert from_b.sum() == 600
@@ -123,12 +123,12 @@ def test_down_and_up_sampling_cover_sources(packed, other):
     """A down-weighted source sees all its samples before any repeat (across epochs); an
     up-weighted one repeats each sample count // size times."""
     r = MixedReader([open_dataset(packed["hdf5"]), open_dataset(other["wds"])])
-    cfg = LoaderConfig(batch_size=8, weights=(1, 1), epoch_size=72)  # a: 36 of 72, b: 36 of 30
+    cfg = LoaderConfig(batch_size=8, mix=Mix([], weights=(1, 1), epoch_size=72))  # a: 36 of 72, b: 36 of 30
     e0, e1 = mix_order(r, cfg, 0), mix_order(r, cfg, 1)
     a = np.concatenate([e0[e0 < 72], e1[e1 < 72]])
     assert sorted(a.tolist()) == list(range(72))
     assert not np.array_equal(e0, e1)
-    cfg = LoaderConfig(batch_size=8, weights=(0, 1), epoch_size=60)
+    cfg = LoaderConfig(batch_size=8, mix=Mix([], weights=(0, 1), epoch_size=60))
     b = mix_order(r, cfg, 0)
     assert Counter(b.tolist()) == {72 + i: 2 for i in range(N_OTHER)}
 

@@ -14,7 +14,7 @@ import feedpipe
 from feedpipe.dataset.formats.base import DatasetReader
 from feedpipe.dataset.registry import open_dataset
 from feedpipe.errors import ConfigError
-from feedpipe.loader.config import LoaderConfig
+from feedpipe.loader.config import LoaderConfig, Mix
 from feedpipe.loader.mixing import MixOrder, open_mix
 from feedpipe.loader.order import OrderSpec
 from feedpipe.loader.sampler import PlanSampler, World
@@ -27,7 +27,7 @@ KW = dict(size=16, output=feedpipe.Output(dtype="uint8"), device="cpu", num_work
 def test_a_mix_is_an_order_spec(packed):
     """The sampler of a mix follows a MixOrder: its one stream is the epoch's global order,
     dealt round-robin to ranks like any one-stream order."""
-    cfg = LoaderConfig(batch_size=4, seed=3, weights=(0.25, 0.75), epoch_size=40)
+    cfg = LoaderConfig(batch_size=4, seed=3, mix=Mix([], weights=(0.25, 0.75), epoch_size=40))
     mix = open_mix([packed["lmdb"], packed["wds"]], cfg)
     ranks = [PlanSampler(mix, cfg, World(r, 2)) for r in range(2)]
     order = ranks[0].order

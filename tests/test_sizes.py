@@ -8,7 +8,7 @@ import pytest
 from feedpipe.cli import build_parser
 from feedpipe.dataset.formats.wds import WdsWriter
 from feedpipe.errors import ConfigError
-from feedpipe.loader.config import LoaderConfig
+from feedpipe.loader.config import Remote
 from feedpipe.storage.cache import Cache
 from feedpipe.storage.sizes import parse_size
 
@@ -46,9 +46,9 @@ def test_every_size_option_reads_sizes_alike(tmp_path):
     assert p.parse_args(["bench", src, "--cache-limit", "4096"]).cache_limit == 4096
     # the Python options read the same text the same way
     assert Cache(tmp_path / "c", limit="256MB").limit == 256 * 10**6
-    LoaderConfig(4, cache_limit="256MB")
+    Remote("s3://b/d", cache_limit="256MB")
     with pytest.raises(ConfigError, match="cache_limit='256 parsecs'") as exc:
-        LoaderConfig(4, cache_limit="256 parsecs")
+        Remote("s3://b/d", cache_limit="256 parsecs")
     assert exc.value.option == "cache_limit"
     # the defaults keep their bytes: 256 MiB shards and members, as the writer's own default
     defaults = p.parse_args(convert)

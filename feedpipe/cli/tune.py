@@ -11,7 +11,7 @@ from .args import hw_size, size_arg
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from ..loader.options import Output
+    from ..loader.config import Output
     from ..tools.tune.autotune import autotune  # torch: only when the command runs
 
     options: dict[str, Any] = {"crop": args.crop, "output": Output(dtype=args.dtype),

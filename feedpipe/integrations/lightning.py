@@ -25,7 +25,7 @@ from typing import Any
 
 from ..errors import ConfigError, MissingDependencyError
 from ..loader.api import make_loader
-from ..loader.options import Sampler
+from ..loader.config import Sampler
 from ..loader.position import EpochPosition
 from ..loader.sampler import World
 from ..tools.monitor import LoaderInfo, StallMeter, batch_rows

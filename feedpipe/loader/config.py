@@ -1,23 +1,34 @@
-"""LoaderConfig: every ``make_loader`` option, its groups (``loader/options.py``) flattened, in
-one frozen, validated object.
+"""The loader's configuration: :class:`LoaderConfig`, ``make_loader``'s options in one frozen
+object with its option groups nested (``cfg.workers.prefetch_factor``, ``cfg.output.dtype``),
+and the sources that take options (:class:`Remote`, :class:`Mix`).
 
-Bad values are rejected up front with a message that says how to fix them; "auto" values are
-resolved once by :meth:`LoaderConfig.resolve` against the machine and the dataset.
+Each group checks its own fields when built: each against its annotation (``flip="yes"`` and
+``batch_size=2.0`` are refused, naming the option and what it accepts), then by value, and a
+misspelt field gets the closest name. "auto" values stay until ``loader.api.resolve`` replaces
+them, once, from the machine and the dataset.
 """
 
 from __future__ import annotations
 
+import difflib
+import functools
+import inspect
 import os
-from dataclasses import dataclass, replace
-from dataclasses import fields as dataclass_fields
-from functools import cache
-from typing import Any, Callable, Container, Literal, get_args, get_type_hints
+from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, TypeVar, get_args, get_type_hints
 
 from ..checks import conforms, describe
 from ..errors import ConfigError
 from ..storage.cache import parse_limit
-from ..system import usable_cores as usable_cores  # re-exported: loader.api names it
+from ..system import usable_cores as usable_cores  # re-exported: tests and benchmarks name it
 from .affine_params import RandomAffine
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..dataset.registry import DatasetReader
 
 Crop = Literal["resize", "center_crop", "random_resized_crop", "none"]
 Backend = Literal["auto", "torch", "dali"]
@@ -32,6 +43,7 @@ Auto = Literal["auto"]
 MixClasses = Literal["equal", "union"]
 
 _DTYPES = get_args(Dtype)
+T = TypeVar("T")
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -43,216 +55,447 @@ PREFETCH_DECODE = 4  # batches each worker keeps ahead when it decodes ("auto"; 
 _HOW = {
     "batch_size": "use a positive integer",
     "seed": "use a non-negative integer",
-    "uneven": "use 'pad' (wrap around so every rank gets the same count), 'drop' (trim to the "
-              "shortest rank) or 'mask' (full batches with a 'valid' mask: every sample counted "
-              "once, for evaluation)",
     "size": "use an int (square) or (height, width) of positive ints",
-    "crop": "use 'resize', 'center_crop', 'random_resized_crop' or 'none'",
-    "dali_reader": "use 'plan' (feedpipe's order, every format) or 'webdataset' (DALI's native "
-                   "tar reader and order, WebDataset only)",
     "decode_on": "use 'cpu' (workers decode), 'device' (nvJPEG on the CUDA device through "
                  "torchvision) or 'auto' (the CPU workers, until a GPU run shows nvJPEG feeds "
                  "the step more: benchmarks/RESULTS.md)",
     "num_workers": "use 'auto' or an int >= 0 (0 loads in the main process); for measured "
                    "trials, workers=feedpipe.tuned()",
     "prefetch_factor": "use 'auto' or an int >= 1",
-    "on_error": "use 'raise' or 'skip' (count and refill)",
     "shuffle_window": "use a positive shard count, or None for the shuffle buffer",
     "max_pixels": "use a positive pixel count (width x height) or None for the dataset's own "
                   "limit",
     "max_scans": "use a positive count of JPEG scans or None for the dataset's own limit",
     "max_pixels_per_byte": "use a positive count of pixels a JPEG may declare per byte of file, "
                            "or None for the dataset's own limit",
-    "ragged": "use 'pad' (N×max rows plus counts/lengths: fixed-rank tensors, for DDP and "
-              "torch.compile) or 'list' (one tensor per sample)",
     "min_box_fraction": "use a fraction in [0, 1] of a box's area that must stay in the crop",
     "weights": "give one positive weight per mixed dataset (feedpipe.Mix([a, b], weights=...)), "
                "or None (each sample once per epoch)",
     "epoch_size": "use a positive sample count per epoch, or None (the datasets' sizes summed)",
-    "mix_classes": "use 'equal' (refuse differing class lists) or 'union' (remap labels into "
-                   "one list)",
     "mean": "give three per-channel values (RGB, in 0..1 units), or None",
     "std": "give three per-channel values (RGB, in 0..1 units), or None",
     "timeout": "use seconds > 0 (each request to a URL's store waits that long to connect or "
                "for its next bytes), or None for 30",
+    "device": "use a str ('auto', 'cpu', 'cuda[:N]') or a torch.device",
+    "affine": "pass feedpipe.loader.transforms.RandomAffine(degrees, translate, scale, shear) "
+              "or None",
+    "workers": "pass feedpipe.Workers(...) or feedpipe.tuned(...)",
+    "output": "pass feedpipe.Output(...) or None",
+    "sampler": "pass feedpipe.Sampler(...) or None",
 }
+
+#: torch, imported for type checkers only (it loads with a loader, not with its configuration):
+#: any value passes its annotation check here.
+_LATE = {"torch": SimpleNamespace(device=object)}
+_HINTS: dict[type, dict[str, Any]] = {}  # each class's annotations, evaluated once
+
+
+def checked(target: T) -> T:
+    """A typo in a keyword of ``target``, a function or a class (``make_loader(flp=True)``,
+    ``Workers(prefech_factor=2)``), gets a did-you-mean ConfigError (else the list of those with
+    defaults); ``inspect.signature`` and ``help()`` still see its own signature."""
+    t: Any = target
+    is_class = isinstance(t, type)
+    fn = t.__init__ if is_class else t
+    params = inspect.signature(fn).parameters.values()
+    known = [p.name for p in params if p.name != "self"]
+    listed = ", ".join(p.name for p in params if p.default is not p.empty)
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        for name in kwargs:
+            if name not in known:
+                close = difflib.get_close_matches(name, known, n=1)
+                raise ConfigError(f"{t.__name__}() got an unexpected keyword argument {name!r}; "
+                                  + (f"did you mean {close[0]!r}?" if close else
+                                     f"the options are {listed}"), option=name)
+        return fn(*args, **kwargs)
+
+    if is_class:
+        t.__init__ = call
+        return target
+    return call  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
-class LoaderConfig:
-    """What to load, how to augment it, where to put it, and how to parallelize.
+class World:
+    """This process's rank among ``size`` data-parallel processes."""
 
-    Every option is checked against its annotation (``flip="yes"`` and ``batch_size=2.0`` are
-    refused, naming the option and what it accepts) and then by value.
+    rank: int = 0
+    size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.size < 1 or not 0 <= self.rank < self.size:
+            raise ConfigError(f"invalid world: rank {self.rank} of {self.size}")
+
+    @classmethod
+    def detect(cls) -> "World":
+        """torch.distributed when initialized, else RANK/WORLD_SIZE, else a single process."""
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                return cls(dist.get_rank(), dist.get_world_size())
+        except ImportError:  # torch without distributed support
+            pass
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+
+
+class Options:
+    """The checks every option group shares, when it is built: its fields in their kept
+    spelling (lists as tuples, numbers as floats where floats are asked for, and
+    :meth:`_spellings`), each against its annotation; then :meth:`_check`, by value."""
+
+    def __post_init__(self) -> None:
+        hints = _HINTS.get(type(self)) or _HINTS.setdefault(
+            type(self), get_type_hints(type(self), localns=_LATE))
+        for name, value in self._spellings().items():
+            object.__setattr__(self, name, value)
+        for f in fields(self):  # type: ignore[arg-type]
+            value, hint = getattr(self, f.name), hints[f.name]
+            if isinstance(value, list):
+                value = tuple(value)
+            if isinstance(value, tuple) and all(conforms(v, float) for v in value) and any(
+                    float in get_args(h) for h in (hint, *get_args(hint))):
+                value = tuple(float(v) for v in value)
+            object.__setattr__(self, f.name, value)
+            if not conforms(value, hint):
+                self._refuse(f.name, _HOW.get(f.name) or f"use {describe(hint)}")
+        self._check()
+
+    def _spellings(self) -> dict[str, Any]:
+        """Fields given in a convenient spelling, in the spelling kept."""
+        return {}
+
+    def _check(self) -> None:
+        """The checks by value, beyond the annotations."""
+
+    def _refuse(self, option: str, how: str | None = None) -> NoReturn:
+        raise ConfigError(f"{option}={getattr(self, option)!r}: {how or _HOW[option]}",
+                          option=option)
+
+
+@checked
+@dataclass(frozen=True)
+class Workers(Options):
+    """``workers=Workers(...)``: the loading processes (``num_workers`` of them, a
+    ``make_loader`` option), with DataLoader's names where DataLoader has the setting. They live
+    as long as the loader (``loader.close()`` or ``del loader`` ends them), so an epoch's end
+    never waits for them to drain or start again.
+
+    Args:
+        prefetch_factor: Batches each worker keeps ahead; "auto": 4 when they decode, else 2.
+        pin_memory: Batches in page-locked memory for a fast copy to the GPU; "auto": on for
+            CUDA.
+        multiprocessing_context: "fork", "spawn" or "forkserver"; None: torch's default.
+        decode_on: "cpu" (the workers decode), "device" (nvJPEG on the CUDA device) or "auto"
+            (the workers, until a GPU run shows nvJPEG feeds the step more).
+        on_error: "raise", or "skip" a corrupt sample: counted, named (``loader.skipped``) and
+            replaced.
+        max_pixels: The decompression-bomb limit; None: the dataset's own.
+        batch_timeout: Seconds a worker may take over one batch before the loader raises a
+            LoaderError naming it and stops the workers (a ``transform=`` that never
+            returns); None: wait (after 60 s the batch is named in a warning, each minute).
+        max_scans: A JPEG's scans at most (scan bombs); None: the dataset's own.
+        max_pixels_per_byte: Pixels a JPEG may declare per byte of its file (a file cut short,
+            or claiming a size it cannot hold); None: the dataset's own. These bounds are checked
+            from the header, before anything is decoded (``imaging.check_jpeg``).
+    """
+
+    prefetch_factor: int | Auto = "auto"
+    pin_memory: bool | Auto = "auto"
+    multiprocessing_context: MpContext | None = None
+    decode_on: DecodeOn = "auto"
+    on_error: OnError = "raise"
+    max_pixels: int | None = None
+    batch_timeout: float | None = None
+    max_scans: int | None = None
+    max_pixels_per_byte: int | None = None
+
+    def _check(self) -> None:
+        if isinstance(self.prefetch_factor, int) and self.prefetch_factor < 1:
+            self._refuse("prefetch_factor")
+        for limit in ("max_pixels", "max_scans", "max_pixels_per_byte"):
+            if getattr(self, limit) is not None and getattr(self, limit) < 1:
+                self._refuse(limit)
+        if self.batch_timeout is not None and not self.batch_timeout > 0:
+            self._refuse("batch_timeout", "use seconds > 0, or None to wait (named in a warning)")
+
+
+@checked
+@dataclass(frozen=True)
+class Tuned(Options):
+    """``workers=feedpipe.tuned(...)``: ``num_workers`` and ``prefetch_factor`` measured
+    (``measure``: :func:`feedpipe.autotune`, with ``options``) before loading; ``workers``
+    holds the other worker settings."""
+
+    measure: Callable[..., Any]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    workers: Workers = Workers()
+
+
+@checked
+@dataclass(frozen=True)
+class Output(Options):
+    """``output=Output(...)``: how batches come out.
+
+    Args:
+        dtype: The images' dtype: "float32", "float16", "bfloat16" (normalized), or "uint8"
+            (as stored).
+        mean: Per-channel RGB mean in 0..1 units, subtracted (ImageNet's by default); None
+            with ``std=None``: no normalization.
+        std: Per-channel RGB standard deviation in 0..1 units, divided by.
+        channels_last: Images in the channels-last memory format (N×C×H×W shape).
+        ragged: Boxes and variable-shape arrays: "pad" (N×max rows plus counts) or "list" (a
+            tensor per sample).
+        min_box_fraction: Boxes keeping less of their area inside the crop are dropped (0..1).
+    """
+
+    dtype: Dtype = "float32"
+    mean: tuple[float, float, float] | None = IMAGENET_MEAN
+    std: tuple[float, float, float] | None = IMAGENET_STD
+    channels_last: bool = True
+    ragged: Ragged = "pad"
+    min_box_fraction: float = 0.0
+
+    def _check(self) -> None:
+        if (self.mean is None) != (self.std is None):
+            raise ConfigError("mean and std go together: pass both, or mean=None, std=None for "
+                              "no normalization", option="mean")
+        if self.std is not None and any(s <= 0 for s in self.std):
+            self._refuse("std", "values must be positive")
+        if not 0.0 <= self.min_box_fraction <= 1.0:
+            self._refuse("min_box_fraction")
+
+
+@checked
+@dataclass(frozen=True)
+class Sampler(Options):
+    """``sampler=Sampler(...)``: which samples, in what order (DistributedSampler's place).
+
+    Args:
+        world: This process's ``World(rank, size)``; None: from torch.distributed or torchrun's
+            environment.
+        uneven: When the samples do not divide among the ranks: "pad" wraps round, "drop"
+            trims, "mask" pads and marks the padding False in ``batch["valid"]`` (exact
+            evaluation: every sample counted once).
+        shuffle_window: Sharded data: shards shuffled together (docs/shuffle.md); None: the
+            buffer.
+        shuffle_buffer: Samples shuffled together when ``shuffle_window`` is None.
+    """
+
+    world: World | None = None
+    uneven: Uneven = "pad"
+    shuffle_window: int | None = 8
+    shuffle_buffer: int = 1000
+
+    def _check(self) -> None:
+        if self.shuffle_window is not None and self.shuffle_window < 1:
+            self._refuse("shuffle_window")
+        if self.shuffle_buffer < 1:
+            self._refuse("shuffle_buffer", "use a positive sample count")
+
+
+@checked
+@dataclass(frozen=True)
+class RandomResizedCrop(Options):
+    """``crop=RandomResizedCrop(scale, ratio)``: torchvision's crop with its ranges.
+
+    Args:
+        scale: The range of the crop's area, as fractions of the image's.
+        ratio: The range of the crop's aspect ratio (width / height).
+    """
+
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+
+    def _check(self) -> None:
+        if not 0 < self.scale[0] <= self.scale[1] <= 1:
+            self._refuse("scale", "use 0 < min <= max <= 1 (fractions of the image area)")
+        if not 0 < self.ratio[0] <= self.ratio[1]:
+            self._refuse("ratio", "use 0 < min <= max (width / height)")
+
+
+@checked
+@dataclass(frozen=True)
+class Dali(Options):
+    """``backend=Dali(...)``: NVIDIA DALI (docs/dali.md).
+
+    Args:
+        reader: "plan" (feedpipe's order, every format) or "webdataset" (DALI's own tar
+            reader, its order).
+        hw_decoder_load: The share of JPEGs for the A100/H100 hardware decoder (0..1).
+    """
+
+    reader: DaliReader = "plan"
+    hw_decoder_load: float = 0.65
+
+    def _check(self) -> None:
+        if not 0.0 <= self.hw_decoder_load <= 1.0:
+            self._refuse("hw_decoder_load", "use a fraction in [0, 1]")
+
+
+@checked
+@dataclass(frozen=True)
+class Remote(Options):
+    """``source=Remote(url, ...)``: a dataset in object storage, read through a node-local
+    cache (docs/remote.md).
+
+    Args:
+        url: s3://, gs://, https:// or hf:// (a local path works too).
+        cache_dir: The node-local cache; None: ``$FEEDPIPE_CACHE`` or
+            ~/.cache/feedpipe/remote.
+        cache_limit: The cache's size limit, in bytes or as "200GB".
+        storage_options: Options for the URL's fsspec filesystem (endpoint, credentials).
+        timeout: Seconds to connect or to wait for the next bytes; None: 30.
+    """
+
+    url: str | os.PathLike[str]
+    cache_dir: str | os.PathLike[str] | None = None
+    cache_limit: int | str | None = None
+    storage_options: Mapping[str, Any] | None = None
+    timeout: float | None = None
+
+    def _check(self) -> None:
+        if not isinstance(self.cache_dir, (str, os.PathLike, type(None))):
+            self._refuse("cache_dir", "use a directory path, or None")
+        if not isinstance(self.storage_options, (Mapping, type(None))):
+            self._refuse("storage_options", "use a dict of the filesystem's options, or None")
+        parse_limit(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
+        if self.timeout is not None and not self.timeout > 0:
+            self._refuse("timeout")
+
+    def open(self) -> DatasetReader:
+        """The dataset, through the cache."""
+        from ..dataset.registry import open_dataset
+
+        return open_dataset(self.url, cache_dir=self.cache_dir, cache_limit=self.cache_limit,
+                            storage_options=self.storage_options, timeout=self.timeout)
+
+
+@checked
+@dataclass(frozen=True)
+class Mix(Options):
+    """``source=Mix([...])``: several datasets read as one, with a ``source`` field
+    (docs/mixing.md).
+
+    Args:
+        sources: A list or ``{name: dataset}`` of paths, URLs, ``Remote``s or opened datasets.
+        weights: Their shares of each epoch; None: each sample once.
+        epoch_size: Samples per epoch; None: the sizes summed.
+        classes: "equal" (refuse differing class lists) or "union" (remap the labels into one
+            list).
+    """
+
+    sources: Sequence[Any] | Mapping[str, Any]
+    weights: Sequence[float] | None = None
+    epoch_size: int | None = None
+    classes: MixClasses = "equal"
+
+    def _check(self) -> None:
+        w = self.weights
+        if w is not None and not (isinstance(w, tuple) and w and all(conforms(v, float) for v in w)
+                                  and min(w) >= 0 and sum(w) > 0):
+            self._refuse("weights")
+        if self.epoch_size is not None and self.epoch_size < 1:
+            self._refuse("epoch_size")
+
+    def opened(self) -> Sequence[Any] | Mapping[str, Any]:
+        """The sources, each :class:`Remote` opened (plain paths are opened by the mix)."""
+        def one(s: Any) -> Any:
+            return s.open() if isinstance(s, Remote) else s
+
+        if isinstance(self.sources, Mapping):
+            return {k: one(v) for k, v in self.sources.items()}
+        if isinstance(self.sources, (str, os.PathLike)) or not isinstance(self.sources, Sequence):
+            raise ConfigError(f"Mix(sources={self.sources!r}): give a list of datasets or a dict "
+                              "{name: dataset}", option="source")
+        return [one(s) for s in self.sources]
+
+
+@checked
+@dataclass(frozen=True)
+class LoaderConfig(Options):
+    """What to load, how to augment it, where to put it, and how to parallelize:
+    ``make_loader``'s options (see there) with its groups nested, checked when built.
+
+    ``make_loader``'s spellings are taken: an int ``size`` is a square, a group left None has
+    its defaults, ``crop=RandomResizedCrop(...)`` sets ``random_resized_crop`` and
+    ``backend=Dali(...)`` sets ``dali``. ``mix`` is a ``Mix`` source's (its weights, epoch size
+    and classes plan each epoch). ``loader.config`` is this object with every "auto" resolved.
     """
 
     batch_size: int
     shuffle: bool = True
     seed: int = 0
     drop_last: bool = False
-    uneven: Uneven = "pad"
     fields: tuple[str, ...] | None = None
-    size: tuple[int, int] | None = None  # an int is taken as a square
+    size: tuple[int, int] | None = None
     crop: Crop = "center_crop"
-    scale: tuple[float, float] = (0.08, 1.0)
-    ratio: tuple[float, float] = (3 / 4, 4 / 3)
     flip: bool = False
-    device: str = "auto"
-    dtype: Dtype = "float32"
-    mean: tuple[float, float, float] | None = IMAGENET_MEAN
-    std: tuple[float, float, float] | None = IMAGENET_STD
-    channels_last: bool = True
-    backend: Backend = "auto"
-    dali_reader: DaliReader = "plan"   # "webdataset": DALI's own tar reader (its order; opt-in)
-    dali_hw_decoder_load: float = 0.65  # share of JPEGs for the A100/H100 hardware decoder
-    decode_on: DecodeOn = "auto"
-    num_workers: int | Auto = "auto"
-    prefetch_factor: int | Auto = "auto"
-    pin_memory: bool | Auto = "auto"
-    multiprocessing_context: MpContext | None = None
-    shuffle_buffer: int = 1000
-    shuffle_window: int | None = 8  # sharded data: shards per shuffle window (None: the buffer)
-    on_error: OnError = "raise"
-    max_pixels: int | None = None  # None: the dataset's recorded limit, else DEFAULT_MAX_PIXELS
-    batch_timeout: float | None = None  # s a worker may take over a batch; None: no limit
-    max_scans: int | None = None  # a JPEG's scans; None: as max_pixels (DEFAULT_MAX_SCANS)
-    max_pixels_per_byte: int | None = None  # None: as max_pixels (DEFAULT_MAX_PIXELS_PER_BYTE)
+    affine: RandomAffine | None = None  # in the crop's resampling
     transform: Callable[..., Any] | None = None  # the user's per-sample function, in the workers
     batch_transforms: Any = None  # batch operations on the device (feedpipe.loader.augment)
-    affine: Any = None  # a feedpipe.loader.transforms.RandomAffine, in the crop's resampling
-    ragged: Ragged = "pad"  # boxes and variable-shape arrays: padded with counts, or lists
-    min_box_fraction: float = 0.0  # boxes keeping less of their area in the crop are dropped
-    weights: tuple[float, ...] | None = None  # a mix's shares (feedpipe.loader.mixing)
-    epoch_size: int | None = None  # a mix's samples per epoch; None: the sizes summed
-    mix_classes: MixClasses = "equal"
-    cache_dir: str | None = None  # a URL's node-local cache (None: $FEEDPIPE_CACHE or ~/.cache)
-    cache_limit: int | str | None = None  # its size bound: bytes or "200GB"; None: unbounded
-    storage_options: dict[str, Any] | None = None  # passed to the URL's fsspec filesystem
-    timeout: float | None = None  # a URL's requests: s to connect / between bytes (None: 30)
+    device: str | torch.device = "auto"
+    num_workers: int | Auto = "auto"
+    workers: Workers = Workers()
+    output: Output = Output()
+    sampler: Sampler = Sampler()
+    backend: Backend = "auto"
+    random_resized_crop: RandomResizedCrop = RandomResizedCrop()
+    dali: Dali = Dali()
+    mix: Mix | None = None
 
-    def __post_init__(self) -> None:
-        def bad(option: str, how: str) -> None:
-            raise ConfigError(f"{option}={getattr(self, option)!r}: {how}", option=option)
-
-        self._normalize()
-        hints = _hints()
-        for f in dataclass_fields(self):
-            value = getattr(self, f.name)
-            if not conforms(value, hints[f.name]):
-                how = _HOW.get(f.name) or f"use {describe(hints[f.name])}"
-                bad(f.name, how)
-        if self.batch_size < 1:
-            bad("batch_size", _HOW["batch_size"])
-        if self.seed < 0:
-            bad("seed", _HOW["seed"])
-        if self.transform is not None and not callable(self.transform):
-            bad("transform", "pass a function (sample, rng) -> sample or None")
-        if self.batch_transforms is not None and not (
-                callable(self.batch_transforms) or isinstance(self.batch_transforms, (list, tuple))):
-            bad("batch_transforms", "pass a list of batch operations (feedpipe.loader.augment) "
-                "or functions fn(batch, generator) -> batch")
-        if self.affine is not None:
-            if not isinstance(self.affine, RandomAffine):
-                bad("affine", "pass feedpipe.loader.transforms.RandomAffine(degrees, translate, "
-                    "scale, shear) or None")
-        if self.uneven == "mask" and self.drop_last:
-            raise ConfigError("uneven='mask' pads the last batch to full size and marks the padding "
-                              "in 'valid'; drop_last=True would drop real samples: use one or the "
-                              "other", option="uneven")
-        if self.size is not None and min(self.size) < 1:
-            bad("size", _HOW["size"])
-        lo, hi = self.scale
-        if not 0 < lo <= hi <= 1:
-            bad("scale", "use 0 < min <= max <= 1 (fractions of the image area)")
-        if not 0 < self.ratio[0] <= self.ratio[1]:
-            bad("ratio", "use 0 < min <= max (width / height)")
-        if (self.mean is None) != (self.std is None):
-            raise ConfigError("mean and std go together: pass both, or mean=None, std=None for no "
-                              "normalization", option="mean")
-        if self.std is not None and any(s <= 0 for s in self.std):
-            bad("std", "values must be positive")
-        if not 0.0 <= self.dali_hw_decoder_load <= 1.0:
-            bad("dali_hw_decoder_load", "use a fraction in [0, 1]")
-        if isinstance(self.num_workers, int) and self.num_workers < 0:
-            bad("num_workers", _HOW["num_workers"])
-        if isinstance(self.prefetch_factor, int) and self.prefetch_factor < 1:
-            bad("prefetch_factor", _HOW["prefetch_factor"])
-        if self.shuffle_buffer < 1:
-            bad("shuffle_buffer", "use a positive sample count")
-        if self.shuffle_window is not None and self.shuffle_window < 1:
-            bad("shuffle_window", _HOW["shuffle_window"])
-        for limit in ("max_pixels", "max_scans", "max_pixels_per_byte"):
-            if getattr(self, limit) is not None and getattr(self, limit) < 1:
-                bad(limit, _HOW[limit])
-        if not 0.0 <= self.min_box_fraction <= 1.0:
-            bad("min_box_fraction", _HOW["min_box_fraction"])
-        if self.weights is not None and (not self.weights or min(self.weights) < 0
-                                         or sum(self.weights) <= 0):
-            bad("weights", _HOW["weights"])
-        if self.epoch_size is not None and self.epoch_size < 1:
-            bad("epoch_size", _HOW["epoch_size"])
-        parse_limit(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
-        if self.timeout is not None and not self.timeout > 0:
-            bad("timeout", _HOW["timeout"])
-        if self.batch_timeout is not None and not self.batch_timeout > 0:
-            bad("batch_timeout", "use seconds > 0, or None to wait (named in a warning)")
-
-    def _normalize(self) -> None:
-        """The spellings taken for convenience: an int size is a square, lists are tuples, and
-        mean/std become floats, and a ``torch.device`` its string."""
-        if isinstance(self.cache_dir, os.PathLike):
-            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
-        if not isinstance(self.device, str) and hasattr(self.device, "type"):
-            object.__setattr__(self, "device", str(self.device))
+    def _spellings(self) -> dict[str, Any]:
+        out: dict[str, Any] = {f.name: f.default for f in fields(self)
+                               if getattr(self, f.name) is None and isinstance(f.default, Options)}
         if isinstance(self.size, int) and not isinstance(self.size, bool):
-            object.__setattr__(self, "size", (self.size, self.size))
-        for name in ("fields", "size", "scale", "ratio", "mean", "std", "weights",
-                     "batch_transforms"):
-            value = getattr(self, name)
-            if isinstance(value, list):
-                object.__setattr__(self, name, tuple(value))
-        for name in ("mean", "std", "scale", "ratio", "weights"):
-            value = getattr(self, name)
-            if isinstance(value, tuple) and all(conforms(v, float) for v in value):
-                object.__setattr__(self, name, tuple(float(v) for v in value))
+            out["size"] = (self.size, self.size)
+        if isinstance(self.crop, RandomResizedCrop):
+            out.update(crop="random_resized_crop", random_resized_crop=self.crop)
+        if isinstance(self.backend, Dali):
+            out.update(backend="dali", dali=self.backend)
+        return out
+
+    def _check(self) -> None:
+        if self.batch_size < 1:
+            self._refuse("batch_size")
+        if self.seed < 0:
+            self._refuse("seed")
+        if self.size is not None and min(self.size) < 1:
+            self._refuse("size")
+        if isinstance(self.num_workers, int) and self.num_workers < 0:
+            self._refuse("num_workers")
+        if not isinstance(self.device, str) and not hasattr(self.device, "type"):
+            self._refuse("device")
+        if self.transform is not None and not callable(self.transform):
+            self._refuse("transform", "pass a function (sample, rng) -> sample or None")
+        if self.batch_transforms is not None and not (
+                callable(self.batch_transforms) or isinstance(self.batch_transforms, tuple)):
+            self._refuse("batch_transforms", "pass a list of batch operations "
+                         "(feedpipe.loader.augment) or functions fn(batch, generator) -> batch")
+        if self.sampler.uneven == "mask" and self.drop_last:
+            raise ConfigError("uneven='mask' pads the last batch to full size and marks the "
+                              "padding in 'valid'; drop_last=True would drop real samples: use "
+                              "one or the other", option="uneven")
 
     def fields_in(self, schema: Container[str]) -> tuple[str, ...]:
         """The fields to load: ``fields``, else those of :data:`DEFAULT_FIELDS` in ``schema``,
         else (array and time-series data: no image, no label) every field."""
-        if self.fields:
-            return self.fields
-        names: list[str] = list(getattr(schema, "names", ()))
-        return tuple(n for n in DEFAULT_FIELDS if n in schema) or tuple(names)
-
-    def resolve(self, *, cuda: bool, decodes: bool) -> "LoaderConfig":
-        """Replace every "auto" with a concrete value (see :func:`auto_workers`)."""
-        workers = auto_workers(decodes) if self.num_workers == "auto" else self.num_workers
-        return replace(
-            self,
-            num_workers=workers,
-            prefetch_factor=(PREFETCH_DECODE if decodes else 2) if self.prefetch_factor == "auto"
-            else self.prefetch_factor,
-            pin_memory=cuda if self.pin_memory == "auto" else self.pin_memory,
-        )
-
-
-@cache
-def _hints() -> dict[str, Any]:
-    return get_type_hints(LoaderConfig)
+        return self.fields or tuple(n for n in DEFAULT_FIELDS if n in schema) or tuple(
+            getattr(schema, "names", ()))
 
 
 def auto_workers(decodes: bool, cores: int | None = None, local_procs: int | None = None) -> int:
-    """The ``num_workers="auto"`` heuristic.
-
-    Usable cores are shared among the local data-parallel processes (``LOCAL_WORLD_SIZE``, one
-    per local GPU under torchrun). Decoding is CPU-bound, so each process gets one worker per
-    core of its share (the main process mostly waits on the queue and copies to the device).
-    Raw, decode-free data is memory-bound: at most :data:`RAW_WORKERS` workers. Since batches
-    travel in a reused shared-memory ring, 2 workers load it faster than the main process
-    (side-by-side runs of ``benchmarks/bench_kernel.py --groups raw``: benchmarks/RESULTS.md) for
-    about the same CPU per sample, and leave the main process free for the training step.
-    """
+    """``num_workers="auto"``: one worker per core of this process's share of the usable cores
+    (``LOCAL_WORLD_SIZE`` processes share them): decoding is CPU-bound. Raw data is memory-bound:
+    at most :data:`RAW_WORKERS`, which load it faster than the main process
+    (``benchmarks/bench_kernel.py --groups raw``: benchmarks/RESULTS.md)."""
     cores = cores or usable_cores()
     local = local_procs or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     share = max(1, cores // max(1, local))
     return share if decodes else min(share, RAW_WORKERS)
+
+
+__all__ = ["Dali", "LoaderConfig", "Mix", "Output", "RandomResizedCrop", "Remote", "Sampler",
+           "Tuned", "Workers", "auto_workers", "checked"]

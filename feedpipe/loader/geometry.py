@@ -81,7 +81,8 @@ class Framing:
     @classmethod
     def of(cls: type[_F], cfg: LoaderConfig) -> _F:
         """The loader configuration's framing (both backends build theirs here)."""
-        return cls(cfg.size, cfg.crop, cfg.scale, cfg.ratio, cfg.flip)
+        crop = cfg.random_resized_crop
+        return cls(cfg.size, cfg.crop, crop.scale, crop.ratio, cfg.flip)
 
     @property
     def random(self) -> bool:

@@ -27,7 +27,7 @@ import numpy as np
 from ..dataset.mixed import MixedReader
 from ..dataset.registry import DatasetReader, open_dataset
 from ..errors import ConfigError
-from .config import DEFAULT_FIELDS, LoaderConfig
+from .config import DEFAULT_FIELDS, LoaderConfig, Mix
 from .order import OrderSpec, rng_for
 
 Dataset = Union[str, "os.PathLike[str]", DatasetReader]
@@ -96,8 +96,9 @@ class MixOrder(OrderSpec):
     def of(cls, reader: MixedReader, cfg: LoaderConfig) -> "MixOrder":
         """The order ``cfg`` (shuffle, weights, epoch size) gives the mix ``reader``."""
         shards = [s.shard_ranges() for s in reader.sources]
+        mix = cfg.mix or Mix(())
         return cls(cfg.shuffle, 1, None, 0, tuple(reader.names), tuple(reader.sizes()),
-                   None if cfg.weights is None else tuple(cfg.weights), cfg.epoch_size,
+                   None if mix.weights is None else tuple(mix.weights), mix.epoch_size,
                    tuple(tuple(r) if r else None for r in shards))
 
     def build(self, n: int, shards: Sequence[range] | None, *, seed: int,
@@ -146,15 +147,11 @@ def open_mix(sources: Sources, cfg: LoaderConfig) -> MixedReader:
     """``make_loader``'s mix: open each path, check the schemas on the fields to read."""
     named = dict(sources) if isinstance(sources, Mapping) else None
     items = list(named.values()) if named is not None else list(sources)
-    readers = [s if isinstance(s, DatasetReader) else open_dataset(
-        s, cache_dir=cfg.cache_dir, cache_limit=cfg.cache_limit,
-        storage_options=cfg.storage_options, timeout=cfg.timeout) for s in items]  # or URLs
-    if cfg.weights is not None and len(cfg.weights) != len(readers):
-        raise ConfigError(f"weights={cfg.weights!r}: give one weight per dataset "
+    readers = [s if isinstance(s, DatasetReader) else open_dataset(s) for s in items]  # or URLs
+    mix = cfg.mix or Mix(())
+    if mix.weights is not None and len(mix.weights) != len(readers):
+        raise ConfigError(f"weights={mix.weights!r}: give one weight per dataset "
                           f"({len(readers)})", option="weights")
-    if cfg.num_workers == "tune":
-        raise ConfigError("num_workers='tune' measures one dataset; for a mix, tune each "
-                          "dataset alone and pass the int", option="num_workers")
     fields = cfg.fields or tuple(n for n in DEFAULT_FIELDS if all(n in r.schema for r in readers))
     return MixedReader(readers, None if named is None else [str(k) for k in named],
-                       fields=fields, classes=cfg.mix_classes)
+                       fields=fields, classes=mix.classes)

@@ -97,7 +97,7 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
     GradientState protocol (:mod:`feedpipe.integrations.accelerate`).
     """
 
-    cfg: LoaderConfig
+    config: LoaderConfig  # every choice made, every "auto" resolved (loader.api.resolve)
     world: World
     planner: PlanSampler
     reader: DatasetReader
@@ -122,11 +122,11 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
 
     @property
     def batch_size(self) -> int:
-        return self.cfg.batch_size
+        return self.config.batch_size
 
     @property
     def drop_last(self) -> bool:
-        return self.cfg.drop_last
+        return self.config.drop_last
 
     def __len__(self) -> int:
         """Batches of a whole epoch on this rank (the same on every rank; a resumed epoch hands
@@ -162,14 +162,14 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
                 raise ConfigError(f"in_flight={in_flight}: only {taken} batches of epoch "
                                   f"{epoch} were handed out", option="in_flight")
             taken -= in_flight
-        state = {"epoch": epoch, "batches": taken, "seed": self.cfg.seed,
+        state = {"epoch": epoch, "batches": taken, "seed": self.config.seed,
                  "rank": self.world.rank, "world_size": self.world.size,
                  "dataset": dataset_identity(self.reader), **self.planner.order.saved_with()}
         if not self.elastic:
             return state
         seg = self.planner.segment(epoch)
         order, start = (seg.order, seg.start) if seg else (self.planner.order, 0)
-        return {**state, "batch_size": self.cfg.batch_size, "uneven": self.cfg.uneven,
+        return {**state, "batch_size": self.config.batch_size, "uneven": self.config.sampler.uneven,
                 "order": order.to_dict(), "start": start,
                 "samples": start + self.planner.consumed(epoch, taken)}
 
@@ -179,9 +179,9 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
         missing = [k for k in STATE_KEYS if k not in state]
         if missing:
             raise ConfigError(f"not a feedpipe loader state: missing {missing}")
-        if state.get("seed") != self.cfg.seed:
+        if state.get("seed") != self.config.seed:
             raise ConfigError(f"state is for seed={state.get('seed')}; this loader has seed="
-                              f"{self.cfg.seed}")
+                              f"{self.config.seed}")
         mine_with = self.planner.order.saved_with()
         for key in SAVED_WITH:  # a mix's sources, weights and epoch size (or no mix)
             if state.get(key) != mine_with.get(key):
@@ -197,8 +197,8 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
         epoch, batches, world = _count(state, "epoch"), _count(state, "batches"), \
             state["world_size"]
         same = world == self.world.size \
-            and state.get("batch_size", self.cfg.batch_size) == self.cfg.batch_size \
-            and state.get("uneven", self.cfg.uneven) == self.cfg.uneven
+            and state.get("batch_size", self.config.batch_size) == self.config.batch_size \
+            and state.get("uneven", self.config.sampler.uneven) == self.config.sampler.uneven
         samples: int | None = None
         if not self.elastic:
             if not same:
@@ -241,13 +241,13 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
         start = resumed.start if resumed is not None else 0
         if samples is not None and samples != start + read:
             raise ConfigError(f"state 'batches'={batches} and 'samples'={samples} disagree: "
-                              f"{batches} batches of {self.cfg.batch_size} on "
+                              f"{batches} batches of {self.config.batch_size} on "
                               f"{self.world.size} rank(s) read {start + read} samples of epoch "
                               f"{epoch}; the state was edited or is another loader's")
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """One epoch from its first batch (or, once, from where ``load_state_dict`` says)."""
-        refuse_nested_workers(self.cfg)
+        refuse_nested_workers(self.config)
         epoch, start = self._begin()
         count = self._count(epoch)
         self.end_of_dataloader, self.remainder = False, self._remainder(epoch)
@@ -322,10 +322,10 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
     def _remainder(self, epoch: int) -> int:
         """accelerate's ``remainder``: real samples in the last gathered step of ``epoch`` when it
         is short, 0 when it is full; -1 unless ``uneven="mask"`` (padding is not marked)."""
-        if self.cfg.uneven != "mask":
+        if self.config.sampler.uneven != "mask":
             return -1
         rest = self.planner.consumed(epoch, len(self.planner.plan(epoch)))
-        return rest % (self.cfg.batch_size * self.world.size)
+        return rest % (self.config.batch_size * self.world.size)
 
     def _begin(self) -> tuple[int, int]:
         """(epoch, first batch) of an iteration that starts now; a loaded state is used once."""

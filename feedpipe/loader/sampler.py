@@ -13,7 +13,6 @@ samples of the global order consumed (:mod:`feedpipe.loader.position`).
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal, Sequence
@@ -22,36 +21,9 @@ import numpy as np
 
 from ..dataset.formats.base import DatasetReader
 from ..dataset.mixed import MixedReader
-from ..errors import ConfigError
-from .config import LoaderConfig
+from .config import LoaderConfig, Uneven, World
 from .mixing import MixOrder
 from .order import OrderSpec, consumed, interleave, rng_for, shuffle_buffer
-
-Uneven = Literal["pad", "drop", "mask"]
-
-
-@dataclass(frozen=True)
-class World:
-    """This process's rank among ``size`` data-parallel processes."""
-
-    rank: int = 0
-    size: int = 1
-
-    def __post_init__(self) -> None:
-        if self.size < 1 or not 0 <= self.rank < self.size:
-            raise ConfigError(f"invalid world: rank {self.rank} of {self.size}")
-
-    @classmethod
-    def detect(cls) -> "World":
-        """torch.distributed when initialized, else RANK/WORLD_SIZE, else a single process."""
-        try:
-            import torch.distributed as dist
-
-            if dist.is_available() and dist.is_initialized():
-                return cls(dist.get_rank(), dist.get_world_size())
-        except ImportError:  # torch without distributed support
-            pass
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
 
 
 def plan_batches(streams: list[np.ndarray], rank: int, batch_size: int, *, drop_last: bool,
@@ -134,8 +106,9 @@ def order_spec(reader: DatasetReader, cfg: LoaderConfig, world: World, *,
         return MixOrder.of(reader, cfg)
     if not reader.shard_ranges():
         return OrderSpec(cfg.shuffle, 1, None, 0)  # map-style: the same order at any world size
-    return OrderSpec(cfg.shuffle, 1 if cfg.uneven == "mask" else world.size,
-                     cfg.shuffle_window if window == "config" else window, cfg.shuffle_buffer)
+    return OrderSpec(cfg.shuffle, 1 if cfg.sampler.uneven == "mask" else world.size,
+                     cfg.sampler.shuffle_window if window == "config" else window,
+                     cfg.sampler.shuffle_buffer)
 
 
 @dataclass(frozen=True)
@@ -176,7 +149,7 @@ class PlanSampler:
         streams = spec.build(len(self.reader), self.shards, seed=self.cfg.seed, epoch=epoch,
                              warn=epoch == 0 and seg is None)
         size, cfg = self.world.size, self.cfg
-        if cfg.uneven == "mask":
+        if cfg.sampler.uneven == "mask":
             rest = interleave(streams)[start:]
             batches, real = plan_masked(rest, self.world, cfg.batch_size)
             return Plan(batches, [len(rest)], real)
@@ -184,7 +157,7 @@ class PlanSampler:
             rest = interleave(streams)[start:]
             streams = [rest[r::size] for r in range(size)]
         batches = plan_batches(streams, self.world.rank, cfg.batch_size,
-                               drop_last=cfg.drop_last, uneven=cfg.uneven)
+                               drop_last=cfg.drop_last, uneven=cfg.sampler.uneven)
         return Plan(batches, [len(s) for s in streams], [len(b) for b in batches])
 
     def _cached(self, epoch: int, fresh: bool = False) -> Plan:
@@ -214,7 +187,7 @@ class PlanSampler:
         """Samples of ``epoch``'s global order that ``batches`` batches on every rank have read,
         counted from the plan's start (padding repeats are not counted)."""
         lengths = self._cached(epoch).lengths
-        if self.cfg.uneven == "mask":
+        if self.cfg.sampler.uneven == "mask":
             return min(lengths[0], batches * self.cfg.batch_size * self.world.size)
         return consumed(lengths, batches * self.cfg.batch_size)
 

@@ -29,7 +29,7 @@ from .sampler import PlanSampler
 class Positioned(Protocol):
     """What the surface uses of a loader (:class:`~feedpipe.loader.position.EpochPosition`)."""
 
-    cfg: LoaderConfig
+    config: LoaderConfig
     reader: DatasetReader
     planner: PlanSampler
     _epoch: int
@@ -72,11 +72,11 @@ class LoaderSampler:
 
     @property
     def batch_size(self) -> int:
-        return self._loader.cfg.batch_size
+        return self._loader.config.batch_size
 
     @property
     def drop_last(self) -> bool:
-        return self._loader.cfg.drop_last
+        return self._loader.config.drop_last
 
     def set_epoch(self, epoch: int) -> None:
         """The loader's :meth:`~feedpipe.loader.position.EpochPosition.set_epoch`."""

@@ -65,9 +65,8 @@ class ImageOp(Framing):
     def of(cls, cfg: LoaderConfig) -> ImageOp:
         """The configuration's framing plus its ``affine`` option and JPEG bounds (when the config
         has them)."""
-        return replace(super().of(cfg), affine=getattr(cfg, "affine", None),
-                       max_scans=getattr(cfg, "max_scans", None),
-                       max_pixels_per_byte=getattr(cfg, "max_pixels_per_byte", None))
+        return replace(super().of(cfg), affine=cfg.affine, max_scans=cfg.workers.max_scans,
+                       max_pixels_per_byte=cfg.workers.max_pixels_per_byte)
 
     @property
     def random(self) -> bool:

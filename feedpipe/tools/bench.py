@@ -36,8 +36,7 @@ from ..dataset.manifest import MANIFEST_NAME, refuse_url
 from ..dataset.registry import DatasetReader, open_dataset
 from ..errors import ConfigError, EmptyDatasetError, FeedpipeError
 from ..loader.api import Loader, make_loader
-from ..loader.config import auto_workers
-from ..loader.options import Output
+from ..loader.config import Output, auto_workers
 from ..storage import is_remote, local_path
 from ..system import usable_cores
 from . import machine

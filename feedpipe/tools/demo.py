@@ -9,7 +9,7 @@ from converters import convert
 from converters.synth import make_photos
 
 from ..loader.api import make_loader
-from ..loader.options import Output
+from ..loader.config import Output
 
 
 def run_demo(root: Path, images: int = 600) -> None:
@@ -27,7 +27,7 @@ def run_demo(root: Path, images: int = 600) -> None:
         for batch in loader:
             n += len(batch["image"])
         rows.append((fmt, res.written, res.rate, res.bytes_out / max(1, res.bytes_in),
-                     n / (time.perf_counter() - t), loader.cfg.num_workers))
+                     n / (time.perf_counter() - t), loader.config.num_workers))
     print(f"\n{'format':<8}{'samples':>9}{'convert img/s':>15}{'size vs input':>15}"
           f"{'load img/s':>12}{'workers':>9}")
     for fmt, count, crate, ratio, lrate, workers in rows:

@@ -4,7 +4,7 @@ so the loader layer runs it without importing the tools above it."""
 
 from __future__ import annotations
 
-from ..loader.options import Tuned, Workers
+from ..loader.config import Tuned, Workers
 from .tune import autotune
 
 

@@ -49,7 +49,7 @@ class DaliStream:
     fields, on the device, from a position on (the pipeline is built there)."""
 
     def __init__(self, loader: DaliLoader) -> None:
-        self.dali, self.reader, self.cfg, self.world = (loader.dali, loader.reader, loader.cfg,
+        self.dali, self.reader, self.cfg, self.world = (loader.dali, loader.reader, loader.config,
                                                         loader.world)
         self.device, self.image, self.op, self.spec = (loader.device, loader.image, loader.op,
                                                        loader.spec)
@@ -126,7 +126,7 @@ class DaliStream:
                             windows=self.spec.encoded or self.spec.resize,
                             parallel=self.py_workers > 0, segment=self.planner.segment(epoch))
         # fork is cheap but impossible once this process holds a CUDA context (DALI's or torch's)
-        method = self.cfg.multiprocessing_context or (
+        method = self.cfg.workers.multiprocessing_context or (
             "spawn" if self.dali.backend.IsDriverInitialized() else "fork")
         workers = dict(py_num_workers=self.py_workers, py_start_method=method) \
             if self.py_workers else {}
@@ -153,7 +153,7 @@ class DaliStream:
         image = out["image"]
         if self.spec.layout == "HWC":
             image = image.permute(0, 3, 1, 2)  # NHWC memory seen as NCHW: channels_last
-        if self.cfg.dtype == "bfloat16":
+        if self.cfg.output.dtype == "bfloat16":
             image = image.to(torch.bfloat16)
         batch: dict[str, Any] = {self.image: image.to(self.device, non_blocking=True)}
         if self.host is not None:
@@ -161,7 +161,7 @@ class DaliStream:
             for k, v in self.host.__getitems__(req).items():
                 batch[k] = v.to(self.device, non_blocking=True) if isinstance(v, torch.Tensor) \
                     else v
-        if self.cfg.uneven == "mask":
+        if self.cfg.sampler.uneven == "mask":
             indices = self.planner.plan(epoch)[number]
             real = self.planner.real(epoch, number)
             batch[VALID_KEY] = (torch.arange(len(indices)) < real).to(self.device)
@@ -205,28 +205,28 @@ class DaliLoader(EpochPosition):
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World,
                  device: torch.device) -> None:
         self.dali = import_dali()
-        self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
+        self.reader, self.config, self.world, self.device = reader, cfg, world, device
         self.image, host = dali_fields(reader, cfg)
         self.op = Framing.of(cfg)
         self.spec = graph_spec(reader, cfg, self.image, device)
         # host fields (labels, paths, arrays) have no geometry: a fixed op spares the per-batch
         # random generator the image's windows already drew in PlanSource
         self.host = BatchDataset(reader, host, ImageOp(cfg.size), seed=cfg.seed,
-                                 on_error="raise", ragged=cfg.ragged) if host else None
+                                 on_error="raise", ragged=cfg.output.ragged) if host else None
         self.planner = PlanSampler(reader, cfg, world)
         self._surface()
         # DALI's CPU threads decode (CPU mode) and assist nvJPEG (GPU mode): this rank's cores;
         # num_workers > 0 adds processes that read and plan batches (parallel external_source)
         self.threads = auto_workers(True)
-        self.py_workers = cfg.num_workers if isinstance(cfg.num_workers, int) else 0
-        if self.py_workers and cfg.multiprocessing_context not in (None, "fork", "spawn"):
-            raise ConfigError(f"multiprocessing_context={cfg.multiprocessing_context!r}: DALI "
-                              "starts its reader workers with 'fork' or 'spawn': use one of "
+        self.py_workers = int(cfg.num_workers)  # resolved: loader.api.resolve
+        if self.py_workers and cfg.workers.multiprocessing_context not in (None, "fork", "spawn"):
+            raise ConfigError(f"multiprocessing_context={cfg.workers.multiprocessing_context!r}: "
+                              "DALI starts its reader workers with 'fork' or 'spawn': use one of "
                               "those, or None (fork unless CUDA is initialized)",
                               option="multiprocessing_context")
         log.info("feedpipe loader: %s (%s), %d samples, rank %d/%d, DALI %s on %s (%s), %d "
                  "threads, %d reader processes", reader.root, reader.format_name, len(reader),
-                 world.rank, world.size, self.dali.__version__, device, cfg.dali_reader,
+                 world.rank, world.size, self.dali.__version__, device, cfg.dali.reader,
                  self.threads, self.py_workers)
         self._epoch = self._consumed = 0
         self.skipped: list[str] = []                # always empty: DALI raises, never skips
@@ -238,7 +238,7 @@ class DaliLoader(EpochPosition):
     def describe(self) -> LoaderView:
         """The resolved settings (see :class:`~feedpipe.loader.protocol.LoaderView`); a sample's
         bytes are its output image (DALI's prefetched buffers) plus the host fields."""
-        cfg, spec = self.cfg, self.spec
+        cfg, spec = self.config, self.spec
         itemsize = {"float32": 4, "float16": 2, "uint8": 1}[spec.dtype]
         host = sum(int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize for c in self.host.columns
                    if c.shape is not None and c.dtype is not None) if self.host else 0
@@ -253,9 +253,9 @@ class DaliLoader(EpochPosition):
             size=tuple(spec.size[:2]))
 
     def _check_state(self, state: dict[str, Any]) -> None:
-        if state.get("dali_reader", "plan") != self.cfg.dali_reader:
+        if state.get("dali_reader", "plan") != self.config.dali.reader:
             raise ConfigError(f"state was saved with dali_reader={state.get('dali_reader')!r}, "
-                              f"whose order differs from this loader's {self.cfg.dali_reader!r}")
+                              f"whose order differs from this loader's {self.config.dali.reader!r}")
 
 
 class DaliWdsStream(DaliStream):
@@ -296,7 +296,7 @@ class DaliWdsStream(DaliStream):
                     index_paths=[str(p) for p in self.index.paths()],
                     ext=[self.reader.schema[self.image].wds_suffix],
                     shard_id=(self.world.rank + epoch) % w, num_shards=w,
-                    random_shuffle=self.cfg.shuffle, initial_fill=self.cfg.shuffle_buffer,
+                    random_shuffle=self.cfg.shuffle, initial_fill=self.cfg.sampler.shuffle_buffer,
                     pad_last_batch=True, missing_component_behavior="error")
         seed = int(rng_for(self.cfg.seed, epoch, self.world.rank).integers(0, 2 ** 31))
         pipe = self._new_pipeline(seed, args, enable_checkpointing=True,
@@ -349,8 +349,8 @@ class DaliWdsLoader(DaliLoader):
         return self._count(self._epoch)
 
     def _count(self, epoch: int) -> int:
-        n, w, b = len(self.reader), self.world.size, self.cfg.batch_size
-        if self.cfg.drop_last:
+        n, w, b = len(self.reader), self.world.size, self.config.batch_size
+        if self.config.drop_last:
             return n // w // b
         return math.ceil(math.ceil(n / w) / b)
 
@@ -401,7 +401,7 @@ class DaliWdsLoader(DaliLoader):
 
 def dali_loader(reader: DatasetReader, cfg: LoaderConfig, world: World,
                 device: torch.device) -> DaliLoader:
-    """The DALI loader for ``cfg.dali_reader``: feedpipe's plan, or DALI's WebDataset reader."""
+    """The DALI loader for ``cfg.dali.reader``: feedpipe's plan, or DALI's WebDataset reader."""
     if cfg.batch_transforms is not None:
         raise ConfigError("batch_transforms= run on the torch backend's batches before "
                           "normalization; DALI normalizes inside its graph: use backend='torch'",
@@ -410,12 +410,12 @@ def dali_loader(reader: DatasetReader, cfg: LoaderConfig, world: World,
         raise ConfigError("transform= runs Python per sample in the torch backend's workers; "
                           "DALI's graph cannot run it: use backend='torch', or express the "
                           "augmentation on the batch after loading", option="transform")
-    if getattr(cfg, "affine", None) is not None:
+    if cfg.affine is not None:
         raise ConfigError("affine= resamples each sample in the torch backend's workers; DALI's "
                           "graph does not run it: use backend='torch'", option="affine")
-    if cfg.dali_reader == "webdataset" and cfg.uneven == "mask":
+    if cfg.dali.reader == "webdataset" and cfg.sampler.uneven == "mask":
         raise ConfigError("uneven='mask' deals feedpipe's plan; dali_reader='webdataset' reads in "
                           "DALI's own order: use dali_reader='plan' for evaluation",
                           option="uneven")
-    kind = DaliWdsLoader if cfg.dali_reader == "webdataset" else DaliLoader
+    kind = DaliWdsLoader if cfg.dali.reader == "webdataset" else DaliLoader
     return kind(reader, cfg, world, device)

@@ -169,7 +169,7 @@ def dali_fields(reader: DatasetReader, cfg: LoaderConfig) -> tuple[str, tuple[st
         raise ConfigError(f"backend='dali' does not load keypoints or boxes ({geometric}): it "
                           "cannot apply the image's crop and flip to them; use backend='torch'",
                           option="backend")
-    if cfg.on_error != "raise":
+    if cfg.workers.on_error != "raise":
         raise ConfigError("on_error='skip' needs backend='torch': a DALI pipeline cannot replace "
                           "a sample that fails to decode", option="on_error")
     return images[0], tuple(n for n in fields if n != images[0])
@@ -190,18 +190,19 @@ def graph_spec(reader: DatasetReader, cfg: LoaderConfig, image: str,
         raise ConfigError(f"crop='none' but stored images are {f.shape[:2]}, not size={size}; "
                           "choose crop='resize' or 'center_crop'", option="crop")
     resize = cfg.crop != "none" and not (fixed and cfg.crop != "random_resized_crop")
-    float_out = cfg.dtype != "uint8"
-    mean = tuple(255 * m for m in cfg.mean) if float_out and cfg.mean else (0.0,) * 3
-    std = tuple(255 * s for s in cfg.std) if float_out and cfg.std else \
+    float_out = cfg.output.dtype != "uint8"
+    mean = tuple(255 * m for m in cfg.output.mean) if float_out and cfg.output.mean else (0.0,) * 3
+    std = tuple(255 * s for s in cfg.output.std) if float_out and cfg.output.std else \
         ((255.0,) * 3 if float_out else (1.0,) * 3)
     return GraphSpec(
         device="gpu" if device.type == "cuda" else "cpu", source=(
-            "webdataset" if cfg.dali_reader == "webdataset" else "plan"),
+            "webdataset" if cfg.dali.reader == "webdataset" else "plan"),
         encoded=encoded, size=tuple(size), crop=cfg.crop, resize=resize,  # type: ignore[arg-type]
-        dtype="float32" if cfg.dtype == "bfloat16" else cfg.dtype,
-        layout="HWC" if cfg.channels_last else "CHW", mean=mean, std=std, flip=cfg.flip,
-        scale=cfg.scale, ratio=cfg.ratio, hw_decoder_load=cfg.dali_hw_decoder_load,
-        depth=cfg.prefetch_factor if isinstance(cfg.prefetch_factor, int) else 2)
+        dtype="float32" if cfg.output.dtype == "bfloat16" else cfg.output.dtype,
+        layout="HWC" if cfg.output.channels_last else "CHW", mean=mean, std=std, flip=cfg.flip,
+        scale=cfg.random_resized_crop.scale, ratio=cfg.random_resized_crop.ratio,
+        hw_decoder_load=cfg.dali.hw_decoder_load,
+        depth=int(cfg.workers.prefetch_factor))
 
 
 class PlanSource:

@@ -296,21 +296,21 @@ class DeviceStage:
         self.device, self.planner, self.rank = device, planner, rank
         conversion = conversion.to(device) if conversion is not None else None
         # images the workers converted into their slots, stored as Conversion.output lays out
-        self.converted, self.channels_last = converted, cfg.channels_last
+        self.converted, self.channels_last = converted, cfg.output.channels_last
         self.conversion, self.ring, self.decoder, self.size = conversion, ring, decoder, size
-        self.mask = cfg.uneven == "mask"
+        self.mask = cfg.sampler.uneven == "mask"
         self.side = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._slot_storage = [] if ring is None else [
             {t[i].untyped_storage().data_ptr() for t in ring.tensors.values()}
             for i in range(ring.count)]
-        if ring is not None and self.side is not None and cfg.pin_memory:
+        if ring is not None and self.side is not None and cfg.workers.pin_memory:
             why = ring.register()
             if why is not None:
                 log.warning("feedpipe loader: the batch ring could not be page-locked in place "
                             "(%s); the feed thread copies each batch into pinned memory first "
                             "instead (raise the locked-memory limit, `ulimit -l`, to avoid it)",
                             why)
-        self.pinned = bool(cfg.pin_memory)
+        self.pinned = bool(cfg.workers.pin_memory)
 
     @torch.no_grad()
     def finish(self, batch: dict[str, Any], epoch: int, number: int,
@@ -472,13 +472,14 @@ class TorchLoader(EpochPosition):
         if not fields:
             raise ConfigError(f"{reader.root}: no 'image' or 'label' field; pass fields=[...] "
                               f"from {reader.schema.names}", option="fields")
-        self.reader, self.cfg, self.world, self.device = reader, cfg, world, device
+        self.reader, self.config, self.world, self.device = reader, cfg, world, device
         images = tuple(f for f in fields  # (an unknown name: BatchDataset names it)
                        if f in reader.schema and reader.schema[f].kind == "image")
         self.batch_dataset = BatchDataset(
-            reader, fields, ImageOp.of(cfg), seed=cfg.seed, on_error=cfg.on_error,
-            encoded_images=decoder is not None, max_pixels=cfg.max_pixels, ragged=cfg.ragged,
-            min_box_fraction=cfg.min_box_fraction, transform=cfg.transform)
+            reader, fields, ImageOp.of(cfg), seed=cfg.seed, on_error=cfg.workers.on_error,
+            encoded_images=decoder is not None, max_pixels=cfg.workers.max_pixels,
+            ragged=cfg.output.ragged,
+            min_box_fraction=cfg.output.min_box_fraction, transform=cfg.transform)
         cols = self.batch_dataset.columns
         floats = tuple(c.field.name for c in cols if c.field.kind == "target"
                        and c.dtype is not None and c.dtype.kind == "f")
@@ -497,7 +498,7 @@ class TorchLoader(EpochPosition):
         self.ring: SlotRing | None = None
         workers = int(cfg.num_workers)  # type: ignore[arg-type]
         if workers or device.type == "cpu":  # in-process on CPU: lent plain memory
-            prefetch = int(cfg.prefetch_factor or 0)
+            prefetch = int(cfg.workers.prefetch_factor or 0)
             self.ring = SlotRing.for_loader(self._ring_shapes(conversion if in_workers else None),
                                             workers, prefetch, warn=not in_workers)
             if self.ring is None and in_workers and workers:
@@ -513,9 +514,9 @@ class TorchLoader(EpochPosition):
         self._requests = Requests(self.planner, world.rank, self.ring)
         kwargs: dict[str, Any] = {}
         if workers:
-            kwargs = dict(prefetch_factor=cfg.prefetch_factor, persistent_workers=True,
-                          multiprocessing_context=cfg.multiprocessing_context,
-                          timeout=cfg.batch_timeout or 0)
+            kwargs = dict(prefetch_factor=cfg.workers.prefetch_factor, persistent_workers=True,
+                          multiprocessing_context=cfg.workers.multiprocessing_context,
+                          timeout=cfg.workers.batch_timeout or 0)
         # its own generator: a DataLoader iterator draws a seed when it starts, which from the
         # global one would shift the caller's random stream at moments of the feed thread's
         dl = DataLoader(self.batch_dataset, batch_sampler=self._requests, num_workers=workers,
@@ -538,15 +539,16 @@ class TorchLoader(EpochPosition):
 
     def describe(self) -> LoaderView:
         """The resolved settings (see :class:`~feedpipe.loader.protocol.LoaderView`)."""
-        cfg, image = self.cfg, next((c.field for c in self.batch_dataset.columns
+        cfg, image = self.config, next((c.field for c in self.batch_dataset.columns
                                      if c.field.kind == "image"), None)
         workers = int(cfg.num_workers)  # type: ignore[arg-type]
         return LoaderView(
             backend="torch", root=str(self.reader.root), format=self.reader.format_name,
             codec=getattr(image, "codec", None), num_samples=len(self.reader),
             batch_size=cfg.batch_size, num_workers=workers,
-            prefetch_factor=cfg.prefetch_factor if workers else None,  # type: ignore[arg-type]
-            pin_memory=bool(cfg.pin_memory) and self.device.type == "cuda",
+            prefetch_factor=cfg.workers.prefetch_factor if workers  # type: ignore[arg-type]
+            else None,
+            pin_memory=bool(cfg.workers.pin_memory) and self.device.type == "cuda",
             device=self.device.type, decode_threads=0,
             size=cfg.size or (tuple(image.shape[:2]) if image is not None and image.shape
                               and None not in image.shape[:2] else None),
@@ -557,7 +559,7 @@ class TorchLoader(EpochPosition):
         """A slot's tensors: every stacked column, labels included, so that a batch from a
         worker crosses as slot numbers only; images in the output's dtype and layout where the
         workers convert them (``conversion``; default: as this loader's workers do)."""
-        conv, b = conversion or self.batch_dataset.convert, self.cfg.batch_size
+        conv, b = conversion or self.batch_dataset.convert, self.config.batch_size
         shapes = {}
         for c in self.batch_dataset.columns:
             if c.shape is None or c.dtype is None:

@@ -60,12 +60,13 @@ class Conversion:
         """The conversion ``cfg`` asks for, of a batch of ``fields`` (what another library's
         batch augmentation gets besides the image: masks, keypoints, boxes)."""
         mean = std = unit_mean = unit_inv = None
-        if cfg.mean is not None and cfg.std is not None and cfg.dtype != "uint8":
-            mean = torch.tensor(cfg.mean).mul(255).view(1, 3, 1, 1)
-            std = torch.tensor(cfg.std).mul(255).reciprocal().view(1, 3, 1, 1)
-            unit_mean = torch.tensor(cfg.mean).view(1, 3, 1, 1)
-            unit_inv = torch.tensor(cfg.std).reciprocal().view(1, 3, 1, 1)
-        return cls(getattr(torch, cfg.dtype), cfg.channels_last, mean, std, unit_mean, unit_inv,
+        out = cfg.output
+        if out.mean is not None and out.std is not None and out.dtype != "uint8":
+            mean = torch.tensor(out.mean).mul(255).view(1, 3, 1, 1)
+            std = torch.tensor(out.std).mul(255).reciprocal().view(1, 3, 1, 1)
+            unit_mean = torch.tensor(out.mean).view(1, 3, 1, 1)
+            unit_inv = torch.tensor(out.std).reciprocal().view(1, 3, 1, 1)
+        return cls(getattr(torch, out.dtype), out.channels_last, mean, std, unit_mean, unit_inv,
                    batch_ops(cfg.batch_transforms, fields), cfg.seed, images, floats)
 
     def to(self, device: torch.device) -> Conversion:

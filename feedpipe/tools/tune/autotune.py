@@ -19,8 +19,7 @@ from typing import Any, Iterator, Sequence
 from ...dataset.registry import DatasetReader, open_dataset
 from ...errors import ConfigError
 from ...loader.api import make_loader
-from ...loader.config import auto_workers
-from ...loader.options import Workers
+from ...loader.config import Workers, auto_workers
 from ...loader.protocol import Loader
 from ..monitor import StallMeter
 from ..throughput import Trial, of_meter, warmup_batches
@@ -237,10 +236,7 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
                           option="tolerance")
     if not isinstance(repeats, int) or repeats < 1:
         raise ConfigError(f"repeats={repeats!r}: use an int >= 1", option="repeats")
-    fixed = (loader_options.get("workers") or Workers()).prefetch_factor
-    if fixed != "auto" and (not isinstance(fixed, int) or fixed < 1):
-        raise ConfigError(f"prefetch_factor={fixed!r}: use 'auto' (tuned) or an int >= 1",
-                          option="prefetch_factor")
+    fixed = (loader_options.get("workers") or Workers()).prefetch_factor  # Workers checked it
     depths = PREFETCH_DEPTHS if fixed == "auto" else (fixed,)
     max_workers = budget_cpus or auto_workers(True)  # this rank's share of the usable cores
     reader = source if isinstance(source, DatasetReader) else open_dataset(source)
