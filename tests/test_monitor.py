@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader
 import feedpipe
 from feedpipe.cli import build_parser, main
 from feedpipe.cli.monitor import cmd_monitor
-from feedpipe.errors import ConfigError, FeedpipeError, GpuUnavailableError, MissingDependencyError
+from feedpipe.errors import ConfigError, FeedpipeError, MissingDependencyError, ResourceError
 from feedpipe.loader.config import usable_cores
 from feedpipe.loader.dali import pipeline as dali_pipeline
 from feedpipe.tools.gpumon import GpuMonitor, GpuSample, nvml_sampler
@@ -281,12 +281,12 @@ def test_gpu_monitor_thread_and_sampler_errors() -> None:
 
     def lost() -> list[GpuSample]:
         if next(calls) >= 2:
-            raise GpuUnavailableError("GPU fell off the bus")
+            raise ResourceError("GPU fell off the bus")
         return [GpuSample(0, 10.0, 1, 2)]
 
     mon = GpuMonitor(interval=0.001, sampler=lost).start()
     mon.join()                                   # the thread ends by itself on the error
-    with pytest.raises(GpuUnavailableError, match="fell off"):
+    with pytest.raises(ResourceError, match="fell off"):
         mon.stop()
     assert len(mon.records) == 2
     with pytest.raises(ConfigError, match="interval=0"):
@@ -296,7 +296,7 @@ def test_gpu_monitor_thread_and_sampler_errors() -> None:
 def _nvml_error() -> FeedpipeError | None:
     try:
         sample = nvml_sampler()
-    except (MissingDependencyError, GpuUnavailableError) as exc:
+    except (MissingDependencyError, ResourceError) as exc:
         return exc
     readings = sample()                          # a real GPU: the real sampler must work
     assert readings and all(0 <= r.util <= 100 and r.mem_total > 0 for r in readings)

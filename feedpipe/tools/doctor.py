@@ -24,7 +24,7 @@ from converters import scan
 
 from ..dataset.manifest import Manifest
 from ..dataset.verify import read_manifest
-from ..errors import ConfigError, EmptyDatasetError
+from ..errors import BadInputError, ConfigError
 from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.dali.pipeline import dali_package
 from ..loader.memory import SHM_FLOOR, ring_bytes, shm_fits, shm_wanted
@@ -219,9 +219,9 @@ def dataset_facts(path: str | os.PathLike[str],
 def _packed_facts(where: str, m: Manifest, fs: str | None, ram: int | None) -> DatasetFacts:
     """A packed dataset's facts from its manifest (a folder's or a URL's, the same checks)."""
     if m.num_samples == 0:
-        raise EmptyDatasetError(f"{where}: the dataset holds 0 samples; its conversion wrote "
-                                f"none (`feedpipe info {where}` lists skipped inputs). "
-                                "Convert a source with readable images.", dataset=where)
+        raise BadInputError(f"{where}: the dataset holds 0 samples; its conversion wrote "
+                            f"none (`feedpipe info {where}` lists skipped inputs). "
+                            "Convert a source with readable images.", dataset=where)
     image = m.schema["image"] if "image" in m.schema else None
     geometric = tuple(f.name for f in m.schema if isinstance(f, (KeypointsField, BoxesField)))
     return DatasetFacts(where, "packed", m.num_samples, sum(f.size for f in m.files), m.format,

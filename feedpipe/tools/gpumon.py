@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ConfigError, GpuUnavailableError
+from ..errors import ConfigError, ResourceError
 from ..loader.gpu import import_nvml
 
 
@@ -42,11 +42,11 @@ def nvml_sampler() -> Sampler:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
                    for i in range(pynvml.nvmlDeviceGetCount())]
     except pynvml.NVMLError as exc:
-        raise GpuUnavailableError(f"NVML is installed but cannot start ({exc}): no NVIDIA driver "
-                                  "is loaded or no GPU is visible on this machine") from None
+        raise ResourceError(f"NVML is installed but cannot start ({exc}): no NVIDIA driver "
+                            "is loaded or no GPU is visible on this machine") from None
     if not handles:
-        raise GpuUnavailableError("NVML started but sees no GPU (check CUDA_VISIBLE_DEVICES "
-                                  "and the container's GPU access)")
+        raise ResourceError("NVML started but sees no GPU (check CUDA_VISIBLE_DEVICES "
+                            "and the container's GPU access)")
 
     def sample() -> list[GpuSample]:
         out = []
