@@ -55,13 +55,13 @@ def check_cores(usable: int, total: int, quota: float | None,
                            "run without taskset / docker --cpuset-cpus limits, or request more "
                            "cores from the scheduler",
                            f"{work} scales with cores: up to {total / usable:.1f}x"))
-    if quota is not None and quota < usable - 0.5:
+    if quota is not None and quota < auto_workers(images, usable) - 0.5:
         out.append(Finding("cores", "medium",
                            f"cgroup CPU quota is {quota:g} cores but {usable} are visible: "
-                           f"num_workers='auto' starts {usable} workers that share {quota:g} "
-                           "cores' time and get throttled",
-                           f"pass num_workers={max(1, math.floor(quota))}, or raise the quota "
-                           "(docker --cpus, Kubernetes CPU limit)",
+                           f"num_workers='auto' starts {auto_workers(images, usable)} workers "
+                           f"that share {quota:g} cores' time and get throttled",
+                           f"`make_loader(..., num_workers={max(1, math.floor(quota))})`, or raise "
+                           "the quota (docker --cpus, Kubernetes CPU limit)",
                            "no throttling pauses (they show as p99 batch waits)"))
     return out or [Finding("cores", "ok", f"{usable} usable cores"
                            + (f" (quota {quota:g})" if quota else ""))]
@@ -124,7 +124,7 @@ def check_gpu(cuda: bool, gpu_names: list[str], dali_version: str | None,
     if dali_version is None:
         pkg, how = dali_package(cuda_version)
         return [Finding("gpu", "low", f"CUDA GPU(s) {', '.join(gpu_names)}; NVIDIA DALI is not "
-                        "installed", f"pip install {pkg} and make_loader(..., backend='dali') "
+                        "installed", f"pip install {pkg} and `make_loader(..., backend='dali')` "
                         f"(the wheel for {how})",
                         "JPEG decode moves to the GPU when the CPU cores are the limit")]
     return [Finding("gpu", "ok", f"CUDA GPU(s) {', '.join(gpu_names)}; DALI {dali_version}")]
@@ -148,7 +148,7 @@ def check_pinned(cuda: bool, error: str | None) -> list[Finding]:
     if error:
         return [Finding("pinned", "high", f"pinned host memory cannot be allocated: {error}",
                         "raise the locked-memory limit (ulimit -l unlimited; docker --ulimit "
-                        "memlock=-1), or pass workers=feedpipe.Workers(pin_memory=False)",
+                        "memlock=-1), or `make_loader(..., workers=feedpipe.Workers(pin_memory=False))`",
                         "host-to-GPU copies overlap compute instead of blocking it")]
     return [Finding("pinned", "ok", "pinned host memory works")]
 
