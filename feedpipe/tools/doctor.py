@@ -45,7 +45,7 @@ FOLDER_GAIN = ("`feedpipe bench PATH --baseline` measures it on this machine (th
 def check_cores(usable: int, total: int, quota: float | None,
                 images: bool = True) -> list[Finding]:
     """Cores this process may use (affinity / cpuset) and the cgroup CPU quota vs the machine
-    (``images``: whether the dataset's loading is image decoding)."""
+    (``images``: whether loading decodes images, which sets the workers 'auto' starts)."""
     out = []
     if usable < total:
         work = "JPEG decoding" if images else "loading"
@@ -348,13 +348,14 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
                               option=name)
     m = machine.describe()
     usable, cuda = m["cores_usable"], m["cuda_available"]
-    workers = auto_workers(True, usable)
     remote = path is not None and is_remote(path)
     facts = dataset_facts(path, storage_options) if path is not None else None
     images = facts is None or facts.images  # no image field: no decoder, no image bench
+    decodes = images and (facts is None or facts.codec != "raw")
+    workers = auto_workers(decodes, usable)  # what the loader's num_workers='auto' starts
     checks: list[tuple[str, Callable[[], list[Finding]]]] = [
         ("cores", lambda: check_cores(usable, m["cores_machine"], m["cgroup_cpu_limit"],
-                                      images)),
+                                      decodes)),
         ("shm", lambda: check_shm((m["shm"] or {}).get("free"), batch_size=batch_size, size=size,
                                   workers=workers, images=images)),
         *([("decoder", lambda: check_decoder(m["decoders"]))] if images else []),
