@@ -247,14 +247,12 @@ class StallMeter:
         wall = (end - self._start) if end is not None and self._start is not None else 0.0
         verdict = ("input-bound" if bound > INPUT_BOUND else
                    "partly input-bound" if bound > PARTLY_BOUND else "compute-bound")
+        figures = {k: getattr(th, k, 0.0) for k in ("wait_s", "step_s", "wait_p50_ms",
+                                                    "wait_p95_ms", "wait_p99_ms", "samples_per_s")}
         s = StallSummary(batches=len(waits), samples=self.samples, wall_s=wall,
-                         first_batch_s=waits[0] if waits else 0.0,
-                         wait_s=th.wait_s if th else 0.0, step_s=th.step_s if th else 0.0,
-                         input_bound=bound, wait_p50_ms=th.wait_p50_ms if th else 0.0,
-                         wait_p95_ms=th.wait_p95_ms if th else 0.0,
-                         wait_p99_ms=th.wait_p99_ms if th else 0.0,
-                         samples_per_s=th.samples_per_s if th else 0.0, verdict=verdict,
-                         advice=(), warmup_batches=th.warmup_batches if th else 1)
+                         first_batch_s=waits[0] if waits else 0.0, input_bound=bound,
+                         verdict=verdict, advice=(), warmup_batches=th.warmup_batches if th else 1,
+                         **figures)
         return replace(s, advice=advise(s, self.loader_info))
 
 
