@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from feedpipe.errors import BadInputError, ConfigError, NothingConvertedError
+from feedpipe.errors import BadInputError, ConfigError
 from feedpipe.schema.fields import ArrayField, Field, JsonField
 
 from .options import Format
@@ -219,8 +219,8 @@ def _samples(data: Iterable[Mapping[str, Any]], roots: tuple[Path, ...], info: d
     try:
         first = next(it)
     except StopIteration:
-        raise NothingConvertedError(f"{where}: wrote 0 samples: the source holds no "
-                                    "samples") from None
+        raise BadInputError(f"{where}: wrote 0 samples: the source holds no "
+                            "samples") from None
     if not isinstance(first, Mapping) or not first:
         raise BadInputError(f"{where}: sample 0 is {type(first).__name__}, not a dict of values")
     head = {check_name(k, where): as_array(v, f"{where}: sample 0 {k!r}")
@@ -271,7 +271,7 @@ def _stacked(data: Iterable[Mapping[str, Any]], where: str) -> dict[str, np.ndar
     """An iterable of rows as a dict of columns (a series is read whole anyway)."""
     rows = list(data)
     if not rows:
-        raise NothingConvertedError(f"{where}: wrote 0 samples: the source holds no rows")
+        raise BadInputError(f"{where}: wrote 0 samples: the source holds no rows")
     keys = list(rows[0]) if isinstance(rows[0], Mapping) else None
     for k, r in enumerate(rows):
         if not isinstance(r, Mapping) or list(r) != keys:
@@ -286,7 +286,7 @@ def _series(cols: dict[str, np.ndarray], roots: tuple[Path, ...], info: dict[str
     """One time series stored once: sample ``b`` = rows ``b*B .. (b+1)*B-1`` of every column."""
     n = len(next(iter(cols.values())))
     if n == 0:
-        raise NothingConvertedError(f"{info['arrays']}: wrote 0 samples: the series has no rows")
+        raise BadInputError(f"{info['arrays']}: wrote 0 samples: the series has no rows")
     row_bytes = sum(a[:1].nbytes for a in cols.values())
     rows = block_rows or int(np.clip(BLOCK_BYTES // max(1, row_bytes), 64, 1 << 16))
     rows = min(rows, n)

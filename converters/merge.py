@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
 from feedpipe.dataset.verify import read_manifest
-from feedpipe.errors import OutputRefusedError, PartsError
+from feedpipe.errors import BadInputError
 from feedpipe.paths import cache_dir
 from feedpipe.schema.model import Schema
 from feedpipe.storage.store import Store, open_store
@@ -104,16 +104,16 @@ class MergeTarget:
         url = self.store.url
         if not self.store.remote:
             if self.out.is_symlink() or (self.out.exists() and not self.out.is_dir()):
-                raise OutputRefusedError(f"{url}: not a directory; choose another output")
+                raise BadInputError(f"{url}: not a directory; choose another output")
         held = self.store.names()
         if MANIFEST_NAME in held:
-            raise OutputRefusedError(f"{url}: already a complete dataset (it has "
-                                     f"{MANIFEST_NAME}); merge into a new output")
+            raise BadInputError(f"{url}: already a complete dataset (it has "
+                                f"{MANIFEST_NAME}); merge into a new output")
         foreign = sorted({n.split("/")[0] for n in held if not n.startswith(PARTS_DIR + "/")
                           and n not in names and not n.startswith(".")})
         if foreign:
-            raise OutputRefusedError(f"{url}: holds files a merge did not make "
-                                     f"({shown(foreign)}); choose another output")
+            raise BadInputError(f"{url}: holds files a merge did not make "
+                                f"({shown(foreign)}); choose another output")
 
     def adopt(self, src: str | os.PathLike[str], name: str) -> bool:
         """Move a part folder into ``OUT/parts/<name>`` with one rename; False when it is
@@ -122,9 +122,9 @@ class MergeTarget:
         if self.store.remote:
             if str(src).rstrip("/") == dest:
                 return False
-            raise PartsError(f"{src}: on object storage a merge takes only the parts already "
-                             f"under {self.parts}/ (it never copies shards); convert them with "
-                             f"`feedpipe convert ... -o {self.store.url} --part i/N`")
+            raise BadInputError(f"{src}: on object storage a merge takes only the parts already "
+                                f"under {self.parts}/ (it never copies shards); convert them with "
+                                f"`feedpipe convert ... -o {self.store.url} --part i/N`")
         return _move_in(Path(src), Path(dest), self.out)
 
     def part_path(self, name: str) -> str:
@@ -151,17 +151,17 @@ def _move_in(src: Path, dest: Path, out: Path) -> bool:
     if src.resolve() == dest.resolve():
         return False
     if dest.exists() or dest.is_symlink():
-        raise PartsError(f"{src}: {dest} already exists and is another directory; move one "
-                         "of them away")
+        raise BadInputError(f"{src}: {dest} already exists and is another directory; move one "
+                            "of them away")
     dest.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.rename(src, dest)
     except OSError as exc:
         if exc.errno == errno.EXDEV:
-            raise PartsError(f"{src}: on another filesystem than {out}; a merge moves "
-                             "parts, it never copies them: write the parts with "
-                             f"`feedpipe convert ... -o {out} --part i/N` (they land in "
-                             f"{dest.parent}) or move them there yourself") from exc
+            raise BadInputError(f"{src}: on another filesystem than {out}; a merge moves "
+                                "parts, it never copies them: write the parts with "
+                                f"`feedpipe convert ... -o {out} --part i/N` (they land in "
+                                f"{dest.parent}) or move them there yourself") from exc
         raise
     fsync_dir(dest.parent)
     return True
@@ -175,7 +175,7 @@ def expand(parts: Sequence[str | os.PathLike[str]]) -> list[Path]:
         if not os.path.exists(text) and glob.has_magic(text):
             found = sorted(glob.glob(text))
             if not found:
-                raise PartsError(f"{text}: the pattern matches no part directory")
+                raise BadInputError(f"{text}: the pattern matches no part directory")
             out += [Path(f) for f in found]
         else:
             out.append(Path(text))
@@ -183,61 +183,61 @@ def expand(parts: Sequence[str | os.PathLike[str]]) -> list[Path]:
 
 
 def read_part(path: Path | str, manifest: Manifest | None = None) -> PartInfo:
-    """A part's manifest (complete, or IncompleteDatasetError naming it) and its part entry."""
+    """A part's manifest (complete, or BadInputError naming it) and its part entry."""
     m = Manifest.read(path) if manifest is None else manifest
     p = m.conversion.get("part")
     if not isinstance(p, dict):
-        raise PartsError(f"{path}: not a part of a split conversion (its manifest has no "
-                         "conversion.part; convert with --part i/N)")
+        raise BadInputError(f"{path}: not a part of a split conversion (its manifest has no "
+                            "conversion.part; convert with --part i/N)")
     try:
         return PartInfo(path, m, Part(int(p["index"]), int(p["count"])), int(p["start"]),
                         int(p["stop"]), int(p["source_items"]), str(p["fingerprint"]))
     except (KeyError, TypeError, ValueError) as exc:
-        raise PartsError(f"{path}: malformed conversion.part in its manifest: {exc!r}") from exc
+        raise BadInputError(f"{path}: malformed conversion.part in its manifest: {exc!r}") from exc
 
 
 def check_parts(infos: list[PartInfo]) -> tuple[list[PartInfo], Schema]:
     """All N parts of one conversion, each once: returns them in part order and the merged
     schema. Every refusal names the parts and the difference."""
     if not infos:
-        raise PartsError("no parts given and none inside the output's parts/ folder")
+        raise BadInputError("no parts given and none inside the output's parts/ folder")
     first = infos[0]
     schema = first.manifest.schema
     for info in infos[1:]:
         where = f"{info.path} and {first.path}"
         if info.manifest.format != first.manifest.format:
-            raise PartsError(f"{where}: formats differ ({info.manifest.format} and "
-                             f"{first.manifest.format})")
+            raise BadInputError(f"{where}: formats differ ({info.manifest.format} and "
+                                f"{first.manifest.format})")
         if info.part.count != first.part.count:
-            raise PartsError(f"{where}: split into {info.part.count} and {first.part.count} "
-                             "parts; convert every part with the same --part i/N count")
+            raise BadInputError(f"{where}: split into {info.part.count} and {first.part.count} "
+                                "parts; convert every part with the same --part i/N count")
         if info.manifest.classes != first.manifest.classes:
             a, b = set(info.manifest.classes), set(first.manifest.classes)
             diff = (f"only in {info.path}: {sorted(a - b)}; only in {first.path}: {sorted(b - a)}"
                     if a != b else "same names in another order")
-            raise PartsError(f"{where}: class lists differ ({diff})")
+            raise BadInputError(f"{where}: class lists differ ({diff})")
         schema = _merge_schema(schema, info, first)
         if info.fingerprint != first.fingerprint or info.source_items != first.source_items:
-            raise PartsError(f"{where}: converted from different source lists or options (source "
-                             f"items {info.source_items} and {first.source_items}, fingerprints "
-                             f"{info.fingerprint[:12]} and {first.fingerprint[:12]})")
+            raise BadInputError(f"{where}: converted from different source lists or options (source "
+                                f"items {info.source_items} and {first.source_items}, fingerprints "
+                                f"{info.fingerprint[:12]} and {first.fingerprint[:12]})")
     by_index: dict[int, PartInfo] = {}
     for info in infos:
         if info.part.index in by_index:
-            raise PartsError(f"part {info.part.index} of {info.part.count} given twice: "
-                             f"{by_index[info.part.index].path} and {info.path}")
+            raise BadInputError(f"part {info.part.index} of {info.part.count} given twice: "
+                                f"{by_index[info.part.index].path} and {info.path}")
         by_index[info.part.index] = info
     missing = [i for i in range(first.part.count) if i not in by_index]
     if missing:
         names = ", ".join(Part(i, first.part.count).name for i in missing[:5])
-        raise PartsError(f"{len(missing)} of {first.part.count} parts missing: {names}"
-                         + (" ..." if len(missing) > 5 else "") + "; convert them, then merge")
+        raise BadInputError(f"{len(missing)} of {first.part.count} parts missing: {names}"
+                            + (" ..." if len(missing) > 5 else "") + "; convert them, then merge")
     ordered = [by_index[i] for i in range(first.part.count)]
     for info in ordered:
         want = info.part.bounds(info.source_items)
         if (info.start, info.stop) != want:
-            raise PartsError(f"{info.path}: holds source items {info.start}..{info.stop}, part "
-                             f"{info.part.index}/{info.part.count} is {want[0]}..{want[1]}")
+            raise BadInputError(f"{info.path}: holds source items {info.start}..{info.stop}, part "
+                                f"{info.part.index}/{info.part.count} is {want[0]}..{want[1]}")
     return ordered, schema
 
 
@@ -246,8 +246,8 @@ def _merge_schema(schema: Schema, info: PartInfo, first: PartInfo) -> Schema:
     differ (their records do not depend on it: the merged field says "mixed")."""
     other = info.manifest.schema
     if schema.names != other.names:
-        raise PartsError(f"{info.path} and {first.path}: schemas have different fields "
-                         f"({other.names} and {schema.names})")
+        raise BadInputError(f"{info.path} and {first.path}: schemas have different fields "
+                            f"({other.names} and {schema.names})")
     fields = []
     for a, b in zip(schema, other):
         if a.to_json() == b.to_json():
@@ -256,8 +256,8 @@ def _merge_schema(schema: Schema, info: PartInfo, first: PartInfo) -> Schema:
               and {**a.to_json(), "codec": ""} == {**b.to_json(), "codec": ""}):
             fields.append(replace(a, codec="mixed"))
         else:
-            raise PartsError(f"{info.path} and {first.path}: schemas differ in field {a.name!r} "
-                             f"({b.to_json()} and {a.to_json()})")
+            raise BadInputError(f"{info.path} and {first.path}: schemas differ in field {a.name!r} "
+                                f"({b.to_json()} and {a.to_json()})")
     return Schema(tuple(fields))
 
 
@@ -266,7 +266,7 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
     """Merge the parts of a split conversion into the dataset ``out``.
 
     ``parts``: part directories or glob patterns; the parts already in ``out/parts/`` are always
-    taken. Raises :class:`~feedpipe.errors.PartsError` when a part is missing, given twice, or
+    taken. Raises :class:`~feedpipe.errors.BadInputError` when a part is missing, given twice, or
     from another source, schema or class list, before anything is moved. An object-storage
     ``out`` (``s3://...``, WebDataset only) merges the parts already under ``out/parts/`` in
     place: the merged index files are uploaded, then the merged manifest last (the commit point),
@@ -284,9 +284,9 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
     ordered, schema = check_parts(infos)
     fmt = ordered[0].manifest.format
     if target.store.remote and fmt != "wds":
-        raise PartsError(f"{out}: parts are {fmt}; on object storage only WebDataset parts "
-                         "merge (LMDB and HDF5 would need several files opened together). Use "
-                         "--to wds for remote data, or merge the parts in a local folder")
+        raise BadInputError(f"{out}: parts are {fmt}; on object storage only WebDataset parts "
+                            "merge (LMDB and HDF5 would need several files opened together). Use "
+                            "--to wds for remote data, or merge the parts in a local folder")
     builder = BUILDERS[fmt]
     target.lock.acquire()
     result = MergeResult(str(out) if target.store.remote else Path(out), parts=len(ordered))

@@ -14,7 +14,7 @@ import numpy as np
 
 from feedpipe.dataset.formats.wds import CRC_FILE, INDEX_FILES, VALUES_FILE
 from feedpipe.dataset.manifest import FileEntry, Manifest
-from feedpipe.errors import PartsError
+from feedpipe.errors import BadInputError
 from feedpipe.schema.model import Schema
 from feedpipe.storage.store import Store
 
@@ -59,8 +59,8 @@ class WdsMerge:
         packed = 0
         for m, d in zip(parts, dirs):
             if m.extra.get("index_fields") != kept:
-                raise PartsError(f"{d}: index fields {m.extra.get('index_fields')}, the first "
-                                 f"part has {kept}; convert every part with the same options")
+                raise BadInputError(f"{d}: index fields {m.extra.get('index_fields')}, the first "
+                                    f"part has {kept}; convert every part with the same options")
             arrays = [_load(store, f"{d}/{n}") for n in INDEX_FILES]
             crc = _load(store, f"{d}/{CRC_FILE}")
             arrays[1] = arrays[1].astype(np.int32) + len(shards)
@@ -76,9 +76,9 @@ class WdsMerge:
         keys = keys.astype(f"S{max(1, max((k.dtype.itemsize for k in cols[2]), default=1))}")
         if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()):
             k = int(np.flatnonzero(keys[1:] <= keys[:-1])[0])
-            raise PartsError(f"key {keys[k + 1].decode()} follows {keys[k].decode()}: keys "
-                             "repeat or leave the source order across parts; convert every part "
-                             "with this feedpipe's --part")
+            raise BadInputError(f"key {keys[k + 1].decode()} follows {keys[k].decode()}: keys "
+                                "repeat or leave the source order across parts; convert every part "
+                                "with this feedpipe's --part")
         arrays = [offsets, shard_of, keys, crcs]
         if kept:
             arrays.append(np.concatenate(values).astype(np.uint8))

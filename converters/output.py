@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping, NoReturn
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
 from feedpipe.dataset.registry import DatasetWriter
-from feedpipe.errors import DiskFullError, NothingConvertedError, OutputRefusedError
+from feedpipe.errors import BadInputError, ResourceError
 from feedpipe.storage.store import DirStore, UrlStore, open_store
 from feedpipe.storage.store import is_remote as _is_remote
 from feedpipe.system import file_size_limit
@@ -143,17 +143,17 @@ def check_not_source(source: Source, out: Path) -> None:
     if source.kind == "manifest":
         trees = {Path(os.path.realpath(d)) for d in {i.path.parent for i in source.items}}
         if _inside(root, o):
-            raise OutputRefusedError(f"{out}: the output is or contains {root}, the folder of "
-                                     "the source manifest. Choose an -o outside it.")
+            raise BadInputError(f"{out}: the output is or contains {root}, the folder of "
+                                "the source manifest. Choose an -o outside it.")
     for t in sorted(trees):
         if _inside(o, t):
             rel = "is" if o == t else "lies inside"
-            raise OutputRefusedError(f"{out}: the output {rel} the source {t}; writing there "
-                                     "would mix the dataset into (or delete) your images. Choose "
-                                     "an -o outside the source.")
+            raise BadInputError(f"{out}: the output {rel} the source {t}; writing there "
+                                "would mix the dataset into (or delete) your images. Choose "
+                                "an -o outside the source.")
         if _inside(t, o):
-            raise OutputRefusedError(f"{out}: the output contains the source {t}; --overwrite "
-                                     "would delete your images. Choose an -o outside the source.")
+            raise BadInputError(f"{out}: the output contains the source {t}; --overwrite "
+                                "would delete your images. Choose an -o outside the source.")
 
 
 # --- failures worth a clear message -------------------------------------------------------------
@@ -161,7 +161,7 @@ def check_not_source(source: Source, out: Path) -> None:
 def abandon(exc: BaseException, writers: Iterable[DatasetWriter], output: Output,
             out: Path, partial: Path) -> NoReturn:
     """After a failed conversion: discard the writers (a failed one loses to ``exc``), remove the
-    partial output, and raise: :class:`DiskFullError` (from ``exc``) when the disk filled, else
+    partial output, and raise: :class:`ResourceError` (from ``exc``) when the disk filled, else
     ``exc`` itself."""
     for writer in writers:
         try:
@@ -175,7 +175,7 @@ def abandon(exc: BaseException, writers: Iterable[DatasetWriter], output: Output
     raise full from exc
 
 
-def disk_full(exc: BaseException, out: Path, partial: Path) -> DiskFullError | None:
+def disk_full(exc: BaseException, out: Path, partial: Path) -> ResourceError | None:
     """A typed error if ``exc`` comes from a full disk, quota or file-size limit.
 
     Call it before removing ``partial``: LMDB reports a failed page write as EIO, so when the error
@@ -193,9 +193,9 @@ def disk_full(exc: BaseException, out: Path, partial: Path) -> DiskFullError | N
         seen = exc
     if seen is None:
         return None
-    return DiskFullError(f"{out}: the output's filesystem is full or a file size limit was hit "
+    return ResourceError(f"{out}: the output's filesystem is full or a file size limit was hit "
                          f"({seen}); the partial output was removed and nothing else was "
-                         "changed. Free space or choose another -o.")
+                         "changed. Free space or choose another -o.", errno=errno.ENOSPC)
 
 
 def _exhausted(partial: Path) -> bool:
@@ -211,7 +211,7 @@ def _exhausted(partial: Path) -> bool:
 
 
 def empty_result(where: str, counts: dict[str, int], skipped: list[dict[str, Any]],
-                 why: Callable[[list[dict[str, Any]]], str]) -> NothingConvertedError | None:
+                 why: Callable[[list[dict[str, Any]]], str]) -> BadInputError | None:
     """Zero samples written (or an empty train/val split) is an error that says why: ``why``
     tells it from the skip list (:func:`why_empty` for a folder or manifest source)."""
     total = sum(counts.values())
@@ -219,9 +219,9 @@ def empty_result(where: str, counts: dict[str, int], skipped: list[dict[str, Any
         return None
     if total:
         empty = [k for k, v in counts.items() if not v]
-        return NothingConvertedError(f"the {empty[0]} split got 0 of {total} samples: raise "
-                                     "--val-fraction, or leave it out for a single dataset")
-    return NothingConvertedError(f"{where}: wrote 0 samples: {why(skipped)}")
+        return BadInputError(f"the {empty[0]} split got 0 of {total} samples: raise "
+                             "--val-fraction, or leave it out for a single dataset")
+    return BadInputError(f"{where}: wrote 0 samples: {why(skipped)}")
 
 
 def why_empty(source: Source, skipped: list[dict[str, Any]]) -> str:

@@ -3,7 +3,7 @@
 The main process sends each worker chunks of inputs (at most :data:`HELD` at a time) and reads
 back each chunk's results; a worker writes the job it is on into shared memory, so a worker that
 dies (kill -9, the OOM killer, a crash inside a decoder) is seen at once through its process
-sentinel, and the conversion stops with :class:`~feedpipe.errors.WorkerDiedError` naming the
+sentinel, and the conversion stops with :class:`~feedpipe.errors.ResourceError` naming the
 file it was converting. ``multiprocessing.Pool`` waits forever for a dead worker's task instead (and ending
 it can block on a queue lock the worker died holding); ``ProcessPoolExecutor`` sees the death
 but not which input the dead worker held.
@@ -21,7 +21,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.pool import ExceptionWithTraceback
 from typing import Any, Callable, Iterable, Iterator, NoReturn, Sequence
 
-from feedpipe.errors import WorkerDiedError
+from feedpipe.errors import ResourceError
 
 Task = tuple[str, tuple[Any, ...]]  # (the file it is about, fn's arguments)
 HELD = 2  # chunks a worker holds: one it works on, the next already in its inbox
@@ -92,7 +92,7 @@ class WorkerPool:
 
     def result(self, job: int) -> Any:
         """``job``'s result, waited for; the worker's exception (its traceback as the cause)
-        re-raised; :class:`WorkerDiedError` when a worker died meanwhile."""
+        re-raised; :class:`ResourceError` when a worker died meanwhile."""
         while job not in self._done:
             self._poll(None)
         ok, value = self._done.pop(job)
@@ -174,11 +174,11 @@ class WorkerPool:
             else ""
         on = {job: name for chunk in w.chunks for job, name in chunk}.get(w.current.value)
         if on is not None:
-            raise WorkerDiedError(f"{on}: the worker process converting it {how}{hint}; the "
-                                  "conversion stopped and kept nothing. Convert with fewer "
-                                  "--workers or more memory, or leave this file out", file=on)
-        raise WorkerDiedError(f"a conversion worker process {how} between files{hint}; the "
-                              "conversion stopped and kept nothing")
+            raise ResourceError(f"{on}: the worker process converting it {how}{hint}; the "
+                                "conversion stopped and kept nothing. Convert with fewer "
+                                "--workers or more memory, or leave this file out", file=on)
+        raise ResourceError(f"a conversion worker process {how} between files{hint}; the "
+                            "conversion stopped and kept nothing")
 
 
 def _signal_name(num: int) -> str:

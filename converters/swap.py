@@ -21,7 +21,7 @@ import stat
 from pathlib import Path
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
-from feedpipe.errors import DiskFullError, OutputBusyError, OutputRefusedError
+from feedpipe.errors import BadInputError, ResourceError
 from feedpipe.storage.store import DirStore
 from feedpipe.system import try_lock
 
@@ -74,17 +74,17 @@ def _manifest_files(path: Path) -> set[str] | None:
 def _refuse_unless_ours(path: Path, what: str) -> None:
     if path.is_symlink() or not path.is_dir():
         kind = "a symlink" if path.is_symlink() else "a file"
-        raise OutputRefusedError(f"{path}: {what} is {kind}, not a feedpipe dataset; refusing to "
-                                 "replace it. Choose another -o or remove it yourself.")
+        raise BadInputError(f"{path}: {what} is {kind}, not a feedpipe dataset; refusing to "
+                            "replace it. Choose another -o or remove it yourself.")
     foreign = foreign_entries(path)
     if foreign is None:
         held = shown(sorted(os.listdir(path)))
-        raise OutputRefusedError(
+        raise BadInputError(
             f"{path}: {what} is not a feedpipe dataset (it holds {held}); --overwrite only "
             "replaces a dataset feedpipe wrote. Choose another -o or remove it yourself.")
     if foreign:
-        raise OutputRefusedError(f"{path}: {what} is a feedpipe dataset but also holds files "
-                                 f"feedpipe did not make ({shown(foreign)}); move them out first.")
+        raise BadInputError(f"{path}: {what} is a feedpipe dataset but also holds files "
+                            f"feedpipe did not make ({shown(foreign)}); move them out first.")
 
 
 # --- the lock --------------------------------------------------------------------------------
@@ -107,7 +107,7 @@ class OutputLock:
             if not try_lock(fd):
                 holder = os.pread(fd, 32, 0).decode(errors="replace").strip()
                 os.close(fd)
-                raise OutputBusyError(
+                raise ResourceError(
                     f"{self.out}: another feedpipe convert"
                     + (f" (pid {holder})" if holder.isdigit() else "")
                     + " is writing this output; wait for it to finish or choose another -o"
@@ -136,17 +136,17 @@ class OutputLock:
                          | os.O_NONBLOCK, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise OutputRefusedError(f"{self.path}: the lock file is a symlink; feedpipe never "
-                                         "writes through one (it may lead outside the folder). "
-                                         "Remove it and run again.") from exc
+                raise BadInputError(f"{self.path}: the lock file is a symlink; feedpipe never "
+                                    "writes through one (it may lead outside the folder). "
+                                    "Remove it and run again.") from exc
             check_full(exc, self.out, f"cannot make the lock file {self.path}")
             raise
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
             os.close(fd)
-            raise OutputRefusedError(f"{self.path}: the lock file is not a plain file (a FIFO, a "
-                                     "device or a hard link to another file); remove it and run "
-                                     "again.")
+            raise BadInputError(f"{self.path}: the lock file is not a plain file (a FIFO, a "
+                                "device or a hard link to another file); remove it and run "
+                                "again.")
         return fd
 
     def release(self) -> None:
@@ -161,10 +161,11 @@ class OutputLock:
 
 
 def check_full(exc: BaseException, out: Path, what: str) -> None:
-    """Raise :class:`DiskFullError` naming ``out`` if ``exc`` is a full disk or quota."""
+    """Raise :class:`ResourceError` naming ``out`` if ``exc`` is a full disk or quota."""
     if isinstance(exc, OSError) and exc.errno in FULL:
-        raise DiskFullError(f"{out}: the output's filesystem is full ({what}: {exc.strerror}); "
-                            "nothing was changed. Free space, or choose another output.") from exc
+        raise ResourceError(f"{out}: the output's filesystem is full ({what}: {exc.strerror}); "
+                            "nothing was changed. Free space, or choose another output.",
+                            errno=exc.errno) from exc
 
 
 class SwapCommit:

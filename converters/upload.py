@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
-from feedpipe.errors import ConfigError, OutputRefusedError, RemoteNotFoundError, StorageError
+from feedpipe.errors import BadInputError, ConfigError, RemoteNotFoundError, StorageError
 from feedpipe.paths import cache_dir
 from feedpipe.storage.store import UrlStore
 
@@ -90,16 +90,16 @@ class ManifestCommit:
         ours = {JOURNAL, *manifests, *self.journal}
         for name, m in manifests.items():
             if m is None or "feedpipe_manifest" not in m:
-                raise OutputRefusedError(f"{self.store.where(name)}: not a feedpipe manifest; "
-                                         "refusing to write over it. Choose another -o or remove "
-                                         "it yourself.")
+                raise BadInputError(f"{self.store.where(name)}: not a feedpipe manifest; "
+                                    "refusing to write over it. Choose another -o or remove "
+                                    "it yourself.")
             split = name[:-len(MANIFEST_NAME)]
             ours |= {split + str(f["name"]) for f in m.get("files", [])}
         foreign = sorted(held - ours)
         if foreign:
-            raise OutputRefusedError(f"{self.url}: holds objects feedpipe did not make "
-                                     f"({shown(foreign)}); choose another -o, or move them out "
-                                     "first")
+            raise BadInputError(f"{self.url}: holds objects feedpipe did not make "
+                                f"({shown(foreign)}); choose another -o, or move them out "
+                                "first")
         if manifests and not self.overwrite:
             raise FileExistsError(f"{self.url} holds a dataset ({shown(sorted(manifests))}); "
                                   "pass overwrite=True (--overwrite) to replace it")

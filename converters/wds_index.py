@@ -21,7 +21,7 @@ import numpy as np
 
 from feedpipe.dataset.formats.wds import CRC_FILE, INDEX_FILES, write_index
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
-from feedpipe.errors import BadInputError, CorruptRecordError, OutputRefusedError, UnsafeDataError
+from feedpipe.errors import BadInputError, CorruptRecordError, UnsafeDataError
 from feedpipe.paths import atomic_writer
 from feedpipe.schema.codecs import crc32
 from feedpipe.schema.fields import ArrayField, Field, ImageField, LabelField
@@ -63,14 +63,14 @@ def _check_folder(root: Path, overwrite: bool) -> list[Path]:
     if (root / MANIFEST_NAME).exists():
         extra = Manifest.read(root).extra
         if not extra.get("in_place"):
-            raise OutputRefusedError(f"{root}: already a feedpipe dataset; nothing to index")
+            raise BadInputError(f"{root}: already a feedpipe dataset; nothing to index")
         if not overwrite:
             raise FileExistsError(f"{root}: already indexed; pass --overwrite to index again")
         os.unlink(root / MANIFEST_NAME)  # incomplete until the new manifest is written
     clash = [n for n in (*INDEX_FILES, CRC_FILE) if (root / n).exists()
              and not (root / n).is_file()]
     if clash:
-        raise OutputRefusedError(f"{root / clash[0]}: not a file; refusing to write the index")
+        raise BadInputError(f"{root / clash[0]}: not a file; refusing to write the index")
     return shards
 
 

@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 
 _EXPORTS = {  # the public names -> the module (under feedpipe) that defines each
-    "BadInputError": "errors", "ConfigError": "errors", "CorruptRecordError": "errors",
-    "DatasetReplacedError": "errors", "DiskFullError": "errors", "EmptyDatasetError": "errors",
-    "FeedpipeError": "errors", "GpuUnavailableError": "errors", "IncompleteDatasetError": "errors",
-    "LoaderError": "errors", "ManifestError": "errors", "MissingDependencyError": "errors",
-    "MissingFieldError": "errors", "NothingConvertedError": "errors", "OutputBusyError": "errors",
-    "OutputRefusedError": "errors", "SampleError": "errors", "UnsafeDataError": "errors",
-    "UnsafePathError": "errors",
+    "AccessDeniedError": "errors", "BadInputError": "errors", "ConfigError": "errors",
+    "CorruptRecordError": "errors", "DamagedDataError": "errors", "DamagedImageError": "errors",
+    "DataFileMismatchError": "errors", "DatasetReplacedError": "errors", "FeedpipeError": "errors",
+    "LoaderError": "errors", "MissingDependencyError": "errors", "NotRegularFileError": "errors",
+    "RemoteNotFoundError": "errors", "ResourceError": "errors", "SampleError": "errors",
+    "StorageError": "errors", "TransformError": "errors", "UnsafeDataError": "errors",
     "DatasetReader": "dataset.registry", "DatasetWriter": "dataset.registry",
     "open_dataset": "dataset.registry",
     "Manifest": "dataset.manifest",
@@ -47,25 +46,24 @@ if TYPE_CHECKING:
     from .dataset.registry import DatasetReader, DatasetWriter, open_dataset
     from .dataset.verify import verify
     from .errors import (
+        AccessDeniedError,
         BadInputError,
         ConfigError,
         CorruptRecordError,
+        DamagedDataError,
+        DamagedImageError,
+        DataFileMismatchError,
         DatasetReplacedError,
-        DiskFullError,
-        EmptyDatasetError,
         FeedpipeError,
-        GpuUnavailableError,
-        IncompleteDatasetError,
         LoaderError,
-        ManifestError,
         MissingDependencyError,
-        MissingFieldError,
-        NothingConvertedError,
-        OutputBusyError,
-        OutputRefusedError,
+        NotRegularFileError,
+        RemoteNotFoundError,
+        ResourceError,
         SampleError,
+        StorageError,
+        TransformError,
         UnsafeDataError,
-        UnsafePathError,
     )
     from .loader.api import make_loader
     from .loader.config import (

@@ -1,9 +1,11 @@
-"""Typed errors: every failure a user can act on has its own class and names the file or key.
+"""Typed errors, one class per intent a caller can catch (docs/reference/errors.md has the
+table): bad input, damaged data, resources, configuration, remote storage, and the loader or
+the user's code. A leaf class exists only where it carries something a caller uses.
 
 Classes that replace a builtin a caller may already catch keep it as a second base
-(``ConfigError`` is a ``ValueError``). ``dataset``, ``file`` and ``key`` say where, when known:
-for a damaged record, the dataset directory, the sample's source file (its stored ``path``
-field) and its key.
+(``ConfigError`` is a ``ValueError``). ``dataset``, ``file``, ``key`` and ``url`` say where, when
+known: for a damaged record, the dataset directory, the sample's source file (its stored
+``path`` field) and its key.
 """
 
 from __future__ import annotations
@@ -15,9 +17,9 @@ class FeedpipeError(Exception):
     """Base class for all errors raised by feedpipe."""
 
     def __init__(self, message: str = "", *, dataset: object = None, file: object = None,
-                 key: str | None = None) -> None:
+                 key: str | None = None, url: str | None = None) -> None:
         super().__init__(message)
-        self.dataset, self.file, self.key = dataset, file, key
+        self.dataset, self.file, self.key, self.url = dataset, file, key, url
 
     def __str__(self) -> str:  # not KeyError's repr() for the classes that are also KeyErrors
         return str(self.args[0]) if self.args else ""
@@ -51,141 +53,97 @@ def _portable(cause: BaseException | None) -> BaseException | None:
     return RuntimeError(f"{type(cause).__module__}.{type(cause).__qualname__}: {cause}")
 
 
+# --- configuration ---------------------------------------------------------------------------
+
 class ConfigError(FeedpipeError, ValueError):
-    """An option has a bad value; the message says how to fix it.
+    """An option has a bad value, or this environment cannot do what it asks; the message says
+    how to fix it. ``option`` is the Python name of the option it is about (``size``), given by
+    the raiser (data, never read back from the message), so the CLI can name its flag."""
 
-    ``option`` is the Python name of the option it is about (``size``), given by the raiser
-    (data, never read back from the message), so the CLI can name its flag (``--size``) instead.
-    """
-
-    def __init__(self, message: str = "", *, option: str | None = None, **where: object) -> None:
-        super().__init__(message, **where)  # type: ignore[arg-type]
+    def __init__(self, message: str = "", *, option: str | None = None, **where: Any) -> None:
+        super().__init__(message, **where)
         self.option = option
 
 
-class IncompleteDatasetError(FeedpipeError):
-    """A dataset directory has no complete manifest: its conversion did not finish."""
+class MissingDependencyError(ConfigError, ImportError):
+    """An optional package is needed for this feature; the message names the pip package."""
 
 
-class NotADatasetError(FeedpipeError, NotADirectoryError):
-    """A path given as a dataset is not one: a file (a tar shard, a dataset's data file...), a
-    folder of images or a folder of per-split datasets; the message says what it is and what to
-    run."""
-
-
-class ManifestError(FeedpipeError):
-    """The manifest exists but is malformed or from an unsupported version."""
-
-
-class UnsafeDataError(FeedpipeError):
-    """Stored data would need code execution (pickle) or object dtypes to read; refused."""
-
-
-class CorruptRecordError(FeedpipeError):
-    """A stored record cannot be read or decoded, or fails its checksum; the message names the
-    dataset, the key and (when readable) the sample's source file."""
-
+# --- bad input -------------------------------------------------------------------------------
 
 class BadInputError(FeedpipeError):
-    """A source file cannot be converted (empty, truncated, not an image, unreadable)."""
+    """What was given cannot be used as it is: a source file (empty, not an image, unreadable),
+    a path that is not a finished dataset or holds no samples, an output that would destroy data
+    feedpipe did not make, parts that do not merge, a conversion that wrote nothing."""
 
 
 class NotRegularFileError(BadInputError):
-    """A source file is a FIFO, a device (``/dev/zero`` never ends), a socket or a folder, not a
-    regular file: refused before a byte is read (reading it could block forever or never end).
-    ``kind`` says what it is; ``file`` names it."""
+    """A source file is a FIFO, a device, a socket or a folder: refused before a byte is read
+    (reading it could block forever or never end). ``kind`` says what it is."""
 
-    def __init__(self, message: str = "", *, kind: str = "", **where: object) -> None:
-        super().__init__(message, **where)  # type: ignore[arg-type]
+    def __init__(self, message: str = "", *, kind: str = "", **where: Any) -> None:
+        super().__init__(message, **where)
         self.kind = kind
 
 
 class DamagedImageError(BadInputError):
-    """An image's coded data is damaged: its decoder stopped before the end of the image (data
-    cut short, a bad Huffman code) and would make up the rest (grey); a corrupt sample."""
+    """An image's coded data is damaged: its decoder stopped before the end and would make up
+    the rest (grey); a record that decodes to it was damaged in its source file."""
 
 
-class MissingDependencyError(FeedpipeError, ImportError):
-    """An optional dependency is needed for this feature; the message names the pip package."""
+class SampleError(BadInputError, ValueError):
+    """A sample handed to a writer does not fit the schema (a missing field, a bad value); a
+    conversion with ``skip_bad_values`` skips it like any ValueError."""
 
 
-class GpuUnavailableError(FeedpipeError):
-    """A GPU feature found no usable GPU (no NVIDIA driver loaded, or no device visible)."""
+# --- damaged data ----------------------------------------------------------------------------
+
+class DamagedDataError(FeedpipeError):
+    """A dataset on disk is not what feedpipe wrote or can read: a malformed or unsupported
+    manifest, a file named outside the dataset or not a regular file (refused before it is
+    opened). Re-convert or restore it."""
 
 
-class UnsafePathError(ManifestError):
-    """A manifest names a file outside its dataset (an absolute path, '..', a path separator or a
-    symlink that leads out); refused before anything is opened or written."""
+class CorruptRecordError(DamagedDataError):
+    """One stored record cannot be read or decoded, or fails its checksum (also a downloaded
+    file whose SHA-256 differs); ``on_error="skip"`` replaces it. The message names the dataset,
+    the key and (when readable) the sample's source file."""
 
 
-class SpecialFileError(UnsafePathError):
-    """A dataset file is a FIFO, a device, a socket or a folder, not a regular file: opening or
-    reading it could block forever; refused, by name, before it is opened."""
+class UnsafeDataError(DamagedDataError):
+    """Stored data would need code execution (pickle) or object dtypes to read: refused, never
+    skipped."""
 
 
-class OutputRefusedError(FeedpipeError):
-    """A conversion output would destroy data feedpipe did not make (the source, a user folder)."""
+class DataFileMismatchError(DamagedDataError):
+    """A data file is not the one its manifest recorded (size or dataset id): refused when it is
+    opened; not a per-sample error, so ``on_error="skip"`` does not skip it (a WebDataset shard,
+    read alone, loses its samples)."""
 
 
-class OutputBusyError(FeedpipeError):
-    """Another conversion holds the lock on this output path; the message names it."""
+class DatasetReplacedError(DamagedDataError):
+    """The dataset directory was replaced (re-converted) after its manifest was read; reopen it
+    (``open_dataset`` does, once)."""
 
 
-class NothingConvertedError(BadInputError):
-    """A conversion wrote zero samples (or an empty split); the message says why."""
-
-
-class DiskFullError(FeedpipeError, OSError):
-    """The output's filesystem ran out of space (or a size limit was hit); nothing was kept."""
-
+# --- resources -------------------------------------------------------------------------------
 
 class ResourceError(FeedpipeError, OSError):
-    """The system refused what a read needed (too many open files, no memory, a stale network
-    mount): not damage to the data, so never reported as a damaged record nor skipped; the
-    message names the file and what to change. ``errno`` is the system's."""
+    """The system cannot give what this needs: disk space (``errno`` ENOSPC), open files,
+    memory, a worker process (it died), a lock another conversion holds, a GPU. Not damage to
+    the data, so never skipped; the message names the file and what to change."""
+
+    def __init__(self, message: str = "", *, errno: int | None = None, **where: Any) -> None:
+        super().__init__(message, **where)
+        self.errno = errno
 
 
-class WorkerDiedError(ResourceError):
-    """A conversion worker process died (killed by a signal, e.g. the OOM killer's SIGKILL, or
-    crashed) while preparing a file: the conversion stops at once and its partial output is
-    removed; the message names the file (``file``) and how the worker ended."""
-
-
-class DataFileMismatchError(FeedpipeError):
-    """A data file is not the one its manifest recorded: its size or the dataset id written into
-    it at conversion differs (cut short, grown, or another dataset's file copied in). Refused when
-    the file is opened, before a sample is read; not a per-sample error, so ``on_error="skip"``
-    does not skip it either."""
-
-
-class DatasetReplacedError(FeedpipeError):
-    """The dataset directory was replaced (re-converted) after its manifest was read; reopen it."""
-
-
-class EmptyDatasetError(FeedpipeError, ValueError):
-    """A dataset (or this rank's share of it) holds no samples: loading or measuring it would
-    never yield a batch."""
-
-
-class SampleError(FeedpipeError, ValueError):
-    """A sample handed to a writer does not fit the schema (a missing field, a bad value)."""
-
-
-class MissingFieldError(SampleError, KeyError):
-    """A sample handed to a writer lacks a field of the schema."""
-
-
-class LoaderError(FeedpipeError, RuntimeError):
-    """A loader backend broke its own contract (DALI ended an epoch early, or ran past it)."""
-
+# --- remote storage --------------------------------------------------------------------------
 
 class StorageError(FeedpipeError, OSError):
-    """Object storage (s3://, gs://, https://, hf://) failed; the message names the URL.
-    ``url`` is the object's address."""
-
-    def __init__(self, message: str = "", *, url: str | None = None, **where: object) -> None:
-        super().__init__(message, **where)  # type: ignore[arg-type]
-        self.url = url
+    """Object storage (s3://, gs://, https://, hf://) or the node-local cache that reads it
+    failed: retries exhausted, a server without Range requests, a full or unsafe cache. The
+    message names the URL (``url``) and what to change."""
 
 
 class RemoteNotFoundError(StorageError, FileNotFoundError):
@@ -197,39 +155,13 @@ class AccessDeniedError(StorageError, PermissionError):
     credential to check."""
 
 
-class RetriesExhaustedError(StorageError):
-    """A transient failure (timeout, 5xx, 429/503 SlowDown, a connection cut mid-body) outlasted
-    the retry budget; the message names the URL, the attempts and the last error."""
+# --- the loader and the user's code ----------------------------------------------------------
 
-
-class RangeNotSupportedError(StorageError):
-    """The server answered a ranged GET with more than the range (a 200 with the whole object):
-    chunked, resumable downloads need HTTP Range support; failed at once, not retried."""
-
-
-class ChecksumMismatchError(CorruptRecordError):
-    """A downloaded file's SHA-256 differs from its manifest's, also after a fresh download;
-    nothing of it was kept or read."""
-
-
-class CacheFullError(StorageError):
-    """A remote file cannot fit the cache's ``cache_limit`` (or the cache is full of files in
-    use, or its disk is full); the message gives the sizes or the path and what to change."""
-
-
-class UnsafeCacheError(FeedpipeError, PermissionError):
-    """The remote-data cache directory, or an entry in it, is not safe to use: a folder another
-    user owns or others may write to (not a group-shared one, docs/remote.md), or an entry that
-    is a symlink, not a regular file, or made by an untrusted user. Refused before anything is
-    read or written through it; the message names it and says how to fix it."""
-
-
-class PartsError(FeedpipeError):
-    """Parts of a split conversion (``--part i/N``) cannot be merged into one dataset: one is
-    missing, given twice, or converted from another source, schema or class list (named)."""
+class LoaderError(FeedpipeError, RuntimeError):
+    """A loader broke its own contract (DALI ended an epoch early), or a worker held one batch
+    past ``Workers(batch_timeout=)``."""
 
 
 class TransformError(FeedpipeError, RuntimeError):
     """The user's ``transform`` raised on a sample (named by key and source file; the user's
     exception is the cause, its traceback kept). Never skipped: it is a bug, not bad data."""
-

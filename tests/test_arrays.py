@@ -14,7 +14,7 @@ from fp_helpers import cli_main
 import feedpipe
 from converters.arrays import pack_arrays
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import BadInputError, ConfigError, NothingConvertedError
+from feedpipe.errors import BadInputError, ConfigError
 
 FORMATS = ("lmdb", "hdf5", "wds")
 N = 40
@@ -107,7 +107,7 @@ def test_bad_arrays_are_typed_errors(tmp_path, data, match):
 
 
 def test_empty_iterable_and_bad_options(tmp_path):
-    with pytest.raises(NothingConvertedError, match="no samples"):
+    with pytest.raises(BadInputError, match="no samples"):
         pack_arrays(iter([]), tmp_path / "out", to="lmdb")
     with pytest.raises(ConfigError, match="split by time"):
         pack_arrays({"x": np.zeros(4)}, tmp_path / "out", to="lmdb", series=True,

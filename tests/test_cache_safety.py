@@ -13,7 +13,7 @@ import pytest
 
 import feedpipe
 from feedpipe.dataset.manifest import MANIFEST_NAME
-from feedpipe.errors import UnsafeCacheError
+from feedpipe.errors import StorageError
 from feedpipe.storage import join, read_bytes
 from feedpipe.storage.cache import Cache
 
@@ -44,7 +44,7 @@ def test_planted_links_in_the_cache_are_refused(http_packed, tmp_path, name, how
     folder = _folder(tmp_path / "cache", urls["lmdb"])
     planted = folder / name
     os.symlink(victim, planted) if how == "symlink" else os.link(victim, planted)
-    with pytest.raises(UnsafeCacheError, match=rf"{planted}: .*(symlink|hard link)"):
+    with pytest.raises(StorageError, match=rf"{planted}: .*(symlink|hard link)"):
         feedpipe.open_dataset(urls["lmdb"], cache_dir=tmp_path / "cache")
     assert victim.read_bytes() == VICTIM
 
@@ -56,7 +56,7 @@ def test_a_linked_data_file_is_never_opened(http_packed, tmp_path):
     folder = _folder(tmp_path / "cache", urls["lmdb"])
     (folder / "elsewhere.bin").write_bytes(VICTIM)
     os.symlink("elsewhere.bin", folder / "data.mdb")
-    with pytest.raises(UnsafeCacheError, match=r"data.mdb: a symlink in the cache"):
+    with pytest.raises(StorageError, match=r"data.mdb: a symlink in the cache"):
         feedpipe.open_dataset(urls["lmdb"], cache_dir=tmp_path / "cache")
 
 
@@ -65,7 +65,7 @@ def test_fifo_as_download_lock_is_refused(http_packed, tmp_path):
     server.faults([])
     folder = _folder(tmp_path / "cache", urls["lmdb"])
     os.mkfifo(folder / ".data.mdb.lock")
-    with pytest.raises(UnsafeCacheError, match=r"\.data\.mdb\.lock: in the cache, is not a regular"):
+    with pytest.raises(StorageError, match=r"\.data\.mdb\.lock: in the cache, is not a regular"):
         feedpipe.open_dataset(urls["lmdb"], cache_dir=tmp_path / "cache")
 
 
@@ -75,7 +75,7 @@ def test_planted_cache_wide_lock_is_refused(http_packed, tmp_path):
     victim = _victim(tmp_path)
     (tmp_path / "cache").mkdir()
     os.symlink(victim, tmp_path / "cache" / ".lock")
-    with pytest.raises(UnsafeCacheError, match=r"cache/\.lock: a symlink"):
+    with pytest.raises(StorageError, match=r"cache/\.lock: a symlink"):
         feedpipe.open_dataset(urls["lmdb"], cache_dir=tmp_path / "cache", cache_limit="1GB")
     assert victim.read_bytes() == VICTIM
 
@@ -89,7 +89,7 @@ def test_a_linked_dataset_folder_is_refused(http_packed, tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     os.symlink(elsewhere, folder)
-    with pytest.raises(UnsafeCacheError, match="not a folder"):
+    with pytest.raises(StorageError, match="not a folder"):
         feedpipe.open_dataset(urls["wds"], cache_dir=tmp_path / "cache")
     assert list(elsewhere.iterdir()) == []
 
@@ -100,7 +100,7 @@ def test_world_writable_cache_is_refused_sticky_is_not(http_packed, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir()
     cache.chmod(0o777)
-    with pytest.raises(UnsafeCacheError, match=rf"{cache}: .*writable by every user.*chmod o-w"):
+    with pytest.raises(StorageError, match=rf"{cache}: .*writable by every user.*chmod o-w"):
         feedpipe.open_dataset(urls["lmdb"], cache_dir=cache)
     assert list(cache.iterdir()) == []  # nothing made in it
     cache.chmod(0o1777)  # as /tmp: others cannot remove or rename what is ours
@@ -113,7 +113,7 @@ def test_cache_of_another_user_is_refused(http_packed, tmp_path):
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o755)
     os.chown(cache, NOBODY, NOBODY)
-    with pytest.raises(UnsafeCacheError, match=rf"{cache}: the cache folder belongs to user id"):
+    with pytest.raises(StorageError, match=rf"{cache}: the cache folder belongs to user id"):
         feedpipe.open_dataset(urls["lmdb"], cache_dir=cache)
 
 
@@ -135,5 +135,5 @@ def test_group_shared_cache(http_packed, tmp_path):
     os.chown(folder / "data.mdb", NOBODY, os.getegid())  # fetched by another member
     assert len(feedpipe.open_dataset(urls["lmdb"], cache_dir=cache)) == 72
     os.chown(folder / "data.mdb", NOBODY, NOBODY)  # planted by someone outside the group
-    with pytest.raises(UnsafeCacheError, match=rf"{folder / 'data.mdb'}: .*made by user id"):
+    with pytest.raises(StorageError, match=rf"{folder / 'data.mdb'}: .*made by user id"):
         feedpipe.open_dataset(urls["lmdb"], cache_dir=cache)

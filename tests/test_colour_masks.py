@@ -17,7 +17,7 @@ from PIL import Image
 
 import feedpipe
 from converters import convert
-from feedpipe.errors import NothingConvertedError
+from feedpipe.errors import BadInputError
 
 COLOURS = np.array([[0, 0, 0], [200, 10, 10], [10, 200, 10], [10, 10, 200]], np.uint8)
 
@@ -72,7 +72,7 @@ def test_palette_file_and_unknown_colours_named(seg, tmp_path: Path) -> None:
 
 def test_rgb_masks_without_palette_say_what_to_pass(seg, tmp_path: Path) -> None:
     images, masks, _ = seg
-    with pytest.raises(NothingConvertedError, match="colour mask.*mask_palette"):
+    with pytest.raises(BadInputError, match="colour mask.*mask_palette"):
         convert(images, tmp_path / "o", to="lmdb", masks=masks)
     r = subprocess.run([*CLI, "convert", str(images), "--to", "lmdb", "-o", str(tmp_path / "p"),
                         "--masks", str(masks), "-q"], capture_output=True, text=True)

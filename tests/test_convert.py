@@ -18,9 +18,8 @@ from converters import convert, scan
 from feedpipe.dataset.manifest import Manifest
 from feedpipe.dataset.verify import verify
 from feedpipe.errors import (
+    BadInputError,
     ConfigError,
-    NotADatasetError,
-    NothingConvertedError,
 )
 
 
@@ -110,7 +109,7 @@ def test_val_split_cli_deterministic_disjoint_complete(tmp_path, photo_dir, phot
         assert ds.manifest.conversion["split"] == part
         labels = {p.rel: p.label for p in photos}
         assert all(s["label"] == labels[s["path"]] for s in all_raw(out / part))
-    with pytest.raises(NotADatasetError, match="one per split"):
+    with pytest.raises(BadInputError, match="one per split"):
         feedpipe.open_dataset(out)  # the parent is not a dataset; the error says where to look
 
 
@@ -224,8 +223,8 @@ def test_reencode_and_resize_options(tmp_path, photo_dir, photos):
 def test_empty_source_and_empty_split(tmp_path, photo_dir, fmt):
     # zero samples written is an error that says why, and leaves nothing on disk
     (tmp_path / "empty").mkdir()
-    with pytest.raises(NothingConvertedError, match="wrote 0 samples: the source holds no files"):
+    with pytest.raises(BadInputError, match="wrote 0 samples: the source holds no files"):
         convert(tmp_path / "empty", tmp_path / "o", to=fmt, workers=0)
-    with pytest.raises(NothingConvertedError, match="val split got 0 of"):
+    with pytest.raises(BadInputError, match="val split got 0 of"):
         convert(photo_dir, tmp_path / "s", to=fmt, workers=0, val_fraction=0.001)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]

@@ -1,6 +1,6 @@
 """The conversion's worker pool (converters/pool.py): results in order, a worker's exception
 re-raised with its traceback, and a worker killed with SIGKILL (the OOM killer's signal) in the
-middle of a task ends the wait at once with WorkerDiedError naming the task's file, where
+middle of a task ends the wait at once with ResourceError naming the task's file, where
 multiprocessing.Pool waited forever (tests/faults/test_fault_worker_death.py: the CLI)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 
 from converters.pool import WorkerPool
 from converters.worker import _worker_init
-from feedpipe.errors import ResourceError, WorkerDiedError
+from feedpipe.errors import ResourceError
 
 
 def test_results_in_order_and_errors_with_their_traceback():
@@ -43,7 +43,7 @@ def test_sigkill_of_a_busy_worker_names_its_file(tmp_path):
             time.sleep(0.01)
         os.kill(pid, signal.SIGKILL)
         t0 = time.monotonic()
-        with pytest.raises(WorkerDiedError, match=r"^slow\.jpg: the worker process converting it "
+        with pytest.raises(ResourceError, match=r"^slow\.jpg: the worker process converting it "
                            r"was killed by SIGKILL \(the OOM killer") as e:
             pool.result(job)
         assert time.monotonic() - t0 < 10 and e.value.file == "slow.jpg"

@@ -4,6 +4,8 @@ datasets at once instead of spinning."""
 
 from __future__ import annotations
 
+import builtins as builtins_module
+import errno
 import json
 import multiprocessing.reduction as reduction
 import subprocess
@@ -24,11 +26,13 @@ from feedpipe.dataset.formats.wds import check_key
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import WRITERS
 from feedpipe.errors import (
+    BadInputError,
     ConfigError,
     CorruptRecordError,
-    EmptyDatasetError,
+    DamagedDataError,
     FeedpipeError,
-    MissingFieldError,
+    ResourceError,
+    SampleError,
     TransformError,
 )
 from feedpipe.loader.sampler import World
@@ -64,9 +68,9 @@ def test_library_errors_are_typed_and_keep_their_builtin(tmp_path):
     with pytest.raises(ConfigError, match="compression"):
         WRITERS["hdf5"](tmp_path / "h", SCHEMA, compression="zstd")
     w = WRITERS["lmdb"](tmp_path / "l", SCHEMA)
-    with pytest.raises(MissingFieldError) as missing:
+    with pytest.raises(SampleError) as missing:
         w.write({"image": b"x", "label": 0})
-    assert isinstance(missing.value, KeyError) and missing.value.key == "000000000"
+    assert isinstance(missing.value, ValueError) and missing.value.key == "000000000"
     assert str(missing.value).startswith("sample 0 lacks fields ['path']")  # no KeyError quotes
     w.close()
     ld = feedpipe.make_loader(pack("lmdb", tmp_path / "ds", 8), 4, size=16, **U8)
@@ -89,6 +93,60 @@ def test_bad_json_record_is_a_corrupt_record_under_both_policies(tmp_path, fmt):
     assert "key 000000005" in ld.skipped[0]
 
 
+def test_errors_are_caught_by_intent(tmp_path):
+    """Five intents a caller catches (bad input, damaged data, resources, configuration,
+    remote): what used to be 33 classes of their own is raised as its intent's class."""
+    from converters import convert
+    from converters.output import disk_full
+    from feedpipe.dataset.formats.handles import open_error
+
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "empty-src").mkdir()
+    (tmp_path / "f.tar").write_bytes(b"x")
+    for path in (tmp_path / "plain", tmp_path / "f.tar", pack("lmdb", tmp_path / "zero", 0)):
+        with pytest.raises(BadInputError):  # not a dataset, a file, no samples
+            feedpipe.make_loader(path, 4, size=16, **U8)
+    with pytest.raises(BadInputError, match="wrote 0 samples"):
+        convert(tmp_path / "empty-src", tmp_path / "out", to="lmdb", workers=0)
+    root = pack("lmdb", tmp_path / "ds", 4)
+    manifest = json.loads((root / "feedpipe.json").read_text())
+    for damage in ({"feedpipe_manifest": 99}, {"files": [{"name": "../x", "size": 1}]}):
+        (root / "feedpipe.json").write_text(json.dumps({**manifest, **damage}))
+        with pytest.raises(DamagedDataError):  # another version; a file outside the dataset
+            feedpipe.open_dataset(root)
+    busy = open_error(OSError(errno.EMFILE, "Too many open files"), "a.tar")
+    full = disk_full(OSError(errno.ENOSPC, "No space left"), tmp_path / "o", tmp_path / "p")
+    assert isinstance(busy, ResourceError) and busy.errno == errno.EMFILE
+    assert isinstance(full, ResourceError) and full.errno == errno.ENOSPC
+    with pytest.raises(ConfigError):
+        feedpipe.make_loader(root, 0)
+
+
+def test_the_errors_table_is_the_hierarchy():
+    """docs/reference/errors.md has one row per class, indented under its intent class, naming
+    its builtin bases: checked against the classes themselves."""
+    import re
+
+    import feedpipe.errors as errors
+
+    classes = {n: c for n, c in vars(errors).items()
+               if isinstance(c, type) and issubclass(c, errors.FeedpipeError)
+               and c is not errors.FeedpipeError}
+    rows = re.findall(r"^\|[^|]*\| (&nbsp;&nbsp;)?`(\w+)`( \(([^)]*)\))? \|",
+                      (Path(__file__).parents[1] / "docs/reference/errors.md").read_text(), re.M)
+    assert sorted(r[1] for r in rows) == sorted(classes)
+    intent = None
+    for leaf, name, _, builtins in rows:
+        cls = classes[name]
+        if leaf:
+            assert issubclass(cls, intent), name
+        else:
+            intent = cls
+            assert cls.__bases__[0] is errors.FeedpipeError, name
+        for b in builtins.replace("`", "").split(", ") if builtins else ():
+            assert issubclass(cls, getattr(builtins_module, b)), (name, b)
+
+
 # --- the CLI ---------------------------------------------------------------------------------
 
 def test_user_errors_are_one_line_and_bugs_keep_their_traceback(tmp_path, capsys, monkeypatch):
@@ -99,7 +157,7 @@ def test_user_errors_are_one_line_and_bugs_keep_their_traceback(tmp_path, capsys
     rc, _, err = cli_main(capsys, "info", tmp_path / "nowhere")  # an OS error about a path
     assert rc == 2 and "nowhere" in err and "Traceback" not in err
     rc, _, err = cli_main(capsys, "--debug", "info", tmp_path / "plain")
-    assert rc == 2 and "Traceback" in err and "IncompleteDatasetError" in err
+    assert rc == 2 and "Traceback" in err and "BadInputError" in err
 
     def buggy(args: object) -> int:
         raise ValueError("a bug, not the user's mistake")
@@ -150,11 +208,11 @@ def test_closed_stdout_pipe_ends_quietly(tmp_path):
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "wds"])
 def test_empty_dataset_is_refused_by_the_library(tmp_path, fmt):
     root = pack(fmt, tmp_path / fmt, 0)
-    with pytest.raises(EmptyDatasetError, match="0 samples"):
+    with pytest.raises(BadInputError, match="0 samples"):
         feedpipe.make_loader(root, 4, size=16, **U8)
     from feedpipe.tools.tune import autotune
 
-    with pytest.raises(EmptyDatasetError, match="0 samples"):
+    with pytest.raises(BadInputError, match="0 samples"):
         autotune(root, 4, cache=False, size=16, **U8)
 
 
@@ -171,7 +229,7 @@ def test_empty_dataset_is_refused_by_every_tool_at_once(tmp_path, command, fmt):
 def test_bench_refuses_a_loader_that_yields_no_batch():
     from feedpipe.tools.bench import _stream
 
-    with pytest.raises(EmptyDatasetError, match="no batch"):
+    with pytest.raises(BadInputError, match="no batch"):
         next(_stream([], batches=5, epochs=None))
 
 

@@ -9,7 +9,7 @@ from fp_helpers import remote_batches as batches
 from fp_helpers import same_batches
 
 from feedpipe import Remote
-from feedpipe.errors import AccessDeniedError, RemoteNotFoundError, RetriesExhaustedError
+from feedpipe.errors import AccessDeniedError, RemoteNotFoundError, StorageError
 from feedpipe.storage import RetryPolicy, download
 
 pytest.importorskip("s3fs")
@@ -105,7 +105,7 @@ def test_exhausted_names_the_url(moto_s3, shard, tmp_path):
     proxy, options = moto_s3
     url, data = shard
     proxy.faults([{"kind": "status", "status": 500, "times": -1, "match": "shard-000000"}])
-    with pytest.raises(RetriesExhaustedError, match=f"{url}: downloading bytes 0-.* 4 times"):
+    with pytest.raises(StorageError, match=f"{url}: downloading bytes 0-.* 4 times"):
         download(url, tmp_path / "part", len(data), options, FAST)
     assert len(proxy.log()) >= FAST.attempts
     proxy.faults([])

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from feedpipe.errors import GpuUnavailableError, MissingDependencyError
+from feedpipe.errors import MissingDependencyError, ResourceError
 from feedpipe.loader import gpu
 from feedpipe.loader.dali import pipeline as dali_pipeline
 
@@ -29,7 +29,7 @@ def test_without_nvml_the_driver_is_torchs_cuda_or_unknown(monkeypatch):
 def test_with_nvml_a_driver_version_or_a_clear_error():
     try:
         nvml = gpu.import_nvml()
-    except GpuUnavailableError as exc:  # installed, no driver here
+    except ResourceError as exc:  # installed, no driver here
         assert "no NVIDIA driver" in str(exc)
         assert gpu.driver_cuda() is None or torch.cuda.is_available()
         return

@@ -18,7 +18,7 @@ import feedpipe
 from feedpipe.dataset.formats.hdf5 import CRC_NAME, Hdf5Reader
 from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.dataset.registry import sample_key
-from feedpipe.errors import CorruptRecordError, ManifestError, UnsafeDataError
+from feedpipe.errors import CorruptRecordError, DamagedDataError, UnsafeDataError
 from feedpipe.schema.fields import ArrayField, BytesField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
@@ -114,6 +114,6 @@ def test_an_older_layout_is_refused_with_the_command_that_reconverts(written, tm
     root.mkdir()
     d = json.loads((written[0] / MANIFEST_NAME).read_text())
     (root / MANIFEST_NAME).write_text(json.dumps({**d, "format_version": version}))
-    with pytest.raises(ManifestError, match=f"hdf5 format version {version} is no longer read.*"
+    with pytest.raises(DamagedDataError, match=f"hdf5 format version {version} is no longer read.*"
                                             r"re-convert.*feedpipe convert SRC --to hdf5 -o OUT"):
         feedpipe.open_dataset(root)

@@ -20,7 +20,7 @@ from test_writers import write_dataset
 import feedpipe
 from feedpipe import Workers
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import UnsafePathError
+from feedpipe.errors import DamagedDataError
 from feedpipe.schema.fields import ImageField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
@@ -85,13 +85,13 @@ def test_a_dataset_reaching_outside_is_refused_by_name(kind, tmp_path):
     target = outside(kind, tmp_path)
     plant(root, target)
     rerecord(root)  # the manifest forged to match: only the HDF5 file's own records can tell
-    with pytest.raises(UnsafePathError, match=f"'{name}'.*{what}") as exc:
+    with pytest.raises(DamagedDataError, match=f"'{name}'.*{what}") as exc:
         feedpipe.open_dataset(root)[0]
     assert str(target) in str(exc.value) or kind == "virtual source"
     report = verify(root)
     assert not report.ok and any(f"'{name}'" in p and what in p for p in report.problems)
     for on_error in ("raise", "skip"):
-        with pytest.raises(UnsafePathError, match=f"'{name}'"):
+        with pytest.raises(DamagedDataError, match=f"'{name}'"):
             next(iter(feedpipe.make_loader(root, 2, device="cpu", num_workers=0,
                                            fields=("image", "label"),
                                            workers=Workers(on_error=on_error))))
@@ -101,11 +101,11 @@ PROBE = """
 import sys
 import feedpipe
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import UnsafePathError
+from feedpipe.errors import DamagedDataError
 print(verify(sys.argv[1]).problems)
 try:
     feedpipe.open_dataset(sys.argv[1])[0]
-except UnsafePathError as exc:
+except DamagedDataError as exc:
     print("refused:", exc)
 """
 

@@ -16,7 +16,7 @@ from fp_helpers import CLI
 import feedpipe
 from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import IncompleteDatasetError, ManifestError
+from feedpipe.errors import BadInputError, DamagedDataError
 
 N_MANY = 2400
 
@@ -61,9 +61,9 @@ def test_killed_conversion_is_refused_and_rerun_succeeds(tmp_path, many_photos, 
             proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert partial.is_dir() and any(partial.iterdir())  # a half-written leftover exists ...
-    with pytest.raises((FileNotFoundError, IncompleteDatasetError)):
+    with pytest.raises((FileNotFoundError, BadInputError)):
         feedpipe.open_dataset(out)  # ... but nothing that reads as a dataset
-    with pytest.raises((FileNotFoundError, IncompleteDatasetError)):
+    with pytest.raises((FileNotFoundError, BadInputError)):
         feedpipe.open_dataset(partial)
 
     rerun = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -92,16 +92,16 @@ def edit_manifest(root: Path, **changes) -> None:
 
 def test_no_manifest(ds_copy):
     (ds_copy / MANIFEST_NAME).unlink()
-    with pytest.raises(IncompleteDatasetError, match="did not finish"):
+    with pytest.raises(BadInputError, match="did not finish"):
         feedpipe.open_dataset(ds_copy)
 
 
 def test_manifest_marked_incomplete(ds_copy):
     edit_manifest(ds_copy, complete=False)
-    with pytest.raises(IncompleteDatasetError, match="did not finish"):
+    with pytest.raises(BadInputError, match="did not finish"):
         feedpipe.open_dataset(ds_copy)
     edit_manifest(ds_copy, complete="yes")
-    with pytest.raises(IncompleteDatasetError, match="did not finish"):
+    with pytest.raises(BadInputError, match="did not finish"):
         feedpipe.open_dataset(ds_copy)
 
 
@@ -109,32 +109,32 @@ def test_manifest_marked_incomplete(ds_copy):
 def test_manifest_cut_short(ds_copy, cut):
     path = ds_copy / MANIFEST_NAME
     path.write_bytes(path.read_bytes()[:cut])
-    with pytest.raises(IncompleteDatasetError, match="did not finish"):
+    with pytest.raises(BadInputError, match="did not finish"):
         feedpipe.open_dataset(ds_copy)
 
 
 def test_manifest_temp_file_only(ds_copy):
     # the state a crash between writing the temp manifest and renaming it leaves behind
     os.rename(ds_copy / MANIFEST_NAME, ds_copy / "feedpipe.json.tmp")
-    with pytest.raises(IncompleteDatasetError, match="did not finish"):
+    with pytest.raises(BadInputError, match="did not finish"):
         feedpipe.open_dataset(ds_copy)
 
 
 def test_wrong_manifest_version(ds_copy):
     edit_manifest(ds_copy, feedpipe_manifest=2)
-    with pytest.raises(ManifestError, match="version"):
+    with pytest.raises(DamagedDataError, match="version"):
         feedpipe.open_dataset(ds_copy)
 
 
 def test_wrong_format_version(ds_copy):
     edit_manifest(ds_copy, format_version=99)
-    with pytest.raises(ManifestError, match="version"):
+    with pytest.raises(DamagedDataError, match="version"):
         feedpipe.open_dataset(ds_copy)
 
 
 def test_unknown_format(ds_copy):
     edit_manifest(ds_copy, format="parquet")
-    with pytest.raises(ManifestError, match="parquet"):
+    with pytest.raises(DamagedDataError, match="parquet"):
         feedpipe.open_dataset(ds_copy)
 
 
@@ -144,7 +144,7 @@ def test_unknown_format(ds_copy):
 ])
 def test_malformed_manifest(ds_copy, change):
     edit_manifest(ds_copy, **change)
-    with pytest.raises(ManifestError):
+    with pytest.raises(DamagedDataError):
         feedpipe.open_dataset(ds_copy)
 
 

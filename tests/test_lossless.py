@@ -15,7 +15,7 @@ import feedpipe
 from converters import convert
 from feedpipe.cli import main
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import BadInputError, ManifestError
+from feedpipe.errors import BadInputError, DamagedDataError
 from feedpipe.schema.fields import ImageField
 from feedpipe.schema.imaging import decode_rgb, jpeg_fast_decodable, pil_to_rgb, sniff_codec
 from feedpipe.schema.model import field_from_json
@@ -136,7 +136,7 @@ def test_sniff_codec_and_mixed_schema(base):
     assert np.array_equal(decode_rgb(datas["JPEG"], "mixed"), decode_rgb(datas["JPEG"], "jpeg"))
     f = field_from_json({"name": "image", "kind": "image", "codec": "mixed", "shape": None})
     assert isinstance(f, ImageField) and f.wds_suffix == "img"
-    with pytest.raises(ManifestError):
+    with pytest.raises(DamagedDataError):
         field_from_json({"name": "image", "kind": "image", "codec": "gif", "shape": None})
 
 

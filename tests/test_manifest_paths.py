@@ -19,7 +19,7 @@ import feedpipe
 from feedpipe.dataset.formats.wds import WdsReader
 from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import ManifestError, UnsafePathError
+from feedpipe.errors import DamagedDataError
 from feedpipe.loader.dali.index import DaliIndex
 
 _WATCHED: set[str] = set()
@@ -61,10 +61,10 @@ def _everything(root: Path) -> list[str]:
                     lambda: next(iter(feedpipe.make_loader(root, 4, size=32, num_workers=0,
                                                            device="cpu"))),
                     lambda: verify(root)):
-        with pytest.raises(UnsafePathError) as info:
+        with pytest.raises(DamagedDataError) as info:
             attempt()
         errors.append(str(info.value))
-    with pytest.raises(UnsafePathError):
+    with pytest.raises(DamagedDataError):
         DaliIndex(WdsReader(root)).paths()  # the writer of index files next to the shards
     return errors
 
@@ -138,11 +138,11 @@ def test_symlink_loop_and_non_list_shards_are_typed(packed, copy_dataset):
     root = copy_dataset(packed["wds"])
     (root / "shard-000002.tar").unlink()
     (root / "shard-000002.tar").symlink_to("shard-000002.tar")
-    with pytest.raises(UnsafePathError, match="shard-000002.tar"):
+    with pytest.raises(DamagedDataError, match="shard-000002.tar"):
         feedpipe.open_dataset(root)
     root2 = copy_dataset(packed["wds"], "other")
     _edit(root2, lambda d: d["extra"].__setitem__("shards", "shard-000000.tar"))
-    with pytest.raises(ManifestError, match="extra.shards"):
+    with pytest.raises(DamagedDataError, match="extra.shards"):
         feedpipe.open_dataset(root2)
 
 

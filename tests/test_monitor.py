@@ -3,7 +3,9 @@ the sampler seam), the real no-NVML behaviour, and the ``feedpipe monitor`` comm
 
 from __future__ import annotations
 
+import itertools
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -18,8 +20,8 @@ from torch.utils.data import DataLoader
 import feedpipe
 from feedpipe.cli import build_parser, main
 from feedpipe.cli.monitor import cmd_monitor
-from feedpipe.errors import ConfigError, FeedpipeError, GpuUnavailableError, MissingDependencyError
-from feedpipe.loader.config import usable_cores
+from feedpipe.errors import ConfigError, FeedpipeError, MissingDependencyError, ResourceError
+from feedpipe.loader.config import auto_workers, usable_cores
 from feedpipe.loader.dali import pipeline as dali_pipeline
 from feedpipe.tools.gpumon import GpuMonitor, GpuSample, nvml_sampler
 from feedpipe.tools.monitor import LoaderInfo, StallMeter, StallSummary, advise
@@ -185,28 +187,73 @@ def test_advice_follows_the_loader() -> None:
     zero = advise(s, LoaderInfo(num_workers=0, usable_cores=8, codec="jpeg", format="lmdb",
                                 batch_size=32, pin_memory=False, device="cuda"))
     text = "\n".join(zero)
-    assert "num_workers='auto'" in text and "8 here" in text and "--store raw" in text
+    assert "`make_loader(..., num_workers='auto')` starts 8" in text and "--store raw" in text
     assert "pin_memory=True" in text and "(now 32)" in text and "DALI" in text
     assert "feedpipe convert imgs/" not in text   # already packed
     few = "\n".join(advise(s, LoaderInfo(num_workers=2, usable_cores=8, codec="jpeg",
                                          format="wds", device="cpu")))
-    assert "from 2 to 8" in few and "DALI" not in few and "pin_memory" not in few
+    assert "num_workers=2 is not what 'auto' picks" in few and "starts 8" in few
+    assert "DALI" not in few and "pin_memory" not in few
     full = "\n".join(advise(s, LoaderInfo(num_workers=8, usable_cores=8, codec="jpeg",
                                           format="lmdb")))
     assert "more workers will not help" in full
     raw = "\n".join(advise(_summary(0.6, "input-bound"), LoaderInfo(
         num_workers=0, usable_cores=8, codec="raw", format="lmdb", batch_size=256)))
-    assert "stored raw" in raw and "--store raw" not in raw and "num_workers" not in raw
+    assert "stored raw" in raw and "--store raw" not in raw
     assert "batch_size" not in raw                   # 100 ms steps: not short
-    raw_workers = advise(s, LoaderInfo(num_workers=4, usable_cores=8, codec="raw", format="lmdb"))
-    assert "num_workers=0" in raw_workers[0] and "instead of 4" in raw_workers[0]
+    for n in (0, 4):  # what 'auto' picks for raw data (the loader's own rule), not 0
+        raw_workers = advise(s, LoaderInfo(num_workers=n, usable_cores=8, codec="raw",
+                                           format="lmdb"))
+        assert f"num_workers={n} is not what 'auto' picks" in raw_workers[0]
+        assert f"starts {auto_workers(False, 8)} (what it picks for raw data" in raw_workers[0]
+    assert not any("num_workers" in a for a in advise(s, LoaderInfo(
+        num_workers=auto_workers(False, 8), usable_cores=8, codec="raw", format="lmdb")))
     loose = "\n".join(advise(s, None))
     assert "feedpipe convert" in loose and "loader_info" in loose
     bursty = "\n".join(advise(_summary(0.2, "partly input-bound", p50=0.5, p95=40.0,
                                        first=30.0), LoaderInfo(prefetch_factor=2)))
-    assert "prefetch_factor (now 2)" in bursty and "first batch 30.0 s" in bursty
+    assert "Workers(prefetch_factor=4))` (now 2)" in bursty and "first batch 30.0 s" in bursty
     ok = advise(_summary(0.01, "compute-bound"), LoaderInfo(num_workers=0, usable_cores=8))
     assert len(ok) == 1 and "speed up the step" in ok[0]
+
+
+def _advised_options() -> set[str]:
+    """Every ``make_loader(..., OPTIONS)`` the advice of StallMeter and doctor can give."""
+    from feedpipe.tools import doctor
+
+    texts = []
+    for bound, verdict in ((0.6, "input-bound"), (0.2, "partly input-bound")):
+        for n, codec, device, backend in itertools.product(
+                (None, 0, 2, 8), ("jpeg", "raw"), ("cpu", "cuda"), (None, "torch", "dali")):
+            info = LoaderInfo(num_workers=n, usable_cores=8, codec=codec, format="lmdb",
+                              batch_size=32, pin_memory=False, device=device, backend=backend,
+                              prefetch_factor=2 if n else None)
+            texts += advise(_summary(bound, verdict, step_s=0.5, p50=0.5, p95=40.0), info)
+        texts += advise(_summary(bound, verdict), None)
+    findings = [*doctor.check_cores(8, 8, 2.0), *doctor.check_gpu(True, ["GPU"], None),
+                *doctor.check_pinned(True, "cannot pin")]
+    texts += [f.fix for f in findings]
+    return {m for t in texts for m in re.findall(r"`make_loader\(\.\.\., (.*?)\)`", t)}
+
+
+def test_every_piece_of_advice_runs(packed) -> None:
+    """Advice names options make_loader takes today: each ``make_loader(..., OPTIONS)`` that
+    StallMeter or doctor recommends is run; only a machine without CUDA or DALI may refuse it,
+    and then by the option's value, never its name."""
+    advised = _advised_options()
+    assert {"num_workers='auto'", "num_workers=2", "backend='dali'", "device='cuda'",
+            "workers=feedpipe.Workers(pin_memory=True)",
+            "workers=feedpipe.Workers(pin_memory=False)"} <= advised
+    assert any("prefetch_factor=" in a for a in advised)
+    for options in sorted(advised):
+        kwargs = eval(f"dict({options})", {"feedpipe": feedpipe})  # noqa: S307 - our own text
+        try:
+            loader = feedpipe.make_loader(packed["lmdb"], 4, size=16, **kwargs)
+            assert next(iter(loader))["image"].shape[0] == 4
+            loader.close()
+        except (ConfigError, MissingDependencyError) as exc:
+            assert "did you mean" not in str(exc) and "unexpected" not in str(exc), options
+            assert ("device" in kwargs and not torch.cuda.is_available()) or "backend" in kwargs
 
 
 @pytest.mark.parametrize("cuda, wheel", [("12.4", "nvidia-dali-cuda120"),
@@ -281,12 +328,12 @@ def test_gpu_monitor_thread_and_sampler_errors() -> None:
 
     def lost() -> list[GpuSample]:
         if next(calls) >= 2:
-            raise GpuUnavailableError("GPU fell off the bus")
+            raise ResourceError("GPU fell off the bus")
         return [GpuSample(0, 10.0, 1, 2)]
 
     mon = GpuMonitor(interval=0.001, sampler=lost).start()
     mon.join()                                   # the thread ends by itself on the error
-    with pytest.raises(GpuUnavailableError, match="fell off"):
+    with pytest.raises(ResourceError, match="fell off"):
         mon.stop()
     assert len(mon.records) == 2
     with pytest.raises(ConfigError, match="interval=0"):
@@ -296,7 +343,7 @@ def test_gpu_monitor_thread_and_sampler_errors() -> None:
 def _nvml_error() -> FeedpipeError | None:
     try:
         sample = nvml_sampler()
-    except (MissingDependencyError, GpuUnavailableError) as exc:
+    except (MissingDependencyError, ResourceError) as exc:
         return exc
     readings = sample()                          # a real GPU: the real sampler must work
     assert readings and all(0 <= r.util <= 100 and r.mem_total > 0 for r in readings)

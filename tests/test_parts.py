@@ -16,7 +16,7 @@ from converters import convert
 from converters.merge import merge
 from converters.parts import Part, parse_part
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import ConfigError, CorruptRecordError, IncompleteDatasetError, PartsError
+from feedpipe.errors import BadInputError, ConfigError, CorruptRecordError
 
 
 def _parts(src: Path, out: Path, fmt: str, n: int = 3, only=None, **kw) -> None:
@@ -71,14 +71,14 @@ def test_cli_parts_auto_and_glob_moved_in(fmt, photo_dir, packed, tmp_path):
 def test_missing_and_duplicate_parts_are_refused(fmt, photo_dir, tmp_path):
     out = tmp_path / "ds"
     _parts(photo_dir, out, fmt, only=[0, 2])
-    with pytest.raises(PartsError, match="1 of 3 parts missing: part-00001-of-00003"):
+    with pytest.raises(BadInputError, match="1 of 3 parts missing: part-00001-of-00003"):
         merge(out)
     _parts(photo_dir, tmp_path / "other", fmt, only=[1, 2])
-    with pytest.raises(PartsError, match="part 2 of 3 given twice"):
+    with pytest.raises(BadInputError, match="part 2 of 3 given twice"):
         merge(out, [tmp_path / "other" / "parts" / "part-00001-of-00003",
                     tmp_path / "other" / "parts" / "part-00002-of-00003"])
     assert len(list((tmp_path / "other" / "parts").iterdir())) == 2  # nothing moved
-    with pytest.raises(IncompleteDatasetError):
+    with pytest.raises(BadInputError):
         feedpipe.open_dataset(out)
     merge(out, [tmp_path / "other" / "parts" / "part-00001-of-00003"])
     assert len(feedpipe.open_dataset(out)) == 72
@@ -91,13 +91,13 @@ def test_parts_of_other_classes_or_schema_are_refused(fmt, photo_dir, tmp_path):
     (renamed / first).rename(renamed / "zebra")
     _parts(photo_dir, tmp_path / "a", fmt, only=[0, 2])
     _parts(renamed, tmp_path / "b", fmt, only=[1])
-    with pytest.raises(PartsError, match=rf"class lists differ.*\['zebra'\].*\['{first}'\]"):
+    with pytest.raises(BadInputError, match=rf"class lists differ.*\['zebra'\].*\['{first}'\]"):
         merge(tmp_path / "a", [tmp_path / "b" / "parts" / "part-00001-of-00003"])
     _parts(photo_dir, tmp_path / "c", fmt, only=[1], store="raw", resize=32)
-    with pytest.raises(PartsError, match="schemas differ in field 'image'"):
+    with pytest.raises(BadInputError, match="schemas differ in field 'image'"):
         merge(tmp_path / "a", [tmp_path / "c" / "parts" / "part-00001-of-00003"])
     _parts(photo_dir, tmp_path / "d", fmt, only=[1], quality=50)  # same schema, other options
-    with pytest.raises(PartsError, match="different source lists or options"):
+    with pytest.raises(BadInputError, match="different source lists or options"):
         merge(tmp_path / "a", [tmp_path / "d" / "parts" / "part-00001-of-00003"])
 
 
@@ -106,7 +106,7 @@ def test_interrupted_merge_is_incomplete_and_rerun_finishes(photo_dir, tmp_path)
     _parts(photo_dir, tmp_path / "w", "hdf5")
     (out / "parts").mkdir(parents=True)  # a merge killed after moving one part in
     shutil.move(tmp_path / "w" / "parts" / "part-00000-of-00003", out / "parts")
-    with pytest.raises(IncompleteDatasetError):
+    with pytest.raises(BadInputError):
         feedpipe.open_dataset(out)
     res = merge(out, [str(tmp_path / "w" / "parts" / "part-*")])
     assert (res.parts, res.moved) == (3, 2) and verify(out).ok

@@ -21,7 +21,7 @@ from converters.merge import merge  # noqa: E402
 from converters.parts import Part  # noqa: E402
 from feedpipe.dataset.manifest import MANIFEST_NAME  # noqa: E402
 from feedpipe.dataset.verify import read_manifest, verify  # noqa: E402
-from feedpipe.errors import ConfigError, OutputRefusedError, PartsError  # noqa: E402
+from feedpipe.errors import BadInputError, ConfigError  # noqa: E402
 
 KW = dict(size=32, crop="resize", device="cpu", num_workers=0, output=Output(dtype="uint8"))
 
@@ -73,18 +73,18 @@ def test_remote_merge_refusals(photo_dir, s3):
         convert(photo_dir, url, to="lmdb", workers=0, part=Part(0, 2), storage_options=opts)
     assert not objects(fs, url)
     convert(photo_dir, url, to="wds", workers=0, part=Part(0, 2), storage_options=opts)
-    with pytest.raises(PartsError, match="1 of 2 parts missing: part-00001-of-00002"):
+    with pytest.raises(BadInputError, match="1 of 2 parts missing: part-00001-of-00002"):
         merge(url, storage_options=opts)
     assert MANIFEST_NAME not in objects(fs, url)
     fs.pipe_file(url.removeprefix("s3://") + "/notes.txt", b"mine")
     convert(photo_dir, url, to="wds", workers=0, part=Part(1, 2), storage_options=opts)
-    with pytest.raises(OutputRefusedError, match="notes.txt"):
+    with pytest.raises(BadInputError, match="notes.txt"):
         merge(url, storage_options=opts)
     fs.rm_file(url.removeprefix("s3://") + "/notes.txt")
     fs.rm_file(url.removeprefix("s3://") + "/index-keys.npy")  # as if the last merge was killed
     merge(url, storage_options=opts)  # a re-run finishes it
     assert verify(url, storage_options=opts, decode=False).ok
-    with pytest.raises(OutputRefusedError, match="already a complete dataset"):
+    with pytest.raises(BadInputError, match="already a complete dataset"):
         merge(url, storage_options=opts)
     before = objects(fs, url)
     with pytest.raises(ConfigError, match="already a merged dataset"):

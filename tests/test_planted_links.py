@@ -20,7 +20,7 @@ from converters.parts import Part
 from converters.wds_index import index_shards
 from feedpipe.dataset.formats.wds import CRC_FILE, INDEX_FILES
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import OutputRefusedError
+from feedpipe.errors import BadInputError
 
 wds = pytest.importorskip("webdataset")
 VICTIM = b"precious: not feedpipe's\n"
@@ -95,6 +95,6 @@ def test_output_lock_refuses_a_planted_link(capsys, photo_dir, tmp_path, how):
     assert rc == 2 and len(err.strip().splitlines()) == 1, err
     assert str(dest / ".out.lock") in err and "lock file" in err
     assert not (dest / "out").exists()
-    with pytest.raises(OutputRefusedError, match="merged.lock: the lock file"):
+    with pytest.raises(BadInputError, match="merged.lock: the lock file"):
         merge(dest / "merged")
     assert victim.read_bytes() == VICTIM

@@ -19,7 +19,7 @@ from converters import convert  # noqa: E402
 from converters.upload import JOURNAL  # noqa: E402
 from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest  # noqa: E402
 from feedpipe.dataset.verify import read_manifest, verify  # noqa: E402
-from feedpipe.errors import IncompleteDatasetError, OutputRefusedError  # noqa: E402
+from feedpipe.errors import BadInputError  # noqa: E402
 from feedpipe.tools.doctor import run_doctor  # noqa: E402
 
 
@@ -66,7 +66,7 @@ def test_verify_names_a_damaged_object(photo_dir, s3, capsys):
 def test_a_prefix_without_manifest_is_not_a_dataset(s3):
     bucket, opts, fs = s3
     fs.pipe_file(bucket.removeprefix("s3://") + "/ds/shard-000000.tar", b"x" * 10)
-    with pytest.raises(IncompleteDatasetError, match="no feedpipe.json"):
+    with pytest.raises(BadInputError, match="no feedpipe.json"):
         read_manifest(f"{bucket}/ds", opts)
 
 
@@ -90,7 +90,7 @@ def test_overwrite_on_a_url_removes_only_what_the_old_manifest_lists(photo_dir, 
     # an object feedpipe did not make: refused, with or without --overwrite, and left alone
     fs.pipe_file(url.removeprefix("s3://") + "/notes.txt", b"mine")
     for overwrite in (False, True):
-        with pytest.raises(OutputRefusedError, match="notes.txt"):
+        with pytest.raises(BadInputError, match="notes.txt"):
             convert(photo_dir, url, to="wds", workers=0, storage_options=opts,
                     overwrite=overwrite)
     assert objects(fs, url) == {**after, "notes.txt": b"mine"}
@@ -118,7 +118,7 @@ def test_killed_upload_leaves_no_manifest_and_a_rerun_resumes(tmp_path, photo_di
     proc.wait()
     held = objects(fs, url)
     assert MANIFEST_NAME not in held and JOURNAL in held
-    with pytest.raises(IncompleteDatasetError):
+    with pytest.raises(BadInputError):
         read_manifest(url, opts)
     journal = json.loads(held[JOURNAL])["files"]
     uploaded = sorted(n for n, e in journal.items() if e["state"] == "done")

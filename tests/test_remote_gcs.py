@@ -20,11 +20,7 @@ from servers import cli_opts, objects  # noqa: E402
 import feedpipe  # noqa: E402
 from converters import convert  # noqa: E402
 from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest  # noqa: E402
-from feedpipe.errors import (  # noqa: E402
-    AccessDeniedError,
-    IncompleteDatasetError,
-    RemoteNotFoundError,
-)
+from feedpipe.errors import AccessDeniedError, BadInputError, RemoteNotFoundError  # noqa: E402
 from feedpipe.storage import RetryPolicy, download, upload  # noqa: E402
 
 FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05)
@@ -117,7 +113,7 @@ def test_convert_to_gs_then_verify(photo_dir, gs, tmp_path, capsys):
 def test_missing_and_denied_fail_typed(gcs, gcs_packed, tmp_path):
     proxy, options = gcs
     proxy.faults([])
-    with pytest.raises(IncompleteDatasetError, match="gs://feedpipe-test/nope.*feedpipe.json"):
+    with pytest.raises(BadInputError, match="gs://feedpipe-test/nope.*feedpipe.json"):
         feedpipe.open_dataset("gs://feedpipe-test/nope", cache_dir=tmp_path,
                               storage_options=options)
     missing = f"{gcs_packed['wds']}/shard-000099.tar"

@@ -12,7 +12,7 @@ from hub_emulator import HubRepos
 
 import feedpipe
 from feedpipe import Remote, Workers
-from feedpipe.errors import AccessDeniedError, IncompleteDatasetError, RemoteNotFoundError
+from feedpipe.errors import AccessDeniedError, BadInputError, RemoteNotFoundError
 from feedpipe.storage import download, read_bytes, remote_size
 
 pytest.importorskip("huggingface_hub")
@@ -76,7 +76,7 @@ def test_hf_missing_path_and_refused_token_fail_typed(hf_hub, tmp_path):
     server.faults([])
     for url in ("hf://datasets/feedpipe/photos/nope", "hf://datasets/feedpipe/nope/ds",
                 "hf://datasets/feedpipe/photos@nope/ds"):
-        with pytest.raises(IncompleteDatasetError, match=f"{url}: no feedpipe.json"):
+        with pytest.raises(BadInputError, match=f"{url}: no feedpipe.json"):
             feedpipe.open_dataset(url, cache_dir=tmp_path)
     shard = f"{urls['photos']}/shard-999999.tar"
     with pytest.raises(RemoteNotFoundError, match=f"{shard}: not found") as err:

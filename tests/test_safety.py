@@ -146,7 +146,7 @@ def test_manifest_declaring_object_dtype_refused(tmp_path, fmt):
     d = json.loads((root / MANIFEST_NAME).read_text())
     d["schema"][0]["dtype"] = "|O"
     (root / MANIFEST_NAME).write_text(json.dumps(d))
-    with pytest.raises((UnsafeDataError, feedpipe.ManifestError)):
+    with pytest.raises((UnsafeDataError, feedpipe.DamagedDataError)):
         feedpipe.open_dataset(root)
 
 

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from feedpipe.dataset.manifest import Manifest
-from feedpipe.errors import SpecialFileError, UnsafePathError
+from feedpipe.errors import DamagedDataError
 
 SPOTS = [("lmdb", "data.mdb"), ("hdf5", "data.h5"), ("wds", "index-offsets.npy"),
          ("wds", "index-values.npy"), ("wds", "shard-000001.tar")]
@@ -21,19 +21,19 @@ def test_fifo_in_place_of_a_data_file_is_refused(packed, copy_dataset, fmt, name
     root = copy_dataset(packed[fmt])
     (root / name).unlink()
     os.mkfifo(root / name)
-    with pytest.raises(SpecialFileError, match=rf"'{name}' is a FIFO .*not a regular file") as e:
+    with pytest.raises(DamagedDataError, match=rf"'{name}' is a FIFO .*not a regular file") as e:
         Manifest.read(root)
-    assert isinstance(e.value, UnsafePathError) and e.value.file == str(root / name)
+    assert isinstance(e.value, DamagedDataError) and e.value.file == str(root / name)
 
 
 def test_a_folder_or_a_link_to_a_fifo_is_refused(packed, copy_dataset):
     root = copy_dataset(packed["lmdb"])
     (root / "data.mdb").unlink()
     (root / "data.mdb").mkdir()
-    with pytest.raises(SpecialFileError, match="'data.mdb' is a folder"):
+    with pytest.raises(DamagedDataError, match="'data.mdb' is a folder"):
         Manifest.read(root)
     (root / "data.mdb").rmdir()
     os.mkfifo(root / "pipe")
     os.symlink("pipe", root / "data.mdb")  # a link inside the dataset: followed, then refused
-    with pytest.raises(SpecialFileError, match="'data.mdb' is a FIFO"):
+    with pytest.raises(DamagedDataError, match="'data.mdb' is a FIFO"):
         Manifest.read(root)

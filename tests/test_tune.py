@@ -24,7 +24,7 @@ from feedpipe import Workers, tuned
 from feedpipe.cli import main
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import LoaderConfig, usable_cores
-from feedpipe.loader.memory import ring_slots
+from feedpipe.loader.memory import ring_bytes, ring_slots
 from feedpipe.tools import rss
 from feedpipe.tools.tune import (
     BatchTrial,
@@ -354,10 +354,9 @@ def test_the_loaders_batches_leave_half_the_host_ram(monkeypatch):
     """On the H200 the largest fitting ResNet-50 batch had the loader hold 111 of 128 GiB; the
     loader's batches now take at most half the RAM available."""
     from feedpipe.tools.tune import batch_size as bs
-    from feedpipe.tools.tune.memory import loader_ram_bytes
 
     per_sample, workers, prefetch = 600_000, 16, 4
-    at = {n: loader_ram_bytes(per_sample, n, workers, prefetch) for n in (1, 2048, 2937)}
+    at = {n: ring_bytes(per_sample * n, workers, prefetch) for n in (1, 2048, 2937)}
     monkeypatch.setattr(bs, "host_available_bytes", lambda: int(at[2937] / 0.9))
     done = [bs.BatchTrial(n, True, 1 << 30, 100.0) for n in (1024, 2048, 3264)]
     with pytest.warns(UserWarning, match="more than half"):

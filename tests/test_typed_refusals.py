@@ -17,7 +17,7 @@ import pytest
 from fp_helpers import jpeg_bytes, run_cli
 
 import feedpipe
-from feedpipe.errors import ManifestError
+from feedpipe.errors import DamagedDataError
 
 HUGE = (10**7, 10**7)  # 10^14 float32: 400 TB
 
@@ -106,10 +106,10 @@ def test_manifest_field_of_wrong_type_or_range_is_named(packed, tmp_path, where,
     d = json.loads(path.read_text())
     _edit(d, where, value)
     path.write_text(json.dumps(d))
-    with pytest.raises(ManifestError, match=f"{path}: {said}".replace("[", r"\[")
+    with pytest.raises(DamagedDataError, match=f"{path}: {said}".replace("[", r"\[")
                        .replace("]", r"\]").replace("(", r"\(")):
         feedpipe.open_dataset(root)
-    with pytest.raises(ManifestError, match="feedpipe.json"):
+    with pytest.raises(DamagedDataError, match="feedpipe.json"):
         feedpipe.make_loader(root, 4, size=32)
     r = run_cli("verify", root)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
@@ -122,5 +122,5 @@ def test_merged_part_counts_are_checked(packed, tmp_path):
     d = json.loads(path.read_text())
     d["extra"]["parts"] = [{"dir": ".", "num_samples": "lots"}]
     path.write_text(json.dumps(d))
-    with pytest.raises(ManifestError, match=r"extra\.parts\[0\]\.num_samples is 'lots'"):
+    with pytest.raises(DamagedDataError, match=r"extra\.parts\[0\]\.num_samples is 'lots'"):
         feedpipe.open_dataset(root)

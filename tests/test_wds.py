@@ -20,7 +20,7 @@ from converters.merge import read_part
 from feedpipe.dataset.formats.wds import WdsWriter, ustar_header
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import sample_key
-from feedpipe.errors import CorruptRecordError, DataFileMismatchError, ManifestError
+from feedpipe.errors import CorruptRecordError, DamagedDataError, DataFileMismatchError
 from feedpipe.schema.fields import ArrayField, BytesField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
@@ -216,7 +216,7 @@ def test_path_lives_in_the_index_and_reads_as_before(packed, photos):
 @pytest.mark.parametrize("version", [1, 2])
 def test_a_webdataset_written_before_0_1_is_refused_to_reconvert(tmp_path, packed, version):
     """Every field a tar member (no index fields) still reads at format version 3; the same
-    files marked version 1 or 2 (written before release 0.1) are refused by a ManifestError that
+    files marked version 1 or 2 (written before release 0.1) are refused by a DamagedDataError that
     says to re-convert, when opened and when merged as a part (they used to read through their
     own branches)."""
     ref = feedpipe.open_dataset(packed["wds"])
@@ -238,11 +238,11 @@ def test_a_webdataset_written_before_0_1_is_refused_to_reconvert(tmp_path, packe
     assert [ds[i]["path"] for i in range(len(ds))] == [ref[i]["path"] for i in range(len(ref))]
     manifest(version).write(w.root)
     refusal = f"wds format version {version} is no longer read.*re-convert the dataset"
-    with pytest.raises(ManifestError, match=refusal):
+    with pytest.raises(DamagedDataError, match=refusal):
         feedpipe.open_dataset(w.root)
-    with pytest.raises(ManifestError, match=refusal):
+    with pytest.raises(DamagedDataError, match=refusal):
         feedpipe.make_loader(w.root, 8, size=32, num_workers=0)
-    with pytest.raises(ManifestError, match=refusal):
+    with pytest.raises(DamagedDataError, match=refusal):
         read_part(w.root)
 
 

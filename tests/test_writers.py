@@ -14,7 +14,7 @@ from feedpipe.dataset.formats.lmdb import LmdbWriter
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import WRITERS
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import UnsafeDataError
+from feedpipe.errors import SampleError, UnsafeDataError
 from feedpipe.schema.fields import ArrayField, BytesField, ImageField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
@@ -206,7 +206,7 @@ def test_writer_requires_every_field(tmp_path, fmt, samples):
     writer = WRITERS[fmt](tmp_path / fmt, SCHEMA)
     sample = {f.name: samples[0][f.name] for f in SCHEMA}
     del sample["blob"]
-    with pytest.raises(KeyError, match="blob"):
+    with pytest.raises(SampleError, match="blob"):  # bad input, a ValueError
         writer.write(sample)
     writer.close()
 

@@ -1,6 +1,6 @@
 """The versioned dataset manifest (``feedpipe.json``): written last, it is what makes a directory valid.
 
-A directory without a complete manifest is refused with :class:`IncompleteDatasetError`, so an
+A directory without a complete manifest is refused with :class:`BadInputError`, so an
 interrupted conversion never reads as a dataset.
 """
 
@@ -17,12 +17,9 @@ from typing import Any
 
 from .._version import __version__
 from ..errors import (
+    BadInputError,
     ConfigError,
-    IncompleteDatasetError,
-    ManifestError,
-    NotADatasetError,
-    SpecialFileError,
-    UnsafePathError,
+    DamagedDataError,
 )
 from ..paths import KINDS, url_scheme, write_atomic
 from ..schema.model import Schema
@@ -36,7 +33,7 @@ MANIFEST_VERSION = 1
 FORMAT_VERSIONS = {"lmdb": 2, "hdf5": 3, "wds": 3}
 OLDEST_VERSIONS = {"lmdb": 1, "hdf5": 3, "wds": 3}
 #: the most samples (and bytes in a file) a manifest may declare: beyond any real dataset, and far
-#: from where int64 index arithmetic overflows; a larger or negative count is a ManifestError
+#: from where int64 index arithmetic overflows; a larger or negative count is a DamagedDataError
 MAX_SAMPLES = 1 << 48
 MAX_FILE_BYTES = 1 << 56
 #: files each format's reader opens by a fixed name, checked like the ones the manifest names
@@ -92,7 +89,7 @@ class Manifest:
 
     def __post_init__(self) -> None:
         if self.format not in FORMAT_VERSIONS:
-            raise ManifestError(f"unknown format {self.format!r}; known: {sorted(FORMAT_VERSIONS)}")
+            raise DamagedDataError(f"unknown format {self.format!r}; known: {sorted(FORMAT_VERSIONS)}")
         if not self.format_version:
             object.__setattr__(self, "format_version", FORMAT_VERSIONS[self.format])
 
@@ -128,7 +125,7 @@ class Manifest:
         root = Path(root)
         path = root / MANIFEST_NAME
         if root.is_file():
-            raise NotADatasetError(_what_file(root))
+            raise BadInputError(_what_file(root))
         if not root.is_dir():
             raise FileNotFoundError(f"{root}: no such dataset directory")
         if not path.is_file():
@@ -136,26 +133,26 @@ class Manifest:
         try:
             d = json.loads(path.read_text(encoding="utf-8"))
         except ValueError as exc:
-            raise IncompleteDatasetError(f"{path}: manifest is not valid JSON; the conversion "
-                                         "did not finish. Re-run `feedpipe convert`.") from exc
+            raise BadInputError(f"{path}: manifest is not valid JSON; the conversion "
+                                "did not finish. Re-run `feedpipe convert`.") from exc
         if not isinstance(d, dict) or d.get("complete") is not True:
-            raise IncompleteDatasetError(f"{path}: manifest is not marked complete; the "
-                                         "conversion did not finish.")
+            raise BadInputError(f"{path}: manifest is not marked complete; the "
+                                "conversion did not finish.")
         if d.get("feedpipe_manifest") != MANIFEST_VERSION:
-            raise ManifestError(f"{path}: manifest version {d.get('feedpipe_manifest')!r} is not "
-                                f"supported (this feedpipe reads version {MANIFEST_VERSION}); "
-                                "upgrade feedpipe or re-convert")
+            raise DamagedDataError(f"{path}: manifest version {d.get('feedpipe_manifest')!r} is not "
+                                   f"supported (this feedpipe reads version {MANIFEST_VERSION}); "
+                                   "upgrade feedpipe or re-convert")
         fmt = d.get("format")
         if not isinstance(fmt, str) or fmt not in FORMAT_VERSIONS:
-            raise ManifestError(f"{path}: unknown format {fmt!r}")
+            raise DamagedDataError(f"{path}: unknown format {fmt!r}")
         if d.get("format_version") not in range(1, FORMAT_VERSIONS[fmt] + 1):
-            raise ManifestError(f"{path}: {fmt} format version {d.get('format_version')!r} is not "
-                                f"supported (expected 1 to {FORMAT_VERSIONS[fmt]})")
+            raise DamagedDataError(f"{path}: {fmt} format version {d.get('format_version')!r} is not "
+                                   f"supported (expected 1 to {FORMAT_VERSIONS[fmt]})")
         if d["format_version"] < OLDEST_VERSIONS[fmt]:
-            raise ManifestError(f"{path}: {fmt} format version {d['format_version']} is no "
-                                f"longer read (this feedpipe reads {fmt} version "
-                                f"{OLDEST_VERSIONS[fmt]}); re-convert the dataset from its "
-                                f"source (feedpipe convert SRC --to {fmt} -o OUT)")
+            raise DamagedDataError(f"{path}: {fmt} format version {d['format_version']} is no "
+                                   f"longer read (this feedpipe reads {fmt} version "
+                                   f"{OLDEST_VERSIONS[fmt]}); re-convert the dataset from its "
+                                   f"source (feedpipe convert SRC --to {fmt} -o OUT)")
         check_fields(d, path)
         try:
             manifest = cls(
@@ -171,7 +168,7 @@ class Manifest:
                 format_version=int(d["format_version"]),
             )
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
-            raise ManifestError(f"{path}: malformed manifest: {exc!r}") from exc
+            raise DamagedDataError(f"{path}: malformed manifest: {exc!r}") from exc
         manifest.check_paths(root)
         return manifest
 
@@ -186,12 +183,12 @@ class Manifest:
         names = [(f"files[{i}].name", f.name) for i, f in enumerate(self.files)]
         shards = self.extra.get("shards", [])
         if not isinstance(shards, list):
-            raise ManifestError(f"{path}: extra.shards is {type(shards).__name__}, not a list of "
-                                "shard file names")
+            raise DamagedDataError(f"{path}: extra.shards is {type(shards).__name__}, not a list of "
+                                   "shard file names")
         names += [(f"extra.shards[{i}]", s) for i, s in enumerate(shards)]
         parts = self.extra.get("parts", [])
         if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
-            raise ManifestError(f"{path}: extra.parts is not a list of part entries")
+            raise DamagedDataError(f"{path}: extra.parts is not a list of part entries")
         names += [(f"extra.parts[{i}].dir", p.get("dir")) for i, p in enumerate(parts)]
         names += [(f"{self.format} data file", n) for n in FORMAT_FILES[self.format]]
         inside = root.resolve()
@@ -199,18 +196,18 @@ class Manifest:
             if not isinstance(name, str) or os.path.isabs(name) \
                     or any(c in name for c in ("\\", "\0")) \
                     or any(part in ("", ".", "..") for part in name.split("/")):
-                raise UnsafePathError(f"{path}: {what} is {name!r}: a dataset file must be a plain "
-                                      "name or a relative path inside the dataset directory (no "
-                                      "absolute path, no '..' or '.', no empty component, no "
-                                      "backslash); refusing to open it")
+                raise DamagedDataError(f"{path}: {what} is {name!r}: a dataset file must be a plain "
+                                       "name or a relative path inside the dataset directory (no "
+                                       "absolute path, no '..' or '.', no empty component, no "
+                                       "backslash); refusing to open it")
             try:
                 real = (root / name).resolve()
             except (OSError, RuntimeError) as exc:  # a symlink loop
-                raise UnsafePathError(f"{path}: {what} {name!r} cannot be resolved: {exc}") \
+                raise DamagedDataError(f"{path}: {what} {name!r} cannot be resolved: {exc}") \
                     from exc
             if not real.is_relative_to(inside):
-                raise UnsafePathError(f"{path}: {what} {name!r} is a symlink to {real}, outside "
-                                      f"the dataset directory {inside}; refusing to open it")
+                raise DamagedDataError(f"{path}: {what} {name!r} is a symlink to {real}, outside "
+                                       f"the dataset directory {inside}; refusing to open it")
             if not what.startswith("extra.parts"):  # a part is a folder
                 _refuse_special(path, what, name, real)
 
@@ -225,7 +222,7 @@ def _refuse_special(path: Path, what: str, name: str, real: Path) -> None:
         return
     if not stat.S_ISREG(mode):
         kind = KINDS.get(stat.S_IFMT(mode), "not a regular file")
-        raise SpecialFileError(f"{path}: {what} {name!r} is {kind}, not a regular file; reading "
+        raise DamagedDataError(f"{path}: {what} {name!r} is {kind}, not a regular file; reading "
                                "it could block forever, so it is refused before it is opened. "
                                "Put the dataset's file back (or re-convert).", file=str(real))
 
@@ -236,11 +233,11 @@ def _integer(d: dict[str, Any], key: str, what: str, path: Path, low: int, high:
     if key not in d or (optional and d[key] is None):
         if optional:
             return
-        raise ManifestError(f"{path}: {what} is missing", file=path)
+        raise DamagedDataError(f"{path}: {what} is missing", file=path)
     v = d[key]
     if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
-        raise ManifestError(f"{path}: {what} is {v!r}: expected an integer from {low:,} to "
-                            f"{high:,}", file=path)
+        raise DamagedDataError(f"{path}: {what} is {v!r}: expected an integer from {low:,} to "
+                               f"{high:,}", file=path)
 
 
 def _typed(value: Any, kind: type, what: str, path: Path, each: type | None = None) -> None:
@@ -251,8 +248,8 @@ def _typed(value: Any, kind: type, what: str, path: Path, each: type | None = No
     if not isinstance(value, kind) or bad is not None:
         where, got = (what, value) if bad is None else (f"{what}[{bad}]", items[bad])
         want = kind.__name__ if bad is None else each.__name__  # type: ignore[union-attr]
-        raise ManifestError(f"{path}: {where} is {type(got).__name__} {got!r:.60}, not a {want}",
-                            file=path)
+        raise DamagedDataError(f"{path}: {where} is {type(got).__name__} {got!r:.60}, not a {want}",
+                               file=path)
 
 
 def check_fields(d: dict[str, Any], path: Path) -> None:
@@ -281,24 +278,24 @@ def check_fields(d: dict[str, Any], path: Path) -> None:
 _IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif"})
 
 
-def _not_a_dataset(root: Path) -> NotADatasetError | IncompleteDatasetError:
+def _not_a_dataset(root: Path) -> BadInputError | BadInputError:
     """A folder without a manifest, said for what it is: a folder of datasets (a split root's
     or --val-fraction's output), an image folder, or a conversion that did not finish."""
     inner = sorted(p.parent.name for p in root.glob(f"*/{MANIFEST_NAME}"))
     if inner:
-        return NotADatasetError(
+        return BadInputError(
             f"{root}: holds {len(inner)} datasets, one per split ({', '.join(inner)}), not one "
             f"dataset; open one of them, e.g. {root / inner[0]}")
     if (root / "parts").is_dir():
-        return IncompleteDatasetError(f"{root}: holds conversion parts but no merged dataset: "
-                                      f"run `feedpipe merge {root}`")
+        return BadInputError(f"{root}: holds conversion parts but no merged dataset: "
+                             f"run `feedpipe merge {root}`")
     looked = itertools.islice(root.rglob("*"), 10_000)  # an error path: a bounded look
     images = next((p for p in looked if p.suffix.lower() in _IMAGE_SUFFIXES), None)
     if images is not None:
-        return NotADatasetError(
+        return BadInputError(
             f"{root}: is a folder of images ({images.relative_to(root)}...), not a packed "
             f"dataset; pack it first: feedpipe convert {root} --to lmdb -o OUT, then open OUT")
-    return IncompleteDatasetError(
+    return BadInputError(
         f"{root}: no {MANIFEST_NAME}; the conversion did not finish or this is not a feedpipe "
         "dataset. Re-run `feedpipe convert`.")
 

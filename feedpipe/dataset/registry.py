@@ -25,7 +25,7 @@ def open_dataset(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[s
     """Open a packed dataset directory, or a dataset URL (s3://, gs://, https://, hf://,
     file://); the format comes from its manifest.
 
-    Raises IncompleteDatasetError when the directory has no complete manifest (an unfinished
+    Raises BadInputError when the directory has no complete manifest (an unfinished
     conversion). ``options`` go to the format's reader (e.g. ``readahead=False`` for LMDB,
     ``max_open_shards=64`` for WebDataset: the shard files a process keeps open). A URL
     is read through the node-local cache ``cache_dir`` bounded by ``cache_limit`` (bytes or

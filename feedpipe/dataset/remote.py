@@ -26,7 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import CacheFullError, IncompleteDatasetError, RemoteNotFoundError
+from ..errors import BadInputError, RemoteNotFoundError, StorageError
 from ..paths import write_atomic
 from ..schema.fields import Field
 from ..storage import DEFAULT_POLICY, RetryPolicy, join, read_bytes
@@ -61,8 +61,8 @@ class RemoteSource:
         the arguments as :meth:`Cache.open`'s)."""
         entry = self.files.get(name)
         if entry is None:
-            raise IncompleteDatasetError(f"{self.url}: its manifest lists no file {name}; "
-                                         "re-convert the dataset")
+            raise BadInputError(f"{self.url}: its manifest lists no file {name}; "
+                                "re-convert the dataset")
         flat = name.replace("%", "%25").replace("/", "%2F")  # a merged dataset's parts/.../x.tar
         return self.cache.open(self.folder, flat, join(self.url, name), entry.size, entry.sha256,
                                storage_options=self.storage_options, policy=self.policy,
@@ -319,7 +319,7 @@ def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
     try:
         raw = read_bytes(join(url, MANIFEST_NAME), storage_options, policy)
     except RemoteNotFoundError as exc:
-        raise IncompleteDatasetError(
+        raise BadInputError(
             f"{url}: no {MANIFEST_NAME}; the path is wrong, or the conversion did not finish "
             "(the manifest is written last). Check the URL, or re-run `feedpipe convert`.",
             dataset=url) from exc
@@ -343,11 +343,11 @@ def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
     data = FORMAT_FILES[manifest.format][0]
     entry = source.files.get(data)
     if entry is not None and cache.limit is not None and entry.size > cache.limit:
-        raise CacheFullError(f"{url}: {manifest.format} keeps all samples in one file "
-                             f"({data}, {entry.size:,} bytes), larger than cache_limit="
-                             f"{cache.limit:,}, and must be fetched whole. Convert it with "
-                             "`feedpipe convert ... --to wds` for remote data (shards stream one "
-                             "by one within the limit), or raise cache_limit", url=url)
+        raise StorageError(f"{url}: {manifest.format} keeps all samples in one file "
+                           f"({data}, {entry.size:,} bytes), larger than cache_limit="
+                           f"{cache.limit:,}, and must be fetched whole. Convert it with "
+                           "`feedpipe convert ... --to wds` for remote data (shards stream one "
+                           "by one within the limit), or raise cache_limit", url=url)
     pin = source.open(data)  # held while the reader lives: the file is never evicted under it
     assert pin is not None
     single: dict[str, type[_PinnedReader]] = {"lmdb": RemoteLmdbReader,

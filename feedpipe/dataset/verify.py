@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import FeedpipeError, IncompleteDatasetError, RemoteNotFoundError, ResourceError
+from ..errors import BadInputError, FeedpipeError, RemoteNotFoundError, ResourceError
 from ..storage.store import Store, file_digest, open_store
 from .formats.wds import WdsReader
 from .manifest import MANIFEST_NAME, Manifest
@@ -51,9 +51,9 @@ def read_manifest(source: str | os.PathLike[str] | Store, storage_options: Optio
     try:
         raw = store.read_bytes(MANIFEST_NAME)
     except RemoteNotFoundError as exc:
-        raise IncompleteDatasetError(f"{store.url}: no {MANIFEST_NAME}; its conversion did not "
-                                     "finish (or is still uploading), or this is not a feedpipe "
-                                     "dataset. Re-run `feedpipe convert`.") from exc
+        raise BadInputError(f"{store.url}: no {MANIFEST_NAME}; its conversion did not "
+                            "finish (or is still uploading), or this is not a feedpipe "
+                            "dataset. Re-run `feedpipe convert`.") from exc
     if into is not None:
         (into / MANIFEST_NAME).write_bytes(raw)
         return Manifest.read(into)

@@ -21,7 +21,7 @@ from typing import Any, Literal, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError, ManifestError
+from ..errors import ConfigError, DamagedDataError
 from ..schema.fields import ArrayField, Field
 from ..schema.model import Schema
 from .formats.base import DatasetReader, Visitor
@@ -224,8 +224,8 @@ def _read_columns(base: DatasetReader, names: list[str], series: dict[str, Any]
         k = len(stored[names[0]])
         for n in names:
             if len(stored[n]) != k or at[0] + k > len(out[n]):
-                raise ManifestError(f"{base.root}: block {at[1] + pos} does not fit the series "
-                                    f"of {len(out[n])} rows its manifest records")
+                raise DamagedDataError(f"{base.root}: block {at[1] + pos} does not fit the series "
+                                       f"of {len(out[n])} rows its manifest records")
             out[n][at[0]:at[0] + k] = stored[n]
         at[0] += k
 
@@ -234,8 +234,8 @@ def _read_columns(base: DatasetReader, names: list[str], series: dict[str, Any]
         at[1] = first
         base.visit(range(first, min(len(base), first + step)), put, names)
     if blocks and at[0] != int(series["rows"]):
-        raise ManifestError(f"{base.root}: blocks hold {at[0]} rows, the manifest records "
-                            f"{series['rows']}")
+        raise DamagedDataError(f"{base.root}: blocks hold {at[0]} rows, the manifest records "
+                               f"{series['rows']}")
     return {n: a.reshape(len(a), -1) for n, a in out.items()}
 
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from ..errors import GpuUnavailableError, MissingDependencyError
+from ..errors import MissingDependencyError, ResourceError
 
 
 def import_nvml() -> ModuleType:
     """``pynvml``, initialised; a MissingDependencyError without ``nvidia-ml-py``, a
-    GpuUnavailableError when NVML cannot start (no driver loaded)."""
+    ResourceError when NVML cannot start (no driver loaded)."""
     try:
         import pynvml
     except ImportError:
@@ -22,8 +22,8 @@ def import_nvml() -> ModuleType:
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
-        raise GpuUnavailableError(f"NVML is installed but cannot start ({exc}): no NVIDIA driver "
-                                  "is loaded or no GPU is visible on this machine") from None
+        raise ResourceError(f"NVML is installed but cannot start ({exc}): no NVIDIA driver "
+                            "is loaded or no GPU is visible on this machine") from None
     return pynvml
 
 
@@ -33,7 +33,7 @@ def driver_cuda() -> str | None:
     else None (no driver, or nothing here can tell)."""
     try:
         nvml = import_nvml()
-    except (MissingDependencyError, GpuUnavailableError):
+    except (MissingDependencyError, ResourceError):
         nvml = None
     if nvml is not None:
         try:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from ..errors import ManifestError
+from ..errors import DamagedDataError
 from .fields import ArrayField, BytesField, Field, ImageField, JsonField, LabelField
 from .geometric import BoxesField, KeypointsField, TextField
 from .masks import MaskField, TargetField
@@ -17,7 +17,7 @@ FIELD_KINDS: dict[str, type[Field]] = {
 
 
 def field_from_json(d: dict[str, Any]) -> Field:
-    """Rebuild a field from its manifest description; unknown kinds are a ManifestError."""
+    """Rebuild a field from its manifest description; unknown kinds are a DamagedDataError."""
     try:
         cls = FIELD_KINDS[d["kind"]]
         kwargs = {k: v for k, v in d.items() if k != "kind"}
@@ -26,7 +26,7 @@ def field_from_json(d: dict[str, Any]) -> Field:
                 kwargs[key] = tuple(kwargs[key])
         return cls(**kwargs)
     except (KeyError, TypeError, ValueError) as exc:
-        raise ManifestError(f"bad field description {d!r}: {exc}") from exc
+        raise DamagedDataError(f"bad field description {d!r}: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -69,5 +69,5 @@ class Schema:
     @classmethod
     def from_json(cls, items: list[dict[str, Any]]) -> "Schema":
         if not isinstance(items, list):
-            raise ManifestError("schema must be a list of field descriptions")
+            raise DamagedDataError("schema must be a list of field descriptions")
         return cls(tuple(field_from_json(d) for d in items))

@@ -16,8 +16,8 @@ checks the SHA-256 against the manifest, and renames it into place.
 
 Every file of the cache is opened through :mod:`feedpipe.storage.cachefs`: never through a
 symlink, only a regular file a trusted user made; a cache folder others could plant files in is
-refused (:class:`~feedpipe.errors.UnsafeCacheError`). A full disk is a
-:class:`~feedpipe.errors.CacheFullError` naming the file and its URL, its partial download
+refused (:class:`~feedpipe.errors.StorageError`). A full disk is a
+:class:`~feedpipe.errors.StorageError` naming the file and its URL, its partial download
 removed (the space it holds is what the disk lacks).
 """
 
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from ..errors import CacheFullError, ChecksumMismatchError, DiskFullError, StorageError
+from ..errors import CorruptRecordError, StorageError
 from .cachefs import Trust, trust_of
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .sizes import parse_size
@@ -112,7 +112,7 @@ def sha256_of(path: Path) -> str:
 class Cache:
     """A byte-bounded cache folder shared by all ranks and workers on a node (see the module
     docstring). ``limit`` None means unbounded; ``wait`` is how long a download waits for room
-    (files in use are never evicted) before :class:`CacheFullError`."""
+    (files in use are never evicted) before :class:`StorageError`."""
 
     def __init__(self, root: str | os.PathLike[str] | None = None,
                  limit: str | int | None = None, *, wait: float = 600.0) -> None:
@@ -209,9 +209,9 @@ class Cache:
         record the reservation in the held download lock; False when ``block`` is off and
         there is no room now."""
         if self.limit is not None and size > self.limit:
-            raise CacheFullError(f"{lock.parent}: {lock.name[1:-5]} is {size:,} bytes, more than "
-                                 f"cache_limit={self.limit:,}; raise cache_limit above it (it must "
-                                 "hold the files all local ranks and workers read at once)")
+            raise StorageError(f"{lock.parent}: {lock.name[1:-5]} is {size:,} bytes, more than "
+                               f"cache_limit={self.limit:,}; raise cache_limit above it (it must "
+                               "hold the files all local ranks and workers read at once)")
         deadline = time.monotonic() + self.wait
         while True:
             with _flocked(self.root / ".lock", self.trust):
@@ -222,11 +222,11 @@ class Cache:
             if not block:
                 return False
             if time.monotonic() > deadline:
-                raise CacheFullError(f"{self.root}: no room for {lock.name[1:-5]} ({size:,} "
-                                     f"bytes) within cache_limit={self.limit:,} after "
-                                     f"{self.wait:.0f} s: every cached file is in use. Raise "
-                                     "cache_limit (it must hold the shards all local ranks "
-                                     "and workers read at once, plus the prefetch)")
+                raise StorageError(f"{self.root}: no room for {lock.name[1:-5]} ({size:,} "
+                                   f"bytes) within cache_limit={self.limit:,} after "
+                                   f"{self.wait:.0f} s: every cached file is in use. Raise "
+                                   "cache_limit (it must hold the shards all local ranks "
+                                   "and workers read at once, plus the prefetch)")
             time.sleep(0.05)
 
     def _make_room(self, size: int, mine: Path, evict: bool = True) -> bool:
@@ -334,22 +334,22 @@ class Cache:
                     os.close(dirfd)
                 return fd
             os.unlink(part)
-        raise ChecksumMismatchError(
+        raise CorruptRecordError(
             f"{url}: downloaded twice, its SHA-256 is {got}, the manifest says {sha256}; the "
             "stored file is damaged or was replaced without its manifest: re-convert or "
             "re-upload the dataset (nothing of it was kept)", file=url)
 
 
 def disk_full(exc: OSError, path: Path, url: str, size: int | None = None
-              ) -> CacheFullError | None:
-    """A :class:`CacheFullError` naming ``path`` and ``url`` when ``exc`` is a full disk or
+              ) -> StorageError | None:
+    """A :class:`StorageError` naming ``path`` and ``url`` when ``exc`` is a full disk or
     quota (the default ``cache_limit`` is unbounded, so a dataset larger than the disk ends
     here), else None."""
-    if exc.errno not in _FULL and not isinstance(exc, DiskFullError):
+    if exc.errno not in _FULL:
         return None
     what = f" ({size:,} bytes)" if size is not None else ""
     why = exc.strerror or getattr(exc.__cause__, "strerror", None) or "no space left"
-    return CacheFullError(
+    return StorageError(
         f"{path}: the cache's disk is full ({why}) fetching {url}{what}; its partial "
         f"download was removed. Free space in {path.parent.parent}, or set cache_limit below the "
         "free space (the least recently used files are then evicted to make room), or choose "

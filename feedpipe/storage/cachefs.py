@@ -20,7 +20,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UnsafeCacheError
+from ..errors import StorageError
 
 _SHARE = ("a group-shared cache is a folder of that group with the setgid bit: chgrp GROUP DIR "
           "&& chmod 2770 DIR (docs/remote.md, 'Sharing a cache')")
@@ -38,22 +38,22 @@ class Trust:
 
     def _refuse(self, path: Path, st: os.stat_result, what: str) -> None:
         if stat.S_IMODE(st.st_mode) & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
-            raise UnsafeCacheError(f"{path}: the cache {what} is writable by every user (mode "
-                                   f"{stat.S_IMODE(st.st_mode):o}, no sticky bit): anyone could "
-                                   "plant links or files in it. Use a private cache_dir "
-                                   f"($FEEDPIPE_CACHE), or chmod o-w {path}; {_SHARE}")
+            raise StorageError(f"{path}: the cache {what} is writable by every user (mode "
+                               f"{stat.S_IMODE(st.st_mode):o}, no sticky bit): anyone could "
+                               "plant links or files in it. Use a private cache_dir "
+                               f"($FEEDPIPE_CACHE), or chmod o-w {path}; {_SHARE}")
 
     def check_folder(self, folder: Path, made: bool) -> None:
         """A dataset folder of the cache: a real folder (never a link) made by a trusted user;
         one this process ``made`` in a shared cache becomes group-writable."""
         st = os.lstat(folder)
         if not stat.S_ISDIR(st.st_mode):
-            raise UnsafeCacheError(f"{folder}: in the cache, not a folder (a symlink or a file); "
-                                   "feedpipe never follows one there. Remove it and run again.")
+            raise StorageError(f"{folder}: in the cache, not a folder (a symlink or a file); "
+                               "feedpipe never follows one there. Remove it and run again.")
         if not self.allows(st):
-            raise UnsafeCacheError(f"{folder}: made by user id {st.st_uid}, not by you (nor in "
-                                   "the cache's shared group); feedpipe does not use it. Remove "
-                                   "it, or use a cache_dir of your own")
+            raise StorageError(f"{folder}: made by user id {st.st_uid}, not by you (nor in "
+                               "the cache's shared group); feedpipe does not use it. Remove "
+                               "it, or use a cache_dir of your own")
         self._refuse(folder, st, "folder")
         if made and self.gid is not None:
             os.chmod(folder, stat.S_IMODE(st.st_mode) | stat.S_ISGID | 0o070)
@@ -67,8 +67,8 @@ class Trust:
             fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
         except OSError as exc:
             if exc.errno == errno.ELOOP:
-                raise UnsafeCacheError(f"{path}: a symlink in the cache; feedpipe never opens one "
-                                       "there (it could lead outside). Remove it.") from exc
+                raise StorageError(f"{path}: a symlink in the cache; feedpipe never opens one "
+                                   "there (it could lead outside). Remove it.") from exc
             raise
         try:
             st = os.fstat(fd)
@@ -77,8 +77,8 @@ class Trust:
                    "group)" if not self.allows(st) else
                    "is a hard link to another file" if write and st.st_nlink != 1 else None)
             if why is not None:
-                raise UnsafeCacheError(f"{path}: in the cache, {why}; feedpipe does not open it. "
-                                       "Remove it, or use a cache_dir of your own.")
+                raise StorageError(f"{path}: in the cache, {why}; feedpipe does not open it. "
+                                   "Remove it, or use a cache_dir of your own.")
             if self.gid is not None and st.st_uid == self.uid and not st.st_mode & stat.S_IWGRP:
                 os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o060)
             os.set_blocking(fd, True)
@@ -98,7 +98,7 @@ def trust_of(root: Path) -> Trust:
     trust._refuse(root, st, "folder")
     sticky_tmp = mode & stat.S_IWOTH and st.st_mode & stat.S_ISVTX
     if st.st_uid != uid and not shared and not sticky_tmp:
-        raise UnsafeCacheError(f"{root}: the cache folder belongs to user id {st.st_uid}, not to "
-                               "you: its owner could plant links or files in it. Use a cache_dir "
-                               f"of your own ($FEEDPIPE_CACHE); {_SHARE}")
+        raise StorageError(f"{root}: the cache folder belongs to user id {st.st_uid}, not to "
+                           "you: its owner could plant links or files in it. Use a cache_dir "
+                           f"of your own ($FEEDPIPE_CACHE); {_SHARE}")
     return trust

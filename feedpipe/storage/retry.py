@@ -5,7 +5,7 @@ Transient: timeouts, 5xx, throttling (429, 503 SlowDown), connections refused or
 The same rules read the exceptions of fsspec's clients (aiohttp, botocore, gcsfs, httpx) alike.
 Permanent: 404 (:class:`RemoteNotFoundError`, check the path) and 401/403
 (:class:`AccessDeniedError`, check the credential named). After ``attempts`` failures in a row,
-:class:`RetriesExhaustedError` names the URL and the last error.
+:class:`StorageError` names the URL and the last error.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from ..errors import (
     AccessDeniedError,
     ConfigError,
     RemoteNotFoundError,
-    RetriesExhaustedError,
     StorageError,
 )
 from .urls import scheme_of
@@ -172,7 +171,7 @@ def with_retries(call: Callable[[], T], url: str, what: str,
             pause = policy.delay(failures)
             spent = time.monotonic() - start
             if failures >= policy.attempts or spent + pause > policy.deadline:
-                raise RetriesExhaustedError(
+                raise StorageError(
                     f"{url}: {what} failed {failures} times in a row in {spent:.1f} s; last "
                     f"error {type(exc).__name__}: {str(exc).strip() or 'no answer'}. The store is "
                     f"unreachable or overloaded: retry later, or check the endpoint (each try "

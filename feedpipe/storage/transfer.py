@@ -13,7 +13,7 @@ import stat
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from ..errors import DiskFullError, RangeNotSupportedError, StorageError
+from ..errors import ResourceError, StorageError
 from .retry import DEFAULT_POLICY, RetryPolicy, with_retries
 from .urls import filesystem
 
@@ -76,9 +76,9 @@ def download(url: str, part: Path, size: int, storage_options: Options = None,
     except OSError as exc:
         if exc.errno not in _FULL:
             raise
-        raise DiskFullError(f"{part}: its filesystem is full ({exc.strerror}) downloading {url}; "
+        raise ResourceError(f"{part}: its filesystem is full ({exc.strerror}) downloading {url}; "
                             "free space there (the partial file resumes from where it stopped)",
-                            file=str(part)) from exc
+                            file=str(part), errno=exc.errno) from exc
 
 
 def _append(part: Path, url: str, size: int, ranged_get: Callable[[int, int], bytes],
@@ -95,7 +95,7 @@ def _append(part: Path, url: str, size: int, ranged_get: Callable[[int, int], by
             def get(start: int = start, end: int = end) -> Any:
                 data = ranged_get(start, end)
                 if len(data) > end - start:  # a 200 with the whole object: no retry can help
-                    raise RangeNotSupportedError(
+                    raise StorageError(
                         f"{url}: asked bytes {start}-{end - 1}, the server answered with "
                         f"{len(data)} bytes (it ignored the Range header): Range request not "
                         "supported. Serve the dataset from a server that honours HTTP Range "

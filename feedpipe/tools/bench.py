@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from ..dataset.manifest import MANIFEST_NAME, refuse_url
 from ..dataset.registry import DatasetReader, open_dataset
-from ..errors import ConfigError, EmptyDatasetError, FeedpipeError
+from ..errors import BadInputError, ConfigError, FeedpipeError
 from ..loader.api import Loader, make_loader
 from ..loader.config import Output, auto_workers
 from ..storage import is_remote, local_path
@@ -69,8 +69,8 @@ def _stream(loader: Loader | DataLoader, batches: int | None,
                 empty = False
                 yield batch
             if empty:  # would spin forever on epochs that yield nothing
-                raise EmptyDatasetError(f"the loader yields no batch in epoch {epoch} "
-                                        "(fewer samples than one batch with drop_last?)")
+                raise BadInputError(f"the loader yields no batch in epoch {epoch} "
+                                    "(fewer samples than one batch with drop_last?)")
 
     return itertools.islice(epochs_forever(), batches) if batches is not None else epochs_forever()
 

@@ -145,7 +145,7 @@ def plot_report(r: BenchReport, path: str | Path) -> Path:
     best = r.best
     if best:
         text = f"best: {best.samples_per_s:,.0f} samples/s"
-        text += f"\n{r.speedup:.1f}x the default DataLoader" if r.speedup else ""
+        text += f"\n{r.speedup:.1f}x a default DataLoader (workers=0)" if r.speedup else ""
         rightmost = best.workers == max(t.workers or 0 for t in r.trials)
         ax.annotate(text, (best.workers, best.samples_per_s),
                     xytext=(-30 if rightmost else 30, -80),

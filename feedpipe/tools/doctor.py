@@ -24,7 +24,7 @@ from converters import scan
 
 from ..dataset.manifest import Manifest
 from ..dataset.verify import read_manifest
-from ..errors import ConfigError, EmptyDatasetError
+from ..errors import BadInputError, ConfigError
 from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.dali.pipeline import dali_package
 from ..loader.memory import SHM_FLOOR, ring_bytes, shm_fits, shm_wanted
@@ -45,7 +45,7 @@ FOLDER_GAIN = ("`feedpipe bench PATH --baseline` measures it on this machine (th
 def check_cores(usable: int, total: int, quota: float | None,
                 images: bool = True) -> list[Finding]:
     """Cores this process may use (affinity / cpuset) and the cgroup CPU quota vs the machine
-    (``images``: whether the dataset's loading is image decoding)."""
+    (``images``: whether loading decodes images, which sets the workers 'auto' starts)."""
     out = []
     if usable < total:
         work = "JPEG decoding" if images else "loading"
@@ -55,13 +55,13 @@ def check_cores(usable: int, total: int, quota: float | None,
                            "run without taskset / docker --cpuset-cpus limits, or request more "
                            "cores from the scheduler",
                            f"{work} scales with cores: up to {total / usable:.1f}x"))
-    if quota is not None and quota < usable - 0.5:
+    if quota is not None and quota < auto_workers(images, usable) - 0.5:
         out.append(Finding("cores", "medium",
                            f"cgroup CPU quota is {quota:g} cores but {usable} are visible: "
-                           f"num_workers='auto' starts {usable} workers that share {quota:g} "
-                           "cores' time and get throttled",
-                           f"pass num_workers={max(1, math.floor(quota))}, or raise the quota "
-                           "(docker --cpus, Kubernetes CPU limit)",
+                           f"num_workers='auto' starts {auto_workers(images, usable)} workers "
+                           f"that share {quota:g} cores' time and get throttled",
+                           f"`make_loader(..., num_workers={max(1, math.floor(quota))})`, or raise "
+                           "the quota (docker --cpus, Kubernetes CPU limit)",
                            "no throttling pauses (they show as p99 batch waits)"))
     return out or [Finding("cores", "ok", f"{usable} usable cores"
                            + (f" (quota {quota:g})" if quota else ""))]
@@ -124,7 +124,7 @@ def check_gpu(cuda: bool, gpu_names: list[str], dali_version: str | None,
     if dali_version is None:
         pkg, how = dali_package(cuda_version)
         return [Finding("gpu", "low", f"CUDA GPU(s) {', '.join(gpu_names)}; NVIDIA DALI is not "
-                        "installed", f"pip install {pkg} and make_loader(..., backend='dali') "
+                        "installed", f"pip install {pkg} and `make_loader(..., backend='dali')` "
                         f"(the wheel for {how})",
                         "JPEG decode moves to the GPU when the CPU cores are the limit")]
     return [Finding("gpu", "ok", f"CUDA GPU(s) {', '.join(gpu_names)}; DALI {dali_version}")]
@@ -148,7 +148,7 @@ def check_pinned(cuda: bool, error: str | None) -> list[Finding]:
     if error:
         return [Finding("pinned", "high", f"pinned host memory cannot be allocated: {error}",
                         "raise the locked-memory limit (ulimit -l unlimited; docker --ulimit "
-                        "memlock=-1), or pass workers=feedpipe.Workers(pin_memory=False)",
+                        "memlock=-1), or `make_loader(..., workers=feedpipe.Workers(pin_memory=False))`",
                         "host-to-GPU copies overlap compute instead of blocking it")]
     return [Finding("pinned", "ok", "pinned host memory works")]
 
@@ -219,9 +219,9 @@ def dataset_facts(path: str | os.PathLike[str],
 def _packed_facts(where: str, m: Manifest, fs: str | None, ram: int | None) -> DatasetFacts:
     """A packed dataset's facts from its manifest (a folder's or a URL's, the same checks)."""
     if m.num_samples == 0:
-        raise EmptyDatasetError(f"{where}: the dataset holds 0 samples; its conversion wrote "
-                                f"none (`feedpipe info {where}` lists skipped inputs). "
-                                "Convert a source with readable images.", dataset=where)
+        raise BadInputError(f"{where}: the dataset holds 0 samples; its conversion wrote "
+                            f"none (`feedpipe info {where}` lists skipped inputs). "
+                            "Convert a source with readable images.", dataset=where)
     image = m.schema["image"] if "image" in m.schema else None
     geometric = tuple(f.name for f in m.schema if isinstance(f, (KeypointsField, BoxesField)))
     return DatasetFacts(where, "packed", m.num_samples, sum(f.size for f in m.files), m.format,
@@ -348,13 +348,14 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
                               option=name)
     m = machine.describe()
     usable, cuda = m["cores_usable"], m["cuda_available"]
-    workers = auto_workers(True, usable)
     remote = path is not None and is_remote(path)
     facts = dataset_facts(path, storage_options) if path is not None else None
     images = facts is None or facts.images  # no image field: no decoder, no image bench
+    decodes = images and (facts is None or facts.codec != "raw")
+    workers = auto_workers(decodes, usable)  # what the loader's num_workers='auto' starts
     checks: list[tuple[str, Callable[[], list[Finding]]]] = [
         ("cores", lambda: check_cores(usable, m["cores_machine"], m["cgroup_cpu_limit"],
-                                      images)),
+                                      decodes)),
         ("shm", lambda: check_shm((m["shm"] or {}).get("free"), batch_size=batch_size, size=size,
                                   workers=workers, images=images)),
         *([("decoder", lambda: check_decoder(m["decoders"]))] if images else []),

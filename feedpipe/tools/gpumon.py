@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ConfigError, GpuUnavailableError
+from ..errors import ConfigError, ResourceError
 from ..loader.gpu import import_nvml
 
 
@@ -42,11 +42,11 @@ def nvml_sampler() -> Sampler:
         handles = [pynvml.nvmlDeviceGetHandleByIndex(i)
                    for i in range(pynvml.nvmlDeviceGetCount())]
     except pynvml.NVMLError as exc:
-        raise GpuUnavailableError(f"NVML is installed but cannot start ({exc}): no NVIDIA driver "
-                                  "is loaded or no GPU is visible on this machine") from None
+        raise ResourceError(f"NVML is installed but cannot start ({exc}): no NVIDIA driver "
+                            "is loaded or no GPU is visible on this machine") from None
     if not handles:
-        raise GpuUnavailableError("NVML started but sees no GPU (check CUDA_VISIBLE_DEVICES "
-                                  "and the container's GPU access)")
+        raise ResourceError("NVML started but sees no GPU (check CUDA_VISIBLE_DEVICES "
+                            "and the container's GPU access)")
 
     def sample() -> list[GpuSample]:
         out = []
@@ -115,16 +115,13 @@ def gpu_verdict(util: np.ndarray) -> str:
 
 def gpu_stats(index: int, util: list[float], used: list[int], total: int) -> GpuStats:
     """Statistics and verdict for one GPU's samples."""
-    u = np.asarray(util, dtype=np.float64)
-    m = np.asarray(used, dtype=np.float64)
-    p10, p90 = np.percentile(u, (10, 90)) if u.size else (0.0, 0.0)
-    return GpuStats(index=index, samples=int(u.size), util_mean=float(u.mean()) if u.size else 0.0,
-                    util_std=float(u.std()) if u.size else 0.0, util_p10=float(p10),
-                    util_p90=float(p90), frac_idle=float(np.mean(u < LOW)) if u.size else 0.0,
-                    frac_busy=float(np.mean(u >= HIGH)) if u.size else 0.0,
-                    mem_used_mean=float(m.mean()) if m.size else 0.0,
-                    mem_used_peak=int(m.max()) if m.size else 0, mem_total=total,
-                    verdict=gpu_verdict(u))
+    u, m = np.asarray(util, dtype=np.float64), np.asarray(used, dtype=np.float64)
+    if not u.size:
+        return GpuStats(index, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, total, gpu_verdict(u))
+    p10, p90 = np.percentile(u, (10, 90))
+    return GpuStats(index, int(u.size), float(u.mean()), float(u.std()), float(p10), float(p90),
+                    float(np.mean(u < LOW)), float(np.mean(u >= HIGH)), float(m.mean()),
+                    int(m.max()), total, gpu_verdict(u))
 
 
 class GpuMonitor:

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
 from ..errors import ConfigError
+from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.protocol import Loader
 from ..system import usable_cores
 from .gpumon import GpuMonitor, GpuStats, GpuSummary
@@ -246,14 +247,12 @@ class StallMeter:
         wall = (end - self._start) if end is not None and self._start is not None else 0.0
         verdict = ("input-bound" if bound > INPUT_BOUND else
                    "partly input-bound" if bound > PARTLY_BOUND else "compute-bound")
+        figures = {k: getattr(th, k, 0.0) for k in ("wait_s", "step_s", "wait_p50_ms",
+                                                    "wait_p95_ms", "wait_p99_ms", "samples_per_s")}
         s = StallSummary(batches=len(waits), samples=self.samples, wall_s=wall,
-                         first_batch_s=waits[0] if waits else 0.0,
-                         wait_s=th.wait_s if th else 0.0, step_s=th.step_s if th else 0.0,
-                         input_bound=bound, wait_p50_ms=th.wait_p50_ms if th else 0.0,
-                         wait_p95_ms=th.wait_p95_ms if th else 0.0,
-                         wait_p99_ms=th.wait_p99_ms if th else 0.0,
-                         samples_per_s=th.samples_per_s if th else 0.0, verdict=verdict,
-                         advice=(), warmup_batches=th.warmup_batches if th else 1)
+                         first_batch_s=waits[0] if waits else 0.0, input_bound=bound,
+                         verdict=verdict, advice=(), warmup_batches=th.warmup_batches if th else 1,
+                         **figures)
         return replace(s, advice=advise(s, self.loader_info))
 
 
@@ -298,34 +297,31 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
     resize = _resize_arg(i.size)
     cores, n, encoded = i.usable_cores, i.num_workers, i.codec != "raw"
     if info is None:
-        out.append("more DataLoader workers (one per usable core), or feedpipe.make_loader with "
-                   "num_workers='auto'; pass StallMeter(loader_info=...) for specific advice")
+        out.append("more DataLoader workers (one per usable core), or feedpipe's "
+                   "`make_loader(..., num_workers='auto')`; pass StallMeter(loader_info=...) for "
+                   "specific advice")
     if i.format is None:
         out.append("pack the dataset once (`feedpipe convert imgs/ --to lmdb -o packed/`) and "
                    "load it with feedpipe.make_loader: batched reads instead of a file open and "
                    "a decode setup per sample")
     dali = i.backend == "dali"
+    auto = auto_workers(encoded, cores) if cores else None  # what num_workers='auto' picks
     if dali and encoded:
         out.append("the DALI pipeline decodes in its own threads, one per usable core"
                    + (f" ({cores} here)" if cores else "")
-                   + (": on CPU that is the limit; run it on a GPU (device='cuda') so nvJPEG "
-                      "decodes" if i.device == "cpu" else
+                   + (": on CPU that is the limit; run it on a GPU (`make_loader(..., "
+                      "device='cuda')`) so nvJPEG decodes" if i.device == "cpu" else
                       f"; more reader processes (num_workers, now {n}) feed it faster"))
-    elif encoded and n is not None and cores:
-        if n == 0:
-            out.append(f"num_workers=0 decodes in the training process: use num_workers='auto' "
-                       f"(one worker per usable core, {cores} here)")
-        elif n < cores:
-            out.append(f"raise num_workers from {n} to {cores} (the usable cores), or use "
-                       "num_workers='auto'")
-        else:
-            out.append(f"{n} workers already use all {cores} usable cores: decoding is the "
-                       "limit, more workers will not help; give the job more cores or skip "
-                       "decoding")
-    if not encoded and n and not dali:
-        out.append(f"raw data loads fastest in the training process: num_workers=0 (what 'auto' "
-                   f"picks for raw data) instead of {n}, which ships every batch through shared "
-                   "memory")
+    elif n is not None and auto is not None and n != auto:
+        what = "one per usable core" if encoded else "what it picks for raw data"
+        out.append(f"num_workers={n} " + ("decodes in the training process" if n == 0 and encoded
+                                          else "is not what 'auto' picks") +
+                   f": `make_loader(..., num_workers='auto')` starts {auto} ({what}, {cores} "
+                   "usable cores here)")
+    elif encoded and n:
+        out.append(f"{n} workers already use all {cores} usable cores: decoding is the "
+                   "limit, more workers will not help; give the job more cores or skip "
+                   "decoding")
     if not encoded:
         out.append("images are stored raw (no decode): reading and copying bytes is the limit: "
                    "put the dataset on a faster disk or in RAM (page cache), pack it at the "
@@ -341,21 +337,22 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
 
             from ..loader.dali.pipeline import dali_installed, dali_package
 
-            out.append("decode JPEG on the GPU with NVIDIA DALI (make_loader(backend='dali'); "
+            out.append("decode JPEG on the GPU with NVIDIA DALI (`make_loader(..., backend='dali')`; "
                        + ("nvidia-dali is installed here)" if dali_installed()
                           else f"pip install {dali_package(torch.version.cuda)[0]})"))
     if i.device == "cuda" and i.pin_memory is False:
-        out.append("pin_memory=True: host-to-GPU copies from pinned memory are faster and "
-                   "overlap with compute")
+        out.append("`make_loader(..., workers=feedpipe.Workers(pin_memory=True))`: host-to-GPU "
+                   "copies from pinned memory are faster and overlap with compute")
     step_ms = s.step_s / max(1, s.batches - s.warmup_batches) * 1e3
     if step_ms < 20:
         now = f" (now {i.batch_size})" if i.batch_size else ""
         out.append(f"steps are short ({step_ms:.1f} ms per batch): a larger batch_size{now} "
                    "amortizes the loader's fixed cost per batch")
     if s.wait_p95_ms > 1 and s.wait_p50_ms < 0.25 * s.wait_p95_ms:
-        now = f" (now {i.prefetch_factor})" if i.prefetch_factor else ""
+        more = 2 * (i.prefetch_factor or PREFETCH_DECODE)
         out.append(f"waits are bursty (p50 {s.wait_p50_ms:.1f} ms, p95 {s.wait_p95_ms:.1f} ms): "
-                   f"buffer more batches ahead with a higher prefetch_factor{now}")
+                   f"buffer more batches ahead: `make_loader(..., workers=feedpipe.Workers("
+                   f"prefetch_factor={more}))` (now {i.prefetch_factor or 'auto'})")
     if s.wall_s > 0 and s.first_batch_s > 0.2 * s.wall_s:
         out.append(f"start-up (first batch {s.first_batch_s:.1f} s) is "
                    f"{s.first_batch_s / s.wall_s:.0%} of the run: keep one loader across epochs "

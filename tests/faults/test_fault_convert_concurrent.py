@@ -111,7 +111,7 @@ def test_second_conversion_into_one_output_is_refused(tmp_path, photo_dir):
 
 def test_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
     from converters.swap import OutputLock
-    from feedpipe.errors import OutputBusyError
+    from feedpipe.errors import ResourceError
 
     out = tmp_path / "out"
     holder = subprocess.Popen([CLI[0], "-c", (
@@ -120,7 +120,7 @@ def test_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
         stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
-        with pytest.raises(OutputBusyError, match=f"pid {holder.pid}"):
+        with pytest.raises(ResourceError, match=f"pid {holder.pid}"):
             OutputLock(out).acquire()
     finally:
         holder.kill()  # SIGKILL: no cleanup runs; the kernel drops the lock
@@ -129,4 +129,4 @@ def test_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
     lock.acquire()
     lock.release()
     assert not (tmp_path / ".out.lock").exists()
-    assert isinstance(OutputBusyError("x"), FeedpipeError)
+    assert isinstance(ResourceError("x"), FeedpipeError)

@@ -19,7 +19,7 @@ from fp_helpers import CLI, cli_main, run_cli
 import feedpipe
 from converters import convert
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import IncompleteDatasetError
+from feedpipe.errors import BadInputError
 
 DRIVER = Path(__file__).with_name("convert_driver.py")
 PHASES = ["scan", "write", "manifest", "swap", "swapped"]
@@ -53,7 +53,7 @@ def datasets_are_honest(parent: Path) -> dict[str, str]:
             continue
         try:
             ds = feedpipe.open_dataset(d)
-        except (FileNotFoundError, IncompleteDatasetError):
+        except (FileNotFoundError, BadInputError):
             continue
         report = verify(d)
         assert report.ok and report.records_checked == len(ds) == N_PHOTOS, (d, report.problems)

@@ -16,7 +16,7 @@ import feedpipe
 from converters import convert
 from converters.swap import MARKER
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import NothingConvertedError, OutputRefusedError
+from feedpipe.errors import BadInputError
 
 
 def tree_digest(root: Path) -> dict[str, str]:
@@ -51,7 +51,7 @@ def test_overwrite_refuses_a_folder_feedpipe_did_not_make(tmp_path, photo_dir):
     mine.mkdir()
     (mine / "notes.txt").write_text("thesis draft")
     (mine / "data.mdb").write_bytes(b"my own lmdb")  # a feedpipe file name is not enough
-    with pytest.raises(OutputRefusedError, match=r"not a feedpipe dataset \(it holds data.mdb, "
+    with pytest.raises(BadInputError, match=r"not a feedpipe dataset \(it holds data.mdb, "
                                                  r"notes.txt\)"):
         convert(photo_dir, mine, to="lmdb", workers=0, overwrite=True)
     assert sorted(p.name for p in mine.iterdir()) == ["data.mdb", "notes.txt"]
@@ -64,7 +64,7 @@ def test_overwrite_refuses_a_dataset_holding_user_files(tmp_path, photo_dir):
     out = tmp_path / "out"
     convert(photo_dir, out, to="wds", workers=0, writer_options={"shard_count": 20})
     (out / "my_results.csv").write_text("epoch,acc\n")
-    with pytest.raises(OutputRefusedError, match="did not make \\(my_results.csv\\)"):
+    with pytest.raises(BadInputError, match="did not make \\(my_results.csv\\)"):
         convert(photo_dir, out, to="lmdb", workers=0, overwrite=True)
     assert (out / "my_results.csv").exists() and verify(out).ok
 
@@ -92,7 +92,7 @@ def test_leftovers_are_removed_only_when_feedpipe_made_them(tmp_path, photo_dir)
     assert not partial.exists()
     partial.mkdir()
     (partial / "holiday.jpg").write_bytes(b"a user's file that happens to sit there")
-    with pytest.raises(OutputRefusedError, match="holiday.jpg"):
+    with pytest.raises(BadInputError, match="holiday.jpg"):
         convert(photo_dir, out, to="lmdb", workers=0, overwrite=True)
     assert (partial / "holiday.jpg").exists() and verify(out).ok
 
@@ -104,9 +104,9 @@ def test_manifest_source_folder_rules(tmp_path, photos):
         shutil.copyfile(p.path, images / p.path.name)
     csv = tmp_path / "list.csv"
     csv.write_text("path\n" + "".join(f"images/{p.path.name}\n" for p in photos[:8]))
-    with pytest.raises(OutputRefusedError, match="folder of the source manifest"):
+    with pytest.raises(BadInputError, match="folder of the source manifest"):
         convert(csv, tmp_path, to="lmdb", workers=0, overwrite=True)
-    with pytest.raises(OutputRefusedError, match="lies inside the source"):
+    with pytest.raises(BadInputError, match="lies inside the source"):
         convert(csv, images / "packed", to="lmdb", workers=0)
     # beside the manifest, outside every image folder: fine
     assert convert(csv, tmp_path / "packed", to="lmdb", workers=0).written == 8
@@ -140,7 +140,7 @@ def test_zero_samples_is_an_error_that_says_why(tmp_path, packed, case, why):
         for name in "abc":
             (src / f"{name}.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
     before = sorted(p.name for p in tmp_path.iterdir())
-    with pytest.raises(NothingConvertedError, match="wrote 0 samples") as err:
+    with pytest.raises(BadInputError, match="wrote 0 samples") as err:
         convert(src, tmp_path / "out", to="lmdb", workers=0)
     assert why in str(err.value)
     if case == "shards":  # the CLI packs foreign shards (converters.foreign_wds)

@@ -26,7 +26,12 @@ import feedpipe
 from feedpipe import Output, Workers
 from feedpipe.dataset.registry import sample_key
 from feedpipe.dataset.verify import verify
-from feedpipe.errors import CorruptRecordError, DataFileMismatchError, FeedpipeError, ManifestError
+from feedpipe.errors import (
+    CorruptRecordError,
+    DamagedDataError,
+    DataFileMismatchError,
+    FeedpipeError,
+)
 
 DATA_FILE = {"lmdb": "data.mdb", "hdf5": "data.h5", "wds": "shard-000001.tar"}
 BAD = 30  # lives in the second WebDataset shard of the session's dataset
@@ -129,12 +134,12 @@ def test_truncated_single_file_dataset_is_refused_whole(fmt, packed, copy_datase
 def test_version_1_datasets_still_read_and_say_they_carry_no_checksums(fmt, packed,
                                                                         copy_dataset, capsys):
     """LMDB version 1 reads; a WebDataset or HDF5 version 1 (an older layout) is refused by a
-    ManifestError that says to re-convert, in Python and on the command line."""
+    DamagedDataError that says to re-convert, in Python and on the command line."""
     from fp_helpers import downgrade_to_v1
 
     root = downgrade_to_v1(copy_dataset(packed[fmt]), fmt)
     if fmt != "lmdb":
-        with pytest.raises(ManifestError, match=f"{fmt} format version 1 is no longer read.*"
+        with pytest.raises(DamagedDataError, match=f"{fmt} format version 1 is no longer read.*"
                                                 "re-convert"):
             feedpipe.open_dataset(root)
         for command in ("info", "verify"):

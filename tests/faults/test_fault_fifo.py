@@ -54,7 +54,7 @@ def test_verify_and_make_loader_refuse_a_fifo(packed, copy_dataset, fmt, name):
     assert f"'{name}' is a FIFO" in lines[0] and str(root) in lines[0]
     proc, took = _run([sys.executable, "-c", LOADER, str(root)])
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("SpecialFileError") and f"'{name}' is a FIFO" in proc.stdout
+    assert proc.stdout.startswith("DamagedDataError") and f"'{name}' is a FIFO" in proc.stdout
 
 
 def test_remote_cache_refuses_a_fifo(http_packed, tmp_path):
@@ -67,4 +67,4 @@ def test_remote_cache_refuses_a_fifo(http_packed, tmp_path):
     os.mkfifo(folder / "data.mdb")
     proc, took = _run([sys.executable, "-c", LOADER, urls["lmdb"], str(cache)])
     assert proc.returncode == 3, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("SpecialFileError") and "'data.mdb' is a FIFO" in proc.stdout
+    assert proc.stdout.startswith("DamagedDataError") and "'data.mdb' is a FIFO" in proc.stdout

@@ -16,7 +16,7 @@ from fp_helpers import CLI
 from test_fault_convert_disk import tmpfs  # noqa: F401 (a fixture)
 
 import feedpipe
-from feedpipe.errors import CacheFullError, DiskFullError
+from feedpipe.errors import ResourceError, StorageError
 from feedpipe.storage import download
 
 pytestmark = pytest.mark.heavy
@@ -58,7 +58,7 @@ def test_cache_download_onto_a_full_disk(tmpfs, http_packed, packed):  # noqa: F
     size = os.path.getsize(packed["lmdb"] / "data.mdb")
     _fill(tmpfs, leave=64 << 10)  # room for the manifest and the lock, not for data.mdb
     cache = tmpfs / "cache"
-    with pytest.raises(CacheFullError) as e:
+    with pytest.raises(StorageError) as e:
         feedpipe.open_dataset(urls["lmdb"], cache_dir=cache)
     msg = str(e.value)
     assert f"{urls['lmdb']}/data.mdb" in msg and f"({size:,} bytes)" in msg
@@ -67,7 +67,7 @@ def test_cache_download_onto_a_full_disk(tmpfs, http_packed, packed):  # noqa: F
     assert not list(cache.glob("*/.*.part")), "the partial download was left behind"
     # the same file fetched by itself (verify, doctor): typed, naming the file and the URL
     part = tmpfs / "data.mdb.part"
-    with pytest.raises(DiskFullError, match=rf"{part}: its filesystem is full .*{urls['lmdb']}"):
+    with pytest.raises(ResourceError, match=rf"{part}: its filesystem is full .*{urls['lmdb']}"):
         download(f"{urls['lmdb']}/data.mdb", part, size)
     # room made: the same call works, with nothing in the way (in a child process: the reader's
     # descriptors must be gone before the tmpfs is unmounted)

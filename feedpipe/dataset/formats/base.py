@@ -19,13 +19,13 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 import numpy as np
 
 from ...errors import (
+    BadInputError,
     CorruptRecordError,
     DamagedImageError,
     DataFileMismatchError,
     DatasetReplacedError,
-    EmptyDatasetError,
     FeedpipeError,
-    MissingFieldError,
+    SampleError,
     UnsafeDataError,
 )
 from ...schema.fields import Field, ImageField
@@ -90,8 +90,8 @@ class DatasetWriter(ABC):
         """Validate and append one sample (a dict with every schema field)."""
         missing = [n for n in self.schema.names if n not in sample]
         if missing:
-            raise MissingFieldError(f"sample {self.count} lacks fields {missing}; the schema has "
-                                    f"{self.schema.names}", key=sample_key(self.count))
+            raise SampleError(f"sample {self.count} lacks fields {missing}; the schema has "
+                              f"{self.schema.names}", key=sample_key(self.count))
         values = [f.validate(sample[f.name]) for f in self.schema]
         self._write(self.count, values)
         self.count += 1
@@ -210,7 +210,7 @@ class DatasetReader(ABC):
     def require_samples(self, tool: str) -> None:
         """Refuse an empty dataset at once: a loader over it would never yield a batch."""
         if len(self) == 0:
-            raise EmptyDatasetError(
+            raise BadInputError(
                 f"{self.root}: the dataset holds 0 samples, so {tool} has nothing to read; its "
                 f"conversion wrote none (`feedpipe info {self.root}` lists skipped inputs). "
                 "Convert a source with readable images.", dataset=self.root)

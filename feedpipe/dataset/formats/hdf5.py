@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import h5py
 import numpy as np
 
-from ...errors import CorruptRecordError, UnsafeDataError, UnsafePathError
+from ...errors import CorruptRecordError, DamagedDataError, UnsafeDataError
 from ...schema.codecs import crc32
 from ...schema.fields import Field
 from ..manifest import Manifest
@@ -112,20 +112,20 @@ class Hdf5Reader(DatasetReader):
         shape this schema writes; a view of the mapped file ``raw`` where it is contiguous."""
         link = h5.get(name, getlink=True)
         if isinstance(link, h5py.ExternalLink):
-            raise UnsafePathError(f"{path}: {name!r} is an external link to "
-                                  f"{link.filename!r}: a dataset's HDF5 file never names "
-                                  "another file; refusing to open it", dataset=self.root)
+            raise DamagedDataError(f"{path}: {name!r} is an external link to "
+                                   f"{link.filename!r}: a dataset's HDF5 file never names "
+                                   "another file; refusing to open it", dataset=self.root)
         if not isinstance(link, h5py.HardLink) or not isinstance(h5[name], h5py.Dataset):
             raise CorruptRecordError(f"{path}: {name!r} is " + (
                 "missing" if link is None else "not a dataset") + " (feedpipe writes a dataset "
                 "there); refused", dataset=self.root)
         ds = h5[name]
         if ds.external or ds.is_virtual:
-            raise UnsafePathError(f"{path}: dataset {name!r} reads other files ("
-                                  + (f"external file(s) {[e[0] for e in ds.external]}"
+            raise DamagedDataError(f"{path}: dataset {name!r} reads other files ("
+                                   + (f"external file(s) {[e[0] for e in ds.external]}"
                                      if ds.external else "a virtual dataset") + "): a "
-                                  "dataset's HDF5 file never names another file; refusing to "
-                                  "open it", dataset=self.root)
+                                   "dataset's HDF5 file never names another file; refusing to "
+                                   "open it", dataset=self.root)
         dt, shape = self._layout[name]
         rows = n + 1 if name.endswith(OFFSETS) else n
         if ds.dtype != dt:

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO, Literal
 import h5py
 import numpy as np
 
-from ...errors import ConfigError, DiskFullError
+from ...errors import ConfigError, ResourceError
 from ...schema.codecs import crc32
 from ...schema.fields import ArrayField, BytesField, Field, ImageField, JsonField, LabelField
 from ...schema.masks import MaskField
@@ -143,12 +143,10 @@ class Hdf5Writer(DatasetWriter):
         if limit is not None:
             free = min(free, limit)
         if free < need:
-            exc = DiskFullError(f"{self.root / FILE_NAME}: the {self.count} samples need "
+            raise ResourceError(f"{self.root / FILE_NAME}: the {self.count} samples need "
                                 f"~{need:,} bytes, the filesystem (or file size limit) leaves "
                                 f"{free:,}; stopped before HDF5 runs out of space",
-                                file=self.root / FILE_NAME)
-            exc.errno = errno.ENOSPC
-            raise exc
+                                file=self.root / FILE_NAME, errno=errno.ENOSPC)
 
     def discard(self) -> None:
         if self._spools is not None:

@@ -35,9 +35,9 @@ import numpy as np
 from ...errors import (
     ConfigError,
     CorruptRecordError,
+    DamagedDataError,
     DataFileMismatchError,
     FeedpipeError,
-    ManifestError,
     UnsafeDataError,
 )
 from ...schema.codecs import crc32
@@ -188,8 +188,8 @@ class WdsReader(DatasetReader):
         kept = self.manifest.extra.get("index_fields", [])
         if not isinstance(kept, list) or not set(kept) <= {
                 f.name for f in self.schema if isinstance(f, JsonField)}:
-            raise ManifestError(f"{self.root}: extra.index_fields {kept!r} must list JSON fields "
-                                "of the schema")
+            raise DamagedDataError(f"{self.root}: extra.index_fields {kept!r} must list JSON fields "
+                                   "of the schema")
         self._in_index = [f.name in kept for f in self.schema]
         try:
             self._offsets, self._shard_of, self._keys = (load(n) for n in INDEX_FILES)

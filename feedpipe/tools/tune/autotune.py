@@ -20,11 +20,12 @@ from ...dataset.registry import DatasetReader, open_dataset
 from ...errors import ConfigError
 from ...loader.api import make_loader
 from ...loader.config import Workers, auto_workers
+from ...loader.memory import ring_bytes
 from ...loader.protocol import Loader
 from ..monitor import StallMeter
 from ..throughput import Trial, of_meter, warmup_batches
 from .cache import cache_file, cache_key, read_cache, write_cache
-from .memory import host_available_bytes, loader_ram_bytes, sample_bytes
+from .memory import host_available_bytes
 
 log = logging.getLogger("feedpipe.tune")
 PREFETCH_DEPTHS = (1, 2, 4)
@@ -104,7 +105,7 @@ def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, wor
         pass
     batches.close()
     view = loader.describe()
-    ram = loader_ram_bytes(view.sample_bytes, batch_size, workers, prefetch or 0)
+    ram = ring_bytes(view.sample_bytes * batch_size, workers, prefetch or 0)
     del loader, batches  # shut the workers down before the next trial starts its own
     gc.collect()
     return Trial(view.format, view.backend, batch_size, str(workers), workers,
@@ -139,7 +140,7 @@ class _Search:
     trials: list[Trial] = field(default_factory=list)
 
     def ram(self, workers: int, prefetch: int) -> int:
-        return loader_ram_bytes(self.per_sample, self.batch_size, workers, prefetch)
+        return ring_bytes(self.per_sample * self.batch_size, workers, prefetch)
 
     def run(self, workers: int, prefetch: int | None) -> Trial:
         ram = self.ram(workers, prefetch or 0)
@@ -257,7 +258,7 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
     probe = make_loader(reader, batch_size, num_workers=0, **loader_options)  # validates options
     ram_cap = budget_ram if budget_ram is not None else host_available_bytes()
     view = probe.describe()
-    search = _Search(reader, batch_size, sample_bytes(probe), ram_cap, trial_batches, depths,
+    search = _Search(reader, batch_size, view.sample_bytes, ram_cap, trial_batches, depths,
                      loader_options, Trial(view.format, view.backend, batch_size, "0"))
     del probe
     search.sweep_workers(max_workers, tolerance)

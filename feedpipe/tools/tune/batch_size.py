@@ -25,14 +25,10 @@ from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
 from ...loader.api import make_loader
 from ...loader.config import PREFETCH_DECODE, auto_workers
+from ...loader.memory import ring_bytes
 from ..rss import HostPeak, exact_heap
 from .batches import Batch, cpu_copy, default_step, nbytes, tile, to_device
-from .memory import (
-    free_device_memory,
-    host_available_bytes,
-    loader_ram_bytes,
-    sample_bytes,
-)
+from .memory import free_device_memory, host_available_bytes
 from .search import (
     BatchSizeResult,
     BatchTrial,
@@ -69,7 +65,7 @@ def _batch_source(source: Any, device: torch.device, max_size: int,
     opts = {"shuffle": False, **loader_options, "num_workers": 0, "device": device}
     loader = make_loader(source, min(64, max_size), **opts)
     base = next(iter(loader))
-    return (lambda size: tile(base, size)), sample_bytes(loader)
+    return (lambda size: tile(base, size)), loader.describe().sample_bytes
 
 
 def _dist_min(values: list[float]) -> list[float]:
@@ -326,16 +322,16 @@ def _choose(done: list[BatchTrial], largest: int, mode: Mode, margin: float,
     size, why = pick_size(done, largest, mode, margin)
     workers = auto_workers(True) if workers is None else workers
     local = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    ram = loader_ram_bytes(per_sample, size, workers, prefetch) * local
+    ram = ring_bytes(per_sample * size, workers, prefetch) * local
     avail = host_available_bytes()
     room = int(avail * LOADER_RAM_SHARE)
     if per_sample and ram > room:
-        per_batch_row = loader_ram_bytes(per_sample, 1, workers, prefetch) * local
+        per_batch_row = ring_bytes(per_sample, workers, prefetch) * local
         size = max(1, room // per_batch_row)
         why += (f"; capped to {size}: the loader would hold {ram >> 20} MiB of batches, more "
                 f"than half the {avail >> 20} MiB of host RAM available")
         warnings.warn(f"find_batch_size: {why}", stacklevel=3)
-        ram = loader_ram_bytes(per_sample, size, workers, prefetch) * local
+        ram = ring_bytes(per_sample * size, workers, prefetch) * local
     if per_sample:
         why += (f"; the loader holds ~{ram / 2**20:.1f} MiB of batches at {size} "
                 f"({workers} workers × prefetch {prefetch}, {local} local rank(s))")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from ...errors import ConfigError
 
@@ -45,30 +46,12 @@ def tile(batch: Batch, size: int) -> Batch:
 
 
 def to_device(batch: Batch, device: torch.device) -> Batch:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch
+    return tree_map_only(torch.Tensor, lambda t: t.to(device), batch)
 
 
 def nbytes(batch: Batch) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.nbytes
-    if isinstance(batch, dict):
-        return sum(nbytes(v) for v in batch.values())
-    if isinstance(batch, (tuple, list)):
-        return sum(nbytes(v) for v in batch)
-    return 0
+    return sum(t.nbytes for t in tree_leaves(batch) if isinstance(t, torch.Tensor))
 
 
 def cpu_copy(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().to("cpu", copy=True)
-    if isinstance(obj, dict):
-        return {k: cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(cpu_copy(v) for v in obj)
-    return obj
+    return tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu", copy=True), obj)
