@@ -52,7 +52,6 @@ from .wds_tar import (
     INDEX_FILES,
     VALUES_FILE,
     check_key,
-    decode_samples,
     group_by_key,
     tar_members,
     ustar_header,
@@ -161,8 +160,6 @@ class WdsWriter(DatasetWriter):
                 {"shards": list(self.shards), "index_fields": kept})
 
 
-
-
 class WdsReader(DatasetReader):
     """Random access through the index (``os.pread``) and sequential streaming per shard; at
     most ``max_open_shards`` shards open at once per process (:class:`OpenFiles`)."""
@@ -235,11 +232,6 @@ class WdsReader(DatasetReader):
     def tar_fields(self) -> list[tuple[int, Field]]:
         """(schema position, field) of the fields stored as tar members (not in the index)."""
         return [(c, f) for c, f in enumerate(self.schema) if not self._in_index[c]]
-
-    def _packed(self, index: int, column: int) -> bytes:
-        """An index field's encoded value (its span was checked against the packed values)."""
-        off, size = self._offsets[index, column].tolist()
-        return bytes(self._values[off: off + size])  # type: ignore[index]
 
     def key(self, index: int) -> str:
         """The sample's WebDataset key (``__key__``)."""
@@ -351,8 +343,9 @@ class WdsReader(DatasetReader):
                                              f"{want}; the shard is damaged", dataset=self.root,
                                              key=key)
                 for c, suffix in enumerate(names):
-                    if self._in_index[c]:
-                        group[suffix] = self._packed(i, c)
+                    if self._in_index[c]:  # its span was checked against the packed values
+                        off, size = self._offsets[i, c].tolist()
+                        group[suffix] = bytes(self._values[off: off + size])  # type: ignore[index]
                     elif suffix not in group:  # e.g. a shard cut short: name the source
                         raise self.located(self.corrupt(i, f"{path}: member .{suffix} missing"))
                 crcs = self._crc[i].tolist()
@@ -360,7 +353,8 @@ class WdsReader(DatasetReader):
                     if suffix in group and crc32(group[suffix]) != crcs[c]:
                         raise self.located(self.corrupt(i, f"member {suffix} fails its "
                                                            "checksum"))
-                yield from decode_samples(iter([(key, group)]), self.schema, path)
+                yield key, {f.name: f.decode(group[f.wds_suffix], f"{path} key {key}")
+                            for f in self.schema}
                 i += 1
         if i != r.stop:
             raise self.corrupt(i, f"{path} ends after {i - r.start} of {len(r)} samples")
@@ -373,5 +367,5 @@ class WdsReader(DatasetReader):
 
 
 __all__ = ["CRC_FILE", "INDEX_FIELDS", "INDEX_FILES", "VALUES_FILE", "WdsReader", "WdsWriter",
-           "check_key", "decode_samples", "group_by_key", "tar_members", "ustar_header",
+           "check_key", "group_by_key", "tar_members", "ustar_header",
            "write_index"]
