@@ -156,12 +156,8 @@ class RemoteWdsReader(WdsReader):
         self.__dict__.update(state)
         _READERS.add(self)
 
-    @property
-    def url(self) -> str:
-        return self.source.url
-
     def describe(self, index: int) -> str:
-        return f"{self.url} (wds, cached in {self.root}) shard " \
+        return f"{self.source.url} (wds, cached in {self.root}) shard " \
                f"{self.shards[int(self._shard_of[index])]} key {self.key(index)}"
 
     def _open_shard(self, shard: int) -> int:
@@ -350,10 +346,9 @@ def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
                              "by one within the limit), or raise cache_limit", url=url)
     pin = source.open(data)  # held while the reader lives: the file is never evicted under it
     assert pin is not None
-    single: dict[str, type[_PinnedReader]] = {"lmdb": RemoteLmdbReader,
-                                              "hdf5": RemoteHdf5Reader}
+    single = RemoteLmdbReader if manifest.format == "lmdb" else RemoteHdf5Reader
     try:
-        reader = single[manifest.format](folder, manifest, **options)
+        reader = single(folder, manifest, **options)
     except BaseException:
         os.close(pin)
         raise

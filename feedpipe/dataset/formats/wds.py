@@ -1,26 +1,12 @@
-"""WebDataset tar shards (``prefix-000000.tar``…) plus a random-access index.
+"""WebDataset tar shards (``prefix-000000.tar``…) plus a random-access index (layout:
+docs/convert.md, "On-disk formats"; the tar parts: :mod:`.wds_tar`).
 
-Members are ``<key>.<suffix>`` (``key.jpg``, ``key.cls``, ``key.path.json``, ``key.mask.npy``…), so
-the ``webdataset`` library and DALI's ``readers.webdataset`` read the shards unchanged. Beside the
-shards, ``index-offsets.npy`` (N×fields×[offset, size] int64), ``index-shards.npy`` (N int32) and
-``index-keys.npy`` (N fixed-width bytes) give O(1) random access with ``os.pread``; sequential
-reading streams each tar as a chain of generators (members → samples → stored values).
-``index-crc32.npy`` (N×fields uint32, the crc32 of each member's data) is checked on every read,
-random or sequential. The source ``path`` stays out of the tars (manifest
-``extra.index_fields``, format version 3; older versions are refused): its encoded bytes are
-packed in ``index-values.npy`` (uint8), and its ``index-offsets.npy`` spans point there. A tar
-member costs a 512-byte header plus padding to 512 bytes, ~1 kB for a 30-byte path: 2.7% of a
-39 kB photo.
-Members that would need unpickling (``.pickle``, ``.pkl``, ``.pyd``, ``.pth``) are refused, never
-opened.
-
-Every index file and every shard is compared with its manifest size when opened (a stat each): a
-shard of another dataset copied in is refused, sample by sample, like a damaged one (shards are
-read one by one). No dataset id is written: the index binds the tars already, every member by its
-offset, size and (version 2 on) crc32, so a foreign shard of the same size still fails on its
-first member read.
-
-The tar parts (index names, keys, ustar headers, streaming) are in :mod:`.wds_tar`.
+The shards stay readable by ``webdataset`` and DALI unchanged; the index gives O(1) reads with
+``os.pread``, every member checked against its crc32. The source ``path`` stays in the index,
+not the tars (format version 3; older ones are refused): a member costs a 512-byte header plus
+padding, ~1 kB for a 30-byte path, 2.7% of a 39 kB photo. Members that would need unpickling
+are refused, never opened. No dataset id is written: the index binds every member by offset,
+size and crc32, and each shard and index file is compared with its manifest size when opened.
 """
 
 from __future__ import annotations
