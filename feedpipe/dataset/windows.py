@@ -96,7 +96,7 @@ class Windows(DatasetReader):
         span = self.length + self.horizon
         starts = np.arange(lo, max(lo, hi - span + 1), self.stride, dtype=np.int64)
         self.left_out = 0  # windows left out for touching a gap (gaps="skip")
-        xbad, ybad = ~np.isfinite(x).all(axis=1), ~np.isfinite(y).all(axis=1)  # NaN or inf
+        xbad, ybad = (np.asarray(~np.isfinite(a).all(axis=1)) for a in (x, y))  # NaN or inf
         if (xbad | ybad)[lo:hi].any() and len(starts):
             if gaps == "refuse":
                 raise ConfigError(_gap_message(base, cols, self.features, self.targets, lo, hi),
