@@ -45,14 +45,10 @@ class KeypointsField(ArrayField):
         if self.flip_indices is not None:
             perm = tuple(int(i) for i in self.flip_indices)
             object.__setattr__(self, "flip_indices", perm)
-            k = self.num_points
+            k = int(self.shape[0])
             if sorted(perm) != list(range(k)) or any(perm[perm[i]] != i for i in range(k)):
                 raise ValueError(f"field {self.name!r}: flip_indices must be a self-inverse "
                                  f"permutation of 0..{k - 1} (left <-> right pairs), got {perm}")
-
-    @property
-    def num_points(self) -> int:
-        return int(self.shape[0])  # type: ignore[index,arg-type]
 
     @property
     def has_visibility(self) -> bool:
