@@ -42,7 +42,6 @@ log = logging.getLogger("feedpipe.storage")
 #: concurrent prefetch downloads in a process: while one shard's download ends (its SHA-256,
 #: its fsync), the others keep the link busy
 PREFETCH_THREADS = 4
-_READERS: weakref.WeakSet[RemoteWdsReader] = weakref.WeakSet()
 
 
 class RemoteSource:
@@ -145,16 +144,11 @@ class RemoteWdsReader(WdsReader):
         self._queued: set[int] = set()
         self._turn: _Turn | None = None
         super().__init__(root, manifest, **options)
-        _READERS.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.update(_pool=None, _queued=set(), _turn=None)
         return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        _READERS.add(self)
 
     def describe(self, index: int) -> str:
         return f"{self.source.url} (wds, cached in {self.root}) shard " \
@@ -290,17 +284,6 @@ class RemoteLmdbReader(_PinnedReader, LmdbReader):
 
 class RemoteHdf5Reader(_PinnedReader, Hdf5Reader):
     """An HDF5 dataset fetched whole into the cache, held there while read."""
-
-
-def _after_fork() -> None:
-    """A forked worker starts with no prefetch pool (its copies of the parent's shard locks are
-    closed by :mod:`~feedpipe.dataset.formats.handles`)."""
-    for reader in list(_READERS):
-        reader._pool, reader._queued, reader._pid = None, set(), None
-        reader._fds = None
-
-
-os.register_at_fork(after_in_child=_after_fork)
 
 
 def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
