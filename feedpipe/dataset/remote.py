@@ -152,7 +152,7 @@ class RemoteWdsReader(WdsReader):
 
     def describe(self, index: int) -> str:
         return f"{self.source.url} (wds, cached in {self.root}) shard " \
-               f"{self.shards[int(self._shard_of[index])]} key {self.key(index)}"
+               f"{self.shards[int(self._shard_of[index])]} key {self.key_of(index)}"
 
     def _open_shard(self, shard: int) -> int:
         fd = self.source.open(self.shards[shard])

@@ -219,16 +219,13 @@ class WdsReader(DatasetReader):
         """(schema position, field) of the fields stored as tar members (not in the index)."""
         return [(c, f) for c, f in enumerate(self.schema) if not self._in_index[c]]
 
-    def key(self, index: int) -> str:
+    def key_of(self, index: int) -> str:
         """The sample's WebDataset key (``__key__``)."""
         return self._keys[index].decode("utf-8", "backslashreplace")  # a damaged index still names
 
-    def key_of(self, index: int) -> str:
-        return self.key(index)
-
     def describe(self, index: int) -> str:
         shard = self.shards[int(self._shard_of[index])]
-        return f"{self.root} (wds) shard {shard} key {self.key(index)}"
+        return f"{self.root} (wds) shard {shard} key {self.key_of(index)}"
 
     def shard_ranges(self) -> list[range]:
         """The sample indices held by each shard, in shard order."""
@@ -323,8 +320,8 @@ class WdsReader(DatasetReader):
                 if members:
                     group = {n: group[s] for n, alt in zip(names, alts) for s in alt
                              if s in group}
-                if i >= r.stop or key != self.key(i):
-                    want = self.key(i) if i < r.stop else "the end of the shard"
+                if i >= r.stop or key != self.key_of(i):
+                    want = self.key_of(i) if i < r.stop else "the end of the shard"
                     raise CorruptRecordError(f"{path} key {key}: found where the index has "
                                              f"{want}; the shard is damaged", dataset=self.root,
                                              key=key)
