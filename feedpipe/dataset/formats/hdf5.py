@@ -37,8 +37,6 @@ from .hdf5_write import (
     LABEL,
     OFFSETS,
     SHAPE,
-    Compression,
-    Hdf5Writer,
     base_dtype,
     columns,
     kind,
@@ -225,5 +223,3 @@ class Hdf5Reader(DatasetReader):
         self._h5 = self._cols = None  # the mapping goes with its last view
         super().close()
 
-
-__all__ = ["CRC_NAME", "Compression", "FILE_NAME", "Hdf5Reader", "Hdf5Writer", "ID_ATTR"]
