@@ -44,7 +44,7 @@ def webdataset_shard(ds: WdsReader, shard: int) -> Iterator[tuple[str, dict[str,
 
         for sample in group_by_keys(files()):
             key = sample["__key__"]
-            if i >= r.stop or key != ds.key(i):
+            if i >= r.stop or key != ds.key_of(i):
                 raise CorruptRecordError(f"{path} key {key}: not where the index has it")
             crcs = ds._crc[i].tolist() if ds._crc is not None else None
             stored = {}

@@ -43,7 +43,7 @@ def test_worker_count_does_not_change_output(tmp_path, photo_dir, fmt):
     assert a == b  # same keys, same order, same re-encoded bytes
     if fmt == "wds":
         da, db = feedpipe.open_dataset(tmp_path / "w0"), feedpipe.open_dataset(tmp_path / "w2")
-        assert [da.key(i) for i in range(len(da))] == [db.key(i) for i in range(len(db))]
+        assert [da.key_of(i) for i in range(len(da))] == [db.key_of(i) for i in range(len(db))]
     assert data_files(tmp_path / "w0") == data_files(tmp_path / "w2")
 
 

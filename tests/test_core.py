@@ -156,7 +156,7 @@ def test_webdataset_library_reads_our_shards(tmp_path, photos):
         raw = ds.read_raw(k)
         assert samples[k]["jpg"] == raw["image"]
         assert int(samples[k]["cls"]) == raw["label"]
-        assert samples[k]["__key__"] == ds.key(k)
+        assert samples[k]["__key__"] == ds.key_of(k)
 
 
 class _Boom:

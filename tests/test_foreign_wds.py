@@ -109,7 +109,7 @@ def test_index_in_place_and_make_loader(shards, tmp_path: Path) -> None:
     assert {p.name: p.read_bytes() for p in root.glob("*.tar")} == before  # never rewritten
     ds = feedpipe.open_dataset(root)
     _check(ds, samples)
-    assert ds.key(6) == "sample0006"
+    assert ds.key_of(6) == "sample0006"
     v = subprocess.run([*CLI, "verify", str(root)], capture_output=True, text=True)
     assert v.returncode == 0, v.stdout + v.stderr
     loader = feedpipe.make_loader(root, batch_size=7, size=16, shuffle=False, num_workers=0)

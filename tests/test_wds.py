@@ -86,7 +86,7 @@ def test_custom_keys_name_the_members(tmp_path):
         names = tar.getnames()
     assert names == [f"{k}.{s}" for k in keys for s in ("blob.bin", "cls", "vec.npy")]
     ds = feedpipe.open_dataset(root)
-    assert [ds.key(i) for i in range(3)] == keys
+    assert [ds.key_of(i) for i in range(3)] == keys
     assert ds[2]["blob"] == sample(2)["blob"] and ds[2]["label"] == 2
 
 
@@ -155,7 +155,7 @@ def test_webdataset_library_reads_our_shards(packed, photos):
     for i, (s, ph) in enumerate(zip(got, photos)):
         # format version 3: the source path lives in the index, not in the shards
         assert set(s) - {"__url__", "__local_path__"} == {"__key__", "jpg", "cls"}
-        assert s["__key__"] == ds.key(i) == sample_key(i)
+        assert s["__key__"] == ds.key_of(i) == sample_key(i)
         assert s["jpg"] == ph.path.read_bytes() == ds.read_raw(i)["image"]
         assert s["cls"] == str(ph.label).encode()
         assert ds[i]["path"] == ph.rel

@@ -6,7 +6,6 @@ interrupted conversion never reads as a dataset.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -23,6 +22,7 @@ from ..errors import (
 )
 from ..paths import KINDS, url_scheme, write_atomic
 from ..schema.model import Schema
+from ..storage.store import file_digest
 
 MANIFEST_NAME = "feedpipe.json"
 MANIFEST_VERSION = 1
@@ -65,12 +65,7 @@ class FileEntry:
     @classmethod
     def of(cls, root: Path, name: str) -> "FileEntry":
         """Hash a file written under ``root``."""
-        path = root / name
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(1 << 22):
-                h.update(chunk)
-        return cls(name, path.stat().st_size, h.hexdigest())
+        return cls(name, *file_digest(root / name))
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,9 @@ class MixedReader(DatasetReader):
         if len(sources) < 1:
             raise ConfigError("a mix needs at least one dataset")
         self.sources = tuple(sources)
-        self.names = tuple(names) if names is not None else _default_names(self.sources)
+        short = [s.root.name for s in self.sources]  # each directory's name, unless two collide
+        self.names = tuple(names) if names is not None else tuple(
+            short if len(set(short)) == len(short) else (str(s.root) for s in self.sources))
         if len(self.names) != len(self.sources) or len(set(self.names)) != len(self.names):
             raise ConfigError(f"mix names {self.names!r}: give one distinct name per dataset")
         for name, src in zip(self.names, self.sources):
@@ -208,14 +210,6 @@ class MixedReader(DatasetReader):
     def close(self) -> None:
         for s in self.sources:
             s.close()
-
-
-def _default_names(sources: Sequence[DatasetReader]) -> tuple[str, ...]:
-    """Each dataset's directory name, or its full path where two names would collide."""
-    short = [s.root.name for s in sources]
-    if len(set(short)) == len(short):
-        return tuple(short)
-    return tuple(str(s.root) for s in sources)
 
 
 __all__ = ["MixClasses", "MixedReader", "SOURCE_FIELD", "agree"]

@@ -42,7 +42,6 @@ log = logging.getLogger("feedpipe.storage")
 #: concurrent prefetch downloads in a process: while one shard's download ends (its SHA-256,
 #: its fsync), the others keep the link busy
 PREFETCH_THREADS = 4
-_READERS: weakref.WeakSet[RemoteWdsReader] = weakref.WeakSet()
 
 
 class RemoteSource:
@@ -145,24 +144,15 @@ class RemoteWdsReader(WdsReader):
         self._queued: set[int] = set()
         self._turn: _Turn | None = None
         super().__init__(root, manifest, **options)
-        _READERS.add(self)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
         state.update(_pool=None, _queued=set(), _turn=None)
         return state
 
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        _READERS.add(self)
-
-    @property
-    def url(self) -> str:
-        return self.source.url
-
     def describe(self, index: int) -> str:
-        return f"{self.url} (wds, cached in {self.root}) shard " \
-               f"{self.shards[int(self._shard_of[index])]} key {self.key(index)}"
+        return f"{self.source.url} (wds, cached in {self.root}) shard " \
+               f"{self.shards[int(self._shard_of[index])]} key {self.key_of(index)}"
 
     def _open_shard(self, shard: int) -> int:
         fd = self.source.open(self.shards[shard])
@@ -296,17 +286,6 @@ class RemoteHdf5Reader(_PinnedReader, Hdf5Reader):
     """An HDF5 dataset fetched whole into the cache, held there while read."""
 
 
-def _after_fork() -> None:
-    """A forked worker starts with no prefetch pool (its copies of the parent's shard locks are
-    closed by :mod:`~feedpipe.dataset.formats.handles`)."""
-    for reader in list(_READERS):
-        reader._pool, reader._queued, reader._pid = None, set(), None
-        reader._fds = None
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
-
 def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
                 cache_limit: str | int | None = None,
                 storage_options: Mapping[str, Any] | None = None, prefetch: int = 2,
@@ -350,10 +329,9 @@ def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
                            "by one within the limit), or raise cache_limit", url=url)
     pin = source.open(data)  # held while the reader lives: the file is never evicted under it
     assert pin is not None
-    single: dict[str, type[_PinnedReader]] = {"lmdb": RemoteLmdbReader,
-                                              "hdf5": RemoteHdf5Reader}
+    single = RemoteLmdbReader if manifest.format == "lmdb" else RemoteHdf5Reader
     try:
-        reader = single[manifest.format](folder, manifest, **options)
+        reader = single(folder, manifest, **options)
     except BaseException:
         os.close(pin)
         raise

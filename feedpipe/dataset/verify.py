@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ..errors import BadInputError, FeedpipeError, RemoteNotFoundError, ResourceError
 from ..storage.store import Store, file_digest, open_store
@@ -126,22 +127,14 @@ def _check_records(root: Path, manifest: Manifest, report: VerifyReport, decode:
         report.notes.append(f"{root}: format version {manifest.format_version} carries no record "
                             "checksums: a flipped bit inside an image can decode to wrong pixels "
                             "unnoticed; re-convert to add them")
-    try:
+    with _noted(report):
         report.problems += ds.stray_entries()
-    except ResourceError:
-        raise
-    except (FeedpipeError, OSError) as exc:
-        report.problems.append(str(exc))
     if isinstance(ds, WdsReader):  # tar headers and members beyond the index
         for s, name in enumerate(ds.shards):
-            try:
-                if (root / name).is_file():  # a missing one is reported above
+            if (root / name).is_file():  # a missing one is reported above
+                with _noted(report):
                     for _ in ds.iter_shard(s):
                         pass
-            except ResourceError:
-                raise
-            except (FeedpipeError, OSError) as exc:
-                report.problems.append(str(exc))
     read = ds.get_batch if decode else ds.read_raw_batch
     for start in range(0, len(ds), chunk):
         idx = range(start, min(start + chunk, len(ds)))
@@ -152,11 +145,19 @@ def _check_records(root: Path, manifest: Manifest, report: VerifyReport, decode:
             raise
         except (FeedpipeError, OSError):  # find each damaged record of the chunk
             for i in idx:
-                try:
+                with _noted(report):
                     read([i])
                     report.records_checked += 1
-                except ResourceError:
-                    raise
-                except (FeedpipeError, OSError) as exc:
-                    if str(exc) not in report.problems:  # the shard stream may have named it
-                        report.problems.append(str(exc))
+
+
+@contextmanager
+def _noted(report: VerifyReport) -> Iterator[None]:
+    """A FeedpipeError or OSError becomes a problem of ``report`` (once: the shard stream may
+    have named a record already); a ResourceError (no memory, too many open files) is raised."""
+    try:
+        yield
+    except ResourceError:
+        raise
+    except (FeedpipeError, OSError) as exc:
+        if str(exc) not in report.problems:
+            report.problems.append(str(exc))

@@ -96,7 +96,7 @@ class Windows(DatasetReader):
         span = self.length + self.horizon
         starts = np.arange(lo, max(lo, hi - span + 1), self.stride, dtype=np.int64)
         self.left_out = 0  # windows left out for touching a gap (gaps="skip")
-        xbad, ybad = _nan_rows(x), _nan_rows(y)
+        xbad, ybad = (np.asarray(~np.isfinite(a).all(axis=1)) for a in (x, y))  # NaN or inf
         if (xbad | ybad)[lo:hi].any() and len(starts):
             if gaps == "refuse":
                 raise ConfigError(_gap_message(base, cols, self.features, self.targets, lo, hi),
@@ -107,10 +107,15 @@ class Windows(DatasetReader):
                 self.left_out = int(bad.sum())
                 starts = starts[~bad]
             else:
-                x, y = _ffill(_gaps_nan(x)), _ffill(_gaps_nan(y))
+                x, y = _ffill(np.where(np.isinf(x), np.nan, x)), \
+                    _ffill(np.where(np.isinf(y), np.nan, y))
         if normalize:
-            x = self._normalized(x, self.features, base)
-            y = self._normalized(y, self.targets, base)
+            if not self.series.get("stats"):
+                raise ConfigError(f"normalize=True: {base.root} holds no normalization "
+                                  "statistics; pack it with series=True, train_fraction=F "
+                                  "(--series --train-fraction F)", option="normalize")
+            (xm, xs), (ym, ys) = self.stats().values()
+            x, y = (x - xm) / np.where(xs == 0, 1.0, xs), (y - ym) / np.where(ys == 0, 1.0, ys)
         if gaps == "fill":
             x, y = np.nan_to_num(x, nan=0.0), np.nan_to_num(y, nan=0.0)
         if not len(starts):
@@ -133,17 +138,6 @@ class Windows(DatasetReader):
         self.root = base.root
         self._root_id = base._root_id
         self._pid = None
-
-    # -- the columns ----------------------------------------------------------------------------
-    def _normalized(self, a: np.ndarray, names: list[str], base: DatasetReader) -> np.ndarray:
-        stats = self.series.get("stats")
-        if not stats:
-            raise ConfigError(f"normalize=True: {base.root} holds no normalization statistics; "
-                              "pack it with series=True, train_fraction=F (--series "
-                              "--train-fraction F)", option="normalize")
-        mean = np.concatenate([_stat(stats, n, "mean", base) for n in names])
-        std = np.concatenate([_stat(stats, n, "std", base) for n in names])
-        return (a - mean) / np.where(std == 0, 1.0, std)
 
     def stats(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """(mean, std) per column of x and of y, as stored (to undo ``normalize`` on a
@@ -265,16 +259,6 @@ def _rows(split: Split, rows: int, series: dict[str, Any]) -> tuple[int, int]:
         raise ConfigError(f"split={split!r}: rows with 0 <= start < stop <= {rows}",
                           option="split")
     return int(a), int(b)
-
-
-def _nan_rows(a: np.ndarray) -> np.ndarray:
-    """Per row: whether it holds a gap (a NaN or an infinity)."""
-    return np.asarray((~np.isfinite(a)).any(axis=1))
-
-
-def _gaps_nan(a: np.ndarray) -> np.ndarray:
-    """Infinities as NaN, so that filling treats them as the gaps they are."""
-    return np.where(np.isinf(a), np.nan, a)
 
 
 def _touches(bad: np.ndarray, starts: np.ndarray, a: int, b: int) -> np.ndarray:

@@ -213,11 +213,6 @@ class JpegHeader(NamedTuple):
     precision: int  # bits per sample: 8 for nearly every JPEG, 12 or 16 for a few
     scans: int  # start-of-scan markers: 0 when the file ends before its first scan
 
-    @property
-    def arithmetic(self) -> bool:
-        """Arithmetic-coded (SOF9-SOF15): no lower bound of one bit per 8×8 block."""
-        return self.marker >= 0xC8
-
 
 def jpeg_info(data: Buffer) -> tuple[int, int, int, int] | None:
     """Parse JPEG markers up to the frame header without decoding anything.

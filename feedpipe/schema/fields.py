@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from typing import Any, ClassVar, Literal, Mapping, cast
 
@@ -44,8 +44,15 @@ class Field(ABC):
         return self.ext if self.name in ("image", "label") else f"{self.name}.{self.ext}"
 
     def to_json(self) -> dict[str, Any]:
-        """JSON description stored in the manifest."""
-        return {"name": self.name, "kind": self.kind}
+        """The manifest's description: name, kind, then each attribute as JSON (tuples as lists,
+        ``params`` as a dict; ``ignore_index`` and ``class_ids`` only when set)."""
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        for f in fields(self)[1:]:
+            v = getattr(self, f.name)
+            if v is None and f.name in ("ignore_index", "class_ids"):
+                continue
+            out[f.name] = dict(v) if f.name == "params" else list(v) if isinstance(v, tuple) else v
+        return out
 
     @abstractmethod
     def encode(self, value: Any) -> bytes:
@@ -96,10 +103,6 @@ class ImageField(Field):
     @cached_property
     def _header(self) -> tuple[bytes, np.dtype, tuple[int, ...]] | None:
         return npy_header(np.dtype(np.uint8), self.shape) if self.shape else None
-
-    def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "codec": self.codec,
-                "shape": list(self.shape) if self.shape else None}
 
     def validate(self, value: Any) -> Any:
         if self.codec != "raw":
@@ -190,10 +193,6 @@ class ArrayField(Field):
         if self.shape is None or not self.fixed:
             return None
         return npy_header(np.dtype(self.dtype), cast("tuple[int, ...]", self.shape))
-
-    def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "dtype": self.dtype,
-                "shape": None if self.shape is None else list(self.shape)}
 
     def validate(self, value: Any) -> np.ndarray:
         arr = np.asarray(value)

@@ -45,22 +45,14 @@ class KeypointsField(ArrayField):
         if self.flip_indices is not None:
             perm = tuple(int(i) for i in self.flip_indices)
             object.__setattr__(self, "flip_indices", perm)
-            k = self.num_points
+            k = int(self.shape[0])
             if sorted(perm) != list(range(k)) or any(perm[perm[i]] != i for i in range(k)):
                 raise ValueError(f"field {self.name!r}: flip_indices must be a self-inverse "
                                  f"permutation of 0..{k - 1} (left <-> right pairs), got {perm}")
 
     @property
-    def num_points(self) -> int:
-        return int(self.shape[0])  # type: ignore[index,arg-type]
-
-    @property
     def has_visibility(self) -> bool:
         return self.shape[1] == 3  # type: ignore[index]
-
-    def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "flip_indices": None if self.flip_indices is None
-                else list(self.flip_indices)}
 
 
 @dataclass(frozen=True)
@@ -100,11 +92,6 @@ class BoxesField(BytesField):
     @property
     def row_bytes(self) -> int:
         return 4 * _F32.itemsize + (1 + len(self.attrs)) * _I64.itemsize
-
-    def to_json(self) -> dict[str, Any]:
-        ids = {} if self.class_ids is None else {"class_ids": list(self.class_ids)}
-        return {**super().to_json(), "classes": None if self.classes is None
-                else list(self.classes), "attrs": list(self.attrs), **ids}
 
     def validate(self, value: Any) -> bytes:
         if isinstance(value, (bytes, bytearray, memoryview)):  # a payload (re-packing a dataset)
@@ -170,9 +157,6 @@ class TextField(BytesField):
         if self.vocab is not None and (len(set(self.vocab)) != len(self.vocab) or not self.vocab
                                        or "\0" in self.vocab):
             raise ValueError(f"field {self.name!r}: vocab must be distinct, non-NUL characters")
-
-    def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "vocab": self.vocab}
 
     def validate(self, value: Any) -> bytes:
         if isinstance(value, (bytes, bytearray, memoryview)):

@@ -72,11 +72,8 @@ def pillow_flavor() -> str:
 
 
 def jpeg_path() -> str:
-    """The JPEG decode+resize path the loader uses: the fastest one installed.
-
-    Fastest first, as measured for 500×375 → 224² on one core (benchmarks/RESULTS.md):
-    pillow-simd with ``draft``, simplejpeg + torch resize, stock Pillow.
-    """
+    """The JPEG decode+resize path the loader uses: the fastest installed (benchmarks/RESULTS.md:
+    pillow-simd with ``draft``, then simplejpeg + torch resize, then stock Pillow)."""
     if pillow_flavor() == "pillow-simd":
         return "pillow-simd"
     return "simplejpeg+torch" if simplejpeg is not None else "pillow"
@@ -125,10 +122,8 @@ _MAGIC = ((b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF87a", 
 
 
 def sniff_codec(data: Buffer) -> str:
-    """The image format from its magic bytes: jpeg, png, webp, gif, tiff, bmp, jp2, pnm, or unknown.
-
-    Stored records of a ``"mixed"`` image field are told apart this way (never by file name).
-    """
+    """The image format from its magic bytes (never the file name): jpeg, png, webp, gif, tiff,
+    bmp, jp2, pnm, or unknown."""
     head = bytes(data[:16])
     if head[:4] == b"RIFF" and head[8:12] == b"WEBP":
         return "webp"
@@ -205,17 +200,9 @@ def check_jpeg(data: Buffer, what: str = "image", *,
                max_scans: int | None = DEFAULT_MAX_SCANS,
                max_pixels_per_byte: int | None = DEFAULT_MAX_PIXELS_PER_BYTE,
                error: type[Exception] = BadInputError) -> JpegHeader:
-    """The header checks every JPEG decode path runs on the encoded bytes before decoding: the
-    CPU loader, the device decoders' workers, conversion. Parses the markers only (a few µs; the
-    data after the first scan is searched for more scans only when the frame allows them).
-
-    Returns the header; raises ``error`` naming ``what`` when the header is damaged or missing,
-    the samples are not 8-bit, the frame declares a zero size (DNL), it declares more than
-    ``max_pixels``, no end-of-image marker follows the last scan, it holds more than
-    ``max_scans`` scans, or it declares more than ``max_pixels_per_byte`` pixels per byte of
-    file. Each message names the bound and the option that raises it. Passing these checks
-    does not prove the entropy data whole: a decoder must still refuse a damaged scan
-    (:func:`decode_jpeg`)."""
+    """The header checks (:func:`jpeg_problem`) every JPEG decode path runs before decoding, so
+    what a decode may cost is bounded first; the header, or ``error`` naming ``what`` and the
+    bound. Passing them does not prove the entropy data whole: decoders still decode strictly."""
     header, why = jpeg_problem(data, max_pixels=max_pixels, max_scans=max_scans,
                                max_pixels_per_byte=max_pixels_per_byte)
     if why is not None:
@@ -226,12 +213,9 @@ def check_jpeg(data: Buffer, what: str = "image", *,
 
 def strict_decode(decode: Callable[[bool], T], what: str, last: bool = False) -> T | None:
     """``decode(True)`` (strict: libjpeg-turbo's warnings raise). None when the decoder cannot
-    read the JPEG at all, whatever the strictness (its kind: a fallback may; with ``last``, a
-    BadInputError: none will); DamagedImageError when it reads it only by ignoring a warning:
-    the data is damaged, i.e. cut short (an end marker put back or not), a bad Huffman code, a
-    lost restart marker, or data left over after the last block (a damaged code that ended the
-    image early). The pixels from such a point on are made up (grey) or wrong, so the image is
-    corrupt, never handed to a more forgiving decoder."""
+    read the JPEG at all (its kind: a fallback may; with ``last``, a BadInputError);
+    DamagedImageError when it reads it only by ignoring a warning: its pixels from there on are
+    made up, so the image is corrupt, never handed to a more forgiving decoder."""
     try:
         return decode(True)
     except (ValueError, RuntimeError) as exc:
@@ -248,12 +232,9 @@ def strict_decode(decode: Callable[[bool], T], what: str, last: bool = False) ->
 
 def decode_jpeg_fallback(data: Buffer, what: str = "image",
                          max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """A JPEG simplejpeg cannot read (4:1:0 sampling, CMYK, a 2×4 image) → H×W×3 uint8: turbojpeg
-    (TurboJPEG 3, the same libjpeg-turbo Pillow wraps) decodes it strictly; one only Pillow
-    converts (CMYK) is checked whole by turbojpeg in its own colour space first, then decoded by
-    Pillow. One turbojpeg cannot read at all is a BadInputError (Pillow reads no more, except
-    by ignoring libjpeg-turbo's warnings). Without turbojpeg, Pillow decodes it, and cannot
-    tell damaged data."""
+    """A JPEG simplejpeg cannot read (4:1:0 sampling, CMYK) → H×W×3 uint8: turbojpeg decodes it
+    strictly (one only Pillow converts, CMYK, is checked whole by turbojpeg first, then decoded
+    by Pillow). Without turbojpeg, Pillow decodes it, and cannot tell damaged data."""
     if turbojpeg is None:
         return decode_with_pillow(data, what, max_pixels)
     rgb = strict_decode(lambda strict: np.asarray(turbojpeg.decompress(
@@ -267,9 +248,8 @@ def decode_jpeg_fallback(data: Buffer, what: str = "image",
 
 def decode_with_pillow(data: Buffer, what: str = "image",
                        max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """Any format Pillow reads → H×W×3 uint8 (rules above). For a JPEG, only after libjpeg-turbo
-    found its data whole or could not read it (:func:`decode_jpeg_fallback`): Pillow decodes a
-    JPEG cut short to grey without a word."""
+    """Any format Pillow reads → H×W×3 uint8 (rules above); a JPEG only after libjpeg-turbo
+    found it whole: Pillow decodes a JPEG cut short to grey without a word."""
     try:
         with Image.open(io.BytesIO(data)) as img:
             check_pixels(img.size[0], img.size[1], max_pixels, what)
@@ -310,10 +290,9 @@ def decode_jpeg(data: Buffer, what: str = "image", *,
 
 
 def read_jpeg_whole(data: Buffer, what: str = "image") -> str:
-    """Read every scan of a JPEG that passed :func:`check_jpeg`, as cheaply as that can be done:
-    simplejpeg at 1/8 scale in grey (the entropy data is decoded in full, the inverse DCT is the
-    DC alone); the fallback decoder for a JPEG simplejpeg cannot read. Returns the decoder that
-    read it; BadInputError when the data is damaged or no decoder reads it."""
+    """Read every scan of a JPEG that passed :func:`check_jpeg` as cheaply as possible (simplejpeg
+    at 1/8 scale in grey: all entropy data, DC-only IDCT); the decoder that read it, or
+    BadInputError."""
     if simplejpeg is not None and strict_decode(lambda strict: simplejpeg.decode_jpeg(
             data, colorspace="GRAY", min_factor=8, min_height=1, min_width=1, strict=strict),
             what) is not None:
@@ -326,12 +305,8 @@ def decode_rgb(data: bytes | memoryview, codec: str, what: str = "image",
                max_pixels: int | None = DEFAULT_MAX_PIXELS, *,
                max_scans: int | None = DEFAULT_MAX_SCANS,
                max_pixels_per_byte: int | None = DEFAULT_MAX_PIXELS_PER_BYTE) -> np.ndarray:
-    """Decode encoded image bytes to H×W×3 uint8.
-
-    ``codec="mixed"`` sniffs the magic bytes. JPEG goes through :func:`decode_jpeg` (whole or
-    corrupt: a damaged JPEG is never handed to a more forgiving decoder); other formats through
-    Pillow. BadInputError when the image is damaged or no decoder reads it.
-    """
+    """Encoded image bytes → H×W×3 uint8 (``codec="mixed"``: sniffed); BadInputError when the
+    image is damaged or no decoder reads it."""
     if codec == "mixed":
         codec = sniff_codec(data)
     if codec == "jpeg":
@@ -366,11 +341,8 @@ def encode_mask_png(arr: np.ndarray) -> bytes:
 
 def decode_mask_png(data: Buffer, what: str, *, png_only: bool = True,
                     max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """PNG → H×W index array: L/P/1 → uint8 (palette indices, not colours), I;16 → uint16.
-
-    The one mask decoder: stored masks (PNG only) and the converters' mask files
-    (``png_only=False``: any lossless format Pillow reads, e.g. TIFF, BMP). A mask whose header
-    declares more than ``max_pixels`` is refused before it is decoded (CorruptRecordError)."""
+    """PNG (``png_only=False``: any lossless format Pillow reads) → H×W index array: L/P/1 →
+    uint8 (palette indices, not colours), I;16 → uint16; over ``max_pixels``, refused."""
     try:
         with Image.open(io.BytesIO(data)) as im:
             if png_only and im.format != "PNG":

@@ -58,12 +58,6 @@ class MaskField(Field):
     def _header(self) -> tuple[bytes, np.dtype, tuple[int, ...]] | None:
         return npy_header(np.dtype(self.dtype), self.shape) if self.shape else None
 
-    def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "codec": self.codec, "dtype": self.dtype,
-                "num_classes": self.num_classes,
-                "shape": list(self.shape) if self.shape else None,
-                **({"ignore_index": self.ignore_index} if self.ignore_index is not None else {})}
-
     def validate(self, value: Any) -> Any:
         if self.codec == "png" and isinstance(value, (bytes, bytearray, memoryview)):
             return bytes(value)
@@ -162,11 +156,6 @@ class TargetField(ArrayField):
     @property
     def quantized(self) -> bool:
         return np.dtype(self.dtype).kind in "ui" and (self.scale != 1.0 or self.offset != 0.0)
-
-    def to_json(self) -> dict[str, Any]:
-        return {**super().to_json(), "target": self.target, "params": dict(self.params),
-                "interp": self.interp, "rescale": self.rescale, "scale": self.scale,
-                "offset": self.offset, "clip": list(self.clip) if self.clip else None}
 
     def to_user(self, value: Any, what: str) -> np.ndarray:
         """The target as float32 (dequantized); integer-valued targets keep their dtype."""

@@ -19,12 +19,7 @@ FIELD_KINDS: dict[str, type[Field]] = {
 def field_from_json(d: dict[str, Any]) -> Field:
     """Rebuild a field from its manifest description; unknown kinds are a DamagedDataError."""
     try:
-        cls = FIELD_KINDS[d["kind"]]
-        kwargs = {k: v for k, v in d.items() if k != "kind"}
-        for key in ("shape", "clip"):
-            if kwargs.get(key) is not None:
-                kwargs[key] = tuple(kwargs[key])
-        return cls(**kwargs)
+        return FIELD_KINDS[d["kind"]](**{k: v for k, v in d.items() if k != "kind"})
     except (KeyError, TypeError, ValueError) as exc:
         raise DamagedDataError(f"bad field description {d!r}: {exc}") from exc
 

@@ -2,34 +2,29 @@
 the node, one download per file per node, and nothing partial ever read as whole.
 
 Layout: ``<cache_dir>/<name>-<key>/`` per dataset, ``key`` a hash of the URL and the manifest's
-bytes, so a re-converted dataset never mixes with a stale copy. In it, the manifest and index
-files (kept, not counted), the data files (shards, ``data.mdb``, ``data.h5``: counted against
-``limit`` and evicted least recently used first), and per data file ``.NAME.lock`` (the download
-lock; while held it holds the size reserved for the download) and ``.NAME.part`` (the bytes so far).
+bytes (a re-converted dataset never mixes with a stale copy). In it: the manifest and index
+files (kept, not counted), the data files (counted against ``limit``, evicted least recently
+used first), and per data file ``.NAME.lock`` (the download lock; while held it holds the size
+reserved for the download) and ``.NAME.part`` (the bytes so far).
 
-Protocol (POSIX ``fcntl`` locks, released by the kernel when a process dies; a system without
-them, Windows, gets a :class:`~feedpipe.errors.StorageError` saying so): a reader opens a data file
-and takes a shared lock on it, so the file cannot be evicted while open; a downloader takes the
-file's exclusive download lock, reserves room under the cache-wide ``.lock`` (evicting unlocked
-files least recently used first), appends to the part file (resuming a killed download), fsyncs,
-checks the SHA-256 against the manifest, and renames it into place.
-
-Every file of the cache is opened through :mod:`feedpipe.storage.cachefs`: never through a
-symlink, only a regular file a trusted user made; a cache folder others could plant files in is
-refused (:class:`~feedpipe.errors.StorageError`). A full disk is a
-:class:`~feedpipe.errors.StorageError` naming the file and its URL, its partial download
-removed (the space it holds is what the disk lacks).
+Protocol (POSIX ``flock``, released by the kernel when a process dies; without it, on Windows,
+a :class:`~feedpipe.errors.StorageError` says so): a reader holds a shared
+lock on a data file, so it is never evicted while open; a downloader takes the file's download
+lock, reserves room under the cache-wide ``.lock`` (evicting unlocked files), appends to the
+part file (resuming a killed download), fsyncs, checks the SHA-256 and renames it into place.
+Every file is opened through :mod:`feedpipe.storage.cachefs` (no symlinks, no files of
+untrusted users). A full disk is a :class:`~feedpipe.errors.StorageError` naming the file and
+its URL, its partial download removed.
 """
 
 from __future__ import annotations
 
-import errno
+import contextlib
 import hashlib
 import os
 import re
 import stat
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -37,14 +32,14 @@ from ..errors import CorruptRecordError, StorageError
 from .cachefs import Trust, trust_of
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .sizes import parse_size
-from .transfer import CHUNK, download
+from .store import file_digest
+from .transfer import CHUNK, FULL, download
 
 try:
     import fcntl  # shared and exclusive locks on open files (flock): POSIX
 except ImportError:  # Windows: Cache() refuses, naming it
     fcntl = None  # type: ignore[assignment]
 
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 KEPT = re.compile(r"^(feedpipe\.json|index-.*)$")  # the manifest and index files: never evicted
 
 
@@ -60,7 +55,7 @@ def default_cache_dir() -> Path:
     return Path(env) if env else base / "remote"
 
 
-@contextmanager
+@contextlib.contextmanager
 def _flocked(path: Path, trust: Trust, shared: bool = False) -> Iterator[int]:
     fd = trust.open(path, os.O_RDONLY | os.O_CREAT)  # flock needs no write access
     try:
@@ -70,7 +65,7 @@ def _flocked(path: Path, trust: Trust, shared: bool = False) -> Iterator[int]:
         os.close(fd)
 
 
-@contextmanager
+@contextlib.contextmanager
 def _unheld(path: Path) -> Iterator[tuple[bool | None, int]]:
     """(True, fd) while this process holds ``path`` exclusively, (False, fd) when another
     process holds a lock on it (a download, or a reader's shared lock), (None, -1) when it does
@@ -92,21 +87,6 @@ def _unheld(path: Path) -> Iterator[tuple[bool | None, int]]:
             yield True, fd
     finally:
         os.close(fd)
-
-
-def _held(path: Path) -> bool:
-    """Whether some process holds a lock on ``path`` (a download, or a reader's shared lock)."""
-    with _unheld(path) as (free, _):
-        return free is False
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    with os.fdopen(fd, "rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Cache:
@@ -182,14 +162,12 @@ class Cache:
                 continue
             if p.name.startswith(".") and not p.name.endswith(".part"):
                 continue
-            if p.name.endswith(".part") and _held(self._lock_of(p)):
-                continue  # an active download: counted by its reservation
+            if p.name.endswith(".part"):
+                with _unheld(p.with_name(p.name[:-5] + ".lock")) as (free, _):
+                    if free is False:
+                        continue  # an active download: counted by its reservation
             out.append((p, st.st_size, st.st_mtime))
         return out
-
-    @staticmethod
-    def _lock_of(part: Path) -> Path:
-        return part.with_name(part.name[: -len(".part")] + ".lock")
 
     def _reservations(self) -> dict[Path, int]:
         out = {}
@@ -248,10 +226,8 @@ class Cache:
         """Remove ``path`` unless a reader holds it (its shared lock)."""
         with _unheld(path) as (free, _):
             if free:
-                try:
+                with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
-                except FileNotFoundError:
-                    pass
             return free is not False
 
     # -- the one entry point -------------------------------------------------------------------
@@ -291,7 +267,8 @@ class Cache:
                 full = disk_full(exc, path, url, size)
                 if full is None:
                     raise
-                _remove(path.with_name(f".{name}.part"))
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path.with_name(f".{name}.part"))
                 raise full from exc
         finally:
             os.close(lock_fd)  # releases the download lock and with it the reservation
@@ -319,7 +296,7 @@ class Cache:
         for _ in range(2):  # a mismatch may be a resumed part from an older file: refetch
             os.close(self.trust.open(part, os.O_WRONLY | os.O_CREAT, write=True))  # checked
             download(url, part, size, storage_options, policy, chunk)
-            got = sha256_of(part)
+            got = file_digest(part, os.O_NOFOLLOW)[1]
             if got == sha256:
                 fd = self.trust.open(part, os.O_RDONLY)
                 fcntl.flock(fd, fcntl.LOCK_SH)  # held from before the rename: never evicted
@@ -345,7 +322,7 @@ def disk_full(exc: OSError, path: Path, url: str, size: int | None = None
     """A :class:`StorageError` naming ``path`` and ``url`` when ``exc`` is a full disk or
     quota (the default ``cache_limit`` is unbounded, so a dataset larger than the disk ends
     here), else None."""
-    if exc.errno not in _FULL:
+    if exc.errno not in FULL:
         return None
     what = f" ({size:,} bytes)" if size is not None else ""
     why = exc.strerror or getattr(exc.__cause__, "strerror", None) or "no space left"
@@ -355,9 +332,3 @@ def disk_full(exc: OSError, path: Path, url: str, size: int | None = None
         "free space (the least recently used files are then evicted to make room), or choose "
         "a cache_dir on a larger disk", url=url, file=str(path))
 
-
-def _remove(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -1,11 +1,8 @@
 """The retry policy every request to a store goes through: exponential backoff with full jitter
-on transient failures, and an immediate, typed failure on a missing object or refused credentials.
-
-Transient: timeouts, 5xx, throttling (429, 503 SlowDown), connections refused or cut mid-body.
-The same rules read the exceptions of fsspec's clients (aiohttp, botocore, gcsfs, httpx) alike.
-Permanent: 404 (:class:`RemoteNotFoundError`, check the path) and 401/403
-(:class:`AccessDeniedError`, check the credential named). After ``attempts`` failures in a row,
-:class:`StorageError` names the URL and the last error.
+on transient failures (timeouts, 5xx, 429/503 throttling, connections refused or cut), read
+alike from the exceptions of fsspec's clients (aiohttp, botocore, gcsfs, httpx); an immediate,
+typed failure on a missing object (:class:`RemoteNotFoundError`) or refused credentials
+(:class:`AccessDeniedError`, naming where the credential comes from).
 """
 
 from __future__ import annotations
@@ -38,22 +35,17 @@ CREDENTIALS = {
     "http": "the server's authentication (headers in storage_options={'headers': ...})",
 }
 CREDENTIALS.update(s3a=CREDENTIALS["s3"], gcs=CREDENTIALS["gs"], https=CREDENTIALS["http"])
-
-
-#: seconds a try waits to connect, or for the next bytes of its answer (a silent store)
-TIMEOUT = 30.0
-#: a request's deadline, in tries' timeouts: no new try starts after ``DEADLINE_TIMEOUTS * timeout``
-DEADLINE_TIMEOUTS = 4
+TIMEOUT = 30.0  # seconds a try waits to connect, or for the next bytes of its answer
+DEADLINE_TIMEOUTS = 4  # no new try starts after this many timeouts since the first
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """How long to keep trying: ``attempts`` tries in a row without progress, waiting a random
-    time up to ``base * 2**n`` seconds (capped at ``cap``) before try ``n + 1`` ("full jitter":
-    clients that failed together do not retry together). Each try gives up after ``timeout``
-    seconds without a connection or without new bytes of the answer, and no new try starts
-    once ``deadline`` seconds have passed since the request's first: a store that accepts
-    connections and never answers fails a request within ``deadline + timeout`` seconds."""
+    """``attempts`` tries in a row without progress, waiting a random time up to
+    ``base * 2**n`` seconds (capped at ``cap``) before try ``n + 1`` ("full jitter": clients
+    that failed together do not retry together). Each try gives up after ``timeout`` seconds
+    without a connection or new bytes, and no try starts ``deadline`` seconds after the first:
+    a store that accepts connections and never answers fails within ``deadline + timeout``."""
 
     attempts: int = 8
     base: float = 0.25
@@ -90,17 +82,12 @@ class RetryPolicy:
 DEFAULT_POLICY = RetryPolicy()
 
 
-#: how gcsfs reports a 403: a bare OSError("Forbidden: URL ...") (gcsfs.retry.validate_response)
-_GCSFS_FORBIDDEN = "Forbidden: "
-
-
 def _status(exc: BaseException) -> int | None:
-    """The HTTP status an exception carries (aiohttp, botocore, requests/httpx responses,
-    gcsfs's errors)."""
+    """The HTTP status an exception carries (aiohttp, botocore, requests/httpx, gcsfs)."""
     if type(exc).__module__.startswith("gcsfs"):  # gcsfs.retry.HttpError: the status is ``code``
         code = getattr(exc, "code", None)
         return code if isinstance(code, int) else None
-    if type(exc) is OSError and str(exc).startswith(_GCSFS_FORBIDDEN):
+    if type(exc) is OSError and str(exc).startswith("Forbidden: "):  # how gcsfs reports a 403
         return 403
     for obj in (exc, getattr(exc, "response", None)):
         for name in ("status", "status_code"):
@@ -141,9 +128,9 @@ def classify(exc: BaseException) -> Verdict:
 
 def typed(exc: BaseException, url: str, what: str) -> StorageError:
     """``exc`` as the typed error a caller can act on, naming the URL."""
-    verdict = classify(exc)
     if isinstance(exc, StorageError):
         return exc
+    verdict = classify(exc)
     if verdict == "not_found":
         return RemoteNotFoundError(f"{url}: not found while {what}; check the path (bucket, "
                                    "prefix, file name) and that the dataset was written there "
@@ -159,8 +146,7 @@ def with_retries(call: Callable[[], T], url: str, what: str,
                  policy: RetryPolicy = DEFAULT_POLICY) -> T:
     """Run ``call`` until it succeeds, retrying transient failures under ``policy``; a permanent
     failure or an exhausted budget raises the typed error naming ``url``."""
-    failures = 0
-    start = time.monotonic()
+    failures, start = 0, time.monotonic()
     while True:
         try:
             return call()
@@ -168,8 +154,7 @@ def with_retries(call: Callable[[], T], url: str, what: str,
             if classify(exc) != "retry":
                 raise typed(exc, url, what) from exc
             failures += 1
-            pause = policy.delay(failures)
-            spent = time.monotonic() - start
+            pause, spent = policy.delay(failures), time.monotonic() - start
             if failures >= policy.attempts or spent + pause > policy.deadline:
                 raise StorageError(
                     f"{url}: {what} failed {failures} times in a row in {spent:.1f} s; last "

@@ -1,6 +1,7 @@
-"""Where a dataset's files live, behind one interface: a local directory or an object-store prefix
-(an fsspec URL). Tools that read or write a dataset's files (merge, verify, doctor, outputs) take
-a :class:`Store` from :func:`open_store`, so one implementation of each serves both.
+"""Where a dataset's files live, behind one interface: a local directory (:class:`DirStore`) or an
+object-store prefix (:class:`UrlStore`, an fsspec URL). Tools that read or write a dataset's
+files (merge, verify, doctor, outputs) take a :data:`Store` from :func:`open_store`, so one
+implementation of each serves both.
 
 Names are relative, ``/``-separated paths inside the store. Writes are atomic either way: a local
 file is filled beside its name and renamed over it; an object is uploaded whole (a PUT replaces
@@ -10,13 +11,13 @@ an object atomically). A missing name raises ``FileNotFoundError`` (remote:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-import shutil
 import stat
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Mapping, Protocol
+from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
 from ..paths import atomic_writer
 from .retry import with_retries
@@ -24,52 +25,13 @@ from .transfer import download, read_bytes, remote_size, upload
 from .urls import filesystem, is_remote, join
 
 Writer = Callable[[BinaryIO], None]
-CHUNK = 1 << 22
 
 
-class Store(Protocol):
-    """A dataset's home: list, read, fetch and atomically write files by relative name."""
-
-    url: str  # the directory or the URL, as messages show it
-    remote: bool  # an object store: no renames, no partial files, every read a fetch
-
-    def where(self, name: str) -> str:
-        """The path or URL of ``name``, for messages and for opening it elsewhere."""
-        ...
-
-    def names(self) -> set[str]:
-        """Every file under the store (relative names), hidden ones included."""
-        ...
-
-    def size(self, name: str) -> int: ...
-
-    def read_bytes(self, name: str) -> bytes: ...
-
-    def local(self, name: str, into: Path, size: int | None = None) -> Path:
-        """A local file holding ``name``'s first ``size`` bytes (default: all): a directory's
-        own file, or the object downloaded to ``into / name``."""
-        ...
-
-    def write(self, name: str, write_fn: Writer) -> tuple[int, str]:
-        """Write ``name`` atomically from ``write_fn(file)``; its (size, SHA-256)."""
-        ...
-
-    def put(self, name: str, staged: Path) -> None:
-        """Publish a finished local file as ``name``, atomically and without a copy: a
-        directory renames it in (same filesystem), an object store uploads it (the staged
-        file stays for the caller to remove)."""
-        ...
-
-    def remove(self, names: Iterable[str]) -> None:
-        """Delete these names; a missing one is not an error."""
-        ...
-
-
-def file_digest(path: Path) -> tuple[int, str]:
-    """(size, SHA-256) of a local file, read in chunks."""
+def file_digest(path: str | os.PathLike[str], flags: int = 0) -> tuple[int, str]:
+    """(size, SHA-256) of a local file (``flags``: added to ``os.open``'s)."""
     h, size = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
-        while chunk := fh.read(CHUNK):
+    with open(os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags), "rb") as fh:
+        while chunk := fh.read(1 << 22):
             h.update(chunk)
             size += len(chunk)
     return size, h.hexdigest()
@@ -78,16 +40,18 @@ def file_digest(path: Path) -> tuple[int, str]:
 class DirStore:
     """A local directory (its files are read in place, never copied)."""
 
-    remote = False
+    remote = False  # an object store: no renames, no partial files, every read a fetch
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
-        self.url = str(self.root)
+        self.url = str(self.root)  # as messages show it
 
     def where(self, name: str) -> str:
+        """The path or URL of ``name``, for messages and for opening it elsewhere."""
         return str(self.root / name)
 
     def names(self) -> set[str]:
+        """Every file under the store (relative names), hidden ones included."""
         out = set()
         for top, _dirs, files in os.walk(self.root):
             rel = os.path.relpath(top, self.root)
@@ -104,27 +68,32 @@ class DirStore:
         return (self.root / name).read_bytes()
 
     def local(self, name: str, into: Path, size: int | None = None) -> Path:
+        """A local file holding ``name``'s first ``size`` bytes (default: all): a directory's
+        own file, or the object downloaded to ``into / name``."""
         path = self.root / name
         if not path.is_file():
             raise FileNotFoundError(f"{path}: missing")
         return path
 
     def write(self, name: str, write_fn: Writer) -> tuple[int, str]:
+        """Write ``name`` atomically from ``write_fn(file)``; its (size, SHA-256)."""
         with atomic_writer(self.root / name) as fh:
             write_fn(fh)
         return file_digest(self.root / name)
 
     def put(self, name: str, staged: Path) -> None:
+        """Publish a finished local file as ``name``, atomically and without a copy: a
+        directory renames it in (same filesystem), an object store uploads it (the staged
+        file stays for the caller to remove)."""
         dest = self.root / name
         dest.parent.mkdir(parents=True, exist_ok=True)
         os.replace(staged, dest)
 
     def remove(self, names: Iterable[str]) -> None:
+        """Delete these names; a missing one is not an error."""
         for name in names:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 (self.root / name).unlink()
-            except FileNotFoundError:
-                pass
 
 
 class UrlStore:
@@ -164,14 +133,11 @@ class UrlStore:
         return dest
 
     def write(self, name: str, write_fn: Writer) -> tuple[int, str]:
-        tmp = Path(tempfile.mkdtemp(prefix="feedpipe-put-"))
-        try:
-            with open(tmp / "file", "xb") as fh:  # a private folder (mkdtemp), a new file
+        with tempfile.TemporaryDirectory(prefix="feedpipe-put-") as tmp:
+            with open(Path(tmp) / "file", "xb") as fh:  # a private folder, a new file
                 write_fn(fh)
-            upload(tmp / "file", self.where(name), self.options)
-            return file_digest(tmp / "file")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+            upload(Path(tmp) / "file", self.where(name), self.options)
+            return file_digest(Path(tmp) / "file")
 
     def put(self, name: str, staged: Path) -> None:
         upload(staged, self.where(name), self.options)
@@ -184,10 +150,8 @@ class UrlStore:
                 self.fs.rm(keys)  # one batched delete where the store has one (S3)
             except FileNotFoundError:  # a store that refuses a missing key: one by one
                 for key in keys:
-                    try:
+                    with contextlib.suppress(FileNotFoundError):
                         self.fs.rm_file(key)
-                    except FileNotFoundError:
-                        pass
 
         if keys:
             with_retries(rm, self.url, "deleting")
@@ -198,6 +162,10 @@ class UrlStore:
         bucket = self.root.split("/")[0]
         return bool(with_retries(lambda: self.fs.exists(bucket), self.url, "looking for the "
                                  "bucket"))
+
+
+#: a dataset's home: list, read, fetch and atomically write files by relative name
+Store = DirStore | UrlStore
 
 
 def open_store(target: str | os.PathLike[str],

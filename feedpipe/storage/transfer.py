@@ -1,13 +1,13 @@
 """Moving bytes between a store and local files, every request under the retry policy.
 
-Downloads go in ranged chunks (an HTTP ``Range`` / S3 ranged GET: fsspec's ``cat_file(start,
-end)``), each appended to a partial file as it arrives, so a connection cut mid-body, or a process killed
-mid-download, resumes from the bytes already on disk instead of starting over.
+Downloads go in ranged chunks (fsspec's ``cat_file(start, end)``), each appended to a partial
+file as it arrives, so a cut connection or a killed process resumes from the bytes on disk.
 """
 
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import stat
 from pathlib import Path
@@ -17,38 +17,42 @@ from ..errors import ResourceError, StorageError
 from .retry import DEFAULT_POLICY, RetryPolicy, with_retries
 from .urls import filesystem
 
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 CHUNK = 16 << 20  # bytes per ranged request: a cut connection costs at most this much again
 Options = Mapping[str, Any] | None
+
+
+def _call(url: str, what: str, fn: Callable[[Any, str], Any], storage_options: Options,
+          policy: RetryPolicy) -> Any:
+    """``fn(filesystem, path)`` under ``policy``'s retries."""
+    fs, path = filesystem(url, storage_options, policy.timeout)
+    return with_retries(lambda: fn(fs, path), url, what, policy)
 
 
 def read_bytes(url: str, storage_options: Options = None,
                policy: RetryPolicy = DEFAULT_POLICY) -> bytes:
     """The whole object (a manifest, an index file)."""
-    fs, path = filesystem(url, storage_options, policy.timeout)
-    return with_retries(lambda: bytes(fs.cat_file(path)), url, "reading", policy)
+    return _call(url, "reading", lambda fs, p: bytes(fs.cat_file(p)), storage_options, policy)
 
 
 def remote_size(url: str, storage_options: Options = None,
                 policy: RetryPolicy = DEFAULT_POLICY) -> int:
     """The object's size in bytes."""
-    fs, path = filesystem(url, storage_options, policy.timeout)
-    return int(with_retries(lambda: fs.size(path), url, "asking its size", policy))
+    return int(_call(url, "asking its size", lambda fs, p: fs.size(p), storage_options, policy))
 
 
-def exists(url: str, storage_options: Options = None,
-           policy: RetryPolicy = DEFAULT_POLICY) -> bool:
-    """Whether the object exists (a refused credential still raises AccessDeniedError)."""
-    fs, path = filesystem(url, storage_options, policy.timeout)
-    return bool(with_retries(lambda: fs.exists(path), url, "checking it exists", policy))
+def upload(local: str | os.PathLike[str], url: str, storage_options: Options = None,
+           policy: RetryPolicy = DEFAULT_POLICY) -> None:
+    """Put a local file at ``url`` (one object; a retry sends it again whole)."""
+    _call(url, "uploading", lambda fs, p: fs.put_file(os.fspath(local), p), storage_options,
+          policy)
 
 
 def _ranged_get(url: str, storage_options: Options,
                 timeout: float | None = None) -> Callable[[int, int], bytes]:
-    """``get(start, end)`` through fsspec, one request for exactly those bytes. A filesystem
-    without its own ranged ``cat_file`` (huggingface_hub's ``HfFileSystem``) would open a
-    buffered file whose read-ahead cache asks for a block more than the range (and the next
-    chunk asks for it again): its file is opened without that cache."""
+    """``get(start, end)``: one request for exactly those bytes. A filesystem without its own
+    ranged ``cat_file`` (huggingface_hub's) would read through a buffered file whose read-ahead
+    asks for a block more than the range: its file is opened without that cache."""
     fs, path = filesystem(url, storage_options, timeout)
     from fsspec import AbstractFileSystem  # installed: filesystem() found it
 
@@ -71,47 +75,40 @@ def download(url: str, part: Path, size: int, storage_options: Options = None,
     ranged request per ``chunk``, each flushed before the next; the retry budget counts failures
     in a row, so a slow but moving transfer never exhausts it. The caller verifies and renames."""
     ranged_get = _ranged_get(url, storage_options, policy.timeout)
+
+    def get(start: int, end: int) -> bytes:
+        data = ranged_get(start, end)
+        if len(data) > end - start:  # a 200 with the whole object: no retry can help
+            raise StorageError(
+                f"{url}: asked bytes {start}-{end - 1}, the server answered with {len(data)} "
+                "bytes (it ignored the Range header): Range request not supported. Serve the "
+                "dataset from a server that honours HTTP Range requests (or an object store)",
+                url=url)
+        if len(data) < end - start:  # a short body: the server cut it
+            raise ConnectionError(f"asked bytes {start}-{end - 1}, got {len(data)} bytes")
+        return data
+
     try:
-        _append(part, url, size, ranged_get, policy, chunk, progress)
+        with os.fdopen(_open_part(part), "ab") as out:
+            done = out.tell()
+            if done > size:
+                raise StorageError(f"{part}: partial download holds {done} bytes, more than the "
+                                   f"{size} of {url}; remove it", url=url)
+            for start in range(done, size, chunk):
+                end = min(start + chunk, size)
+                data = with_retries(functools.partial(get, start, end), url,
+                                    f"downloading bytes {start}-{end - 1}", policy)
+                out.write(data)
+                out.flush()
+                if progress is not None:
+                    progress(len(data))
+            os.fsync(out.fileno())
     except OSError as exc:
-        if exc.errno not in _FULL:
+        if exc.errno not in FULL:
             raise
         raise ResourceError(f"{part}: its filesystem is full ({exc.strerror}) downloading {url}; "
                             "free space there (the partial file resumes from where it stopped)",
                             file=str(part), errno=exc.errno) from exc
-
-
-def _append(part: Path, url: str, size: int, ranged_get: Callable[[int, int], bytes],
-            policy: RetryPolicy, chunk: int, progress: Callable[[int], None] | None) -> None:
-    with os.fdopen(_open_part(part), "ab") as out:
-        done = out.tell()
-        if done > size:
-            raise StorageError(f"{part}: partial download holds {done} bytes, more than the "
-                               f"{size} of {url}; remove it", url=url)
-        while done < size:
-            end = min(done + chunk, size)
-            start = done
-
-            def get(start: int = start, end: int = end) -> Any:
-                data = ranged_get(start, end)
-                if len(data) > end - start:  # a 200 with the whole object: no retry can help
-                    raise StorageError(
-                        f"{url}: asked bytes {start}-{end - 1}, the server answered with "
-                        f"{len(data)} bytes (it ignored the Range header): Range request not "
-                        "supported. Serve the dataset from a server that honours HTTP Range "
-                        "requests (or an object store)", url=url)
-                if len(data) < end - start:  # a short body: the server cut it
-                    raise ConnectionError(f"asked bytes {start}-{end - 1}, got {len(data)} "
-                                          "bytes")
-                return data
-
-            data = with_retries(get, url, f"downloading bytes {start}-{end - 1}", policy)
-            out.write(data)
-            out.flush()
-            done = end
-            if progress is not None:
-                progress(len(data))
-        os.fsync(out.fileno())
 
 
 def _open_part(part: Path) -> int:
@@ -132,31 +129,3 @@ def _open_part(part: Path) -> int:
                            "or a hard link to another file); remove it")
     os.set_blocking(fd, True)
     return fd
-
-
-def upload(local: str | os.PathLike[str], url: str, storage_options: Options = None,
-           policy: RetryPolicy = DEFAULT_POLICY) -> None:
-    """Put a local file at ``url`` (one object; a retry sends it again whole)."""
-    fs, path = filesystem(url, storage_options, policy.timeout)
-    with_retries(lambda: fs.put_file(os.fspath(local), path), url, "uploading", policy)
-
-
-def write_bytes(url: str, data: bytes, storage_options: Options = None,
-                policy: RetryPolicy = DEFAULT_POLICY) -> None:
-    """Put ``data`` at ``url`` as one object (an object store replaces it atomically)."""
-    fs, path = filesystem(url, storage_options, policy.timeout)
-    with_retries(lambda: fs.pipe_file(path, data), url, "writing", policy)
-
-
-def remove(url: str, storage_options: Options = None,
-           policy: RetryPolicy = DEFAULT_POLICY) -> None:
-    """Delete one object; a missing one is not an error."""
-    fs, path = filesystem(url, storage_options, policy.timeout)
-
-    def rm() -> None:
-        try:
-            fs.rm_file(path)
-        except FileNotFoundError:
-            pass
-
-    with_retries(rm, url, "deleting", policy)

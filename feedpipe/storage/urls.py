@@ -1,10 +1,6 @@
-"""Where a dataset lives: URL detection and the fsspec filesystem for a URL.
-
-Every store goes through fsspec (s3fs, gcsfs, huggingface_hub, HTTP through aiohttp): the
-interface users already configure. Credentials and endpoints come from the environment, the
-store's profiles or ``storage_options`` (passed through to the filesystem untouched); feedpipe
-never writes them into a dataset or the cache.
-"""
+"""Where a dataset lives: URL detection and the fsspec filesystem for a URL (s3fs, gcsfs,
+huggingface_hub, HTTP through aiohttp). Credentials come from the environment, the store's
+profiles or ``storage_options`` (passed to the filesystem untouched), never from a dataset."""
 
 from __future__ import annotations
 
@@ -53,18 +49,12 @@ def join(url: str, name: str) -> str:
     return f"{url.rstrip('/')}/{name}"
 
 
-def _options_key(options: Mapping[str, Any]) -> str:
-    return repr(sorted((k, repr(v)) for k, v in options.items()))
-
-
 def with_timeout(scheme: str, options: Mapping[str, Any], timeout: float | None
                  ) -> dict[str, Any]:
-    """``options`` with each request of the scheme's client bounded by ``timeout`` seconds to
-    connect and between bytes of the answer (a whole transfer may take longer), where the
-    options set no timeout of their own: aiohttp's for http(s) (``client_kwargs.timeout``) and
-    gs (``requests_timeout``; its default, None, would disable the session's), botocore's for s3
-    (``config_kwargs.connect_timeout``/``read_timeout``). hf:// keeps huggingface_hub's own
-    (``HF_HUB_DOWNLOAD_TIMEOUT``, 10 s)."""
+    """``options`` with each request bounded by ``timeout`` seconds to connect and between bytes
+    of the answer, where they set no timeout of their own: aiohttp's for http(s)
+    (``client_kwargs.timeout``) and gs (``requests_timeout``: None would disable the session's),
+    botocore's for s3. hf:// keeps huggingface_hub's own (``HF_HUB_DOWNLOAD_TIMEOUT``)."""
     out = dict(options)
     if timeout is None or scheme not in ("http", "https", "s3", "s3a", "gs", "gcs"):
         return out
@@ -91,10 +81,8 @@ def with_timeout(scheme: str, options: Mapping[str, Any], timeout: float | None
 def filesystem(url: str, storage_options: Mapping[str, Any] | None = None,
                timeout: float | None = None) -> tuple[AbstractFileSystem, str]:
     """The fsspec filesystem for ``url`` and the path it takes, one per process and options
-    (made again after a fork: fsspec's event loop does not survive one); ``timeout`` bounds
-    each request (:func:`with_timeout`).
-
-    A missing backend package is a MissingDependencyError naming it (``pip install s3fs``)."""
+    (fsspec's event loop does not survive a fork); ``timeout`` bounds each request
+    (:func:`with_timeout`). A missing backend is a MissingDependencyError naming it."""
     scheme = scheme_of(url) or "file"
     try:
         import fsspec
@@ -102,7 +90,7 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None,
         raise MissingDependencyError("remote datasets need fsspec: pip install "
                                      "'feedpipe[remote]'") from exc
     options = with_timeout(scheme, storage_options or {}, timeout)
-    key = (os.getpid(), scheme, _options_key(options))
+    key = (os.getpid(), scheme, repr(sorted((k, repr(v)) for k, v in options.items())))
     fs = _FS.get(key)
     if fs is None:
         try:

@@ -12,7 +12,6 @@ import functools
 import hashlib
 import os
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Sequence
 
@@ -30,7 +29,6 @@ from ...errors import (
 )
 from ...schema.fields import Field, ImageField
 from ...schema.model import Schema
-from ...system import block_sigint
 from ..manifest import Manifest
 
 KEY_DIGITS = 9
@@ -50,14 +48,6 @@ def root_identity(root: str | os.PathLike[str]) -> tuple[int, int] | None:
 def unsafe_name(name: str) -> bool:
     """A member or entry name whose extension says "unpickle me"; feedpipe never opens those."""
     return name.rsplit(".", 1)[-1].lower() in UNSAFE_SUFFIXES if "." in name else False
-
-
-def writer_thread() -> ThreadPoolExecutor:
-    """One helper thread for a writer's I/O (writes overlap the packing of the next batch). It
-    blocks SIGINT, so Ctrl-C always reaches the main thread, and only where the main thread lets
-    it (the converter blocks it while its worker pool starts)."""
-    return ThreadPoolExecutor(1, thread_name_prefix="feedpipe-writer",
-                              initializer=block_sigint)
 
 
 def sample_key(index: int) -> str:

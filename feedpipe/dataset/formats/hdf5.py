@@ -1,27 +1,14 @@
-"""HDF5: one file, ``data.h5``, one contiguous dataset per stored column (the writer:
-:mod:`.hdf5_write`), read as views of the mapped file.
+"""HDF5: one file, ``data.h5``, one contiguous dataset per stored column (layout: docs/convert.md,
+"On-disk formats"; the writer: :mod:`.hdf5_write`), read as views of the mapped file.
 
-Fixed-shape raw images and arrays are N×shape datasets (chunked one sample per chunk when
-``compression="lzf"|"gzip"`` is asked for: those read through h5py); labels are int64. Every
-other field (encoded images, bytes, JSON as UTF-8, variable-shape arrays) keeps its values'
-bytes back to back in a uint8 dataset, value ``i`` at ``<name>__offsets[i]:[i + 1]`` (int64,
-N+1), as Mosaic Streaming and FFCV keep their blobs; a variable-shape array's shape is in
-``<name>__shape`` (int64, -1 padded). ``_feedpipe.crc32`` (N × fields uint32) holds the crc32
-of each stored value's bytes (a shape row first), checked on every read. The file holds no
-variable-length HDF5 type, so no global heap (whose damage sent libhdf5 into an endless loop).
-
-The reader opens ``data.h5`` with h5py only to find each dataset: a hard link to a dataset of
-the expected dtype and shape, its data neither in external files nor virtual (HDF5 would read
-another file's bytes, or fill values for a missing one); then maps the file and serves every
-contiguous dataset as a numpy view of its bytes (``get_offset``): libhdf5 reads no sample.
-
-The root's attribute ``dataset_id`` (fixed-length ASCII) is the manifest's ``extra.dataset_id``
-(:meth:`DatasetWriter.dataset_id`); the reader compares the two, and the file's size with the
-manifest's, before it reads a sample: another dataset's ``data.h5`` copied in is refused.
-
-A merged dataset (``feedpipe merge``) is its parts' files (``extra.parts``, each with its
-part's id), read as one: global index ``i`` is row ``i - start`` of the part holding it.
-Format versions 1 and 2 (variable-length HDF5 types) are refused by the manifest: re-convert.
+Variable-length values are bytes back to back plus an offsets dataset, never an HDF5
+variable-length type: no global heap, whose damage sent libhdf5 into an endless loop. The reader
+opens the file with h5py only to check each dataset (a hard link of the dtype and shape the
+schema writes, neither external nor virtual: HDF5 would read another file's bytes, or fill
+values for a missing one), then serves the mapped bytes as numpy views (``get_offset``):
+libhdf5 reads no sample. The root's ``dataset_id`` and the file's size are compared with the
+manifest's first, so another dataset's ``data.h5`` copied in is refused. A merged dataset is its
+parts' files (``extra.parts``), read as one. Format versions 1 and 2 are refused: re-convert.
 """
 
 from __future__ import annotations
@@ -50,8 +37,6 @@ from .hdf5_write import (
     LABEL,
     OFFSETS,
     SHAPE,
-    Compression,
-    Hdf5Writer,
     base_dtype,
     columns,
     kind,
@@ -238,5 +223,3 @@ class Hdf5Reader(DatasetReader):
         self._h5 = self._cols = None  # the mapping goes with its last view
         super().close()
 
-
-__all__ = ["CRC_NAME", "Compression", "FILE_NAME", "Hdf5Reader", "Hdf5Writer", "ID_ATTR"]

@@ -16,7 +16,7 @@ import ctypes
 import os
 import threading
 import weakref
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,6 +28,7 @@ from ...errors import CorruptRecordError, UnsafeDataError
 from ...schema.codecs import pack_record, unpack_record
 from ...schema.fields import Field
 from ...schema.model import Schema
+from ...system import block_sigint
 from ..manifest import Manifest
 from .base import (
     KEY_DIGITS,
@@ -36,7 +37,6 @@ from .base import (
     Visitor,
     sample_key,
     unsafe_name,
-    writer_thread,
 )
 
 # Small write transactions: LMDB copies a transaction's records into malloc'd dirty pages and
@@ -116,7 +116,10 @@ class LmdbWriter(DatasetWriter):
         self._pending: list[tuple[bytes, bytes]] = []
         self._id: str | None = None
         self._pending_bytes = 0
-        self._committer = writer_thread()
+        # SIGINT blocked: Ctrl-C reaches the main thread only (the converter blocks it while its
+        # worker pool starts)
+        self._committer = ThreadPoolExecutor(1, thread_name_prefix="feedpipe-writer",
+                                             initializer=block_sigint)
         self._commit: Future[None] | None = None
 
     def _write(self, index: int, values: list[Any]) -> None:

@@ -1,26 +1,12 @@
-"""WebDataset tar shards (``prefix-000000.tar``…) plus a random-access index.
+"""WebDataset tar shards (``prefix-000000.tar``…) plus a random-access index (layout:
+docs/convert.md, "On-disk formats"; the tar parts: :mod:`.wds_tar`).
 
-Members are ``<key>.<suffix>`` (``key.jpg``, ``key.cls``, ``key.path.json``, ``key.mask.npy``…), so
-the ``webdataset`` library and DALI's ``readers.webdataset`` read the shards unchanged. Beside the
-shards, ``index-offsets.npy`` (N×fields×[offset, size] int64), ``index-shards.npy`` (N int32) and
-``index-keys.npy`` (N fixed-width bytes) give O(1) random access with ``os.pread``; sequential
-reading streams each tar as a chain of generators (members → samples → stored values).
-``index-crc32.npy`` (N×fields uint32, the crc32 of each member's data) is checked on every read,
-random or sequential. The source ``path`` stays out of the tars (manifest
-``extra.index_fields``, format version 3; older versions are refused): its encoded bytes are
-packed in ``index-values.npy`` (uint8), and its ``index-offsets.npy`` spans point there. A tar
-member costs a 512-byte header plus padding to 512 bytes, ~1 kB for a 30-byte path: 2.7% of a
-39 kB photo.
-Members that would need unpickling (``.pickle``, ``.pkl``, ``.pyd``, ``.pth``) are refused, never
-opened.
-
-Every index file and every shard is compared with its manifest size when opened (a stat each): a
-shard of another dataset copied in is refused, sample by sample, like a damaged one (shards are
-read one by one). No dataset id is written: the index binds the tars already, every member by its
-offset, size and (version 2 on) crc32, so a foreign shard of the same size still fails on its
-first member read.
-
-The tar parts (index names, keys, ustar headers, streaming) are in :mod:`.wds_tar`.
+The shards stay readable by ``webdataset`` and DALI unchanged; the index gives O(1) reads with
+``os.pread``, every member checked against its crc32. The source ``path`` stays in the index,
+not the tars (format version 3; older ones are refused): a member costs a 512-byte header plus
+padding, ~1 kB for a 30-byte path, 2.7% of a 39 kB photo. Members that would need unpickling
+are refused, never opened. No dataset id is written: the index binds every member by offset,
+size and crc32, and each shard and index file is compared with its manifest size when opened.
 """
 
 from __future__ import annotations
@@ -52,7 +38,6 @@ from .wds_tar import (
     INDEX_FILES,
     VALUES_FILE,
     check_key,
-    decode_samples,
     group_by_key,
     tar_members,
     ustar_header,
@@ -161,8 +146,6 @@ class WdsWriter(DatasetWriter):
                 {"shards": list(self.shards), "index_fields": kept})
 
 
-
-
 class WdsReader(DatasetReader):
     """Random access through the index (``os.pread``) and sequential streaming per shard; at
     most ``max_open_shards`` shards open at once per process (:class:`OpenFiles`)."""
@@ -236,21 +219,13 @@ class WdsReader(DatasetReader):
         """(schema position, field) of the fields stored as tar members (not in the index)."""
         return [(c, f) for c, f in enumerate(self.schema) if not self._in_index[c]]
 
-    def _packed(self, index: int, column: int) -> bytes:
-        """An index field's encoded value (its span was checked against the packed values)."""
-        off, size = self._offsets[index, column].tolist()
-        return bytes(self._values[off: off + size])  # type: ignore[index]
-
-    def key(self, index: int) -> str:
+    def key_of(self, index: int) -> str:
         """The sample's WebDataset key (``__key__``)."""
         return self._keys[index].decode("utf-8", "backslashreplace")  # a damaged index still names
 
-    def key_of(self, index: int) -> str:
-        return self.key(index)
-
     def describe(self, index: int) -> str:
         shard = self.shards[int(self._shard_of[index])]
-        return f"{self.root} (wds) shard {shard} key {self.key(index)}"
+        return f"{self.root} (wds) shard {shard} key {self.key_of(index)}"
 
     def shard_ranges(self) -> list[range]:
         """The sample indices held by each shard, in shard order."""
@@ -345,14 +320,15 @@ class WdsReader(DatasetReader):
                 if members:
                     group = {n: group[s] for n, alt in zip(names, alts) for s in alt
                              if s in group}
-                if i >= r.stop or key != self.key(i):
-                    want = self.key(i) if i < r.stop else "the end of the shard"
+                if i >= r.stop or key != self.key_of(i):
+                    want = self.key_of(i) if i < r.stop else "the end of the shard"
                     raise CorruptRecordError(f"{path} key {key}: found where the index has "
                                              f"{want}; the shard is damaged", dataset=self.root,
                                              key=key)
                 for c, suffix in enumerate(names):
-                    if self._in_index[c]:
-                        group[suffix] = self._packed(i, c)
+                    if self._in_index[c]:  # its span was checked against the packed values
+                        off, size = self._offsets[i, c].tolist()
+                        group[suffix] = bytes(self._values[off: off + size])  # type: ignore[index]
                     elif suffix not in group:  # e.g. a shard cut short: name the source
                         raise self.located(self.corrupt(i, f"{path}: member .{suffix} missing"))
                 crcs = self._crc[i].tolist()
@@ -360,7 +336,8 @@ class WdsReader(DatasetReader):
                     if suffix in group and crc32(group[suffix]) != crcs[c]:
                         raise self.located(self.corrupt(i, f"member {suffix} fails its "
                                                            "checksum"))
-                yield from decode_samples(iter([(key, group)]), self.schema, path)
+                yield key, {f.name: f.decode(group[f.wds_suffix], f"{path} key {key}")
+                            for f in self.schema}
                 i += 1
         if i != r.stop:
             raise self.corrupt(i, f"{path} ends after {i - r.start} of {len(r)} samples")
@@ -373,5 +350,5 @@ class WdsReader(DatasetReader):
 
 
 __all__ = ["CRC_FILE", "INDEX_FIELDS", "INDEX_FILES", "VALUES_FILE", "WdsReader", "WdsWriter",
-           "check_key", "decode_samples", "group_by_key", "tar_members", "ustar_header",
+           "check_key", "group_by_key", "tar_members", "ustar_header",
            "write_index"]

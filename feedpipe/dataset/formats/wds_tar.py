@@ -1,6 +1,6 @@
 """WebDataset tar parts shared by the writer, the reader and the converters that index foreign
 shards: the index file names, member keys, the ustar header, the index files, and the tar
-streaming (members, then samples grouped by key, then stored values).
+streaming (members, then samples grouped by key).
 
 The tar streaming and grouping here are feedpipe's own rather than ``webdataset.tariterators``:
 measured side by side with the same checks (``benchmarks/bench_wds_stream.py``), they stream
@@ -20,7 +20,6 @@ from typing import Any, BinaryIO, Callable, Iterable, Iterator, TypeVar
 import numpy as np
 
 from ...errors import ConfigError, CorruptRecordError, UnsafeDataError
-from ...schema.model import Schema
 from .base import unsafe_name
 
 T = TypeVar("T")
@@ -38,7 +37,6 @@ def check_key(key: str) -> str:
         raise ConfigError(f"WebDataset key {key!r} must be non-empty and contain no '.', '/', "
                           "'\\', whitespace or NUL (the first '.' separates key and suffix)")
     return key
-
 
 
 def write_index(root: Path, nf: int, offsets: list[list[tuple[int, int]]], shard_of: list[int],
@@ -114,15 +112,3 @@ def group_by_key(members: Iterable[tuple[str, T]], path: Path | str = "shard",
         group[suffix] = data
     if group:
         yield key, group  # type: ignore[misc]
-
-
-def decode_samples(groups: Iterator[tuple[str, dict[str, bytes]]], schema: Schema,
-                   path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Map member groups onto schema fields, refusing samples with missing members."""
-    for key, group in groups:
-        stored = {}
-        for f in schema:
-            if f.wds_suffix not in group:
-                raise CorruptRecordError(f"{path} key {key}: member .{f.wds_suffix} missing")
-            stored[f.name] = f.decode(group[f.wds_suffix], f"{path} key {key}")
-        yield key, stored
