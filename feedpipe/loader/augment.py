@@ -27,7 +27,7 @@ import torch
 from ..errors import ConfigError, FeedpipeError, TransformError
 from ..schema.fields import Field
 from .foreign import batch_step
-from .photometric import Params, from_work, gray, jitter_by_order, jitter_by_position, to_work
+from .photometric import Params, from_work, gray, jitter, to_work
 
 Batch = dict[str, Any]
 Step = Callable[[Batch, torch.Generator], Batch]
@@ -120,11 +120,8 @@ class ColorJitter(_Drawn):
         return p
 
     def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
-        """Each sample's factors in its own order, with no Python loop over samples: on the CPU
-        by groups of samples sharing an order, a few at a time (:func:`jitter_by_order`), else by
-        position in the order (:func:`jitter_by_position`)."""
+        """Each sample's factors in its own order (:func:`.photometric.jitter`)."""
         x = _image(batch, "ColorJitter", rgb=True)
-        jitter = jitter_by_order if x.device.type == "cpu" else jitter_by_position
         return {**batch, "image": jitter(x, params, out=x if inplace else None)}
 
 
