@@ -137,11 +137,6 @@ class MixOrder(OrderSpec):
         return int(self.epoch_size) if self.epoch_size is not None else int(sum(self.sizes))
 
 
-def mix_order(reader: MixedReader, cfg: LoaderConfig, epoch: int) -> np.ndarray:
-    """The epoch's global order: mixed (global) indices, ``epoch_size`` of them."""
-    return MixOrder.of(reader, cfg).build(len(reader), None, seed=cfg.seed, epoch=epoch)[0]
-
-
 def open_mix(sources: Sources, cfg: LoaderConfig) -> MixedReader:
     """``make_loader``'s mix: open each path, check the schemas on the fields to read."""
     named = dict(sources) if isinstance(sources, Mapping) else None
