@@ -158,6 +158,18 @@ def _not_given(name: str, given: list[str], collected: Sequence[str]) -> str:
             + "; it may change those only (load a field with fields= to change it)")
 
 
+def check_fields(reader: DatasetReader, fields: Sequence[str]) -> None:
+    """Refuse field names the dataset lacks, all of them at once (a misspelt one is the error,
+    whatever else is wrong), each with its did-you-mean."""
+    unknown = [name for name in fields if name not in reader.schema]
+    if unknown:
+        near = {n: difflib.get_close_matches(n, reader.schema.names, 1) for n in unknown}
+        said = ", ".join(f"{n!r}" + (f" (did you mean {near[n][0]!r}?)" if near[n] else "")
+                         for n in unknown)
+        raise ConfigError(f"fields: {said} not in the dataset; it has {reader.schema.names}",
+                          option="fields")
+
+
 def raise_carried(batch: dict[str, Any]) -> None:
     """Raise the typed error a worker sent in place of a batch (see ``__getitems__``), with its
     key, file, cause and the worker's traceback (a note)."""
@@ -200,13 +212,7 @@ class BatchDataset(torch.utils.data.Dataset):
                               "affine= resamples the decoded image: use decode_on='cpu'",
                               option="decode_on")
         self.columns: list[_Column] = []
-        unknown = [name for name in fields if name not in reader.schema]
-        if unknown:  # all names first: a misspelt field is the error, whatever comes before it
-            near = {n: difflib.get_close_matches(n, reader.schema.names, 1) for n in unknown}
-            said = ", ".join(f"{n!r}" + (f" (did you mean {near[n][0]!r}?)" if near[n] else "")
-                             for n in unknown)
-            raise ConfigError(f"fields: {said} not in the dataset; it has "
-                              f"{reader.schema.names}", option="fields")
+        check_fields(reader, fields)
         for name in fields:
             f = reader.schema[name]
             dtype: np.dtype | None = None

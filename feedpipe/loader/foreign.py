@@ -156,11 +156,16 @@ def batch_step(step: Any, fields: Sequence[Field] | None) -> Any:
 
 
 # --- writing the library's results back ---------------------------------------------------------
+def _tensor(value: Any) -> torch.Tensor:
+    """A returned array or tensor (a ``tv_tensors`` subclass too) as a plain tensor."""
+    return torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) \
+        else value.as_subclass(torch.Tensor)
+
+
 def _image_back(value: Any, hwc: bool) -> torch.Tensor:
     """A returned image as C×H×W uint8: from H×W×C (numpy, ``hwc``) or C×H×W (a tensor); a float
     image in [0, 1] rounded to levels (normalizing is the loader's: ``Output(mean=, std=)``)."""
-    t = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) \
-        else value.as_subclass(torch.Tensor)
+    t = _tensor(value)
     if hwc and isinstance(value, np.ndarray) and t.ndim == 3:
         t = t.permute(2, 0, 1)
     elif t.ndim == 2:
@@ -179,8 +184,7 @@ def _image_back(value: Any, hwc: bool) -> torch.Tensor:
 def _like(value: Any, view: torch.Tensor) -> torch.Tensor:
     """A returned mask or target with the row's dtype (a float result of an integer mask is
     rounded: a library resamples masks in float)."""
-    t = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) \
-        else value.as_subclass(torch.Tensor)
+    t = _tensor(value)
     if t.dtype != view.dtype and t.is_floating_point() and not view.is_floating_point():
         t = t.round()
     return t.to(view.dtype).reshape(view.shape) if t.numel() == view.numel() else t
@@ -352,26 +356,25 @@ class _Torchvision:
         for n in spec.images:
             out[n] = self._image(res[n], data[n])
         for n in spec.spatial:
-            m = res[n].as_subclass(torch.Tensor)
+            m = _tensor(res[n])
             out[n] = _like(m if data[n].ndim == 2 + lead else m.movedim(lead, -1), data[n])
         new_hw = tuple(res[spec.images[0]].shape[-2:])
         if self.batched:
             for n in spec.points:
-                xy = res[n].as_subclass(torch.Tensor) + 0.5
+                xy = _tensor(res[n]) + 0.5
                 out[n] = xy
                 out[f"{n}_visible"] = _visible(xy, data[f"{n}_visible"], *new_hw)
         elif spec.points or spec.boxes:
-            points = (res["keypoints"].as_subclass(torch.Tensor) + 0.5).numpy() \
-                if spec.points else g.points
+            points = (_tensor(res["keypoints"]) + 0.5).numpy() if spec.points else g.points
             kept = res["labels"].numpy() if spec.boxes else np.zeros(0, np.int64)
-            boxes = res["boxes"].as_subclass(torch.Tensor).numpy() if spec.boxes else g.boxes
+            boxes = _tensor(res["boxes"]).numpy() if spec.boxes else g.boxes
             out.update(g.back(data, spec, points, boxes, kept, new_hw))
         return out
 
     def _image(self, value: Any, given: torch.Tensor) -> torch.Tensor:
         if not self.batched:
             return _image_back(value, False)
-        t = value.as_subclass(torch.Tensor)  # the batch's dtype: uint8 or float in [0, 1]
+        t = _tensor(value)  # the batch's dtype: uint8 or float in [0, 1]
         if given.dtype == torch.uint8 and t.is_floating_point():
             t = t.mul(255).round_().clamp_(0, 255)
         return t.to(given.dtype)
@@ -474,16 +477,15 @@ class _OneSample:
 
     def __call__(self, sample: Batch, rng: np.random.Generator) -> Batch:
         spec = self.step.spec
-        batch = {n: sample[n][None] for n in (*spec.images, *spec.spatial, *spec.points)}
-        batch.update({f"{n}_visible": sample[f"{n}_visible"][None] for n in spec.points})
+        keys = (*spec.images, *spec.spatial, *spec.points, *(f"{n}_visible" for n in spec.points))
+        batch = {n: sample[n][None] for n in keys}
         for n, attrs in spec.boxes:
             for key in (n, *spec.int_keys(n, attrs)):
                 batch[key] = sample[key][None]
             batch[f"{n}_count"] = torch.tensor([len(sample[n])])
         gen = torch.Generator().manual_seed(int(rng.integers(1 << 62)))
         res = self.step(batch, gen)
-        out = {n: res[n][0] for n in (*spec.images, *spec.spatial, *spec.points)}
-        out.update({f"{n}_visible": res[f"{n}_visible"][0] for n in spec.points})
+        out = {n: res[n][0] for n in keys}
         for n, attrs in spec.boxes:
             k = int(res[f"{n}_count"][0])
             for key in (n, *spec.int_keys(n, attrs)):

@@ -171,7 +171,8 @@ class Collector:
         if isinstance(f, KeypointsField):
             points, visible = self._keypoints_moved(f) if moved is None \
                 else (moved.values, moved.visible)
-            return self._keypoints(f, points, visible)  # type: ignore[arg-type]
+            return {f.name: torch.from_numpy(points),
+                    f"{f.name}_visible": torch.from_numpy(visible)}  # type: ignore[arg-type]
         if isinstance(f, BoxesField):
             if moved is None:
                 return self._boxes(f, *self._boxes_moved(f))
@@ -206,10 +207,6 @@ class Collector:
             out[flip] = out[flip][:, perm]
             visible[flip] = visible[flip][:, perm]
         return out, visible
-
-    def _keypoints(self, f: KeypointsField, points: np.ndarray,
-                   visible: np.ndarray) -> dict[str, Any]:
-        return {f.name: torch.from_numpy(points), f"{f.name}_visible": torch.from_numpy(visible)}
 
     # --- boxes ----------------------------------------------------------------------------------
     def _boxes_moved(self, f: BoxesField) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -27,6 +27,7 @@ from ...schema.fields import ImageField
 from ...schema.geometric import BoxesField, KeypointsField
 from ...schema.masks import MaskField, TargetField
 from ..config import Crop, LoaderConfig
+from ..dataset import check_fields
 from ..geometry import CROP_ATTEMPTS, Framing
 from ..gpu import driver_cuda
 from ..sampler import PlanSampler, Segment, World, rng_for
@@ -151,10 +152,7 @@ def dali_fields(reader: DatasetReader, cfg: LoaderConfig) -> tuple[str, tuple[st
     """(the image field DALI decodes, the fields read on the host), or a ConfigError saying why
     the DALI backend cannot serve this request."""
     fields = cfg.fields_in(reader.schema)
-    for name in fields:
-        if name not in reader.schema:
-            raise ConfigError(f"fields: {name!r} is not in the dataset; it has "
-                              f"{reader.schema.names}", option="fields")
+    check_fields(reader, fields)
     images = [n for n in fields if isinstance(reader.schema[n], ImageField)]
     spatial = [n for n in fields if isinstance(reader.schema[n], (MaskField, TargetField))]
     if len(images) != 1:
