@@ -160,6 +160,27 @@ def warp_linear(vals: torch.Tensor, hw: tuple[int, ...], m: Matrix,
     return res[..., 0] if vals.ndim == 2 else res, outside if bool(outside.any()) else None
 
 
+def picked_into(out: np.ndarray, picked: np.ndarray, field: TargetField) -> None:
+    """A target's nearest-sampled values into ``out``: as stored, or dequantized to float."""
+    if out.dtype == picked.dtype:
+        np.copyto(out, picked)
+    else:
+        np.copyto(out, picked.astype(np.float32) * np.float32(field.scale)
+                  + np.float32(field.offset))
+
+
+def dequantized(vals: torch.Tensor, field: TargetField, scale: float | None) -> torch.Tensor:
+    """A target's resampled values dequantized; distances times the map's geometric ``scale``
+    and re-clipped to the truncation bounds (None: the map scales nothing)."""
+    if field.scale != 1.0 or field.offset != 0.0:
+        vals.mul_(field.scale).add_(field.offset)
+    if scale is not None and field.rescale == "distance":
+        vals.mul_(scale)
+        if field.clip is not None:
+            vals.clamp_(field.clip[0], field.clip[1])
+    return vals
+
+
 def warp_target(region: np.ndarray, field: TargetField, geo: Geometry, out: np.ndarray,
                 mask_fill: int) -> None:
     """``ImageOp.apply_target`` under an affine: the crop's ``region`` of a target sampled
@@ -170,21 +191,11 @@ def warp_target(region: np.ndarray, field: TargetField, geo: Geometry, out: np.n
     assert m is not None
     if field.interp == "nearest":
         rows, cols, inside = nearest_points(m, geo.flip, *hw, *region.shape[:2])
-        picked = region[rows, cols]
-        if out.dtype == picked.dtype:
-            np.copyto(out, picked)
-        else:
-            np.copyto(out, picked.astype(np.float32) * np.float32(field.scale)
-                      + np.float32(field.offset))
+        picked_into(out, region[rows, cols], field)
         out[~inside] = mask_fill if out.dtype.kind in "iu" else 0
         return
     vals, outside = warp_linear(torch.from_numpy(region.astype(np.float32)), hw, m, geo.flip)
-    if field.scale != 1.0 or field.offset != 0.0:
-        vals.mul_(field.scale).add_(field.offset)
-    if field.rescale == "distance":
-        vals.mul_(math.sqrt(hw[0] / geo.height * hw[1] / geo.width) * area_scale(m))
-        if field.clip is not None:
-            vals.clamp_(field.clip[0], field.clip[1])
+    dequantized(vals, field, math.sqrt(hw[0] / geo.height * hw[1] / geo.width) * area_scale(m))
     if outside is not None:
         vals[outside] = 0
     torch.from_numpy(out).copy_(vals)

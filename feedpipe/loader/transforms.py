@@ -38,7 +38,7 @@ from ..schema.imaging import (
     strict_decode,
 )
 from ..schema.masks import TargetField
-from .affine import footprint, nearest_points, warp_image, warp_target
+from .affine import dequantized, footprint, nearest_points, picked_into, warp_image, warp_target
 from .affine_params import RandomAffine
 from .config import LoaderConfig
 from .geometry import DCT_MARGIN, Framing, Geometry
@@ -204,22 +204,14 @@ class ImageOp(Framing):
         if field.interp == "nearest":
             if region.shape[:2] != hw:
                 region = _nearest(region, hw)
-            region = region[:, ::-1] if geo.flip else region
-            if out.dtype == region.dtype:
-                np.copyto(out, region)
-            else:
-                np.copyto(out, region.astype(np.float32) * np.float32(field.scale)
-                          + np.float32(field.offset))
+            picked_into(out, region[:, ::-1] if geo.flip else region, field)
             return
         vals = _as_float(region)  # torch from here on: its vectorized kernels beat numpy's here
-        if region.shape[:2] != hw:
+        resized = region.shape[:2] != hw
+        if resized:
             vals = _resize_t(vals, hw)
-        if field.scale != 1.0 or field.offset != 0.0:
-            vals.mul_(field.scale).add_(field.offset)
-        if region.shape[:2] != hw and field.rescale == "distance":
-            vals.mul_(math.sqrt(hw[0] / geo.height * hw[1] / geo.width))
-            if field.clip is not None:
-                vals.clamp_(field.clip[0], field.clip[1])
+        dequantized(vals, field, math.sqrt(hw[0] / geo.height * hw[1] / geo.width) if resized
+                    else None)
         torch.from_numpy(out).copy_(vals.flip(1) if geo.flip else vals)
 
     def _fits(self, what: str, kind: str, src: tuple[int, ...], out: tuple[int, ...]) -> None:
