@@ -1,18 +1,13 @@
 """Batch augmentations on the batch's device, with per-sample random parameters, vectorized.
 
-Each operation is a frozen dataclass called as ``op(batch, generator) -> batch`` on a dict of
-tensors (``"image"`` N×C×H×W, ``"label"`` N int64). Random numbers come from the CPU generator
-given, so its state alone fixes the batch, on any device: seeded per batch, batches reproduce and
-resume exactly. The work runs where the image is (the GPU for a CUDA batch). ``op.params(batch,
-generator)`` draws the parameters (CPU tensors, a row per sample), ``op.apply(batch, params)``
-applies them. The input batch is never modified: the output is a new dict with new tensors
-(``apply(..., inplace=True)``: ColorJitter, RandomGrayscale and RandomErasing adjust the image
-given; :class:`BatchOps` uses it on the image an earlier built-in step made, which nobody else
-holds, so a chain allocates one new batch, not one per step: fresh pages cost more than the work).
-
-Images: ColorJitter and RandomGrayscale take uint8 (0..255) or float in [0, 1] (before
-normalization); RandomErasing, MixUp and CutMix any dtype. Arithmetic is in float32 (float64 stays)
-and a uint8 result is rounded once at the end, where torchvision truncates after each step.
+Each operation is a frozen dataclass, ``op(batch, generator) -> batch`` on a dict of tensors
+(``"image"`` N×C×H×W, ``"label"`` N int64): ``op.params`` draws from the CPU generator given (its
+state alone fixes the batch, on any device, so batches reproduce and resume), ``op.apply`` runs
+where the image is. The input is never modified, except by ``apply(..., inplace=True)``, which
+:class:`BatchOps` uses on an image an earlier step made (one new batch per chain, not per step:
+fresh pages cost more than the work). ColorJitter and RandomGrayscale take uint8 or float in
+[0, 1]; the others any dtype. Arithmetic is float32 (float64 stays); uint8 is rounded once at the
+end, where torchvision truncates after each step.
 """
 
 from __future__ import annotations

@@ -29,18 +29,11 @@ DCT_MARGIN = 1.5
 
 
 class Geometry(NamedTuple):
-    """Where a sample's output comes from: a box of the full-resolution source, a flip, and the
-    DCT downscale ``dct`` its JPEG decodes at (1: full size).
-
-    As a plan, ``dct`` is what a DCT-scaling decoder (the CPU path) may use; nvJPEG and DALI
-    decode at full size and cut the box as planned. As a result (``ImageOp.apply``), the box is
-    :meth:`snapped` to the scale actually decoded, so masks and targets are cut from exactly the
-    region the image shows.
-
-    ``affine`` (``ImageOp(affine=RandomAffine(...))``): the sample's rotation / scale /
-    translation / shear as the forward matrix on the output canvas, applied after the flip
-    (None: none); images, masks, targets, keypoints and boxes all go through it.
-    """
+    """Where a sample's output comes from: a box of the full-resolution source, a flip, the DCT
+    downscale ``dct`` a DCT-scaling decoder may use (nvJPEG and DALI decode at full size), and
+    ``affine``, the forward matrix on the output canvas after the flip (None: none). As a result
+    of ``ImageOp.apply`` the box is :meth:`snapped` to the scale decoded, so masks and targets are
+    cut from exactly the region the image shows."""
 
     top: int
     left: int
