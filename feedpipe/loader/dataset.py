@@ -111,7 +111,7 @@ def target_batch_dtype(f: TargetField) -> np.dtype:
 
 def _write_back(view: torch.Tensor, value: Any, name: str) -> None:
     """Copy a transform's new value of a stacked field into the batch row: same shape and dtype
-    only (a float image or an H×W×C array would otherwise be cast or reshaped silently)."""
+    only (no silent cast or reshape)."""
     t = torch.as_tensor(value)
     if t.shape != view.shape or t.dtype != view.dtype:
         raise ValueError(f"returned {name!r} as {t.dtype} {tuple(t.shape)}; the batch holds "
@@ -191,7 +191,6 @@ class BatchDataset(torch.utils.data.Dataset):
                  max_pixels: int | None = None, ragged: Ragged = "pad",
                  min_box_fraction: float = 0.0,
                  transform: Callable[..., Any] | None = None) -> None:
-        # each limit: the caller's, else the one the converter recorded, else the default
         recorded = reader.decode_limits()
         op = replace(op, max_pixels=int(max_pixels or recorded.get("max_pixels")
                                         or DEFAULT_MAX_PIXELS),
@@ -199,13 +198,10 @@ class BatchDataset(torch.utils.data.Dataset):
                      max_pixels_per_byte=op.max_pixels_per_byte
                      or recorded.get("max_pixels_per_byte") or DEFAULT_MAX_PIXELS_PER_BYTE)
         self.reader, self.op, self.seed, self.on_error = reader, op, seed, on_error
-        # decode on the device: images leave the worker still encoded (see device_decode.py)
-        self.encoded_images = encoded_images
+        self.encoded_images = encoded_images  # decoded on the device (see device_decode.py)
         self.ragged, self.min_box_fraction = ragged, min_box_fraction
         self._rngs = SampleRngs()  # each sample's generator for transform (reused: see there)
-        # the images' conversion here (torch/convert.py, set by the torch backend on a CPU
-        # device): uint8 images decoded apart, then converted into the slot
-        self.convert: Conversion | None = None
+        self.convert: Conversion | None = None  # images converted here (set by the torch backend)
         self._decoded: dict[str, np.ndarray] = {}
         if encoded_images and op.affine is not None:
             raise ConfigError("decode_on='device' leaves images encoded in the workers, where "
@@ -252,18 +248,14 @@ class BatchDataset(torch.utils.data.Dataset):
                 shape = None
             self.columns.append(_Column(f, shape, dtype))
         check_keys([c.field for c in self.columns], ragged)
-        # another library's transform (albumentations, torchvision, Kornia) adapted to the
-        # sample; the user's own function as it is
         self.transform = None if transform is None \
             else sample_transform(transform, [c.field for c in self.columns])
         # the image goes first: its decode fixes the geometry the masks and targets follow
         self.columns.sort(key=lambda c: not isinstance(c.field, ImageField))
         self.names = [c.field.name for c in self.columns]
-        # (name, role, field) per column: fill() dispatches on the role, not on isinstance
         self._roles: list[tuple[str, Role, Any]] = [(c.field.name, c.role(encoded_images), c.field)
                                                     for c in self.columns]
-        # output ring (set by the torch backend: shared memory with workers, plain memory
-        # in-process on CPU): reusing these pages avoids faulting in fresh ones for every batch
+        # the output ring (set by the torch backend): reused pages, not fresh ones every batch
         self.slots: dict[str, list[torch.Tensor]] = {}
 
     def __len__(self) -> int:

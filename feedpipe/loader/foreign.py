@@ -2,23 +2,17 @@
 torchvision ``transforms.v2`` transform or a Kornia augmentation as ``transform=`` (per sample,
 in the workers) or ``batch_transforms=`` (per batch, on the device).
 
-An object is recognised by the module of its class (none of these libraries is imported here:
-an adapter imports its library once it holds one of its objects). The adapter hands the library
-the sample or batch in the layout and dtype it takes (albumentations: H×W×C uint8 numpy;
-torchvision: C×H×W tensors as ``tv_tensors``; Kornia: float N×C×H×W in [0, 1]) with the masks,
-targets, keypoints and boxes that follow the image, and writes the results back in feedpipe's.
+An object is recognised by the module of its class (a library is imported only once the adapter
+holds one of its objects), given the sample or batch in the layout and dtype it takes, with the
+masks, targets, keypoints and boxes that follow the image, and its results written back.
 
 Seeding: the draws come from feedpipe's per-sample or per-batch generator, so batches do not
-depend on ``num_workers`` and a resume repeats them. albumentations 2 draws from the generators
-its transforms hold (``set_random_state``): the adapter's copy of the transform holds its own,
-set per sample. torchvision and Kornia draw from torch's global generators: the adapter runs
-them under :class:`Seeded`, a torch function mode (thread-local), which hands each random draw
-made without a generator the adapter's own, seeded per call. The global generators are never
-touched, so the training thread's draws and the loader's (in its feed thread) stay apart.
+depend on ``num_workers`` and a resume repeats them: albumentations 2 through the generators its
+transforms hold (``set_random_state``, on the adapter's copy); torchvision and Kornia, which draw
+from torch's global generators, under :class:`Seeded` (thread-local), which leaves those alone.
 
-Coordinates: feedpipe's pixel ``i`` covers ``[i, i+1)`` (a flip maps x to W - x). The libraries
-put keypoints' pixel centres at integers (a flip maps x to W - 1 - x), and Kornia box corners
-too, so those cross with a half-pixel shift.
+Coordinates: feedpipe's pixel ``i`` covers ``[i, i+1)``; the libraries put keypoints' pixel
+centres (and Kornia box corners) at integers, so those cross with a half-pixel shift.
 """
 
 from __future__ import annotations
@@ -51,8 +45,7 @@ _RANDOM = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.rand_li
 
 class Seeded(TorchFunctionMode):
     """Within it (this thread only), torch's random draws made without a generator draw from
-    this mode's, one per device type, seeded from ``seed``: a library that draws from the
-    global generators draws reproducibly, and the global generators are left as they were."""
+    this mode's, one per device, seeded from ``seed``; the global generators are left alone."""
 
     def __init__(self, seed: int) -> None:
         super().__init__()
@@ -240,9 +233,8 @@ class _Gathered:
 
 # --- albumentations -------------------------------------------------------------------------------
 class _Albumentations:
-    """An albumentations transform (a Compose or one transform) on each sample: the image as
-    H×W×C uint8, masks and targets as ``mask`` targets, keypoints as ``xy`` and boxes as
-    ``pascal_voc`` through an outer Compose, seeded per sample through ``set_random_state``."""
+    """An albumentations transform on each sample: H×W×C uint8 images, masks and targets as
+    ``mask`` targets, ``xy`` keypoints and ``pascal_voc`` boxes through an outer Compose."""
 
     def __init__(self, obj: Any, spec: Fields) -> None:
         import albumentations as A
@@ -304,10 +296,9 @@ class _Albumentations:
 
 # --- torchvision ----------------------------------------------------------------------------------
 class _Torchvision:
-    """A torchvision ``transforms.v2`` transform on each sample (or on the batch, one draw for
-    all as torchvision does): images as ``tv_tensors.Image``, masks and targets as ``Mask``,
-    keypoints as ``KeyPoints`` and boxes as XYXY ``BoundingBoxes`` with their index as
-    ``labels`` (so SanitizeBoundingBoxes drops their labels too); under :class:`Seeded`."""
+    """A torchvision ``transforms.v2`` transform on each sample (or the batch: one draw for all,
+    as torchvision): ``tv_tensors`` in, boxes XYXY with their index as ``labels`` (so
+    SanitizeBoundingBoxes drops their labels too)."""
 
     def __init__(self, obj: Any, spec: Fields, option: str, batched: bool) -> None:
         from torchvision import tv_tensors
@@ -382,12 +373,9 @@ class _Torchvision:
 
 # --- Kornia ---------------------------------------------------------------------------------------
 class _Kornia:
-    """A Kornia augmentation (or ``AugmentationSequential``) on the batch, a step
-    ``(batch, generator) -> batch``: images as float N×C×H×W in [0, 1], inside an
-    ``AugmentationSequential`` whose data keys carry the masks and targets (as float masks),
-    keypoints and xyxy boxes, under :class:`Seeded`. Boxes a transform moves wholly off the
-    canvas are dropped (the rest clipped); the image is written back where it was, in the
-    batch's dtype and memory layout."""
+    """A Kornia augmentation on the batch: float N×C×H×W images in [0, 1], with the masks,
+    targets, keypoints and xyxy boxes as an ``AugmentationSequential``'s data keys. Boxes moved
+    wholly off the canvas are dropped (the rest clipped); the image is written back in place."""
 
     def __init__(self, obj: Any, spec: Fields, option: str) -> None:
         import kornia.augmentation as K
