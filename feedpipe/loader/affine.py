@@ -1,23 +1,15 @@
 """Rotation, scale, translation and shear (torchvision's ``RandomAffine``), executed in the same
 single resampling step as the crop.
 
-Semantics: the output is what ``Compose([crop + resize, horizontal flip, RandomAffine(...)])``
-would give: the affine acts on the output canvas (oh×ow) around its centre, and whatever it brings
-in from outside the crop is ``fill``. The crop + resize + flip and the affine are one matrix, and
-each output pixel centre is mapped straight into the decoded crop region and sampled there once,
-bilinearly (``grid_sample``): never resized, then warped (only low-passed first where it shrinks,
-see below).
+The output is what ``Compose([crop + resize, flip, RandomAffine(...)])`` would give (the affine
+on the output canvas around its centre, ``fill`` where it brings in nothing), but crop, resize,
+flip and affine are one matrix: each output pixel centre is sampled once, bilinearly, in the
+decoded crop. Coordinates are ``labels.py``'s; the forward matrix rides in the sample's
+:class:`~feedpipe.loader.geometry.Geometry`, so keypoints and boxes get exactly the image's.
 
-Coordinates are those of ``labels.py``: pixel ``i`` covers ``[i, i+1)``, centres at ``i + 0.5``.
-A sample's affine is carried by its :class:`~feedpipe.loader.geometry.Geometry` as the forward
-2×3 matrix on the output canvas (after the flip), so keypoints and boxes apply exactly the matrix
-the image was sampled with.
-
-Antialiasing: bilinear sampling aliases when it reduces, so where the composed map still
-shrinks the decoded region by more than :data:`AA_ABOVE` region pixels per output pixel along an
-axis (after the JPEG DCT-domain downscale, which the plan chooses from the composed scale), the
-region is first reduced along that axis with the antialiased (triangle) filter, the crop path's
-own, to :data:`AA_ABOVE` pixels per output pixel; see docs/transforms.md for the measurements.
+Bilinear sampling aliases when it reduces: where the map shrinks the region by more than
+:data:`AA_ABOVE` pixels per output pixel along an axis, the region is first reduced to that
+density with the crop path's antialiased filter (docs/transforms.md has the measurements).
 """
 
 from __future__ import annotations
