@@ -1,14 +1,11 @@
 """Decode and geometric augmentation of one image straight into its slot of the batch buffer,
 and the same geometry applied to the sample's mask (nearest) and per-pixel targets.
 
-The fastest JPEG path installed is used (``imaging.jpeg_path``): with pillow-simd, Pillow's
-``draft`` (DCT-domain 1/2-1/4-1/8 downscale) plus its SIMD resize of the crop box; otherwise
-simplejpeg (libjpeg-turbo) with the same power-of-two DCT downscale (libjpeg-turbo's other M/8
-factors decode slower than full size) followed by torch's uint8 antialiased bilinear resize, which
-matches Pillow's BILINEAR and runs faster than stock Pillow's resize (benchmarks/RESULTS.md).
-
-A sample with an affine (``ImageOp(affine=RandomAffine(...))``, see ``affine.py``) is sampled
-from the same decoded region through one composed matrix instead of the resize.
+JPEGs take the fastest path installed (``imaging.jpeg_path``): pillow-simd's ``draft`` (DCT
+downscale) and SIMD resize, else simplejpeg with the same power-of-two DCT downscale (its other
+M/8 factors decode slower than full size) and torch's uint8 antialiased resize, which matches
+Pillow's BILINEAR faster (benchmarks/RESULTS.md). An affine (``affine.py``) samples the same
+decoded region through one composed matrix instead of the resize.
 """
 
 from __future__ import annotations
@@ -43,7 +40,6 @@ from .affine_params import RandomAffine
 from .config import LoaderConfig
 from .geometry import DCT_MARGIN, Framing, Geometry
 
-# geometry's two and affine's option re-exported
 __all__ = ["DCT_MARGIN", "JPEG_PATH", "Geometry", "ImageOp", "RandomAffine"]
 
 JPEG_PATH = jpeg_path()
