@@ -1,10 +1,9 @@
 """One description of a sample's geometry, decided once and executed by every decoder.
 
 :meth:`Framing.plan` turns an image's size (from its header) and the batch's seeded generator into
-a :class:`Geometry`: the crop box in source pixels, the flip, and the power-of-two DCT downscale a
-JPEG decoder may apply. The CPU path (``transforms.ImageOp``), nvJPEG (``torch/device_decode.py``)
-and DALI (``dali/pipeline.PlanSource``) all execute that plan, so the same (seed, epoch, rank,
-batch) gives the same crops and flips whichever decodes. Draw order per sample: box, then flip.
+a :class:`Geometry`; the CPU path (``transforms.ImageOp``), nvJPEG (``torch/device_decode.py``)
+and DALI (``dali/pipeline.PlanSource``) all execute it, so the same (seed, epoch, rank, batch)
+gives the same crops and flips whichever decodes. Draw order per sample: box, then flip.
 """
 
 from __future__ import annotations

@@ -67,15 +67,12 @@ ADJUST: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] =
 def jitter(x: torch.Tensor, params: Params, out: torch.Tensor | None = None,
            unit: bool = False) -> torch.Tensor:
     """Each sample's factors in its own order, a block of samples at a time, into ``out`` (a new
-    tensor by default; ``x`` itself works: a block reads and writes only its rows). At each
-    position in the order each factor runs once, on the block's rows that apply it there
-    (gathered and written back unless all do). On the CPU (:data:`BY_ORDER`) a block is
-    :data:`CPU_BLOCK` bytes of samples sharing an order (at most 24 orders), converted, adjusted
-    and written back while in the cache (fewest passes over memory); on a GPU, the whole batch
-    (fewest kernel launches).
-    ``unit``: uint8 ``x`` is read as ``x.float() * (1 / 255)`` (the values of the float image
-    made from it), adjusted in [0, 1] and written into the float ``out``: the loader's float
-    image without a pass of its own, and a quarter of the bytes read."""
+    tensor by default; ``x`` itself works). At each position in the order each factor runs once,
+    on the block's rows that apply it there. On the CPU (:data:`BY_ORDER`) a block is
+    :data:`CPU_BLOCK` bytes of samples sharing an order, adjusted while in the cache (fewest
+    passes over memory); on a GPU, the whole batch (fewest kernel launches). ``unit``: uint8
+    ``x`` is read as ``x.float() * (1 / 255)`` into the float ``out``: the loader's float image
+    without a pass of its own."""
     names, order = [k for k in params if k != "order"], params["order"]
     out = torch.empty_like(x) if out is None else out
     scaled = unit and x.dtype == torch.uint8
