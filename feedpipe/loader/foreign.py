@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import ConfigError
 from ..schema.fields import Field
-from .labels import PAD_LABEL
+from .labels import PAD_LABEL, batch_keys
 
 LIBRARIES = ("albumentations", "torchvision", "kornia")
 Batch = dict[str, Any]
@@ -89,22 +89,19 @@ class Fields:
     masks: tuple[str, ...]     # integer masks (nearest)
     targets: tuple[str, ...]   # dense targets (H×W or H×W×C): resampled as masks
     points: tuple[str, ...]    # keypoints: ``name`` K×2, ``name_visible`` K
-    boxes: tuple[tuple[str, tuple[str, ...]], ...]  # (name, attrs): ``name`` M×4 xyxy + ints
+    boxes: tuple[tuple[str, tuple[str, ...]], ...]  # (name, its label and attribute keys)
 
     @classmethod
     def of(cls, fields: Sequence[Field]) -> Fields:
         by = {k: tuple(f.name for f in fields if f.kind == k)
               for k in ("image", "mask", "target", "keypoints")}
-        boxes = tuple((f.name, tuple(getattr(f, "attrs", ()))) for f in fields
+        boxes = tuple((f.name, tuple(batch_keys(f, "pad")[1:-1])) for f in fields
                       if f.kind == "boxes")
         return cls(by["image"], by["mask"], by["target"], by["keypoints"], boxes)
 
     @property
     def spatial(self) -> tuple[str, ...]:
         return self.masks + self.targets
-
-    def int_keys(self, name: str, attrs: tuple[str, ...]) -> list[str]:
-        return [f"{name}_labels", *(f"{name}_{a}" for a in attrs)]
 
 
 def _refuse(option: str, obj: object, how: str) -> ConfigError:
@@ -221,12 +218,12 @@ class _Gathered:
             out[n] = xy
             out[f"{n}_visible"] = _visible(xy, sample[f"{n}_visible"], *hw)
         owner = self.owner[kept]
-        for j, (n, attrs) in enumerate(spec.boxes):
+        for j, (n, keys) in enumerate(spec.boxes):
             mine = owner[:, 0] == j
             out[n] = torch.from_numpy(np.ascontiguousarray(boxes[mine], np.float32)
                                       .reshape(-1, 4))
             rows = owner[mine, 1]
-            for key in spec.int_keys(n, attrs):
+            for key in keys:
                 out[key] = sample[key][torch.from_numpy(rows)]
         return out
 
@@ -419,8 +416,8 @@ class _Kornia:
             xy = res[at] + 0.5
             at += 1
             out[n], out[f"{n}_visible"] = xy, _visible(xy, batch[f"{n}_visible"], *hw)
-        for n, attrs in spec.boxes:
-            out.update(_kept_boxes(batch, n, spec.int_keys(n, attrs), res[at] + 0.5, hw))
+        for n, keys in spec.boxes:
+            out.update(_kept_boxes(batch, n, keys, res[at] + 0.5, hw))
             at += 1
         return out
 
@@ -435,7 +432,7 @@ class _Kornia:
         return x.to(given.dtype)
 
 
-def _kept_boxes(batch: Batch, name: str, int_keys: list[str], boxes: torch.Tensor,
+def _kept_boxes(batch: Batch, name: str, int_keys: tuple[str, ...], boxes: torch.Tensor,
                 hw: tuple[int, ...]) -> Batch:
     """Padded boxes after a transform, clipped to the canvas; those left with no area dropped
     and the rest moved up in order (their labels and attributes with them), padding after."""
@@ -467,15 +464,15 @@ class _OneSample:
         spec = self.step.spec
         keys = (*spec.images, *spec.spatial, *spec.points, *(f"{n}_visible" for n in spec.points))
         batch = {n: sample[n][None] for n in keys}
-        for n, attrs in spec.boxes:
-            for key in (n, *spec.int_keys(n, attrs)):
+        for n, ints in spec.boxes:
+            for key in (n, *ints):
                 batch[key] = sample[key][None]
             batch[f"{n}_count"] = torch.tensor([len(sample[n])])
         gen = torch.Generator().manual_seed(int(rng.integers(1 << 62)))
         res = self.step(batch, gen)
         out = {n: res[n][0] for n in keys}
-        for n, attrs in spec.boxes:
+        for n, ints in spec.boxes:
             k = int(res[f"{n}_count"][0])
-            for key in (n, *spec.int_keys(n, attrs)):
+            for key in (n, *ints):
                 out[key] = res[key][0, :k]
         return out
