@@ -47,7 +47,8 @@ def _pair(v: object, lo: float, hi: float) -> bool:
             and lo <= v[0] <= v[1] <= hi)
 
 
-def _rand(n: int, generator: torch.Generator, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
+def _rand(n: int | tuple[int, ...], generator: torch.Generator, lo: float = 0.0,
+          hi: float = 1.0) -> torch.Tensor:
     return lo + (hi - lo) * torch.rand(n, generator=generator, dtype=torch.float64)
 
 
@@ -180,10 +181,8 @@ class RandomErasing(_Drawn):
         """Per sample, ``box``: (top, left, height, width), height and width 0 where not erased."""
         n, _, h, w = _image(batch, "RandomErasing").shape
         shape, lr = (n, self.TRIES), [math.log(r) for r in self.ratio]
-        area = h * w * (self.scale[0] + (self.scale[1] - self.scale[0])
-                        * torch.rand(shape, generator=generator, dtype=torch.float64))
-        aspect = torch.exp(lr[0] + (lr[1] - lr[0])
-                           * torch.rand(shape, generator=generator, dtype=torch.float64))
+        area = h * w * _rand(shape, generator, *self.scale)
+        aspect = torch.exp(_rand(shape, generator, *lr))
         bh, bw = (area * aspect).sqrt().round().long(), (area / aspect).sqrt().round().long()
         fits = (bh < h) & (bw < w)
         first = fits.to(torch.uint8).argmax(1, keepdim=True)  # the first try that fits
