@@ -113,7 +113,8 @@ class ImageOp(Framing):
             if src is None:
                 return self._fallback(stored, out, rng, what, ((h, w), geo))
             return self._cut(src, out, geo, geo.dct, what)
-        return self._decode_other(stored, codec, out, rng, what)
+        src = decode_rgb(stored, codec, what, self.max_pixels)  # type: ignore[arg-type]
+        return self._cut(src, out, self.plan(src.shape[0], src.shape[1], rng), 1, what)
 
     def decode_planned(self, stored: bytes, geo: Geometry, out: np.ndarray, what: str) -> None:
         """Decode a JPEG at full size, as strictly as :meth:`apply`, and execute ``geo`` unsnapped:
@@ -141,12 +142,6 @@ class ImageOp(Framing):
         else:
             geo = self.plan(src.shape[0], src.shape[1], rng)
         return self._cut(src, out, geo, 1, what)._replace(fallback=True)
-
-    def _decode_other(self, stored: object, codec: str, out: np.ndarray,
-                      rng: np.random.Generator | None, what: str) -> Geometry:
-        """PNG, WebP, ...: ``decode_rgb`` checks the header against ``max_pixels`` first."""
-        src = decode_rgb(stored, codec, what, self.max_pixels)  # type: ignore[arg-type]
-        return self._cut(src, out, self.plan(src.shape[0], src.shape[1], rng), 1, what)
 
     def check_jpeg(self, stored: object, what: str) -> None:
         """``imaging.check_jpeg`` with this op's bounds (a BadInputError from the header)."""
