@@ -75,11 +75,6 @@ class _Column:
     dtype: np.dtype | None = None  # batch dtype of a stacked column
     collect: bool = False  # keypoints, boxes, text, padded arrays: see loader/labels.py
 
-    @property
-    def spatial(self) -> bool:
-        """Follows the image's geometry (crop, resize, flip)."""
-        return isinstance(self.field, (MaskField, TargetField))
-
     def role(self, encoded_images: bool) -> Role:
         """How a sample's value of this column is filled in (decided once, not per sample)."""
         f = self.field
@@ -92,7 +87,6 @@ class _Column:
         if self.collect:
             return "collect"
         return "stack" if self.shape is not None else "list"
-
 
 
 def _torch_int(dt: np.dtype) -> np.dtype:
