@@ -167,7 +167,7 @@ class Collector:
             points, visible = self._keypoints_moved(f) if moved is None \
                 else (moved.values, moved.visible)
             return {f.name: torch.from_numpy(points),
-                    f"{f.name}_visible": torch.from_numpy(visible)}  # type: ignore[arg-type]
+                    f"{f.name}_visible": torch.from_numpy(visible)}
         if isinstance(f, BoxesField):
             if moved is None:
                 return self._boxes(f, *self._boxes_moved(f))
