@@ -426,9 +426,7 @@ class BatchDataset(torch.utils.data.Dataset):
                 else:
                     views[name] = torch.from_numpy(m.values[pos])
                     views[f"{name}_visible"] = torch.from_numpy(m.visible[pos])  # type: ignore[index]
-            sample = {**views, **geo, **{c.field.name: out[c.field.name][pos]
-                                         for c in self.columns
-                                         if c.shape is None and not c.collect}}
+            sample = {**views, **geo, **{name: out[name][pos] for name in listed}}
             given = list(sample)  # (the function may add keys to it in place)
             try:
                 got = fn(sample, rngs(seed, epoch, index))  # type: ignore[misc]
