@@ -137,23 +137,10 @@ class Framing:
     def _dct_factor(ch: int, cw: int, out_hw: tuple[int, ...], margin: float = DCT_MARGIN) -> int:
         """Largest power-of-two DCT downscale (≤ 8) that keeps the scaled crop at least
         ``margin`` times the output on both sides, so the final antialiased resize still does
-        part of the reduction (DCT scaling alone is a cruder filter).
-
-        The margin is chosen by measured error against a float64 antialiased resize of the
-        full-resolution decode (``benchmarks/dct_fidelity.py``, 48 synthetic photos per size,
-        224² out; mean / max absolute levels; full decode: 0.25-0.27 / 1):
-
-        ======================  ===========  ===========  ===========
-        photos, crop            margin 2×    margin 1.5×  margin 1×
-        ======================  ===========  ===========  ===========
-        1280×853, centre        0.27 / 10    0.36 / 10    0.44 / 41
-        1280×853, random        0.26 / 1     0.30 / 10    0.36 / 14
-        2000×1500, centre       0.27 / 5     0.44 / 12    0.44 / 12
-        ======================  ===========  ===========  ===========
-
-        1× lets the DCT do nearly all of the reduction (a 912-px crop decoded at 1/4 = 228 px for
-        224 out) and strays up to 41 levels on point-like detail; 1.5× keeps the worst pixel near
-        the 2× margin's while decoding 1280×853 centre crops at 1/2 (2× never scales them).
+        part of the reduction (DCT scaling alone is a cruder filter). The margin is chosen by
+        measured error (``benchmarks/dct_fidelity.py``, benchmarks/RESULTS.md section 14): 1× lets
+        the DCT do nearly all of it and strays up to 41 levels on point-like detail; 1.5× keeps
+        the worst pixel near 2×'s while decoding 1280×853 centre crops at 1/2 (2× never does).
         """
         f = 1
         while f < 8 and ch // (2 * f) >= margin * out_hw[0] and cw // (2 * f) >= margin * out_hw[1]:
