@@ -3,7 +3,7 @@ side by side in one run, and how long an epoch's plan takes at scale.
 
 1. Loader epochs/s (torch backend, main process, uint8 224² centre crop): one LMDB dataset of
    2N photos against a mix of two N-photo datasets (LMDB + WebDataset), weights 0.5/0.5.
-2. ``mix_order`` for two map-style sources of ``--plan-sizes`` samples (one planned epoch).
+2. ``MixOrder.build`` for two map-style sources of ``--plan-sizes`` samples (one planned epoch).
 
     python benchmarks/bench_mix.py [--images 600] [--rounds 5] [--plan-sizes 4000000 1000000]
 """
@@ -30,7 +30,7 @@ from feedpipe.loader.sampler import rng_for  # noqa: E402
 
 def plan_seconds(sizes: list[int]) -> float:
     """Seconds to plan one shuffled epoch of a two-source mix (the per-source picks and the
-    interleave, as :func:`mix_order` does, without opening datasets)."""
+    interleave, as :class:`MixOrder` does, without opening datasets)."""
     import numpy as np
 
     t = time.perf_counter()

@@ -20,7 +20,7 @@ from feedpipe.dataset.mixed import MixedReader
 from feedpipe.dataset.registry import WRITERS, open_dataset
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import LoaderConfig
-from feedpipe.loader.mixing import epoch_counts, mix_order
+from feedpipe.loader.mixing import MixOrder, epoch_counts
 from feedpipe.loader.sampler import World
 from feedpipe.schema.fields import ArrayField, ImageField, JsonField, LabelField
 from feedpipe.schema.model import Schema
@@ -28,6 +28,11 @@ from feedpipe.schema.model import Schema
 N_OTHER = 30
 KW = dict(size=24, crop="resize", device="cpu",
           fields=["image", "label", "path", "source"], output=Output(dtype="uint8"))
+
+
+def mix_order(reader, cfg, epoch):
+    """The epoch's global order of a mix: mixed (global) indices."""
+    return MixOrder.of(reader, cfg).build(len(reader), None, seed=cfg.seed, epoch=epoch)[0]
 
 
 @pytest.fixture(scope="module")

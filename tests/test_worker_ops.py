@@ -20,8 +20,8 @@ RECIPE = [ColorJitter(0.4, 0.4, 0.4), RandomGrayscale(0.2),
 def counted(monkeypatch) -> list[int]:
     """Calls of ColorJitter's CPU kernel made in this process (workers count in their own)."""
     calls: list[int] = []
-    real = augment.jitter_by_order
-    monkeypatch.setattr(augment, "jitter_by_order",
+    real = augment.jitter
+    monkeypatch.setattr(augment, "jitter",
                         lambda *a, **k: (calls.append(1), real(*a, **k))[1])
     return calls
 
@@ -98,14 +98,14 @@ def test_the_ring_and_the_described_sample_bytes_hold_the_output_images(packed):
 def test_a_first_jitter_reads_the_uint8_image_with_the_float_images_values():
     """In the workers a first ColorJitter reads the uint8 batch as x/255 (no float image made
     first): the values of the jitter of that float image, bit for bit."""
-    from feedpipe.loader.photometric import jitter_by_order
+    from feedpipe.loader.photometric import jitter
 
     u8 = torch.randint(0, 256, (6, 17, 19, 3), dtype=torch.uint8,
                        generator=torch.Generator().manual_seed(4)).permute(0, 3, 1, 2)
     unit = u8.float().mul_(1 / 255)
     op = ColorJitter(0.4, 0.4, 0.4, 0.1)
     params = op.params({"image": unit}, torch.Generator().manual_seed(5))
-    want = jitter_by_order(unit.clone(), params)
+    want = jitter(unit.clone(), params)
     got = torch.empty(6, 17, 19, 3).permute(0, 3, 1, 2)
-    assert jitter_by_order(u8, params, out=got, unit=True) is got
+    assert jitter(u8, params, out=got, unit=True) is got
     assert torch.equal(got, want) and got.max() <= 1

@@ -1,23 +1,15 @@
 """Rotation, scale, translation and shear (torchvision's ``RandomAffine``), executed in the same
 single resampling step as the crop.
 
-Semantics: the output is what ``Compose([crop + resize, horizontal flip, RandomAffine(...)])``
-would give: the affine acts on the output canvas (oh×ow) around its centre, and whatever it brings
-in from outside the crop is ``fill``. The crop + resize + flip and the affine are one matrix, and
-each output pixel centre is mapped straight into the decoded crop region and sampled there once,
-bilinearly (``grid_sample``): never resized, then warped (only low-passed first where it shrinks,
-see below).
+The output is what ``Compose([crop + resize, flip, RandomAffine(...)])`` would give (the affine
+on the output canvas around its centre, ``fill`` where it brings in nothing), but crop, resize,
+flip and affine are one matrix: each output pixel centre is sampled once, bilinearly, in the
+decoded crop. Coordinates are ``labels.py``'s; the forward matrix rides in the sample's
+:class:`~feedpipe.loader.geometry.Geometry`, so keypoints and boxes get exactly the image's.
 
-Coordinates are those of ``labels.py``: pixel ``i`` covers ``[i, i+1)``, centres at ``i + 0.5``.
-A sample's affine is carried by its :class:`~feedpipe.loader.geometry.Geometry` as the forward
-2×3 matrix on the output canvas (after the flip), so keypoints and boxes apply exactly the matrix
-the image was sampled with.
-
-Antialiasing: bilinear sampling aliases when it reduces, so where the composed map still
-shrinks the decoded region by more than :data:`AA_ABOVE` region pixels per output pixel along an
-axis (after the JPEG DCT-domain downscale, which the plan chooses from the composed scale), the
-region is first reduced along that axis with the antialiased (triangle) filter, the crop path's
-own, to :data:`AA_ABOVE` pixels per output pixel; see docs/transforms.md for the measurements.
+Bilinear sampling aliases when it reduces: where the map shrinks the region by more than
+:data:`AA_ABOVE` pixels per output pixel along an axis, the region is first reduced to that
+density with the crop path's antialiased filter (docs/transforms.md has the measurements).
 """
 
 from __future__ import annotations
@@ -160,6 +152,27 @@ def warp_linear(vals: torch.Tensor, hw: tuple[int, ...], m: Matrix,
     return res[..., 0] if vals.ndim == 2 else res, outside if bool(outside.any()) else None
 
 
+def picked_into(out: np.ndarray, picked: np.ndarray, field: TargetField) -> None:
+    """A target's nearest-sampled values into ``out``: as stored, or dequantized to float."""
+    if out.dtype == picked.dtype:
+        np.copyto(out, picked)
+    else:
+        np.copyto(out, picked.astype(np.float32) * np.float32(field.scale)
+                  + np.float32(field.offset))
+
+
+def dequantized(vals: torch.Tensor, field: TargetField, scale: float | None) -> torch.Tensor:
+    """A target's resampled values dequantized; distances times the map's geometric ``scale``
+    and re-clipped to the truncation bounds (None: the map scales nothing)."""
+    if field.scale != 1.0 or field.offset != 0.0:
+        vals.mul_(field.scale).add_(field.offset)
+    if scale is not None and field.rescale == "distance":
+        vals.mul_(scale)
+        if field.clip is not None:
+            vals.clamp_(field.clip[0], field.clip[1])
+    return vals
+
+
 def warp_target(region: np.ndarray, field: TargetField, geo: Geometry, out: np.ndarray,
                 mask_fill: int) -> None:
     """``ImageOp.apply_target`` under an affine: the crop's ``region`` of a target sampled
@@ -170,21 +183,11 @@ def warp_target(region: np.ndarray, field: TargetField, geo: Geometry, out: np.n
     assert m is not None
     if field.interp == "nearest":
         rows, cols, inside = nearest_points(m, geo.flip, *hw, *region.shape[:2])
-        picked = region[rows, cols]
-        if out.dtype == picked.dtype:
-            np.copyto(out, picked)
-        else:
-            np.copyto(out, picked.astype(np.float32) * np.float32(field.scale)
-                      + np.float32(field.offset))
+        picked_into(out, region[rows, cols], field)
         out[~inside] = mask_fill if out.dtype.kind in "iu" else 0
         return
     vals, outside = warp_linear(torch.from_numpy(region.astype(np.float32)), hw, m, geo.flip)
-    if field.scale != 1.0 or field.offset != 0.0:
-        vals.mul_(field.scale).add_(field.offset)
-    if field.rescale == "distance":
-        vals.mul_(math.sqrt(hw[0] / geo.height * hw[1] / geo.width) * area_scale(m))
-        if field.clip is not None:
-            vals.clamp_(field.clip[0], field.clip[1])
+    dequantized(vals, field, math.sqrt(hw[0] / geo.height * hw[1] / geo.width) * area_scale(m))
     if outside is not None:
         vals[outside] = 0
     torch.from_numpy(out).copy_(vals)

@@ -1,18 +1,13 @@
 """Batch augmentations on the batch's device, with per-sample random parameters, vectorized.
 
-Each operation is a frozen dataclass called as ``op(batch, generator) -> batch`` on a dict of
-tensors (``"image"`` N×C×H×W, ``"label"`` N int64). Random numbers come from the CPU generator
-given, so its state alone fixes the batch, on any device: seeded per batch, batches reproduce and
-resume exactly. The work runs where the image is (the GPU for a CUDA batch). ``op.params(batch,
-generator)`` draws the parameters (CPU tensors, a row per sample), ``op.apply(batch, params)``
-applies them. The input batch is never modified: the output is a new dict with new tensors
-(``apply(..., inplace=True)``: ColorJitter, RandomGrayscale and RandomErasing adjust the image
-given; :class:`BatchOps` uses it on the image an earlier built-in step made, which nobody else
-holds, so a chain allocates one new batch, not one per step: fresh pages cost more than the work).
-
-Images: ColorJitter and RandomGrayscale take uint8 (0..255) or float in [0, 1] (before
-normalization); RandomErasing, MixUp and CutMix any dtype. Arithmetic is in float32 (float64 stays)
-and a uint8 result is rounded once at the end, where torchvision truncates after each step.
+Each operation is a frozen dataclass, ``op(batch, generator) -> batch`` on a dict of tensors
+(``"image"`` N×C×H×W, ``"label"`` N int64): ``op.params`` draws from the CPU generator given (its
+state alone fixes the batch, on any device, so batches reproduce and resume), ``op.apply`` runs
+where the image is. The input is never modified, except by ``apply(..., inplace=True)``, which
+:class:`BatchOps` uses on an image an earlier step made (one new batch per chain, not per step:
+fresh pages cost more than the work). ColorJitter and RandomGrayscale take uint8 or float in
+[0, 1]; the others any dtype. Arithmetic is float32 (float64 stays); uint8 is rounded once at the
+end, where torchvision truncates after each step.
 """
 
 from __future__ import annotations
@@ -27,7 +22,7 @@ import torch
 from ..errors import ConfigError, FeedpipeError, TransformError
 from ..schema.fields import Field
 from .foreign import batch_step
-from .photometric import Params, from_work, gray, jitter_by_order, jitter_by_position, to_work
+from .photometric import Params, from_work, gray, jitter, to_work
 
 Batch = dict[str, Any]
 Step = Callable[[Batch, torch.Generator], Batch]
@@ -52,7 +47,8 @@ def _pair(v: object, lo: float, hi: float) -> bool:
             and lo <= v[0] <= v[1] <= hi)
 
 
-def _rand(n: int, generator: torch.Generator, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:
+def _rand(n: int | tuple[int, ...], generator: torch.Generator, lo: float = 0.0,
+          hi: float = 1.0) -> torch.Tensor:
     return lo + (hi - lo) * torch.rand(n, generator=generator, dtype=torch.float64)
 
 
@@ -120,11 +116,8 @@ class ColorJitter(_Drawn):
         return p
 
     def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
-        """Each sample's factors in its own order, with no Python loop over samples: on the CPU
-        by groups of samples sharing an order, a few at a time (:func:`jitter_by_order`), else by
-        position in the order (:func:`jitter_by_position`)."""
+        """Each sample's factors in its own order (:func:`.photometric.jitter`)."""
         x = _image(batch, "ColorJitter", rgb=True)
-        jitter = jitter_by_order if x.device.type == "cpu" else jitter_by_position
         return {**batch, "image": jitter(x, params, out=x if inplace else None)}
 
 
@@ -188,10 +181,8 @@ class RandomErasing(_Drawn):
         """Per sample, ``box``: (top, left, height, width), height and width 0 where not erased."""
         n, _, h, w = _image(batch, "RandomErasing").shape
         shape, lr = (n, self.TRIES), [math.log(r) for r in self.ratio]
-        area = h * w * (self.scale[0] + (self.scale[1] - self.scale[0])
-                        * torch.rand(shape, generator=generator, dtype=torch.float64))
-        aspect = torch.exp(lr[0] + (lr[1] - lr[0])
-                           * torch.rand(shape, generator=generator, dtype=torch.float64))
+        area = h * w * _rand(shape, generator, *self.scale)
+        aspect = torch.exp(_rand(shape, generator, *lr))
         bh, bw = (area * aspect).sqrt().round().long(), (area / aspect).sqrt().round().long()
         fits = (bh < h) & (bw < w)
         first = fits.to(torch.uint8).argmax(1, keepdim=True)  # the first try that fits

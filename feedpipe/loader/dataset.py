@@ -75,11 +75,6 @@ class _Column:
     dtype: np.dtype | None = None  # batch dtype of a stacked column
     collect: bool = False  # keypoints, boxes, text, padded arrays: see loader/labels.py
 
-    @property
-    def spatial(self) -> bool:
-        """Follows the image's geometry (crop, resize, flip)."""
-        return isinstance(self.field, (MaskField, TargetField))
-
     def role(self, encoded_images: bool) -> Role:
         """How a sample's value of this column is filled in (decided once, not per sample)."""
         f = self.field
@@ -92,7 +87,6 @@ class _Column:
         if self.collect:
             return "collect"
         return "stack" if self.shape is not None else "list"
-
 
 
 def _torch_int(dt: np.dtype) -> np.dtype:
@@ -111,7 +105,7 @@ def target_batch_dtype(f: TargetField) -> np.dtype:
 
 def _write_back(view: torch.Tensor, value: Any, name: str) -> None:
     """Copy a transform's new value of a stacked field into the batch row: same shape and dtype
-    only (a float image or an H×W×C array would otherwise be cast or reshaped silently)."""
+    only (no silent cast or reshape)."""
     t = torch.as_tensor(value)
     if t.shape != view.shape or t.dtype != view.dtype:
         raise ValueError(f"returned {name!r} as {t.dtype} {tuple(t.shape)}; the batch holds "
@@ -158,6 +152,18 @@ def _not_given(name: str, given: list[str], collected: Sequence[str]) -> str:
             + "; it may change those only (load a field with fields= to change it)")
 
 
+def check_fields(reader: DatasetReader, fields: Sequence[str]) -> None:
+    """Refuse field names the dataset lacks, all of them at once (a misspelt one is the error,
+    whatever else is wrong), each with its did-you-mean."""
+    unknown = [name for name in fields if name not in reader.schema]
+    if unknown:
+        near = {n: difflib.get_close_matches(n, reader.schema.names, 1) for n in unknown}
+        said = ", ".join(f"{n!r}" + (f" (did you mean {near[n][0]!r}?)" if near[n] else "")
+                         for n in unknown)
+        raise ConfigError(f"fields: {said} not in the dataset; it has {reader.schema.names}",
+                          option="fields")
+
+
 def raise_carried(batch: dict[str, Any]) -> None:
     """Raise the typed error a worker sent in place of a batch (see ``__getitems__``), with its
     key, file, cause and the worker's traceback (a note)."""
@@ -179,7 +185,6 @@ class BatchDataset(torch.utils.data.Dataset):
                  max_pixels: int | None = None, ragged: Ragged = "pad",
                  min_box_fraction: float = 0.0,
                  transform: Callable[..., Any] | None = None) -> None:
-        # each limit: the caller's, else the one the converter recorded, else the default
         recorded = reader.decode_limits()
         op = replace(op, max_pixels=int(max_pixels or recorded.get("max_pixels")
                                         or DEFAULT_MAX_PIXELS),
@@ -187,26 +192,17 @@ class BatchDataset(torch.utils.data.Dataset):
                      max_pixels_per_byte=op.max_pixels_per_byte
                      or recorded.get("max_pixels_per_byte") or DEFAULT_MAX_PIXELS_PER_BYTE)
         self.reader, self.op, self.seed, self.on_error = reader, op, seed, on_error
-        # decode on the device: images leave the worker still encoded (see device_decode.py)
-        self.encoded_images = encoded_images
+        self.encoded_images = encoded_images  # decoded on the device (see device_decode.py)
         self.ragged, self.min_box_fraction = ragged, min_box_fraction
         self._rngs = SampleRngs()  # each sample's generator for transform (reused: see there)
-        # the images' conversion here (torch/convert.py, set by the torch backend on a CPU
-        # device): uint8 images decoded apart, then converted into the slot
-        self.convert: Conversion | None = None
+        self.convert: Conversion | None = None  # images converted here (set by the torch backend)
         self._decoded: dict[str, np.ndarray] = {}
         if encoded_images and op.affine is not None:
             raise ConfigError("decode_on='device' leaves images encoded in the workers, where "
                               "affine= resamples the decoded image: use decode_on='cpu'",
                               option="decode_on")
         self.columns: list[_Column] = []
-        unknown = [name for name in fields if name not in reader.schema]
-        if unknown:  # all names first: a misspelt field is the error, whatever comes before it
-            near = {n: difflib.get_close_matches(n, reader.schema.names, 1) for n in unknown}
-            said = ", ".join(f"{n!r}" + (f" (did you mean {near[n][0]!r}?)" if near[n] else "")
-                             for n in unknown)
-            raise ConfigError(f"fields: {said} not in the dataset; it has "
-                              f"{reader.schema.names}", option="fields")
+        check_fields(reader, fields)
         for name in fields:
             f = reader.schema[name]
             dtype: np.dtype | None = None
@@ -246,18 +242,14 @@ class BatchDataset(torch.utils.data.Dataset):
                 shape = None
             self.columns.append(_Column(f, shape, dtype))
         check_keys([c.field for c in self.columns], ragged)
-        # another library's transform (albumentations, torchvision, Kornia) adapted to the
-        # sample; the user's own function as it is
         self.transform = None if transform is None \
             else sample_transform(transform, [c.field for c in self.columns])
         # the image goes first: its decode fixes the geometry the masks and targets follow
         self.columns.sort(key=lambda c: not isinstance(c.field, ImageField))
         self.names = [c.field.name for c in self.columns]
-        # (name, role, field) per column: fill() dispatches on the role, not on isinstance
         self._roles: list[tuple[str, Role, Any]] = [(c.field.name, c.role(encoded_images), c.field)
                                                     for c in self.columns]
-        # output ring (set by the torch backend: shared memory with workers, plain memory
-        # in-process on CPU): reusing these pages avoids faulting in fresh ones for every batch
+        # the output ring (set by the torch backend): reused pages, not fresh ones every batch
         self.slots: dict[str, list[torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -434,9 +426,7 @@ class BatchDataset(torch.utils.data.Dataset):
                 else:
                     views[name] = torch.from_numpy(m.values[pos])
                     views[f"{name}_visible"] = torch.from_numpy(m.visible[pos])  # type: ignore[index]
-            sample = {**views, **geo, **{c.field.name: out[c.field.name][pos]
-                                         for c in self.columns
-                                         if c.shape is None and not c.collect}}
+            sample = {**views, **geo, **{name: out[name][pos] for name in listed}}
             given = list(sample)  # (the function may add keys to it in place)
             try:
                 got = fn(sample, rngs(seed, epoch, index))  # type: ignore[misc]

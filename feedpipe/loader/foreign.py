@@ -2,23 +2,17 @@
 torchvision ``transforms.v2`` transform or a Kornia augmentation as ``transform=`` (per sample,
 in the workers) or ``batch_transforms=`` (per batch, on the device).
 
-An object is recognised by the module of its class (none of these libraries is imported here:
-an adapter imports its library once it holds one of its objects). The adapter hands the library
-the sample or batch in the layout and dtype it takes (albumentations: H×W×C uint8 numpy;
-torchvision: C×H×W tensors as ``tv_tensors``; Kornia: float N×C×H×W in [0, 1]) with the masks,
-targets, keypoints and boxes that follow the image, and writes the results back in feedpipe's.
+An object is recognised by the module of its class (a library is imported only once the adapter
+holds one of its objects), given the sample or batch in the layout and dtype it takes, with the
+masks, targets, keypoints and boxes that follow the image, and its results written back.
 
 Seeding: the draws come from feedpipe's per-sample or per-batch generator, so batches do not
-depend on ``num_workers`` and a resume repeats them. albumentations 2 draws from the generators
-its transforms hold (``set_random_state``): the adapter's copy of the transform holds its own,
-set per sample. torchvision and Kornia draw from torch's global generators: the adapter runs
-them under :class:`Seeded`, a torch function mode (thread-local), which hands each random draw
-made without a generator the adapter's own, seeded per call. The global generators are never
-touched, so the training thread's draws and the loader's (in its feed thread) stay apart.
+depend on ``num_workers`` and a resume repeats them: albumentations 2 through the generators its
+transforms hold (``set_random_state``, on the adapter's copy); torchvision and Kornia, which draw
+from torch's global generators, under :class:`Seeded` (thread-local), which leaves those alone.
 
-Coordinates: feedpipe's pixel ``i`` covers ``[i, i+1)`` (a flip maps x to W - x). The libraries
-put keypoints' pixel centres at integers (a flip maps x to W - 1 - x), and Kornia box corners
-too, so those cross with a half-pixel shift.
+Coordinates: feedpipe's pixel ``i`` covers ``[i, i+1)``; the libraries put keypoints' pixel
+centres (and Kornia box corners) at integers, so those cross with a half-pixel shift.
 """
 
 from __future__ import annotations
@@ -34,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..errors import ConfigError
 from ..schema.fields import Field
-from .labels import PAD_LABEL
+from .labels import PAD_LABEL, batch_keys
 
 LIBRARIES = ("albumentations", "torchvision", "kornia")
 Batch = dict[str, Any]
@@ -51,8 +45,7 @@ _RANDOM = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.rand_li
 
 class Seeded(TorchFunctionMode):
     """Within it (this thread only), torch's random draws made without a generator draw from
-    this mode's, one per device type, seeded from ``seed``: a library that draws from the
-    global generators draws reproducibly, and the global generators are left as they were."""
+    this mode's, one per device, seeded from ``seed``; the global generators are left alone."""
 
     def __init__(self, seed: int) -> None:
         super().__init__()
@@ -96,22 +89,19 @@ class Fields:
     masks: tuple[str, ...]     # integer masks (nearest)
     targets: tuple[str, ...]   # dense targets (H×W or H×W×C): resampled as masks
     points: tuple[str, ...]    # keypoints: ``name`` K×2, ``name_visible`` K
-    boxes: tuple[tuple[str, tuple[str, ...]], ...]  # (name, attrs): ``name`` M×4 xyxy + ints
+    boxes: tuple[tuple[str, tuple[str, ...]], ...]  # (name, its label and attribute keys)
 
     @classmethod
     def of(cls, fields: Sequence[Field]) -> Fields:
         by = {k: tuple(f.name for f in fields if f.kind == k)
               for k in ("image", "mask", "target", "keypoints")}
-        boxes = tuple((f.name, tuple(getattr(f, "attrs", ()))) for f in fields
+        boxes = tuple((f.name, tuple(batch_keys(f, "pad")[1:-1])) for f in fields
                       if f.kind == "boxes")
         return cls(by["image"], by["mask"], by["target"], by["keypoints"], boxes)
 
     @property
     def spatial(self) -> tuple[str, ...]:
         return self.masks + self.targets
-
-    def int_keys(self, name: str, attrs: tuple[str, ...]) -> list[str]:
-        return [f"{name}_labels", *(f"{name}_{a}" for a in attrs)]
 
 
 def _refuse(option: str, obj: object, how: str) -> ConfigError:
@@ -156,11 +146,16 @@ def batch_step(step: Any, fields: Sequence[Field] | None) -> Any:
 
 
 # --- writing the library's results back ---------------------------------------------------------
+def _tensor(value: Any) -> torch.Tensor:
+    """A returned array or tensor (a ``tv_tensors`` subclass too) as a plain tensor."""
+    return torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) \
+        else value.as_subclass(torch.Tensor)
+
+
 def _image_back(value: Any, hwc: bool) -> torch.Tensor:
     """A returned image as C×H×W uint8: from H×W×C (numpy, ``hwc``) or C×H×W (a tensor); a float
     image in [0, 1] rounded to levels (normalizing is the loader's: ``Output(mean=, std=)``)."""
-    t = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) \
-        else value.as_subclass(torch.Tensor)
+    t = _tensor(value)
     if hwc and isinstance(value, np.ndarray) and t.ndim == 3:
         t = t.permute(2, 0, 1)
     elif t.ndim == 2:
@@ -179,8 +174,7 @@ def _image_back(value: Any, hwc: bool) -> torch.Tensor:
 def _like(value: Any, view: torch.Tensor) -> torch.Tensor:
     """A returned mask or target with the row's dtype (a float result of an integer mask is
     rounded: a library resamples masks in float)."""
-    t = torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) \
-        else value.as_subclass(torch.Tensor)
+    t = _tensor(value)
     if t.dtype != view.dtype and t.is_floating_point() and not view.is_floating_point():
         t = t.round()
     return t.to(view.dtype).reshape(view.shape) if t.numel() == view.numel() else t
@@ -224,21 +218,20 @@ class _Gathered:
             out[n] = xy
             out[f"{n}_visible"] = _visible(xy, sample[f"{n}_visible"], *hw)
         owner = self.owner[kept]
-        for j, (n, attrs) in enumerate(spec.boxes):
+        for j, (n, keys) in enumerate(spec.boxes):
             mine = owner[:, 0] == j
             out[n] = torch.from_numpy(np.ascontiguousarray(boxes[mine], np.float32)
                                       .reshape(-1, 4))
             rows = owner[mine, 1]
-            for key in spec.int_keys(n, attrs):
+            for key in keys:
                 out[key] = sample[key][torch.from_numpy(rows)]
         return out
 
 
 # --- albumentations -------------------------------------------------------------------------------
 class _Albumentations:
-    """An albumentations transform (a Compose or one transform) on each sample: the image as
-    H×W×C uint8, masks and targets as ``mask`` targets, keypoints as ``xy`` and boxes as
-    ``pascal_voc`` through an outer Compose, seeded per sample through ``set_random_state``."""
+    """An albumentations transform on each sample: H×W×C uint8 images, masks and targets as
+    ``mask`` targets, ``xy`` keypoints and ``pascal_voc`` boxes through an outer Compose."""
 
     def __init__(self, obj: Any, spec: Fields) -> None:
         import albumentations as A
@@ -300,10 +293,9 @@ class _Albumentations:
 
 # --- torchvision ----------------------------------------------------------------------------------
 class _Torchvision:
-    """A torchvision ``transforms.v2`` transform on each sample (or on the batch, one draw for
-    all as torchvision does): images as ``tv_tensors.Image``, masks and targets as ``Mask``,
-    keypoints as ``KeyPoints`` and boxes as XYXY ``BoundingBoxes`` with their index as
-    ``labels`` (so SanitizeBoundingBoxes drops their labels too); under :class:`Seeded`."""
+    """A torchvision ``transforms.v2`` transform on each sample (or the batch: one draw for all,
+    as torchvision): ``tv_tensors`` in, boxes XYXY with their index as ``labels`` (so
+    SanitizeBoundingBoxes drops their labels too)."""
 
     def __init__(self, obj: Any, spec: Fields, option: str, batched: bool) -> None:
         from torchvision import tv_tensors
@@ -352,26 +344,25 @@ class _Torchvision:
         for n in spec.images:
             out[n] = self._image(res[n], data[n])
         for n in spec.spatial:
-            m = res[n].as_subclass(torch.Tensor)
+            m = _tensor(res[n])
             out[n] = _like(m if data[n].ndim == 2 + lead else m.movedim(lead, -1), data[n])
         new_hw = tuple(res[spec.images[0]].shape[-2:])
         if self.batched:
             for n in spec.points:
-                xy = res[n].as_subclass(torch.Tensor) + 0.5
+                xy = _tensor(res[n]) + 0.5
                 out[n] = xy
                 out[f"{n}_visible"] = _visible(xy, data[f"{n}_visible"], *new_hw)
         elif spec.points or spec.boxes:
-            points = (res["keypoints"].as_subclass(torch.Tensor) + 0.5).numpy() \
-                if spec.points else g.points
+            points = (_tensor(res["keypoints"]) + 0.5).numpy() if spec.points else g.points
             kept = res["labels"].numpy() if spec.boxes else np.zeros(0, np.int64)
-            boxes = res["boxes"].as_subclass(torch.Tensor).numpy() if spec.boxes else g.boxes
+            boxes = _tensor(res["boxes"]).numpy() if spec.boxes else g.boxes
             out.update(g.back(data, spec, points, boxes, kept, new_hw))
         return out
 
     def _image(self, value: Any, given: torch.Tensor) -> torch.Tensor:
         if not self.batched:
             return _image_back(value, False)
-        t = value.as_subclass(torch.Tensor)  # the batch's dtype: uint8 or float in [0, 1]
+        t = _tensor(value)  # the batch's dtype: uint8 or float in [0, 1]
         if given.dtype == torch.uint8 and t.is_floating_point():
             t = t.mul(255).round_().clamp_(0, 255)
         return t.to(given.dtype)
@@ -379,12 +370,9 @@ class _Torchvision:
 
 # --- Kornia ---------------------------------------------------------------------------------------
 class _Kornia:
-    """A Kornia augmentation (or ``AugmentationSequential``) on the batch, a step
-    ``(batch, generator) -> batch``: images as float N×C×H×W in [0, 1], inside an
-    ``AugmentationSequential`` whose data keys carry the masks and targets (as float masks),
-    keypoints and xyxy boxes, under :class:`Seeded`. Boxes a transform moves wholly off the
-    canvas are dropped (the rest clipped); the image is written back where it was, in the
-    batch's dtype and memory layout."""
+    """A Kornia augmentation on the batch: float N×C×H×W images in [0, 1], with the masks,
+    targets, keypoints and xyxy boxes as an ``AugmentationSequential``'s data keys. Boxes moved
+    wholly off the canvas are dropped (the rest clipped); the image is written back in place."""
 
     def __init__(self, obj: Any, spec: Fields, option: str) -> None:
         import kornia.augmentation as K
@@ -428,8 +416,8 @@ class _Kornia:
             xy = res[at] + 0.5
             at += 1
             out[n], out[f"{n}_visible"] = xy, _visible(xy, batch[f"{n}_visible"], *hw)
-        for n, attrs in spec.boxes:
-            out.update(_kept_boxes(batch, n, spec.int_keys(n, attrs), res[at] + 0.5, hw))
+        for n, keys in spec.boxes:
+            out.update(_kept_boxes(batch, n, keys, res[at] + 0.5, hw))
             at += 1
         return out
 
@@ -444,7 +432,7 @@ class _Kornia:
         return x.to(given.dtype)
 
 
-def _kept_boxes(batch: Batch, name: str, int_keys: list[str], boxes: torch.Tensor,
+def _kept_boxes(batch: Batch, name: str, int_keys: tuple[str, ...], boxes: torch.Tensor,
                 hw: tuple[int, ...]) -> Batch:
     """Padded boxes after a transform, clipped to the canvas; those left with no area dropped
     and the rest moved up in order (their labels and attributes with them), padding after."""
@@ -474,18 +462,17 @@ class _OneSample:
 
     def __call__(self, sample: Batch, rng: np.random.Generator) -> Batch:
         spec = self.step.spec
-        batch = {n: sample[n][None] for n in (*spec.images, *spec.spatial, *spec.points)}
-        batch.update({f"{n}_visible": sample[f"{n}_visible"][None] for n in spec.points})
-        for n, attrs in spec.boxes:
-            for key in (n, *spec.int_keys(n, attrs)):
+        keys = (*spec.images, *spec.spatial, *spec.points, *(f"{n}_visible" for n in spec.points))
+        batch = {n: sample[n][None] for n in keys}
+        for n, ints in spec.boxes:
+            for key in (n, *ints):
                 batch[key] = sample[key][None]
             batch[f"{n}_count"] = torch.tensor([len(sample[n])])
         gen = torch.Generator().manual_seed(int(rng.integers(1 << 62)))
         res = self.step(batch, gen)
-        out = {n: res[n][0] for n in (*spec.images, *spec.spatial, *spec.points)}
-        out.update({f"{n}_visible": res[f"{n}_visible"][0] for n in spec.points})
-        for n, attrs in spec.boxes:
+        out = {n: res[n][0] for n in keys}
+        for n, ints in spec.boxes:
             k = int(res[f"{n}_count"][0])
-            for key in (n, *spec.int_keys(n, attrs)):
+            for key in (n, *ints):
                 out[key] = res[key][0, :k]
         return out

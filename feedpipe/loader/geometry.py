@@ -1,10 +1,9 @@
 """One description of a sample's geometry, decided once and executed by every decoder.
 
 :meth:`Framing.plan` turns an image's size (from its header) and the batch's seeded generator into
-a :class:`Geometry`: the crop box in source pixels, the flip, and the power-of-two DCT downscale a
-JPEG decoder may apply. The CPU path (``transforms.ImageOp``), nvJPEG (``torch/device_decode.py``)
-and DALI (``dali/pipeline.PlanSource``) all execute that plan, so the same (seed, epoch, rank,
-batch) gives the same crops and flips whichever decodes. Draw order per sample: box, then flip.
+a :class:`Geometry`; the CPU path (``transforms.ImageOp``), nvJPEG (``torch/device_decode.py``)
+and DALI (``dali/pipeline.PlanSource``) all execute it, so the same (seed, epoch, rank, batch)
+gives the same crops and flips whichever decodes. Draw order per sample: box, then flip.
 """
 
 from __future__ import annotations
@@ -29,18 +28,11 @@ DCT_MARGIN = 1.5
 
 
 class Geometry(NamedTuple):
-    """Where a sample's output comes from: a box of the full-resolution source, a flip, and the
-    DCT downscale ``dct`` its JPEG decodes at (1: full size).
-
-    As a plan, ``dct`` is what a DCT-scaling decoder (the CPU path) may use; nvJPEG and DALI
-    decode at full size and cut the box as planned. As a result (``ImageOp.apply``), the box is
-    :meth:`snapped` to the scale actually decoded, so masks and targets are cut from exactly the
-    region the image shows.
-
-    ``affine`` (``ImageOp(affine=RandomAffine(...))``): the sample's rotation / scale /
-    translation / shear as the forward matrix on the output canvas, applied after the flip
-    (None: none); images, masks, targets, keypoints and boxes all go through it.
-    """
+    """Where a sample's output comes from: a box of the full-resolution source, a flip, the DCT
+    downscale ``dct`` a DCT-scaling decoder may use (nvJPEG and DALI decode at full size), and
+    ``affine``, the forward matrix on the output canvas after the flip (None: none). As a result
+    of ``ImageOp.apply`` the box is :meth:`snapped` to the scale decoded, so masks and targets are
+    cut from exactly the region the image shows."""
 
     top: int
     left: int
@@ -146,23 +138,10 @@ class Framing:
     def _dct_factor(ch: int, cw: int, out_hw: tuple[int, ...], margin: float = DCT_MARGIN) -> int:
         """Largest power-of-two DCT downscale (≤ 8) that keeps the scaled crop at least
         ``margin`` times the output on both sides, so the final antialiased resize still does
-        part of the reduction (DCT scaling alone is a cruder filter).
-
-        The margin is chosen by measured error against a float64 antialiased resize of the
-        full-resolution decode (``benchmarks/dct_fidelity.py``, 48 synthetic photos per size,
-        224² out; mean / max absolute levels; full decode: 0.25-0.27 / 1):
-
-        ======================  ===========  ===========  ===========
-        photos, crop            margin 2×    margin 1.5×  margin 1×
-        ======================  ===========  ===========  ===========
-        1280×853, centre        0.27 / 10    0.36 / 10    0.44 / 41
-        1280×853, random        0.26 / 1     0.30 / 10    0.36 / 14
-        2000×1500, centre       0.27 / 5     0.44 / 12    0.44 / 12
-        ======================  ===========  ===========  ===========
-
-        1× lets the DCT do nearly all of the reduction (a 912-px crop decoded at 1/4 = 228 px for
-        224 out) and strays up to 41 levels on point-like detail; 1.5× keeps the worst pixel near
-        the 2× margin's while decoding 1280×853 centre crops at 1/2 (2× never scales them).
+        part of the reduction (DCT scaling alone is a cruder filter). The margin is chosen by
+        measured error (``benchmarks/dct_fidelity.py``, benchmarks/RESULTS.md section 14): 1× lets
+        the DCT do nearly all of it and strays up to 41 levels on point-like detail; 1.5× keeps
+        the worst pixel near 2×'s while decoding 1280×853 centre crops at 1/2 (2× never does).
         """
         f = 1
         while f < 8 and ch // (2 * f) >= margin * out_hw[0] and cw // (2 * f) >= margin * out_hw[1]:

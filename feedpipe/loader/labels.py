@@ -1,18 +1,15 @@
 """Labels that follow the image (keypoints, boxes) and ragged values (boxes, text, variable-shape
 arrays), gathered per sample and collated once per batch.
 
-A :class:`Collector` copies each sample's stored value out of the read buffer (``put``) together
-with the geometry its image was cut with, and ``finish`` transforms and pads the whole batch in a
-few vectorized numpy operations: a batch leaves the worker as a handful of tensors, never as one
-Python object per sample or per box.
+A :class:`Collector` copies each sample's value out of the read buffer (``put``) with its image's
+geometry, and ``finish`` transforms and pads the whole batch in a few vectorized operations: a
+batch leaves the worker as a handful of tensors, not an object per sample or box.
 
-Coordinates: pixel ``i`` covers ``[i, i+1)``, the convention of the image resize (pixel centres
-at ``i + 0.5``, ``align_corners=False``). A sample cut from box (top, left, h, w) of its source and
-resized to oh×ow maps ``x → (x - left) * ow / w`` and ``y → (y - top) * oh / h``; a horizontal
-flip then maps ``x → ow - x``, and an affine (``Geometry.affine``) then maps the point through its
-forward matrix; a box's four corners go through it and the box becomes their enclosing
-axis-aligned box. A point is inside the output when ``0 <= x <= ow`` and ``0 <= y <= oh``
-(closed, so a flip never changes it), both before the affine (in the crop) and after it.
+Coordinates: pixel ``i`` covers ``[i, i+1)`` (the image resize's ``align_corners=False``). Box
+(top, left, h, w) resized to oh×ow maps ``x → (x - left) * ow / w``, ``y → (y - top) * oh / h``;
+a flip then ``x → ow - x``; an affine then its forward matrix (a box: the enclosing box of its
+moved corners). A point is inside when ``0 <= x <= ow`` and ``0 <= y <= oh`` (closed: a flip never
+changes it), before the affine and after it.
 """
 
 from __future__ import annotations
@@ -111,13 +108,11 @@ def _inside(x: np.ndarray, y: np.ndarray, g: np.ndarray) -> np.ndarray:
     return (x >= 0) & (x <= g[..., 6]) & (y >= 0) & (y <= g[..., 5])
 
 
-def _map_x(x: np.ndarray, g: np.ndarray) -> np.ndarray:
-    """x in source pixels → output pixels, before any flip (``g``: geometry rows, broadcast)."""
-    return (x - g[..., 1]) * (np.where(np.isinf(g[..., 6]), 1.0, g[..., 6] / g[..., 3]))
-
-
-def _map_y(y: np.ndarray, g: np.ndarray) -> np.ndarray:
-    return (y - g[..., 0]) * (np.where(np.isinf(g[..., 5]), 1.0, g[..., 5] / g[..., 2]))
+def _map(v: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
+    """x (``axis`` 1) or y (0) in source pixels → output pixels, before any flip (``g``:
+    geometry rows, broadcast)."""
+    return (v - g[..., axis]) * (np.where(np.isinf(g[..., 5 + axis]), 1.0,
+                                          g[..., 5 + axis] / g[..., 2 + axis]))
 
 
 class Collector:
@@ -171,7 +166,8 @@ class Collector:
         if isinstance(f, KeypointsField):
             points, visible = self._keypoints_moved(f) if moved is None \
                 else (moved.values, moved.visible)
-            return self._keypoints(f, points, visible)  # type: ignore[arg-type]
+            return {f.name: torch.from_numpy(points),
+                    f"{f.name}_visible": torch.from_numpy(visible)}
         if isinstance(f, BoxesField):
             if moved is None:
                 return self._boxes(f, *self._boxes_moved(f))
@@ -190,7 +186,7 @@ class Collector:
         """N×K×2 float32 points on the output canvas and N×K visibility."""
         g = self.geo[:, None, :]
         p = self.points.astype(np.float64)
-        x, y = _map_x(p[..., 0], g), _map_y(p[..., 1], g)
+        x, y = _map(p[..., 0], g, 1), _map(p[..., 1], g, 0)
         flip = self.geo[:, 4] > 0
         x = np.where(flip[:, None], self.geo[:, None, 6] - x, x)
         # in the crop, then in the output: a point the crop left out stays out wherever the
@@ -207,10 +203,6 @@ class Collector:
             visible[flip] = visible[flip][:, perm]
         return out, visible
 
-    def _keypoints(self, f: KeypointsField, points: np.ndarray,
-                   visible: np.ndarray) -> dict[str, Any]:
-        return {f.name: torch.from_numpy(points), f"{f.name}_visible": torch.from_numpy(visible)}
-
     # --- boxes ----------------------------------------------------------------------------------
     def _boxes_moved(self, f: BoxesField) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The kept boxes on the output canvas (M×4 float32 xyxy, every sample's in turn), their
@@ -224,8 +216,8 @@ class Collector:
         ints = np.concatenate([r[1] for r in rows]) if self.n else np.zeros((0, width), np.int64)
         sample = np.repeat(np.arange(self.n), counts)
         g = self.geo[sample]
-        x1, x2 = _map_x(boxes[:, 0], g), _map_x(boxes[:, 2], g)
-        y1, y2 = _map_y(boxes[:, 1], g), _map_y(boxes[:, 3], g)
+        x1, x2 = _map(boxes[:, 0], g, 1), _map(boxes[:, 2], g, 1)
+        y1, y2 = _map(boxes[:, 1], g, 0), _map(boxes[:, 3], g, 0)
         flip = g[:, 4] > 0
         x1, x2 = np.where(flip, g[:, 6] - x2, x1), np.where(flip, g[:, 6] - x1, x2)
         if (g[:, 7:] != _IDENTITY).any():  # the enclosing box of the four moved corners

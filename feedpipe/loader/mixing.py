@@ -1,19 +1,12 @@
 """The per-epoch sample order of a mix of datasets (a :class:`MixedReader`).
 
-One epoch holds ``epoch_size`` samples (default: every source's size summed), split between the
-sources by ``weights`` with exact counts (largest remainders), so the proportions are a plan, not
-a coin toss. Each source is read as an endless stream of passes (pass ``p``: a permutation seeded
-by ``(seed, source, p)``; for sharded sources the shards in seeded order, each shuffled within
-itself, so reads stay shard-local); epoch ``e`` takes the next ``count`` samples of it. A
-down-weighted source therefore sees all its samples before any repeats, across epochs, and an
-up-weighted one repeats each sample ``count // size`` or one more times. The sources' picks are
-then interleaved by a seeded shuffle of their labels (each source keeps its own order), and the
-global order is dealt round-robin to ranks like map-style data; the usual pad/drop equalizes them.
-
-Everything is a pure function of (sizes, weights, epoch_size, seed, epoch, world): the same on
-every rank, for any ``num_workers``, and a saved (epoch, batch) position resumes it exactly.
-:class:`MixOrder` is the mix's :class:`~feedpipe.loader.order.OrderSpec` kind: the sampler deals
-its one global order and the position saves and resumes it like any other order.
+An epoch of ``epoch_size`` samples (default: the sizes summed) is split between the sources by
+``weights`` with exact counts (largest remainders): a plan, not a coin toss. Each source is an
+endless stream of seeded passes (sharded: shards in seeded order, each shuffled within itself),
+and each epoch takes its next ``count`` samples, so a down-weighted source sees all its samples
+before any repeats. A seeded shuffle of the sources' labels interleaves their picks. All of it is
+a pure function of (sizes, weights, epoch_size, seed, epoch): :class:`MixOrder` is an
+:class:`~feedpipe.loader.order.OrderSpec`, dealt, saved and resumed like any other.
 """
 
 from __future__ import annotations
@@ -136,11 +129,6 @@ class MixOrder(OrderSpec):
 
     def length(self, n: int) -> int:
         return int(self.epoch_size) if self.epoch_size is not None else int(sum(self.sizes))
-
-
-def mix_order(reader: MixedReader, cfg: LoaderConfig, epoch: int) -> np.ndarray:
-    """The epoch's global order: mixed (global) indices, ``epoch_size`` of them."""
-    return MixOrder.of(reader, cfg).build(len(reader), None, seed=cfg.seed, epoch=epoch)[0]
 
 
 def open_mix(sources: Sources, cfg: LoaderConfig) -> MixedReader:

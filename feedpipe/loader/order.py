@@ -1,15 +1,11 @@
-"""An epoch's global sample order: the seam between "which samples, in what order" and "which
-rank reads them" (:mod:`feedpipe.loader.sampler` deals; :mod:`feedpipe.loader.position` resumes).
+"""An epoch's global sample order: "which samples, in what order", apart from "which rank reads
+them" (:mod:`feedpipe.loader.sampler` deals; :mod:`feedpipe.loader.position` resumes).
 
-An :class:`OrderSpec` builds an epoch's order as ``streams`` lists of sample indices (one per rank
-of the world the epoch began at: shard-local for sharded data). The epoch's *global order* is
-their interleaving (:func:`interleave`: round j takes element j of every stream still running).
-Since every rank yields the same number of batches, after k batches of B the samples consumed by
-all ranks together are exactly the first ``consumed(lengths, k * B)`` of the global order, so a
-position is one number, and a resume at any world size deals the rest of the global order anew.
-Another order plugs in as a subclass whose ``build`` returns its streams, which ``restore``s
-the spec a state saved, and which names in ``saved_with`` what else a resume must match (a mix of
-datasets: :class:`feedpipe.loader.mixing.MixOrder`).
+An :class:`OrderSpec` builds ``streams`` lists of indices (one per rank of the world the epoch
+began at); their :func:`interleave` is the global order. Every rank yields the same number of
+batches, so after k batches of B all ranks together consumed the first ``consumed(lengths, k * B)``
+of it: a position is one number, and a resume at any world size deals the rest anew. Another
+order is a subclass (``build``, ``restore``, ``saved_with``), as :class:`.mixing.MixOrder`.
 """
 
 from __future__ import annotations
@@ -39,22 +35,18 @@ def _sample_key(seed: int) -> np.ndarray:
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The generator a user ``transform`` gets for sample ``index`` of ``epoch``: the same for any
-    rank, worker count or batch it lands in. Counter-based: the seed's Philox key with the
-    counter's high words set to (index, epoch), so no two samples' streams overlap (each would
-    need 2^128 draws to reach the next), at a third of the cost of hashing a SeedSequence per
-    sample (~30 µs instead of ~90, per sample, in the workers)."""
+    """The generator a user ``transform`` gets for sample ``index`` of ``epoch``, whatever rank,
+    worker or batch it lands in: the seed's Philox key with the counter's high words (index,
+    epoch), so no two streams overlap, at a third of the cost of a SeedSequence per sample."""
     return np.random.Generator(np.random.Philox(
         key=_sample_key(int(seed)), counter=[0, 0, int(index), int(epoch)]))
 
 
 class SampleRngs:
-    """:func:`sample_rng`'s generators for one process's samples, one after another, at a tenth
-    of the cost: the last sample's generator is handed out again with its Philox state set to
-    the new sample's (the state a fresh one starts in: the same draws), unless something besides
-    this object still refers to it or to its bit generator (a user function that kept it): then
-    a fresh one. Constructing a Philox draws OS entropy it then ignores and, in a worker between
-    decodes, cost ~30 µs a sample; setting the state ~2."""
+    """:func:`sample_rng`'s generators at a tenth of the cost: the last one handed out again with
+    its Philox state set to the new sample's (the same draws), unless something else still holds
+    it (a user function that kept it): then a fresh one. A new Philox draws OS entropy it then
+    ignores (~30 µs a sample in a worker; setting the state ~2)."""
 
     def __init__(self) -> None:
         self._gen: np.random.Generator | None = None
@@ -107,11 +99,9 @@ def _concat(shards: Sequence[range]) -> np.ndarray:
 
 
 def window_shuffle(shards: Sequence[range], window: int, rng: np.random.Generator) -> np.ndarray:
-    """The samples of ``shards`` (read in that order), uniformly permuted within consecutive
-    windows of ``window`` shards: each shard is read within one window, so only its window's
-    shards are open (or cached) at a time and each is read once. The shards split into
-    ``len // window`` windows as equal as possible (``window`` to ``2 * window - 1`` shards
-    each), so no short last window leaves a shard unmixed."""
+    """The samples of ``shards`` permuted within consecutive windows of ``window`` shards (only a
+    window's shards open at a time, each read once); ``len // window`` windows as equal as
+    possible, so no short last window leaves a shard unmixed."""
     cuts = np.linspace(0, len(shards), max(1, len(shards) // window) + 1).round().astype(int)
     parts = [rng.permutation(_concat(shards[a:b])) for a, b in zip(cuts[:-1], cuts[1:])]
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -136,14 +126,11 @@ def consumed(lengths: Sequence[int], taken: int) -> int:
 
 @dataclass(frozen=True)
 class OrderSpec:
-    """How an epoch's global order is built; saved in state dicts so that a resume rebuilds the
-    very order it was interrupted in, whatever the resuming loader's own options.
-
-    Map-style data: one seeded permutation (``streams`` 1: the order does not depend on the world).
-    Sharded data: a seeded shard shuffle, whole shards dealt round-robin to ``streams`` streams,
-    then within each stream either a window shuffle over ``window`` shards or (``window`` None)
-    a shuffle buffer of ``buffer`` samples; fewer shards than streams split by sample instead.
-    """
+    """How an epoch's global order is built; saved in state dicts, so a resume rebuilds the order
+    it was interrupted in whatever its own options. Map-style data: one seeded permutation.
+    Sharded data: shards shuffled and dealt round-robin to ``streams`` streams, each shuffled by
+    ``window`` shards or (None) a buffer of ``buffer`` samples; fewer shards than streams split
+    by sample."""
 
     shuffle: bool = True
     streams: int = 1
@@ -160,8 +147,7 @@ class OrderSpec:
         return {}
 
     def restore(self, d: Any) -> "OrderSpec":
-        """The order that saved ``d`` (its :meth:`to_dict`), for a loader whose own fresh order
-        is this one (same kind: a state that does not match its ``saved_with`` was refused)."""
+        """The order that saved ``d`` (its :meth:`to_dict`; ``saved_with`` already matched)."""
         return OrderSpec.from_dict(d)
 
     def length(self, n: int) -> int:

@@ -1,8 +1,7 @@
 """The photometric kernels of :mod:`.augment` on N×C×H×W float batches: brightness, contrast,
-saturation and hue with torchvision.transforms.v2's formulas, the luma, and the two ways of giving
-each sample its own order of them: by groups sharing an order (the CPU: fewest passes over
-memory) or by position in the order (a GPU: fewest kernel launches). Their ``params`` are
-:meth:`.augment.ColorJitter.params`: a factor per sample for each active name, and ``order``.
+saturation and hue with torchvision.transforms.v2's formulas, the luma, and :func:`jitter`, which
+gives each sample its own order of them. Its ``params`` are :meth:`.augment.ColorJitter.params`:
+a factor per sample for each active name, and ``order``.
 """
 
 from __future__ import annotations
@@ -14,13 +13,12 @@ import torch
 GRAY = (0.2989, 0.587, 0.114)  # torchvision's rgb_to_grayscale weights (ITU-R 601-2 luma)
 CPU_BLOCK = 1 << 20  # bytes of float images adjusted at a time on the CPU: in a core's L2
 Params = dict[str, torch.Tensor]  # drawn parameters: CPU tensors, a row per sample
+BY_ORDER = {"cpu"}  # device types where :func:`jitter` takes samples sharing an order together
 
 
-def to_work(x: torch.Tensor, nchw: bool = False) -> torch.Tensor:
-    """``x`` in the float dtype to compute in (float32, or x's own float64); ``nchw``: a new
-    N×C×H×W-contiguous copy, where the CPU's per-channel and per-sample indexing is fast."""
-    dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    return x.to(dtype, memory_format=torch.contiguous_format, copy=True) if nchw else x.to(dtype)
+def to_work(x: torch.Tensor) -> torch.Tensor:
+    """``x`` in the float dtype to compute in (float32, or x's own float64)."""
+    return x.to(torch.float64 if x.dtype == torch.float64 else torch.float32)
 
 
 def from_work(work: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -66,58 +64,53 @@ ADJUST: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] =
 }
 
 
-def jitter_by_order(x: torch.Tensor, params: Params, out: torch.Tensor | None = None,
-                    unit: bool = False) -> torch.Tensor:
-    """Samples sharing an order (at most 24 orders), :data:`CPU_BLOCK` bytes of them at a time:
-    each block converted, adjusted and written back while it is in the cache, into ``out`` (a
-    new tensor by default; ``x`` itself works: each block reads and writes only its rows). One
-    work buffer serves every block, and each row is copied in (converted to float N×C×H×W) and
-    back out (to the output's dtype and layout) in one pass each: gathering, converting and
-    scattering whole blocks took a pass and a fresh allocation each. ``unit``: uint8 ``x`` is
-    read as ``x.float() * (1 / 255)`` (the values of the float image made from it), adjusted in
-    [0, 1] and written into the float ``out``: the loader's float image without a pass of its
-    own, and a quarter of the bytes read."""
+def jitter(x: torch.Tensor, params: Params, out: torch.Tensor | None = None,
+           unit: bool = False) -> torch.Tensor:
+    """Each sample's factors in its own order, a block of samples at a time, into ``out`` (a new
+    tensor by default; ``x`` itself works). At each position in the order each factor runs once,
+    on the block's rows that apply it there. On the CPU (:data:`BY_ORDER`) a block is
+    :data:`CPU_BLOCK` bytes of samples sharing an order, adjusted while in the cache (fewest
+    passes over memory); on a GPU, the whole batch (fewest kernel launches). ``unit``: uint8
+    ``x`` is read as ``x.float() * (1 / 255)`` into the float ``out``: the loader's float image
+    without a pass of its own."""
     names, order = [k for k in params if k != "order"], params["order"]
     out = torch.empty_like(x) if out is None else out
     scaled = unit and x.dtype == torch.uint8
     bound = 255.0 if x.dtype == torch.uint8 and not scaled else 1.0
-    ids = (order * len(names) ** torch.arange(len(names))).sum(1)
-    per = max(1, CPU_BLOCK // (4 * x[0:1].numel() + 1))
+    if x.device.type in BY_ORDER:
+        ids = (order * len(names) ** torch.arange(len(names))).sum(1)
+        per = max(1, CPU_BLOCK // (4 * x[0:1].numel() + 1))
+        blocks = [b for key in ids.unique() for b in (ids == key).nonzero().flatten().split(per)]
+    else:
+        blocks = [torch.arange(len(x))] if len(x) else []
     dtype = torch.float64 if x.dtype == torch.float64 else torch.float32
-    buf = torch.empty((min(per, len(x)), *x.shape[1:]), dtype=dtype, device=x.device)
-    for key in ids.unique().tolist():
-        rows = (ids == key).nonzero().flatten()
-        for block in rows.split(per):
-            at = block.tolist()
-            work = buf[: len(at)]
-            for row, i in zip(work, at):
-                row.copy_(x[i])
-            if scaled:
-                work.mul_(1 / 255)
-            for j in order[at[0]].tolist():
-                f = params[names[j]][block].to(x.device, work.dtype).view(-1, 1, 1, 1)
-                work = ADJUST[names[j]](work, f, bound)
-            if x.dtype == torch.uint8 and not scaled:
-                work = work.round_().clamp_(0, 255)
-            for row, i in zip(work, at):
-                out[i].copy_(row)
+    buf = torch.empty((max(map(len, blocks), default=0), *x.shape[1:]), dtype=dtype,
+                      device=x.device)
+    for block in blocks:
+        # each row copied in (converted to float N×C×H×W) and back out (to the output's dtype
+        # and layout) in one pass each; rows one after another as one slice
+        at = block.tolist()
+        run = slice(at[0], at[0] + len(at)) if at[-1] - at[0] == len(at) - 1 else None
+        work = buf[: len(at)]
+        for row, i in [(work, run)] if run else zip(work, at):
+            row.copy_(x[i])
+        if scaled:
+            work.mul_(1 / 255)
+        orders = order[block].tolist()
+        for pos in range(len(names)):
+            for j, name in enumerate(names):
+                rows = [r for r, o in enumerate(orders) if o[pos] == j]
+                if not rows:
+                    continue
+                f = params[name][block].to(x.device, work.dtype).view(-1, 1, 1, 1)
+                if len(rows) == len(work):
+                    work = ADJUST[name](work, f, bound)
+                else:
+                    idx = torch.tensor(rows, device=x.device)
+                    work.index_copy_(0, idx, ADJUST[name](work.index_select(0, idx), f[idx],
+                                                          bound))
+        if x.dtype == torch.uint8 and not scaled:
+            work = work.round_().clamp_(0, 255)
+        for row, i in [(work, run)] if run else zip(work, at):
+            out[i].copy_(row)
     return out
-
-
-def jitter_by_position(x: torch.Tensor, params: Params, out: torch.Tensor | None = None
-                       ) -> torch.Tensor:
-    """At each position in the order, each factor on the samples that apply it there, gathered
-    and written back: m² steps of few kernels each, where the CPU way would launch up to 24·m.
-    The result is a new tensor, or written into ``out``."""
-    names, order = [k for k in params if k != "order"], params["order"]
-    work, bound = to_work(x, nchw=True), 255.0 if x.dtype == torch.uint8 else 1.0
-    for pos in range(len(names)):
-        for j, name in enumerate(names):
-            rows = (order[:, pos] == j).nonzero().flatten()  # on the CPU: no device sync
-            f = params[name][rows].to(x.device, work.dtype).view(-1, 1, 1, 1)
-            if len(rows) == len(work):
-                work = ADJUST[name](work, f, bound)
-            elif len(rows):
-                idx = rows.to(x.device)
-                work.index_copy_(0, idx, ADJUST[name](work.index_select(0, idx), f, bound))
-    return from_work(work, x) if out is None else out.copy_(from_work(work, x))

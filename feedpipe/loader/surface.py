@@ -1,15 +1,11 @@
 """The part of ``torch.utils.data.DataLoader``'s surface a feedpipe loader offers, on purpose.
 
-Trainers read a few attributes of whatever they iterate: Lightning calls ``set_epoch`` on
-``loader.sampler`` or ``loader.batch_sampler.sampler`` and inspects ``batch_sampler``; the HF
+Lightning calls ``set_epoch`` on ``loader.sampler`` or ``loader.batch_sampler.sampler``; the HF
 Trainer and ``accelerate.skip_first_batches`` rebuild ``DataLoader(loader.dataset,
-batch_sampler=SkipBatchSampler(loader.batch_sampler, n), collate_fn=loader.collate_fn)``. Here
-the batch sampler yields one :class:`BatchToken` per batch left in the epoch (cheap: skipping
-reads nothing), numbered from the epoch's first batch, and ``loader.dataset`` answers a
-token with the loader's own batch, read from
-that batch on (:meth:`LoaderBatches.__getitems__`), so a rebuilt DataLoader yields exactly the
-loader's batches from where its sampler starts. ``loader.dataset[i]`` is refused: a feedpipe
-loader yields whole batches, made in its workers.
+batch_sampler=SkipBatchSampler(loader.batch_sampler, n), collate_fn=loader.collate_fn)``. So the
+batch sampler yields a :class:`BatchToken` per batch of the epoch (skipping reads nothing) and
+``loader.dataset`` answers a token with the loader's own batch: a rebuilt DataLoader yields the
+loader's batches from where its sampler starts. ``loader.dataset[i]`` is refused.
 """
 
 from __future__ import annotations
@@ -56,18 +52,14 @@ def batch_as_is(batch: Any) -> Any:
 
 
 class LoaderSampler:
-    """``loader.sampler`` and ``loader.batch_sampler`` (one object, its own ``.sampler``).
-
-    ``set_epoch`` sets the loader's epoch; iterating yields a :class:`BatchToken` for each batch
-    of the epoch; ``len()`` is the loader's.
-    """
+    """``loader.sampler`` and ``loader.batch_sampler`` (one object, its own ``.sampler``): a
+    :class:`BatchToken` for each batch of the epoch."""
 
     def __init__(self, loader: Positioned) -> None:
         self._loader = weakref.proxy(loader)  # no cycle: a dropped loader is freed at once
 
     @property
-    def sampler(self) -> "LoaderSampler":
-        """``batch_sampler.sampler``, where Lightning also looks for ``set_epoch``."""
+    def sampler(self) -> "LoaderSampler":  # where Lightning also looks for set_epoch
         return self
 
     @property
@@ -79,28 +71,23 @@ class LoaderSampler:
         return self._loader.config.drop_last
 
     def set_epoch(self, epoch: int) -> None:
-        """The loader's :meth:`~feedpipe.loader.position.EpochPosition.set_epoch`."""
         self._loader.set_epoch(epoch)
 
     def __len__(self) -> int:
         return len(self._loader)
 
     def __iter__(self) -> Iterator[BatchToken]:
-        """Tokens for every batch of the current epoch's plan, numbered from its first: a skip of
-        n (``skip_first_batches``) starts at batch n, also after ``load_state_dict`` put the
-        loader there (the same batch: skipping after a resume is harmless)."""
+        """Tokens for every batch of the epoch's plan, numbered from its first: a skip of n starts
+        at batch n, also after ``load_state_dict`` put the loader there (harmless)."""
         loader = self._loader
         epoch = loader._epoch
         return (BatchToken(epoch, n) for n in range(len(loader.planner.plan(epoch))))
 
 
 class LoaderBatches(Dataset[Any]):
-    """``loader.dataset``: answers the batch sampler's tokens with the loader's batches.
-
-    Tokens taken in order stream from one iteration of the loader; a token out of order (the
-    first after a skip) starts the loader's iteration at that batch. ``len()`` is the number of
-    samples in the dataset, as frameworks that count examples expect.
-    """
+    """``loader.dataset``: the batch sampler's tokens answered with the loader's batches, in
+    order from one iteration, which a token out of order (after a skip) restarts there. ``len()``
+    counts samples, as frameworks that count examples expect."""
 
     def __init__(self, loader: Positioned) -> None:
         self._loader = weakref.proxy(loader)
@@ -132,11 +119,9 @@ class LoaderBatches(Dataset[Any]):
 @contextmanager
 def in_gradient_state(loader: Any) -> Iterator[None]:
     """While an epoch is handed out, ``loader`` is accelerate's active dataloader when an
-    ``Accelerator`` exists in this process (its ``GradientState`` is initialized): its
-    ``end_of_dataloader`` and ``remainder`` then make ``gather_for_metrics`` drop the padding of
-    ``uneven="mask"`` and ``accumulate`` step on the epoch's last batch, also for a loader
-    passed through plain ``accelerator.prepare``, which returns it as it is. accelerate is never
-    imported here: without it, nothing happens."""
+    ``Accelerator`` exists (so ``gather_for_metrics`` drops ``uneven="mask"``'s padding and
+    ``accumulate`` steps on the last batch, also after a plain ``accelerator.prepare``).
+    accelerate is never imported here."""
     module = sys.modules.get("accelerate.state")
     cls = getattr(module, "GradientState", None)
     if cls is None or not getattr(cls, "_shared_state", None):

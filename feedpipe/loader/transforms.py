@@ -1,14 +1,11 @@
 """Decode and geometric augmentation of one image straight into its slot of the batch buffer,
 and the same geometry applied to the sample's mask (nearest) and per-pixel targets.
 
-The fastest JPEG path installed is used (``imaging.jpeg_path``): with pillow-simd, Pillow's
-``draft`` (DCT-domain 1/2-1/4-1/8 downscale) plus its SIMD resize of the crop box; otherwise
-simplejpeg (libjpeg-turbo) with the same power-of-two DCT downscale (libjpeg-turbo's other M/8
-factors decode slower than full size) followed by torch's uint8 antialiased bilinear resize, which
-matches Pillow's BILINEAR and runs faster than stock Pillow's resize (benchmarks/RESULTS.md).
-
-A sample with an affine (``ImageOp(affine=RandomAffine(...))``, see ``affine.py``) is sampled
-from the same decoded region through one composed matrix instead of the resize.
+JPEGs take the fastest path installed (``imaging.jpeg_path``): pillow-simd's ``draft`` (DCT
+downscale) and SIMD resize, else simplejpeg with the same power-of-two DCT downscale (its other
+M/8 factors decode slower than full size) and torch's uint8 antialiased resize, which matches
+Pillow's BILINEAR faster (benchmarks/RESULTS.md). An affine (``affine.py``) samples the same
+decoded region through one composed matrix instead of the resize.
 """
 
 from __future__ import annotations
@@ -38,12 +35,11 @@ from ..schema.imaging import (
     strict_decode,
 )
 from ..schema.masks import TargetField
-from .affine import footprint, nearest_points, warp_image, warp_target
+from .affine import dequantized, footprint, nearest_points, picked_into, warp_image, warp_target
 from .affine_params import RandomAffine
 from .config import LoaderConfig
 from .geometry import DCT_MARGIN, Framing, Geometry
 
-# geometry's two and affine's option re-exported
 __all__ = ["DCT_MARGIN", "JPEG_PATH", "Geometry", "ImageOp", "RandomAffine"]
 
 JPEG_PATH = jpeg_path()
@@ -73,9 +69,8 @@ class ImageOp(Framing):
         return super().random or self.affine is not None
 
     def plan(self, h: int, w: int, rng: np.random.Generator | None) -> Geometry:
-        """:meth:`Framing.plan`, then the affine's draws (box, flip, affine); the DCT downscale
-        is then chosen for the resolution the composed map needs (a zoom by s needs s times
-        the output's)."""
+        """:meth:`Framing.plan`, then the affine's draws; the DCT downscale then keeps the
+        resolution the composed map needs (a zoom by s needs s times the output's)."""
         geo = super().plan(h, w, rng)
         if self.affine is None or rng is None:
             return geo
@@ -90,18 +85,11 @@ class ImageOp(Framing):
 
     def apply(self, stored: object, codec: str, out: np.ndarray,
               rng: np.random.Generator | None, what: str) -> Geometry:
-        """Decode ``stored`` (encoded bytes or a raw H×W×3 array) and write it into ``out``,
-        executing the sample's :meth:`plan` (made from the header, before decoding); returns the
-        plan as executed (:meth:`Geometry.snapped` to the scale decoded).
-
-        JPEG (and the JPEG records of a "mixed" field) take the fast path below, after
-        :meth:`check_jpeg` (pixels, scans, bytes, end marker: from the header, before anything is
-        decoded); a JPEG whose kind simplejpeg cannot read (4:1:0 subsampling, a 2×4 image, ...)
-        falls back (``imaging.decode_jpeg_fallback``) and the result says so
-        (``Geometry.fallback``); one whose data is damaged (cut short, a bad code) is a
-        BadInputError, never decoded to grey. Other encoded images declaring more than
-        ``max_pixels`` are refused from their header too.
-        """
+        """Decode ``stored`` (encoded bytes or a raw H×W×3 array) into ``out`` by the sample's
+        :meth:`plan` (made from the header); returns the plan as executed (snapped to the scale
+        decoded). A JPEG is checked from its header first (:meth:`check_jpeg`); one simplejpeg
+        cannot read (4:1:0, a 2×4 image, ...) falls back (``Geometry.fallback``); damaged data is
+        a BadInputError, never decoded to grey."""
         if codec == "mixed":
             codec = sniff_codec(stored)  # type: ignore[arg-type]
         if codec == "raw":
@@ -124,12 +112,12 @@ class ImageOp(Framing):
             if src is None:
                 return self._fallback(stored, out, rng, what, ((h, w), geo))
             return self._cut(src, out, geo, geo.dct, what)
-        return self._decode_other(stored, codec, out, rng, what)
+        src = decode_rgb(stored, codec, what, self.max_pixels)  # type: ignore[arg-type]
+        return self._cut(src, out, self.plan(src.shape[0], src.shape[1], rng), 1, what)
 
     def decode_planned(self, stored: bytes, geo: Geometry, out: np.ndarray, what: str) -> None:
-        """Decode a JPEG at full size, as strictly as :meth:`apply`, and execute ``geo`` as
-        planned, with no DCT-grid snap: the device path's cut, made in a worker (for a
-        progressive JPEG, which decodes slowly on the device)."""
+        """Decode a JPEG at full size, as strictly as :meth:`apply`, and execute ``geo`` unsnapped:
+        the device path's cut of a progressive JPEG (slow on the device), made in a worker."""
         src = None
         if simplejpeg is not None:
             try:
@@ -144,11 +132,9 @@ class ImageOp(Framing):
 
     def _fallback(self, stored: object, out: np.ndarray, rng: np.random.Generator | None,
                   what: str, planned: tuple[tuple[int, int], Geometry] | None = None) -> Geometry:
-        """A JPEG whose kind simplejpeg cannot read: the fallback decoder
-        (``imaging.decode_jpeg_fallback``) decodes it at full size and executes the plan made
-        from its header (``planned``: the header's size and plan; planned here from the decoded
-        size when simplejpeg could not read the header), marked as a fallback (the dataset
-        counts them). Corrupt when its data is damaged or no decoder reads it."""
+        """A JPEG simplejpeg cannot read, decoded at full size by ``imaging.decode_jpeg_fallback``
+        and cut by ``planned`` (the header's size and plan) or, without one, a plan from the
+        decoded size; marked as a fallback (the dataset counts them)."""
         src = decode_jpeg_fallback(stored, what, self.max_pixels)  # type: ignore[arg-type]
         if planned is not None and planned[0] == src.shape[:2]:
             geo = planned[1]
@@ -156,15 +142,8 @@ class ImageOp(Framing):
             geo = self.plan(src.shape[0], src.shape[1], rng)
         return self._cut(src, out, geo, 1, what)._replace(fallback=True)
 
-    def _decode_other(self, stored: object, codec: str, out: np.ndarray,
-                      rng: np.random.Generator | None, what: str) -> Geometry:
-        """PNG, WebP, ...: ``decode_rgb`` checks the header against ``max_pixels`` first."""
-        src = decode_rgb(stored, codec, what, self.max_pixels)  # type: ignore[arg-type]
-        return self._cut(src, out, self.plan(src.shape[0], src.shape[1], rng), 1, what)
-
     def check_jpeg(self, stored: object, what: str) -> None:
-        """``imaging.check_jpeg`` with this op's bounds: a JPEG over ``max_pixels``, scans or
-        pixels a byte, or without its end marker, is refused from its header (BadInputError)."""
+        """``imaging.check_jpeg`` with this op's bounds (a BadInputError from the header)."""
         check_jpeg(stored, what, max_pixels=self.max_pixels,  # type: ignore[arg-type]
                    max_scans=self.max_scans or DEFAULT_MAX_SCANS,
                    max_pixels_per_byte=self.max_pixels_per_byte or DEFAULT_MAX_PIXELS_PER_BYTE)
@@ -178,9 +157,7 @@ class ImageOp(Framing):
         if geo.affine is not None:
             warp_image(region, out, geo.affine, geo.flip, self._fill)
         elif region.shape[:2] != out.shape[:2]:
-            if self.crop == "none":
-                raise ValueError(f"{what}: image is {src.shape[1]}x{src.shape[0]}, batch is "
-                                 f"{out.shape[1]}x{out.shape[0]}; pass size=... to resize")
+            self._fits(what, "image", src.shape, out.shape)
             _resize_rgb_into(region, out, geo.flip)
         elif geo.flip:
             _mirror_into(out, region)
@@ -197,50 +174,41 @@ class ImageOp(Framing):
             out[~inside] = self._mask_fill
             return
         if region.shape != out.shape:
-            if self.crop == "none":
-                raise ValueError(f"{what}: mask is {mask.shape[1]}x{mask.shape[0]}, batch is "
-                                 f"{out.shape[1]}x{out.shape[0]}; pass size=... to resize")
+            self._fits(what, "mask", mask.shape, out.shape)
             region = _nearest(region, out.shape)
         np.copyto(out, region[:, ::-1] if geo.flip else region)
 
     def apply_target(self, arr: np.ndarray, field: TargetField, geo: Geometry, out: np.ndarray,
                      what: str) -> None:
         """Cut ``geo`` from an H×W(×C) target, resample it as ``field.interp`` says, dequantize,
-        rescale distances by the geometric scale (the geometric mean of the two axes' scales,
-        exact when they are equal) and re-clip them to the truncation bounds, and write it into
-        ``out`` (float, or the stored integer dtype for label-like targets).
-
-        "linear" is bilinear interpolation at pixel centres without antialiasing: distance maps
-        are smooth (1-Lipschitz), so point sampling is accurate and cheaper than an antialiased
-        resize (benchmarks/RESULTS.md)."""
+        rescale distances by the geometric mean of the axes' scales (re-clipped to the truncation
+        bounds) into ``out``. "linear" is bilinear at pixel centres without antialiasing: distance
+        maps are smooth, so point sampling is accurate and cheaper (benchmarks/RESULTS.md)."""
         region = arr[geo.top: geo.top + geo.height, geo.left: geo.left + geo.width]
         if geo.affine is not None:  # through the sample's composed matrix (see affine.py)
             warp_target(region, field, geo, out, self._mask_fill)
             return
         hw = out.shape[:2]
-        if region.shape[:2] != hw and self.crop == "none":
-            raise ValueError(f"{what}: target is {arr.shape[1]}x{arr.shape[0]}, batch is "
-                             f"{hw[1]}x{hw[0]}; pass size=... to resize")
+        if region.shape[:2] != hw:
+            self._fits(what, "target", arr.shape, hw)
         if field.interp == "nearest":
             if region.shape[:2] != hw:
                 region = _nearest(region, hw)
-            region = region[:, ::-1] if geo.flip else region
-            if out.dtype == region.dtype:
-                np.copyto(out, region)
-            else:
-                np.copyto(out, region.astype(np.float32) * np.float32(field.scale)
-                          + np.float32(field.offset))
+            picked_into(out, region[:, ::-1] if geo.flip else region, field)
             return
         vals = _as_float(region)  # torch from here on: its vectorized kernels beat numpy's here
-        if region.shape[:2] != hw:
+        resized = region.shape[:2] != hw
+        if resized:
             vals = _resize_t(vals, hw)
-        if field.scale != 1.0 or field.offset != 0.0:
-            vals.mul_(field.scale).add_(field.offset)
-        if region.shape[:2] != hw and field.rescale == "distance":
-            vals.mul_(math.sqrt(hw[0] / geo.height * hw[1] / geo.width))
-            if field.clip is not None:
-                vals.clamp_(field.clip[0], field.clip[1])
+        dequantized(vals, field, math.sqrt(hw[0] / geo.height * hw[1] / geo.width) if resized
+                    else None)
         torch.from_numpy(out).copy_(vals.flip(1) if geo.flip else vals)
+
+    def _fits(self, what: str, kind: str, src: tuple[int, ...], out: tuple[int, ...]) -> None:
+        """crop="none" resizes nothing: a ``src`` of another size than the batch's is refused."""
+        if self.crop == "none":
+            raise ValueError(f"{what}: {kind} is {src[1]}x{src[0]}, batch is {out[1]}x{out[0]}; "
+                             "pass size=... to resize")
 
     @property
     def _fill(self) -> tuple[int, ...]:
@@ -306,15 +274,11 @@ _UPSAMPLE_AA = _private_aa()
 def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
     """Antialiased bilinear resize of an H×W×3 uint8 region into ``out`` (flipped if asked).
 
-    The region is given as a channels-last contiguous N×C×H×W tensor, the layout torch's
-    vectorized uint8 kernel takes (faster than a strided one: benchmarks/RESULTS.md): a crop of
-    the decoded image is first copied into this thread's reused buffer (half the CPU of a fresh
-    tensor's pages: ~18 µs against ~32 for a 240 kB crop). The kernel of
-    ``F.interpolate(..., mode="bilinear", antialias=True)`` writes straight into ``out`` seen
-    as a channels-last 1×3×H×W tensor through its private ``out=`` form (the same pixels, bit
-    for bit, without a result tensor and its copy into the slot); a torch without that op takes
-    the public ``F.interpolate`` and copies. A flipped sample goes through this thread's scratch
-    image (torch has no negative strides), then :func:`_mirror_into` the slot."""
+    torch's vectorized uint8 kernel wants a dense channels-last input (a strided one is slower:
+    benchmarks/RESULTS.md), so a crop is copied into this thread's reused buffer first (fresh
+    pages cost twice the CPU). The kernel writes straight into ``out`` through its private
+    ``out=`` form (same pixels, no result tensor to copy), else the public ``F.interpolate``. A
+    flipped sample goes through a scratch image (torch has no negative strides)."""
     if not (region.flags.c_contiguous and region.flags.writeable):  # torch wants writable
         dense = _scratch("region", region.shape)
         np.copyto(dense, region)
@@ -345,8 +309,7 @@ def _mirror_into(out: np.ndarray, src: np.ndarray) -> None:
 
 def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
     """A uint8 array of ``shape`` in this thread's reused buffer ``name`` (grown when too
-    small): the region a crop is made dense in ("region"), the image a flipped sample is
-    resized into before its mirrored copy into the batch ("flip")."""
+    small)."""
     n = math.prod(shape)
     buf = getattr(_BUFFERS, name, None)
     if buf is None or buf.size < n:

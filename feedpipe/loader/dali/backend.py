@@ -1,18 +1,13 @@
 """The DALI backend: the torch backend's interface and batch dicts, with decode and augmentation
 in an NVIDIA DALI pipeline (on the GPU when there is one, in DALI's CPU threads otherwise).
 
-DALI is a decode stage inside the feed engine (:mod:`feedpipe.loader.position`), as the torch
-backend's workers are: the engine's thread runs the pipeline's iterator and adds the host
-fields, and the position, epochs and hand-out are the engine's and
-:class:`~feedpipe.loader.position.EpochPosition`'s, the same as the torch backend's.
-
-Default (``dali_reader="plan"``): DALI is fed by ``external_source`` from the torch backend's own
-batch plan, endlessly across epochs, so order, rank sharding, per-rank batch counts,
-``set_epoch`` and mid-epoch resume are identical by construction; only the image pixels come from
-a different decoder and resizer. Fields other than the image (labels, paths, arrays) are read on
-the host by the torch backend's own :class:`BatchDataset`. ``dali_reader="webdataset"``
-(opt-in) reads WebDataset shards with DALI's native reader instead, in DALI's order
-(:class:`DaliWdsLoader`).
+DALI is a decode stage of the feed engine (:mod:`feedpipe.loader.position`), as the torch backend's
+workers are; position, epochs and hand-out are the engine's and
+:class:`~feedpipe.loader.position.EpochPosition`'s. By default (``dali_reader="plan"``) DALI is fed
+by ``external_source`` from the torch backend's own batch plan, so order, sharding, batch counts
+and resume are the same by construction; the other fields are read on the host by a
+:class:`BatchDataset`. ``dali_reader="webdataset"`` reads the shards with DALI's own reader, in
+DALI's order (:class:`DaliWdsLoader`).
 """
 
 from __future__ import annotations
@@ -209,8 +204,7 @@ class DaliLoader(EpochPosition):
         self.image, host = dali_fields(reader, cfg)
         self.op = Framing.of(cfg)
         self.spec = graph_spec(reader, cfg, self.image, device)
-        # host fields (labels, paths, arrays) have no geometry: a fixed op spares the per-batch
-        # random generator the image's windows already drew in PlanSource
+        # host fields have no geometry: a fixed op draws nothing (PlanSource drew the windows)
         self.host = BatchDataset(reader, host, ImageOp(cfg.size), seed=cfg.seed,
                                  on_error="raise", ragged=cfg.output.ragged) if host else None
         self.planner = PlanSampler(reader, cfg, world)
@@ -314,15 +308,11 @@ class DaliWdsStream(DaliStream):
 
 
 class DaliWdsLoader(DaliLoader):
-    """``dali_reader="webdataset"``: DALI's native ``readers.webdataset`` reads the shards.
-
-    DALI's order, not feedpipe's: rank r reads the contiguous sample range DALI assigns to shard
-    ``(r + epoch) % world_size`` (one range per rank, rotating every epoch), shuffled by a DALI
-    shuffle buffer of ``shuffle_buffer`` samples; ranks are padded to the same batch count
-    (``ceil(ceil(N / world_size) / batch_size)``, floor with ``drop_last``). Crops and flips come
-    from DALI's random operators. Each epoch is a pipeline seeded by (seed, epoch, rank), so
-    ``set_epoch`` is deterministic; mid-epoch resume restores a DALI checkpoint.
-    """
+    """``dali_reader="webdataset"``: DALI's own ``readers.webdataset``, in DALI's order: rank r
+    reads DALI's shard ``(r + epoch) % world_size`` through a shuffle buffer of
+    ``shuffle_buffer``, ranks padded to one batch count; crops and flips from DALI's random
+    operators. Each epoch is a pipeline seeded by (seed, epoch, rank); mid-epoch resume restores
+    a DALI checkpoint."""
 
     outputs = ("image", "source")
     elastic = False  # DALI deals its own order: a state resumes at the world size it was saved at

@@ -1,11 +1,9 @@
 """The DALI half of the DALI backend: the lazy import with an install hint, the one pipeline graph,
 and the ``external_source`` callback that feeds it from feedpipe's own batch plan.
 
-One graph serves CPU and GPU: ``GraphSpec.device`` only moves the decoder to ``"mixed"`` (nvJPEG,
-plus the hardware JPEG decoder on A100/H100) and the rest onto the GPU, so CPU-mode tests run the
-GPU graph's structure. Crop windows and flips are the samples' plans (:meth:`Framing.plan`, made
-on the host from each image's header with the torch backend's seeded draws), so augmentation is
-reproducible without DALI checkpoints and equal to the torch backend's.
+One graph serves CPU and GPU (``GraphSpec.device`` only moves the decoder to ``"mixed"`` and the
+rest onto the GPU), so CPU-mode tests run the GPU graph's structure. Crop windows and flips are
+the samples' :meth:`Framing.plan`, so augmentation equals the torch backend's, without checkpoints.
 """
 
 from __future__ import annotations
@@ -27,6 +25,7 @@ from ...schema.fields import ImageField
 from ...schema.geometric import BoxesField, KeypointsField
 from ...schema.masks import MaskField, TargetField
 from ..config import Crop, LoaderConfig
+from ..dataset import check_fields
 from ..geometry import CROP_ATTEMPTS, Framing
 from ..gpu import driver_cuda
 from ..sampler import PlanSampler, Segment, World, rng_for
@@ -151,10 +150,7 @@ def dali_fields(reader: DatasetReader, cfg: LoaderConfig) -> tuple[str, tuple[st
     """(the image field DALI decodes, the fields read on the host), or a ConfigError saying why
     the DALI backend cannot serve this request."""
     fields = cfg.fields_in(reader.schema)
-    for name in fields:
-        if name not in reader.schema:
-            raise ConfigError(f"fields: {name!r} is not in the dataset; it has "
-                              f"{reader.schema.names}", option="fields")
+    check_fields(reader, fields)
     images = [n for n in fields if isinstance(reader.schema[n], ImageField)]
     spatial = [n for n in fields if isinstance(reader.schema[n], (MaskField, TargetField))]
     if len(images) != 1:
@@ -206,17 +202,12 @@ def graph_spec(reader: DatasetReader, cfg: LoaderConfig, image: str,
 
 
 class PlanSource:
-    """``external_source`` callback: batch ``info.iteration`` of epoch ``info.epoch_idx`` → the
-    stored image bytes (raw arrays as they are), crop windows and flips.
-
-    Stateless given the BatchInfo (so it also runs in DALI's parallel worker processes): it runs
-    on across feedpipe's epochs, from batch ``start`` of ``epoch`` (resume; of ``segment``'s plan
-    when a state resumed it at another world), so DALI's own epoch never ends and the pipeline
-    never drains at an epoch boundary; it raises StopIteration only at an epoch with nothing to
-    plan. The order is the shared :class:`PlanSampler` plan, and the windows and flips are the
-    samples' :meth:`Framing.plan` over the torch backend's generator for the batch
-    (``rng_for(seed, epoch, rank, batch)``).
-    """
+    """``external_source`` callback: DALI's batch ``info.iteration`` → the stored image bytes
+    (raw arrays as they are), crop windows and flips, by the :class:`PlanSampler` plan and the
+    torch backend's generator for the batch. Stateless given the BatchInfo (it runs in DALI's
+    worker processes too), it runs on across epochs from batch ``start`` of ``epoch`` (of
+    ``segment``'s plan after a resume at another world), so the pipeline never drains at an
+    epoch boundary; StopIteration only at an epoch with nothing to plan."""
 
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World, field: str,
                  op: Framing, epoch: int, start: int, *, windows: bool,

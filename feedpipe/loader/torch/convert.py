@@ -119,7 +119,7 @@ class Conversion:
                  gen: torch.Generator) -> dict[str, Any]:
         """The batch operations on images in [0, 1] (uint8 output: on uint8), then the
         normalization. On the CPU a first ColorJitter reads the uint8 image itself
-        (``jitter_by_order(unit=True)``: the float image's values without a pass of its own)."""
+        (``jitter(unit=True)``: the float image's values without a pass of its own)."""
         ops = self.ops
         assert ops is not None
         for k in self.images:
@@ -128,7 +128,7 @@ class Conversion:
                     and u8.device.type == "cpu" and self.dtype != torch.uint8:
                 x = self._unit(u8, into.get(k), fill=False)
                 params = ops.steps[0].params({"image": x}, gen)  # its draws first, as BatchOps
-                augment.jitter_by_order(u8.permute(0, 3, 1, 2), params, out=x, unit=True)
+                augment.jitter(u8.permute(0, 3, 1, 2), params, out=x, unit=True)
                 fused = True
             else:
                 x = self._unit(u8, into.get(k))
