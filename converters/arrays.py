@@ -28,7 +28,8 @@ from feedpipe.schema.fields import ArrayField, Field, JsonField
 
 from .options import Format
 from .pack import ConvertResult, convert
-from .records import Progress, Record, RecordSource
+from .packer import Progress
+from .records import Record, RecordSource
 
 NUMERIC = "biufc"  # bool, ints, unsigned ints, floats, complex: what a tensor can hold
 TEXT = "U"  # numpy str: stored as JSON text

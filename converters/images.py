@@ -36,7 +36,7 @@ from feedpipe.schema.imaging import (
 )
 
 from .progressive import can_transcode, transcoded
-from .stored import Refused, Stored
+from .result import Refused, Stored
 
 if TYPE_CHECKING:
     from .options import PackOptions
