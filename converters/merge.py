@@ -17,13 +17,17 @@ import errno
 import fnmatch
 import glob
 import hashlib
+import io
 import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, BinaryIO, Mapping, Sequence
 
+import numpy as np
+
+from feedpipe.dataset.formats.wds import CRC_FILE, INDEX_FILES, VALUES_FILE
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
 from feedpipe.dataset.verify import read_manifest
 from feedpipe.errors import OutputRefusedError, PartsError
@@ -31,7 +35,6 @@ from feedpipe.paths import cache_dir
 from feedpipe.schema.model import Schema
 from feedpipe.storage.store import Store, open_store
 
-from .merge_formats import BUILDERS
 from .parts import PARTS_DIR, Part
 from .swap import OutputLock, fsync_dir, shown
 
@@ -287,18 +290,19 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
         raise PartsError(f"{out}: parts are {fmt}; on object storage only WebDataset parts "
                          "merge (LMDB and HDF5 would need several files opened together). Use "
                          "--to wds for remote data, or merge the parts in a local folder")
-    builder = BUILDERS[fmt]
     target.lock.acquire()
     result = MergeResult(str(out) if target.store.remote else Path(out), parts=len(ordered))
     try:
-        target.check_target(set(builder.names))
+        target.check_target(set(WDS_NAMES) if fmt == "wds" else set())
         adopted = []
         for info in ordered:
             result.moved += target.adopt(info.path, info.part.name)
             where = target.part_path(info.part.name)
             adopted.append(replace(info, path=where if target.store.remote else Path(where)))
         dirs = [f"{PARTS_DIR}/{info.part.name}" for info in adopted]
-        files, extra = builder.build(target.store, [i.manifest for i in adopted], dirs, schema)
+        manifests = [i.manifest for i in adopted]
+        files, extra = _wds_index(target.store, manifests, dirs, schema) if fmt == "wds" else \
+            ([], {k: v for k, v in manifests[0].extra.items() if k == "compression"})
         for d, info in zip(dirs, adopted):
             files += [FileEntry(f"{d}/{f.name}", f.size, f.sha256) for f in info.manifest.files]
             files.append(target.entry(f"{d}/{MANIFEST_NAME}"))
@@ -343,3 +347,55 @@ def _merged_manifest(infos: list[PartInfo], schema: Schema, files: list[FileEntr
     skipped = tuple(s for i in infos for s in i.manifest.skipped)
     return Manifest(first.format, result.num_samples, schema, first.classes, tuple(files),
                     conversion, skipped, extra)
+
+
+#: the merged WebDataset index's files at the dataset's top level (values: with index fields);
+#: LMDB and HDF5 write none (the reader opens the parts' files, ``extra.parts``, together)
+WDS_NAMES = (*INDEX_FILES, CRC_FILE, VALUES_FILE)
+
+
+def _wds_index(store: Store, parts: list[Manifest], dirs: list[str], schema: Schema
+               ) -> tuple[list[FileEntry], dict[str, Any]]:
+    """One shard list (the parts' shards, in part order) and one index over them, written
+    atomically through ``store``: the files written and the manifest's ``extra``."""
+
+    def load(name: str) -> np.ndarray:
+        return np.load(io.BytesIO(store.read_bytes(name)), allow_pickle=False)
+
+    cols: list[list[np.ndarray]] = [[], [], [], []]
+    shards: list[str] = []
+    kept = parts[0].extra.get("index_fields")
+    in_index = np.asarray([f.name in (kept or ()) for f in schema], bool)
+    values: list[np.ndarray] = []  # the index fields' packed values, part by part
+    packed = 0
+    for m, d in zip(parts, dirs):
+        if m.extra.get("index_fields") != kept:
+            raise PartsError(f"{d}: index fields {m.extra.get('index_fields')}, the first "
+                             f"part has {kept}; convert every part with the same options")
+        arrays = [load(f"{d}/{n}") for n in INDEX_FILES]
+        crc = load(f"{d}/{CRC_FILE}")
+        arrays[1] = arrays[1].astype(np.int32) + len(shards)
+        if kept:  # spans of index fields point into the packed values: shift them
+            arrays[0] = np.array(arrays[0], np.int64)
+            arrays[0][:, in_index, 0] += packed
+            values.append(load(f"{d}/{VALUES_FILE}"))
+            packed += len(values[-1])
+        for col, a in zip(cols, [*arrays, crc]):
+            col.append(a)
+        shards += [f"{d}/{s}" for s in m.extra.get("shards", [])]
+    offsets, shard_of, keys, crcs = (np.concatenate(c) for c in cols)
+    keys = keys.astype(f"S{max(1, max((k.dtype.itemsize for k in cols[2]), default=1))}")
+    if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()):
+        k = int(np.flatnonzero(keys[1:] <= keys[:-1])[0])
+        raise PartsError(f"key {keys[k + 1].decode()} follows {keys[k].decode()}: keys "
+                         "repeat or leave the source order across parts; convert every part "
+                         "with this feedpipe's --part")
+    arrays = [offsets, shard_of, keys, crcs]
+    if kept:
+        arrays.append(np.concatenate(values).astype(np.uint8))
+    written = []
+    for name, arr in zip(WDS_NAMES, arrays):
+        def save(fh: BinaryIO, arr: np.ndarray = arr) -> None:
+            np.save(fh, arr, allow_pickle=False)
+        written.append(FileEntry(name, *store.write(name, save)))
+    return written, {"shards": shards, **({"index_fields": kept} if kept else {})}
