@@ -20,7 +20,6 @@ is made (a header may declare 10⁷ × 10⁷ elements).
 
 from __future__ import annotations
 
-import re
 import tarfile
 from collections import Counter
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+from braceexpand import braceexpand
 
 from feedpipe.dataset.formats.wds import group_by_key
 from feedpipe.errors import BadInputError, ConfigError, CorruptRecordError, UnsafeDataError
@@ -44,29 +44,6 @@ MAX_MEMBER_BYTES = 256 << 20
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "img", "ppm", "pgm", "bmp", "tif", "tiff", "gif")
 
 
-def expand(pattern: str) -> list[str]:
-    """Brace patterns as WebDataset writes them: ``a-{000..009}.tar``, ``{train,val}.tar``.
-
-    Uses the ``braceexpand`` package (a webdataset dependency) when installed; else this
-    expansion of numeric ranges (zero padding kept) and comma lists, nested left to right."""
-    try:
-        from braceexpand import braceexpand
-        return list(braceexpand(pattern))
-    except ImportError:
-        pass
-    m = re.search(r"\{([^{}]*)\}", pattern)
-    if m is None:
-        return [pattern]
-    body, head, tail = m[1], pattern[:m.start()], pattern[m.end():]
-    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
-    if r:
-        width = len(r[1]) if r[1].startswith("0") else 0
-        parts = [f"{n:0{width}d}" for n in range(int(r[1]), int(r[2]) + 1)]
-    else:
-        parts = body.split(",")
-    return [x for p in parts for x in expand(head + p + tail)]
-
-
 def is_shard(path: Path) -> bool:
     return path.name.lower().endswith(SHARD_SUFFIXES)
 
@@ -77,7 +54,7 @@ def find_shards(specs: Sequence[str | Path]) -> tuple[list[Path], list[dict[str,
     shards: list[Path] = []
     other: list[dict[str, str]] = []
     for spec in specs:
-        names = expand(str(spec)) if "{" in str(spec) else [str(spec)]
+        names = list(braceexpand(str(spec))) if "{" in str(spec) else [str(spec)]
         for name in names:
             p = Path(name)
             if p.is_dir():
