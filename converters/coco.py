@@ -1,11 +1,6 @@
-"""A COCO ``instances.json`` as a conversion source: its images, each with its boxes (xywh → xyxy
-pixels), category ids mapped to contiguous indices (the category names, in id order, become the
-classes; the ids are kept as the boxes field's ``class_ids``, so ``class_ids[label]`` is the COCO
-``category_id`` a result needs) and ``iscrowd`` kept per box; each image's COCO id is in ``meta``
-as ``coco_id``. Images without annotations are kept with 0 boxes.
-
-Read with the json module: the file is plain JSON; its segmentation polygons / RLE are not used.
-"""
+"""A COCO ``instances.json`` as a conversion source: boxes as xyxy pixels, category ids mapped to
+contiguous labels (the ids kept as the boxes field's ``class_ids``), ``iscrowd`` per box, the
+image's id in ``meta`` as ``coco_id`` (docs/sources.md)."""
 
 from __future__ import annotations
 

@@ -1,22 +1,7 @@
-"""WebDataset shards written by other tools (``webdataset.TarWriter``, tarp, hand-made tars):
-plain ``.tar`` or gzipped ``.tgz``/``.tar.gz``, in one or several folders or as brace patterns
-(``train-{000..099}.tar``), with any member suffixes.
-
-The schema is inferred from the members: the image by magic bytes (``jpg``, ``png``...), ``cls``
-→ ``label``, ``json`` → a JSON field, ``npy`` → an array field (``allow_pickle=False``), ``txt``
-→ a text field (UTF-8, byte for byte; a captcha's characters come out of the loader as padded
-int64 + lengths for CTC), anything else → a bytes field kept byte for byte. A sample whose
-``.txt`` is not UTF-8 is skipped and named by shard and key. A suffix becomes a field when more
-than half of the samples have it; samples missing a field's member, members of other suffixes,
-and members that would need unpickling (``.pyd``, ``.pth``, ``.pickle``; never opened) are named
-in the report.
-
-A member is read whole, so one larger than ``max_member_bytes`` (default
-:data:`MAX_MEMBER_BYTES`, 256 MiB; ``--max-member-size``) is refused from its tar header, before
-any of it is read, with a BadInputError naming the shard and member (a 2 MB ``.tgz`` can hold a
-2 GB member of zeros). A ``.npy`` member's header is checked against its size before any array
-is made (a header may declare 10⁷ × 10⁷ elements).
-"""
+"""WebDataset shards written by other tools (plain or gzipped, folders or brace patterns) as a
+record source; the schema is inferred from the member suffixes (docs/sources.md). Members are
+read whole, so one over ``max_member_bytes`` is refused from its tar header, and a ``.npy``
+member's header is checked against its size, before anything is allocated."""
 
 from __future__ import annotations
 
@@ -178,7 +163,7 @@ def _npy(data: bytes, what: str) -> np.ndarray:
 
 
 def plan(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES) -> Plan:
-    """Read every shard once and infer the schema (see the module docstring)."""
+    """Read every shard once and infer the schema (docs/sources.md)."""
     if max_member_bytes < 1:
         raise ConfigError(f"max_member_bytes={max_member_bytes}: use a positive byte count",
                           option="max_member_bytes")

@@ -1,16 +1,6 @@
-"""What the converter stores for one input image: lossless in, lossless out.
-
-With ``codec="auto"`` (the default) a plain upright JPEG, a PNG and a lossy WebP are stored byte
-for byte (a progressive JPEG as baseline with the same DCT coefficients, unless ``jpeg="keep"``:
-:mod:`converters.progressive`); every other lossless format (TIFF, BMP, lossless WebP,
-PPM/PGM/PBM/PNM, GIF) is re-encoded losslessly as PNG keeping its mode (grayscale, palette,
-16-bit). JPEG 2000 (often lossy-coded) is
-stored as a PNG of its decoded pixels: nothing is lost from there on. The only lossy step taken
-without being asked: a JPEG or lossy WebP whose pixels must change (EXIF rotation, CMYK, resize)
-is re-encoded in its own lossy codec at ``quality``. An explicit codec (jpeg, png, webp) re-encodes
-every other input to it. Transparent alpha, channels beyond RGB(A) and 16-bit RGB, which the
-loader's 8-bit RGB cannot hold, are refused by name unless ``extra_channels="drop"``.
-"""
+"""What the converter stores for one input image: lossless in, lossless out (the rules:
+docs/convert.md). The only lossy step taken unasked, a JPEG or lossy WebP whose pixels must change
+(EXIF rotation, CMYK, resize), is re-encoded in its own codec and named."""
 
 from __future__ import annotations
 
@@ -181,7 +171,7 @@ def _png(img: Image.Image, drop: bool) -> bytes:
 
 
 def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Stored:
-    """Check one input and make its stored value (see the module docstring); raises Refused.
+    """Check one input and make its stored value (docs/convert.md); raises Refused.
 
     A JPEG is checked from its header first (``imaging.jpeg_problem``: 8-bit, a height, the
     pixel, scan and pixels-a-byte bounds, an end marker), then read whole (every scan, strictly:

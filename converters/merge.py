@@ -1,15 +1,7 @@
-"""``feedpipe merge OUT [PART...]``: one dataset out of the parts of a split conversion.
-
-The merged dataset contains its parts: each part directory lives at
-``OUT/parts/part-IIIII-of-NNNNN`` (``convert --part`` writes it there; a part given from
-elsewhere on the same filesystem is moved in with one ``rename``, so it is always whole in its old
-place or its new one). Nothing is copied: WebDataset gets one shard list and one index over the
-parts' shards; LMDB and HDF5 a list of the parts' files, which the reader opens together. The
-manifest, written last, names the parts' files as relative ``parts/...`` paths
-(``Manifest.check_paths`` keeps them inside the dataset). An interrupted merge leaves no
-manifest, so it never reads as a dataset, and running the merge again finishes it: the parts
-already moved in are always taken.
-"""
+"""``feedpipe merge OUT [PART...]``: one dataset out of the parts of a split conversion, which it
+contains at ``OUT/parts/part-IIIII-of-NNNNN`` (moved in with one ``rename``, never copied). The
+manifest, written last, is the commit point: an interrupted merge never reads as a dataset, and
+running it again finishes it."""
 
 from __future__ import annotations
 

@@ -1,15 +1,6 @@
-"""Where a conversion writes: the commit policy of its output's
-:class:`~feedpipe.storage.store.Store` (:func:`open_output`), and the failures worth a clear
-message.
-
-The writers need local files, so every output stages locally and publishes each finished file:
-:class:`~converters.swap.SwapCommit` for a folder (files are final where they are written, the
-``.<out>.partial`` folder is swapped into place after the manifest) or
-:class:`~converters.upload.ManifestCommit` for an object store (shards uploaded as they finish,
-journaled; the manifest uploaded last is the commit point). Both: ``claim()`` checks and locks the
-output and returns the staging folder, ``after_write()`` publishes the shards a writer has
-finished, ``entry()`` a closed file's size and SHA-256, ``commit()``, ``abort()``.
-"""
+"""Where a conversion writes: the commit policy of its output (:func:`open_output`: a folder's
+:class:`~converters.swap.SwapCommit` or an object store's
+:class:`~converters.upload.ManifestCommit`), and the failures worth a clear message."""
 
 from __future__ import annotations
 

@@ -1,11 +1,7 @@
-"""The parallel, atomic packer behind ``feedpipe convert``: :func:`convert` of image files
-(folders, manifests, split roots, COCO) and of record sources (:mod:`converters.records`).
-
-Workers prepare the images (:mod:`converters.worker`); the main process writes them in source
-order (:mod:`converters.packer`), so the output is the same whatever the worker count. Everything
-is written to ``.<out>.partial`` and renamed into place after the manifest, so an interrupted run
-leaves nothing that reads as a dataset, and a re-run clears the leftover by itself.
-"""
+"""The parallel, atomic packer behind ``feedpipe convert``: :func:`convert` of image files and of
+record sources. Workers prepare the images (:mod:`converters.worker`); the main process writes
+them in source order (:mod:`converters.packer`), so the output does not depend on the worker
+count."""
 
 from __future__ import annotations
 

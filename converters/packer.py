@@ -1,9 +1,6 @@
-"""The writing half of every conversion, whatever the source: claim the output (a local folder or
-an object-store URL), write each split's samples in order, name the skipped ones (``strict``:
-raise on the first), refuse an empty result, write the manifests and commit atomically, or remove
-the partial output on any failure. The sources (image files, records in memory:
-:mod:`converters.pack`) yield :class:`Sample` objects; :func:`write_samples` does the rest, once.
-"""
+"""The writing half of every conversion, whatever the source: write each split's :class:`Sample`
+objects in order, name the skipped ones, refuse an empty result, write the manifests and commit,
+or remove the partial output on any failure."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Conversion split into parts (``feedpipe convert --part i/N``): which slice a part packs,
-where it is written, and the fingerprint that tells :mod:`converters.merge` the parts belong
-together.
-
-Part ``i`` of ``N`` packs the contiguous slice ``[i*n//N, (i+1)*n//N)`` of the source's sorted
-item list, so every machine computes the same slice and the merged dataset keeps the source
-order. ``auto/N`` takes ``i`` from ``$SLURM_ARRAY_TASK_ID`` (Slurm job arrays) or
-``$JOB_COMPLETION_INDEX`` (Kubernetes indexed Jobs).
-"""
+"""Conversion split into parts (``feedpipe convert --part i/N``): part ``i`` of ``N`` packs the
+contiguous slice ``[i*n//N, (i+1)*n//N)`` of the sorted source, so every machine computes the same
+slice; ``auto/N`` takes ``i`` from Slurm's or Kubernetes' index variable."""
 
 from __future__ import annotations
 

@@ -1,21 +1,9 @@
-"""Progressive JPEGs stored as baseline, losslessly (``jpeg="baseline"``, the default).
-
-A progressive JPEG decodes ~3× slower than a baseline one with the same pixels, and the DCT-scaled
-decode hardly helps it (8.5 ms against 2.9 ms for a median web photo, benchmarks/RESULTS.md).
-libjpeg-turbo's lossless transform (``jpegtran -copy all -optimize``: ``tj3Transform`` with no
-operation, ``TJXOPT_OPTIMIZE``) rewrites the entropy coding only: the same DCT coefficients,
-quantization tables and markers (EXIF, ICC, comments), so the decoded pixels are the source's.
-Each result is checked, decoding once: the transform reads every scan of the source and stops at
-libjpeg-turbo's first warning (a source cut short or damaged is refused by name: it would decode
-to grey), and the baseline file is read whole (every scan, at 1/8 scale) and must declare the
-source's size, components and orientation. Memory stays that of the transform (the source's DCT
-coefficients, ~2 bytes a sample; benchmarks/bench_hostile_jpegs.py). A file that cannot be
-transcoded, or whose check fails, is stored as it is and named with the reason.
-
-The transform comes from the ``turbojpeg`` package (its wheels bundle libturbojpeg). Where it has
-no wheel (Linux other than x86_64, Python 3.14+), progressive JPEGs are kept as they are and named
-with that reason.
-"""
+"""Progressive JPEGs stored as baseline, losslessly (``jpeg="baseline"``, the default): they decode
+~3× slower than baseline with the same pixels (benchmarks/RESULTS.md). libjpeg-turbo's lossless
+transform (``turbojpeg``) rewrites the entropy coding only: the same DCT coefficients, tables and
+markers. Each result is checked (the source read whole, the baseline file read whole and
+declaring the source's size and orientation); a file that fails, or a platform without the
+turbojpeg wheel, keeps its bytes and is named with the reason."""
 
 from __future__ import annotations
 

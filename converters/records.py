@@ -1,10 +1,6 @@
-"""Sources whose samples arrive as bytes in memory, not as image files: foreign WebDataset shards
-(:mod:`converters.foreign_wds`), Hugging Face datasets (:mod:`converters.hf`) and arrays or tables
-without images (:mod:`converters.arrays`). Each is a :class:`RecordSource` yielding
-:class:`Record` objects, which :func:`converters.convert` packs with the packer of every source:
-images through the same :func:`~converters.images.store_image` as files (lossless in, lossless
-out), every other value as given; a record that cannot be stored is skipped and named.
-"""
+"""Sources whose samples arrive as bytes in memory (foreign shards, Hugging Face datasets, arrays):
+a :class:`RecordSource` of :class:`Record` objects, packed by :func:`converters.convert` like
+image files."""
 
 from __future__ import annotations
 

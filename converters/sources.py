@@ -1,8 +1,6 @@
-"""Conversion sources: an ImageFolder tree, a flat folder, or a CSV/JSONL manifest.
-
-Every source becomes a sorted, deterministic list of :class:`SourceItem` plus the class names, and
-every file it does not take is listed with the reason (nothing is dropped without a word).
-"""
+"""Conversion sources: an ImageFolder tree, a flat folder, or a CSV/JSONL manifest, each a sorted,
+deterministic list of :class:`SourceItem` plus the class names; every file not taken is listed
+with the reason."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""A local conversion's commit: the ``.<out>.partial`` folder, the output lock, the swap.
-
-The writers write straight into ``.<out>.partial``; once the manifests are written,
-:class:`SwapCommit` renames it into place atomically. A destructive step only touches what feedpipe
-made: ``--overwrite`` replaces a feedpipe dataset (or a train/val split of them) and nothing else,
-and a leftover ``.<out>.partial`` / ``.<out>.old`` is removed only when it holds feedpipe's marker
-or files its manifest lists. An exclusive lock on ``.<out>.lock`` (:func:`feedpipe.system.try_lock`)
-keeps two conversions of one output apart (a remote one locks its staging folder the same way);
-the system drops it when the holder dies, so a killed run never blocks the next one.
-"""
+"""A local conversion's commit: the ``.<out>.partial`` folder, the output lock, the swap. A
+destructive step only touches what feedpipe made (a dataset, or a leftover holding its marker or
+files its manifest lists); the lock on ``.<out>.lock`` is dropped by the system when its holder
+dies, so a killed run never blocks the next."""
 
 from __future__ import annotations
 

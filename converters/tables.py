@@ -1,20 +1,7 @@
-"""Tables without images as array sources: ``.npy``, ``.npz``, ``.parquet``, and CSV/JSONL files
-whose rows have no ``path`` column (those with one are image manifests,
-:mod:`converters.sources`).
-
-:func:`read_table` returns a dict of equal-length columns for :func:`converters.arrays.pack_arrays`
-(each row a sample, or a time step with ``series=True``). Numeric columns keep their dtype:
-``.npy``/``.npz``/Parquet as stored; CSV and JSON numbers as int64, or float64 where a value is
-fractional or missing (empty, ``NA``, ``NaN``, ``null``: NaN). Nothing is lost or cast silently:
-a value its column's dtype cannot hold exactly (an integer beyond int64; one beyond 2^53 in a
-float64 column; ``1e400``), ``true`` among numbers, a bool column with nulls and duplicate column
-names are refused, naming the column and the line. Text columns are taken only when ``columns``
-names them (a misnamed image manifest must not become a table of file names); a CSV cell is a
-number only in plain ASCII notation (``1_000`` is text). A CSV or JSONL row that cannot be read
-(the wrong number of cells, not a JSON object, other keys, a key given twice) is skipped and
-named (``strict``: refused). An ``.npz`` member or a Parquet column larger than
-``max_member_bytes`` is refused from its header or metadata, before it is decompressed.
-"""
+"""Tables without images as array sources: ``.npy``, ``.npz``, Parquet, and CSV/JSONL files without
+a ``path`` column (docs/arrays.md). Nothing is lost or cast silently: a value its column's dtype
+cannot hold exactly is refused, naming the column and line; an ``.npz`` member or Parquet column
+over ``max_member_bytes`` is refused before it is decompressed."""
 
 from __future__ import annotations
 

@@ -1,22 +1,9 @@
-"""A conversion into object storage (``s3://``, ``gs://``...): the commit policy that uploads each
-finished file, and the manifest last.
-
-An object store has no rename to swap a finished folder into place; the manifest is the commit
-point instead. Samples are packed into a local staging folder; each WebDataset shard is uploaded
-(by a small thread pool) as soon as the writer moves on to the next one, and its staged copy
-removed, so local disk holds a few shards, not the dataset. LMDB and HDF5 are single files,
-uploaded after they close. The manifest goes up last: an interrupted conversion leaves no
-manifest, so nothing reads it as a dataset.
-
-What feedpipe uploaded is recorded in an upload journal (``.feedpipe-upload.json``) beside the
-data, before each upload (``pending``) and after it (``done``, with the size and SHA-256; stored
-with the next journal write, so concurrent uploads share one PUT). A re-run skips every ``done``
-object whose staged copy has the same SHA-256 and whose stored size matches (conversions are
-deterministic), and at the end removes the objects of the journal that the new manifest does not
-list. A destructive step only touches what feedpipe made: ``overwrite`` removes the old manifest
-first (the old dataset then reads as incomplete), and afterwards only the objects that the old
-manifest or the journal lists. A prefix holding anything else is refused.
-"""
+"""A conversion into object storage (``s3://``, ``gs://``...): no rename to swap a folder into
+place, so the manifest, uploaded last, is the commit point (docs/remote.md). Each finished shard is
+uploaded as the writer moves on and its staged copy removed, so local disk holds a few shards. An
+upload journal (``.feedpipe-upload.json``) records each object before and after its upload: a
+re-run skips what is done, and a destructive step removes only what the journal or the old
+manifest lists."""
 
 from __future__ import annotations
 
@@ -72,7 +59,7 @@ class ManifestCommit:
         self._queued = threading.BoundedSemaphore(MAX_QUEUED)
 
     def claim(self, source: Source | None) -> Path:
-        """Check what the URL holds (see the module docstring), lock, make the staging folder."""
+        """Check what the URL holds (only what feedpipe made), lock, make the staging folder."""
         self.lock.acquire()
         try:
             self._check_remote()

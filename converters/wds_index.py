@@ -1,14 +1,7 @@
-"""``feedpipe index DIR``: a feedpipe manifest and WebDataset index written beside foreign
-``.tar`` shards, which are never rewritten, so ``make_loader(DIR)`` reads them in place.
-
-Only plain ``.tar`` shards can be indexed: reads are ``os.pread`` at member offsets, which gzip
-cannot serve, so a ``.tgz`` is refused with the ``feedpipe convert`` command that packs it. The
-index holds the samples that have every field's member; the others stay in the shards, are left
-out of the index and are named in the manifest (``skipped``) and the result, as are samples whose
-``.txt`` member is not UTF-8 text (the reader decodes it as it stands; it is never rewritten).
-Shards holding a member that would need unpickling are refused (convert leaves such members out,
-by name).
-"""
+"""``feedpipe index DIR``: a manifest and WebDataset index written beside foreign ``.tar`` shards,
+which are read in place and never rewritten (docs/sources.md). Gzipped shards (no random access)
+and members that need unpickling are refused with the ``feedpipe convert`` command instead;
+samples that cannot be read as they stand are left out of the index, named."""
 
 from __future__ import annotations
 
