@@ -1,16 +1,8 @@
-"""Arrays without images packed as datasets: :func:`pack_arrays`.
-
-The input is a dict of equal-length arrays (``{"x": float32 N×T×F, "y": int64 N}``: sample ``k``
-is ``{"x": x[k], "y": y[k]}``) or an iterable of sample dicts. Every value keeps its dtype
-(float32 stays float32); object dtypes are refused (they would need pickle). Packing goes through
-:func:`converters.convert` (as a :class:`~converters.records.RecordSource`), so the output is
-atomic, checksummed and summarized like any conversion. Missing values (NaN) and infinities are
-counted per field, with their first rows, in the result and the manifest.
-
-``series=True`` stores one time series (row ``k`` of every array is time step ``k``) once, in
-blocks of rows, with per-field normalization statistics from the training rows only;
-:class:`feedpipe.dataset.windows.Windows` cuts windows from it at load time (docs/arrays.md).
-"""
+"""Arrays without images packed as datasets (:func:`pack_arrays`, docs/arrays.md): a dict of
+equal-length arrays or an iterable of sample dicts, each value keeping its dtype (object dtypes
+refused: they would need pickle), packed by :func:`converters.convert` as a record source. NaN and
+infinities are counted per field; ``series=True`` stores one time series once, in blocks of rows,
+for :class:`feedpipe.dataset.windows.Windows`."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ from .output import is_remote, why_empty
 from .packer import PackTarget, Progress, Sample, split_indices, write_samples
 from .palette import resolve_palette
 from .parts import Part, plan_part
-from .records import Record, RecordSource
+from .records import RecordSource
 from .result import ConvertResult, Refused
 from .sources import Source, attach_masks, scan
 from .split_root import SplitClasses, SplitRoot, scan_split_root, split_of
@@ -366,13 +366,28 @@ def _pack_records(src: RecordSource, target: PackTarget, opts: PackOptions,
     def samples() -> Iterator[Sample]:
         for k, rec in enumerate(src.records()):
             split = "" if val is None else ("val" if k < len(val) and val[k] else "train")
-            if rec.problem is not None:
-                yield Sample(rec.name, split, None, rec.problem)
-            elif not src.images:
+            if rec.problem is not None or (src.images and not rec.image):
+                yield Sample(rec.name, split, None, rec.problem or "no image")
+                continue
+            if not src.images:
                 result.bytes_in += sum(getattr(v, "nbytes", 0) for v in rec.values.values())
                 yield Sample(rec.name, split, rec.values)
-            else:
-                yield _image_sample(rec, split, result, opts, src.labeled, codec)
+                continue
+            data = rec.image or b""
+            result.bytes_in += len(data)
+            try:
+                stored = store_image(data, opts)
+            except Refused as exc:
+                yield Sample(rec.name, split, None, str(exc))
+                continue
+            if codec not in ("mixed", stored.codec):
+                yield Sample(rec.name, split, None,
+                             f"stored as {stored.codec}, the dataset's images are {codec}")
+                continue
+            values = {"image": stored.value, **rec.values, "path": rec.name}
+            if src.labeled:
+                values["label"] = rec.label
+            yield Sample(rec.name, split, values, stored=stored)
 
     def finish(skipped: dict[str, list[dict[str, str]]]) -> tuple[dict[str, Any], Schema]:
         conversion = {"source": ", ".join(map(str, src.roots)), "source_kind": src.kind,
@@ -394,25 +409,6 @@ def _pack_records(src: RecordSource, target: PackTarget, opts: PackOptions,
         target, result, claim=None, split_names=["train", "val"] if val is not None else [""],
         schema=schema, classes=src.classes, samples=samples(), total=src.count, finish=finish,
         where=str(src.roots[0] if src.roots else src.kind), why_empty=why)
-
-
-def _image_sample(rec: Record, split: str, result: ConvertResult, opts: PackOptions,
-                  labeled: bool, codec: str) -> Sample:
-    """One record's image stored (:func:`store_image`) with its values, or the skip reason."""
-    if not rec.image:
-        return Sample(rec.name, split, None, "no image")
-    result.bytes_in += len(rec.image)
-    try:
-        stored = store_image(rec.image, opts)
-    except Refused as exc:
-        return Sample(rec.name, split, None, str(exc))
-    if codec not in ("mixed", stored.codec):
-        return Sample(rec.name, split, None,
-                      f"stored as {stored.codec}, the dataset's images are {codec}")
-    values = {"image": stored.value, **rec.values, "path": rec.name}
-    if labeled:
-        values["label"] = rec.label
-    return Sample(rec.name, split, values, stored=stored)
 
 
 def settle_codec(schema: Schema, result: ConvertResult) -> Schema:
