@@ -74,13 +74,9 @@ def file_codec(path: Path, opts: PackOptions) -> str | None:
 
 
 def image_codec(items: Sequence[SourceItem], opts: PackOptions, sniff: bool = True) -> str:
-    """The image field's codec: the one codec every input is stored as, else "mixed".
-
-    With ``codec="auto"`` each input's first bytes are read to tell (a PNG named .jpg counts as
-    PNG; inputs that cannot be read are skipped later and do not count). ``sniff=False`` skips
-    that pass (a read per file) and answers a provisional "mixed", for formats whose records do not
-    depend on the codec; :func:`converters.report.settle_codec` narrows it after writing.
-    """
+    """The image field's codec: the one codec every input is stored as, else "mixed". With
+    ``codec="auto"`` each input's first bytes tell; ``sniff=False`` skips that read per file and
+    answers a provisional "mixed" (:func:`converters.pack.settle_codec` narrows it later)."""
     if opts.store == "raw":
         return "raw"
     if opts.codec != "auto":

@@ -258,15 +258,11 @@ def _merge_schema(schema: Schema, info: PartInfo, first: PartInfo) -> Schema:
 
 def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] = (),
           storage_options: Mapping[str, Any] | None = None) -> MergeResult:
-    """Merge the parts of a split conversion into the dataset ``out``.
-
-    ``parts``: part directories or glob patterns; the parts already in ``out/parts/`` are always
-    taken. Raises :class:`~feedpipe.errors.PartsError` when a part is missing, given twice, or
-    from another source, schema or class list, before anything is moved. An object-storage
-    ``out`` (``s3://...``, WebDataset only) merges the parts already under ``out/parts/`` in
-    place: the merged index files are uploaded, then the merged manifest last (the commit point),
-    so an interrupted merge leaves nothing that reads as a dataset and running it again finishes it.
-    """
+    """Merge the parts of a split conversion into the dataset ``out``: those already in
+    ``out/parts/`` and ``parts`` (folders or glob patterns). A part missing, given twice, or from
+    another source, schema or class list is a :class:`~feedpipe.errors.PartsError` before anything
+    is moved. On object storage (WebDataset only) the parts already under ``out/parts/`` merge in
+    place."""
     t0 = time.perf_counter()
     target = MergeTarget(out, storage_options)
     seen: dict[str, str | Path] = {}

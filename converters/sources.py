@@ -207,16 +207,10 @@ def _walk_root(root: Path, contained: bool = False) -> _Tree:
 
 def scan(src: str | Path, layout: Layout = "auto", labels: LabelsAs = "auto",
          unlabeled: Unlabeled = "refuse", contained: bool = False) -> Source:
-    """Detect the source kind and list its images.
-
-    A directory is an ImageFolder tree when a top-level sub-directory holds an image (sorted class
-    folder names → labels 0..K-1; a class folder may be empty): class folders win, and images at
-    the top level are refused by name, never turned into unlabeled samples. Otherwise it is a flat
-    folder (no labels, searched recursively). ``layout`` forces either reading. A ``.csv`` or
-    ``.jsonl`` file is a manifest; ``labels`` and ``unlabeled`` say how to read its labels
-    (:func:`manifest_labels`). ``contained``: a manifest row naming a file outside the
-    manifest's folder, or a symlink in a folder leading outside it, is refused (:func:`outside`).
-    """
+    """Detect the source kind and list its images (docs/convert.md): a folder is an ImageFolder
+    tree when a top-level sub-folder holds an image (images at its top level are then refused by
+    name, never made unlabeled), else a flat folder; ``layout`` forces either reading. A ``.csv``
+    or ``.jsonl`` file is a manifest (``labels``, ``unlabeled``: :func:`manifest_labels`)."""
     if layout not in ("auto", "imagefolder", "flat"):
         raise ConfigError(f"layout={layout!r}: use 'auto', 'imagefolder' or 'flat'",
                           option="layout")
@@ -372,15 +366,9 @@ def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def manifest_labels(path: Path, rows: list[dict[str, Any]], how: LabelsAs = "auto",
                     unlabeled: Unlabeled = "refuse") -> tuple[list[int], tuple[str, ...]]:
-    """Each row's label index (-1: none) and the class names, read one way for every row.
-
-    ``how="auto"``: integers are class indices and other values class names (sorted), but a
-    column that mixes the two is refused, naming the rows of the smaller kind (one ``unknown``
-    or ``1.5`` among 0..11 would renumber every class); ``"ints"``: every label is an index
-    (0 or more); ``"names"``: every label is a class name, integer-looking names first in
-    numeric order (so 0..11 keep their numbers and ``unknown`` becomes 12). A row with an empty
-    label among labelled rows is refused by name unless ``unlabeled="keep"``: then it is stored
-    with label -1 (the conversion counts and lists it)."""
+    """Each row's label index (-1: none) and the class names, read one way for every row
+    (``labels=``, docs/convert.md). A column mixing integers and names is refused under "auto",
+    naming the rows of the smaller kind: one ``unknown`` among 0..11 would renumber every class."""
     where = (f"labels={how!r}", f"unlabeled={unlabeled!r}")
     if how not in ("auto", "ints", "names") or unlabeled not in ("refuse", "keep"):
         raise ConfigError(f"{', '.join(where)}: use labels='auto', 'ints' or 'names' and "
@@ -440,13 +428,9 @@ def manifest_labels(path: Path, rows: list[dict[str, Any]], how: LabelsAs = "aut
 
 
 def attach_masks(source: Source, masks: str | Path) -> Source:
-    """Pair each image with the mask file of the same name in ``masks`` (any image extension).
-
-    A mask matches by its path relative to ``masks`` without extension (``cls/a.jpg`` ↔
-    ``cls/a.png``), else by file stem when exactly one mask and one image have that stem (a flat
-    mask folder for an ImageFolder tree). Images without a mask are kept and later skipped with that reason;
-    masks without an image are listed in ``unmatched_masks``.
-    """
+    """Pair each image with the mask of the same path without extension in ``masks`` (``cls/a.jpg``
+    ↔ ``cls/a.png``), else of the same file stem when exactly one mask and one image have it.
+    Images without a mask are skipped later, by name; masks without an image are listed."""
     root = Path(masks)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: mask folder does not exist")
