@@ -144,19 +144,14 @@ def _field(name: str, arr: np.ndarray, block: bool = False) -> Field:
 
 # --- missing values ---------------------------------------------------------------------------------
 
-def missing_rows(arr: np.ndarray) -> np.ndarray:
-    """Per row (first axis) of a float array: whether it holds a NaN or an infinity."""
-    if arr.dtype.kind not in "fc" or not len(arr):
-        return np.zeros(len(arr), bool)
-    return (~np.isfinite(arr)).reshape(len(arr), -1).any(axis=1)
-
-
 def missing_report(cols: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """NaN and infinities per field: values (``infinite`` of them, when any), rows, and the
     first rows holding one (fields without: absent)."""
     out: dict[str, Any] = {}
     for k, a in cols.items():
-        rows = missing_rows(a)
+        if a.dtype.kind not in "fc" or not len(a):
+            continue
+        rows = (~np.isfinite(a)).reshape(len(a), -1).any(axis=1)
         if rows.any():
             inf = int(np.isinf(a).sum())
             out[k] = {"values": int((~np.isfinite(a)).sum()), "rows": int(rows.sum()),

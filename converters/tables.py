@@ -98,7 +98,8 @@ def read_table(path: str | Path, columns: Sequence[str] | None = None, dtype: st
                     if any(_IMAGE_NAME.search(v) for v in raw[c][:100]) else "")
             raise BadInputError(f"{p}: column {c!r} is not numeric (row 1: {str(raw[c][0])!r})"
                                 f"{hint}; name the columns to keep with --columns (text ones "
-                                f"are stored as JSON): numeric columns are {_numeric(raw)}")
+                                f"are stored as JSON): numeric columns are "
+                                f"{[c for c, a in raw.items() if a.dtype.kind != 'U']}")
     if not raw:
         raise BadInputError(f"{p}: the table has no columns")
     if dtype is not None:
@@ -110,10 +111,6 @@ def read_table(path: str | Path, columns: Sequence[str] | None = None, dtype: st
     names = _field_names(list(raw))
     return ({names[c]: a for c, a in raw.items()},
             {c: n for c, n in names.items() if c != n}, skipped)
-
-
-def _numeric(raw: dict[str, np.ndarray]) -> list[str]:
-    return [c for c, a in raw.items() if a.dtype.kind != "U"]
 
 
 def _field_names(cols: list[str]) -> dict[str, str]:
