@@ -125,13 +125,6 @@ class MergeTarget:
     def part_path(self, name: str) -> str:
         return self.store.where(f"{PARTS_DIR}/{name}")
 
-    def entry(self, name: str) -> FileEntry:
-        """Size and SHA-256 of a file in the dataset (a part's manifest)."""
-        if self.store.remote:
-            raw = self.store.read_bytes(name)
-            return FileEntry(name, len(raw), hashlib.sha256(raw).hexdigest())
-        return FileEntry.of(self.out, name)
-
     def commit(self, manifest: Manifest) -> None:
         """Write the manifest last: the commit point (made durable in a local folder)."""
         if not self.store.remote:
@@ -293,7 +286,8 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
             ([], {k: v for k, v in manifests[0].extra.items() if k == "compression"})
         for d, info in zip(dirs, adopted):
             files += [FileEntry(f"{d}/{f.name}", f.size, f.sha256) for f in info.manifest.files]
-            files.append(target.entry(f"{d}/{MANIFEST_NAME}"))
+            raw = target.store.read_bytes(f"{d}/{MANIFEST_NAME}")  # the part's manifest
+            files.append(FileEntry(f"{d}/{MANIFEST_NAME}", len(raw), hashlib.sha256(raw).hexdigest()))
         extra["parts"] = [{"dir": d, "num_samples": i.manifest.num_samples,
                            "start": i.start, "stop": i.stop,
                            **{k: v for k, v in i.manifest.extra.items() if k == "dataset_id"}}
