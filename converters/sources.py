@@ -13,7 +13,7 @@ import stat
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from feedpipe.errors import BadInputError, ConfigError, NotRegularFileError
 from feedpipe.paths import KINDS
@@ -327,25 +327,13 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]
                 rows.append(dict(r))
                 lines.append(reader.line_num)
             return rows, lines, bad
-        decoder = json.JSONDecoder(object_pairs_hook=json_object)
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                r = decoder.decode(line)
-            except Twice as exc:
-                bad.append((f"{path.name}:{n}", f"key {exc.args[0]!r} is given twice in this "
-                                                "object (one value would be lost)"))
-                continue
-            except ValueError as exc:
-                bad.append((f"{path.name}:{n}", f"not a JSON line: {exc}"))
-                continue
-            if isinstance(r, dict):
-                rows.append(r)
-                lines.append(n)
-            else:
-                bad.append((f"{path.name}:{n}", f"a JSON {type(r).__name__}, not an object "
-                                                "with a 'path'"))
+    for n, r, why in json_lines(path, "not a JSON line"):
+        if why is None and isinstance(r, dict):
+            rows.append(r)
+            lines.append(n)
+        else:
+            bad.append((f"{path.name}:{n}", why or f"a JSON {type(r).__name__}, not an object "
+                                                   "with a 'path'"))
     return rows, lines, bad
 
 
@@ -354,6 +342,23 @@ _INT = re.compile(r"[+-]?\d+")
 
 class Twice(Exception):
     """A JSON object that gives a key twice (``json`` would keep the last value only)."""
+
+
+def json_lines(path: Path, invalid: str, **decode: Any) -> Iterator[tuple[int, Any, str | None]]:
+    """Each non-blank line of a JSONL file: (line number, value, None), or (line number, None,
+    why) for a line that is not JSON (``invalid``: the reason's start) or gives a key twice."""
+    decoder = json.JSONDecoder(object_pairs_hook=json_object, **decode)
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield n, decoder.decode(line), None
+            except Twice as exc:
+                yield n, None, (f"key {exc.args[0]!r} is given twice in this object (one value "
+                                "would be lost)")
+            except ValueError as exc:
+                yield n, None, f"{invalid}: {exc}"
 
 
 def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

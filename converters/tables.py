@@ -25,7 +25,7 @@ from feedpipe.errors import (
 from feedpipe.schema.codecs import npy_decode
 
 from .arrays import RESERVED, as_array
-from .sources import Twice, json_object
+from .sources import json_lines
 
 TABLE_SUFFIXES = (".npy", ".npz", ".parquet", ".pq")
 ROW_SUFFIXES = (".csv", ".jsonl", ".ndjson")
@@ -307,30 +307,18 @@ def _jsonl(p: Path, skipped: list[dict[str, str]], strict: bool) -> dict[str, np
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
     keys: list[str] | None = None
-    decoder = json.JSONDecoder(object_pairs_hook=json_object, parse_constant=_Constant)
-    with open(p, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = decoder.decode(line)
-            except Twice as exc:
-                _skip(p, n, f"key {exc.args[0]!r} is given twice in this object (one value "
-                      "would be lost)", skipped, strict)
-                continue
-            except ValueError as exc:
-                _skip(p, n, f"invalid JSON: {exc}", skipped, strict)
-                continue
-            if not isinstance(row, dict):
-                _skip(p, n, f"a JSON {type(row).__name__}, not an object", skipped, strict)
-                continue
+    for n, row, why in json_lines(p, "invalid JSON", parse_constant=_Constant):
+        if why is None and not isinstance(row, dict):
+            why = f"a JSON {type(row).__name__}, not an object"
+        elif why is None:
             keys = keys or list(row)
             if set(row) != set(keys):
-                _skip(p, n, f"keys {sorted(row)}, the first row's are {sorted(keys)}", skipped,
-                      strict)
-                continue
-            rows.append(row)
-            lines.append(n)
+                why = f"keys {sorted(row)}, the first row's are {sorted(keys)}"
+        if why is not None:
+            _skip(p, n, why, skipped, strict)
+            continue
+        rows.append(row)
+        lines.append(n)
     if not rows or keys is None:
         raise BadInputError(f"{p}: no rows")
     out = {}
