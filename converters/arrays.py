@@ -160,25 +160,18 @@ def missing_report(cols: Mapping[str, np.ndarray]) -> dict[str, Any]:
     return out
 
 
-class _Missing:
-    """The missing-value report built one sample at a time (iterable sources)."""
-
-    def __init__(self, report: dict[str, Any]) -> None:
-        self.report = report
-
-    def add(self, k: int, values: Mapping[str, Any]) -> None:
-        for name, v in values.items():
-            if isinstance(v, np.ndarray) and v.dtype.kind in "fc":
-                n = int((~np.isfinite(v)).sum())
-                if n:
-                    entry = self.report.setdefault(name, {"values": 0, "rows": 0,
-                                                          "first_rows": []})
-                    entry["values"] += n
-                    entry["rows"] += 1
-                    if inf := int(np.isinf(v).sum()):
-                        entry["infinite"] = entry.get("infinite", 0) + inf
-                    if len(entry["first_rows"]) < FIRST_ROWS:
-                        entry["first_rows"].append(k)
+def _add_missing(report: dict[str, Any], k: int, values: Mapping[str, Any]) -> None:
+    """Sample ``k`` added to :func:`missing_report`'s report (iterable sources)."""
+    for name, v in values.items():
+        if isinstance(v, np.ndarray) and v.dtype.kind in "fc" and \
+                (n := int((~np.isfinite(v)).sum())):
+            entry = report.setdefault(name, {"values": 0, "rows": 0, "first_rows": []})
+            entry["values"] += n
+            entry["rows"] += 1
+            if inf := int(np.isinf(v).sum()):
+                entry["infinite"] = entry.get("infinite", 0) + inf
+            if len(entry["first_rows"]) < FIRST_ROWS:
+                entry["first_rows"].append(k)
 
 
 # --- sources ----------------------------------------------------------------------------------------
@@ -221,14 +214,13 @@ def _samples(data: Iterable[Mapping[str, Any]], roots: tuple[Path, ...], info: d
                    else JsonField(k) for k, a in head.items())
     count = len(data) if hasattr(data, "__len__") else 0  # type: ignore[arg-type]
     info["missing"] = {}
-    missing = _Missing(info["missing"])
 
     def records() -> Iterator[Record]:
         k = -1
         for k, sample in enumerate(chain([first], it)):
             values, why = _sample(sample, head, k)
             if why is None:
-                missing.add(k, values)
+                _add_missing(info["missing"], k, values)
             yield Record(f"sample {k}", values=values, problem=why)
         info["inputs"] = k + 1
 

@@ -136,8 +136,7 @@ def samples(path: Path, odd: list[dict[str, str]], max_bytes: int = MAX_MEMBER_B
 
 
 def _image_suffix(group: dict[str, Member]) -> str | None:
-    found = [s for s in IMAGE_SUFFIXES if s in group]
-    return found[0] if found else None
+    return next((s for s in IMAGE_SUFFIXES if s in group), None)
 
 
 @dataclass
@@ -204,10 +203,9 @@ def plan(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES) 
         if ext == "json":
             fields[s] = JsonField(name)
         elif ext == "npy" and npy.get(s):
-            dtypes = {d for d, _ in npy[s]}
             shapes = {sh for _, sh in npy[s]}
-            shape = next(iter(shapes)) if len(shapes) == 1 else None
-            fields[s] = ArrayField(name, dtype=sorted(dtypes)[0], shape=shape)
+            fields[s] = ArrayField(name, dtype=min(d for d, _ in npy[s]),
+                                   shape=shapes.pop() if len(shapes) == 1 else None)
         elif ext == "txt":
             fields[s] = TextField(name)
         else:

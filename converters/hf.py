@@ -54,13 +54,11 @@ def _array_dtype(feature: Any) -> str | None:
     inner = getattr(feature, "feature", None)
     while inner is not None and not isinstance(inner, datasets.Value):
         inner = getattr(inner, "feature", None)
-    if isinstance(inner, datasets.Value):
-        try:
-            dt = np.dtype(inner.dtype)
-        except TypeError:
-            return None
-        return dt.str if dt.kind in "biuf" else None
-    return None
+    try:
+        dt = np.dtype(inner.dtype)  # type: ignore[union-attr]
+    except (TypeError, AttributeError):  # no Value inside, or not a numpy dtype
+        return None
+    return dt.str if dt.kind in "biuf" else None
 
 
 def source(src: str, split: str = "train") -> RecordSource:
