@@ -80,19 +80,19 @@ class ManifestCommit:
             raise RemoteNotFoundError(f"{scheme}://{bucket}: no such bucket; create it, or check "
                                       f"its name and the endpoint, before writing {self.url}",
                                       url=self.url)
-        self.journal = self._read_json(JOURNAL) or {} if JOURNAL in held else {}
-        self.journal = dict(self.journal.get("files", {}))
+        self.journal = dict(((self._read_json(JOURNAL) if JOURNAL in held else None) or {})
+                            .get("files", {}))
         manifests = {s + MANIFEST_NAME: self._read_json(s + MANIFEST_NAME)
                      for s in SPLITS if s + MANIFEST_NAME in held}
-        ours = {JOURNAL, *manifests, *self.journal}
+        old: set[str] = set()  # the old dataset's objects, its manifests included
         for name, m in manifests.items():
             if m is None or "feedpipe_manifest" not in m:
                 raise OutputRefusedError(f"{self.store.where(name)}: not a feedpipe manifest; "
                                          "refusing to write over it. Choose another -o or remove "
                                          "it yourself.")
             split = name[:-len(MANIFEST_NAME)]
-            ours |= {split + str(f["name"]) for f in m.get("files", [])}
-        foreign = sorted(held - ours)
+            old |= {name, *(split + str(f["name"]) for f in m.get("files", []))}
+        foreign = sorted(held - old - {JOURNAL, *self.journal})
         if foreign:
             raise OutputRefusedError(f"{self.url}: holds objects feedpipe did not make "
                                      f"({shown(foreign)}); choose another -o, or move them out "
@@ -101,10 +101,8 @@ class ManifestCommit:
             raise FileExistsError(f"{self.url} holds a dataset ({shown(sorted(manifests))}); "
                                   "pass overwrite=True (--overwrite) to replace it")
         if manifests:  # the old dataset's objects become ours to remove, then it is uncommitted
-            for name, m in manifests.items():
-                split = name[:-len(MANIFEST_NAME)]
-                for f in [*m.get("files", []), {"name": MANIFEST_NAME}]:  # type: ignore[union-attr]
-                    self.journal.setdefault(split + str(f["name"]), {"state": "old"})
+            for rel in old:
+                self.journal.setdefault(rel, {"state": "old"})
             self._save_journal()
             self.store.remove(manifests)
         elif self.journal:
@@ -203,12 +201,11 @@ class ManifestCommit:
                 self._pool.shutdown(wait=True)
             for fut in self._uploads.values():
                 fut.result()
-            manifests = sorted(self.staging.rglob(MANIFEST_NAME))
-            new = {self._rel(p) for p in manifests}
-            for m in manifests:
+            new = set()
+            for m in sorted(self.staging.rglob(MANIFEST_NAME)):
                 split = self._rel(m.parent) + "/" if m.parent != self.staging else ""
-                new |= {split + str(f["name"]) for f in json.loads(m.read_text())["files"]}
-            for m in manifests:
+                new |= {self._rel(m), *(split + str(f["name"])
+                                        for f in json.loads(m.read_text())["files"])}
                 self.publish(m, keep=True)
             self.store.remove(sorted(set(self.journal) - new))
             self.store.remove([JOURNAL])
