@@ -17,7 +17,7 @@ from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.errors import ConfigError, CorruptRecordError, NotRegularFileError
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, check_pixels, sniff_codec, webp_lossless
 
-from .sources import open_regular
+from .sources import open_regular, read_regular
 
 Palette = tuple[tuple[int, int, int, int], ...]  # (r, g, b, class index)
 Rare = tuple[dict[str, Any], ...]  # colours auto left out: {"colour", "pixels", "mask"}
@@ -45,8 +45,7 @@ def load_palette(path: str | Path) -> Palette:
     if path.is_dir():
         path = path / MANIFEST_NAME
     try:
-        with os.fdopen(open_regular(path), encoding="utf-8") as fh:
-            d = json.loads(fh.read())
+        d = json.loads(read_regular(path).decode())
         if isinstance(d, dict) and "feedpipe_manifest" in d:
             rows = (d.get("conversion") or {}).get("mask_palette")
             if not rows:

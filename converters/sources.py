@@ -445,9 +445,7 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
     for p in files:
         by_rel[p.relative_to(root).with_suffix("").as_posix()] = p
         by_stem.setdefault(p.stem, []).append(p)
-    image_stems: dict[str, int] = {}
-    for it in source.items:
-        image_stems[Path(it.rel).stem] = image_stems.get(Path(it.rel).stem, 0) + 1
+    image_stems = Counter(Path(it.rel).stem for it in source.items)
     used: set[Path] = set()
     items = []
     for it in source.items:
@@ -458,6 +456,6 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
         m = by_rel.get(rel) or (stem[0] if len(stem) == 1 and image_stems[name] == 1 else None)
         if m is not None:
             used.add(m)
-        items.append(SourceItem(it.path, it.rel, it.label, it.extra, m, it.fields, it.row))
+        items.append(replace(it, mask=m))
     unmatched = tuple(p.relative_to(root).as_posix() for p in files if p not in used)
     return replace(source, items=tuple(items), masked=True, unmatched_masks=unmatched)
