@@ -120,7 +120,24 @@ class MergeTarget:
             raise PartsError(f"{src}: on object storage a merge takes only the parts already "
                              f"under {self.parts}/ (it never copies shards); convert them with "
                              f"`feedpipe convert ... -o {self.store.url} --part i/N`")
-        return _move_in(Path(src), Path(dest), self.out)
+        src, to = Path(src), Path(dest)
+        if src.resolve() == to.resolve():
+            return False
+        if to.exists() or to.is_symlink():
+            raise PartsError(f"{src}: {to} already exists and is another directory; move one "
+                             "of them away")
+        to.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(src, to)
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                raise PartsError(f"{src}: on another filesystem than {self.out}; a merge moves "
+                                 "parts, it never copies them: write the parts with "
+                                 f"`feedpipe convert ... -o {self.out} --part i/N` (they land "
+                                 f"in {to.parent}) or move them there yourself") from exc
+            raise
+        fsync_dir(to.parent)
+        return True
 
     def part_path(self, name: str) -> str:
         return self.store.where(f"{PARTS_DIR}/{name}")
@@ -132,27 +149,6 @@ class MergeTarget:
         self.store.write(MANIFEST_NAME, lambda fh: fh.write(manifest.encoded()))
         if not self.store.remote:
             fsync_dir(self.out)
-
-
-def _move_in(src: Path, dest: Path, out: Path) -> bool:
-    """One rename of a part folder into the dataset; False when it is already there."""
-    if src.resolve() == dest.resolve():
-        return False
-    if dest.exists() or dest.is_symlink():
-        raise PartsError(f"{src}: {dest} already exists and is another directory; move one "
-                         "of them away")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.rename(src, dest)
-    except OSError as exc:
-        if exc.errno == errno.EXDEV:
-            raise PartsError(f"{src}: on another filesystem than {out}; a merge moves "
-                             "parts, it never copies them: write the parts with "
-                             f"`feedpipe convert ... -o {out} --part i/N` (they land in "
-                             f"{dest.parent}) or move them there yourself") from exc
-        raise
-    fsync_dir(dest.parent)
-    return True
 
 
 def expand(parts: Sequence[str | os.PathLike[str]]) -> list[Path]:
