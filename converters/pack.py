@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import time
 from dataclasses import fields as dc_fields
 from dataclasses import replace
 from pathlib import Path
@@ -178,7 +177,6 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
         What was written, skipped and not taken, with the reasons.
     """
     args = dict(locals())  # the options by name, before any other local is made
-    t0 = time.perf_counter()
     for where, what in ((src, "the source"), (out, "the output")):
         if not isinstance(where, (Source, RecordSource)) and \
                 not (where is out and is_remote(out)):
@@ -199,9 +197,7 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
             flags = ", ".join(f"{k}= (--{k.replace('_', '-')})" for k in given)
             raise ConfigError(f"{flags}: for image folders and manifests, not for a {src.kind} "
                               "source", option=given[0])
-        result = _pack_records(src, target, PackOptions(**image_opts), val_fraction, seed)
-        result.seconds = time.perf_counter() - t0
-        return result
+        return _pack_records(src, target, PackOptions(**image_opts), val_fraction, seed)
     if not isinstance(contained, bool):
         raise ConfigError(f"contained={contained!r}: True or False", option="contained")
     options = PackOptions(**image_opts, mask_store=mask_store, mask_dtype=mask_dtype,
@@ -242,9 +238,7 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
     info: dict[str, Any] = {"labels": labels} if source.kind == "manifest" else {}
     if source.masked:
         info["masks"] = str(masks) if masks is not None else "manifest column 'mask'"
-    result = _pack_files(source, target, opts, left_out, workers, val_fraction, seed, part, info)
-    result.seconds = time.perf_counter() - t0
-    return result
+    return _pack_files(source, target, opts, left_out, workers, val_fraction, seed, part, info)
 
 
 _DEFAULTS = {k: v.default for k, v in inspect.signature(convert).parameters.items()}

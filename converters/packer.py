@@ -4,7 +4,8 @@ or remove the partial output on any failure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -51,6 +52,7 @@ class PackTarget:
     # a value its field cannot hold skips the sample, named (records carry values as given);
     # False: it raises (image files: the values are the converter's own)
     skip_bad_values: bool = False
+    t0: float = field(default_factory=time.perf_counter)  # when the conversion started
 
     def __post_init__(self) -> None:
         if self.to not in WRITERS:
@@ -118,6 +120,7 @@ def write_samples(target: PackTarget, result: ConvertResult, *, claim: Source | 
     except BaseException as exc:
         abandon(exc, writers.values(), output, Path(target.out), tmp)
     output.commit()
+    result.seconds = time.perf_counter() - target.t0
     return result
 
 

@@ -15,9 +15,6 @@ from feedpipe.schema.imaging import read_jpeg_whole, simplejpeg, turbojpeg
 
 from .result import TRANSCODED, Refused, Stored
 
-NO_TRANSFORM = ("not transcoded: the lossless transform needs the turbojpeg package, which has "
-                "no wheel for this platform or Python (pip install turbojpeg)")
-
 
 def can_transcode() -> bool:
     """Whether this platform has the lossless transform (and simplejpeg, to check it)."""
@@ -28,7 +25,8 @@ def to_baseline(data: bytes) -> tuple[bytes, None] | tuple[None, str]:
     """``data`` (a progressive JPEG) as baseline, checked: (the bytes, None), or (None, why it is
     kept as it is). BadInputError when the source's data is damaged."""
     if not can_transcode():
-        return None, NO_TRANSFORM
+        return None, ("not transcoded: the lossless transform needs the turbojpeg package, which "
+                      "has no wheel for this platform or Python (pip install turbojpeg)")
     try:  # reads every scan; libjpeg-turbo's first warning raises
         out = turbojpeg.transform(data, optimize=True)  # progressive=False, copynone=False
     except RuntimeError as exc:
