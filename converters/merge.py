@@ -306,9 +306,8 @@ def _merged_manifest(infos: list[PartInfo], schema: Schema, files: list[FileEntr
         for how, n in info.manifest.conversion.get("stored", {}).items():
             stored[how] = stored.get(how, 0) + int(n)
     ignored = list(first.conversion.get("ignored", []))  # the source's, the same in every part
-    empty = set(first.classes)
-    for info in infos:
-        empty &= set(info.manifest.conversion.get("empty_classes", first.classes))
+    empty = set(first.classes).intersection(
+        *(i.manifest.conversion.get("empty_classes", first.classes) for i in infos))
     result.empty_classes = [c for c in first.classes if c in empty]
     if result.empty_classes:
         log.warning("%s: class(es) with no samples in any part: %s", result.out,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NoReturn
 
@@ -115,12 +116,8 @@ def why_empty(source: Source, skipped: list[dict[str, Any]]) -> str:
         return f"all {len(skipped)} inputs were skipped: " + "; ".join(
             f"{s['path']}: {s['reason']}" for s in skipped[:3])
     root = Path(source.root)
-    files = []
-    for p in root.rglob("*"):
-        if p.is_file():
-            files.append(p.relative_to(root).as_posix())
-            if len(files) >= 10_000:
-                break
+    files = [p.relative_to(root).as_posix()
+             for p in islice((p for p in root.rglob("*") if p.is_file()), 10_000)]
     names = {Path(f).name for f in files}
     if names & {MANIFEST_NAME, "data.mdb", "data.h5"}:
         return (f"{root} is already a packed dataset ({shown(sorted(names))}); open it with "
