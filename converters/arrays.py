@@ -69,14 +69,11 @@ def pack_arrays(data: Arrays | Iterable[Mapping[str, Any]], out: str | Path, *, 
     info: dict[str, Any] = {"arrays": where}
     if renamed:
         info["renamed_columns"] = dict(renamed)
-    if isinstance(data, Mapping):
-        cols = columns(data, where)
-        if series:
-            src = _series(cols, roots, info, train_fraction, block_rows)
-        else:
-            src = _rows(cols, roots, info)
-    elif series:
-        src = _series(_stacked(data, where), roots, info, train_fraction, block_rows)
+    if series:
+        cols = columns(data, where) if isinstance(data, Mapping) else _stacked(data, where)
+        src = _series(cols, roots, info, train_fraction, block_rows)
+    elif isinstance(data, Mapping):
+        src = _rows(columns(data, where), roots, info)
     else:
         src = _samples(data, roots, info, where)
     src = replace(src, not_taken=tuple(not_taken))
