@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+from contextlib import suppress
 from itertools import islice
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, NoReturn
@@ -46,10 +47,8 @@ def abandon(exc: BaseException, writers: Iterable[DatasetWriter],
     partial output, and raise: :class:`DiskFullError` (from ``exc``) when the disk filled, else
     ``exc`` itself."""
     for writer in writers:
-        try:
+        with suppress(Exception):  # the original error matters more than a failed cleanup
             writer.discard()
-        except Exception:  # the original error matters more than a failed cleanup
-            pass
     full = disk_full(exc, out, partial)
     output.abort()
     if full is None:

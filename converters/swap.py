@@ -165,10 +165,7 @@ class OutputLock:
     def release(self) -> None:
         if self.fd is None:
             return
-        try:
-            os.unlink(self.path)  # while still holding it (see the class docstring)
-        except FileNotFoundError:
-            pass
+        self.path.unlink(missing_ok=True)  # while still holding it (see the class docstring)
         os.close(self.fd)
         self.fd = None
 
