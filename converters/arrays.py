@@ -1,16 +1,8 @@
-"""Arrays without images packed as datasets: :func:`pack_arrays`.
-
-The input is a dict of equal-length arrays (``{"x": float32 N×T×F, "y": int64 N}``: sample ``k``
-is ``{"x": x[k], "y": y[k]}``) or an iterable of sample dicts. Every value keeps its dtype
-(float32 stays float32); object dtypes are refused (they would need pickle). Packing goes through
-:func:`converters.convert` (as a :class:`~converters.records.RecordSource`), so the output is
-atomic, checksummed and summarized like any conversion. Missing values (NaN) and infinities are
-counted per field, with their first rows, in the result and the manifest.
-
-``series=True`` stores one time series (row ``k`` of every array is time step ``k``) once, in
-blocks of rows, with per-field normalization statistics from the training rows only;
-:class:`feedpipe.dataset.windows.Windows` cuts windows from it at load time (docs/arrays.md).
-"""
+"""Arrays without images packed as datasets (:func:`pack_arrays`, docs/arrays.md): a dict of
+equal-length arrays or an iterable of sample dicts, each value keeping its dtype (object dtypes
+refused: they would need pickle), packed by :func:`converters.convert` as a record source. NaN and
+infinities are counted per field; ``series=True`` stores one time series once, in blocks of rows,
+for :class:`feedpipe.dataset.windows.Windows`."""
 
 from __future__ import annotations
 
@@ -28,7 +20,8 @@ from feedpipe.schema.fields import ArrayField, Field, JsonField
 
 from .options import Format
 from .pack import ConvertResult, convert
-from .records import Progress, Record, RecordSource
+from .packer import Progress
+from .records import Record, RecordSource
 
 NUMERIC = "biufc"  # bool, ints, unsigned ints, floats, complex: what a tensor can hold
 TEXT = "U"  # numpy str: stored as JSON text
@@ -76,14 +69,11 @@ def pack_arrays(data: Arrays | Iterable[Mapping[str, Any]], out: str | Path, *, 
     info: dict[str, Any] = {"arrays": where}
     if renamed:
         info["renamed_columns"] = dict(renamed)
-    if isinstance(data, Mapping):
-        cols = columns(data, where)
-        if series:
-            src = _series(cols, roots, info, train_fraction, block_rows)
-        else:
-            src = _rows(cols, roots, info)
-    elif series:
-        src = _series(_stacked(data, where), roots, info, train_fraction, block_rows)
+    if series:
+        cols = columns(data, where) if isinstance(data, Mapping) else _stacked(data, where)
+        src = _series(cols, roots, info, train_fraction, block_rows)
+    elif isinstance(data, Mapping):
+        src = _rows(columns(data, where), roots, info)
     else:
         src = _samples(data, roots, info, where)
     src = replace(src, not_taken=tuple(not_taken))
@@ -151,19 +141,14 @@ def _field(name: str, arr: np.ndarray, block: bool = False) -> Field:
 
 # --- missing values ---------------------------------------------------------------------------------
 
-def missing_rows(arr: np.ndarray) -> np.ndarray:
-    """Per row (first axis) of a float array: whether it holds a NaN or an infinity."""
-    if arr.dtype.kind not in "fc" or not len(arr):
-        return np.zeros(len(arr), bool)
-    return (~np.isfinite(arr)).reshape(len(arr), -1).any(axis=1)
-
-
 def missing_report(cols: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """NaN and infinities per field: values (``infinite`` of them, when any), rows, and the
     first rows holding one (fields without: absent)."""
     out: dict[str, Any] = {}
     for k, a in cols.items():
-        rows = missing_rows(a)
+        if a.dtype.kind not in "fc" or not len(a):
+            continue
+        rows = (~np.isfinite(a)).reshape(len(a), -1).any(axis=1)
         if rows.any():
             inf = int(np.isinf(a).sum())
             out[k] = {"values": int((~np.isfinite(a)).sum()), "rows": int(rows.sum()),
@@ -172,25 +157,18 @@ def missing_report(cols: Mapping[str, np.ndarray]) -> dict[str, Any]:
     return out
 
 
-class _Missing:
-    """The missing-value report built one sample at a time (iterable sources)."""
-
-    def __init__(self, report: dict[str, Any]) -> None:
-        self.report = report
-
-    def add(self, k: int, values: Mapping[str, Any]) -> None:
-        for name, v in values.items():
-            if isinstance(v, np.ndarray) and v.dtype.kind in "fc":
-                n = int((~np.isfinite(v)).sum())
-                if n:
-                    entry = self.report.setdefault(name, {"values": 0, "rows": 0,
-                                                          "first_rows": []})
-                    entry["values"] += n
-                    entry["rows"] += 1
-                    if inf := int(np.isinf(v).sum()):
-                        entry["infinite"] = entry.get("infinite", 0) + inf
-                    if len(entry["first_rows"]) < FIRST_ROWS:
-                        entry["first_rows"].append(k)
+def _add_missing(report: dict[str, Any], k: int, values: Mapping[str, Any]) -> None:
+    """Sample ``k`` added to :func:`missing_report`'s report (iterable sources)."""
+    for name, v in values.items():
+        if isinstance(v, np.ndarray) and v.dtype.kind in "fc" and \
+                (n := int((~np.isfinite(v)).sum())):
+            entry = report.setdefault(name, {"values": 0, "rows": 0, "first_rows": []})
+            entry["values"] += n
+            entry["rows"] += 1
+            if inf := int(np.isinf(v).sum()):
+                entry["infinite"] = entry.get("infinite", 0) + inf
+            if len(entry["first_rows"]) < FIRST_ROWS:
+                entry["first_rows"].append(k)
 
 
 # --- sources ----------------------------------------------------------------------------------------
@@ -233,14 +211,13 @@ def _samples(data: Iterable[Mapping[str, Any]], roots: tuple[Path, ...], info: d
                    else JsonField(k) for k, a in head.items())
     count = len(data) if hasattr(data, "__len__") else 0  # type: ignore[arg-type]
     info["missing"] = {}
-    missing = _Missing(info["missing"])
 
     def records() -> Iterator[Record]:
         k = -1
         for k, sample in enumerate(chain([first], it)):
             values, why = _sample(sample, head, k)
             if why is None:
-                missing.add(k, values)
+                _add_missing(info["missing"], k, values)
             yield Record(f"sample {k}", values=values, problem=why)
         info["inputs"] = k + 1
 

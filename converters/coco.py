@@ -1,16 +1,10 @@
-"""A COCO ``instances.json`` as a conversion source: its images, each with its boxes (xywh → xyxy
-pixels), category ids mapped to contiguous indices (the category names, in id order, become the
-classes; the ids are kept as the boxes field's ``class_ids``, so ``class_ids[label]`` is the COCO
-``category_id`` a result needs) and ``iscrowd`` kept per box; each image's COCO id is in ``meta``
-as ``coco_id``. Images without annotations are kept with 0 boxes.
-
-Read with the json module: the file is plain JSON; its segmentation polygons / RLE are not used.
-"""
+"""A COCO ``instances.json`` as a conversion source: boxes as xyxy pixels, category ids mapped to
+contiguous labels (the ids kept as the boxes field's ``class_ids``), ``iscrowd`` per box, the
+image's id in ``meta`` as ``coco_id`` (docs/sources.md)."""
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +13,7 @@ import numpy as np
 from feedpipe.errors import BadInputError
 from feedpipe.schema.geometric import BoxesField
 
-from .sources import Source, SourceItem, open_regular, outside
+from .sources import Source, SourceItem, outside, read_regular
 
 
 def scan_coco(images: str | Path, instances: str | Path, contained: bool = False) -> Source:
@@ -28,8 +22,7 @@ def scan_coco(images: str | Path, instances: str | Path, contained: bool = False
     (:func:`~converters.sources.outside`)."""
     images, instances = Path(images), Path(instances)
     try:
-        with os.fdopen(open_regular(instances), encoding="utf-8") as fh:  # never a FIFO
-            doc = json.loads(fh.read())
+        doc = json.loads(read_regular(instances).decode())  # never a FIFO
         imgs, anns, cats = doc["images"], doc.get("annotations", []), doc["categories"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise BadInputError(f"{instances}: not a COCO instances file: {exc!r}") from exc

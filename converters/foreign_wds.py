@@ -1,26 +1,10 @@
-"""WebDataset shards written by other tools (``webdataset.TarWriter``, tarp, hand-made tars):
-plain ``.tar`` or gzipped ``.tgz``/``.tar.gz``, in one or several folders or as brace patterns
-(``train-{000..099}.tar``), with any member suffixes.
-
-The schema is inferred from the members: the image by magic bytes (``jpg``, ``png``...), ``cls``
-→ ``label``, ``json`` → a JSON field, ``npy`` → an array field (``allow_pickle=False``), ``txt``
-→ a text field (UTF-8, byte for byte; a captcha's characters come out of the loader as padded
-int64 + lengths for CTC), anything else → a bytes field kept byte for byte. A sample whose
-``.txt`` is not UTF-8 is skipped and named by shard and key. A suffix becomes a field when more
-than half of the samples have it; samples missing a field's member, members of other suffixes,
-and members that would need unpickling (``.pyd``, ``.pth``, ``.pickle``; never opened) are named
-in the report.
-
-A member is read whole, so one larger than ``max_member_bytes`` (default
-:data:`MAX_MEMBER_BYTES`, 256 MiB; ``--max-member-size``) is refused from its tar header, before
-any of it is read, with a BadInputError naming the shard and member (a 2 MB ``.tgz`` can hold a
-2 GB member of zeros). A ``.npy`` member's header is checked against its size before any array
-is made (a header may declare 10⁷ × 10⁷ elements).
-"""
+"""WebDataset shards written by other tools (plain or gzipped, folders or brace patterns) as a
+record source; the schema is inferred from the member suffixes (docs/sources.md). Members are
+read whole, so one over ``max_member_bytes`` is refused from its tar header, and a ``.npy``
+member's header is checked against its size, before anything is allocated."""
 
 from __future__ import annotations
 
-import re
 import tarfile
 from collections import Counter
 from dataclasses import dataclass
@@ -28,6 +12,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+from braceexpand import braceexpand
 
 from feedpipe.dataset.formats.wds import group_by_key
 from feedpipe.errors import BadInputError, ConfigError, CorruptRecordError, UnsafeDataError
@@ -44,29 +29,6 @@ MAX_MEMBER_BYTES = 256 << 20
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp", "img", "ppm", "pgm", "bmp", "tif", "tiff", "gif")
 
 
-def expand(pattern: str) -> list[str]:
-    """Brace patterns as WebDataset writes them: ``a-{000..009}.tar``, ``{train,val}.tar``.
-
-    Uses the ``braceexpand`` package (a webdataset dependency) when installed; else this
-    expansion of numeric ranges (zero padding kept) and comma lists, nested left to right."""
-    try:
-        from braceexpand import braceexpand
-        return list(braceexpand(pattern))
-    except ImportError:
-        pass
-    m = re.search(r"\{([^{}]*)\}", pattern)
-    if m is None:
-        return [pattern]
-    body, head, tail = m[1], pattern[:m.start()], pattern[m.end():]
-    r = re.fullmatch(r"(\d+)\.\.(\d+)", body)
-    if r:
-        width = len(r[1]) if r[1].startswith("0") else 0
-        parts = [f"{n:0{width}d}" for n in range(int(r[1]), int(r[2]) + 1)]
-    else:
-        parts = body.split(",")
-    return [x for p in parts for x in expand(head + p + tail)]
-
-
 def is_shard(path: Path) -> bool:
     return path.name.lower().endswith(SHARD_SUFFIXES)
 
@@ -77,7 +39,7 @@ def find_shards(specs: Sequence[str | Path]) -> tuple[list[Path], list[dict[str,
     shards: list[Path] = []
     other: list[dict[str, str]] = []
     for spec in specs:
-        names = expand(str(spec)) if "{" in str(spec) else [str(spec)]
+        names = list(braceexpand(str(spec))) if "{" in str(spec) else [str(spec)]
         for name in names:
             p = Path(name)
             if p.is_dir():
@@ -174,8 +136,7 @@ def samples(path: Path, odd: list[dict[str, str]], max_bytes: int = MAX_MEMBER_B
 
 
 def _image_suffix(group: dict[str, Member]) -> str | None:
-    found = [s for s in IMAGE_SUFFIXES if s in group]
-    return found[0] if found else None
+    return next((s for s in IMAGE_SUFFIXES if s in group), None)
 
 
 @dataclass
@@ -201,7 +162,7 @@ def _npy(data: bytes, what: str) -> np.ndarray:
 
 
 def plan(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES) -> Plan:
-    """Read every shard once and infer the schema (see the module docstring)."""
+    """Read every shard once and infer the schema (docs/sources.md)."""
     if max_member_bytes < 1:
         raise ConfigError(f"max_member_bytes={max_member_bytes}: use a positive byte count",
                           option="max_member_bytes")
@@ -242,10 +203,9 @@ def plan(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES) 
         if ext == "json":
             fields[s] = JsonField(name)
         elif ext == "npy" and npy.get(s):
-            dtypes = {d for d, _ in npy[s]}
             shapes = {sh for _, sh in npy[s]}
-            shape = next(iter(shapes)) if len(shapes) == 1 else None
-            fields[s] = ArrayField(name, dtype=sorted(dtypes)[0], shape=shape)
+            fields[s] = ArrayField(name, dtype=min(d for d, _ in npy[s]),
+                                   shape=shapes.pop() if len(shapes) == 1 else None)
         elif ext == "txt":
             fields[s] = TextField(name)
         else:

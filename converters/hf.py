@@ -1,12 +1,6 @@
-"""Hugging Face ``datasets`` as a conversion source: ``hf://org/name`` (the Hub, through the
-library's own cache) or a folder written by ``save_to_disk``.
-
-Columns map by feature type: the first ``Image`` column is the image, stored from its original
-encoded bytes (lossless in, lossless out: never re-encoded from decoded pixels unless the
-options ask); the first ``ClassLabel`` is the label, with its names as the class list; numeric
-``Sequence``/``List`` columns become array fields; every other column (``Value``, nested) a JSON
-field. ``datasets`` is an optional extra: ``pip install feedpipe[hf]``.
-"""
+"""Hugging Face ``datasets`` as a conversion source: ``hf://org/name`` or a ``save_to_disk`` folder.
+The first ``Image`` column is stored from its original encoded bytes, the first ``ClassLabel`` is
+the label; numeric sequences become array fields, other columns JSON (docs/sources.md)."""
 
 from __future__ import annotations
 
@@ -60,13 +54,11 @@ def _array_dtype(feature: Any) -> str | None:
     inner = getattr(feature, "feature", None)
     while inner is not None and not isinstance(inner, datasets.Value):
         inner = getattr(inner, "feature", None)
-    if isinstance(inner, datasets.Value):
-        try:
-            dt = np.dtype(inner.dtype)
-        except TypeError:
-            return None
-        return dt.str if dt.kind in "biuf" else None
-    return None
+    try:
+        dt = np.dtype(inner.dtype)  # type: ignore[union-attr]
+    except (TypeError, AttributeError):  # no Value inside, or not a numpy dtype
+        return None
+    return dt.str if dt.kind in "biuf" else None
 
 
 def source(src: str, split: str = "train") -> RecordSource:

@@ -1,16 +1,6 @@
-"""What the converter stores for one input image: lossless in, lossless out.
-
-With ``codec="auto"`` (the default) a plain upright JPEG, a PNG and a lossy WebP are stored byte
-for byte (a progressive JPEG as baseline with the same DCT coefficients, unless ``jpeg="keep"``:
-:mod:`converters.progressive`); every other lossless format (TIFF, BMP, lossless WebP,
-PPM/PGM/PBM/PNM, GIF) is re-encoded losslessly as PNG keeping its mode (grayscale, palette,
-16-bit). JPEG 2000 (often lossy-coded) is
-stored as a PNG of its decoded pixels: nothing is lost from there on. The only lossy step taken
-without being asked: a JPEG or lossy WebP whose pixels must change (EXIF rotation, CMYK, resize)
-is re-encoded in its own lossy codec at ``quality``. An explicit codec (jpeg, png, webp) re-encodes
-every other input to it. Transparent alpha, channels beyond RGB(A) and 16-bit RGB, which the
-loader's 8-bit RGB cannot hold, are refused by name unless ``extra_channels="drop"``.
-"""
+"""What the converter stores for one input image: lossless in, lossless out (the rules:
+docs/convert.md). The only lossy step taken unasked, a JPEG or lossy WebP whose pixels must change
+(EXIF rotation, CMYK, resize), is re-encoded in its own codec and named."""
 
 from __future__ import annotations
 
@@ -36,7 +26,7 @@ from feedpipe.schema.imaging import (
 )
 
 from .progressive import can_transcode, transcoded
-from .stored import Refused, Stored
+from .result import Refused, Stored
 
 if TYPE_CHECKING:
     from .options import PackOptions
@@ -84,13 +74,9 @@ def file_codec(path: Path, opts: PackOptions) -> str | None:
 
 
 def image_codec(items: Sequence[SourceItem], opts: PackOptions, sniff: bool = True) -> str:
-    """The image field's codec: the one codec every input is stored as, else "mixed".
-
-    With ``codec="auto"`` each input's first bytes are read to tell (a PNG named .jpg counts as
-    PNG; inputs that cannot be read are skipped later and do not count). ``sniff=False`` skips
-    that pass (a read per file) and answers a provisional "mixed", for formats whose records do not
-    depend on the codec; :func:`converters.report.settle_codec` narrows it after writing.
-    """
+    """The image field's codec: the one codec every input is stored as, else "mixed". With
+    ``codec="auto"`` each input's first bytes tell; ``sniff=False`` skips that read per file and
+    answers a provisional "mixed" (:func:`converters.pack.settle_codec` narrows it later)."""
     if opts.store == "raw":
         return "raw"
     if opts.codec != "auto":
@@ -181,7 +167,7 @@ def _png(img: Image.Image, drop: bool) -> bytes:
 
 
 def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Stored:
-    """Check one input and make its stored value (see the module docstring); raises Refused.
+    """Check one input and make its stored value (docs/convert.md); raises Refused.
 
     A JPEG is checked from its header first (``imaging.jpeg_problem``: 8-bit, a height, the
     pixel, scan and pixels-a-byte bounds, an end marker), then read whole (every scan, strictly:

@@ -1,15 +1,7 @@
-"""``feedpipe merge OUT [PART...]``: one dataset out of the parts of a split conversion.
-
-The merged dataset contains its parts: each part directory lives at
-``OUT/parts/part-IIIII-of-NNNNN`` (``convert --part`` writes it there; a part given from
-elsewhere on the same filesystem is moved in with one ``rename``, so it is always whole in its old
-place or its new one). Nothing is copied: WebDataset gets one shard list and one index over the
-parts' shards; LMDB and HDF5 a list of the parts' files, which the reader opens together. The
-manifest, written last, names the parts' files as relative ``parts/...`` paths
-(``Manifest.check_paths`` keeps them inside the dataset). An interrupted merge leaves no
-manifest, so it never reads as a dataset, and running the merge again finishes it: the parts
-already moved in are always taken.
-"""
+"""``feedpipe merge OUT [PART...]``: one dataset out of the parts of a split conversion, which it
+contains at ``OUT/parts/part-IIIII-of-NNNNN`` (moved in with one ``rename``, never copied). The
+manifest, written last, is the commit point: an interrupted merge never reads as a dataset, and
+running it again finishes it."""
 
 from __future__ import annotations
 
@@ -17,13 +9,17 @@ import errno
 import fnmatch
 import glob
 import hashlib
+import io
 import logging
 import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, BinaryIO, Mapping, Sequence
 
+import numpy as np
+
+from feedpipe.dataset.formats.wds import CRC_FILE, INDEX_FILES, VALUES_FILE
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
 from feedpipe.dataset.verify import read_manifest
 from feedpipe.errors import BadInputError
@@ -31,7 +27,6 @@ from feedpipe.paths import cache_dir
 from feedpipe.schema.model import Schema
 from feedpipe.storage.store import Store, open_store
 
-from .merge_formats import BUILDERS
 from .parts import PARTS_DIR, Part
 from .swap import OutputLock, fsync_dir, shown
 
@@ -123,19 +118,29 @@ class MergeTarget:
             if str(src).rstrip("/") == dest:
                 return False
             raise BadInputError(f"{src}: on object storage a merge takes only the parts already "
-                                f"under {self.parts}/ (it never copies shards); convert them with "
-                                f"`feedpipe convert ... -o {self.store.url} --part i/N`")
-        return _move_in(Path(src), Path(dest), self.out)
+                             f"under {self.parts}/ (it never copies shards); convert them with "
+                             f"`feedpipe convert ... -o {self.store.url} --part i/N`")
+        src, to = Path(src), Path(dest)
+        if src.resolve() == to.resolve():
+            return False
+        if to.exists() or to.is_symlink():
+            raise BadInputError(f"{src}: {to} already exists and is another directory; move one "
+                             "of them away")
+        to.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(src, to)
+        except OSError as exc:
+            if exc.errno == errno.EXDEV:
+                raise BadInputError(f"{src}: on another filesystem than {self.out}; a merge moves "
+                                 "parts, it never copies them: write the parts with "
+                                 f"`feedpipe convert ... -o {self.out} --part i/N` (they land "
+                                 f"in {to.parent}) or move them there yourself") from exc
+            raise
+        fsync_dir(to.parent)
+        return True
 
     def part_path(self, name: str) -> str:
         return self.store.where(f"{PARTS_DIR}/{name}")
-
-    def entry(self, name: str) -> FileEntry:
-        """Size and SHA-256 of a file in the dataset (a part's manifest)."""
-        if self.store.remote:
-            raw = self.store.read_bytes(name)
-            return FileEntry(name, len(raw), hashlib.sha256(raw).hexdigest())
-        return FileEntry.of(self.out, name)
 
     def commit(self, manifest: Manifest) -> None:
         """Write the manifest last: the commit point (made durable in a local folder)."""
@@ -144,27 +149,6 @@ class MergeTarget:
         self.store.write(MANIFEST_NAME, lambda fh: fh.write(manifest.encoded()))
         if not self.store.remote:
             fsync_dir(self.out)
-
-
-def _move_in(src: Path, dest: Path, out: Path) -> bool:
-    """One rename of a part folder into the dataset; False when it is already there."""
-    if src.resolve() == dest.resolve():
-        return False
-    if dest.exists() or dest.is_symlink():
-        raise BadInputError(f"{src}: {dest} already exists and is another directory; move one "
-                            "of them away")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.rename(src, dest)
-    except OSError as exc:
-        if exc.errno == errno.EXDEV:
-            raise BadInputError(f"{src}: on another filesystem than {out}; a merge moves "
-                                "parts, it never copies them: write the parts with "
-                                f"`feedpipe convert ... -o {out} --part i/N` (they land in "
-                                f"{dest.parent}) or move them there yourself") from exc
-        raise
-    fsync_dir(dest.parent)
-    return True
 
 
 def expand(parts: Sequence[str | os.PathLike[str]]) -> list[Path]:
@@ -263,15 +247,11 @@ def _merge_schema(schema: Schema, info: PartInfo, first: PartInfo) -> Schema:
 
 def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] = (),
           storage_options: Mapping[str, Any] | None = None) -> MergeResult:
-    """Merge the parts of a split conversion into the dataset ``out``.
-
-    ``parts``: part directories or glob patterns; the parts already in ``out/parts/`` are always
-    taken. Raises :class:`~feedpipe.errors.BadInputError` when a part is missing, given twice, or
-    from another source, schema or class list, before anything is moved. An object-storage
-    ``out`` (``s3://...``, WebDataset only) merges the parts already under ``out/parts/`` in
-    place: the merged index files are uploaded, then the merged manifest last (the commit point),
-    so an interrupted merge leaves nothing that reads as a dataset and running it again finishes it.
-    """
+    """Merge the parts of a split conversion into the dataset ``out``: those already in
+    ``out/parts/`` and ``parts`` (folders or glob patterns). A part missing, given twice, or from
+    another source, schema or class list is a :class:`~feedpipe.errors.BadInputError` before anything
+    is moved. On object storage (WebDataset only) the parts already under ``out/parts/`` merge in
+    place."""
     t0 = time.perf_counter()
     target = MergeTarget(out, storage_options)
     seen: dict[str, str | Path] = {}
@@ -285,23 +265,25 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
     fmt = ordered[0].manifest.format
     if target.store.remote and fmt != "wds":
         raise BadInputError(f"{out}: parts are {fmt}; on object storage only WebDataset parts "
-                            "merge (LMDB and HDF5 would need several files opened together). Use "
-                            "--to wds for remote data, or merge the parts in a local folder")
-    builder = BUILDERS[fmt]
+                         "merge (LMDB and HDF5 would need several files opened together). Use "
+                         "--to wds for remote data, or merge the parts in a local folder")
     target.lock.acquire()
     result = MergeResult(str(out) if target.store.remote else Path(out), parts=len(ordered))
     try:
-        target.check_target(set(builder.names))
+        target.check_target(set(WDS_NAMES) if fmt == "wds" else set())
         adopted = []
         for info in ordered:
             result.moved += target.adopt(info.path, info.part.name)
             where = target.part_path(info.part.name)
             adopted.append(replace(info, path=where if target.store.remote else Path(where)))
         dirs = [f"{PARTS_DIR}/{info.part.name}" for info in adopted]
-        files, extra = builder.build(target.store, [i.manifest for i in adopted], dirs, schema)
+        manifests = [i.manifest for i in adopted]
+        files, extra = _wds_index(target.store, manifests, dirs, schema) if fmt == "wds" else \
+            ([], {k: v for k, v in manifests[0].extra.items() if k == "compression"})
         for d, info in zip(dirs, adopted):
             files += [FileEntry(f"{d}/{f.name}", f.size, f.sha256) for f in info.manifest.files]
-            files.append(target.entry(f"{d}/{MANIFEST_NAME}"))
+            raw = target.store.read_bytes(f"{d}/{MANIFEST_NAME}")  # the part's manifest
+            files.append(FileEntry(f"{d}/{MANIFEST_NAME}", len(raw), hashlib.sha256(raw).hexdigest()))
         extra["parts"] = [{"dir": d, "num_samples": i.manifest.num_samples,
                            "start": i.start, "stop": i.stop,
                            **{k: v for k, v in i.manifest.extra.items() if k == "dataset_id"}}
@@ -324,9 +306,8 @@ def _merged_manifest(infos: list[PartInfo], schema: Schema, files: list[FileEntr
         for how, n in info.manifest.conversion.get("stored", {}).items():
             stored[how] = stored.get(how, 0) + int(n)
     ignored = list(first.conversion.get("ignored", []))  # the source's, the same in every part
-    empty = set(first.classes)
-    for info in infos:
-        empty &= set(info.manifest.conversion.get("empty_classes", first.classes))
+    empty = set(first.classes).intersection(
+        *(i.manifest.conversion.get("empty_classes", first.classes) for i in infos))
     result.empty_classes = [c for c in first.classes if c in empty]
     if result.empty_classes:
         log.warning("%s: class(es) with no samples in any part: %s", result.out,
@@ -343,3 +324,55 @@ def _merged_manifest(infos: list[PartInfo], schema: Schema, files: list[FileEntr
     skipped = tuple(s for i in infos for s in i.manifest.skipped)
     return Manifest(first.format, result.num_samples, schema, first.classes, tuple(files),
                     conversion, skipped, extra)
+
+
+#: the merged WebDataset index's files at the dataset's top level (values: with index fields);
+#: LMDB and HDF5 write none (the reader opens the parts' files, ``extra.parts``, together)
+WDS_NAMES = (*INDEX_FILES, CRC_FILE, VALUES_FILE)
+
+
+def _wds_index(store: Store, parts: list[Manifest], dirs: list[str], schema: Schema
+               ) -> tuple[list[FileEntry], dict[str, Any]]:
+    """One shard list (the parts' shards, in part order) and one index over them, written
+    atomically through ``store``: the files written and the manifest's ``extra``."""
+
+    def load(name: str) -> np.ndarray:
+        return np.load(io.BytesIO(store.read_bytes(name)), allow_pickle=False)
+
+    cols: list[list[np.ndarray]] = [[], [], [], []]
+    shards: list[str] = []
+    kept = parts[0].extra.get("index_fields")
+    in_index = np.asarray([f.name in (kept or ()) for f in schema], bool)
+    values: list[np.ndarray] = []  # the index fields' packed values, part by part
+    packed = 0
+    for m, d in zip(parts, dirs):
+        if m.extra.get("index_fields") != kept:
+            raise BadInputError(f"{d}: index fields {m.extra.get('index_fields')}, the first "
+                             f"part has {kept}; convert every part with the same options")
+        arrays = [load(f"{d}/{n}") for n in INDEX_FILES]
+        crc = load(f"{d}/{CRC_FILE}")
+        arrays[1] = arrays[1].astype(np.int32) + len(shards)
+        if kept:  # spans of index fields point into the packed values: shift them
+            arrays[0] = np.array(arrays[0], np.int64)
+            arrays[0][:, in_index, 0] += packed
+            values.append(load(f"{d}/{VALUES_FILE}"))
+            packed += len(values[-1])
+        for col, a in zip(cols, [*arrays, crc]):
+            col.append(a)
+        shards += [f"{d}/{s}" for s in m.extra.get("shards", [])]
+    offsets, shard_of, keys, crcs = (np.concatenate(c) for c in cols)
+    keys = keys.astype(f"S{max(1, max((k.dtype.itemsize for k in cols[2]), default=1))}")
+    if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()):
+        k = int(np.flatnonzero(keys[1:] <= keys[:-1])[0])
+        raise BadInputError(f"key {keys[k + 1].decode()} follows {keys[k].decode()}: keys "
+                         "repeat or leave the source order across parts; convert every part "
+                         "with this feedpipe's --part")
+    arrays = [offsets, shard_of, keys, crcs]
+    if kept:
+        arrays.append(np.concatenate(values).astype(np.uint8))
+    written = []
+    for name, arr in zip(WDS_NAMES, arrays):
+        def save(fh: BinaryIO, arr: np.ndarray = arr) -> None:
+            np.save(fh, arr, allow_pickle=False)
+        written.append(FileEntry(name, *store.write(name, save)))
+    return written, {"shards": shards, **({"index_fields": kept} if kept else {})}

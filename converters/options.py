@@ -42,12 +42,7 @@ RESIZE_HELP = ("an int (the shorter side, e.g. 256) or (height, width) like make
 @dataclass(frozen=True)
 class PackOptions:
     """How each image is stored; every option checked by type and value on creation.
-
-    ``resize`` is an int (the shorter side; ``store="raw"`` then crops the center square) or
-    (height, width), the order of ``make_loader(size=)``. :func:`converters.convert` makes it
-    from its keywords (``masks`` from the source); ``targets`` takes names
-    (``"distance_map"``) or :class:`Target` objects.
-    """
+    :func:`converters.convert` makes it from its keywords (``masks`` from the source)."""
 
     store: Store = "passthrough"
     resize: int | tuple[int, int] | None = None

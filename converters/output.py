@@ -1,28 +1,21 @@
-"""Where a conversion writes: one :class:`Output` over the output's
-:class:`~feedpipe.storage.store.Store` (a local folder or an object-store URL), the check that keeps
-it out of the source, and the failures worth a clear message.
-
-The writers need local files, so every output stages locally and publishes each finished file;
-what "publish" and "commit" mean is the store's commit policy: :class:`~converters.swap.SwapCommit`
-(a folder: files are final where they are written, the ``.<out>.partial`` folder is swapped into
-place after the manifest) or :class:`~converters.upload.ManifestCommit` (an object store: shards
-uploaded as they finish, journaled; the manifest uploaded last is the commit point).
-"""
+"""Where a conversion writes: the commit policy of its output (:func:`open_output`: a folder's
+:class:`~converters.swap.SwapCommit` or an object store's
+:class:`~converters.upload.ManifestCommit`), and the failures worth a clear message."""
 
 from __future__ import annotations
 
 import errno
 import os
 import shutil
-from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import suppress
+from itertools import islice
 from pathlib import Path
-from threading import BoundedSemaphore
 from typing import Any, Callable, Iterable, Mapping, NoReturn
 
-from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
+from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.dataset.registry import DatasetWriter
 from feedpipe.errors import BadInputError, ResourceError
-from feedpipe.storage.store import DirStore, UrlStore, open_store
+from feedpipe.storage.store import UrlStore, open_store
 from feedpipe.storage.store import is_remote as _is_remote
 from feedpipe.system import file_size_limit
 
@@ -31,8 +24,6 @@ from .swap import FULL, SwapCommit, shown
 from .upload import ManifestCommit
 
 _FULL_TEXT = tuple(os.strerror(e) for e in FULL)
-UPLOAD_THREADS = 4  # uploads at once: a store answers each PUT at its own pace
-MAX_QUEUED = 4  # staged shards waiting for upload before the packer waits (bounds local disk)
 
 
 def is_remote(out: str | os.PathLike[str]) -> bool:
@@ -41,133 +32,23 @@ def is_remote(out: str | os.PathLike[str]) -> bool:
     return isinstance(out, str) and _is_remote(out)
 
 
-class Output:
-    """One conversion's output: ``claim()`` checks and locks it and returns the staging folder,
-    ``after_write()`` publishes the shards a writer has finished (an object store: uploaded in
-    the background), ``entry()`` publishes a closed file and gives its size and SHA-256,
-    ``commit()`` makes the dataset visible, ``abort()`` drops the staged files."""
-
-    def __init__(self, out: str | Path, overwrite: bool,
-                 storage_options: Mapping[str, Any] | None = None) -> None:
-        store = open_store(out if is_remote(out) else Path(out), storage_options)
-        self.policy: SwapCommit | ManifestCommit
-        if isinstance(store, UrlStore):
-            self.policy = ManifestCommit(store, overwrite)
-        else:
-            assert isinstance(store, DirStore)
-            self.policy = SwapCommit(store, overwrite)
-        self.lock = self.policy.lock
-        self._entries: dict[Path, Future[FileEntry]] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._queued = BoundedSemaphore(MAX_QUEUED)
-
-    def claim(self, source: Source | None) -> Path:
-        """Check, lock and make the staging folder; ``source`` None: data from memory (no source
-        tree for the output to stay out of)."""
-        if source is not None and isinstance(self.policy, SwapCommit):
-            check_not_source(source, self.policy.out)
-        self.lock.path.parent.mkdir(parents=True, exist_ok=True)
-        self.lock.acquire()
-        try:
-            staging = self.policy.claim()
-        except BaseException:
-            self.lock.release()
-            raise
-        if self.policy.eager:
-            self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="feedpipe-upload")
-        return staging
-
-    def _submit(self, path: Path) -> None:
-        assert self._pool is not None
-        self._queued.acquire()  # backpressure: the packer waits when uploads fall behind
-        fut = self._pool.submit(self.policy.publish, path)
-        fut.add_done_callback(lambda _: self._queued.release())
-        self._entries[path] = fut
-
-    def after_write(self, root: Path, writer: DatasetWriter) -> None:
-        """Publish every shard the writer has finished (all but the one it writes to), where the
-        policy publishes eagerly."""
-        if self._pool is None:
-            return
-        for name in getattr(writer, "shards", [])[:-1]:
-            if root / name not in self._entries:
-                self._submit(root / name)
-        for fut in self._entries.values():  # a failed upload stops the conversion now
-            if fut.done() and fut.exception() is not None:
-                fut.result()
-
-    def entry(self, root: Path, name: str) -> FileEntry:
-        """A closed data file's size and SHA-256 for the manifest, published first."""
-        if self._pool is None:
-            return self.policy.publish(root / name)
-        if root / name not in self._entries:
-            self._submit(root / name)
-        return self._entries[root / name].result()
-
-    def commit(self) -> None:
-        """Wait for the publishing, commit (see the policies), release the lock."""
-        try:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True)
-                for fut in self._entries.values():
-                    fut.result()
-            self.policy.commit()
-        finally:
-            self.lock.release()
-
-    def abort(self) -> None:
-        """Stop publishing and drop the staged files (see the policies); release the lock."""
-        try:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
-            self.policy.abort()
-        finally:
-            self.lock.release()
+def open_output(out: str | Path, overwrite: bool, storage_options: Mapping[str, Any] | None
+                ) -> SwapCommit | ManifestCommit:
+    """The commit policy of ``out`` (a folder or an object-store URL)."""
+    store = open_store(out if is_remote(out) else Path(out), storage_options)
+    if isinstance(store, UrlStore):
+        return ManifestCommit(store, overwrite)
+    return SwapCommit(store, overwrite)
 
 
-# --- the source stays out of the output ---------------------------------------------------------
-
-def _inside(a: Path, b: Path) -> bool:
-    return a == b or b in a.parents
-
-
-def check_not_source(source: Source, out: Path) -> None:
-    """Refuse an output that is, contains or lies inside the source (symlinks resolved).
-
-    A folder source is its tree. For a CSV/JSONL manifest it is every folder holding a listed
-    image, and the manifest's own folder may not be the output or inside it.
-    """
-    o = Path(os.path.realpath(out))
-    root = Path(os.path.realpath(source.root))
-    trees = {root}
-    if source.kind == "manifest":
-        trees = {Path(os.path.realpath(d)) for d in {i.path.parent for i in source.items}}
-        if _inside(root, o):
-            raise BadInputError(f"{out}: the output is or contains {root}, the folder of "
-                                "the source manifest. Choose an -o outside it.")
-    for t in sorted(trees):
-        if _inside(o, t):
-            rel = "is" if o == t else "lies inside"
-            raise BadInputError(f"{out}: the output {rel} the source {t}; writing there "
-                                "would mix the dataset into (or delete) your images. Choose "
-                                "an -o outside the source.")
-        if _inside(t, o):
-            raise BadInputError(f"{out}: the output contains the source {t}; --overwrite "
-                                "would delete your images. Choose an -o outside the source.")
-
-
-# --- failures worth a clear message -------------------------------------------------------------
-
-def abandon(exc: BaseException, writers: Iterable[DatasetWriter], output: Output,
-            out: Path, partial: Path) -> NoReturn:
+def abandon(exc: BaseException, writers: Iterable[DatasetWriter],
+            output: SwapCommit | ManifestCommit, out: Path, partial: Path) -> NoReturn:
     """After a failed conversion: discard the writers (a failed one loses to ``exc``), remove the
     partial output, and raise: :class:`ResourceError` (from ``exc``) when the disk filled, else
     ``exc`` itself."""
     for writer in writers:
-        try:
+        with suppress(Exception):  # the original error matters more than a failed cleanup
             writer.discard()
-        except Exception:  # the original error matters more than a failed cleanup
-            pass
     full = disk_full(exc, out, partial)
     output.abort()
     if full is None:
@@ -234,12 +115,8 @@ def why_empty(source: Source, skipped: list[dict[str, Any]]) -> str:
         return f"all {len(skipped)} inputs were skipped: " + "; ".join(
             f"{s['path']}: {s['reason']}" for s in skipped[:3])
     root = Path(source.root)
-    files = []
-    for p in root.rglob("*"):
-        if p.is_file():
-            files.append(p.relative_to(root).as_posix())
-            if len(files) >= 10_000:
-                break
+    files = [p.relative_to(root).as_posix()
+             for p in islice((p for p in root.rglob("*") if p.is_file()), 10_000)]
     names = {Path(f).name for f in files}
     if names & {MANIFEST_NAME, "data.mdb", "data.h5"}:
         return (f"{root} is already a packed dataset ({shown(sorted(names))}); open it with "

@@ -1,15 +1,12 @@
-"""The parallel, atomic packer behind ``feedpipe convert``.
-
-Workers prepare samples (read, check, optionally decode/resize/re-encode); the main process writes
-them in source order, so the output is the same whatever the worker count. Everything is written to
-``.<out>.partial`` and renamed into place after the manifest, so an interrupted run leaves nothing
-that reads as a dataset, and a re-run clears the leftover by itself.
-"""
+"""The parallel, atomic packer behind ``feedpipe convert``: :func:`convert` of image files and of
+record sources. Workers prepare the images (:mod:`converters.worker`); the main process writes
+them in source order (:mod:`converters.packer`), so the output does not depend on the worker
+count."""
 
 from __future__ import annotations
 
 import inspect
-import time
+import logging
 from dataclasses import fields as dc_fields
 from dataclasses import replace
 from pathlib import Path
@@ -29,7 +26,7 @@ from feedpipe.system import usable_cores
 
 from .coco import scan_coco
 from .columns import KeypointCheck, LabelColumns, apply_columns
-from .images import image_codec, likely_jpeg
+from .images import image_codec, likely_jpeg, planned_codec, store_image
 from .options import (
     Check,
     Codec,
@@ -49,25 +46,29 @@ from .output import is_remote, why_empty
 from .packer import PackTarget, Progress, Sample, split_indices, write_samples
 from .palette import resolve_palette
 from .parts import Part, plan_part
-from .records import RecordSource, pack_record_source
-from .report import account, settle_codec
-from .result import ConvertResult
+from .records import RecordSource
+from .result import ConvertResult, Refused
 from .sources import Source, attach_masks, scan
 from .split_root import SplitClasses, SplitRoot, scan_split_root, split_of
+from .swap import check_not_source
 from .targets import Target
 from .worker import INFO_KEY, MASK_MAX_KEY, results
 
 __all__ = ["ConvertResult", "build_schema", "convert", "split_indices"]
+log = logging.getLogger("feedpipe.convert")
+#: the image options of every source, and the options of image files only
+_IMAGE_OPTS = ("store", "resize", "codec", "quality", "check", "extra_channels", "max_pixels",
+               "max_scans", "max_pixels_per_byte", "jpeg")
+_FILES_ONLY = ("masks", "mask_store", "mask_dtype", "num_classes", "ignore_index", "targets",
+               "mask_palette", "split_root", "split_classes", "coco", "columns", "part", "labels",
+               "unlabeled", "layout", "contained")
 
 
-# --- orchestration ------------------------------------------------------------------------------
-
-def build_schema(source: Source, opts: PackOptions, codec: str | None = None) -> Schema:
-    """image (+ label for labeled sources) (+ mask and targets) + path (+ meta for extras);
-    ``codec`` defaults to :func:`image_codec` of the source's items."""
-    codec = codec or image_codec(source.items, opts)
+def build_schema(opts: PackOptions, codec: str, labeled: bool, typed: Sequence[Field] = (),
+                 split: bool = False, meta: bool = False) -> Schema:
+    """image (+ label) (+ mask and targets) + typed fields + path (+ split) (+ meta)."""
     fields: list[Field] = [ImageField("image", codec, opts.raw_shape)]
-    if source.labeled:
+    if labeled:
         fields.append(LabelField("label"))
     if opts.masks:
         hw = opts.raw_shape[:2] if opts.raw_shape else None
@@ -75,14 +76,12 @@ def build_schema(source: Source, opts: PackOptions, codec: str | None = None) ->
                                 opts.ignore_index))
         for t in opts.targets:
             f = t.field()
-            if hw is not None:
-                f = replace(f, shape=(*hw, *f.shape[2:]))
-            fields.append(f)
-    fields.extend(source.typed)
+            fields.append(f if hw is None else replace(f, shape=(*hw, *f.shape[2:])))
+    fields.extend(typed)
     fields.append(JsonField("path"))
-    if source.split_by == "field":
+    if split:
         fields.append(JsonField("split"))
-    if source.has_extra:
+    if meta:
         fields.append(JsonField("meta"))
     return Schema(tuple(fields))
 
@@ -177,7 +176,7 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
     Returns:
         What was written, skipped and not taken, with the reasons.
     """
-    t0 = time.perf_counter()
+    args = dict(locals())  # the options by name, before any other local is made
     for where, what in ((src, "the source"), (out, "the output")):
         if not isinstance(where, (Source, RecordSource)) and \
                 not (where is out and is_remote(out)):
@@ -190,48 +189,20 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
     if workers < 0:
         raise ConfigError(f"workers={workers}: use 0 or 1 for in-process, or a positive count",
                           option="workers")
-    image_opts = {"store": store, "resize": resize, "codec": codec, "quality": quality,
-                  "check": check, "extra_channels": extra_channels, "max_pixels": max_pixels,
-                  "max_scans": max_scans, "max_pixels_per_byte": max_pixels_per_byte,
-                  "jpeg": jpeg}
+    image_opts = {k: args[k] for k in _IMAGE_OPTS}
     if isinstance(src, RecordSource):
-        files_only = {"masks": masks, "mask_store": mask_store, "mask_dtype": mask_dtype,
-                      "num_classes": num_classes, "ignore_index": ignore_index,
-                      "targets": targets or None,
-                      "mask_palette": mask_palette, "split_root": split_root,
-                      "split_classes": split_classes, "coco": coco, "columns": columns,
-                      "part": part, "labels": labels, "unlabeled": unlabeled, "layout": layout,
-                      "contained": contained}
-        given = [k for k, v in files_only.items() if v != _FILE_DEFAULTS[k]]
+        given = [k for k in _FILES_ONLY
+                 if (bool(args[k]) if k == "targets" else args[k] != _DEFAULTS[k])]
         if given:
             flags = ", ".join(f"{k}= (--{k.replace('_', '-')})" for k in given)
             raise ConfigError(f"{flags}: for image folders and manifests, not for a {src.kind} "
                               "source", option=given[0])
-        result = pack_record_source(src, target, PackOptions(**image_opts),  # type: ignore
-                                    val_fraction, seed)
-    else:
-        if not isinstance(contained, bool):
-            raise ConfigError(f"contained={contained!r}: True or False", option="contained")
-        result = _pack_files(src, target, workers, val_fraction, seed, masks, PackOptions(
-            **image_opts, mask_store=mask_store, mask_dtype=mask_dtype,  # type: ignore[arg-type]
-            num_classes=num_classes, ignore_index=ignore_index,
-            targets=resolve_targets(targets)),
-            mask_palette, split_root, split_classes, coco, columns, part, labels, unlabeled,
-            layout, contained)
-    result.seconds = time.perf_counter() - t0
-    return result
-
-
-_FILE_DEFAULTS = {k: v.default for k, v in inspect.signature(convert).parameters.items()}
-
-
-def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_fraction: float,
-                seed: int, masks: str | Path | None, options: PackOptions,
-                mask_palette: str | Path | None, split_root: SplitRoot | None,
-                split_classes: SplitClasses, coco: str | Path | None,
-                columns: LabelColumns | None, part: Part | None, labels: LabelsAs,
-                unlabeled: Unlabeled, layout: Layout, contained: bool) -> ConvertResult:
-    """:func:`convert` of a folder, ImageFolder tree or manifest of image files."""
+        return _pack_records(src, target, PackOptions(**image_opts), val_fraction, seed)
+    if not isinstance(contained, bool):
+        raise ConfigError(f"contained={contained!r}: True or False", option="contained")
+    options = PackOptions(**image_opts, mask_store=mask_store, mask_dtype=mask_dtype,
+                          num_classes=num_classes, ignore_index=ignore_index,
+                          targets=resolve_targets(targets))
     if coco is not None:
         source = scan_coco(src, coco, contained) if not isinstance(src, Source) else src
     else:
@@ -264,28 +235,40 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
                           option="resize")
     if target.strict and source.refused:
         raise BadInputError(f"{source.root / source.refused[0][0]}: {source.refused[0][1]}")
-    to = target.to
-    sniff = to == "wds"  # WebDataset member names carry the codec: it is decided before writing
-    schema = build_schema(source, opts, image_codec(source.items, opts, sniff))
+    info: dict[str, Any] = {"labels": labels} if source.kind == "manifest" else {}
+    if source.masked:
+        info["masks"] = str(masks) if masks is not None else "manifest column 'mask'"
+    return _pack_files(source, target, opts, left_out, workers, val_fraction, seed, part, info)
+
+
+_DEFAULTS = {k: v.default for k, v in inspect.signature(convert).parameters.items()}
+
+
+def _pack_files(source: Source, target: PackTarget, opts: PackOptions,
+                left_out: tuple[dict[str, Any], ...], workers: int, val_fraction: float,
+                seed: int, part: Part | None, info: dict[str, Any]) -> ConvertResult:
+    """:func:`convert` of a scanned source of image files; ``info``: entries for the manifest."""
+    sniff = target.to == "wds"  # WebDataset member names carry the codec: it is decided first
+    schema = build_schema(opts, image_codec(source.items, opts, sniff), source.labeled,
+                          source.typed, source.split_by == "field", source.has_extra)
     codec = schema["image"].codec  # type: ignore[attr-defined]
     guess = "jpeg" if codec == "mixed" and not sniff and likely_jpeg(source.items) else codec
-    items, key0, part_info = list(source.items), 0, None
+    items, part_info = list(source.items), None
     if part is not None:
-        target.out, key0, stop, part_info = plan_part(part, source, target.out, to, opts,
-                                                      val_fraction, target.storage_options)
-        target.key0 = key0
-        items = items[key0:stop]
+        target.out, target.key0, stop, part_info = plan_part(
+            part, source, target.out, target.to, opts, val_fraction, target.storage_options)
+        items = items[target.key0:stop]
     val_mask = split_indices(len(items), val_fraction, seed) if val_fraction else None
     names: list[str] = ["train", "val"] if val_mask is not None else [""]
     if source.split_by == "separate":
         names = list(source.split_names)
-    labeled, has_extra = source.labeled, source.has_extra
     result = ConvertResult(target.out, ignored=len(source.not_taken),
                            ignored_files=source.not_taken,
                            unmatched_masks=list(source.unmatched_masks), image_codec=codec,
                            mask_palette=opts.mask_palette, palette_left_out=list(left_out))
     mask_max = -1
     points = KeypointCheck(source.typed)
+    labeled, has_extra = source.labeled, source.has_extra
 
     def samples() -> Iterator[Sample]:
         nonlocal mask_max
@@ -315,6 +298,17 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
             yield Sample(item.rel, split, values, stored=stored)
 
     def finish(skipped: dict[str, list[dict[str, str]]]) -> tuple[dict[str, Any], Schema]:
+        gone = {s["path"] for v in skipped.values() for s in v}
+        if labeled:  # COCO's classes name box categories, not sample labels
+            have = {it.label for it in items if it.rel not in gone}
+            result.empty_classes = [c for k, c in enumerate(source.classes) if k not in have]
+            result.unlabeled = [it.rel for it in items if it.label < 0 and it.rel not in gone]
+        if result.empty_classes and part_info is None:  # a part: the merge checks the classes
+            msg = (f"{source.root}: class(es) with no samples: {', '.join(result.empty_classes)} "
+                   "(their files were skipped or not images; see the manifest)")
+            if target.strict:
+                raise BadInputError(msg)
+            log.warning(msg)
         conversion = {"source": str(source.root), "source_kind": source.kind,
                       "inputs": len(items), "ignored_non_images": len(source.ignored),
                       "val_fraction": val_fraction, "seed": seed,
@@ -322,14 +316,12 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
                          if f.name != "targets"},
                       "targets": {t.name: {"target": t.spec or t.name, **t.params}
                                   for t in opts.targets},
-                      **account(source, result, items, skipped, target.strict,
-                                whole=not part_info),
-                      **({"part": part_info} if part_info else {}),
-                      **({"labels": labels} if source.kind == "manifest" else {}),
+                      **result.account(), "empty_classes": result.empty_classes,
+                      "unlabeled": result.unlabeled,
+                      **({"part": part_info} if part_info else {}), **info,
                       "contained": source.contained}
         settled = schema
         if source.masked:
-            conversion["masks"] = str(masks) if masks is not None else "manifest column 'mask'"
             conversion["masks_without_images"] = list(source.unmatched_masks)
             conversion["mask_palette_left_out"] = result.palette_left_out
             if opts.num_classes is None and mask_max >= 0:  # record what the masks hold
@@ -341,9 +333,86 @@ def _pack_files(src: str | Path | Source, target: PackTarget, workers: int, val_
             conversion["keypoint_warnings"] = points.warn(str(source.root))
         return conversion, settled
 
-    if part_info is None:
-        target.key0 = None
     return write_samples(target, result, claim=source, split_names=names, schema=schema,
                          classes=source.classes, samples=samples(), total=len(items),
                          finish=finish, where=str(source.root),
                          why_empty=lambda skipped: why_empty(source, skipped))
+
+
+def _pack_records(src: RecordSource, target: PackTarget, opts: PackOptions,
+                  val_fraction: float, seed: int) -> ConvertResult:
+    """:func:`convert` of a record source (with ``val_fraction``: into ``train`` and ``val``)."""
+    codec = "mixed"
+    if target.to == "wds" and src.images:  # member names carry the codec: decide it first
+        codecs = {planned_codec(r.image, opts) for r in src.records()
+                  if r.problem is None and r.image}
+        codecs.discard("unknown")
+        codec = codecs.pop() if len(codecs) == 1 else "mixed"
+    schema = build_schema(opts, codec, src.labeled, src.fields) if src.images else \
+        Schema(src.fields)
+    if not is_remote(target.out):
+        for root in src.roots:
+            check_not_source(Source(root, src.kind, ()), Path(target.out))
+    val = split_indices(src.count, val_fraction, seed) if val_fraction else None
+    result = ConvertResult(target.out, ignored=len(src.not_taken),
+                           ignored_files=list(src.not_taken), image_codec=codec)
+
+    def samples() -> Iterator[Sample]:
+        for k, rec in enumerate(src.records()):
+            split = "" if val is None else ("val" if k < len(val) and val[k] else "train")
+            if rec.problem is not None or (src.images and not rec.image):
+                yield Sample(rec.name, split, None, rec.problem or "no image")
+                continue
+            if not src.images:
+                result.bytes_in += sum(getattr(v, "nbytes", 0) for v in rec.values.values())
+                yield Sample(rec.name, split, rec.values)
+                continue
+            data = rec.image or b""
+            result.bytes_in += len(data)
+            try:
+                stored = store_image(data, opts)
+            except Refused as exc:
+                yield Sample(rec.name, split, None, str(exc))
+                continue
+            if codec not in ("mixed", stored.codec):
+                yield Sample(rec.name, split, None,
+                             f"stored as {stored.codec}, the dataset's images are {codec}")
+                continue
+            values = {"image": stored.value, **rec.values, "path": rec.name}
+            if src.labeled:
+                values["label"] = rec.label
+            yield Sample(rec.name, split, values, stored=stored)
+
+    def finish(skipped: dict[str, list[dict[str, str]]]) -> tuple[dict[str, Any], Schema]:
+        conversion = {"source": ", ".join(map(str, src.roots)), "source_kind": src.kind,
+                      "inputs": src.count, "val_fraction": val_fraction, "seed": seed,
+                      "ignored": result.ignored_files}
+        if src.images:
+            conversion.update({"store": opts.store, "codec": opts.codec, "jpeg": opts.jpeg,
+                               **result.account()})
+        conversion.update(src.conversion)
+        settled = settle_codec(schema, result) if target.to != "wds" and src.images else schema
+        return conversion, settled
+
+    def why(skipped: list[dict[str, str]]) -> str:
+        return "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3]) \
+            or "the source holds no samples"
+
+    target.skip_bad_values = True
+    return write_samples(
+        target, result, claim=None, split_names=["train", "val"] if val is not None else [""],
+        schema=schema, classes=src.classes, samples=samples(), total=src.count, finish=finish,
+        where=str(src.roots[0] if src.roots else src.kind), why_empty=why)
+
+
+def settle_codec(schema: Schema, result: ConvertResult) -> Schema:
+    """Narrow a provisional "mixed" image codec to the one codec every written record has."""
+    image = schema["image"]
+    if getattr(image, "codec", None) != "mixed":
+        return schema
+    codecs = {how.split()[0] if how.endswith(" unchanged") else how.split("→")[1].split()[-1]
+              for how in result.stored}
+    if len(codecs) > 1:
+        return schema
+    result.image_codec = codecs.pop() if codecs else "jpeg"
+    return Schema(tuple(replace(f, codec=result.image_codec) if f is image else f for f in schema))

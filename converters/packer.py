@@ -1,16 +1,11 @@
-"""The writing half of every conversion, whatever the source: claim the output (a local folder or
-an object-store URL), write each split's samples in order, name the skipped ones (``strict``:
-raise on the first), refuse an empty result, write the manifests and swap the output in
-atomically, or remove the partial output on any failure.
-
-The sources differ only in how a sample is made: image files (:mod:`converters.pack`, prepared by
-:mod:`converters.worker`) or records in memory (:mod:`converters.records`). Each yields
-:class:`Sample` objects; :func:`write_samples` does the rest, once.
-"""
+"""The writing half of every conversion, whatever the source: write each split's :class:`Sample`
+objects in order, name the skipped ones, refuse an empty result, write the manifests and commit,
+or remove the partial output on any failure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -21,10 +16,8 @@ from feedpipe.dataset.manifest import Manifest
 from feedpipe.dataset.registry import WRITERS, DatasetWriter
 from feedpipe.errors import BadInputError, ConfigError
 
-from .images import Stored
-from .output import Output, abandon, empty_result, is_remote
-from .report import tally
-from .result import ConvertResult
+from .output import abandon, empty_result, is_remote, open_output
+from .result import ConvertResult, Stored
 from .sources import Source
 
 Progress = Callable[[int, int], None]
@@ -59,6 +52,7 @@ class PackTarget:
     # a value its field cannot hold skips the sample, named (records carry values as given);
     # False: it raises (image files: the values are the converter's own)
     skip_bad_values: bool = False
+    t0: float = field(default_factory=time.perf_counter)  # when the conversion started
 
     def __post_init__(self) -> None:
         if self.to not in WRITERS:
@@ -66,15 +60,11 @@ class PackTarget:
         if not is_remote(self.out):
             self.out = Path(self.out)
 
-    def output(self) -> Output:
-        return Output(self.out, self.overwrite, self.storage_options)
-
 
 def split_indices(n: int, val_fraction: float, seed: int) -> np.ndarray:
     """A boolean mask of validation items: a seeded permutation, deterministic for (n, seed)."""
     mask = np.zeros(n, dtype=bool)
-    k = round(n * val_fraction)
-    mask[np.random.default_rng(seed).permutation(n)[:k]] = True
+    mask[np.random.default_rng(seed).permutation(n)[:round(n * val_fraction)]] = True
     return mask
 
 
@@ -87,11 +77,11 @@ def write_samples(target: PackTarget, result: ConvertResult, *, claim: Source | 
                   split_names: Iterable[str], schema: Any, classes: tuple[str, ...],
                   samples: Iterable[Sample], total: int, finish: Finish, where: str,
                   why_empty: Callable[[list[dict[str, str]]], str]) -> ConvertResult:
-    """Write ``samples`` into one writer per split (``""``: the output itself) and commit; see the
-    module docstring. ``claim``: the source the output must stay out of (None: none); ``where``
-    and ``why_empty`` (from the skip list) say why nothing was written, if so."""
-    output = target.output()
-    tmp = output.claim(claim)  # checks, locks and clears leftovers; see converters/output.py
+    """Write ``samples`` into one writer per split (``""``: the output itself) and commit.
+    ``claim``: the source the output must stay out of (None: none); ``where`` and ``why_empty``
+    (from the skip list) say why nothing was written, if so."""
+    output = open_output(target.out, target.overwrite, target.storage_options)
+    tmp = output.claim(claim)
     names = list(split_names)
     splits = {n: (tmp / n if n else tmp) for n in names}
     writers: dict[str, DatasetWriter] = {}
@@ -107,7 +97,7 @@ def write_samples(target: PackTarget, result: ConvertResult, *, claim: Source | 
                 skipped[s.split].append({"path": s.name, "reason": why})
             else:
                 if s.stored is not None:
-                    tally(result, s.stored, s.name)
+                    result.tally(s.stored, s.name)
                 output.after_write(splits[s.split], writers[s.split])
             if target.progress is not None:
                 target.progress(k + 1, total)
@@ -130,6 +120,7 @@ def write_samples(target: PackTarget, result: ConvertResult, *, claim: Source | 
     except BaseException as exc:
         abandon(exc, writers.values(), output, Path(target.out), tmp)
     output.commit()
+    result.seconds = time.perf_counter() - target.t0
     return result
 
 

@@ -1,16 +1,7 @@
-"""Colour segmentation masks: RGB colours → class indices, through a palette.
-
-A palette is given as a JSON file (``{"#rrggbb" | "r,g,b": index}``, or a list of colours whose
-positions are the indices), as an earlier dataset (its folder or ``feedpipe.json``: the palette
-it was converted with, so new data keeps its numbering), or built with ``"auto"``: every colour
-that covers at least :data:`AUTO_MIN_PIXELS` pixels of some mask (at most 256 colours), sorted by
-their (r, g, b) value, numbered 0..K-1 (so black, the usual background, is 0 when present).
-A colour on fewer pixels in every mask (a stray pixel, an edge blended by a paint tool) is not a
-class: it would renumber every class that sorts after it. It is left out and reported with its
-mask, and the masks holding it are skipped by name. The palette used is printed by ``feedpipe
-convert`` and recorded in the manifest (``conversion.mask_palette``, ``[r, g, b, index]`` rows).
-A mask holding a colour the palette lacks is skipped, and its file and colours named.
-"""
+"""Colour segmentation masks: RGB colours → class indices, through a palette (a JSON file, an
+earlier dataset's, or ``"auto"``; docs/sources.md). ``auto`` leaves out, by name, a colour on
+fewer than :data:`AUTO_MIN_PIXELS` pixels of every mask: a stray pixel would renumber every class
+that sorts after it."""
 
 from __future__ import annotations
 
@@ -26,7 +17,7 @@ from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.errors import ConfigError, CorruptRecordError, NotRegularFileError
 from feedpipe.schema.imaging import DEFAULT_MAX_PIXELS, check_pixels, sniff_codec, webp_lossless
 
-from .sources import open_regular
+from .sources import open_regular, read_regular
 
 Palette = tuple[tuple[int, int, int, int], ...]  # (r, g, b, class index)
 Rare = tuple[dict[str, Any], ...]  # colours auto left out: {"colour", "pixels", "mask"}
@@ -54,8 +45,7 @@ def load_palette(path: str | Path) -> Palette:
     if path.is_dir():
         path = path / MANIFEST_NAME
     try:
-        with os.fdopen(open_regular(path), encoding="utf-8") as fh:
-            d = json.loads(fh.read())
+        d = json.loads(read_regular(path).decode())
         if isinstance(d, dict) and "feedpipe_manifest" in d:
             rows = (d.get("conversion") or {}).get("mask_palette")
             if not rows:

@@ -1,12 +1,6 @@
-"""Conversion split into parts (``feedpipe convert --part i/N``): which slice a part packs,
-where it is written, and the fingerprint that tells :mod:`converters.merge` the parts belong
-together.
-
-Part ``i`` of ``N`` packs the contiguous slice ``[i*n//N, (i+1)*n//N)`` of the source's sorted
-item list, so every machine computes the same slice and the merged dataset keeps the source
-order. ``auto/N`` takes ``i`` from ``$SLURM_ARRAY_TASK_ID`` (Slurm job arrays) or
-``$JOB_COMPLETION_INDEX`` (Kubernetes indexed Jobs).
-"""
+"""Conversion split into parts (``feedpipe convert --part i/N``): part ``i`` of ``N`` packs the
+contiguous slice ``[i*n//N, (i+1)*n//N)`` of the sorted source, so every machine computes the same
+slice; ``auto/N`` takes ``i`` from Slurm's or Kubernetes' index variable."""
 
 from __future__ import annotations
 
@@ -81,14 +75,6 @@ def parse_part(text: str, env: Mapping[str, str] | None = None) -> Part:
         raise ConfigError(f"--part {text}: {exc}") from None
 
 
-def part_dir(out: str | Path, part: Part) -> str | Path:
-    """Where ``convert(..., part=)`` writes: inside the dataset it will be merged into (a URL
-    under an object-storage ``out``)."""
-    if is_remote(out):
-        return f"{str(out).rstrip('/')}/{PARTS_DIR}/{part.name}"
-    return Path(out) / PARTS_DIR / part.name
-
-
 def fingerprint(source: Source, to: str, options: Mapping[str, Any]) -> str:
     """SHA-256 of what every part must share: the whole sorted source list (paths and labels),
     the classes, the format and the conversion options."""
@@ -138,4 +124,6 @@ def plan_part(part: Part, source: Source, out: str | Path, to: str, opts: PackOp
     start, stop = part.bounds(n)
     info = {"index": part.index, "count": part.count, "start": start, "stop": stop,
             "source_items": n, "fingerprint": fingerprint(source, to, options)}
-    return part_dir(out, part), start, stop, info
+    where = f"{str(out).rstrip('/')}/{PARTS_DIR}/{part.name}" if is_remote(out) else \
+        Path(out) / PARTS_DIR / part.name
+    return where, start, stop, info

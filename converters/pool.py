@@ -1,13 +1,8 @@
-"""The worker processes of a conversion, each fed through pipes of its own.
-
-The main process sends each worker chunks of inputs (at most :data:`HELD` at a time) and reads
-back each chunk's results; a worker writes the job it is on into shared memory, so a worker that
-dies (kill -9, the OOM killer, a crash inside a decoder) is seen at once through its process
-sentinel, and the conversion stops with :class:`~feedpipe.errors.ResourceError` naming the
-file it was converting. ``multiprocessing.Pool`` waits forever for a dead worker's task instead (and ending
-it can block on a queue lock the worker died holding); ``ProcessPoolExecutor`` sees the death
-but not which input the dead worker held.
-"""
+"""The worker processes of a conversion, each fed through pipes of its own. A worker writes the job
+it is on into shared memory, so one that dies (the OOM killer, a decoder crash) is seen at once
+through its sentinel and named in :class:`~feedpipe.errors.ResourceError`:
+``multiprocessing.Pool`` waits forever for a dead worker, and ``ProcessPoolExecutor`` does not
+say which input it held."""
 
 from __future__ import annotations
 

@@ -1,23 +1,9 @@
-"""Progressive JPEGs stored as baseline, losslessly (``jpeg="baseline"``, the default).
-
-A progressive JPEG decodes ~3× slower than a baseline one with the same pixels, and the DCT-scaled
-decode hardly helps it (8.5 ms against 2.9 ms for a median web photo, benchmarks/RESULTS.md).
-libjpeg-turbo's lossless transform (``jpegtran -copy all -optimize``: ``tj3Transform`` with no
-operation, ``TJXOPT_OPTIMIZE``, ``TJXOPT_PROGRESSIVE`` unset) rewrites the entropy coding only: the same DCT
-coefficients, quantization tables and markers (EXIF, ICC, comments), so the decoded pixels are
-the source's. Each result is checked, decoding once: the transform reads every scan of the source
-and stops at libjpeg-turbo's first warning (a source cut short or damaged is refused by name: it
-would decode to grey), and the baseline file is read whole (every scan, at 1/8 scale) and must
-declare the source's size, components and orientation. Memory stays that of the transform (the
-source's DCT coefficients, ~2 bytes a sample): the former check decoded both files in full and
-held both and the coefficients at once (benchmarks/bench_hostile_jpegs.py). A file that cannot
-be transcoded, or whose check fails, is stored as it is and named with the reason.
-
-The transform comes from the ``turbojpeg`` package (pybind11 bindings over the TurboJPEG 3 API;
-its wheels bundle libturbojpeg, so nothing comes from the system). Where it has no wheel (Linux
-other than x86_64, Python 3.14+) it is not installed, and progressive JPEGs are kept as they are
-and named with that reason.
-"""
+"""Progressive JPEGs stored as baseline, losslessly (``jpeg="baseline"``, the default): they decode
+~3× slower than baseline with the same pixels (benchmarks/RESULTS.md). libjpeg-turbo's lossless
+transform (``turbojpeg``) rewrites the entropy coding only: the same DCT coefficients, tables and
+markers. Each result is checked (the source read whole, the baseline file read whole and
+declaring the source's size and orientation); a file that fails, or a platform without the
+turbojpeg wheel, keeps its bytes and is named with the reason."""
 
 from __future__ import annotations
 
@@ -27,12 +13,7 @@ from feedpipe.errors import BadInputError
 from feedpipe.schema.codecs import JPEG_PROGRESSIVE, jpeg_header
 from feedpipe.schema.imaging import read_jpeg_whole, simplejpeg, turbojpeg
 
-from .stored import Refused, Stored
-
-#: how a transcoded image was stored, in ``ConvertResult.stored`` and the manifest
-TRANSCODED = "progressive jpeg→baseline jpeg"
-NO_TRANSFORM = ("not transcoded: the lossless transform needs the turbojpeg package, which has "
-                "no wheel for this platform or Python (pip install turbojpeg)")
+from .result import TRANSCODED, Refused, Stored
 
 
 def can_transcode() -> bool:
@@ -41,11 +22,11 @@ def can_transcode() -> bool:
 
 
 def to_baseline(data: bytes) -> tuple[bytes, None] | tuple[None, str]:
-    """``data`` (a progressive JPEG) as baseline with the same coefficients and markers, checked
-    (see the module docstring): (the baseline bytes, None), or (None, why it is kept as it is).
-    BadInputError when the source's data is damaged."""
+    """``data`` (a progressive JPEG) as baseline, checked: (the bytes, None), or (None, why it is
+    kept as it is). BadInputError when the source's data is damaged."""
     if not can_transcode():
-        return None, NO_TRANSFORM
+        return None, ("not transcoded: the lossless transform needs the turbojpeg package, which "
+                      "has no wheel for this platform or Python (pip install turbojpeg)")
     try:  # reads every scan; libjpeg-turbo's first warning raises
         out = turbojpeg.transform(data, optimize=True)  # progressive=False, copynone=False
     except RuntimeError as exc:
@@ -64,9 +45,8 @@ def to_baseline(data: bytes) -> tuple[bytes, None] | tuple[None, str]:
 
 
 def transcoded(stored: Stored) -> Stored:
-    """A progressive JPEG stored as it is (``stored.progressive``) → stored as baseline, or kept
-    with the reason in ``kept``; Refused when its data is damaged. Runs in the conversion's
-    worker processes."""
+    """A progressive JPEG stored as it is → stored as baseline, or kept with the reason in
+    ``kept``; Refused when its data is damaged. Runs in the conversion's worker processes."""
     try:
         out, why = to_baseline(bytes(stored.value))
     except BadInputError as exc:

@@ -1,11 +1,35 @@
-"""What a conversion did (:class:`ConvertResult`): filled by :mod:`converters.packer` and
-:mod:`converters.report`, read by the CLI; its own module so that neither imports the other for it."""
+"""What a conversion made: each image as stored (:class:`Stored`) or why it was refused
+(:class:`Refused`), and the run's account (:class:`ConvertResult`), read by the CLI."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+#: how a progressive JPEG stored as baseline (converters.progressive) was stored
+TRANSCODED = "progressive jpeg→baseline jpeg"
+
+
+class Refused(Exception):
+    """This input cannot be stored as asked; the message is the skip reason."""
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One image as stored: the value, how it was made, and notes for the summary."""
+
+    value: bytes | np.ndarray
+    how: str                      # "jpeg unchanged", "tiff→png", "jpeg→jpeg", "png→raw", ...
+    codec: str                    # the stored codec: jpeg, png, webp or raw
+    size: tuple[int, int]         # the upright source's (W, H), before any resize
+    slow_jpeg: bool = False       # simplejpeg cannot read it; the fallback decoder read it whole
+    dropped: str | None = None    # what extra_channels="drop" removed
+    progressive: bool = False     # a progressive JPEG stored as it is (converters.progressive)
+    kept: str | None = None       # why that JPEG was not transcoded to baseline (jpeg="baseline")
+    lossy: str | None = None      # why it was lossily re-encoded unasked (EXIF rotation, CMYK)
 
 
 @dataclass
@@ -40,3 +64,27 @@ class ConvertResult:
     @property
     def rate(self) -> float:
         return (self.written + len(self.skipped)) / self.seconds if self.seconds else 0.0
+
+    def tally(self, stored: Stored, rel: str) -> None:
+        """Count how one image was stored, for the summary and the manifest."""
+        self.stored[stored.how] = self.stored.get(stored.how, 0) + 1
+        unchanged = stored.how.endswith(" unchanged")
+        lossless = stored.how == TRANSCODED
+        self.passthrough += unchanged
+        self.transcoded += lossless
+        self.reencoded += not (unchanged or lossless)
+        if stored.kept:
+            self.progressive_kept.append({"path": rel, "reason": stored.kept})
+        if stored.lossy:
+            self.lossy.append({"path": rel, "reason": stored.lossy})
+        if stored.slow_jpeg:
+            self.slow_jpegs.append(rel)
+        if stored.dropped:
+            self.channels_dropped.append(rel)
+
+    def account(self) -> dict[str, Any]:
+        """The manifest's account of how the images were stored and what needs attention."""
+        return {"stored": self.stored, "ignored": self.ignored_files,
+                "jpegs_needing_fallback_decoder": self.slow_jpegs,
+                "channels_dropped": self.channels_dropped, "jpeg_transcoded": self.transcoded,
+                "jpeg_progressive_kept": self.progressive_kept, "reencoded_lossy": self.lossy}

@@ -1,8 +1,6 @@
-"""Conversion sources: an ImageFolder tree, a flat folder, or a CSV/JSONL manifest.
-
-Every source becomes a sorted, deterministic list of :class:`SourceItem` plus the class names, and
-every file it does not take is listed with the reason (nothing is dropped without a word).
-"""
+"""Conversion sources: an ImageFolder tree, a flat folder, or a CSV/JSONL manifest, each a sorted,
+deterministic list of :class:`SourceItem` plus the class names; every file not taken is listed
+with the reason."""
 
 from __future__ import annotations
 
@@ -15,7 +13,7 @@ import stat
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from feedpipe.errors import BadInputError, ConfigError, NotRegularFileError
 from feedpipe.paths import KINDS
@@ -209,16 +207,10 @@ def _walk_root(root: Path, contained: bool = False) -> _Tree:
 
 def scan(src: str | Path, layout: Layout = "auto", labels: LabelsAs = "auto",
          unlabeled: Unlabeled = "refuse", contained: bool = False) -> Source:
-    """Detect the source kind and list its images.
-
-    A directory is an ImageFolder tree when a top-level sub-directory holds an image (sorted class
-    folder names → labels 0..K-1; a class folder may be empty): class folders win, and images at
-    the top level are refused by name, never turned into unlabeled samples. Otherwise it is a flat
-    folder (no labels, searched recursively). ``layout`` forces either reading. A ``.csv`` or
-    ``.jsonl`` file is a manifest; ``labels`` and ``unlabeled`` say how to read its labels
-    (:func:`manifest_labels`). ``contained``: a manifest row naming a file outside the
-    manifest's folder, or a symlink in a folder leading outside it, is refused (:func:`outside`).
-    """
+    """Detect the source kind and list its images (docs/convert.md): a folder is an ImageFolder
+    tree when a top-level sub-folder holds an image (images at its top level are then refused by
+    name, never made unlabeled), else a flat folder; ``layout`` forces either reading. A ``.csv``
+    or ``.jsonl`` file is a manifest (``labels``, ``unlabeled``: :func:`manifest_labels`)."""
     if layout not in ("auto", "imagefolder", "flat"):
         raise ConfigError(f"layout={layout!r}: use 'auto', 'imagefolder' or 'flat'",
                           option="layout")
@@ -335,25 +327,13 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]
                 rows.append(dict(r))
                 lines.append(reader.line_num)
             return rows, lines, bad
-        decoder = json.JSONDecoder(object_pairs_hook=json_object)
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                r = decoder.decode(line)
-            except Twice as exc:
-                bad.append((f"{path.name}:{n}", f"key {exc.args[0]!r} is given twice in this "
-                                                "object (one value would be lost)"))
-                continue
-            except ValueError as exc:
-                bad.append((f"{path.name}:{n}", f"not a JSON line: {exc}"))
-                continue
-            if isinstance(r, dict):
-                rows.append(r)
-                lines.append(n)
-            else:
-                bad.append((f"{path.name}:{n}", f"a JSON {type(r).__name__}, not an object "
-                                                "with a 'path'"))
+    for n, r, why in json_lines(path, "not a JSON line"):
+        if why is None and isinstance(r, dict):
+            rows.append(r)
+            lines.append(n)
+        else:
+            bad.append((f"{path.name}:{n}", why or f"a JSON {type(r).__name__}, not an object "
+                                                   "with a 'path'"))
     return rows, lines, bad
 
 
@@ -362,6 +342,23 @@ _INT = re.compile(r"[+-]?\d+")
 
 class Twice(Exception):
     """A JSON object that gives a key twice (``json`` would keep the last value only)."""
+
+
+def json_lines(path: Path, invalid: str, **decode: Any) -> Iterator[tuple[int, Any, str | None]]:
+    """Each non-blank line of a JSONL file: (line number, value, None), or (line number, None,
+    why) for a line that is not JSON (``invalid``: the reason's start) or gives a key twice."""
+    decoder = json.JSONDecoder(object_pairs_hook=json_object, **decode)
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                yield n, decoder.decode(line), None
+            except Twice as exc:
+                yield n, None, (f"key {exc.args[0]!r} is given twice in this object (one value "
+                                "would be lost)")
+            except ValueError as exc:
+                yield n, None, f"{invalid}: {exc}"
 
 
 def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -374,15 +371,9 @@ def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 def manifest_labels(path: Path, rows: list[dict[str, Any]], how: LabelsAs = "auto",
                     unlabeled: Unlabeled = "refuse") -> tuple[list[int], tuple[str, ...]]:
-    """Each row's label index (-1: none) and the class names, read one way for every row.
-
-    ``how="auto"``: integers are class indices and other values class names (sorted), but a
-    column that mixes the two is refused, naming the rows of the smaller kind (one ``unknown``
-    or ``1.5`` among 0..11 would renumber every class); ``"ints"``: every label is an index
-    (0 or more); ``"names"``: every label is a class name, integer-looking names first in
-    numeric order (so 0..11 keep their numbers and ``unknown`` becomes 12). A row with an empty
-    label among labelled rows is refused by name unless ``unlabeled="keep"``: then it is stored
-    with label -1 (the conversion counts and lists it)."""
+    """Each row's label index (-1: none) and the class names, read one way for every row
+    (``labels=``, docs/convert.md). A column mixing integers and names is refused under "auto",
+    naming the rows of the smaller kind: one ``unknown`` among 0..11 would renumber every class."""
     where = (f"labels={how!r}", f"unlabeled={unlabeled!r}")
     if how not in ("auto", "ints", "names") or unlabeled not in ("refuse", "keep"):
         raise ConfigError(f"{', '.join(where)}: use labels='auto', 'ints' or 'names' and "
@@ -442,13 +433,9 @@ def manifest_labels(path: Path, rows: list[dict[str, Any]], how: LabelsAs = "aut
 
 
 def attach_masks(source: Source, masks: str | Path) -> Source:
-    """Pair each image with the mask file of the same name in ``masks`` (any image extension).
-
-    A mask matches by its path relative to ``masks`` without extension (``cls/a.jpg`` ↔
-    ``cls/a.png``), else by file stem when exactly one mask and one image have that stem (a flat
-    mask folder for an ImageFolder tree). Images without a mask are kept and later skipped with that reason;
-    masks without an image are listed in ``unmatched_masks``.
-    """
+    """Pair each image with the mask of the same path without extension in ``masks`` (``cls/a.jpg``
+    ↔ ``cls/a.png``), else of the same file stem when exactly one mask and one image have it.
+    Images without a mask are skipped later, by name; masks without an image are listed."""
     root = Path(masks)
     if not root.is_dir():
         raise FileNotFoundError(f"{root}: mask folder does not exist")
@@ -458,9 +445,7 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
     for p in files:
         by_rel[p.relative_to(root).with_suffix("").as_posix()] = p
         by_stem.setdefault(p.stem, []).append(p)
-    image_stems: dict[str, int] = {}
-    for it in source.items:
-        image_stems[Path(it.rel).stem] = image_stems.get(Path(it.rel).stem, 0) + 1
+    image_stems = Counter(Path(it.rel).stem for it in source.items)
     used: set[Path] = set()
     items = []
     for it in source.items:
@@ -471,6 +456,6 @@ def attach_masks(source: Source, masks: str | Path) -> Source:
         m = by_rel.get(rel) or (stem[0] if len(stem) == 1 and image_stems[name] == 1 else None)
         if m is not None:
             used.add(m)
-        items.append(SourceItem(it.path, it.rel, it.label, it.extra, m, it.fields, it.row))
+        items.append(replace(it, mask=m))
     unmatched = tuple(p.relative_to(root).as_posix() for p in files if p not in used)
     return replace(source, items=tuple(items), masked=True, unmatched_masks=unmatched)

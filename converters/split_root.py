@@ -1,10 +1,6 @@
-"""A split root: ``data/train``, ``data/val`` (and ``data/test``), each an ImageFolder tree.
-
-``split_root="separate"`` writes one dataset per split (``out/train``, ``out/val``..., the layout
-of ``--val-fraction``); ``"field"`` writes one dataset with a ``split`` field. The class lists of
-the splits must agree (refused with the difference named) unless ``split_classes="union"``: then
-labels index the sorted union and a class a split lacks is listed as empty there.
-"""
+"""A split root: ``data/train``, ``data/val`` (and ``data/test``), each an ImageFolder tree, written
+as one dataset per split (``"separate"``) or one with a ``split`` field (``"field"``); the class
+lists must agree unless ``split_classes="union"``."""
 
 from __future__ import annotations
 

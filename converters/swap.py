@@ -1,14 +1,7 @@
-"""A local conversion's commit: the ``.<out>.partial`` folder, the output lock, the swap.
-
-The writers write straight into ``.<out>.partial`` (the staging folder is the dataset-to-be); once
-the manifests are written, :class:`SwapCommit` renames it into place atomically. A destructive step
-only ever touches what feedpipe made: ``--overwrite`` replaces a feedpipe dataset (or a train/val
-split of them) and nothing else, and a leftover ``.<out>.partial`` / ``.<out>.old`` is removed only
-when it holds feedpipe's marker or files its manifest lists. An exclusive lock on ``.<out>.lock``
-(:func:`feedpipe.system.try_lock`: flock, or LockFileEx on Windows) keeps two conversions of one
-output apart (a remote one locks its staging folder the same way); the system drops it when the
-holder dies, so a killed run never blocks the next one.
-"""
+"""A local conversion's commit: the ``.<out>.partial`` folder, the output lock, the swap. A
+destructive step only touches what feedpipe made (a dataset, or a leftover holding its marker or
+files its manifest lists); the lock on ``.<out>.lock`` is dropped by the system when its holder
+dies, so a killed run never blocks the next."""
 
 from __future__ import annotations
 
@@ -19,11 +12,14 @@ import os
 import shutil
 import stat
 from pathlib import Path
+from typing import Any
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
 from feedpipe.errors import BadInputError, ResourceError
 from feedpipe.storage.store import DirStore
 from feedpipe.system import try_lock
+
+from .sources import Source
 
 MARKER = ".feedpipe-partial"  # written first into every partial directory, removed before the swap
 _OURS = frozenset({MANIFEST_NAME, MANIFEST_NAME + ".tmp", "lock.mdb", MARKER})
@@ -34,8 +30,6 @@ def shown(names: list[str], n: int = 5) -> str:
     """At most ``n`` names for a message, and how many there are in all."""
     return ", ".join(names[:n]) + (f" ... ({len(names)} in all)" if len(names) > n else "")
 
-
-# --- what may be replaced -----------------------------------------------------------------------
 
 def foreign_entries(path: Path) -> list[str] | None:
     """Names in ``path`` that feedpipe did not make: [] for a feedpipe dataset (complete, partial
@@ -49,25 +43,18 @@ def foreign_entries(path: Path) -> list[str] | None:
         if any(p is None for p in parts):
             return None
         return [f"{n}/{e}" for n, p in zip(names, parts) for e in p or []]
-    listed = _manifest_files(path)
-    if listed is None:
-        return None
-    return [n for n in names if n not in _OURS | listed]
-
-
-def _manifest_files(path: Path) -> set[str] | None:
-    """The file names a feedpipe manifest (finished or its temp file) lists; None without one."""
-    for name in (MANIFEST_NAME, MANIFEST_NAME + ".tmp"):
+    for name in (MANIFEST_NAME, MANIFEST_NAME + ".tmp"):  # the files its manifest lists
         try:
             d = json.loads((path / name).read_text(encoding="utf-8"))
-            if "feedpipe_manifest" not in d:
-                return None
             theirs = set(d.get("extra", {}).get("foreign_files", []))  # indexed in place
-            return {str(f["name"]) for f in d["files"]} - theirs
+            listed = {str(f["name"]) for f in d["files"]} - theirs
         except FileNotFoundError:
             continue
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
+        if "feedpipe_manifest" not in d:
+            return None
+        return [n for n in names if n not in _OURS | listed]
     return None
 
 
@@ -87,7 +74,32 @@ def _refuse_unless_ours(path: Path, what: str) -> None:
                             f"feedpipe did not make ({shown(foreign)}); move them out first.")
 
 
-# --- the lock --------------------------------------------------------------------------------
+def _inside(a: Path, b: Path) -> bool:
+    return a == b or b in a.parents
+
+
+def check_not_source(source: Source, out: Path) -> None:
+    """Refuse an output that is, contains or lies inside the source (symlinks resolved): a folder
+    source's tree; for a manifest, every folder holding a listed image, and the manifest's own
+    folder may not be the output or inside it."""
+    o = Path(os.path.realpath(out))
+    root = Path(os.path.realpath(source.root))
+    trees = {root}
+    if source.kind == "manifest":
+        trees = {Path(os.path.realpath(d)) for d in {i.path.parent for i in source.items}}
+        if _inside(root, o):
+            raise BadInputError(f"{out}: the output is or contains {root}, the folder of "
+                                     "the source manifest. Choose an -o outside it.")
+    for t in sorted(trees):
+        if _inside(o, t):
+            rel = "is" if o == t else "lies inside"
+            raise BadInputError(f"{out}: the output {rel} the source {t}; writing there "
+                                     "would mix the dataset into (or delete) your images. Choose "
+                                     "an -o outside the source.")
+        if _inside(t, o):
+            raise BadInputError(f"{out}: the output contains the source {t}; --overwrite "
+                                     "would delete your images. Choose an -o outside the source.")
+
 
 class OutputLock:
     """An exclusive ``flock`` on ``.<out>.lock`` beside the output, refused at once when held.
@@ -102,6 +114,7 @@ class OutputLock:
         self.fd: int | None = None
 
     def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
         while self.fd is None:
             fd = self._open()
             if not try_lock(fd):
@@ -152,10 +165,7 @@ class OutputLock:
     def release(self) -> None:
         if self.fd is None:
             return
-        try:
-            os.unlink(self.path)  # while still holding it (see the class docstring)
-        except FileNotFoundError:
-            pass
+        self.path.unlink(missing_ok=True)  # while still holding it (see the class docstring)
         os.close(self.fd)
         self.fd = None
 
@@ -169,10 +179,9 @@ def check_full(exc: BaseException, out: Path, what: str) -> None:
 
 
 class SwapCommit:
-    """The local commit policy: stage in ``.<out>.partial`` (each file final where it is
-    written), then ``commit()`` swaps the folder into place; ``abort()`` removes it."""
-
-    eager = False  # nothing to publish before the commit
+    """A local folder's commit policy: ``claim()`` checks and locks the output and makes
+    ``.<out>.partial``, where each file is final as written (``entry()``: its size and SHA-256);
+    ``commit()`` swaps the folder into place, ``abort()`` removes it; both release the lock."""
 
     def __init__(self, store: DirStore, overwrite: bool) -> None:
         self.out, self.overwrite = store.root, overwrite
@@ -180,9 +189,12 @@ class SwapCommit:
         self.old = self.out.parent / f".{self.out.name}.old"  # left by the non-atomic fallback
         self.lock = OutputLock(self.out)
 
-    def claim(self) -> Path:
-        """Refuse to replace what feedpipe did not make, clear a killed run's leftovers and make
-        the partial directory (called with the lock held)."""
+    def claim(self, source: Source | None) -> Path:
+        """Refuse to replace what feedpipe did not make (or the ``source``), lock, clear a killed
+        run's leftovers and make the partial directory."""
+        if source is not None:
+            check_not_source(source, self.out)
+        self.lock.acquire()
         made = False
         try:
             exists = self.out.exists() or self.out.is_symlink()
@@ -202,31 +214,38 @@ class SwapCommit:
         except BaseException as exc:
             if made:
                 shutil.rmtree(self.partial, ignore_errors=True)
+            self.lock.release()
             check_full(exc, self.out, "cannot start the output")
             raise
         return self.partial
 
-    def publish(self, path: Path) -> FileEntry:
-        """A data file's size and SHA-256 for the manifest (it stays where it was written)."""
-        return FileEntry.of(path.parent, path.name)
+    def after_write(self, root: Path, writer: Any) -> None:
+        """Nothing is published before the commit."""
+
+    def entry(self, root: Path, name: str) -> FileEntry:
+        return FileEntry.of(root, name)
 
     def commit(self) -> None:
         """Atomically replace the output (``renameat2(RENAME_EXCHANGE)``: a reader sees the old
         dataset or the new one), then remove the old one."""
-        (self.partial / MARKER).unlink()
-        fsync_dir(self.partial)
-        if not self.out.exists():
-            os.rename(self.partial, self.out)
-        elif exchange(self.partial, self.out):
-            shutil.rmtree(self.partial)  # now the old dataset
-        else:
-            os.rename(self.out, self.old)
-            os.rename(self.partial, self.out)
-            shutil.rmtree(self.old)
-        fsync_dir(self.out.parent)
+        try:
+            (self.partial / MARKER).unlink()
+            fsync_dir(self.partial)
+            if not self.out.exists():
+                os.rename(self.partial, self.out)
+            elif exchange(self.partial, self.out):
+                shutil.rmtree(self.partial)  # now the old dataset
+            else:
+                os.rename(self.out, self.old)
+                os.rename(self.partial, self.out)
+                shutil.rmtree(self.old)
+            fsync_dir(self.out.parent)
+        finally:
+            self.lock.release()
 
     def abort(self) -> None:
         shutil.rmtree(self.partial, ignore_errors=True)
+        self.lock.release()
 
 
 _RENAME_EXCHANGE, _AT_FDCWD = 2, -100

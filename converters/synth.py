@@ -102,16 +102,10 @@ def _exif(orientation: int, rng: np.random.Generator) -> bytes:
 
 def make_web_photos(out: str | Path, n: int, *, classes: int = 7, seed: int = 0,
                     scale: float = 1.0, progressive: bool = True) -> Path:
-    """Write ``n`` JPEGs with web photo collections' properties into ``out/<class>/``: a mix of
-    progressive and baseline files, 4:2:0 and 4:4:4, quality 75–95, 640–4000 px, EXIF with
-    orientations (the ``WEB_*`` tables). ``scale`` shrinks every size (for tests).
-    ``progressive=False`` writes the all-baseline control: the same files (pixels, sizes,
-    qualities, EXIF), the progressive ones saved baseline with optimized Huffman tables instead.
-
-    Content: real photographs at their own resolution or below (:func:`_real_pixels`; each class
-    its own :data:`WEB_PHOTOS` photograph), so the entropy-coded data is as dense as the
-    photographs' at every size (~1.6 bits per pixel at quality 85), where upscaled crops thin out.
-    """
+    """Write ``n`` JPEGs with web photo collections' properties (the ``WEB_*`` tables) into
+    ``out/<class>/``, each class cut from its own :data:`WEB_PHOTOS` photograph at its own
+    resolution or below (upscaled crops would thin out the entropy-coded data). ``scale`` shrinks
+    every size (for tests); ``progressive=False`` writes the same files all baseline."""
     out, rng, names, photos = _class_folders(out, classes, seed, WEB_PHOTOS)
     for i in range(n):
         c = i % len(names)

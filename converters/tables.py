@@ -1,20 +1,7 @@
-"""Tables without images as array sources: ``.npy``, ``.npz``, ``.parquet``, and CSV/JSONL files
-whose rows have no ``path`` column (those with one are image manifests,
-:mod:`converters.sources`).
-
-:func:`read_table` returns a dict of equal-length columns for :func:`converters.arrays.pack_arrays`
-(each row a sample, or a time step with ``series=True``). Numeric columns keep their dtype:
-``.npy``/``.npz``/Parquet as stored; CSV and JSON numbers as int64, or float64 where a value is
-fractional or missing (empty, ``NA``, ``NaN``, ``null``: NaN). Nothing is lost or cast silently:
-a value its column's dtype cannot hold exactly (an integer beyond int64; one beyond 2^53 in a
-float64 column; ``1e400``), ``true`` among numbers, a bool column with nulls and duplicate column
-names are refused, naming the column and the line. Text columns are taken only when ``columns``
-names them (a misnamed image manifest must not become a table of file names); a CSV cell is a
-number only in plain ASCII notation (``1_000`` is text). A CSV or JSONL row that cannot be read
-(the wrong number of cells, not a JSON object, other keys, a key given twice) is skipped and
-named (``strict``: refused). An ``.npz`` member or a Parquet column larger than
-``max_member_bytes`` is refused from its header or metadata, before it is decompressed.
-"""
+"""Tables without images as array sources: ``.npy``, ``.npz``, Parquet, and CSV/JSONL files without
+a ``path`` column (docs/arrays.md). Nothing is lost or cast silently: a value its column's dtype
+cannot hold exactly is refused, naming the column and line; an ``.npz`` member or Parquet column
+over ``max_member_bytes`` is refused before it is decompressed."""
 
 from __future__ import annotations
 
@@ -38,7 +25,7 @@ from feedpipe.errors import (
 from feedpipe.schema.codecs import npy_decode
 
 from .arrays import RESERVED, as_array
-from .sources import Twice, json_object
+from .sources import json_lines
 
 TABLE_SUFFIXES = (".npy", ".npz", ".parquet", ".pq")
 ROW_SUFFIXES = (".csv", ".jsonl", ".ndjson")
@@ -111,7 +98,8 @@ def read_table(path: str | Path, columns: Sequence[str] | None = None, dtype: st
                     if any(_IMAGE_NAME.search(v) for v in raw[c][:100]) else "")
             raise BadInputError(f"{p}: column {c!r} is not numeric (row 1: {str(raw[c][0])!r})"
                                 f"{hint}; name the columns to keep with --columns (text ones "
-                                f"are stored as JSON): numeric columns are {_numeric(raw)}")
+                                f"are stored as JSON): numeric columns are "
+                                f"{[c for c, a in raw.items() if a.dtype.kind != 'U']}")
     if not raw:
         raise BadInputError(f"{p}: the table has no columns")
     if dtype is not None:
@@ -123,10 +111,6 @@ def read_table(path: str | Path, columns: Sequence[str] | None = None, dtype: st
     names = _field_names(list(raw))
     return ({names[c]: a for c, a in raw.items()},
             {c: n for c, n in names.items() if c != n}, skipped)
-
-
-def _numeric(raw: dict[str, np.ndarray]) -> list[str]:
-    return [c for c, a in raw.items() if a.dtype.kind != "U"]
 
 
 def _field_names(cols: list[str]) -> dict[str, str]:
@@ -323,30 +307,18 @@ def _jsonl(p: Path, skipped: list[dict[str, str]], strict: bool) -> dict[str, np
     rows: list[dict[str, Any]] = []
     lines: list[int] = []
     keys: list[str] | None = None
-    decoder = json.JSONDecoder(object_pairs_hook=json_object, parse_constant=_Constant)
-    with open(p, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = decoder.decode(line)
-            except Twice as exc:
-                _skip(p, n, f"key {exc.args[0]!r} is given twice in this object (one value "
-                      "would be lost)", skipped, strict)
-                continue
-            except ValueError as exc:
-                _skip(p, n, f"invalid JSON: {exc}", skipped, strict)
-                continue
-            if not isinstance(row, dict):
-                _skip(p, n, f"a JSON {type(row).__name__}, not an object", skipped, strict)
-                continue
+    for n, row, why in json_lines(p, "invalid JSON", parse_constant=_Constant):
+        if why is None and not isinstance(row, dict):
+            why = f"a JSON {type(row).__name__}, not an object"
+        elif why is None:
             keys = keys or list(row)
             if set(row) != set(keys):
-                _skip(p, n, f"keys {sorted(row)}, the first row's are {sorted(keys)}", skipped,
-                      strict)
-                continue
-            rows.append(row)
-            lines.append(n)
+                why = f"keys {sorted(row)}, the first row's are {sorted(keys)}"
+        if why is not None:
+            _skip(p, n, why, skipped, strict)
+            continue
+        rows.append(row)
+        lines.append(n)
     if not rows or keys is None:
         raise BadInputError(f"{p}: no rows")
     out = {}

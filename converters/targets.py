@@ -1,25 +1,6 @@
-"""Targets computed once from each mask at conversion time and stored beside the image.
-
-Each target is a pure function ``mask (H×W class indices) -> ndarray`` plus how to store it and how
-loaders must resample it. Built-ins:
-
-``distance_map`` — distance from each pixel to the nearest object boundary, in pixels.
-  The object is ``mask > 0`` (or ``mask == k`` per class channel). The boundary lies on the pixel
-  edges between object and background, so a pixel's value is the Euclidean distance from its
-  centre to the nearest centre of a pixel on the other side, minus 0.5 (exact for straight
-  axis-aligned edges; ``scipy.ndimage.distance_transform_edt`` computes the distances). Signed:
-  negative inside the object, positive outside; unsigned: the absolute value. A mask with no
-  boundary (empty, or all object) gets ``cap`` everywhere (``-cap`` inside for signed), where
-  ``cap`` is ``truncate`` if given, else the image diagonal. ``truncate=t`` clips to ±t;
-  ``normalize`` divides by ``t`` (or by the diagonal) so values lie in [-1, 1].
-  Storage: float16 by default (relative error ≤ 2⁻¹¹, i.e. ≤ 0.25 px below 512 px, 0.5 px below
-  1024 px); ``dtype="uint8"|"uint16"`` quantizes the bounded range (needs ``truncate`` or
-  ``normalize``) with an error ≤ half a step (range/255 or range/65535).
-
-``boundary`` — 1 on the pixels of each labelled (non-zero) region that lie within ``width`` px
-  (Euclidean) of a pixel with another label, else 0; the image border is not a boundary. Stored
-  as uint8, resampled nearest-neighbour.
-"""
+"""Targets computed once from each mask at conversion time and stored beside the image: a pure
+function ``mask (H×W class indices) -> ndarray`` plus how to store and resample it. The built-ins,
+``distance_map`` and ``boundary``, are defined in docs/convert.md."""
 
 from __future__ import annotations
 
@@ -126,7 +107,7 @@ def _signed_distance(obj: np.ndarray, cap: float) -> np.ndarray:
 def distance_map(mask: np.ndarray, *, signed: bool = False, per_class: bool = False,
                  num_classes: int | None = None, truncate: float | None = None,
                  normalize: bool = False) -> np.ndarray:
-    """Distance to the nearest object boundary (see the module docstring for the definition)."""
+    """Distance to the nearest object boundary (defined in docs/convert.md)."""
     mask = np.asarray(mask)
     cap = float(truncate) if truncate is not None else math.hypot(*mask.shape)
     if per_class:

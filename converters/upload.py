@@ -1,22 +1,9 @@
-"""A conversion into object storage (``s3://``, ``gs://``...): the commit policy that uploads each
-finished file, and the manifest last.
-
-On an object store there is no rename to swap a finished folder into place; the manifest is the
-commit point instead. Samples are packed into a local staging folder; each WebDataset shard is
-uploaded (by a small thread pool) as soon as the writer moves on to the next one and its staged copy
-is removed, so local disk holds a few shards, not the dataset. LMDB and HDF5 are single files,
-uploaded after they close. The manifest goes up last: an interrupted conversion leaves no manifest,
-so nothing reads it as a dataset.
-
-What feedpipe uploaded is recorded in an upload journal (``.feedpipe-upload.json``) beside the
-data, before each upload (``pending``) and after it (``done``, with the size and SHA-256; stored
-with the next journal write, so concurrent uploads share one PUT). A re-run
-skips every ``done`` object whose staged copy has the same SHA-256 and whose stored size matches
-(conversions are deterministic), and at the end removes the objects of the journal that the new
-manifest does not list. A destructive step only touches what feedpipe made: ``overwrite`` removes
-the old manifest first (the old dataset then reads as incomplete), and afterwards only the objects
-that the old manifest or the journal lists. A prefix holding anything else is refused.
-"""
+"""A conversion into object storage (``s3://``, ``gs://``...): no rename to swap a folder into
+place, so the manifest, uploaded last, is the commit point (docs/remote.md). Each finished shard is
+uploaded as the writer moves on and its staged copy removed, so local disk holds a few shards. An
+upload journal (``.feedpipe-upload.json``) records each object before and after its upload: a
+re-run skips what is done, and a destructive step removes only what the journal or the old
+manifest lists."""
 
 from __future__ import annotations
 
@@ -25,14 +12,17 @@ import json
 import logging
 import shutil
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry
+from feedpipe.dataset.registry import DatasetWriter
 from feedpipe.errors import BadInputError, ConfigError, RemoteNotFoundError, StorageError
 from feedpipe.paths import cache_dir
 from feedpipe.storage.store import UrlStore
 
+from .sources import Source
 from .swap import OutputLock, shown
 
 log = logging.getLogger(__name__)
@@ -40,15 +30,16 @@ log = logging.getLogger(__name__)
 JOURNAL = ".feedpipe-upload.json"
 SPLITS = ("", "train/", "val/")  # where a conversion's manifests lie, relative to the URL
 READ_ONLY = ("http://", "https://")
+UPLOAD_THREADS = 4  # uploads at once: a store answers each PUT at its own pace
+MAX_QUEUED = 4  # staged shards waiting for upload before the packer waits (bounds local disk)
 
 
 class ManifestCommit:
-    """The object-store commit policy: ``claim()`` checks the URL and makes the staging folder,
-    ``publish()`` uploads a finished file (journaled) and removes its staged copy, ``commit()``
-    uploads the manifests last and removes what the new dataset does not list, ``abort()`` keeps
+    """The object-store commit policy: ``claim()`` checks the URL, locks it on this machine and
+    makes the staging folder; ``after_write()`` uploads the shards a writer has finished (in the
+    background, journaled, each staged copy removed); ``entry()`` a closed file; ``commit()``
+    uploads the manifests last and removes what the new dataset does not list; ``abort()`` keeps
     what was uploaded (journaled) for a re-run."""
-
-    eager = True  # shards go up as they finish: local disk holds a few, not the dataset
 
     def __init__(self, store: UrlStore, overwrite: bool) -> None:
         self.store, self.url, self.overwrite = store, store.url, overwrite
@@ -63,16 +54,22 @@ class ManifestCommit:
         self._jlock = threading.RLock()  # the journal in memory
         self._put_lock = threading.Lock()  # one journal PUT at a time
         self._version = self._stored = 0  # journal versions: the newest, the newest stored
+        self._uploads: dict[Path, Future[FileEntry]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._queued = threading.BoundedSemaphore(MAX_QUEUED)
 
-    # --- claim ----------------------------------------------------------------------------------
-
-    def claim(self) -> Path:
-        """Check what the URL holds (see the module docstring) and make the staging folder
-        (called with the lock held)."""
-        self._check_remote()
-        if self.staging.exists():  # a killed run's staging folder: ours by its place
-            shutil.rmtree(self.staging)
-        self.staging.mkdir()
+    def claim(self, source: Source | None) -> Path:
+        """Check what the URL holds (only what feedpipe made), lock, make the staging folder."""
+        self.lock.acquire()
+        try:
+            self._check_remote()
+            if self.staging.exists():  # a killed run's staging folder: ours by its place
+                shutil.rmtree(self.staging)
+            self.staging.mkdir()
+        except BaseException:
+            self.lock.release()
+            raise
+        self._pool = ThreadPoolExecutor(UPLOAD_THREADS, thread_name_prefix="feedpipe-upload")
         return self.staging
 
     def _check_remote(self) -> None:
@@ -83,19 +80,19 @@ class ManifestCommit:
             raise RemoteNotFoundError(f"{scheme}://{bucket}: no such bucket; create it, or check "
                                       f"its name and the endpoint, before writing {self.url}",
                                       url=self.url)
-        self.journal = self._read_json(JOURNAL) or {} if JOURNAL in held else {}
-        self.journal = dict(self.journal.get("files", {}))
+        self.journal = dict(((self._read_json(JOURNAL) if JOURNAL in held else None) or {})
+                            .get("files", {}))
         manifests = {s + MANIFEST_NAME: self._read_json(s + MANIFEST_NAME)
                      for s in SPLITS if s + MANIFEST_NAME in held}
-        ours = {JOURNAL, *manifests, *self.journal}
+        old: set[str] = set()  # the old dataset's objects, its manifests included
         for name, m in manifests.items():
             if m is None or "feedpipe_manifest" not in m:
                 raise BadInputError(f"{self.store.where(name)}: not a feedpipe manifest; "
                                     "refusing to write over it. Choose another -o or remove "
                                     "it yourself.")
             split = name[:-len(MANIFEST_NAME)]
-            ours |= {split + str(f["name"]) for f in m.get("files", [])}
-        foreign = sorted(held - ours)
+            old |= {name, *(split + str(f["name"]) for f in m.get("files", []))}
+        foreign = sorted(held - old - {JOURNAL, *self.journal})
         if foreign:
             raise BadInputError(f"{self.url}: holds objects feedpipe did not make "
                                 f"({shown(foreign)}); choose another -o, or move them out "
@@ -104,10 +101,8 @@ class ManifestCommit:
             raise FileExistsError(f"{self.url} holds a dataset ({shown(sorted(manifests))}); "
                                   "pass overwrite=True (--overwrite) to replace it")
         if manifests:  # the old dataset's objects become ours to remove, then it is uncommitted
-            for name, m in manifests.items():
-                split = name[:-len(MANIFEST_NAME)]
-                for f in [*m.get("files", []), {"name": MANIFEST_NAME}]:  # type: ignore[union-attr]
-                    self.journal.setdefault(split + str(f["name"]), {"state": "old"})
+            for rel in old:
+                self.journal.setdefault(rel, {"state": "old"})
             self._save_journal()
             self.store.remove(manifests)
         elif self.journal:
@@ -146,7 +141,28 @@ class ManifestCommit:
             self.store.write(JOURNAL, lambda fh: fh.write(body.encode()))
             self._stored = current
 
-    # --- uploads --------------------------------------------------------------------------------
+    def _submit(self, path: Path) -> None:
+        assert self._pool is not None
+        self._queued.acquire()  # backpressure: the packer waits when uploads fall behind
+        fut = self._pool.submit(self.publish, path)
+        fut.add_done_callback(lambda _: self._queued.release())
+        self._uploads[path] = fut
+
+    def after_write(self, root: Path, writer: DatasetWriter) -> None:
+        """Upload every shard the writer has finished (all but the one it writes to); a failed
+        upload stops the conversion now."""
+        for name in getattr(writer, "shards", [])[:-1]:
+            if root / name not in self._uploads:
+                self._submit(root / name)
+        for fut in self._uploads.values():
+            if fut.done() and fut.exception() is not None:
+                fut.result()
+
+    def entry(self, root: Path, name: str) -> FileEntry:
+        """A closed data file's size and SHA-256 for the manifest, once it is uploaded."""
+        if root / name not in self._uploads:
+            self._submit(root / name)
+        return self._uploads[root / name].result()
 
     def _rel(self, path: Path) -> str:
         return path.relative_to(self.staging).as_posix()
@@ -177,23 +193,32 @@ class ManifestCommit:
         except FileNotFoundError:
             return None
 
-    # --- the end --------------------------------------------------------------------------------
-
     def commit(self) -> None:
-        """Upload the manifests last (the commit point), then remove the journaled objects the new
-        manifests do not list, and the journal."""
-        manifests = sorted(self.staging.rglob(MANIFEST_NAME))
-        new = {self._rel(p) for p in manifests}
-        for m in manifests:
-            split = self._rel(m.parent) + "/" if m.parent != self.staging else ""
-            new |= {split + str(f["name"]) for f in json.loads(m.read_text())["files"]}
-        for m in manifests:
-            self.publish(m, keep=True)
-        self.store.remove(sorted(set(self.journal) - new))
-        self.store.remove([JOURNAL])
-        shutil.rmtree(self.staging, ignore_errors=True)
+        """Wait for the uploads, upload the manifests last (the commit point), remove the
+        journaled objects the new manifests do not list and the journal; release the lock."""
+        try:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            for fut in self._uploads.values():
+                fut.result()
+            new = set()
+            for m in sorted(self.staging.rglob(MANIFEST_NAME)):
+                split = self._rel(m.parent) + "/" if m.parent != self.staging else ""
+                new |= {self._rel(m), *(split + str(f["name"])
+                                        for f in json.loads(m.read_text())["files"])}
+                self.publish(m, keep=True)
+            self.store.remove(sorted(set(self.journal) - new))
+            self.store.remove([JOURNAL])
+            shutil.rmtree(self.staging, ignore_errors=True)
+        finally:
+            self.lock.release()
 
     def abort(self) -> None:
-        """Keep the uploaded objects and the journal (no manifest: nothing reads them as a
-        dataset) for a re-run to resume; remove the staging folder."""
-        shutil.rmtree(self.staging, ignore_errors=True)
+        """Stop uploading; keep the uploaded objects and the journal (no manifest: nothing reads
+        them as a dataset) for a re-run to resume; remove the staging folder."""
+        try:
+            if self._pool is not None:
+                self._pool.shutdown(wait=True, cancel_futures=True)
+            shutil.rmtree(self.staging, ignore_errors=True)
+        finally:
+            self.lock.release()

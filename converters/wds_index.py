@@ -1,14 +1,7 @@
-"""``feedpipe index DIR``: a feedpipe manifest and WebDataset index written beside foreign
-``.tar`` shards, which are never rewritten, so ``make_loader(DIR)`` reads them in place.
-
-Only plain ``.tar`` shards can be indexed: reads are ``os.pread`` at member offsets, which gzip
-cannot serve, so a ``.tgz`` is refused with the ``feedpipe convert`` command that packs it. The
-index holds the samples that have every field's member; the others stay in the shards, are left
-out of the index and are named in the manifest (``skipped``) and the result, as are samples whose
-``.txt`` member is not UTF-8 text (the reader decodes it as it stands; it is never rewritten).
-Shards holding a member that would need unpickling are refused (convert leaves such members out,
-by name).
-"""
+"""``feedpipe index DIR``: a manifest and WebDataset index written beside foreign ``.tar`` shards,
+which are read in place and never rewritten (docs/sources.md). Gzipped shards (no random access)
+and members that need unpickling are refused with the ``feedpipe convert`` command instead;
+samples that cannot be read as they stand are left out of the index, named."""
 
 from __future__ import annotations
 
@@ -98,26 +91,22 @@ def index_shards(root: str | Path, overwrite: bool = False,
     for n, path in enumerate(shards):
         for key, group in fw.samples(path, [], max_member_bytes):
             img = fw._image_suffix(group)
-            why = None if img else "no image member"
-            if why is None:
-                missing = [s for s in order if s not in group]
-                why = ("no " + ", ".join(f".{s}" for s in missing) + " member") if missing \
-                    else None
-            if why is None:
-                why = _unreadable(p, group, f"{path.name} key {key}")
-            if why is None:
-                codec = sniff_codec(group[img].data)  # type: ignore[index]
-                if codec not in IN_PLACE_CODECS:
-                    raise BadInputError(f"{path} key {key}: a {codec} image cannot be decoded "
-                                        f"in place; convert instead: feedpipe convert {root} "
-                                        "--to wds -o OUT (lossless formats become PNG)")
-                codecs.add(codec)
-                image_suffixes.add(img)  # type: ignore[arg-type]
-            if why is not None:
+            missing = [s for s in order if s not in group]
+            why = ("no image member" if img is None else
+                   "no " + ", ".join(f".{s}" for s in missing) + " member" if missing else
+                   _unreadable(p, group, f"{path.name} key {key}"))
+            if why is not None or img is None:
                 unindexed.setdefault(path.name, []).append(key)
-                res.skipped.append({"path": f"{path.name}/{key}", "reason": why})
+                res.skipped.append({"path": f"{path.name}/{key}", "reason": str(why)})
                 continue
-            picked = [group[img], *(group[s] for s in order)]  # type: ignore[index]
+            codec = sniff_codec(group[img].data)
+            if codec not in IN_PLACE_CODECS:
+                raise BadInputError(f"{path} key {key}: a {codec} image cannot be decoded "
+                                    f"in place; convert instead: feedpipe convert {root} "
+                                    "--to wds -o OUT (lossless formats become PNG)")
+            codecs.add(codec)
+            image_suffixes.add(img)
+            picked = [group[img], *(group[s] for s in order)]
             offsets.append([(m.offset, len(m.data)) for m in picked])
             crcs.append([crc32(m.data) for m in picked])
             shard_of.append(n)

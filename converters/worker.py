@@ -20,11 +20,12 @@ from feedpipe.schema.masks import largest_class
 from feedpipe.system import block_sigint, restore_sigmask
 from feedpipe.workers import single_threaded
 
-from .images import Refused, Stored, geometry, store_image
+from .images import geometry, store_image
 from .options import PackOptions
 from .palette import Palette, colour_mask, refuse_lossy
 from .pool import WorkerPool
 from .progressive import transcoded
+from .result import Refused, Stored
 from .sources import SourceItem, read_regular
 
 MASK_MAX_KEY = "_mask_max"  # a prepared sample's largest mask index (for num_classes), not stored
