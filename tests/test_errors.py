@@ -104,7 +104,7 @@ def test_user_errors_are_one_line_and_bugs_keep_their_traceback(tmp_path, capsys
     def buggy(args: object) -> int:
         raise ValueError("a bug, not the user's mistake")
 
-    monkeypatch.setattr(cli_info, "cmd_info", buggy)
+    monkeypatch.setattr(cli_info, "run", buggy)
     with pytest.raises(ValueError, match="a bug"):  # not turned into "error: ..." and exit 2
         main(["info", str(tmp_path / "plain")])
 

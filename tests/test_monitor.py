@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader
 
 import feedpipe
 from feedpipe.cli import build_parser, main
-from feedpipe.cli.monitor import cmd_monitor
+from feedpipe.cli.monitor import run as cmd_monitor
 from feedpipe.errors import ConfigError, FeedpipeError, GpuUnavailableError, MissingDependencyError
 from feedpipe.loader.config import usable_cores
 from feedpipe.loader.dali import pipeline as dali_pipeline

@@ -20,8 +20,10 @@ from ..errors import ConfigError, FeedpipeError
 from . import bench, convert, decoders, demo, doctor, index, info, merge, monitor, tune, verify
 from .args import FlagParser
 
-# One module per subcommand, in --help order. Registering is argparse only: a command imports
-# what it runs (torch for bench, doctor, monitor, tune, demo) when it runs.
+# One module per subcommand, in --help order: its docstring is the command's description, HELP
+# its line in the list of commands, add_arguments its options, run the command. Registering is
+# argparse only: a command imports what it runs (torch for bench, doctor, monitor, tune, demo)
+# when it runs.
 COMMANDS = (convert, merge, index, info, verify, demo, decoders, monitor, bench, doctor, tune)
 
 
@@ -39,7 +41,11 @@ def build_parser() -> FlagParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     for command in COMMANDS:
-        command.register(sub)
+        c = sub.add_parser(command.__name__.rpartition(".")[2], help=command.HELP,
+                           description=command.__doc__)
+        if hasattr(command, "add_arguments"):
+            command.add_arguments(c)
+        c.set_defaults(func=command.run)
     p.commands = sub.choices
     return p
 

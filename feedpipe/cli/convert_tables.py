@@ -8,19 +8,15 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .args import human
+from .args import given, human, print_first
 
 if TYPE_CHECKING:
     from converters import ConvertResult
 
-# image options that mean nothing for a table: (dest, its default)
-_IMAGE_ONLY = (("masks", None), ("targets", None), ("target", None), ("split_root", None),
-               ("mask_palette", None), ("coco", None), ("resize", None), ("store", "passthrough"),
-               ("codec", "auto"), ("keypoints_column", None), ("boxes_column", None),
-               ("text_column", None), ("array_column", []), ("labels", "auto"),
-               ("unlabeled", "refuse"), ("part", None), ("contained", False),
-               ("ignore_index", None))
-_TABLE_ONLY = ("columns", "dtype", "series", "train_fraction", "block_rows")
+# image options that mean nothing for a table
+_IMAGE_ONLY = ("masks", "targets", "target", "split_root", "mask_palette", "coco", "resize",
+               "store", "codec", "keypoints_column", "boxes_column", "text_column",
+               "array_column", "labels", "unlabeled", "part", "contained", "ignore_index")
 NOTE_ROWS, NOTE_RATIO = 1000, 4  # a table of scalars this long and this much larger on disk: note
 
 
@@ -48,13 +44,12 @@ def pack(args: argparse.Namespace, writer_options: dict[str, object],
     from converters.tables import is_table, read_table
 
     if not is_table(args.src):
-        given = [f"--{d.replace('_', '-')}" for d in _TABLE_ONLY if getattr(args, d)]
-        if given:
-            raise ConfigError(f"{args.src}: {', '.join(given)} apply to array tables (.npy, "
+        wrong = given(args, ("columns", "dtype", "series", "train_fraction", "block_rows"))
+        if wrong:
+            raise ConfigError(f"{args.src}: {', '.join(wrong)} apply to array tables (.npy, "
                               ".npz, .parquet, CSV/JSONL without a 'path' column)")
         return None
-    unused = [f"--{d.replace('_', '-')}" for d, default in _IMAGE_ONLY
-              if getattr(args, d) not in (default, False)]
+    unused = given(args, _IMAGE_ONLY)
     if unused:
         why = (" (it has no 'path' column: name the column of image paths 'path' to pack "
                "images)" if str(args.src).lower().endswith((".csv", ".jsonl")) else "")
@@ -95,11 +90,8 @@ def summary(res: ConvertResult, args: argparse.Namespace) -> int:
         print(f"  missing values (NaN) in {name}: {m['values']} in {m['rows']} rows{inf} (first "
               f"rows {', '.join(map(str, m['first_rows']))}"
               + (" ..." if m["rows"] > len(m["first_rows"]) else "") + ")")
-    for s in [*res.ignored_files, *res.skipped][:20]:
-        print(f"  skipped {s['path']}: {s['reason']}")
-    left = len(res.ignored_files) + len(res.skipped)
-    if left > 20:
-        print(f"  ... and {left - 20} more (all listed in the manifest)")
+    print_first([f"  skipped {s['path']}: {s['reason']}"
+                 for s in [*res.ignored_files, *res.skipped]], 20)
     print(f"  arrays {human(res.bytes_in)} -> output {human(res.bytes_out)}")
     scalars = all(getattr(f, "shape", None) == () for f in ds.schema if f.name != "path")
     if not series and scalars and res.written >= NOTE_ROWS and \
