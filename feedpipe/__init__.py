@@ -12,31 +12,21 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 
-_EXPORTS = {  # the public names -> the module (under feedpipe) that defines each
-    "BadInputError": "errors", "ConfigError": "errors", "CorruptRecordError": "errors",
-    "DatasetReplacedError": "errors", "DiskFullError": "errors", "EmptyDatasetError": "errors",
-    "FeedpipeError": "errors", "GpuUnavailableError": "errors", "IncompleteDatasetError": "errors",
-    "LoaderError": "errors", "ManifestError": "errors", "MissingDependencyError": "errors",
-    "MissingFieldError": "errors", "NothingConvertedError": "errors", "OutputBusyError": "errors",
-    "OutputRefusedError": "errors", "SampleError": "errors", "UnsafeDataError": "errors",
-    "UnsafePathError": "errors",
-    "DatasetReader": "dataset.registry", "DatasetWriter": "dataset.registry",
-    "open_dataset": "dataset.registry",
-    "Manifest": "dataset.manifest",
-    "verify": "dataset.verify",
-    "make_loader": "loader.api",
-    "Dali": "loader.options", "Mix": "loader.options", "Output": "loader.options",
-    "RandomResizedCrop": "loader.options", "Remote": "loader.options",
-    "Sampler": "loader.options", "Workers": "loader.options", "World": "loader.sampler",
-    "tuned": "tools.tuned",
-    "LoaderConfig": "loader.config",
-    "Loader": "loader.protocol",
-    "ArrayField": "schema", "BytesField": "schema", "ImageField": "schema", "JsonField": "schema",
-    "LabelField": "schema", "MaskField": "schema", "Schema": "schema", "TargetField": "schema",
-    "StallMeter": "tools.monitor",
-    "autotune": "tools.tune", "find_batch_size": "tools.tune",
-    "convert": "converters",  # a top-level package beside feedpipe: see __getattr__
-}
+_EXPORTS = {name: module for module, names in {  # the module (under feedpipe) of each public name
+    "errors": "BadInputError ConfigError CorruptRecordError DatasetReplacedError DiskFullError "
+              "EmptyDatasetError FeedpipeError GpuUnavailableError IncompleteDatasetError "
+              "LoaderError ManifestError MissingDependencyError MissingFieldError "
+              "NothingConvertedError OutputBusyError OutputRefusedError SampleError "
+              "UnsafeDataError UnsafePathError",
+    "dataset.registry": "DatasetReader DatasetWriter open_dataset",
+    "dataset.manifest": "Manifest", "dataset.verify": "verify", "loader.api": "make_loader",
+    "loader.options": "Dali Mix Output RandomResizedCrop Remote Sampler Workers",
+    "loader.sampler": "World", "tools.tuned": "tuned", "loader.config": "LoaderConfig",
+    "loader.protocol": "Loader", "tools.monitor": "StallMeter",
+    "schema": "ArrayField BytesField ImageField JsonField LabelField MaskField Schema TargetField",
+    "tools.tune": "autotune find_batch_size",
+    "converters": "convert",  # a top-level package beside feedpipe: see __getattr__
+}.items() for name in names.split()}
 
 __all__ = sorted(_EXPORTS)  # every lazy export is public: one list, not two to keep in step
 
