@@ -254,3 +254,11 @@ def test_an_error_crossing_processes_keeps_its_attributes_notes_and_cause():
     opt = reduction.ForkingPickler.loads(reduction.ForkingPickler.dumps(
         ConfigError("size=0: use a positive size", option="size")))
     assert opt.option == "size" and isinstance(opt, ValueError)
+
+
+def test_a_malformed_storage_option_is_a_usage_error_naming_it(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["info", str(tmp_path), "--storage-option", "endpoint_url"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert "--storage-option: 'endpoint_url': use KEY=VALUE" in err.splitlines()[0]

@@ -59,23 +59,26 @@ def add_storage_args(p: argparse.ArgumentParser) -> None:
     """``--storage-option KEY=VALUE`` (repeatable): fsspec options for a URL dataset
     (credentials and endpoints otherwise come from the environment)."""
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="fsspec option for a URL (repeatable), e.g. endpoint_url=http://host:9000 "
-                   "or client_kwargs.region_name=eu-west-1; values are JSON when they parse "
-                   "(true, 3), else text")
+                   type=_storage_pair, help="fsspec option for a URL (repeatable), e.g. "
+                   "endpoint_url=http://host:9000 or client_kwargs.region_name=eu-west-1; values "
+                   "are JSON when they parse (true, 3), else text")
+
+
+def _storage_pair(text: str) -> tuple[list[str], Any]:
+    """``KEY=VALUE``: the dotted key's names and the value (JSON when it parses, else text)."""
+    key, eq, value = text.partition("=")
+    if not eq or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: use KEY=VALUE")
+    try:
+        return key.strip().split("."), json.loads(value)
+    except ValueError:
+        return key.strip().split("."), value
 
 
 def storage_options(args: argparse.Namespace) -> dict[str, Any]:
     """The ``--storage-option`` pairs as a nested dict (a dotted key nests)."""
     out: dict[str, Any] = {}
-    for pair in args.storage_option:
-        key, eq, text = pair.partition("=")
-        if not eq or not key.strip():
-            raise argparse.ArgumentTypeError(f"--storage-option {pair!r}: use KEY=VALUE")
-        try:
-            value: Any = json.loads(text)
-        except ValueError:
-            value = text
-        *parents, leaf = key.strip().split(".")
+    for (*parents, leaf), value in args.storage_option:
         node = out
         for name in parents:
             node = node.setdefault(name, {})
