@@ -55,13 +55,6 @@ _PATH_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirec
 _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
-def _user_error(exc: BaseException) -> bool:
-    """Errors shown as one line: feedpipe's own, OS errors about a named path, and a full disk
-    or quota (never a bug). Anything else is a bug and keeps its traceback."""
-    return isinstance(exc, FeedpipeError) or (isinstance(exc, OSError) and (
-        exc.filename is not None or isinstance(exc, _PATH_ERRORS) or exc.errno in _FULL))
-
-
 def speak_cli(message: str, option: str | None, flags: dict[str, str]) -> str:
     """A ConfigError's message in the command's terms, from the option it names (data, not
     parsed from the text): ``size=0: ...`` becomes ``--size 0: ...``, ``size='a'`` ``--size a``,
@@ -78,15 +71,6 @@ def speak_cli(message: str, option: str | None, flags: dict[str, str]) -> str:
             value = value[1:-1]
         message = f"{flag} {value}{sep}{rest}"
     return message
-
-
-def _broken_pipe() -> int:
-    """The reader of stdout went away (``feedpipe info X | head``): stop quietly. stdout is
-    pointed at /dev/null so the interpreter's final flush cannot raise again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the closed pipe
 
 
 # feedpipe's own code: the packages whose warnings are advice to print plainly
@@ -123,14 +107,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = int(args.func(args))
         sys.stdout.flush()  # a closed pipe shows up here, inside the handler, not at exit
         return code
-    except BrokenPipeError:
-        return _broken_pipe()
+    except BrokenPipeError:  # the reader went away (`feedpipe info X | head`): stop quietly,
+        devnull = os.open(os.devnull, os.O_WRONLY)  # and the final flush cannot raise again
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the closed pipe
     except KeyboardInterrupt:
         print("interrupted; nothing was left that reads as a dataset", file=sys.stderr)
         return 130
     except Exception as exc:
-        if not _user_error(exc):
-            raise  # a bug: keep the traceback
+        # one line for feedpipe's errors, OS errors about a named path and a full disk or quota;
+        # anything else is a bug and keeps its traceback
+        if not isinstance(exc, FeedpipeError) and not (isinstance(exc, OSError) and (
+                exc.filename is not None or isinstance(exc, _PATH_ERRORS) or exc.errno in _FULL)):
+            raise
         if args.debug:
             traceback.print_exc()
         message = str(exc)

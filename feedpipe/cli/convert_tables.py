@@ -68,6 +68,8 @@ def pack(args: argparse.Namespace, writer_options: dict[str, object],
 
 def summary(res: ConvertResult, args: argparse.Namespace) -> int:
     """What was packed: samples (or series rows), fields, missing values, rows left out."""
+    import numpy as np
+
     import feedpipe
 
     roots = [res.out] if "all" in res.splits else [f"{res.out}/{s}" for s in res.splits]
@@ -79,7 +81,8 @@ def summary(res: ConvertResult, args: argparse.Namespace) -> int:
             f"{series['block_rows']} rows)" if series else f"{res.written} samples"
             + (f" ({splits})" if "all" not in res.splits else ""))
     print(f"wrote {what} to {res.out} as {args.to} in {res.seconds:.1f} s")
-    print("  fields: " + ", ".join(f"{f.name} {_kind(f)}" for f in ds.schema))
+    print("  fields: " + ", ".join(f"{f.name} " + (f"{np.dtype(f.dtype).name} {tuple(f.shape)}"
+                                   if getattr(f, "dtype", None) else "text") for f in ds.schema))
     for old, new in conv.get("renamed_columns", {}).items():
         print(f"  column {old!r} stored as field {new!r}")
     if series and "stats" in series:
@@ -104,9 +107,3 @@ def summary(res: ConvertResult, args: argparse.Namespace) -> int:
               "are time steps pack once, in blocks, with --series (windows are cut at load "
               f"time){hdf5}: docs/arrays.md")
     return 0
-
-
-def _kind(f: Any) -> str:
-    import numpy as np
-
-    return f"{np.dtype(f.dtype).name} {tuple(f.shape)}" if getattr(f, "dtype", None) else "text"
