@@ -12,30 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 
-_EXPORTS = {  # the public names -> the module (under feedpipe) that defines each
-    "AccessDeniedError": "errors", "BadInputError": "errors", "ConfigError": "errors",
-    "CorruptRecordError": "errors", "DamagedDataError": "errors", "DamagedImageError": "errors",
-    "DataFileMismatchError": "errors", "DatasetReplacedError": "errors", "FeedpipeError": "errors",
-    "LoaderError": "errors", "MissingDependencyError": "errors", "NotRegularFileError": "errors",
-    "RemoteNotFoundError": "errors", "ResourceError": "errors", "SampleError": "errors",
-    "StorageError": "errors", "TransformError": "errors", "UnsafeDataError": "errors",
-    "DatasetReader": "dataset.registry", "DatasetWriter": "dataset.registry",
-    "open_dataset": "dataset.registry",
-    "Manifest": "dataset.manifest",
-    "verify": "dataset.verify",
-    "make_loader": "loader.api",
-    "Dali": "loader.config", "Mix": "loader.config", "Output": "loader.config",
-    "RandomResizedCrop": "loader.config", "Remote": "loader.config",
-    "Sampler": "loader.config", "Workers": "loader.config", "World": "loader.sampler",
-    "tuned": "tools.tuned",
-    "LoaderConfig": "loader.config",
-    "Loader": "loader.protocol",
-    "ArrayField": "schema", "BytesField": "schema", "ImageField": "schema", "JsonField": "schema",
-    "LabelField": "schema", "MaskField": "schema", "Schema": "schema", "TargetField": "schema",
-    "StallMeter": "tools.monitor",
-    "autotune": "tools.tune", "find_batch_size": "tools.tune",
-    "convert": "converters",  # a top-level package beside feedpipe: see __getattr__
-}
+_EXPORTS = {name: module for module, names in {  # the module (under feedpipe) of each public name
+    "errors": "AccessDeniedError BadInputError ConfigError CorruptRecordError DamagedDataError "
+              "DamagedImageError DataFileMismatchError DatasetReplacedError FeedpipeError "
+              "LoaderError MissingDependencyError NotRegularFileError RemoteNotFoundError "
+              "ResourceError SampleError StorageError TransformError UnsafeDataError",
+    "dataset.registry": "DatasetReader DatasetWriter open_dataset",
+    "dataset.manifest": "Manifest", "dataset.verify": "verify", "loader.api": "make_loader",
+    "loader.config": "Dali LoaderConfig Mix Output RandomResizedCrop Remote Sampler Workers World",
+    "tools.tuned": "tuned", "loader.protocol": "Loader", "tools.monitor": "StallMeter",
+    "schema": "ArrayField BytesField ImageField JsonField LabelField MaskField Schema TargetField",
+    "tools.tune": "autotune find_batch_size",
+    "converters": "convert",  # a top-level package beside feedpipe: see __getattr__
+}.items() for name in names.split()}
 
 __all__ = sorted(_EXPORTS)  # every lazy export is public: one list, not two to keep in step
 
@@ -75,9 +64,9 @@ if TYPE_CHECKING:
         Remote,
         Sampler,
         Workers,
+        World,
     )
     from .loader.protocol import Loader
-    from .loader.sampler import World
     from .schema import (
         ArrayField,
         BytesField,

@@ -1,10 +1,5 @@
-"""Option checks driven by annotations: one rule for every frozen options dataclass.
-
-``conforms(value, hint)`` says whether ``value`` is of the annotated type (``Literal``, ``bool``,
-``int``, ``float``, ``str``, ``tuple[...]``, unions and ``None``), strictly: ``True`` is not an
-int, ``2.0`` is not an int, ``"224"`` is not a tuple. ``describe(hint)`` says what is accepted,
-for the error message.
-"""
+"""Option checks driven by annotations: one rule for every frozen options dataclass, strict
+(``True`` is not an int, ``2.0`` is not an int, ``"224"`` is not a tuple)."""
 
 from __future__ import annotations
 

@@ -162,7 +162,7 @@ def test_user_errors_are_one_line_and_bugs_keep_their_traceback(tmp_path, capsys
     def buggy(args: object) -> int:
         raise ValueError("a bug, not the user's mistake")
 
-    monkeypatch.setattr(cli_info, "cmd_info", buggy)
+    monkeypatch.setattr(cli_info, "run", buggy)
     with pytest.raises(ValueError, match="a bug"):  # not turned into "error: ..." and exit 2
         main(["info", str(tmp_path / "plain")])
 
@@ -312,3 +312,11 @@ def test_an_error_crossing_processes_keeps_its_attributes_notes_and_cause():
     opt = reduction.ForkingPickler.loads(reduction.ForkingPickler.dumps(
         ConfigError("size=0: use a positive size", option="size")))
     assert opt.option == "size" and isinstance(opt, ValueError)
+
+
+def test_a_malformed_storage_option_is_a_usage_error_naming_it(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["info", str(tmp_path), "--storage-option", "endpoint_url"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert "--storage-option: 'endpoint_url': use KEY=VALUE" in err.splitlines()[0]

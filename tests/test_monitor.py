@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 import feedpipe
 from feedpipe.cli import build_parser, main
-from feedpipe.cli.monitor import cmd_monitor
+from feedpipe.cli.monitor import run as cmd_monitor
 from feedpipe.errors import ConfigError, FeedpipeError, MissingDependencyError, ResourceError
 from feedpipe.loader.config import auto_workers, usable_cores
 from feedpipe.loader.dali import pipeline as dali_pipeline

@@ -20,8 +20,10 @@ from ..errors import ConfigError, FeedpipeError
 from . import bench, convert, decoders, demo, doctor, index, info, merge, monitor, tune, verify
 from .args import FlagParser
 
-# One module per subcommand, in --help order. Registering is argparse only: a command imports
-# what it runs (torch for bench, doctor, monitor, tune, demo) when it runs.
+# One module per subcommand, in --help order: its docstring is the command's description, HELP
+# its line in the list of commands, add_arguments its options, run the command. Registering is
+# argparse only: a command imports what it runs (torch for bench, doctor, monitor, tune, demo)
+# when it runs.
 COMMANDS = (convert, merge, index, info, verify, demo, decoders, monitor, bench, doctor, tune)
 
 
@@ -39,7 +41,11 @@ def build_parser() -> FlagParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     for command in COMMANDS:
-        command.register(sub)
+        c = sub.add_parser(command.__name__.rpartition(".")[2], help=command.HELP,
+                           description=command.__doc__)
+        if hasattr(command, "add_arguments"):
+            command.add_arguments(c)
+        c.set_defaults(func=command.run)
     p.commands = sub.choices
     return p
 
@@ -47,13 +53,6 @@ def build_parser() -> FlagParser:
 _PATH_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError,
                 PermissionError)
 _FULL = (errno.ENOSPC, errno.EDQUOT)
-
-
-def _user_error(exc: BaseException) -> bool:
-    """Errors shown as one line: feedpipe's own, OS errors about a named path, and a full disk
-    or quota (never a bug). Anything else is a bug and keeps its traceback."""
-    return isinstance(exc, FeedpipeError) or (isinstance(exc, OSError) and (
-        exc.filename is not None or isinstance(exc, _PATH_ERRORS) or exc.errno in _FULL))
 
 
 def speak_cli(message: str, option: str | None, flags: dict[str, str]) -> str:
@@ -72,15 +71,6 @@ def speak_cli(message: str, option: str | None, flags: dict[str, str]) -> str:
             value = value[1:-1]
         message = f"{flag} {value}{sep}{rest}"
     return message
-
-
-def _broken_pipe() -> int:
-    """The reader of stdout went away (``feedpipe info X | head``): stop quietly. stdout is
-    pointed at /dev/null so the interpreter's final flush cannot raise again."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, sys.stdout.fileno())
-    os.close(devnull)
-    return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the closed pipe
 
 
 # feedpipe's own code: the packages whose warnings are advice to print plainly
@@ -117,14 +107,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = int(args.func(args))
         sys.stdout.flush()  # a closed pipe shows up here, inside the handler, not at exit
         return code
-    except BrokenPipeError:
-        return _broken_pipe()
+    except BrokenPipeError:  # the reader went away (`feedpipe info X | head`): stop quietly,
+        devnull = os.open(os.devnull, os.O_WRONLY)  # and the final flush cannot raise again
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, what a shell reports for a writer killed by the closed pipe
     except KeyboardInterrupt:
         print("interrupted; nothing was left that reads as a dataset", file=sys.stderr)
         return 130
     except Exception as exc:
-        if not _user_error(exc):
-            raise  # a bug: keep the traceback
+        # one line for feedpipe's errors, OS errors about a named path and a full disk or quota;
+        # anything else is a bug and keeps its traceback
+        if not isinstance(exc, FeedpipeError) and not (isinstance(exc, OSError) and (
+                exc.filename is not None or isinstance(exc, _PATH_ERRORS) or exc.errno in _FULL)):
+            raise
         if args.debug:
             traceback.print_exc()
         message = str(exc)

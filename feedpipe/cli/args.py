@@ -1,28 +1,29 @@
-"""The CLI's parser (it knows each option's flag) and the argument types the subcommands share:
-byte sizes (``2GB``) and image sizes (``HxW``)."""
+"""What the subcommands share: the parser (one-line usage errors; it knows each option's flag),
+argument types (byte sizes ``2GB``, image sizes ``HxW``, ``--storage-option``) and the summary's
+ways of listing."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Sequence
 
 from ..errors import ConfigError
 from ..storage.sizes import parse_size
 
 
 class FlagParser(argparse.ArgumentParser):
-    """An ArgumentParser that records each option's flag by its ``dest`` (the Python option's
-    name: ``batch_size`` -> ``--batch-size``), for errors in the command's terms; its
-    subparsers, argument groups and mutually exclusive groups record into it too."""
+    """An ArgumentParser that reports a usage mistake in one line, and knows each option's flag
+    by its ``dest`` (the Python option's name), for errors in the command's terms."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.flags: dict[str, str] = {}  # before argparse adds --help through add_argument
-        self.commands: dict[str, FlagParser] = {}  # subcommand -> its parser (build_parser)
-        super().__init__(*args, **kwargs)
+    commands: dict[str, FlagParser]  # subcommand -> its parser (build_parser)
 
-    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
-        return self._record(super().add_argument(*args, **kwargs))
+    @property
+    def flags(self) -> dict[str, str]:
+        """``batch_size`` -> ``--batch-size``: each option's first long flag, else its first."""
+        return {a.dest: max(a.option_strings, key=lambda s: s.startswith("--"))
+                for a in self._actions if a.option_strings}
 
     def error(self, message: str) -> NoReturn:
         """A usage mistake (``--to lmbd``, a missing ``-o``) in one line and where the options
@@ -30,27 +31,6 @@ class FlagParser(argparse.ArgumentParser):
         print(f"{self.prog}: error: {message}\nrun `{self.prog} --help` for the options",
               file=sys.stderr)
         raise SystemExit(2)
-
-    def add_argument_group(self, *args: Any, **kwargs: Any) -> Any:
-        return self._recording(super().add_argument_group(*args, **kwargs))
-
-    def add_mutually_exclusive_group(self, **kwargs: Any) -> Any:
-        return self._recording(super().add_mutually_exclusive_group(**kwargs))
-
-    def _recording(self, group: Any) -> Any:
-        add = group.add_argument
-
-        def add_argument(*args: Any, **kwargs: Any) -> argparse.Action:
-            return self._record(add(*args, **kwargs))
-
-        group.add_argument = add_argument
-        return group
-
-    def _record(self, action: argparse.Action) -> argparse.Action:
-        if action.option_strings:
-            longs = [s for s in action.option_strings if s.startswith("--")]
-            self.flags[action.dest] = (longs or action.option_strings)[0]
-        return action
 
 
 def size_arg(text: str) -> int:
@@ -75,10 +55,61 @@ def hw_size(text: str) -> int | tuple[int, int]:
     return size
 
 
+def add_storage_args(p: argparse.ArgumentParser) -> None:
+    """``--storage-option KEY=VALUE`` (repeatable): fsspec options for a URL dataset
+    (credentials and endpoints otherwise come from the environment)."""
+    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                   type=_storage_pair, help="fsspec option for a URL (repeatable), e.g. "
+                   "endpoint_url=http://host:9000 or client_kwargs.region_name=eu-west-1; values "
+                   "are JSON when they parse (true, 3), else text")
+
+
+def _storage_pair(text: str) -> tuple[list[str], Any]:
+    """``KEY=VALUE``: the dotted key's names and the value (JSON when it parses, else text)."""
+    key, eq, value = text.partition("=")
+    if not eq or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r}: use KEY=VALUE")
+    try:
+        return key.strip().split("."), json.loads(value)
+    except ValueError:
+        return key.strip().split("."), value
+
+
+def storage_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--storage-option`` pairs as a nested dict (a dotted key nests)."""
+    out: dict[str, Any] = {}
+    for (*parents, leaf), value in args.storage_option:
+        node = out
+        for name in parents:
+            node = node.setdefault(name, {})
+        node[leaf] = value
+    return out
+
+
 def human(n: float) -> str:
     """Bytes as B/KiB/MiB/GiB."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+def some(items: Sequence[str], n: int = 5, sep: str = ", ") -> str:
+    """The first ``n`` items, `` ...`` when there are more."""
+    return sep.join(items[:n]) + (" ..." if len(items) > n else "")
+
+
+def print_first(lines: Sequence[str], n: int, more: str = "more") -> None:
+    """The first ``n`` lines, then how many more the manifest lists."""
+    for line in lines[:n]:
+        print(line)
+    if len(lines) > n:
+        print(f"  ... and {len(lines) - n} {more} (all listed in the manifest)")
+
+
+def given(args: argparse.Namespace, dests: Sequence[str]) -> list[str]:
+    """The flags of the options ``dests`` set to other than their defaults (``args.parser``:
+    the parser that read them)."""
+    parser: FlagParser = args.parser
+    return [parser.flags[d] for d in dests if getattr(args, d) != parser.get_default(d)]

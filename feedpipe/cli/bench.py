@@ -1,5 +1,5 @@
-"""``feedpipe bench PATH``: the loader throughput sweep (feedpipe.tools.bench) with progress bars,
-a table, and ``--json`` / ``--plot`` output."""
+"""Measure samples/s of the loader on your data for several configurations (workers, decode,
+backend) and print a table; an image folder is packed first into a temporary dataset."""
 
 from __future__ import annotations
 
@@ -12,15 +12,12 @@ from typing import Any
 from ..errors import ConfigError
 from ..loader.config import _DTYPES as DTYPES
 from ..paths import write_atomic
-from .remote_args import add_cache_args, add_storage_args, cache_options, storage_options
+from .args import add_storage_args, size_arg, storage_options
+
+HELP = "measure loader throughput on your data, per configuration"
 
 
-def register(sub: Any) -> None:
-    """Add the ``bench`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    b = sub.add_parser("bench", help="measure loader throughput on your data, per configuration",
-        description=("Measure samples/s of the loader on your data for several configurations "
-                     "(workers, decode, backend) and print a table; an image folder is packed first "
-                     "into a temporary dataset."))
+def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("path", help="packed dataset, dataset URL (s3://bucket/ds/, read through "
                    "the cache), or image folder (packed first into a temporary dataset per "
                    "--formats)")
@@ -52,8 +49,10 @@ def register(sub: Any) -> None:
     b.add_argument("--plot", type=Path, help="write a PNG: samples/s vs workers (matplotlib)")
     b.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_storage_args(b)
-    add_cache_args(b)
-    b.set_defaults(func=cmd_bench)
+    b.add_argument("--cache-dir", help="a URL's node-local cache, shared with training jobs "
+                   "(default: $FEEDPIPE_CACHE or ~/.cache/feedpipe/remote)")
+    b.add_argument("--cache-limit", type=size_arg, help="that cache's bound: bytes or a size "
+                   "like 200GB or 1.5GiB (default: unbounded)")
 
 
 def _list(text: str, kind: type, what: str) -> tuple[Any, ...]:
@@ -69,7 +68,7 @@ def _list(text: str, kind: type, what: str) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def cmd_bench(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Run the sweep with a progress bar (stderr); print the table; write --json / --plot."""
     from tqdm import tqdm
 
@@ -103,8 +102,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         bar.update(done - bar.n)
 
     try:
-        report = run_bench(args.path, cfg, progress, **cache_options(args),
-                           storage_options=storage_options(args))
+        report = run_bench(args.path, cfg, progress, cache_dir=args.cache_dir,
+                           cache_limit=args.cache_limit, storage_options=storage_options(args))
     finally:
         for b in bars.values():
             b.close()

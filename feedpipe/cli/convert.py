@@ -1,5 +1,7 @@
-"""``feedpipe convert SRC --to FMT -o OUT``: pack images (the converters package) with a
-progress bar and a summary. Never imports torch."""
+"""Pack a source once into LMDB, HDF5 or WebDataset: an image folder or ImageFolder tree, a
+CSV/JSONL manifest (with labels, boxes, keypoints, text), WebDataset shards, a Hugging Face
+dataset, or a table of arrays. Writes atomically; bad inputs are skipped and listed (--strict
+stops on them)."""
 
 from __future__ import annotations
 
@@ -31,20 +33,22 @@ from ..schema.imaging import (
     jpeg_fallback,
 )
 from . import convert_tables
-from .args import human, size_arg
-from .remote_args import add_storage_args, storage_options
+from .args import add_storage_args, given, human, print_first, size_arg, some, storage_options
 
 if TYPE_CHECKING:
     from converters import ConvertResult
 
+HELP = "pack images (or arrays) into LMDB, HDF5 or WebDataset"
+# convert()'s keywords every image source takes, and those of image files only (folders, trees,
+# manifests), by their dest
+IMAGES = ("to", "store", "codec", "quality", "check", "extra_channels", "max_pixels", "max_scans",
+          "max_pixels_per_byte", "jpeg", "strict", "overwrite", "val_fraction", "seed")
+FILES = ("workers", "masks", "mask_store", "mask_dtype", "num_classes", "ignore_index", "layout",
+         "mask_palette", "split_root", "split_classes", "coco", "labels", "unlabeled",
+         "contained")
 
-def register(sub: Any) -> None:
-    """Add the ``convert`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    c = sub.add_parser("convert", help="pack images (or arrays) into LMDB, HDF5 or WebDataset",
-        description=("Pack a source once into LMDB, HDF5 or WebDataset: an image folder or ImageFolder"
-                     " tree, a CSV/JSONL manifest (with labels, boxes, keypoints, text), WebDataset "
-                     "shards, a Hugging Face dataset, or a table of arrays. Writes atomically; bad "
-                     "inputs are skipped and listed (--strict stops on them)."))
+
+def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("src", help="image folder, ImageFolder tree, .csv/.jsonl manifest, WebDataset "
                    "shards (folder, .tar/.tgz, brace pattern), or hf://org/name or a "
                    "save_to_disk folder (docs/sources.md); a table of arrays: .npy, .npz, "
@@ -150,13 +154,6 @@ def register(sub: Any) -> None:
     g.add_argument("--distance-dtype", default="float16", choices=get_args(TargetDtype),
                    help="storage; uint8/uint16 need --distance-truncate or --distance-normalize")
     g.add_argument("--boundary-width", type=float, default=1.0)
-    _label_args(c)
-    convert_tables.add_args(c)
-    c.set_defaults(func=cmd_convert)
-
-
-def _label_args(c: Any) -> None:
-    """Labels that follow the image (docs/fields.md): COCO boxes, typed manifest columns."""
     g = c.add_argument_group("keypoints, boxes, text and arrays (docs/fields.md)")
     g.add_argument("--coco", type=Path, help="a COCO instances.json whose images are in SRC: "
                    "boxes, categories and iscrowd per image")
@@ -168,6 +165,8 @@ def _label_args(c: Any) -> None:
     g.add_argument("--flip-indices", help="comma-separated landmark order after a horizontal "
                    "flip (left/right pairs swapped), e.g. 1,0,2")
     g.add_argument("--vocab", help="the characters text labels may use (CTC index = position+1)")
+    convert_tables.add_args(c)
+    c.set_defaults(parser=c)  # given() compares with its defaults and names its flags
 
 
 def _columns(args: argparse.Namespace) -> object:
@@ -183,11 +182,10 @@ def _columns(args: argparse.Namespace) -> object:
                         tuple(args.array_column), flip, args.vocab)
 
 
-def cmd_convert(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from converters import convert, parse_resize
-    from converters.parts import parse_part
+    from converters import convert
 
     writer_options = _writer_options(args)
     bar = tqdm(total=None, unit="img", disable=args.quiet or None, dynamic_ncols=True)
@@ -200,23 +198,9 @@ def cmd_convert(args: argparse.Namespace) -> int:
     try:
         table = convert_tables.pack(args, writer_options, progress)
         res = table or _convert_records(args, writer_options, progress)
-        res = res or convert(args.src, args.out, to=args.to, workers=args.workers, store=args.store,
-                      resize=parse_resize(args.resize), codec=args.codec, quality=args.quality,
-                      check=args.check, strict=args.strict, val_fraction=args.val_fraction,
-                      seed=args.seed, overwrite=args.overwrite, writer_options=writer_options,
-                      progress=progress, masks=args.masks, mask_store=args.mask_store,
-                      mask_dtype=args.mask_dtype, num_classes=args.num_classes,
-                      ignore_index=args.ignore_index,
-                      targets=_targets(args), extra_channels=args.extra_channels,
-                      max_pixels=args.max_pixels, max_scans=args.max_scans,
-                      max_pixels_per_byte=args.max_pixels_per_byte, layout=args.layout,
-                      mask_palette=args.mask_palette, split_root=args.split_root,
-                      split_classes=args.split_classes, coco=args.coco,
-                      columns=_columns(args),  # type: ignore[arg-type]
-                      storage_options=storage_options(args),
-                      part=parse_part(args.part) if args.part else None,
-                      labels=args.labels, unlabeled=args.unlabeled, jpeg=args.jpeg,
-                      contained=args.contained)
+        res = res or convert(args.src, **_options(args, writer_options, progress),
+                             **{k: getattr(args, k) for k in FILES}, targets=_targets(args),
+                             columns=_columns(args))  # type: ignore[arg-type]
     except KeyboardInterrupt:
         bar.close()
         kept = ("the uploaded shards were kept without a manifest (nothing reads them as a "
@@ -228,76 +212,40 @@ def cmd_convert(args: argparse.Namespace) -> int:
         bar.close()
     if table is not None:
         return convert_tables.summary(table, args)
-    print(wrote_line(res, args.to))
-    print(f"  stored unchanged: {res.passthrough}, progressive JPEGs made baseline "
-          f"(lossless): {res.transcoded}, re-encoded: {res.reencoded}, skipped: "
-          f"{len(res.skipped)}, files not taken: {res.ignored}; image codec {res.image_codec}")
-    _print_stored(res, part=bool(args.part))
-    print(f"  input {human(res.bytes_in)} -> output {human(res.bytes_out)}"
-          + (f" ({res.bytes_out / res.bytes_in:.3f}x)" if res.bytes_in else ""))
-    for s in res.skipped[:20]:
-        print(f"  skipped {s['path']}: {s['reason']}")
-    if len(res.skipped) > 20:
-        print(f"  ... and {len(res.skipped) - 20} more (all listed in the manifest)")
-    if res.unmatched_masks:
-        print(f"  masks without an image: {len(res.unmatched_masks)} (listed in the manifest): "
-              + ", ".join(res.unmatched_masks[:5]) + (" ..." if len(res.unmatched_masks) > 5
-                                                      else ""))
-    if res.unlabeled:
-        print(f"  unlabeled: {len(res.unlabeled)} rows stored with label -1 (--unlabeled keep; "
-              "listed in the manifest): " + ", ".join(res.unlabeled[:5])
-              + (" ..." if len(res.unlabeled) > 5 else ""))
-    _print_palette(res)
+    _summary(res, args)
     return 0
+
+
+def _options(args: argparse.Namespace, writer_options: dict[str, object],
+             progress: Any) -> dict[str, Any]:
+    """:func:`converters.convert`'s output and the keywords every source takes."""
+    from converters import parse_resize
+    from converters.parts import parse_part
+
+    return {"out": args.out, **{k: getattr(args, k) for k in IMAGES},
+            "resize": parse_resize(args.resize), "writer_options": writer_options,
+            "progress": progress, "storage_options": storage_options(args),
+            "part": parse_part(args.part) if args.part else None}
 
 
 def _writer_options(args: argparse.Namespace) -> dict[str, object]:
     """The format's own options; one given for another format is refused, not ignored."""
-    given = {"shard_size": ("wds", args.shard_size), "shard_count": ("wds", args.shard_count),
-             "compression": ("hdf5", args.compression)}
-    wrong = [f"--{k.replace('_', '-')} ({fmt} only)" for k, (fmt, v) in given.items()
+    opts = {"shard_size": ("wds", args.shard_size), "shard_count": ("wds", args.shard_count),
+            "compression": ("hdf5", args.compression)}
+    wrong = [f"--{k.replace('_', '-')} ({fmt} only)" for k, (fmt, v) in opts.items()
              if v is not None and fmt != args.to]
     if wrong:
         raise ConfigError(f"--to {args.to}: {', '.join(wrong)} would be ignored; drop it, or "
                           "pick the format it applies to")
-    return {k: v for k, (fmt, v) in given.items() if v is not None}
-
-
-def wrote_line(res: ConvertResult, to: str) -> str:
-    """The summary's first line: samples written out of the inputs tried (never "all" when some
-    were skipped), the splits when there are several, where and how fast."""
-    tried = res.written + len(res.skipped)
-    what = (f"{res.written} of {tried} inputs" if res.skipped else f"{res.written} samples")
-    splits = ", ".join(f"{k} {v}" for k, v in res.splits.items())
-    return (f"wrote {what}" + (f" ({splits})" if "all" not in res.splits else "")
-            + f" to {res.out} as {to} in {res.seconds:.1f} s ({res.rate:.0f} images/s)"
-            + (f"; {len(res.skipped)} skipped (listed below and in the manifest)"
-               if res.skipped else ""))
-
-
-def _print_palette(res: ConvertResult) -> None:
-    """The colour mask palette used (stored in the manifest too) and the colours auto left out."""
-    from converters.palette import show_palette
-
-    if res.mask_palette is not None:
-        print(f"  mask palette ({len(res.mask_palette)} colours; conversion.mask_palette in the "
-              f"manifest; pass this JSON as a --mask-palette file to keep the numbering): "
-              f"{show_palette(res.mask_palette)}")
-    for c in res.palette_left_out[:10]:
-        print(f"  colour {c['colour']} left out of the auto palette: at most {c['pixels']} "
-              f"pixel(s) in one mask ({c['mask']}); masks holding it are skipped")
-    if len(res.palette_left_out) > 10:
-        print(f"  ... and {len(res.palette_left_out) - 10} more colours left out (all listed in "
-              "the manifest)")
+    return {k: v for k, (fmt, v) in opts.items() if v is not None}
 
 
 def _convert_records(args: argparse.Namespace, writer_options: dict[str, object],
                      progress: Any) -> ConvertResult | None:
     """Foreign WebDataset shards and Hugging Face datasets (converters.records); None for the
     sources :func:`converters.convert` reads."""
-    from converters import convert, parse_resize
+    from converters import convert
     from converters.external import record_source
-    from converters.parts import parse_part
 
     limit = args.max_member_size
     src = record_source(args.src, args.split, limit)
@@ -306,65 +254,67 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
                           "tables only")
     if src is None:
         return None
-    unused = [flag for flag, v in (("--masks", args.masks), ("--targets", args.targets),
-                                   ("--target", args.target), ("--split-root", args.split_root),
-                                   ("--mask-palette", args.mask_palette),
-                                   ("--ignore-index", args.ignore_index is not None),
-                                   ("--labels", args.labels != "auto"),
-                                   ("--unlabeled", args.unlabeled != "refuse"),
-                                   ("--contained", args.contained)) if v]
+    unused = given(args, ("masks", "targets", "target", "split_root", "mask_palette",
+                          "ignore_index", "labels", "unlabeled", "contained"))
     if unused:
         raise ConfigError(f"{args.src}: {', '.join(unused)} apply to image folders and "
                           "manifests, not to WebDataset shards or Hugging Face datasets")
-    return convert(src, args.out, to=args.to, store=args.store, resize=parse_resize(args.resize),
-                   codec=args.codec, quality=args.quality, check=args.check,
-                   extra_channels=args.extra_channels, max_pixels=args.max_pixels,
-                   max_scans=args.max_scans, max_pixels_per_byte=args.max_pixels_per_byte,
-                   jpeg=args.jpeg, strict=args.strict, overwrite=args.overwrite,
-                   val_fraction=args.val_fraction, seed=args.seed,
-                   writer_options=writer_options, progress=progress,
-                   storage_options=storage_options(args),
-                   part=parse_part(args.part) if args.part else None)
+    return convert(src, **_options(args, writer_options, progress))
 
 
-def _print_stored(res: ConvertResult, part: bool = False) -> None:
-    """How each input was stored (from→to), files not taken, and what needs attention."""
+def _summary(res: ConvertResult, args: argparse.Namespace) -> None:
+    """Samples written out of the inputs tried (never "all" when some were skipped), the splits
+    when there are several, how each input was stored, files not taken, what needs attention."""
+    from converters.palette import show_palette
+
+    splits = ", ".join(f"{k} {v}" for k, v in res.splits.items())
+    what = (f"{res.written} of {res.written + len(res.skipped)} inputs" if res.skipped else
+            f"{res.written} samples")
+    print(f"wrote {what}" + (f" ({splits})" if "all" not in res.splits else "")
+          + f" to {res.out} as {args.to} in {res.seconds:.1f} s ({res.rate:.0f} images/s)"
+          + (f"; {len(res.skipped)} skipped (listed below and in the manifest)"
+             if res.skipped else ""))
+    print(f"  stored unchanged: {res.passthrough}, progressive JPEGs made baseline "
+          f"(lossless): {res.transcoded}, re-encoded: {res.reencoded}, skipped: "
+          f"{len(res.skipped)}, files not taken: {res.ignored}; image codec {res.image_codec}")
     if res.stored:
         print("  stored: " + ", ".join(f"{k} {v}" for k, v in sorted(res.stored.items())))
-    for key, text in (("slow_jpegs", "JPEGs need the slower fallback decoder (simplejpeg cannot "
-                       f"read them; {_fallback_reads()})"),
-                      ("channels_dropped", "images had alpha or extra channels dropped "
-                       "(--extra-channels drop)"),
-                      ("empty_classes", "classes have no samples")):
-        names = getattr(res, key) if key != "empty_classes" or not part else None
-        # a part holds a slice of the classes: `feedpipe merge` names those empty in every part
+    fallback = jpeg_fallback()  # turbojpeg decoded each at conversion; Pillow cannot tell
+    reads = ("turbojpeg decoded each whole" if fallback == "turbojpeg" else f"{fallback} "
+             "decodes them, and cannot tell one cut short: pip install turbojpeg to check them")
+    for names, text in ((res.slow_jpegs, "JPEGs need the slower fallback decoder (simplejpeg "
+                         f"cannot read them; {reads})"),
+                        (res.channels_dropped, "images had alpha or extra channels dropped "
+                         "(--extra-channels drop)"),
+                        # a part holds a slice of the classes: `feedpipe merge` names those
+                        # empty in every part
+                        ([] if args.part else res.empty_classes, "classes have no samples")):
         if names:
-            print(f"  {len(names)} {text}: " + ", ".join(names[:5])
-                  + (" ..." if len(names) > 5 else ""))
-    for f in res.lossy[:10]:
-        print(f"  re-encoded (lossy) {f['path']}: {f['reason']}")
-    if len(res.lossy) > 10:
-        print(f"  ... and {len(res.lossy) - 10} more re-encoded (all listed in the manifest)")
-    kept = res.progressive_kept
-    if kept:
-        print(f"  {len(kept)} progressive JPEGs stored as they are (listed in the manifest): "
-              + "; ".join(f"{k['path']} ({k['reason']})" for k in kept[:5])
-              + (" ..." if len(kept) > 5 else ""))
-    for f in res.ignored_files[:10]:
-        print(f"  not taken {f['path']}: {f['reason']}")
-    if len(res.ignored_files) > 10:
-        print(f"  ... and {len(res.ignored_files) - 10} more not taken (all listed in the "
-              "manifest)")
-
-
-def _fallback_reads() -> str:
-    """What the summary may say of the JPEGs the fallback decoder reads: each was decoded whole
-    at conversion by turbojpeg; Pillow cannot tell a JPEG cut short."""
-    fallback = jpeg_fallback()
-    if fallback == "turbojpeg":
-        return "turbojpeg decoded each whole"
-    return (f"{fallback} decodes them, and cannot tell one cut short: pip install turbojpeg "
-            "to check them")
+            print(f"  {len(names)} {text}: {some(names)}")
+    print_first([f"  re-encoded (lossy) {f['path']}: {f['reason']}" for f in res.lossy], 10,
+                "more re-encoded")
+    if res.progressive_kept:
+        print(f"  {len(res.progressive_kept)} progressive JPEGs stored as they are (listed in the "
+              "manifest): " + some([f"{k['path']} ({k['reason']})" for k in res.progressive_kept],
+                                   sep="; "))
+    print_first([f"  not taken {f['path']}: {f['reason']}" for f in res.ignored_files], 10,
+                "more not taken")
+    print(f"  input {human(res.bytes_in)} -> output {human(res.bytes_out)}"
+          + (f" ({res.bytes_out / res.bytes_in:.3f}x)" if res.bytes_in else ""))
+    print_first([f"  skipped {s['path']}: {s['reason']}" for s in res.skipped], 20)
+    if res.unmatched_masks:
+        print(f"  masks without an image: {len(res.unmatched_masks)} (listed in the manifest): "
+              + some(res.unmatched_masks))
+    if res.unlabeled:
+        print(f"  unlabeled: {len(res.unlabeled)} rows stored with label -1 (--unlabeled keep; "
+              "listed in the manifest): " + some(res.unlabeled))
+    if res.mask_palette is not None:
+        print(f"  mask palette ({len(res.mask_palette)} colours; conversion.mask_palette in the "
+              f"manifest; pass this JSON as a --mask-palette file to keep the numbering): "
+              f"{show_palette(res.mask_palette)}")
+    print_first([f"  colour {c['colour']} left out of the auto palette: at most {c['pixels']} "
+                 f"pixel(s) in one mask ({c['mask']}); masks holding it are skipped"
+                 for c in res.palette_left_out], 10, "more colours left out")
 
 
 def _targets(args: argparse.Namespace) -> list[object]:

@@ -8,19 +8,15 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ConfigError
-from .args import human
+from .args import given, human, print_first
 
 if TYPE_CHECKING:
     from converters import ConvertResult
 
-# image options that mean nothing for a table: (dest, its default)
-_IMAGE_ONLY = (("masks", None), ("targets", None), ("target", None), ("split_root", None),
-               ("mask_palette", None), ("coco", None), ("resize", None), ("store", "passthrough"),
-               ("codec", "auto"), ("keypoints_column", None), ("boxes_column", None),
-               ("text_column", None), ("array_column", []), ("labels", "auto"),
-               ("unlabeled", "refuse"), ("part", None), ("contained", False),
-               ("ignore_index", None))
-_TABLE_ONLY = ("columns", "dtype", "series", "train_fraction", "block_rows")
+# image options that mean nothing for a table
+_IMAGE_ONLY = ("masks", "targets", "target", "split_root", "mask_palette", "coco", "resize",
+               "store", "codec", "keypoints_column", "boxes_column", "text_column",
+               "array_column", "labels", "unlabeled", "part", "contained", "ignore_index")
 NOTE_ROWS, NOTE_RATIO = 1000, 4  # a table of scalars this long and this much larger on disk: note
 
 
@@ -48,13 +44,12 @@ def pack(args: argparse.Namespace, writer_options: dict[str, object],
     from converters.tables import is_table, read_table
 
     if not is_table(args.src):
-        given = [f"--{d.replace('_', '-')}" for d in _TABLE_ONLY if getattr(args, d)]
-        if given:
-            raise ConfigError(f"{args.src}: {', '.join(given)} apply to array tables (.npy, "
+        wrong = given(args, ("columns", "dtype", "series", "train_fraction", "block_rows"))
+        if wrong:
+            raise ConfigError(f"{args.src}: {', '.join(wrong)} apply to array tables (.npy, "
                               ".npz, .parquet, CSV/JSONL without a 'path' column)")
         return None
-    unused = [f"--{d.replace('_', '-')}" for d, default in _IMAGE_ONLY
-              if getattr(args, d) not in (default, False)]
+    unused = given(args, _IMAGE_ONLY)
     if unused:
         why = (" (it has no 'path' column: name the column of image paths 'path' to pack "
                "images)" if str(args.src).lower().endswith((".csv", ".jsonl")) else "")
@@ -73,6 +68,8 @@ def pack(args: argparse.Namespace, writer_options: dict[str, object],
 
 def summary(res: ConvertResult, args: argparse.Namespace) -> int:
     """What was packed: samples (or series rows), fields, missing values, rows left out."""
+    import numpy as np
+
     import feedpipe
 
     roots = [res.out] if "all" in res.splits else [f"{res.out}/{s}" for s in res.splits]
@@ -84,7 +81,8 @@ def summary(res: ConvertResult, args: argparse.Namespace) -> int:
             f"{series['block_rows']} rows)" if series else f"{res.written} samples"
             + (f" ({splits})" if "all" not in res.splits else ""))
     print(f"wrote {what} to {res.out} as {args.to} in {res.seconds:.1f} s")
-    print("  fields: " + ", ".join(f"{f.name} {_kind(f)}" for f in ds.schema))
+    print("  fields: " + ", ".join(f"{f.name} " + (f"{np.dtype(f.dtype).name} {tuple(f.shape)}"
+                                   if getattr(f, "dtype", None) else "text") for f in ds.schema))
     for old, new in conv.get("renamed_columns", {}).items():
         print(f"  column {old!r} stored as field {new!r}")
     if series and "stats" in series:
@@ -95,11 +93,8 @@ def summary(res: ConvertResult, args: argparse.Namespace) -> int:
         print(f"  missing values (NaN) in {name}: {m['values']} in {m['rows']} rows{inf} (first "
               f"rows {', '.join(map(str, m['first_rows']))}"
               + (" ..." if m["rows"] > len(m["first_rows"]) else "") + ")")
-    for s in [*res.ignored_files, *res.skipped][:20]:
-        print(f"  skipped {s['path']}: {s['reason']}")
-    left = len(res.ignored_files) + len(res.skipped)
-    if left > 20:
-        print(f"  ... and {left - 20} more (all listed in the manifest)")
+    print_first([f"  skipped {s['path']}: {s['reason']}"
+                 for s in [*res.ignored_files, *res.skipped]], 20)
     print(f"  arrays {human(res.bytes_in)} -> output {human(res.bytes_out)}")
     scalars = all(getattr(f, "shape", None) == () for f in ds.schema if f.name != "path")
     if not series and scalars and res.written >= NOTE_ROWS and \
@@ -112,9 +107,3 @@ def summary(res: ConvertResult, args: argparse.Namespace) -> int:
               "are time steps pack once, in blocks, with --series (windows are cut at load "
               f"time){hdf5}: docs/arrays.md")
     return 0
-
-
-def _kind(f: Any) -> str:
-    import numpy as np
-
-    return f"{np.dtype(f.dtype).name} {tuple(f.shape)}" if getattr(f, "dtype", None) else "text"

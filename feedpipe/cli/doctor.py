@@ -1,20 +1,18 @@
-"""``feedpipe doctor [PATH]``: print the findings of feedpipe.tools.doctor (or their JSON)."""
+"""Check the machine (cores, memory, shared memory, GPU, decoders) and optionally a dataset or URL
+for what would make loading slow, with the fix for each finding."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any
 
-from .remote_args import add_storage_args, storage_options
+from .args import add_storage_args, storage_options
+
+HELP = "check the machine and a dataset for slow-loading causes"
 
 
-def register(sub: Any) -> None:
-    """Add the ``doctor`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    d = sub.add_parser("doctor", help="check the machine and a dataset for slow-loading causes",
-        description=("Check the machine (cores, memory, shared memory, GPU, decoders) and optionally a"
-                     " dataset or URL for what would make loading slow, with the fix for each finding."))
+def add_arguments(d: argparse.ArgumentParser) -> None:
     d.add_argument("path", nargs="?", help="packed dataset, image folder or URL (optional; a URL "
                    "gets the fetch bandwidth against the decode rate)")
     d.add_argument("--no-bench", action="store_true", help="skip the short bench of PATH")
@@ -23,10 +21,9 @@ def register(sub: Any) -> None:
     d.add_argument("--size", type=int, default=224, help="output HxW for the bench and sizing")
     d.add_argument("--json", action="store_true", help="print the findings as JSON")
     add_storage_args(d)
-    d.set_defaults(func=cmd_doctor)
 
 
-def cmd_doctor(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Print the findings (or their JSON); exit 1 if a check failed."""
     from ..tools import machine
     from ..tools.doctor import RANK, run_doctor  # torch: only when the command runs

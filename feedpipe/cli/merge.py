@@ -1,27 +1,24 @@
-"""``feedpipe merge OUT [PART...]``: join the parts of ``convert --part i/N`` into one dataset."""
+"""Join the parts written by `feedpipe convert --part i/N` into one dataset, after checking that
+they agree."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from .remote_args import add_storage_args, storage_options
+from .args import add_storage_args, some, storage_options
+
+HELP = "join the parts of `convert --part i/N` into one dataset"
 
 
-def register(sub: Any) -> None:
-    """Add the ``merge`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    m = sub.add_parser("merge", help="join the parts of `convert --part i/N` into one dataset",
-        description=("Join the parts written by `feedpipe convert --part i/N` into one dataset, after "
-                     "checking that they agree."))
+def add_arguments(m: argparse.ArgumentParser) -> None:
     m.add_argument("out", help="the merged dataset, a folder or an object-store URL (parts "
                    "already in OUT/parts/ are always taken)")
     m.add_argument("parts", nargs="*", help="part directories or a quoted glob; moved into "
                    "OUT/parts/ (same filesystem), never copied")
     add_storage_args(m)
-    m.set_defaults(func=cmd_merge)
 
 
-def cmd_merge(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from converters.merge import merge
 
     res = merge(args.out, args.parts, storage_options=storage_options(args))
@@ -29,5 +26,5 @@ def cmd_merge(args: argparse.Namespace) -> int:
           f"samples in {res.seconds:.1f} s")
     if res.empty_classes:
         print(f"  {len(res.empty_classes)} classes have no samples in any part: "
-              + ", ".join(res.empty_classes[:5]) + (" ..." if len(res.empty_classes) > 5 else ""))
+              + some(res.empty_classes))
     return 0

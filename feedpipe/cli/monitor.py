@@ -1,5 +1,5 @@
-"""``feedpipe monitor``: sample GPU utilisation and memory (feedpipe.tools.gpumon, NVML) next to
-a training job; a live line per interval, then the summary."""
+"""Sample GPU utilisation and memory (NVML) next to a training job, to see whether the loader
+keeps the GPU busy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import argparse
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
 from ..paths import write_atomic
@@ -15,20 +15,17 @@ from ..paths import write_atomic
 if TYPE_CHECKING:
     from ..tools.gpumon import Sampler
 
+HELP = "sample GPU utilisation and memory (NVML) next to a job"
 
-def register(sub: Any) -> None:
-    """Add the ``monitor`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    m = sub.add_parser("monitor", help="sample GPU utilisation and memory (NVML) next to a job",
-        description=("Sample GPU utilisation and memory (NVML) next to a training job, to see whether "
-                     "the loader keeps the GPU busy."))
+
+def add_arguments(m: argparse.ArgumentParser) -> None:
     m.add_argument("--interval", type=float, default=1.0, help="seconds between samples")
     m.add_argument("--duration", type=float, help="seconds to run (default: until Ctrl-C)")
     m.add_argument("--json", type=Path, help="write the summary here as JSON")
-    m.set_defaults(func=cmd_monitor)
 
 
-def cmd_monitor(args: argparse.Namespace, sampler: Sampler | None = None) -> int:
-    """``feedpipe monitor``: live line per interval, then the summary (and ``--json``)."""
+def run(args: argparse.Namespace, sampler: Sampler | None = None) -> int:
+    """A live line per interval, then the summary (and ``--json``)."""
     from ..tools.benchreport import check_output_path  # only when the command runs
     from ..tools.gpumon import GpuMonitor, live_line
 

@@ -1,37 +1,20 @@
-"""``feedpipe tune PATH``: measure and cache the loader settings for a dataset on this machine."""
+"""Measure num_workers and prefetch for a dataset on this machine and cache the choice, so
+make_loader(..., workers=feedpipe.tuned()) starts tuned."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from typing import Any, get_args
+from typing import get_args
 
 from ..loader.config import Crop, Dtype
 from .args import hw_size, size_arg
 
-
-def cmd_tune(args: argparse.Namespace) -> int:
-    from ..loader.config import Output
-    from ..tools.tune.autotune import autotune  # torch: only when the command runs
-
-    options: dict[str, Any] = {"crop": args.crop, "output": Output(dtype=args.dtype),
-                               "device": args.device}
-    if args.size:
-        options["size"] = args.size
-    res = autotune(args.path, args.batch_size, budget_cpus=args.budget_cpus,
-                   budget_ram=args.budget_ram,
-                   trial_batches=args.trial_batches, tolerance=args.tolerance,
-                   cache=not args.no_cache, **options)
-    print(json.dumps(res.to_dict(), indent=1) if args.json else res.report())
-    return 0
+HELP = ("measure num_workers/prefetch for a dataset and cache the choice "
+        "(make_loader(..., workers=feedpipe.tuned()) then starts tuned)")
 
 
-def register(sub: Any) -> None:
-    """Add the ``tune`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    t = sub.add_parser("tune", help="measure num_workers/prefetch for a dataset and cache the "
-                       "choice (make_loader(..., workers=feedpipe.tuned()) then starts tuned)",
-        description=("Measure num_workers and prefetch for a dataset on this machine and cache the "
-                     "choice, so make_loader(..., workers=feedpipe.tuned()) starts tuned."))
+def add_arguments(t: argparse.ArgumentParser) -> None:
     t.add_argument("path", help="a packed dataset directory")
     t.add_argument("--batch-size", type=int, required=True)
     t.add_argument("--size", type=hw_size, help="output size: N (square) or HxW, e.g. 96x128 "
@@ -47,4 +30,16 @@ def register(sub: Any) -> None:
                    help="take the cheapest configuration within this fraction of the best")
     t.add_argument("--no-cache", action="store_true", help="measure even if a result is cached")
     t.add_argument("--json", action="store_true", help="print the result as JSON")
-    t.set_defaults(func=cmd_tune)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..loader.config import Output
+    from ..tools.tune.autotune import autotune  # torch: only when the command runs
+
+    size = {"size": args.size} if args.size else {}
+    res = autotune(args.path, args.batch_size, budget_cpus=args.budget_cpus,
+                   budget_ram=args.budget_ram, trial_batches=args.trial_batches,
+                   tolerance=args.tolerance, cache=not args.no_cache, crop=args.crop,
+                   output=Output(dtype=args.dtype), device=args.device, **size)
+    print(json.dumps(res.to_dict(), indent=1) if args.json else res.report())
+    return 0

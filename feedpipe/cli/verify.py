@@ -1,26 +1,23 @@
-"""``feedpipe verify PATH``: re-read every record; exit 1 on damage."""
+"""Re-read every record of a packed dataset and check its checksums; exits non-zero on any damage
+and names what is damaged."""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
 
-from .remote_args import add_storage_args, storage_options
+from .args import add_storage_args, storage_options
+
+HELP = "re-read every record; non-zero exit on damage"
 
 
-def register(sub: Any) -> None:
-    """Add the ``verify`` subcommand to the ``feedpipe`` CLI's subparsers."""
-    v = sub.add_parser("verify", help="re-read every record; non-zero exit on damage",
-        description=("Re-read every record of a packed dataset and check its checksums; exits non-zero"
-                     " on any damage and names what is damaged."))
+def add_arguments(v: argparse.ArgumentParser) -> None:
     v.add_argument("path", help="dataset folder or URL (every object fetched, its SHA-256 "
                    "checked)")
     v.add_argument("--no-decode", action="store_true", help="skip decoding images")
     add_storage_args(v)
-    v.set_defaults(func=cmd_verify)
 
 
-def cmd_verify(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     from ..dataset.verify import verify  # the format readers (h5py, lmdb): only when it runs
 
     report = verify(args.path, decode=not args.no_decode, storage_options=storage_options(args))

@@ -1,11 +1,6 @@
-"""feedpipe inside the trainers people use, each an optional extra:
-
-- :mod:`.lightning`: ``FeedpipeDataModule`` (``pip install 'feedpipe[lightning]'``);
-- :mod:`.accelerate`: ``prepare`` for accelerate's loops (``feedpipe[accelerate]``);
-- :mod:`.transformers`: ``FeedpipeTrainer``, the HF ``Trainer`` on feedpipe loaders
-  (``feedpipe[transformers]``).
-
-Each keeps epochs and resume exact (the loader contract of :mod:`feedpipe.loader.position`),
-counts every evaluation sample once (``Sampler(uneven="mask")``), and reports the data-wait share to the
-trainer's own logger. docs/trainers.md shows each in use.
+"""feedpipe inside the trainers people use, each an optional extra: :mod:`.lightning`
+(``FeedpipeDataModule``), :mod:`.accelerate` (``prepare``) and :mod:`.transformers`
+(``FeedpipeTrainer``, the HF ``Trainer``). Each keeps epochs and resume exact, counts every
+evaluation sample once and reports the data-wait share to the trainer's logger
+(docs/trainers.md).
 """

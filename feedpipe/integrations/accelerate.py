@@ -56,27 +56,12 @@ class AcceleratedLoader:
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        return getattr(self.loader, name)  # the surface, describe(), classes, skipped ...
+        # the loader's end_of_dataloader, remainder, set_epoch, state_dict/load_state_dict,
+        # describe(), classes ...
+        return getattr(self.loader, name)
 
     def __len__(self) -> int:
         return len(self.loader)
-
-    @property
-    def end_of_dataloader(self) -> bool:
-        return self.loader.end_of_dataloader
-
-    @property
-    def remainder(self) -> int:
-        return self.loader.remainder
-
-    def set_epoch(self, epoch: int) -> None:
-        self.loader.set_epoch(epoch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.loader.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.loader.load_state_dict(state)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self.gradient_state._add_dataloader(self)  # what accelerate's own loaders do
@@ -84,7 +69,9 @@ class AcceleratedLoader:
         epoch = self.loader.position()[0]
         try:
             for batch in self.meter.wrap(self.loader):
-                yield self._renamed(batch) if self.rename else batch
+                # a None name drops the field
+                yield {self.rename.get(k, k): v for k, v in batch.items()
+                       if self.rename.get(k, k) is not None} if self.rename else batch
         finally:
             self.gradient_state._remove_dataloader(self)
         if self.log_data_wait and self.accelerator is not None and len(self.meter.waits) > 1 \
@@ -93,23 +80,14 @@ class AcceleratedLoader:
             self.epochs_logged += 1
 
 
-    def _renamed(self, batch: dict[str, Any]) -> dict[str, Any]:
-        """The batch with its keys renamed (a None name drops the field)."""
-        out = {}
-        for key, value in batch.items():
-            name = self.rename.get(key, key)
-            if name is not None:
-                out[name] = value
-        return out
-
-
 def prepare(accelerator: Any, *objects: Any, log_data_wait: bool = True) -> Any:
     """``accelerator.prepare`` for everything but feedpipe loaders (all in one call, as
     accelerate wants models and optimizers together), which become :class:`AcceleratedLoader`
     and are registered for ``save_state``/``load_state``. Returns one object for one argument,
     else a tuple, as ``accelerator.prepare`` does."""
     others = [o for o in objects if not isinstance(o, (EpochPosition, AcceleratedLoader))]
-    prepared = iter(_as_tuple(accelerator.prepare(*others)) if others else ())
+    prepared = accelerator.prepare(*others) if others else ()
+    prepared = iter(prepared if isinstance(prepared, tuple) else (prepared,))
     out = []
     for obj in objects:
         if isinstance(obj, EpochPosition):
@@ -121,7 +99,3 @@ def prepare(accelerator: Any, *objects: Any, log_data_wait: bool = True) -> Any:
         else:
             out.append(next(prepared))
     return out[0] if len(out) == 1 else tuple(out)
-
-
-def _as_tuple(result: Any) -> tuple[Any, ...]:
-    return result if isinstance(result, tuple) else (result,)

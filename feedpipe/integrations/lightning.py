@@ -1,20 +1,14 @@
 """PyTorch Lightning: a ``LightningDataModule`` over feedpipe datasets.
 
 ``FeedpipeDataModule(train="packed/", val="val/", batch_size=64, size=224, ...)`` makes the
-loaders for the trainer's rank and world size and adds :class:`FeedpipeCallback` to the trainer,
-which keeps three things exact that Lightning alone does not:
+loaders for the trainer's rank and world size and adds :class:`FeedpipeCallback`, which keeps
+exact what Lightning alone does not: a mid-epoch checkpoint resumes at the first batch not yet
+trained (Lightning fetches one ahead); an elastic resume (2 ranks on 1, 1 on 2) counts in this
+world's batches; and each epoch's data-wait share reaches the trainer's logger as
+``feedpipe/data_wait_share`` and friends.
 
-- a checkpoint saved mid-epoch resumes at the first batch not yet trained: Lightning fetches one
-  batch ahead, and the loader's own state would skip it;
-- an elastic resume (a checkpoint of 2 ranks on 1, or of 1 on 2): Lightning restores its batch
-  counter in the saver's batches; it is set to the loader's position in this world's batches, so
-  the resumed epoch hands out exactly the rest and ends where the loader's epoch ends;
-- the data-wait share of each training epoch reaches the trainer's logger (TensorBoard, CSV, W&B)
-  as ``feedpipe/data_wait_share`` and friends (:meth:`~feedpipe.tools.monitor.StallSummary.scalars`).
-
-Evaluation loaders use ``Sampler(uneven="mask")``: every batch is full and carries ``valid`` and ``index``;
-count ``batch["valid"]`` (``self.log(..., reduce_fx="sum", sync_dist=True)``) and every
-validation sample counts exactly once across ranks.
+Evaluation loaders use ``Sampler(uneven="mask")``: count ``batch["valid"]``
+(``self.log(..., reduce_fx="sum", sync_dist=True)``) and every sample counts once across ranks.
 """
 
 from __future__ import annotations
@@ -78,11 +72,10 @@ class FeedpipeCallback(pl.Callback):
         self._batch_end = None
 
     def _align(self, trainer: "pl.Trainer") -> None:
-        """Set Lightning's batch counters to the loader's position in this world's batches (after
-        an elastic resume the restored ones count the saver's): the epoch loop's progress and
-        the fetcher's count, from which Lightning finds the epoch's last batch. Lightning calls
-        no epoch hook when it resumes mid-epoch, so this runs at the run's first training
-        batch, which the counters have already counted as ready and started."""
+        """Set Lightning's batch counters (progress, and the fetcher's count that finds the
+        epoch's last batch) to the loader's position in this world's batches: restored ones
+        count the saver's. Runs at the first training batch, as Lightning calls no epoch hook
+        when it resumes mid-epoch."""
         loaders = self._train_loaders(trainer)
         if len(loaders) != 1:
             return

@@ -1,11 +1,8 @@
 """Conversion on Ray Data: ``feedpipe.ray.convert(paths_or_dataset, out, to="wds")``.
 
-The sorted source list is cut into parts as ``feedpipe convert --part i/N`` cuts it; a Ray
-Dataset holds one row per part, and ``map_batches`` packs each part in a Ray worker with
-feedpipe's own converter (its encoders, checks and targets, distance maps included) into
-``out/parts/``. The driver then runs the same :func:`converters.merge.merge` as ``feedpipe
-merge``, so the result is the dataset the CLI makes from the same input: the same schema and the
-same bytes for every sample. Needs ``pip install feedpipe[ray]``.
+Each Ray task packs one part (``feedpipe convert --part i/N``) with feedpipe's own converter into
+``out/parts/``; the driver then merges them as ``feedpipe merge`` does, so the result has the
+same schema and bytes as the CLI's from the same input. Needs ``pip install feedpipe[ray]``.
 """
 
 from __future__ import annotations
