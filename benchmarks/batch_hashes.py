@@ -150,7 +150,7 @@ def main() -> int:
         want = json.loads(a.check.read_text())
         bad = [k for k in want if got.get(k) != want[k]]
         for k in bad:
-            first = next((i for i, (x, y) in enumerate(zip(want[k], got.get(k, [])))
+            first = next((i for i, (x, y) in enumerate(zip(want[k], got.get(k, []), strict=True))
                           if x != y), None)
             print(f"DIFFERS {k}: {len(want[k])} vs {len(got.get(k, []))} batches, first "
                   f"difference at batch {first}")

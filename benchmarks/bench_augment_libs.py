@@ -156,7 +156,7 @@ def main() -> None:
                     seconds[k].append(time.perf_counter() - t)
             per = {k: [1e3 * s / n for s in v] for k, v in seconds.items()}  # ms a sample
             cost = {way: statistics.median(a - b for a, b in zip(per[f"{way} + library"],
-                                                                   per[way]))
+                                                                   per[way], strict=True))
                     for way in ("feedpipe", "DataLoader")}
             summary[name] = {**{f"{k} ms/sample": statistics.median(v) for k, v in per.items()},
                              **{f"library in {k} ms/sample": v for k, v in cost.items()}}

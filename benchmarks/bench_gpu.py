@@ -32,6 +32,7 @@ import argparse
 import os
 import sys
 import time
+from itertools import pairwise
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -310,7 +311,7 @@ def fed_run(ld: Any, step: Callable[[torch.Tensor, torch.Tensor], None], device:
     # steady windows: from one epoch's second batch to its last (no boundary, no start-up)
     steady = []
     starts = [i for i, f in enumerate(firsts) if f] + [len(firsts)]
-    for a, z in zip(starts, starts[1:]):
+    for a, z in pairwise(starts):
         if z - a > 3:
             steady.append((z - a - 2) * len(b["label"]) / (ends[z - 1] - ends[a]))
     res: dict[str, Any] = {
@@ -319,10 +320,10 @@ def fed_run(ld: Any, step: Callable[[torch.Tensor, torch.Tensor], None], device:
         "whole_pass_over_ceiling": n / (timed + whole_start) / ceiling,
         "wait_share": sum(waits) / timed, "wait_p50_ms": 1e3 * float(np.median(waits)),
         "wait_p95_ms": 1e3 * float(np.percentile(waits, 95)),
-        "epoch_first_wait_ms": [1e3 * w for w, f in zip(waits, firsts) if f],
+        "epoch_first_wait_ms": [1e3 * w for w, f in zip(waits, firsts, strict=True) if f],
         "startup_and_warmup_s": whole_start}
     if marks:  # idle: from one step's end on the GPU to the next step's start
-        gaps = [prev[1].elapsed_time(cur[0]) for prev, cur in zip(marks, marks[1:])]
+        gaps = [prev[1].elapsed_time(cur[0]) for prev, cur in pairwise(marks)]
         res.update(gpu_idle_gap_ms_p50=float(np.median(gaps)),
                    gpu_idle_gap_ms_p95=float(np.percentile(gaps, 95)))
     return res

@@ -88,7 +88,7 @@ def kernel_one(blob: bytes, box: tuple[int, ...], scaled: bool) -> torch.Tensor:
 def kernel(blobs: list[bytes], boxes: list[tuple[int, ...]], scaled: bool) -> int:
     """:func:`kernel_one` over every file, each copied into a slot of one HWC batch."""
     batch = torch.empty((BATCH, SIZE, SIZE, 3), dtype=torch.uint8)
-    for i, (b, box) in enumerate(zip(blobs, boxes)):
+    for i, (b, box) in enumerate(zip(blobs, boxes, strict=True)):
         batch[i % BATCH].copy_(kernel_one(b, box, scaled))
     return len(blobs)
 

@@ -36,7 +36,7 @@ def plan_seconds(sizes: list[int]) -> float:
     t = time.perf_counter()
     counts = epoch_counts(sizes, (0.7, 0.3), None)
     takes = [source_take(n, c, s, seed=0, epoch=3, shuffle=True)
-             for s, (n, c) in enumerate(zip(sizes, counts))]
+             for s, (n, c) in enumerate(zip(sizes, counts, strict=True))]
     labels = np.random.default_rng(0).permutation(np.repeat(np.arange(2), counts))
     order = np.empty(len(labels), np.int64)
     for s, take in enumerate(takes):

@@ -175,7 +175,7 @@ def read_side(local: Path, moto: MotoServer, opts: dict, caps: list[float], bs: 
             def add(name: str, res: tuple[float, ...],
                     runs: dict[str, list[float]] = runs) -> None:
                 for key, v in zip(("", "_after_first_batch", "_first_batch_s",
-                                   "_main_cpu_ms_per_image", "_server_cpu_s"), res):
+                                   "_main_cpu_ms_per_image", "_server_cpu_s"), res, strict=True):
                     runs.setdefault(name + key, []).append(v)
 
             for _ in range(rounds):

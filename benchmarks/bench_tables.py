@@ -137,7 +137,7 @@ def main() -> None:
                     reads[f"baseline read_table {kind}"] = read(src, args.rows, args.baseline)
             results = [Result(name, args.rows) for name in reads]
             for _ in range(args.rounds):  # interleaved, as measure_side_by_side
-                for r, run in zip(results, reads.values()):
+                for r, run in zip(results, reads.values(), strict=True):
                     r.seconds.append(run())
             for r in results:
                 print(f"  {r.name:<44} {r.rate:>10,.0f} rows/s", flush=True)

@@ -89,7 +89,7 @@ def main() -> None:
     dist = np.empty((SIZE, SIZE), np.float16)
     geos = [op.apply(s["image"], "jpeg", img, None, "image") for s in samples]
     masks = []
-    for s, g in zip(samples, geos):
+    for s, g in zip(samples, geos, strict=True):
         op.apply_mask(ds.schema["mask"].to_user(s["mask"], "mask"), g, mask, "mask")
         masks.append(mask.copy())
 

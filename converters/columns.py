@@ -201,17 +201,17 @@ class KeypointCheck:
                 break
             parts = [self._judge(f, np.stack(self.points[f.name][k: k + self.CHUNK]),
                                  wh[k: k + self.CHUNK]) for k in range(0, n, self.CHUNK)]
-            unit, out, count = (np.concatenate(a) for a in zip(*parts))
+            unit, out, count = (np.concatenate(a) for a in zip(*parts, strict=True))
             far = 2 * out > count
             if unit.any():
-                rels = [r for r, u in zip(self.rels, unit) if u]
+                rels = [r for r, u in zip(self.rels, unit, strict=True) if u]
                 said.append(f"{where}: keypoints {f.name!r} of {len(rels)} of {n} samples all "
                             f"lie in [0, 1] ({self._some(rels)}): normalized coordinates? They "
                             "are read as pixels of the image as decoded: multiply x by its "
                             "width and y by its height")
             if far.any():
                 rels = [f"{r} ({w}x{h}: {o} of {c})" for r, (w, h), o, c, x
-                        in zip(self.rels, self.sizes, out, count, far) if x]
+                        in zip(self.rels, self.sizes, out, count, far, strict=True) if x]
                 said.append(f"{where}: keypoints {f.name!r}: most points of {len(rels)} of {n} "
                             f"samples lie outside their image ({self._some(rels)} outside): x "
                             "and y swapped, or coordinates of another image size? They are "

@@ -233,7 +233,7 @@ def _merge_schema(schema: Schema, info: PartInfo, first: PartInfo) -> Schema:
         raise BadInputError(f"{info.path} and {first.path}: schemas have different fields "
                             f"({other.names} and {schema.names})")
     fields = []
-    for a, b in zip(schema, other):
+    for a, b in zip(schema, other, strict=True):
         if a.to_json() == b.to_json():
             fields.append(a)
         elif (a.name == "image" and info.manifest.format != "wds"
@@ -280,14 +280,14 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
         manifests = [i.manifest for i in adopted]
         files, extra = _wds_index(target.store, manifests, dirs, schema) if fmt == "wds" else \
             ([], {k: v for k, v in manifests[0].extra.items() if k == "compression"})
-        for d, info in zip(dirs, adopted):
+        for d, info in zip(dirs, adopted, strict=True):
             files += [FileEntry(f"{d}/{f.name}", f.size, f.sha256) for f in info.manifest.files]
             raw = target.store.read_bytes(f"{d}/{MANIFEST_NAME}")  # the part's manifest
             files.append(FileEntry(f"{d}/{MANIFEST_NAME}", len(raw), hashlib.sha256(raw).hexdigest()))
         extra["parts"] = [{"dir": d, "num_samples": i.manifest.num_samples,
                            "start": i.start, "stop": i.stop,
                            **{k: v for k, v in i.manifest.extra.items() if k == "dataset_id"}}
-                          for d, i in zip(dirs, adopted)]
+                          for d, i in zip(dirs, adopted, strict=True)]
         manifest = _merged_manifest(adopted, schema, files, extra, result)
         target.commit(manifest)
     finally:
@@ -345,7 +345,7 @@ def _wds_index(store: Store, parts: list[Manifest], dirs: list[str], schema: Sch
     in_index = np.asarray([f.name in (kept or ()) for f in schema], bool)
     values: list[np.ndarray] = []  # the index fields' packed values, part by part
     packed = 0
-    for m, d in zip(parts, dirs):
+    for m, d in zip(parts, dirs, strict=True):
         if m.extra.get("index_fields") != kept:
             raise BadInputError(f"{d}: index fields {m.extra.get('index_fields')}, the first "
                              f"part has {kept}; convert every part with the same options")
@@ -357,7 +357,7 @@ def _wds_index(store: Store, parts: list[Manifest], dirs: list[str], schema: Sch
             arrays[0][:, in_index, 0] += packed
             values.append(load(f"{d}/{VALUES_FILE}"))
             packed += len(values[-1])
-        for col, a in zip(cols, [*arrays, crc]):
+        for col, a in zip(cols, [*arrays, crc], strict=True):
             col.append(a)
         shards += [f"{d}/{s}" for s in m.extra.get("shards", [])]
     offsets, shard_of, keys, crcs = (np.concatenate(c) for c in cols)
@@ -371,7 +371,7 @@ def _wds_index(store: Store, parts: list[Manifest], dirs: list[str], schema: Sch
     if kept:
         arrays.append(np.concatenate(values).astype(np.uint8))
     written = []
-    for name, arr in zip(WDS_NAMES, arrays):
+    for name, arr in zip(WDS_NAMES, arrays, strict=True):
         def save(fh: BinaryIO, arr: np.ndarray = arr) -> None:
             np.save(fh, arr, allow_pickle=False)
         written.append(FileEntry(name, *store.write(name, save)))

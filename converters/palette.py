@@ -108,7 +108,7 @@ def auto_palette(masks: Sequence[Path], max_pixels: int | None = DEFAULT_MAX_PIX
         if rgb is None:
             continue
         colours, counts = np.unique(_packed(rgb), return_counts=True)
-        for c, n in zip(colours.tolist(), counts.tolist()):
+        for c, n in zip(colours.tolist(), counts.tolist(), strict=True):
             if n > most.get(c, (0, m))[0]:
                 most[c] = (n, m)
         if len(most) > AUTO_MAX:

@@ -75,7 +75,7 @@ class WorkerPool:
         """Queue ``tasks`` as one chunk, run in order by one worker; their job ids."""
         ids = list(range(self._next, self._next + len(tasks)))
         self._next += len(tasks)
-        self._queue.append((fn, list(zip(ids, tasks))))
+        self._queue.append((fn, list(zip(ids, tasks, strict=True))))
         self._dispatch()
         return ids
 
@@ -104,7 +104,7 @@ class WorkerPool:
         ahead = (HELD + 1) * len(self._workers) * chunksize
         while True:
             while len(jobs) < ahead:
-                chunk = [t for _, t in zip(range(chunksize), it)]
+                chunk = [t for _, t in zip(range(chunksize), it, strict=True)]
                 if not chunk:
                     break
                 jobs.extend(self.submit(fn, chunk))
@@ -154,7 +154,7 @@ class WorkerPool:
                     results = w.results.recv()
                 except (EOFError, OSError):
                     self._died(w)
-                for (job, _), out in zip(w.chunks.popleft(), results):
+                for (job, _), out in zip(w.chunks.popleft(), results, strict=True):
                     self._done[job] = out
             elif (w, False) in ready:  # died, and nothing of it is left to read
                 self._died(w)

@@ -300,7 +300,7 @@ def _scan_manifest(path: Path, how: LabelsAs = "auto", unlabeled: Unlabeled = "r
     labels, classes = manifest_labels(path, rows, how, unlabeled)
     masked = any(r.get("mask") not in (None, "") for r in rows)
     items = []
-    for r, label, line in zip(rows, labels, lines):
+    for r, label, line in zip(rows, labels, lines, strict=True):
         rel = str(r["path"])
         extra = {k: v for k, v in r.items() if k not in ("path", "label", "mask")}
         mask = path.parent / str(r["mask"]) if r.get("mask") not in (None, "") else None

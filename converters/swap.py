@@ -42,7 +42,7 @@ def foreign_entries(path: Path) -> list[str] | None:
                  else None for n in names]
         if any(p is None for p in parts):
             return None
-        return [f"{n}/{e}" for n, p in zip(names, parts) for e in p or []]
+        return [f"{n}/{e}" for n, p in zip(names, parts, strict=True) for e in p or []]
     for name in (MANIFEST_NAME, MANIFEST_NAME + ".tmp"):  # the files its manifest lists
         try:
             d = json.loads((path / name).read_text(encoding="utf-8"))

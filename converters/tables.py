@@ -183,7 +183,7 @@ def _parquet(p: Path, columns: Sequence[str] | None, max_bytes: int) -> dict[str
     except (OSError, pa.ArrowException) as exc:
         raise BadInputError(f"{p}: cannot read as Parquet: {exc}") from exc
     out = {}
-    for name, col in zip(table.column_names, table.columns):
+    for name, col in zip(table.column_names, table.columns, strict=True):
         t = col.type
         what = f"{p}: column {name!r}"
         if pa.types.is_fixed_size_list(t) or pa.types.is_list(t) or pa.types.is_large_list(t):
@@ -229,7 +229,7 @@ def _read_parquet(p: Path, columns: Sequence[str] | None, max_bytes: int) -> Any
         return pf.read(columns=names)
     batches, sizes = [], Counter[str]()
     for batch in pf.iter_batches(batch_size=1 << 16, columns=names):
-        for name, col in zip(batch.schema.names, batch.columns):
+        for name, col in zip(batch.schema.names, batch.columns, strict=True):
             sizes[name] += col.nbytes
             _bound(p, name, sizes[name], max_bytes)
         batches.append(batch)
@@ -416,7 +416,7 @@ def _column(cells: list[str], what: str, lines: list[int]) -> np.ndarray:
     na = np.fromiter((c.strip() in NA for c in cells), bool, len(cells))
     if na.all():
         return np.full(len(cells), np.nan)
-    given = [c for c, m in zip(cells, na) if not m] if na.any() else cells
+    given = [c for c, m in zip(cells, na, strict=True) if not m] if na.any() else cells
     where = np.flatnonzero(~na)  # the row of each given cell
     joined = "".join(given)
     if not joined.isascii() or "_" in joined:

@@ -64,7 +64,7 @@ def decode(log_probs: torch.Tensor, vocab: str) -> list[str]:
 def texts(batch: dict[str, torch.Tensor], vocab: str) -> list[str]:
     """The batch's true texts, from the padded codes and their lengths."""
     return ["".join(vocab[c - 1] for c in row[:n].tolist())
-            for row, n in zip(batch["text"], batch["text_lengths"].tolist())]
+            for row, n in zip(batch["text"], batch["text_lengths"].tolist(), strict=True)]
 
 
 def edit_distance(a: str, b: str) -> int:
@@ -131,7 +131,7 @@ def main() -> None:
         with torch.no_grad():
             for batch in val:
                 for got, want in zip(decode(model(batch["image"]), args.vocab),
-                                     texts(batch, args.vocab)):
+                                     texts(batch, args.vocab), strict=True):
                     exact += got == want
                     errors, chars = errors + edit_distance(got, want), chars + len(want)
         print(f"epoch {epoch}: CTC loss {loss.item():.2f}; validation: {exact} read exactly, "

@@ -23,7 +23,7 @@ def conforms(value: object, hint: Any) -> bool:
             return False
         if len(args) == 2 and args[1] is Ellipsis:
             return all(conforms(v, args[0]) for v in value)
-        return len(value) == len(args) and all(conforms(v, a) for v, a in zip(value, args))
+        return len(value) == len(args) and all(conforms(v, a) for v, a in zip(value, args, strict=True))
     if hint is bool:
         return isinstance(value, bool)
     if hint is int:

@@ -22,7 +22,7 @@ FORMATS = ("lmdb", "hdf5", "wds")
 N_PHOTOS = 72            # >= 64 so that converter process pools are really used
 PHOTO_SIZE = (160, 120)  # W×H (each photo varies by ±8%)
 N_CLASSES = 4
-WDS_SHARD_COUNT = 20     # the session's wds dataset has 4 shards
+WDS_SHARD_COUNT = 20     # the test run's wds dataset has 4 shards
 N_ODD = 103              # a prime: no world or batch size divides it (the ``odd`` datasets)
 
 
@@ -87,7 +87,7 @@ def fmt(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def dataset_path(packed: dict[str, Path], fmt: str) -> Path:
-    """The session's packed photo dataset in the current format (read-only)."""
+    """The test run's packed photo dataset in the current format (read-only)."""
     return packed[fmt]
 
 

@@ -159,7 +159,7 @@ def split_root(path: str = "data", n: int = 8) -> Path:
     """``data/train/{cat,dog}/*.jpg`` and ``data/val/{cat,dog}/*.jpg``."""
     for seed, split in enumerate(("train", "val")):
         tree = make_photos(Path(path, split), n, size=(48, 36), classes=2, seed=seed)
-        for folder, name in zip(sorted(p for p in tree.iterdir()), ("cat", "dog")):
+        for folder, name in zip(sorted(p for p in tree.iterdir()), ("cat", "dog"), strict=True):
             folder.rename(tree / name)
     return Path(path)
 

@@ -188,7 +188,7 @@ def same_batches(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
 
     return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k])
                                                                    for k in x)
-                                    for x, y in zip(a, b))
+                                    for x, y in zip(a, b, strict=True))
 
 
 def batch_digests(batches: list[dict[str, Any]]) -> list[dict[str, str]]:

@@ -241,7 +241,7 @@ def s3(moto, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, request: pytest.Fi
 
 @pytest.fixture(scope="session")
 def s3_packed(moto_s3, packed: dict[str, Path]) -> dict[str, str]:
-    """The session's packed datasets uploaded to the S3 server: {format: s3 URL}."""
+    """The test run's packed datasets uploaded to the S3 server: {format: s3 URL}."""
     return upload_packed(packed, "s3://feedpipe-test", moto_s3[1])
 
 @pytest.fixture(scope="session")
@@ -260,7 +260,7 @@ def gs(gcs, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 @pytest.fixture(scope="session")
 def gcs_packed(gcs, packed: dict[str, Path]) -> dict[str, str]:
-    """The session's packed datasets uploaded to the GCS emulator: {format: gs URL}."""
+    """The test run's packed datasets uploaded to the GCS emulator: {format: gs URL}."""
     return upload_packed(packed, "gs://feedpipe-test", gcs[1])
 
 @pytest.fixture(scope="session")

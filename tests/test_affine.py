@@ -145,7 +145,7 @@ def test_boxes_match_reference(geo: tuple, seed: int, thr: float, n: int) -> Non
     c.put(0, f.validate({"boxes": boxes, "labels": labels}), g, "boxes")
     got = c.finish()
     kept, kept_labels = [], []
-    for b, lab in zip(boxes.astype(np.float64), labels):
+    for b, lab in zip(boxes.astype(np.float64), labels, strict=True):
         corners = apply(ref, np.array([[b[0], b[1]], [b[2], b[1]], [b[0], b[3]], [b[2], b[3]]]))
         (x1, y1), (x2, y2) = corners.min(0), corners.max(0)
         clip = [min(max(x1, 0), ow), min(max(y1, 0), oh), min(max(x2, 0), ow), min(max(y2, 0), oh)]
@@ -355,14 +355,14 @@ def test_identity_parameters_leave_the_loader_as_it_was(seg: Path) -> None:
     same = epoch(affine_loader(seg, RandomAffine(0, scale=(1, 1))))
     plain = epoch(affine_loader(seg, None))
     moved = epoch(affine_loader(seg, AFFINE))
-    assert all(torch.equal(a[k], b[k]) for a, b in zip(same, plain) for k in a)
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(same, plain, strict=True) for k in a)
     assert not torch.equal(moved[0]["image"], plain[0]["image"])
 
 
 def test_same_batches_for_0_and_2_workers_and_after_a_resume(seg: Path) -> None:
     ref = epoch(affine_loader(seg, AFFINE))
     two = affine_loader(seg, AFFINE, num_workers=2)
-    assert all(torch.equal(a[k], b[k]) for a, b in zip(epoch(two), ref) for k in a)
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(epoch(two), ref, strict=True) for k in a)
     cut = affine_loader(seg, AFFINE, num_workers=2)
     next(iter(cut))
     state = cut.state_dict()
@@ -370,7 +370,7 @@ def test_same_batches_for_0_and_2_workers_and_after_a_resume(seg: Path) -> None:
     again.load_state_dict(state)
     rest = epoch(again)
     assert len(rest) == len(ref) - 1
-    assert all(torch.equal(a[k], b[k]) for a, b in zip(rest, ref[1:]) for k in a)
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(rest, ref[1:], strict=True) for k in a)
 
 
 def test_refusals(seg: Path, packed) -> None:

@@ -39,7 +39,7 @@ def epoch(path, **kw):
 def same(a, b):
     return len(a) == len(b) and all(x.keys() == y.keys() and all(torch.equal(x[k], y[k])
                                                                  for k in x)
-                                    for x, y in zip(a, b))
+                                    for x, y in zip(a, b, strict=True))
 
 
 def resumed(path, cut, **kw):
@@ -145,7 +145,7 @@ def test_the_global_generators_are_neither_used_nor_disturbed(packed):
         random.seed(11)
         expect = [(np.random.random(3), random.random()) for _ in drawn]
         assert same(got, ref)
-        assert all(np.array_equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(drawn, expect))
+        assert all(np.array_equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(drawn, expect, strict=True))
 
 
 def test_a_kornia_step_draws_from_the_batch_generator_only(faces):
@@ -182,7 +182,7 @@ def test_a_flip_moves_masks_keypoints_and_boxes(faces, how):
     flip = {"albumentations": dict(transform=A.HorizontalFlip(p=1.0)),
             "kornia-batch": dict(batch_transforms=[K.RandomHorizontalFlip(p=1.0)]),
             "kornia-sample": dict(transform=K.RandomHorizontalFlip(p=1.0))}[how]
-    for a, b in zip(epoch(faces, **kw), epoch(faces, **kw, **flip)):
+    for a, b in zip(epoch(faces, **kw), epoch(faces, **kw, **flip), strict=True):
         w = a["image"].shape[-1]
         assert torch.equal(b["image"], a["image"].flip(-1))
         assert torch.equal(b["mask"], a["mask"].flip(-1))
@@ -208,7 +208,7 @@ def test_a_transform_function_gets_and_changes_keypoints_and_boxes(faces):
     kw = dict(device="cpu", shuffle=False, fields=FACES, output=Output(dtype="uint8"))
     for workers in (0, 2):
         for a, b in zip(epoch(faces, num_workers=0, **kw),
-                        epoch(faces, num_workers=workers, transform=edit, **kw)):
+                        epoch(faces, num_workers=workers, transform=edit, **kw), strict=True):
             assert torch.allclose(b["landmarks"][..., 0], a["landmarks"][..., 0] + 1)
             assert torch.equal(b["boxes_count"], a["boxes_count"] - 1)
             assert torch.equal(b["boxes"][:, :3], a["boxes"][:, 1:])
@@ -229,7 +229,7 @@ def test_keypoints_stay_on_what_they_mark_under_a_rotation(dots, how):
         else dict(batch_transforms=[K.RandomRotation(degrees=(90.0, 90.0), p=1.0)])
     moved = 0
     for b in epoch(dots, **kw, **turn):
-        for img, pts in zip(b["image"], b["landmarks"]):
+        for img, pts in zip(b["image"], b["landmarks"], strict=True):
             for x, y in pts.tolist():
                 assert img[:, int(y), int(x)].min() > 200, (x, y)
                 assert abs(x % 1 - 0.5) < 1e-3 and abs(y % 1 - 0.5) < 1e-3
@@ -337,7 +337,7 @@ def test_torchvision_v2_is_seeded_and_moves_masks_keypoints_and_boxes(packed, fa
     for how in (dict(transform=v2.RandomHorizontalFlip(p=1.0)),
                 dict(batch_transforms=[v2.RandomHorizontalFlip(p=1.0)],
                      fields=["image", "mask", "landmarks"])):
-        for a, b in zip(epoch(faces, **fk), epoch(faces, **{**fk, **how})):
+        for a, b in zip(epoch(faces, **fk), epoch(faces, **{**fk, **how}), strict=True):
             w = a["image"].shape[-1]
             assert torch.equal(b["image"], a["image"].flip(-1))
             assert torch.equal(b["mask"], a["mask"].flip(-1))

@@ -41,13 +41,13 @@ def test_the_recipe_is_the_plain_batch_operated_on_then_normalized(packed):
     for a, want in zip(got, reference(packed["lmdb"]), strict=True):
         assert torch.allclose(a["image"], want, atol=1e-5)
     untouched = epoch(packed["lmdb"], num_workers=0, **KW)
-    assert all(not torch.allclose(a["image"], b["image"]) for a, b in zip(got, untouched))
+    assert all(not torch.allclose(a["image"], b["image"]) for a, b in zip(got, untouched, strict=True))
 
 
 def test_same_batches_for_any_workers_and_after_a_resume(packed):
     ref = epoch(packed["hdf5"], batch_transforms=RECIPE, num_workers=0, **KW)
     two = epoch(packed["hdf5"], batch_transforms=RECIPE, num_workers=2, **KW)
-    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(ref, two))
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(ref, two, strict=True))
     ld = feedpipe.make_loader(packed["hdf5"], 8, batch_transforms=RECIPE, num_workers=2, **KW)
     it = iter(ld)
     for _ in range(4):
@@ -56,7 +56,7 @@ def test_same_batches_for_any_workers_and_after_a_resume(packed):
                                  **KW)
     again.load_state_dict(ld.state_dict())
     rest = [b["image"].clone() for b in again]
-    assert all(torch.equal(a, b["image"]) for a, b in zip(rest, ref[4:])) and rest
+    assert all(torch.equal(a, b["image"]) for a, b in zip(rest, ref[4:], strict=True)) and rest
 
 
 def test_uint8_output_and_mixup_labels(packed):
@@ -75,7 +75,7 @@ def test_user_functions_and_refusals(packed):
     half = epoch(packed["lmdb"], batch_transforms=[halve], num_workers=0,
                  output=Output(mean=None, std=None), **KW)
     full = epoch(packed["lmdb"], num_workers=0, output=Output(mean=None, std=None), **KW)
-    assert all(torch.allclose(a["image"], b["image"] * 0.5) for a, b in zip(half, full))
+    assert all(torch.allclose(a["image"], b["image"] * 0.5) for a, b in zip(half, full, strict=True))
     with pytest.raises(ConfigError, match="batch_transforms="):
         feedpipe.make_loader(packed["lmdb"], 8, batch_transforms="jitter", **KW)
     with pytest.raises(ConfigError, match="DALI"):

@@ -34,7 +34,7 @@ TRIAL_KEYS = {"format", "backend", "batch_size", "workers_requested", "workers",
 
 @pytest.fixture(scope="module")
 def report(packed):
-    """One sweep on the session's LMDB: workers 0 and 2, plus the baseline on the loose files."""
+    """One sweep on the test run's LMDB: workers 0 and 2, plus the baseline on the loose files."""
     return run_bench(packed["lmdb"], BenchConfig(workers=(0, 2), baseline=True, **FAST))
 
 

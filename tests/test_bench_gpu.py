@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -22,6 +23,7 @@ def test_resnet50_has_torchvisions_layout():
     assert model(torch.zeros(1, 3, 64, 64)).shape == (1, 1000)
 
 
+@pytest.mark.heavy  # a full run of the tool on CPU (10-17 s): the heavy tier
 def test_cpu_run_measures_what_it_can_and_names_what_it_skipped(tmp_path):
     out = tmp_path / "gpu.json"
     subprocess.run([sys.executable, str(BENCH / "bench_gpu.py"), "--device", "cpu",
@@ -48,6 +50,7 @@ def test_cpu_run_measures_what_it_can_and_names_what_it_skipped(tmp_path):
     assert dali.startswith("skipped") if isinstance(dali, str) else dali["fed_images_per_s"] > 0
 
 
+@pytest.mark.heavy  # a full run of the tool on CPU (10-17 s): the heavy tier
 def test_batch_size_bench_runs_both_modes_on_cpu(tmp_path):
     """benchmarks/bench_batch_size.py, which a lent GPU runs (benchmarks/device_check.sh)."""
     out = tmp_path / "bs.json"

@@ -136,7 +136,7 @@ def test_coco_results_map_back_for_cocoeval(coco_src: tuple[Path, Path], tmp_pat
     for i in range(len(ds)):
         s = ds[i]
         for box, label, crowd in zip(s["boxes"]["boxes"], s["boxes"]["labels"],
-                                     s["boxes"]["iscrowd"]):
+                                     s["boxes"]["iscrowd"], strict=True):
             if not crowd:
                 x1, y1, x2, y2 = map(float, box)
                 results.append({"image_id": s["meta"]["coco_id"], "score": 1.0,

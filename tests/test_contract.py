@@ -1,4 +1,4 @@
-"""One reader contract, run against every format (the session's packed photo datasets)."""
+"""One reader contract, run against every format (the test run's packed photo datasets)."""
 
 from __future__ import annotations
 
@@ -86,11 +86,11 @@ def test_get_batch_duplicates_unsorted_negative(ds):
     idx = [5, 3, 5, -1, 0, -n, 47, 3, 20, 19, n - 1]
     batch = ds.get_batch(idx)
     assert len(batch) == len(idx)
-    for i, s in zip(idx, batch):
+    for i, s in zip(idx, batch, strict=True):
         assert_same_sample(s, ds[i % n])
     assert batch[3]["path"] == batch[-1]["path"]  # -1 and n-1 are the same sample
     raw = ds.read_raw_batch(np.array(idx, dtype=np.int64))
-    for i, r in zip(idx, raw):
+    for i, r in zip(idx, raw, strict=True):
         assert_same_sample(r, ds.read_raw(i % n))
 
 

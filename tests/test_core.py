@@ -99,7 +99,7 @@ def test_make_loader_batches(packed, workers):
     assert sorted(labels.tolist()) == sorted(ds[i]["label"] for i in range(len(ds)))
     ld.set_epoch(0)
     again = list(ld)
-    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(batches, again))
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(batches, again, strict=True))
 
 
 def test_resume_continues_exactly(packed):
@@ -115,7 +115,7 @@ def test_resume_continues_exactly(packed):
     fresh.load_state_dict(state)
     rest = [b["label"] for b in fresh]
     assert len(rest) == len(full) - 5
-    assert all(torch.equal(a, b) for a, b in zip(rest, full[5:]))
+    assert all(torch.equal(a, b) for a, b in zip(rest, full[5:], strict=True))
 
 
 def test_ranks_disjoint_equal(packed):

@@ -112,7 +112,7 @@ def test_order_and_pixels_match_torch(packed, fmt):
               fields=["image", "label", "path"], **U8)
     got, ref = list(dali(packed[fmt], 10, **kw)), list(torch_ld(packed[fmt], 10, **kw))
     assert len(got) == len(ref) == 8
-    for a, b in zip(got, ref):
+    for a, b in zip(got, ref, strict=True):
         assert torch.equal(a["label"], b["label"]) and a["path"] == b["path"]
         _, inner = pixel_diff(a["image"], b["image"])
         assert inner.max() <= 2, "a different crop window or flip than the torch backend's"
@@ -130,7 +130,7 @@ def test_equivalence_tolerance(packed):
     kw = dict(size=64, seed=3, fields=["image", "label", "path"], **U8)
     got, ref = list(dali(packed["lmdb"], 12, **kw)), list(torch_ld(packed["lmdb"], 12, **kw))
     assert paths(got) == paths(ref)
-    full = np.concatenate([pixel_diff(a["image"], b["image"])[0] for a, b in zip(got, ref)])
+    full = np.concatenate([pixel_diff(a["image"], b["image"])[0] for a, b in zip(got, ref, strict=True)])
     inner = full[:, :, 1:-1, 1:-1]
     assert inner.max() <= 2 and full.max() <= 24 and full.mean() <= 0.5
     assert full.max() > 0  # two different resizers: equality would mean one path was not taken
@@ -141,11 +141,11 @@ def test_raw_images_skip_decoding(raw48):
     kw = dict(seed=2, fields=["image", "label"], **U8)
     got = list(dali(raw48, 16, crop="none", **kw))
     ref = list(torch_ld(raw48, 16, crop="none", **kw))
-    for a, b in zip(got, ref):
+    for a, b in zip(got, ref, strict=True):
         assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
     got = list(dali(raw48, 16, size=32, crop="random_resized_crop", flip=True, **kw))
     ref = list(torch_ld(raw48, 16, size=32, crop="random_resized_crop", flip=True, **kw))
-    for a, b in zip(got, ref):
+    for a, b in zip(got, ref, strict=True):
         assert torch.equal(a["label"], b["label"])
         assert pixel_diff(a["image"], b["image"])[1].max() <= 3
 
@@ -180,7 +180,7 @@ def test_set_epoch_reshuffles_deterministically(packed):
     ld.set_epoch(0)
     again = list(ld)
     assert paths(again) == paths(e0)
-    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(again, e0))
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(again, e0, strict=True))
     ld.set_epoch(1)
     assert paths(list(ld)) == paths(e1)
 
@@ -209,7 +209,7 @@ def test_resume_mid_epoch(packed, workers):
     fresh.load_state_dict(state)
     resumed = list(fresh)
     assert len(resumed) == len(full) - 3
-    for a, b in zip(resumed, full[3:]):
+    for a, b in zip(resumed, full[3:], strict=True):
         assert a["path"] == b["path"] and torch.equal(a["image"], b["image"])
     other = torch_ld(packed["lmdb"], 8, **{k: v for k, v in kw.items() if k != "num_workers"})
     other.load_state_dict(state)
@@ -230,7 +230,7 @@ def test_parallel_readers_match_main_thread(packed):
     got = list(ld)  # a new iteration: the epoch from its first batch again
     assert len(got) == len(ref) == 8
     assert torch.equal(peek["image"], ref[0]["image"])
-    for a, b in zip(got, ref):
+    for a, b in zip(got, ref, strict=True):
         assert torch.equal(a["label"], b["label"]) and torch.equal(a["image"], b["image"])
 
 
@@ -292,7 +292,7 @@ def test_dali_index_files(wds_copy, tmp_path, monkeypatch, caplog):
     reader = feedpipe.open_dataset(wds_copy)
     idx = DaliIndex(reader).paths()
     assert [p.name for p in idx] == [s.replace(".tar", ".idx") for s in reader.shards]
-    for p, shard in zip(idx, reader.shards):
+    for p, shard in zip(idx, reader.shards, strict=True):
         ref = wds_copy / f"ref-{p.name}"
         with IndexCreator(str(wds_copy / shard), str(ref), verbose=False) as ic:
             ic.create_index()
@@ -352,6 +352,6 @@ def test_native_webdataset_reader(wds_copy):
     fresh.load_state_dict(state)
     tail = list(fresh)
     assert paths(tail) == paths(e1[4:])
-    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(tail, e1[4:]))
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(tail, e1[4:], strict=True))
     with pytest.raises(ValueError, match="dali_reader"):
         dali(wds_copy, 8, **{**kw, "backend": Dali(reader="plan")}).load_state_dict(state)

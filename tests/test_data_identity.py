@@ -32,7 +32,7 @@ KW = dict(size=32, device="cpu", num_workers=0, shuffle=False, fields=("image", 
 
 @pytest.fixture(scope="module")
 def others(tmp_path_factory) -> dict[str, Path]:
-    """Other photos, the same count and classes, converted like the session's ``packed``."""
+    """Other photos, the same count and classes, converted like the test run's ``packed``."""
     root = tmp_path_factory.mktemp("others")
     src = make_photos(root / "src", N_PHOTOS, size=PHOTO_SIZE, classes=4, seed=1)
     return {fmt: convert(src, root / fmt, to=fmt, workers=0, writer_options={

@@ -58,7 +58,7 @@ def test_same_batches_as_cpu_decode(packed, fmt, workers):
     got = list(ld)
     assert len(got) == len(ref) == 8
     diffs = []
-    for a, b in zip(ref, got):
+    for a, b in zip(ref, got, strict=True):
         assert a.keys() == b.keys()
         assert torch.equal(a["label"], b["label"])
         assert b["image"].shape == a["image"].shape == (a["image"].shape[0], 3, 64, 64)
@@ -116,7 +116,7 @@ def test_workers_ship_the_stored_bytes_and_the_planned_geometry(packed):
     assert isinstance(batch, EncodedBatch) and batch.offsets.tolist()[0] == 0
     files, pos = batch.files()
     assert pos == [0, 1, 2] and batch.rows is None  # baseline JPEGs: all still encoded
-    for f, i in zip(files, req):
+    for f, i in zip(files, req, strict=True):
         assert f.numpy().tobytes() == bytes(reader.read_raw(i)["image"])
     # the same random draws as the CPU path: plan() over a fresh rng for the same request
     from feedpipe.loader.sampler import rng_for
@@ -262,7 +262,7 @@ def test_the_batched_resize_is_interpolate_per_image():
     resize_boxes(images, boxes, flips, (48, 56), out, rows)
     assert not out[4].any()  # the row nothing was written to
     for x, (t, left, h, w), flip, row in zip(images, boxes.tolist(), flips.tolist(),
-                                             rows.tolist()):
+                                             rows.tolist(), strict=True):
         ref = F.interpolate(x[None, :, t: t + h, left: left + w].float(), size=(48, 56),
                             mode="bilinear", antialias=True, align_corners=False)[0]
         ref = ref.round().clamp(0, 255)

@@ -30,7 +30,14 @@ def test_few_blocks_are_left_out() -> None:
     assert len(left) <= len(run) // 4, [f"{b.page}:{b.line}: {b.not_run}" for b in left]
 
 
-@pytest.mark.parametrize("page", RUNNABLE, ids=lambda p: p.relative_to(ROOT).as_posix())
+# pages whose examples tune, find batch sizes or stand up servers (15-60 s each on 2 cores): in
+# the heavy tier (CI runs it after `make test`), so `make test` stays short
+HEAVY_PAGES = {"docs/measure.md", "docs/remote.md", "docs/distributed-conversion.md"}
+
+
+@pytest.mark.parametrize("page", [
+    pytest.param(p, marks=pytest.mark.heavy) if p.relative_to(ROOT).as_posix() in HEAVY_PAGES
+    else p for p in RUNNABLE], ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_page_examples_run(page: Path, tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),

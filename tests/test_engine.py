@@ -101,7 +101,7 @@ def test_the_workers_go_on_into_the_next_epoch(packed):
     again = list(ld)  # epoch 1, its first batches taken from what was made ahead
     assert len(again) == len(want)
     assert all(torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
-               for a, b in zip(again, want))
+               for a, b in zip(again, want, strict=True))
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -163,7 +163,7 @@ def test_a_slot_is_never_reused_while_a_batch_holds_it(packed, workers, monkeypa
             if k % 5 == 0:
                 time.sleep(0.02)
     assert poisoned and kept  # slots came back (and were poisoned) while batches were kept
-    for b, c in zip(kept, copies):
+    for b, c in zip(kept, copies, strict=True):
         assert torch.equal(b["image"], c["image"]) and torch.equal(b["label"], c["label"])
 
 

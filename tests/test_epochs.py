@@ -86,7 +86,7 @@ def test_len_is_the_epochs_while_a_resumed_epoch_runs(odd, before, after):
     pre = []
     for ld in savers:
         it = iter(ld)
-        pre += [p for _, b in zip(range(3), it) for p in b["path"]]
+        pre += [p for _, b in zip(range(3), it, strict=True) for p in b["path"]]
     state = json.loads(json.dumps(savers[0].state_dict()))
     resumed = loaders(odd["wds"], after, 8, fields=["path"])
     full = len(resumed[0])
@@ -115,7 +115,8 @@ def test_mask_counts_every_sample_once_in_full_batches(odd, world, batch):
     per_rank = [take_len(ld) for ld in lds]
     assert len({len(r) for r in per_rank}) == 1
     gathered = []
-    for step in zip(*per_rank):  # what all_gather / gather_for_metrics concatenates, in rank order
+    # what all_gather / gather_for_metrics concatenates, in rank order
+    for step in zip(*per_rank, strict=True):
         assert all(len(b["valid"]) == len(b["index"]) == len(b["label"]) == batch for b in step)
         gathered.append(torch.cat([b["index"][b["valid"]] for b in step]))
         tail = torch.cat([b["valid"] for b in step])
@@ -132,7 +133,7 @@ def test_mask_resumes_at_another_world_and_refuses_drop_last(odd):
     pre = []
     for ld in lds:
         it = iter(ld)
-        pre += [i for _, b in zip(range(2), it) for i in b["index"][b["valid"]].tolist()]
+        pre += [i for _, b in zip(range(2), it, strict=True) for i in b["index"][b["valid"]].tolist()]
     state = lds[0].state_dict()
     assert state["samples"] == 32
     post = []
@@ -166,7 +167,7 @@ def test_fewer_samples_left_than_ranks(odd):
     every rank gets the same batch count (a DDP step never waits on a dead rank)."""
     one = loaders(odd["lmdb"], 1, 1, fields=["path"])[0]
     it = iter(one)
-    seen = [p for _, b in zip(range(N - 1), it) for p in b["path"]]
+    seen = [p for _, b in zip(range(N - 1), it, strict=True) for p in b["path"]]
     state = one.state_dict()
     for world, batch in [(2, 1), (4, 3), (2, 5)]:
         lds = loaders(odd["lmdb"], world, batch, fields=["path"])
@@ -217,7 +218,7 @@ def test_a_rebuilt_dataloader_skips_without_reading(odd):
     skipped = skip_first_batches(ld, 5)
     got = list(skipped)
     assert len(got) == len(want) - 5 == len(skipped)
-    for a, b in zip(got, want[5:]):
+    for a, b in zip(got, want[5:], strict=True):
         assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
     assert sum(len(r) for r in reads) == N - 5 * 8  # the skipped batches were never read
     assert ld.state_dict()["epoch"] == 1

@@ -24,7 +24,7 @@ def data_gets(proxy, suffix=(".tar", ".mdb")):
 
 @pytest.fixture
 def shard(packed, s3_packed):
-    """(URL, bytes) of the session's first S3 shard."""
+    """(URL, bytes) of the test run's first S3 shard."""
     data = (packed["wds"] / "shard-000000.tar").read_bytes()
     return f"{s3_packed['wds']}/shard-000000.tar", data
 

@@ -48,7 +48,7 @@ def test_three_executors_receive_the_same_plan(packed, crop):
     # DALI: PlanSource hands external_source the same windows and flips
     source = PlanSource(reader, cfg, World(0, 1), "image", framing, EPOCH, 0, windows=True)
     _, flips, anchors, shapes = source(SimpleNamespace(epoch_idx=0, iteration=NUMBER))
-    assert [tuple(a) + tuple(s) for a, s in zip(anchors.tolist(), shapes.tolist())] \
+    assert [tuple(a) + tuple(s) for a, s in zip(anchors.tolist(), shapes.tolist(), strict=True)] \
         == [p[:4] for p in plans]
     assert flips.tolist() == [int(p.flip) for p in plans]
 

@@ -37,9 +37,3 @@ def test_with_nvml_a_driver_version_or_a_clear_error():
     assert int(major) >= 10 and minor.isdigit()
     assert nvml.nvmlDeviceGetCount() >= 0
 
-
-def test_no_nvidia_smi_scraping_left():
-    import inspect
-
-    assert "nvidia-smi" not in inspect.getsource(dali_pipeline)
-    assert not hasattr(dali_pipeline, "nvidia_smi_cuda")

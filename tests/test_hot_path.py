@@ -148,7 +148,7 @@ def test_bench_kernel_does_the_same_work(tmp_path):
     root = make_photos(tmp_path / "big", 3, size=(1280, 853), classes=1, seed=3)
     blobs = [p.read_bytes() for p in sorted(root.rglob("*.jpg"))]
     out = np.empty((224, 224, 3), np.uint8)
-    for blob, box in zip(blobs, bench_kernel.plan(blobs, "center_crop")):
+    for blob, box in zip(blobs, bench_kernel.plan(blobs, "center_crop"), strict=True):
         assert box[4] == 2
         ImageOp((224, 224)).apply(blob, "jpeg", out, None, "x")
         assert np.array_equal(bench_kernel.kernel_one(blob, box, True).numpy(), out)
@@ -188,7 +188,7 @@ def test_kept_batches_are_never_overwritten(packed, workers):
         views.append(batch["image"][1:])  # a view only: the batch dict itself is dropped
         copies.append(batch["image"][1:].clone())
     assert len(views) == len(ref) > ld.ring.count
-    for a, b, r in zip(views, copies, ref):
+    for a, b, r in zip(views, copies, ref, strict=True):
         assert torch.equal(a, b) and torch.equal(a, r[1:])
     views.clear()
     del batch, a  # the loop variables were the last references
@@ -206,7 +206,7 @@ def test_a_kept_storage_pins_its_slot(packed, workers):
     ld = feedpipe.make_loader(packed["lmdb"], 4, num_workers=workers, **kw)
     kept = [batch["image"].untyped_storage() for batch in ld]
     assert len(kept) == len(ref) > ld.ring.count
-    for storage, r in zip(kept, ref):
+    for storage, r in zip(kept, ref, strict=True):
         got = torch.empty(0, dtype=torch.uint8).set_(storage)[: r.numel()]
         assert torch.equal(got, r.permute(0, 2, 3, 1).reshape(-1))
     kept.clear()
@@ -271,7 +271,7 @@ def test_cpu_workers_convert_without_setting_torchs_thread_count(packed, monkeyp
     assert not calls and torch.get_num_threads() == before
     want = list(feedpipe.make_loader(packed["lmdb"], 8, num_workers=0, **kw))
     assert len(got) == len(want)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         x, y = a["image"], b["image"]
         assert (x.dtype, x.shape, x.stride()) == (y.dtype, y.shape, y.stride())
         assert torch.equal(x, y) and torch.equal(a["label"], b["label"])

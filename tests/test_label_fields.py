@@ -140,9 +140,9 @@ def test_ragged_list_with_workers(written: Path, samples: list[dict]) -> None:
     loader = feedpipe.make_loader(written, 4, fields=["image", "boxes", "series"], shuffle=False,
                                   num_workers=2, device="cpu", output=Output(ragged="list"))
     got = [b for batch in loader for b in zip(batch["boxes"], batch["boxes_labels"],
-                                              batch["series"])]
+                                              batch["series"], strict=True)]
     assert len(got) == len(samples)
-    for (boxes, labels, series), s in zip(got, samples):
+    for (boxes, labels, series), s in zip(got, samples, strict=True):
         np.testing.assert_array_equal(boxes.numpy(), s["boxes"]["boxes"])
         assert labels.tolist() == s["boxes"]["labels"].tolist()
         np.testing.assert_array_equal(series.numpy(), s["series"])
@@ -250,7 +250,7 @@ def test_keypoints_that_are_not_pixels_of_their_image_are_warned_by_file(tmp_pat
     paths = [p.relative_to(tmp_path).as_posix() for p in sorted(src.rglob("*.jpg"))]
     manifest = tmp_path / "m.jsonl"
     manifest.write_text("".join(json.dumps({"path": p, "kp": c}) + "\n"
-                                for p, c in zip(paths, cells)))
+                                for p, c in zip(paths, cells, strict=True)))
     with warnings.catch_warnings(record=True) as got:
         warnings.simplefilter("always")
         res = convert(manifest, tmp_path / "out", to="lmdb", workers=0,

@@ -47,7 +47,7 @@ def ref_keypoints(pts: np.ndarray, m: np.ndarray, oh: float, ow: float, flip: bo
 def ref_boxes(boxes: np.ndarray, labels: np.ndarray, m: np.ndarray, oh: float, ow: float,
               thr: float) -> tuple[list[list[float]], list[int], list[float]]:
     kept, kept_labels, fracs = [], [], []
-    for b, lab in zip(boxes, labels):
+    for b, lab in zip(boxes, labels, strict=True):
         (xa, ya, _), (xb, yb, _) = m @ [b[0], b[1], 1.0], m @ [b[2], b[3], 1.0]
         x1, x2, y1, y2 = min(xa, xb), max(xa, xb), min(ya, yb), max(ya, yb)
         c = [min(max(x1, 0), ow), min(max(y1, 0), oh), min(max(x2, 0), ow), min(max(y2, 0), oh)]

@@ -48,7 +48,7 @@ def test_same_batches_whatever_workers(packed, fmt, ctx):
     got = list(feedpipe.make_loader(packed[fmt], 10, num_workers=2,
                                     workers=Workers(multiprocessing_context=ctx), **kw))
     assert len(ref) == len(got) == 8  # 72 samples, batch 10, last partial kept
-    for a, b in zip(ref, got):
+    for a, b in zip(ref, got, strict=True):
         assert torch.equal(a["label"], b["label"])
         assert torch.equal(a["image"], b["image"])
 
@@ -86,7 +86,7 @@ def test_resume_mid_epoch(packed, fmt, workers):
     fresh.load_state_dict(state)
     rest = list(fresh)
     assert len(rest) == len(full) - 4
-    for a, b in zip(rest, full[4:]):
+    for a, b in zip(rest, full[4:], strict=True):
         assert torch.equal(a["label"], b["label"]) and torch.equal(a["image"], b["image"])
     with pytest.raises(ValueError, match="seed"):
         feedpipe.make_loader(packed[fmt], 8, **{**kw, "seed": 9}).load_state_dict(state)

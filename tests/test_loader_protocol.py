@@ -113,7 +113,7 @@ def test_protocol_classes_and_describe(packed, photo_classes, backend):
     batch = next(iter(ld))
     assert {ld.classes[i] for i in batch["label"].tolist()} <= set(photo_classes)
     assert all(p.split("/")[0] == ld.classes[i] for p, i in zip(batch["path"],
-                                                                batch["label"].tolist()))
+                                                                batch["label"].tolist(), strict=True))
     v = ld.describe()
     assert isinstance(v, LoaderView)
     assert (v.backend, v.format, v.codec, v.num_samples, v.batch_size, v.device) == \

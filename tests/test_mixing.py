@@ -65,7 +65,7 @@ def reference(path: Path) -> dict[str, tuple[torch.Tensor, int]]:
     kw = {**KW, "fields": ["image", "label", "path"]}
     out = {}
     for b in feedpipe.make_loader(path, 16, shuffle=False, num_workers=0, **kw):
-        for img, lab, p in zip(b["image"], b["label"].tolist(), b["path"]):
+        for img, lab, p in zip(b["image"], b["label"].tolist(), b["path"], strict=True):
             out[p] = (img.clone(), lab)
     return out
 
@@ -92,13 +92,13 @@ def test_proportions_and_source_field(packed, other):
     paths = flat(bs, "path")
     images = torch.cat([b["image"] for b in bs])
     labels = flat(bs, "label")
-    for s, p, img, lab in zip(sources, paths, images, labels):
+    for s, p, img, lab in zip(sources, paths, images, labels, strict=True):
         want_img, want_lab = refs[s][p]
         assert torch.equal(img, want_img), (s, p)
         assert lab == want_lab
     # b gives 30 of its 30 samples: each exactly once; a gives 70 distinct of 72
-    assert sorted(p for s, p in zip(sources, paths) if s == 1) == sorted(refs[1])
-    assert len({p for s, p in zip(sources, paths) if s == 0}) == 70
+    assert sorted(p for s, p in zip(sources, paths, strict=True) if s == 1) == sorted(refs[1])
+    assert len({p for s, p in zip(sources, paths, strict=True) if s == 0}) == 70
 
 
 def test_the_readme_example_runs_as_written(packed, other):
@@ -144,7 +144,7 @@ def test_same_order_whatever_workers(packed, other):
     ref = batches(feedpipe.make_loader(mix, 8, num_workers=0, **kw))
     got = batches(feedpipe.make_loader(mix, 8, num_workers=2, **kw))
     assert len(ref) == len(got)
-    for x, y in zip(ref, got):
+    for x, y in zip(ref, got, strict=True):
         assert torch.equal(x["source"], y["source"]) and torch.equal(x["label"], y["label"])
         assert torch.equal(x["image"], y["image"]) and x["path"] == y["path"]
     other_seed = batches(feedpipe.make_loader(mix, 8, num_workers=0, **{**kw, "seed": 8}))
@@ -180,7 +180,7 @@ def test_resume_mid_epoch_exact(packed, other):
     resumed.load_state_dict(state)
     rest = batches(resumed)
     assert len(rest) == len(ref) - 4
-    for x, y in zip(ref[4:], rest):
+    for x, y in zip(ref[4:], rest, strict=True):
         assert torch.equal(x["source"], y["source"]) and torch.equal(x["image"], y["image"])
     changed = feedpipe.make_loader(replace(mix, weights=[0.5, 0.5]), 8, **kw)
     with pytest.raises(ConfigError, match="mix"):
@@ -228,7 +228,7 @@ def test_class_lists_equal_or_union(tmp_path, packed):
     assert ld.classes == (*first, "zebra")
     seen = Counter()
     for b in ld:
-        for s, lab, p in zip(b["source"].tolist(), b["label"].tolist(), b["path"]):
+        for s, lab, p in zip(b["source"].tolist(), b["label"].tolist(), b["path"], strict=True):
             if s == 1:
                 want = ("zebra", "astronaut")[int(p.split(".")[0]) % 2]
                 assert ld.classes[lab] == want
@@ -256,7 +256,7 @@ def test_dali_backend_reads_the_same_mix(packed, other):
     d = batches(feedpipe.make_loader(mix, 8, backend="dali", **kw))
     t = batches(feedpipe.make_loader(mix, 8, backend="torch", **kw))
     assert len(d) == len(t) == 5
-    for x, y in zip(d, t):
+    for x, y in zip(d, t, strict=True):
         assert torch.equal(x["source"].cpu(), y["source"]) and x["path"] == y["path"]
         assert torch.equal(x["label"].cpu(), y["label"])
         diff = (x["image"].cpu().float() - y["image"].float()).abs().mean().item()
@@ -274,7 +274,7 @@ def test_jpeg_and_png_sources_mix(tmp_path, packed, other):
     refs = [reference(other["hdf5"]), reference(png)]
     seen = Counter()
     for b in ld:
-        for s, p, img in zip(b["source"].tolist(), b["path"], b["image"]):
+        for s, p, img in zip(b["source"].tolist(), b["path"], b["image"], strict=True):
             assert torch.equal(img, refs[s][p][0])
             seen[s] += 1
     assert seen == {0: N_OTHER, 1: 8}
@@ -337,8 +337,8 @@ def test_mix_resumes_at_another_world_size(packed, other):
 
     def picks(ld, n=None):
         it = iter(ld)
-        return [(int(s), p) for _, b in zip(range(len(ld) if n is None else n), it)
-                for s, p in zip(b["source"], b["path"])]
+        return [(int(s), p) for _, b in zip(range(len(ld) if n is None else n), it, strict=True)
+                for s, p in zip(b["source"], b["path"], strict=True)]
 
     whole = [x for ld in loaders(1) for x in picks(ld)]
     pre, two = [], loaders(2)

@@ -44,7 +44,7 @@ class TimedLoader:
         self.clock, self.waits, self.batches = clock, waits, batches
 
     def __iter__(self):
-        for w, b in zip(self.waits, self.batches):
+        for w, b in zip(self.waits, self.batches, strict=True):
             self.clock.now += w
             yield b
 
@@ -52,7 +52,7 @@ class TimedLoader:
 def run(meter: StallMeter, clock: FakeClock, waits: list[float], steps: list[float],
         batches: list[object] | None = None) -> None:
     batches = batches if batches is not None else [{"x": np.zeros((2, 3))}] * len(waits)
-    for _batch, step in zip(meter.wrap(TimedLoader(clock, waits, batches)), steps):
+    for _batch, step in zip(meter.wrap(TimedLoader(clock, waits, batches)), steps, strict=True):
         clock.now += step
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -140,7 +141,7 @@ def test_part_argument():
             parse_part(bad, {"SLURM_ARRAY_TASK_ID": "7"})
     slices = [Part(i, 7).bounds(100) for i in range(7)]
     assert slices[0][0] == 0 and slices[-1][1] == 100
-    assert all(a[1] == b[0] for a, b in zip(slices, slices[1:]))
+    assert all(a[1] == b[0] for a, b in pairwise(slices))
 
 
 def test_part_refuses_val_fraction(photo_dir, tmp_path):

@@ -62,7 +62,7 @@ def damaged(data: bytes) -> bytes:
 
 @pytest.fixture(scope="module")
 def rgb(photos) -> np.ndarray:
-    """A real photo (scikit-image's, via the session's photo set) at an odd size."""
+    """A real photo (scikit-image's, via the test run's photo set) at an odd size."""
     return np.asarray(Image.fromarray(pil_rgb(photos[0].path)).resize(SIZE, Image.BICUBIC))
 
 
@@ -249,7 +249,7 @@ def test_to_baseline_bit_exact_on_real_photos(real_photos, subsampling, quality)
     source's pixels exactly; quantization tables, every APPn/COM marker and the orientation stay."""
     rng = np.random.default_rng(quality + subsampling)
     sizes = ((803, 535), (535, 803), (257, 191), (1024, 683))
-    for photo, (w, h), orientation in zip(real_photos, sizes, (1, 6, 3, 8)):
+    for photo, (w, h), orientation in zip(real_photos, sizes, (1, 6, 3, 8), strict=True):
         rgb = np.asarray(_real_pixels(photo, w, h, rng))
         src = jpeg(rgb, quality=quality, subsampling=subsampling, progressive=True,
                    exif=exif(orientation))

@@ -30,7 +30,7 @@ def _same(a, b) -> None:
     assert len(a) == len(b) and a.classes == b.classes
     assert a.schema.to_json() == b.schema.to_json()
     assert [a.key_of(i) for i in range(len(a))] == [b.key_of(i) for i in range(len(b))]
-    for x, y in zip(a.read_raw_batch(range(len(a))), b.read_raw_batch(range(len(b)))):
+    for x, y in zip(a.read_raw_batch(range(len(a))), b.read_raw_batch(range(len(b))), strict=True):
         assert x.keys() == y.keys()
         for name, value in x.items():
             if isinstance(value, np.ndarray):  # masks and targets: same dtype, shape and bytes

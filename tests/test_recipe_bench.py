@@ -34,7 +34,7 @@ def test_its_color_jitter_is_feedpipes_up_to_v2_truncation(photo, order):
     got = tv_recipe.color_jitter(x, order, factors).int()
     active = [i for i in order if i < 3]
     params = {name: torch.tensor([f], dtype=torch.float64)
-              for name, f in zip(("brightness", "contrast", "saturation"), factors)}
+              for name, f in zip(("brightness", "contrast", "saturation"), factors, strict=True)}
     params["order"] = torch.tensor([active])
     want = ColorJitter(0.4, 0.4, 0.4).apply({"image": x[None]}, params)["image"][0].int()
     diff = (got - want).abs()

@@ -127,7 +127,7 @@ def test_cache_limit_holds_over_an_epoch(photo_dir, tmp_path):
     finally:
         server.stop()
     ref = [b["image"] for b in feedpipe.make_loader(local, 8, **REMOTE_KW, shuffle=False)]
-    assert len(seen) == len(ref) and all(torch.equal(a, b) for a, b in zip(seen, ref))
+    assert len(seen) == len(ref) and all(torch.equal(a, b) for a, b in zip(seen, ref, strict=True))
 
 
 def test_single_file_format_over_limit_recommends_wds(http_packed, packed, tmp_path):

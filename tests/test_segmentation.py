@@ -88,7 +88,7 @@ def jpg_packed(tmp_path_factory, shapes_jpg) -> dict[str, Path]:
     images, masks = shapes_jpg
     root = tmp_path_factory.mktemp("jpg_packed")
     out = {}
-    for fmt, store in zip(FORMATS, ("png", "raw", "png")):
+    for fmt, store in zip(FORMATS, ("png", "raw", "png"), strict=True):
         opts = {"shard_count": 5} if fmt == "wds" else None
         res = convert(images, root / fmt, to=fmt, workers=0, masks=masks, mask_store=store,
                       targets=seg_targets(), writer_options=opts)
@@ -570,7 +570,7 @@ def test_same_batches_with_0_and_2_workers(jpg_packed):
     ref = list(feedpipe.make_loader(jpg_packed["wds"], 4, num_workers=0, **kw))
     got = list(feedpipe.make_loader(jpg_packed["wds"], 4, num_workers=2, **kw))
     assert len(ref) == len(got) == 3
-    for a, b in zip(ref, got):
+    for a, b in zip(ref, got, strict=True):
         assert a.keys() == b.keys()
         for k in ALL:
             assert a[k].dtype == b[k].dtype and torch.equal(a[k], b[k]), k
@@ -635,7 +635,7 @@ def test_flip_moves_every_field_together(png_packed):
     plain = list(feedpipe.make_loader(path, 4, flip=False, **kw))
     flipped = list(feedpipe.make_loader(path, 4, flip=True, **kw))
     seen = []
-    for a, b in zip(plain, flipped):
+    for a, b in zip(plain, flipped, strict=True):
         for k in range(len(a["mask"])):
             was_flipped = not torch.equal(a["mask"][k], b["mask"][k])
             seen.append(was_flipped)
@@ -653,7 +653,7 @@ def test_fields_without_image_follow_the_same_geometry(png_packed, jpg_packed):
     full = list(feedpipe.make_loader(path, 4, fields=ALL, **kw))
     part = list(feedpipe.make_loader(path, 4, fields=["mask", "distance_map"], **kw))
     assert len(full) == len(part) == 2
-    for a, b in zip(full, part):
+    for a, b in zip(full, part, strict=True):
         assert set(b) == {"mask", "distance_map"}
         assert torch.equal(a["mask"], b["mask"])
         assert torch.equal(a["distance_map"], b["distance_map"])
@@ -747,7 +747,7 @@ def test_ignore_index_keeps_void_out_of_classes_and_targets(tmp_path, capsys):
     recorded = json.loads((tmp_path / "auto" / MANIFEST_NAME).read_text())
     assert any(f.get("ignore_index") == 255 for f in recorded["schema"])
     ds = feedpipe.open_dataset(tmp_path / "auto")
-    for s, m in zip(ds, drawn):
+    for s, m in zip(ds, drawn, strict=True):
         assert np.array_equal(s["mask"], m)  # stored as it came, void and all
         background = np.where(m == 255, 0, m)
         assert_f16_close(s["distance_map"], distance_map(background))

@@ -17,7 +17,7 @@ SIZES = [7, 9, 12, 3, 10, 10, 5, 8, 11, 6, 9, 4, 10, 7, 8, 12, 6, 5, 9, 10, 11, 
 
 def shard_ranges(sizes):
     ends = np.cumsum(sizes)
-    return [range(int(e - s), int(e)) for s, e in zip(sizes, ends)]
+    return [range(int(e - s), int(e)) for s, e in zip(sizes, ends, strict=True)]
 
 
 def spans(stream, shards):
@@ -45,8 +45,8 @@ def test_each_shard_is_read_within_one_window(window, world):
     assert sum(len(r) for r in ranks) == len(SIZES)  # whole shards, each on one rank
     again = OrderSpec(True, world, window, 0).build(sum(SIZES), shards, seed=3, epoch=1)
     other = OrderSpec(True, world, window, 0).build(sum(SIZES), shards, seed=3, epoch=2)
-    assert all(np.array_equal(a, b) for a, b in zip(streams, again))
-    assert not all(np.array_equal(a, b) for a, b in zip(streams, other))
+    assert all(np.array_equal(a, b) for a, b in zip(streams, again, strict=True))
+    assert not all(np.array_equal(a, b) for a, b in zip(streams, other, strict=True))
 
 
 def test_window_loader_is_the_same_whatever_num_workers(packed):

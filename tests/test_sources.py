@@ -23,7 +23,7 @@ STRAY = "README_example.jpg"
 
 @pytest.fixture
 def tree_with_stray(tmp_path, photo_dir, photos) -> Path:
-    """The session's ImageFolder tree plus one stray image at its root."""
+    """The test run's ImageFolder tree plus one stray image at its root."""
     src = tmp_path / "src"
     shutil.copytree(photo_dir, src)
     (src / STRAY).write_bytes(photos[0].path.read_bytes())

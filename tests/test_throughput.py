@@ -90,7 +90,7 @@ def test_monitor_and_bench_agree_on_one_runs_timings(packed):
     # a meter fed the same timings by a trainer's hooks, its loader unknown (one warm-up batch)
     timings = monitor["waits_s"], monitor["steps_s"], monitor["rows"]
     meter = StallMeter()
-    for w, s, r in zip(*timings):
+    for w, s, r in zip(*timings, strict=True):
         meter.record(w, s, r)
     th = tp.throughput(*timings, workers=0)
     assert meter.throughput() == th and th.warmup_batches == 1

@@ -46,11 +46,11 @@ def reference(packed):
 
 def test_same_batches_for_any_workers_and_runs(packed, reference):
     plain = epoch(packed["lmdb"], num_workers=0, **KW)
-    assert any(not torch.equal(a["image"], b["image"]) for a, b in zip(reference, plain))
+    assert any(not torch.equal(a["image"], b["image"]) for a, b in zip(reference, plain, strict=True))
     for workers in (0, 2):
         again = epoch(packed["lmdb"], transform=noisy, num_workers=workers, **KW)
         assert len(again) == len(reference)
-        for a, b in zip(again, reference):
+        for a, b in zip(again, reference, strict=True):
             assert torch.equal(a["image"], b["image"]) and torch.equal(a["label"], b["label"])
 
 
@@ -64,7 +64,7 @@ def test_resume_is_exact(packed, reference):
     again.load_state_dict(state)
     rest = [b["image"].clone() for b in again]
     assert len(rest) == len(reference) - 3
-    assert all(torch.equal(a, b["image"]) for a, b in zip(rest, reference[3:]))
+    assert all(torch.equal(a, b["image"]) for a, b in zip(rest, reference[3:], strict=True))
 
 
 def test_returned_values_and_in_place_edits(packed):
@@ -165,7 +165,7 @@ def test_numpy_users_get_views_too(packed):
 
     plain = epoch(packed["lmdb"], num_workers=0, **KW)
     inverted = epoch(packed["lmdb"], transform=invert, num_workers=0, **KW)
-    assert all(torch.equal(255 - a["image"], b["image"]) for a, b in zip(plain, inverted))
+    assert all(torch.equal(255 - a["image"], b["image"]) for a, b in zip(plain, inverted, strict=True))
 
 
 def test_sample_streams_are_their_own_and_cheap(monkeypatch):
@@ -245,4 +245,4 @@ def test_the_function_runs_after_the_batch_is_decoded(packed, monkeypatch):
     seen = "".join(log)  # then the batches the feed engine made ahead, each the same way
     assert seen.startswith(want) and re.fullmatch(r"(d{8}t{8})*", seen[len(want):])
     ref = epoch(packed["lmdb"], transform=noisy, num_workers=2, **KW)
-    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(got, ref))
+    assert all(torch.equal(a["image"], b["image"]) for a, b in zip(got, ref, strict=True))

@@ -330,6 +330,7 @@ def test_find_batch_size_on_cpu_within_a_memory_budget():
     assert "oom" in res.report() and "less 10% margin" in res.report()
 
 
+@pytest.mark.heavy  # a full run of the tool on CPU (10-17 s): the heavy tier
 def test_find_batch_size_from_a_dataset_fastest_and_loader_ram(packed):
     model = tiny_cnn()
     res = find_batch_size(model, packed["lmdb"], mode="fastest", memory_budget=48 << 20,
@@ -370,6 +371,7 @@ def test_the_loaders_batches_leave_half_the_host_ram(monkeypatch):
                       workers, prefetch).batch_size == 2937  # room enough: no cap
 
 
+@pytest.mark.heavy  # a full run of the tool on CPU (10-17 s): the heavy tier
 def test_allocation_failures_are_ooms_and_other_errors_propagate():
     model = tiny_cnn()
 
@@ -398,6 +400,7 @@ def test_allocation_failures_are_ooms_and_other_errors_propagate():
             find_batch_size(model, images, **bad)
 
 
+@pytest.mark.heavy  # a full run of the tool on CPU (10-17 s): the heavy tier
 def test_ddp_ranks_agree_on_the_minimum(tmp_path):
     """Real torchrun, 2 processes, gloo: rank 1 has the smaller budget; both take its answer."""
     budgets = [96 << 20, 24 << 20]

@@ -101,7 +101,7 @@ def test_shards_split_by_count(tmp_path):
     assert sorted(p.name for p in root.glob("*.tar")) == ds.shards
     # random access in an order that jumps between shards, back and forth
     order = [29, 0, 14, 6, 7, 28, 13, 21, 1, 22, 29]
-    for i, s in zip(order, ds.get_batch(order)):
+    for i, s in zip(order, ds.get_batch(order), strict=True):
         assert s["blob"] == sample(i)["blob"] and s["label"] == i
         assert np.array_equal(s["vec"], sample(i)["vec"])
     for shard, rng in enumerate(ds.shard_ranges()):
@@ -152,7 +152,7 @@ def test_webdataset_library_reads_our_shards(packed, photos):
         warnings.simplefilter("ignore")
         got = list(webdataset.WebDataset(urls, shardshuffle=False))
     assert len(got) == N_PHOTOS
-    for i, (s, ph) in enumerate(zip(got, photos)):
+    for i, (s, ph) in enumerate(zip(got, photos, strict=True)):
         # format version 3: the source path lives in the index, not in the shards
         assert set(s) - {"__url__", "__local_path__"} == {"__key__", "jpg", "cls"}
         assert s["__key__"] == ds.key_of(i) == sample_key(i)

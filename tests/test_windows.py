@@ -164,7 +164,7 @@ def test_shuffled_resume_exact_mid_epoch(packed):
     resumed.load_state_dict(state)
     rest = list(resumed)
     assert len(rest) == len(ref) - 5
-    for a, b in zip(ref[5:], rest):
+    for a, b in zip(ref[5:], rest, strict=True):
         assert all(torch.equal(a[k], b[k]) for k in ("x", "y", "start"))
 
 

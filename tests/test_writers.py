@@ -127,7 +127,7 @@ def test_read_back_exactly(written, fmt, samples):
 def test_batch_and_iteration_agree(written, fmt, samples):
     ds = feedpipe.open_dataset(written[fmt])
     idx = [22, 0, 7, 7, -3, 11, 5, 1]
-    for i, got in zip(idx, ds.get_batch(idx)):
+    for i, got in zip(idx, ds.get_batch(idx), strict=True):
         for name in ("thumb", "mask", "anyarr", "score", "blob", "meta"):
             assert_exact(got[name], samples[i][name], f"{fmt} batch #{i} {name}")
     for i, got in enumerate(ds):
@@ -227,7 +227,7 @@ def test_lmdb_writer_grows_map_size(tmp_path):
     ds = feedpipe.open_dataset(root)
     assert len(ds) == 2100 and ds.num_entries() == 2100
     got = ds.get_batch(range(2100))
-    assert all(g["blob"] == b and g["label"] == i for i, (g, b) in enumerate(zip(got, blobs)))
+    assert all(g["blob"] == b and g["label"] == i for i, (g, b) in enumerate(zip(got, blobs, strict=True)))
 
 
 def test_lmdb_writer_grows_for_one_huge_record(tmp_path):

@@ -170,7 +170,7 @@ def reference_means(items: list[tuple[str, int]], classes: int, size: int,
     with mp.get_context("spawn").Pool(procs) as pool:
         means = pool.map(_reference_one, [(p, size) for p, _ in items], chunksize=32)
     sums, counts = np.zeros((classes, 3)), np.zeros(classes)
-    for (_, y), m in zip(items, means):
+    for (_, y), m in zip(items, means, strict=True):
         sums[y] += m
         counts[y] += 1
     return (sums / np.maximum(counts, 1)[:, None]).tolist()

@@ -153,7 +153,8 @@ def check(rep: dict, n: int, labels: list[int], ref: list[list[float]] | None, s
         bad.append(f"dtypes {rep['dtypes']}, expected {[dtype]}")
     diff = None
     if ref is not None and "class_means" in rep:
-        diff = max(abs(a - b) for ra, rb in zip(rep["class_means"], ref) for a, b in zip(ra, rb))
+        diff = max(abs(a - b) for ra, rb in zip(rep["class_means"], ref, strict=True)
+                   for a, b in zip(ra, rb, strict=True))
         if diff > tol:
             bad.append(f"per-label channel means differ from the reference by {diff:.2f} > {tol}")
     return bad, diff

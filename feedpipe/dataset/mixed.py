@@ -85,7 +85,7 @@ class MixedReader(DatasetReader):
             short if len(set(short)) == len(short) else (str(s.root) for s in self.sources))
         if len(self.names) != len(self.sources) or len(set(self.names)) != len(self.names):
             raise ConfigError(f"mix names {self.names!r}: give one distinct name per dataset")
-        for name, src in zip(self.names, self.sources):
+        for name, src in zip(self.names, self.sources, strict=True):
             if SOURCE_FIELD in src.schema:
                 raise ConfigError(f"dataset {name!r} ({src.root}) has its own {SOURCE_FIELD!r} "
                                   "field, which a mix adds; read it on its own")
@@ -96,7 +96,7 @@ class MixedReader(DatasetReader):
                   if all(f.name in s.schema for s in self.sources[1:])]
         wanted = [n for n in (fields or common) if n != SOURCE_FIELD]
         for n in wanted:
-            for name, src in zip(self.names, self.sources):
+            for name, src in zip(self.names, self.sources, strict=True):
                 if n not in src.schema:
                     raise ConfigError(f"fields: {n!r} is not in mixed dataset {name!r} "
                                       f"({src.root}); it has {src.schema.names}", option="fields")
@@ -119,7 +119,7 @@ class MixedReader(DatasetReader):
                                 classes=self.classes, files=(), skipped=(), extra={},
                                 conversion=limits)
         self.root = Path("mix(" + " + ".join(f"{n}={s.root}" for n, s in
-                                             zip(self.names, self.sources)) + ")")
+                                             zip(self.names, self.sources, strict=True)) + ")")
         self._root_id = None
         self._pid = None
 

@@ -203,7 +203,7 @@ class RandomErasing(_Drawn):
         out, fill = x if inplace else x.clone(), value.view(-1, 1, 1)
         box = params["box"]
         erased = (box[:, 2] * box[:, 3]).nonzero().flatten()
-        for i, (top, left, bh, bw) in zip(erased.tolist(), box[erased].tolist()):
+        for i, (top, left, bh, bw) in zip(erased.tolist(), box[erased].tolist(), strict=True):
             out[i, :, top: top + bh, left: left + bw] = fill
         return {**batch, "image": out}
 

@@ -123,7 +123,7 @@ def _boxes_back(moved: Moved, pos: int, name: str, keys: list[str],
     if boxes.ndim != 2 or boxes.shape[1] != 4:
         raise ValueError(f"returned {name!r} of shape {boxes.shape}; boxes are M×4 xyxy")
     cols = [np.asarray(values[k], np.int64).reshape(-1) for k in keys]
-    for k, c in zip(keys, cols):
+    for k, c in zip(keys, cols, strict=True):
         if len(c) != len(boxes):
             raise ValueError(f"returned {len(boxes)} boxes in {name!r} but {len(c)} values in "
                              f"{k!r}: return one per box")
@@ -360,7 +360,7 @@ class BatchDataset(torch.utils.data.Dataset):
             if col.collect:
                 continue
             if col.shape is None and isinstance(col.field, ImageField):
-                files, geos, idx, pixels = zip(*out[col.field.name]) if n else ((),) * 4
+                files, geos, idx, pixels = zip(*out[col.field.name], strict=True) if n else ((),) * 4
                 done = {i: p for i, p in enumerate(pixels) if p is not None}
                 out[col.field.name] = EncodedBatch.pack(
                     [np.empty(0, np.uint8) if i in done else f for i, f in enumerate(files)],

@@ -103,7 +103,7 @@ def window_shuffle(shards: Sequence[range], window: int, rng: np.random.Generato
     window's shards open at a time, each read once); ``len // window`` windows as equal as
     possible, so no short last window leaves a shard unmixed."""
     cuts = np.linspace(0, len(shards), max(1, len(shards) // window) + 1).round().astype(int)
-    parts = [rng.permutation(_concat(shards[a:b])) for a, b in zip(cuts[:-1], cuts[1:])]
+    parts = [rng.permutation(_concat(shards[a:b])) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 

@@ -92,7 +92,7 @@ def jitter(x: torch.Tensor, params: Params, out: torch.Tensor | None = None,
         at = block.tolist()
         run = slice(at[0], at[0] + len(at)) if at[-1] - at[0] == len(at) - 1 else None
         work = buf[: len(at)]
-        for row, i in [(work, run)] if run else zip(work, at):
+        for row, i in [(work, run)] if run else zip(work, at, strict=True):
             row.copy_(x[i])
         if scaled:
             work.mul_(1 / 255)
@@ -111,6 +111,6 @@ def jitter(x: torch.Tensor, params: Params, out: torch.Tensor | None = None,
                                                           bound))
         if x.dtype == torch.uint8 and not scaled:
             work = work.round_().clamp_(0, 255)
-        for row, i in [(work, run)] if run else zip(work, at):
+        for row, i in [(work, run)] if run else zip(work, at, strict=True):
             out[i].copy_(row)
     return out

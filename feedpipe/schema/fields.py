@@ -208,7 +208,7 @@ class ArrayField(Field):
         if self.shape is None:
             return
         if len(shape) != len(self.shape) or any(
-                s is not None and s != d for s, d in zip(self.shape, shape)):
+                s is not None and s != d for s, d in zip(self.shape, shape, strict=True)):
             raise exc(f"{what}: shape {shape} does not match schema {self.shape}")
 
     def encode(self, value: Any) -> bytes:

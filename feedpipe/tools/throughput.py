@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import asdict, dataclass, field, replace
+from itertools import pairwise
 from typing import Any, Literal, Protocol, Sequence
 
 import numpy as np
@@ -64,7 +65,7 @@ def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[i
         raise ConfigError(f"need {warmup} warm-up + {windows} batches to measure, got {n}")
     at = arrivals(waits, steps)
     edges = [warmup - 1 + round(k * (n - warmup) / windows) for k in range(windows + 1)]
-    return statistics.median(window_rate(at, rows, a, b) for a, b in zip(edges, edges[1:]))
+    return statistics.median(window_rate(at, rows, a, b) for a, b in pairwise(edges))
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ def digests(root: str | Path, on_error: str = "raise") -> dict[str, list[str]]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # skipped records are warned about: counted below
         for batch in feedpipe.make_loader(root, 8, workers=Workers(on_error=on_error), **KW):
-            for path, img, label in zip(batch["path"], batch["image"], batch["label"]):
+            for path, img, label in zip(batch["path"], batch["image"], batch["label"], strict=True):
                 h = hashlib.sha256(img.numpy().tobytes() + str(int(label)).encode())
                 out.setdefault(path, []).append(h.hexdigest())
     return out

@@ -34,7 +34,7 @@ from feedpipe.errors import (
 )
 
 DATA_FILE = {"lmdb": "data.mdb", "hdf5": "data.h5", "wds": "shard-000001.tar"}
-BAD = 30  # lives in the second WebDataset shard of the session's dataset
+BAD = 30  # lives in the second WebDataset shard of the test run's dataset
 KW = dict(size=32, crop="resize", shuffle=False, num_workers=0, device="cpu",
           fields=("image", "label", "path"), output=Output(dtype="uint8", mean=None, std=None))
 
@@ -43,7 +43,7 @@ def by_path(loader) -> dict[str, np.ndarray]:
     """Every image the loader yields, keyed by its stored source path."""
     out = {}
     for batch in loader:
-        for path, img in zip(batch["path"], batch["image"]):
+        for path, img in zip(batch["path"], batch["image"], strict=True):
             out.setdefault(path, []).append(img.numpy().copy())
     return out
 

@@ -111,7 +111,7 @@ def test_read_only_directory_loads(packed, copy_dataset, fmt):
         ref = list(feedpipe.make_loader(packed[fmt], 8, num_workers=0, **kw))
         got = list(feedpipe.make_loader(root, 8, num_workers=2, **kw))
         assert [b["path"] for b in got] == [b["path"] for b in ref]
-        assert all(torch.equal(a["image"], b["image"]) for a, b in zip(got, ref))
+        assert all(torch.equal(a["image"], b["image"]) for a, b in zip(got, ref, strict=True))
         assert verify(root).ok
         assert _snapshot(root) == before  # nothing written: no lock file, no index, no cache
         if fmt == "lmdb":  # as root chmod stops nothing: the open flags are what keep it honest

@@ -66,7 +66,7 @@ class Hdf5Reader(DatasetReader):
         self._cols: list[Columns] = []
         name = self._files[0]
         try:
-            for name, id_, n in zip(self._files, self._ids, np.diff(self._ends, prepend=0)):
+            for name, id_, n in zip(self._files, self._ids, np.diff(self._ends, prepend=0), strict=True):
                 self._cols.append(self._open_file(name, id_, int(n)))
         except (OSError, KeyError, ValueError, RuntimeError) as exc:  # not HDF5, cut, damaged
             self._close_files()
@@ -150,7 +150,7 @@ class Hdf5Reader(DatasetReader):
                 cols[name]
             fine = ((0 <= start) & (start <= end) & (end <= len(data))).tolist()
             got.append([data[a: b] if ok else None
-                        for a, b, ok in zip(start.tolist(), end.tolist(), fine)])
+                        for a, b, ok in zip(start.tolist(), end.tolist(), fine, strict=True)])
         if len(got) == 1:
             return got[0]
         return [v for g in got for v in g] if blobs else np.concatenate(got)
@@ -179,7 +179,7 @@ class Hdf5Reader(DatasetReader):
                     bad = i
                     break
             raise self.corrupt(bad, f"HDF5 read failed: {exc!r}") from exc
-        for pos, (i, u) in enumerate(zip(idx.tolist(), inverse.tolist())):
+        for pos, (i, u) in enumerate(zip(idx.tolist(), inverse.tolist(), strict=True)):
             stored = {}
             try:  # error context is formatted only on failure: this loop is the hot path
                 for name, k, dt, c, col, shp in cols:

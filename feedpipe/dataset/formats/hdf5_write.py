@@ -111,7 +111,7 @@ class Hdf5Writer(DatasetWriter):
         assert self._spools is not None
         crcs = np.empty(len(values), np.uint32)
         data: Any
-        for j, (f, v, (k, dt, width)) in enumerate(zip(self.schema, values, self._plan)):
+        for j, (f, v, (k, dt, width)) in enumerate(zip(self.schema, values, self._plan, strict=True)):
             out = self._spools[f.name]
             if k == FIXED:
                 data = np.ascontiguousarray(v, dt)

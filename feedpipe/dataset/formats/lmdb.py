@@ -123,7 +123,7 @@ class LmdbWriter(DatasetWriter):
         self._commit: Future[None] | None = None
 
     def _write(self, index: int, values: list[Any]) -> None:
-        rec = pack_record([f.encode(v) for f, v in zip(self.schema, values)])
+        rec = pack_record([f.encode(v) for f, v in zip(self.schema, values, strict=True)])
         self.content.update(memoryview(rec)[: 8 + 8 * len(values)])  # lengths and crc32s
         self._pending.append((sample_key(index).encode(), rec))
         self._pending_bytes += len(rec)
@@ -196,7 +196,7 @@ class LmdbReader(DatasetReader):
             self._use.close()
         self._use = _EnvUse(self)
         self._envs = [self._open_env(d, name, id_)
-                      for d, name, id_ in zip(self._dirs, self._files, self._ids)]
+                      for d, name, id_ in zip(self._dirs, self._files, self._ids, strict=True)]
 
     def _open_env(self, root: Path, name: str, dataset_id: object) -> lmdb.Environment:
         # py-lmdb allows one handle per data file and process: readers of the same file share it
@@ -280,7 +280,7 @@ class LmdbReader(DatasetReader):
         """Entries actually in the environment (``feedpipe verify`` compares with the manifest)."""
         self._ensure_open()
         total = 0
-        for d, env in zip(self._dirs, self._envs):
+        for d, env in zip(self._dirs, self._envs, strict=True):
             try:
                 with env.begin() as txn:  # the dataset id is no record
                     total += int(env.stat()["entries"]) - (txn.get(ID_KEY) is not None)
@@ -293,7 +293,7 @@ class LmdbReader(DatasetReader):
         self._ensure_open()
         out: list[str] = []
         starts = [0, *self._ends[:-1].tolist()]
-        for d, env, start, end in zip(self._dirs, self._envs, starts, self._ends.tolist()):
+        for d, env, start, end in zip(self._dirs, self._envs, starts, self._ends.tolist(), strict=True):
             n = end - start
             try:
                 with env.begin() as txn:

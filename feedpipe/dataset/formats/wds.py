@@ -101,18 +101,18 @@ class WdsWriter(DatasetWriter):
 
     def _write(self, index: int, values: list[Any]) -> None:
         key = self._next_key or sample_key(index)
-        payloads = [f.encode(v) for f, v in zip(self.schema, values)]
+        payloads = [f.encode(v) for f, v in zip(self.schema, values, strict=True)]
         # headers first: a bad name fails before any member is written (half a sample breaks
         # grouping)
         headers = [None if kept else ustar_header(f"{key}.{f.wds_suffix}", len(p))
-                   for f, p, kept in zip(self.schema, payloads, self._in_index)]
-        size = sum(len(p) + 1024 for p, h in zip(payloads, headers) if h is not None)
+                   for f, p, kept in zip(self.schema, payloads, self._in_index, strict=True)]
+        size = sum(len(p) + 1024 for p, h in zip(payloads, headers, strict=True) if h is not None)
         if (self._tar is None or self._in_shard >= self.shard_count
                 or (self._in_shard and self._offset + size > self.shard_size)):
             self._start_shard()
         assert self._tar is not None
         spans = []
-        for head, data in zip(headers, payloads):
+        for head, data in zip(headers, payloads, strict=True):
             if head is None:  # an index field: its span is in the packed values
                 spans.append((len(self._values), len(data)))
                 self._values += data
@@ -137,7 +137,7 @@ class WdsWriter(DatasetWriter):
             self._close_shard()
         write_index(self.root, len(self.schema), self._offsets, self._shard_of, self._keys,
                     self._crcs)
-        kept = [f.name for f, k in zip(self.schema, self._in_index) if k]
+        kept = [f.name for f, k in zip(self.schema, self._in_index, strict=True) if k]
         if not kept:  # the version 2 layout: every field a tar member
             return [*self.shards, *INDEX_FILES, CRC_FILE], {"shards": list(self.shards)}
         np.save(self.root / VALUES_FILE, np.frombuffer(self._values, np.uint8),
@@ -230,7 +230,7 @@ class WdsReader(DatasetReader):
     def shard_ranges(self) -> list[range]:
         """The sample indices held by each shard, in shard order."""
         bounds = np.searchsorted(self._shard_of, np.arange(len(self.shards) + 1))
-        return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        return [range(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:], strict=True)]
 
     def _open(self) -> None:
         if self._fds is not None:  # a forked child's: its copies were closed at the fork
@@ -281,7 +281,7 @@ class WdsReader(DatasetReader):
             stored = {}
             spans = offsets[pos]
             crcs = checks[pos]
-            for f, c in zip(fields, cols):
+            for f, c in zip(fields, cols, strict=True):
                 off, size = spans[c]
                 if self._in_index[c]:
                     data = bytes(self._values[off: off + size])  # type: ignore[index]
@@ -318,7 +318,7 @@ class WdsReader(DatasetReader):
                 if key in unindexed:
                     continue
                 if members:
-                    group = {n: group[s] for n, alt in zip(names, alts) for s in alt
+                    group = {n: group[s] for n, alt in zip(names, alts, strict=True) for s in alt
                              if s in group}
                 if i >= r.stop or key != self.key_of(i):
                     want = self.key_of(i) if i < r.stop else "the end of the shard"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib
 import logging
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Callable, Sequence
 
 import numpy as np
@@ -72,7 +73,7 @@ class EncodedBatch:
     def files(self) -> tuple[list[torch.Tensor], list[int]]:
         """The files still to decode, as zero-copy 1-D views, and their batch positions."""
         off = self.offsets.tolist()
-        pos = [i for i, (a, b) in enumerate(zip(off, off[1:])) if b > a]
+        pos = [i for i, (a, b) in enumerate(pairwise(off)) if b > a]
         return [self.data[off[i]: off[i + 1]] for i in pos], pos
 
 
@@ -178,7 +179,7 @@ class DeviceDecoder:
         try:
             return self.decode(files)
         except Exception:  # find the culprit: one file at a time (a failing batch only)
-            for f, i in zip(files, indices):
+            for f, i in zip(files, indices, strict=True):
                 try:
                     self.decode([f])
                 except Exception as one:

@@ -36,7 +36,7 @@ def test_the_operations_run_in_the_workers_with_the_main_process_batches(packed,
     ld = feedpipe.make_loader(packed["lmdb"], 8, batch_transforms=RECIPE, num_workers=2, **KW)
     kept = list(ld)  # the batches as handed out (the ring's slots, lent), none copied
     assert not calls and len(kept) == len(ref) > 2
-    for a, b in zip(kept, ref):
+    for a, b in zip(kept, ref, strict=True):
         x = a["image"]
         assert x.dtype == torch.float32 and x.shape[1:] == (3, 40, 40)
         assert x.is_contiguous(memory_format=torch.channels_last)
@@ -57,7 +57,7 @@ def test_a_resume_and_a_user_function_with_the_operations_in_the_workers(packed)
     again = feedpipe.make_loader(packed["hdf5"], 8, num_workers=2, **kw)
     again.load_state_dict(ld.state_dict())
     rest = [b["image"].clone() for b in again]
-    assert rest and all(torch.equal(a, b) for a, b in zip(first + rest, ref))
+    assert rest and all(torch.equal(a, b) for a, b in zip(first + rest, ref, strict=True))
     assert len(first + rest) == len(ref)
 
 
