@@ -33,8 +33,10 @@ install: $(STAMP)
 demo: $(VENV)/.installed-demo
 	$(BIN)/feedpipe demo
 
+# the fast tier, a test file per core (at most 4: each test file starts DataLoader workers of its
+# own), printing the 15 slowest tests
 test: $(VENV)/.installed-test
-	$(BIN)/python -m pytest -q -m "not heavy" --durations=15 tests
+	$(BIN)/python -m pytest -q -m "not heavy" -n auto --maxprocesses 4 --dist loadfile --durations=15 tests
 
 # ruff (style, likely bugs), mypy (strict on the public API), lint-imports (the one-way layers
 # of ARCHITECTURE.md). Settings: pyproject.toml.

@@ -104,7 +104,7 @@ class WorkerPool:
         ahead = (HELD + 1) * len(self._workers) * chunksize
         while True:
             while len(jobs) < ahead:
-                chunk = [t for _, t in zip(range(chunksize), it, strict=True)]
+                chunk = [t for _, t in zip(range(chunksize), it, strict=False)]
                 if not chunk:
                     break
                 jobs.extend(self.submit(fn, chunk))

@@ -35,7 +35,7 @@ def take(loaders, epoch, batches=None):
         ld.set_epoch(epoch)
         it = iter(ld)
         n = len(ld) if batches is None else batches
-        seen += [p for _, b in zip(range(n), it, strict=True) for p in b["path"]]
+        seen += [p for _, b in zip(range(n), it, strict=False) for p in b["path"]]
     return seen, json.loads(json.dumps(loaders[0].state_dict()))
 
 
@@ -88,7 +88,7 @@ def take_resumed(loaders, batches):
     seen = []
     for ld in loaders:
         it = iter(ld)
-        seen += [p for _, b in zip(range(batches), it, strict=True) for p in b["path"]]
+        seen += [p for _, b in zip(range(batches), it, strict=False) for p in b["path"]]
     return seen, json.loads(json.dumps(loaders[0].state_dict()))
 
 

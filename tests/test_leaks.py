@@ -46,7 +46,7 @@ def test_wds_keeps_at_most_max_open_shards_open(packed):
     ref = feedpipe.open_dataset(packed["wds"])
     ranges = ref.shard_ranges()
     assert len(ranges) >= 4
-    order = [i for _ in range(2) for row in zip(*ranges, strict=True) for i in row]  # round-robin, twice
+    order = [i for _ in range(2) for row in zip(*ranges, strict=False) for i in row]  # round-robin, twice
     want = {i: ref.read_raw(i)["image"] for i in set(order)}
     ref.close()
     gc.collect()

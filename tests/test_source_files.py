@@ -50,7 +50,7 @@ def src(tmp_path, photos) -> Path:
     """A folder with two photos (a.jpg, b.jpg), their masks, a FIFO and a sub-folder."""
     root = tmp_path / "src"
     root.mkdir()
-    for name, p in zip("ab", photos, strict=True):
+    for name, p in zip("ab", photos, strict=False):
         shutil.copyfile(p.path, root / f"{name}.jpg")
         with Image.open(p.path) as im:
             Image.new("L", im.size).save(root / f"{name}.png")

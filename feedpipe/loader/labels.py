@@ -243,12 +243,12 @@ class Collector:
         if self.ragged == "list":
             t = torch.from_numpy(counts)
             res: dict[str, Any] = {k: RaggedList(torch.from_numpy(np.ascontiguousarray(c)), t)
-                                   for k, c in zip(keys, cols, strict=True)}
+                                   for k, c in zip(keys, cols, strict=False)}
         else:
             rank = np.arange(len(sample)) - (np.cumsum(counts) - counts)[sample]
             m = int(counts.max()) if self.n else 0
             res = {}
-            for k, c in zip(keys, cols, strict=True):
+            for k, c in zip(keys, cols, strict=False):
                 pad = np.full((self.n, m, *c.shape[1:]), 0 if c is out else PAD_LABEL, c.dtype)
                 pad[sample, rank] = c
                 res[k] = torch.from_numpy(pad)
