@@ -279,7 +279,10 @@ class EpochPosition(IterableDataset[dict[str, Any]]):
                 self._consumed = number
                 if number == count:
                     self._end_epoch(epoch)
-                yield ready.batch
+                # the caller holds the batch alone: freed where it lets go, never in next()
+                box = [ready.batch]
+                del ready
+                yield box.pop()
         except GeneratorExit:
             raise  # the caller stopped early: the engine keeps its workers for the next epoch
         except BaseException:
@@ -551,6 +554,7 @@ class FeedEngine:
                     self.stream.abort()
                     item = _Failed(exc)
                 self._out.put((generation, item))
+                del item  # (the caller alone then holds the batch: freed where it lets go)
         finally:
             self.stream.close()
 
