@@ -3,6 +3,7 @@ target installs what it runs, with pip's progress shown (no ``-q``)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -15,8 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 def planned(tmp_path: Path, target: str) -> list[str]:
     for name in ("Makefile", "pyproject.toml", "constraints.txt"):
         shutil.copy(REPO / name, tmp_path / name)
-    out = subprocess.run(["make", "-n", target], cwd=tmp_path, capture_output=True, text=True,
-                         check=True, timeout=60).stdout
+    env = {k: v for k, v in os.environ.items()  # (run under `make test`: not a sub-make)
+           if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    out = subprocess.run(["make", "--no-print-directory", "-n", target], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, check=True, timeout=60).stdout
     return out.splitlines()
 
 
