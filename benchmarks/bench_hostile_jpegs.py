@@ -40,15 +40,11 @@ from hostile_jpegs import (  # noqa: E402
     big_progressive,
     claims,
     encode,
+    packed,
     photo,
     scan_bomb,
     with_byte_before_first_scan,
 )
-
-from feedpipe.dataset.manifest import FileEntry, Manifest  # noqa: E402
-from feedpipe.dataset.registry import WRITERS  # noqa: E402
-from feedpipe.schema.fields import ImageField, JsonField  # noqa: E402
-from feedpipe.schema.model import Schema  # noqa: E402
 
 # runs argv, then prints its exit code, wall seconds, peak RSS (MB) of it and its children
 _WRAP = """
@@ -81,17 +77,6 @@ def files(side: int) -> dict[str, Callable[[], bytes]]:
             "claims 16000²": lambda: claims(encode(photo(96, 64), progressive=True), 16000, 16000),
             f"progressive {side}²": lambda: big_progressive(side)}
 
-
-def packed(root: Path, data: bytes) -> Path:
-    """An LMDB dataset of a good photo and ``data``, written directly."""
-    schema = Schema((ImageField("image", "jpeg"), JsonField("path")))
-    writer = WRITERS["lmdb"](root, schema)
-    writer.write({"image": encode(photo(64, 48)), "path": "good.jpg"})
-    writer.write({"image": data, "path": "hostile.jpg"})
-    files, extra = writer.close()
-    Manifest("lmdb", 2, schema, (), tuple(FileEntry.of(root, f) for f in files), {}, (),
-             extra).write(root)
-    return root
 
 
 def run(code: Path, timeout: float, *argv: str) -> dict[str, object]:

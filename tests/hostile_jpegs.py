@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import struct
+from pathlib import Path
 
 import numpy as np
 from PIL import Image
@@ -152,3 +153,21 @@ def with_byte_before_first_scan(jpeg: bytes) -> bytes:
     (so simplejpeg refuses the file) while Pillow reads on."""
     i = jpeg.find(b"\xff\xda")
     return jpeg[:i] + b"\x00" + jpeg[i:]
+
+
+def packed(root: Path, data: bytes) -> Path:
+    """An LMDB dataset of a good photo and ``data``, written directly (the converter refuses
+    hostile ``data``; an older one stored it)."""
+    from feedpipe.dataset.manifest import FileEntry, Manifest
+    from feedpipe.dataset.registry import WRITERS
+    from feedpipe.schema.fields import ImageField, JsonField
+    from feedpipe.schema.model import Schema
+
+    schema = Schema((ImageField("image", "jpeg"), JsonField("path")))
+    writer = WRITERS["lmdb"](root, schema)
+    writer.write({"image": encode(photo(64, 48)), "path": "good.jpg"})
+    writer.write({"image": data, "path": "hostile.jpg"})
+    files, extra = writer.close()
+    Manifest("lmdb", 2, schema, (), tuple(FileEntry.of(root, f) for f in files), {}, (),
+             extra).write(root)
+    return root

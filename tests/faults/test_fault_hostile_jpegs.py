@@ -20,16 +20,13 @@ from hostile_jpegs import (
     big_progressive,
     claims,
     encode,
+    packed,
     photo,
     scan_bomb,
     with_byte_before_first_scan,
 )
 
 import feedpipe
-from feedpipe.dataset.manifest import FileEntry, Manifest
-from feedpipe.dataset.registry import WRITERS
-from feedpipe.schema.fields import ImageField, JsonField
-from feedpipe.schema.model import Schema
 
 pytestmark = pytest.mark.heavy
 
@@ -57,18 +54,6 @@ _EPOCH = ("import feedpipe, sys\n"
           "workers=feedpipe.Workers(on_error='skip'), shuffle=False)\n"
           "print(sum(len(b['image']) for b in ld), len(ld.skipped))")
 
-
-def packed(root: Path, data: bytes) -> Path:
-    """A dataset holding a good photo and ``data``, written directly (the converter refuses
-    ``data``; an older one stored it)."""
-    schema = Schema((ImageField("image", "jpeg"), JsonField("path")))
-    writer = WRITERS["lmdb"](root, schema)
-    writer.write({"image": encode(photo(64, 48)), "path": "good.jpg"})
-    writer.write({"image": data, "path": "hostile.jpg"})
-    files, extra = writer.close()
-    Manifest("lmdb", 2, schema, (), tuple(FileEntry.of(root, f) for f in files), {}, (),
-             extra).write(root)
-    return root
 
 
 def folder(tmp: Path, name: str, data: bytes) -> Path:
