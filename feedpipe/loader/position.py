@@ -443,12 +443,14 @@ class FeedEngine:
         when it is there already, else it reopens at ``at`` (what it made ahead is dropped)."""
         if at == self._next:
             return
+        # drop what was made before the new target is published: dropped after it, a batch the
+        # thread had already made for the new position went too (the next came out of order)
+        self._drop_made()
         with self._changed:
             self._generation += 1
             self._target = _Target(self._generation, at)
             self._changed.notify()
         self._next = at
-        self._drop_made()
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
             self._thread.start()
