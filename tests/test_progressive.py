@@ -132,6 +132,22 @@ def test_progressive_stored_as_baseline_bit_exact(src, tmp_path, fmt):
     assert conv["stored"] == res.stored
 
 
+@needs_transform
+@pytest.mark.parametrize("scans", [1, 3, 6])
+def test_a_file_ending_before_its_last_scans_is_kept(src, scans):
+    """A progressive file whose end-of-image marker comes after its first few scans decodes
+    with the missing coefficients estimated (libjpeg's block smoothing): a baseline file of the
+    same coefficients would not give those pixels, so it is kept as it is, with the reason."""
+    full = (src / "p444.jpg").read_bytes()
+    assert progressive.scans_complete(full)
+    cut = [i for i in range(len(full) - 1) if full[i: i + 2] == b"\xff\xda"][scans]
+    early = full[:cut] + b"\xff\xd9" + full[cut:]  # the rest, after the marker, is never read
+    assert not progressive.scans_complete(early)
+    out, why = progressive.to_baseline(early)
+    assert out is None and "leave coefficients out" in why
+    assert not np.array_equal(simplejpeg.decode_jpeg(early), simplejpeg.decode_jpeg(full))
+
+
 def test_jpeg_keep_is_byte_for_byte(src, tmp_path):
     res = convert(src, tmp_path / "keep", to="lmdb", workers=0, layout="flat", jpeg="keep")
     assert res.transcoded == 0 and res.passthrough == 4 and not res.progressive_kept
