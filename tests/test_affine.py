@@ -164,16 +164,14 @@ def test_boxes_match_reference(geo: tuple, seed: int, thr: float, n: int) -> Non
     assert got["boxes_labels"][0, :k].tolist() == kept_labels
 
 
-# derandomized: a free search also finds raw-image cases 0.6-2.3 px off (seed=9248, fx=0.375,
-# fy=0.5; seed=382226382, fx=0.3125, fy=0.375), on the code before the feed engine too; they
-# are not explained yet, and CI runs the same 40 examples each time meanwhile
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**32 - 1), jpeg=st.booleans(), fx=st.floats(0.3, 0.7),
        fy=st.floats(0.3, 0.7))
 def test_the_image_follows_its_keypoint(seed: int, jpeg: bool, fx: float, fy: float) -> None:
     """A bright dot at the keypoint: after crop, flip and affine in one resampling, the dot's
     centroid in the output is the keypoint the labels report, within 0.5 px (an affine map keeps
-    centroids). JPEGs are large enough that the plan decodes them DCT-downscaled."""
+    centroids). JPEGs are large enough that the plan decodes them DCT-downscaled. The dot must lie
+    wholly inside the crop: outside it the map samples ``fill``, which cuts a dot on the edge."""
     h, w, sigma = (768, 1024, 18.0) if jpeg else (96, 128, 2.5)
     x0, y0 = fx * w, fy * h
     yy, xx = np.mgrid[0:h, 0:w] + 0.5
@@ -186,6 +184,8 @@ def test_the_image_follows_its_keypoint(seed: int, jpeg: bool, fx: float, fy: fl
     geo = op.apply(jpeg_bytes(img, quality=95) if jpeg else img, "jpeg" if jpeg else "raw", out,
                    np.random.default_rng(seed), "image")
     assert geo.affine is not None and (geo.dct > 1) == jpeg
+    assume(geo.left + 4 * sigma < x0 < geo.left + geo.width - 4 * sigma
+           and geo.top + 4 * sigma < y0 < geo.top + geo.height - 4 * sigma)
     c = Collector(KeypointsField("kp", shape=(1, 2)), 1, size, "pad", 0.0)
     c.put(0, np.array([[x0, y0]], np.float32), geo, "kp")
     kx, ky = c.finish()["kp"][0, 0].tolist()
