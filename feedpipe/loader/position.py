@@ -358,10 +358,6 @@ def _count(state: dict[str, Any], key: str) -> int:
     return value
 
 
-__all__ = ["EpochPosition", "INDEX_KEY", "STATE_KEYS", "VALID_KEY", "dataset_identity",
-           "refuse_nested_workers"]
-
-
 log = logging.getLogger("feedpipe.loader")
 
 #: seconds the caller waits for a batch before the batch is named in a warning (and again after
@@ -561,4 +557,5 @@ class FeedEngine:
             self.stream.close()
 
 
-__all__ = ["DEPTH", "FeedEngine", "Position", "Ready", "Stream"]
+__all__ = ["DEPTH", "EpochPosition", "FeedEngine", "INDEX_KEY", "Position", "Ready", "STATE_KEYS",
+           "Stream", "VALID_KEY", "dataset_identity", "refuse_nested_workers"]
