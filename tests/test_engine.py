@@ -264,4 +264,5 @@ def test_a_slow_batch_is_named_while_the_caller_waits(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="feedpipe.loader"):
         assert sum(len(b["label"]) for b in ld) == 40  # it waited, and went on
     said = [r.getMessage() for r in caplog.records if "no batch for" in r.getMessage()]
-    assert said and "batch 1 of epoch 0" in said[0] and "000000013" in said[0]
+    # (on a loaded machine batch 0 may be named first, rightly: it was late too)
+    assert any("batch 1 of epoch 0" in m and "000000013" in m for m in said), said

@@ -462,7 +462,7 @@ class FeedEngine:
                 got, item = self._out.get(timeout=self.patience)
             except queue.Empty:
                 waited += self.patience
-                log.warning("%s: no batch for %.0f s: waiting for %s", self.name, waited,
+                log.warning("%s: no batch for %g s: waiting for %s", self.name, waited,
                             self.stream.describe(self._next) if self._next else "the workers")
                 continue
             self._room.put(None)
