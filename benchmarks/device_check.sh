@@ -7,7 +7,8 @@
 # decode, nvJPEG and DALI at 8 and 15 workers (fed rate over the step's own, GPU idle gaps).
 # Each step has its own time limit (about 9 minutes in all; the fed step first), so one failing step still leaves the
 # others' figures. Wheels of feedpipe's own dependencies the machine lacks may wait in .whl/
-# (see benchmarks/README.md). Figures go to $OUT (default device-out/).
+# (see benchmarks/README.md). Figures go to $OUT (default device-out/). STEPS="data training"
+# runs only those steps (default: all); TRAIN_WORKERS, TRAIN_STEPS shorten the fed step.
 set -u
 OUT=${OUT:-device-out}
 mkdir -p "$OUT"
@@ -19,8 +20,10 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
+STEPS=${STEPS:-data training copy_decode loader tests}
 step() {  # step NAME SECONDS COMMAND...: its output appended to $OUT/steps.log, its status to status.txt
     local name=$1 limit=$2; shift 2
+    [[ " $STEPS " == *" $name "* ]] || return 0
     local t0=$SECONDS
     echo "=== $name" >>"$OUT/steps.log"
     timeout "$limit" "$@" >>"$OUT/steps.log" 2>&1
@@ -42,7 +45,8 @@ if not p.exists(): make_photos(p, 8192, size=(500, 375), classes=10, seed=3)
 if not (d / 'gpu-lmdb-8192').exists(): convert(p, d / 'gpu-lmdb-8192', to='lmdb', workers=8)"
 # the fed step first (the goal), then the copy and decode rates, the loader's scaling, the tests
 step training 200 $PY benchmarks/bench_gpu.py --parts training --data "$DATA" --images 8192 \
-    --batch 256 --steps 100 --warmup 12 --train-workers 8,15 --json "$OUT/gpu-training.json"
+    --batch 256 --steps "${TRAIN_STEPS:-100}" --warmup 12 \
+    --train-workers "${TRAIN_WORKERS:-8,15}" --json "$OUT/gpu-training.json"
 step copy_decode 40 $PY benchmarks/bench_gpu.py --parts copy,decode --data "$DATA" \
     --images 8192 --json "$OUT/gpu-copy.json"
 step loader 100 $PY benchmarks/bench_gpu.py --parts loader --data "$DATA" --images 8192 \
