@@ -1,15 +1,6 @@
-"""PyTorch Lightning: a ``LightningDataModule`` over feedpipe datasets.
-
-``FeedpipeDataModule(train="packed/", val="val/", batch_size=64, size=224, ...)`` makes the
-loaders for the trainer's rank and world size and adds :class:`FeedpipeCallback`, which keeps
-exact what Lightning alone does not: a mid-epoch checkpoint resumes at the first batch not yet
-trained (Lightning fetches one ahead); an elastic resume (2 ranks on 1, 1 on 2) counts in this
-world's batches; and each epoch's data-wait share reaches the trainer's logger as
-``feedpipe/data_wait_share`` and friends.
-
-Evaluation loaders use ``Sampler(uneven="mask")``: count ``batch["valid"]``
-(``self.log(..., reduce_fx="sum", sync_dist=True)``) and every sample counts once across ranks.
-"""
+"""PyTorch Lightning: :class:`FeedpipeDataModule`, a ``LightningDataModule`` over feedpipe
+datasets, and :class:`FeedpipeCallback`, which keeps resume exact and logs the data-wait share
+(docs/trainers.md)."""
 
 from __future__ import annotations
 
@@ -85,9 +76,9 @@ class FeedpipeCallback(pl.Callback):
         progress.ready = progress.started = index + 1
         progress.processed = progress.completed = index
         fetcher = trainer.fit_loop._data_fetcher  # counts fetched batches to find the last one
-        if fetcher is not None and isinstance(getattr(type(fetcher), "fetched", None), property):
-            return  # a fetcher that derives it from another
-        if fetcher is not None:
+        # (unless a property: a fetcher that derives it from another)
+        if fetcher is not None and not isinstance(getattr(type(fetcher), "fetched", None),
+                                                  property):
             fetcher.fetched = upcoming
 
     def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
