@@ -1,12 +1,6 @@
-"""The loader's configuration: :class:`LoaderConfig`, ``make_loader``'s options in one frozen
-object with its option groups nested (``cfg.workers.prefetch_factor``, ``cfg.output.dtype``),
-and the sources that take options (:class:`Remote`, :class:`Mix`).
-
-Each group checks its own fields when built: each against its annotation (``flip="yes"`` and
-``batch_size=2.0`` are refused, naming the option and what it accepts), then by value, and a
-misspelt field gets the closest name. "auto" values stay until ``loader.api.resolve`` replaces
-them, once, from the machine and the dataset.
-"""
+"""The loader's configuration: :class:`LoaderConfig`, ``make_loader``'s options with its groups
+nested (``cfg.workers.prefetch_factor``), and the sources that take options (:class:`Remote`,
+:class:`Mix`). Each checks its fields when built; "auto" stays until ``loader.api.resolve``."""
 
 from __future__ import annotations
 
@@ -84,16 +78,14 @@ _HOW = {
     "sampler": "pass feedpipe.Sampler(...) or None",
 }
 
-#: torch, imported for type checkers only (it loads with a loader, not with its configuration):
-#: any value passes its annotation check here.
+#: torch, imported for type checkers only: any value passes its annotation check here
 _LATE = {"torch": SimpleNamespace(device=object)}
 _HINTS: dict[type, dict[str, Any]] = {}  # each class's annotations, evaluated once
 
 
 def checked(target: T) -> T:
-    """A typo in a keyword of ``target``, a function or a class (``make_loader(flp=True)``,
-    ``Workers(prefech_factor=2)``), gets a did-you-mean ConfigError (else the list of those with
-    defaults); ``inspect.signature`` and ``help()`` still see its own signature."""
+    """A mistyped keyword of the function or class ``target`` (``make_loader(flp=True)``) gets a
+    did-you-mean ConfigError; ``inspect.signature`` and ``help()`` still see its signature."""
     t: Any = target
     is_class = isinstance(t, type)
     fn = t.__init__ if is_class else t
@@ -142,9 +134,8 @@ class World:
 
 
 class Options:
-    """The checks every option group shares, when it is built: its fields in their kept
-    spelling (lists as tuples, numbers as floats where floats are asked for, and
-    :meth:`_spellings`), each against its annotation; then :meth:`_check`, by value."""
+    """An option group's checks when built: each field in its kept spelling (lists as tuples,
+    :meth:`_spellings`) against its annotation, then :meth:`_check`, by value."""
 
     def __post_init__(self) -> None:
         hints = _HINTS.get(type(self)) or _HINTS.setdefault(
@@ -178,10 +169,8 @@ class Options:
 @checked
 @dataclass(frozen=True)
 class Workers(Options):
-    """``workers=Workers(...)``: the loading processes (``num_workers`` of them, a
-    ``make_loader`` option), with DataLoader's names where DataLoader has the setting. They live
-    as long as the loader (``loader.close()`` or ``del loader`` ends them), so an epoch's end
-    never waits for them to drain or start again.
+    """``workers=Workers(...)``: the loading processes, with DataLoader's names. They live as long
+    as the loader (``loader.close()`` ends them), so an epoch's end never waits for them.
 
     Args:
         prefetch_factor: Batches each worker keeps ahead; "auto": 4 when they decode, else 2.
@@ -193,13 +182,11 @@ class Workers(Options):
         on_error: "raise", or "skip" a corrupt sample: counted, named (``loader.skipped``) and
             replaced.
         max_pixels: The decompression-bomb limit; None: the dataset's own.
-        batch_timeout: Seconds a worker may take over one batch before the loader raises a
-            LoaderError naming it and stops the workers (a ``transform=`` that never
-            returns); None: wait (after 60 s the batch is named in a warning, each minute).
+        batch_timeout: Seconds a worker may take over one batch before a LoaderError names it;
+            None: wait (naming the batch in a warning each minute).
         max_scans: A JPEG's scans at most (scan bombs); None: the dataset's own.
-        max_pixels_per_byte: Pixels a JPEG may declare per byte of its file (a file cut short,
-            or claiming a size it cannot hold); None: the dataset's own. These bounds are checked
-            from the header, before anything is decoded (``imaging.check_jpeg``).
+        max_pixels_per_byte: Pixels a JPEG may declare per byte of its file (one cut short);
+            None: the dataset's own. Checked from the header, before decoding.
     """
 
     prefetch_factor: int | Auto = "auto"
@@ -338,8 +325,8 @@ class Dali(Options):
 @checked
 @dataclass(frozen=True)
 class Remote(Options):
-    """``source=Remote(url, ...)``: a dataset in object storage, read through a node-local
-    cache (docs/remote.md).
+    """``source=Remote(url, ...)``: a dataset in object storage, through a local cache
+    (docs/remote.md).
 
     Args:
         url: s3://, gs://, https:// or hf:// (a local path works too).
@@ -416,14 +403,9 @@ class Mix(Options):
 @checked
 @dataclass(frozen=True)
 class LoaderConfig(Options):
-    """What to load, how to augment it, where to put it, and how to parallelize:
-    ``make_loader``'s options (see there) with its groups nested, checked when built.
-
-    ``make_loader``'s spellings are taken: an int ``size`` is a square, a group left None has
-    its defaults, ``crop=RandomResizedCrop(...)`` sets ``random_resized_crop`` and
-    ``backend=Dali(...)`` sets ``dali``. ``mix`` is a ``Mix`` source's (its weights, epoch size
-    and classes plan each epoch). ``loader.config`` is this object with every "auto" resolved.
-    """
+    """``make_loader``'s options (see there) with its groups nested, in its spellings (an int
+    ``size``, a group None, ``crop=RandomResizedCrop(...)``, ``backend=Dali(...)``); ``mix``: a
+    ``Mix`` source's. ``loader.config`` is this with every "auto" resolved."""
 
     batch_size: int
     shuffle: bool = True
@@ -487,10 +469,8 @@ class LoaderConfig(Options):
 
 
 def auto_workers(decodes: bool, cores: int | None = None, local_procs: int | None = None) -> int:
-    """``num_workers="auto"``: one worker per core of this process's share of the usable cores
-    (``LOCAL_WORLD_SIZE`` processes share them): decoding is CPU-bound. Raw data is memory-bound:
-    at most :data:`RAW_WORKERS`, which load it faster than the main process
-    (``benchmarks/bench_kernel.py --groups raw``: benchmarks/RESULTS.md)."""
+    """``num_workers="auto"``: a worker per core of this process's share (``LOCAL_WORLD_SIZE``)
+    of the usable cores when decoding (CPU-bound), else at most :data:`RAW_WORKERS`."""
     cores = cores or usable_cores()
     local = local_procs or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     share = max(1, cores // max(1, local))
