@@ -57,6 +57,11 @@ _HOW = {
                    "trials, workers=feedpipe.tuned()",
     "prefetch_factor": "use 'auto' or an int >= 1",
     "shuffle_window": "use a positive shard count, or None for the shuffle buffer",
+    "shuffle_buffer": "use a positive sample count",
+    "batch_timeout": "use seconds > 0, or None to wait (named in a warning)",
+    "hw_decoder_load": "use a float, the fraction in [0, 1] of JPEGs for the hardware decoder",
+    "scale": "use a (float, float) tuple, 0 < min <= max <= 1 (fractions of the image area)",
+    "ratio": "use a (float, float) tuple, 0 < min <= max (width / height)",
     "max_pixels": "use a positive pixel count (width x height) or None for the dataset's own "
                   "limit",
     "max_scans": "use a positive count of JPEG scans or None for the dataset's own limit",
@@ -77,6 +82,16 @@ _HOW = {
     "output": "pass feedpipe.Output(...) or None",
     "sampler": "pass feedpipe.Sampler(...) or None",
 }
+
+#: the checks by value of the options that are one number (or a range), wherever they are
+_VALID: dict[str, Callable[[Any], bool]] = {
+    **dict.fromkeys(("batch_size", "prefetch_factor", "max_pixels", "max_scans", "epoch_size",
+                     "max_pixels_per_byte", "shuffle_window", "shuffle_buffer"), lambda v: v >= 1),
+    **dict.fromkeys(("seed", "num_workers"), lambda v: v >= 0),
+    **dict.fromkeys(("batch_timeout", "timeout"), lambda v: v > 0),  # (NaN is not)
+    **dict.fromkeys(("min_box_fraction", "hw_decoder_load"), lambda v: 0 <= v <= 1),
+    "size": lambda v: min(v) >= 1, "scale": lambda v: 0 < v[0] <= v[1] <= 1,
+    "ratio": lambda v: 0 < v[0] <= v[1]}
 
 #: torch, imported for type checkers only: any value passes its annotation check here
 _LATE = {"torch": SimpleNamespace(device=object)}
@@ -152,6 +167,8 @@ class Options:
             object.__setattr__(self, f.name, value)
             if not conforms(value, hint):
                 self._refuse(f.name, _HOW.get(f.name) or f"use {describe(hint)}")
+            if f.name in _VALID and value not in (None, "auto") and not _VALID[f.name](value):
+                self._refuse(f.name)
         self._check()
 
     def _spellings(self) -> dict[str, Any]:
@@ -199,15 +216,6 @@ class Workers(Options):
     max_scans: int | None = None
     max_pixels_per_byte: int | None = None
 
-    def _check(self) -> None:
-        if isinstance(self.prefetch_factor, int) and self.prefetch_factor < 1:
-            self._refuse("prefetch_factor")
-        for limit in ("max_pixels", "max_scans", "max_pixels_per_byte"):
-            if getattr(self, limit) is not None and getattr(self, limit) < 1:
-                self._refuse(limit)
-        if self.batch_timeout is not None and not self.batch_timeout > 0:
-            self._refuse("batch_timeout", "use seconds > 0, or None to wait (named in a warning)")
-
 
 @checked
 @dataclass(frozen=True)
@@ -251,8 +259,6 @@ class Output(Options):
                               "no normalization", option="mean")
         if self.std is not None and any(s <= 0 for s in self.std):
             self._refuse("std", "values must be positive")
-        if not 0.0 <= self.min_box_fraction <= 1.0:
-            self._refuse("min_box_fraction")
 
 
 @checked
@@ -276,12 +282,6 @@ class Sampler(Options):
     shuffle_window: int | None = 8
     shuffle_buffer: int = 1000
 
-    def _check(self) -> None:
-        if self.shuffle_window is not None and self.shuffle_window < 1:
-            self._refuse("shuffle_window")
-        if self.shuffle_buffer < 1:
-            self._refuse("shuffle_buffer", "use a positive sample count")
-
 
 @checked
 @dataclass(frozen=True)
@@ -295,12 +295,6 @@ class RandomResizedCrop(Options):
 
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
-
-    def _check(self) -> None:
-        if not 0 < self.scale[0] <= self.scale[1] <= 1:
-            self._refuse("scale", "use 0 < min <= max <= 1 (fractions of the image area)")
-        if not 0 < self.ratio[0] <= self.ratio[1]:
-            self._refuse("ratio", "use 0 < min <= max (width / height)")
 
 
 @checked
@@ -316,10 +310,6 @@ class Dali(Options):
 
     reader: DaliReader = "plan"
     hw_decoder_load: float = 0.65
-
-    def _check(self) -> None:
-        if not 0.0 <= self.hw_decoder_load <= 1.0:
-            self._refuse("hw_decoder_load", "use a fraction in [0, 1]")
 
 
 @checked
@@ -349,8 +339,6 @@ class Remote(Options):
         if not isinstance(self.storage_options, (Mapping, type(None))):
             self._refuse("storage_options", "use a dict of the filesystem's options, or None")
         parse_limit(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
-        if self.timeout is not None and not self.timeout > 0:
-            self._refuse("timeout")
 
     def open(self) -> DatasetReader:
         """The dataset, through the cache."""
@@ -384,8 +372,6 @@ class Mix(Options):
         if w is not None and not (isinstance(w, tuple) and w and all(conforms(v, float) for v in w)
                                   and min(w) >= 0 and sum(w) > 0):
             self._refuse("weights")
-        if self.epoch_size is not None and self.epoch_size < 1:
-            self._refuse("epoch_size")
 
     def opened(self) -> Sequence[Any] | Mapping[str, Any]:
         """The sources, each :class:`Remote` opened (plain paths are opened by the mix)."""
@@ -440,14 +426,6 @@ class LoaderConfig(Options):
         return out
 
     def _check(self) -> None:
-        if self.batch_size < 1:
-            self._refuse("batch_size")
-        if self.seed < 0:
-            self._refuse("seed")
-        if self.size is not None and min(self.size) < 1:
-            self._refuse("size")
-        if isinstance(self.num_workers, int) and self.num_workers < 0:
-            self._refuse("num_workers")
         if not isinstance(self.device, str) and not hasattr(self.device, "type"):
             self._refuse("device")
         if self.transform is not None and not callable(self.transform):
