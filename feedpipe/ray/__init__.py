@@ -83,11 +83,11 @@ def convert(data: str | os.PathLike[str] | Sequence[str] | ray.data.Dataset,
     # part tasks back (measured: docs/distributed-conversion.md, benchmarks/RESULTS.md)
     ctx.op_resource_reservation_enabled = False
     try:
-        ds = ray.data.from_items([{"part": i} for i in range(parts)], override_num_blocks=parts)
-        ds = ds.map_batches(_pack, batch_size=1, num_cpus=1, fn_kwargs={
+        ds: Any = ray.data.from_items([{"part": i} for i in range(parts)],
+                                      override_num_blocks=parts)
+        ds.map_batches(_pack, batch_size=1, num_cpus=1, fn_kwargs={
             "source": source, "out": os.fspath(out), "to": to, "count": parts,
-            "options": options})
-        ds.materialize()
+            "options": options}).materialize()
     finally:
         ctx.op_resource_reservation_enabled = reserve
     return merge(out)
