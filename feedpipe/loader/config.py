@@ -50,11 +50,8 @@ _HOW = {
     "batch_size": "use a positive integer",
     "seed": "use a non-negative integer",
     "size": "use an int (square) or (height, width) of positive ints",
-    "decode_on": "use 'cpu' (workers decode), 'device' (nvJPEG on the CUDA device through "
-                 "torchvision) or 'auto' (the CPU workers, until a GPU run shows nvJPEG feeds "
-                 "the step more: benchmarks/RESULTS.md)",
-    "num_workers": "use 'auto' or an int >= 0 (0 loads in the main process); for measured "
-                   "trials, workers=feedpipe.tuned()",
+    "decode_on": "use 'cpu' (the workers decode), 'device' (nvJPEG on the CUDA device) or 'auto'",
+    "num_workers": "use 'auto' or an int >= 0 (0: the main process), or workers=feedpipe.tuned()",
     "prefetch_factor": "use 'auto' or an int >= 1",
     "shuffle_window": "use a positive shard count, or None for the shuffle buffer",
     "shuffle_buffer": "use a positive sample count",
@@ -62,22 +59,17 @@ _HOW = {
     "hw_decoder_load": "use a float, the fraction in [0, 1] of JPEGs for the hardware decoder",
     "scale": "use a (float, float) tuple, 0 < min <= max <= 1 (fractions of the image area)",
     "ratio": "use a (float, float) tuple, 0 < min <= max (width / height)",
-    "max_pixels": "use a positive pixel count (width x height) or None for the dataset's own "
-                  "limit",
-    "max_scans": "use a positive count of JPEG scans or None for the dataset's own limit",
-    "max_pixels_per_byte": "use a positive count of pixels a JPEG may declare per byte of file, "
-                           "or None for the dataset's own limit",
+    "max_pixels": "use a positive pixel count (width x height), or None for the dataset's limit",
+    "max_scans": "use a positive count of JPEG scans, or None for the dataset's limit",
+    "max_pixels_per_byte": "use a positive count of pixels per byte, or None for the dataset's",
     "min_box_fraction": "use a fraction in [0, 1] of a box's area that must stay in the crop",
-    "weights": "give one positive weight per mixed dataset (feedpipe.Mix([a, b], weights=...)), "
-               "or None (each sample once per epoch)",
+    "weights": "give one positive weight per mixed dataset, or None (each sample once an epoch)",
     "epoch_size": "use a positive sample count per epoch, or None (the datasets' sizes summed)",
     "mean": "give three per-channel values (RGB, in 0..1 units), or None",
     "std": "give three per-channel values (RGB, in 0..1 units), or None",
-    "timeout": "use seconds > 0 (each request to a URL's store waits that long to connect or "
-               "for its next bytes), or None for 30",
+    "timeout": "use seconds > 0 to connect or to wait for the next bytes, or None for 30",
     "device": "use a str ('auto', 'cpu', 'cuda[:N]') or a torch.device",
-    "affine": "pass feedpipe.loader.transforms.RandomAffine(degrees, translate, scale, shear) "
-              "or None",
+    "affine": "pass feedpipe.loader.transforms.RandomAffine(...) or None",
     "workers": "pass feedpipe.Workers(...) or feedpipe.tuned(...)",
     "output": "pass feedpipe.Output(...) or None",
     "sampler": "pass feedpipe.Sampler(...) or None",
