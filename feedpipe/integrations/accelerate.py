@@ -70,11 +70,7 @@ def prepare(accelerator: Any, *objects: Any, log_data_wait: bool = True) -> Any:
     out = []
     for obj in objects:
         if isinstance(obj, EpochPosition):
-            wrapped = AcceleratedLoader(obj, accelerator, log_data_wait)
-            accelerator.register_for_checkpointing(wrapped)
-            out.append(wrapped)
-        elif isinstance(obj, AcceleratedLoader):
-            out.append(obj)
-        else:
-            out.append(next(prepared))
+            obj = AcceleratedLoader(obj, accelerator, log_data_wait)
+            accelerator.register_for_checkpointing(obj)
+        out.append(obj if isinstance(obj, AcceleratedLoader) else next(prepared))
     return out[0] if len(out) == 1 else tuple(out)

@@ -10,9 +10,8 @@ from typing import Any
 
 from ..errors import ConfigError, MissingDependencyError
 from ..loader.api import make_loader
-from ..loader.config import Sampler
+from ..loader.config import Sampler, World
 from ..loader.position import EpochPosition
-from ..loader.sampler import World
 from ..tools.monitor import LoaderInfo, StallMeter, batch_rows
 
 try:
