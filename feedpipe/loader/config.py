@@ -69,13 +69,16 @@ _HOW = {
     "std": "give three per-channel values (RGB, in 0..1 units), or None",
     "timeout": "use seconds > 0 to connect or to wait for the next bytes, or None for 30",
     "device": "use a str ('auto', 'cpu', 'cuda[:N]') or a torch.device",
+    "transform": "pass a function (sample, rng) -> sample or None",
+    "batch_transforms": "pass a list of batch operations (feedpipe.loader.augment) or functions "
+                        "fn(batch, generator) -> batch",
     "affine": "pass feedpipe.loader.transforms.RandomAffine(...) or None",
     "workers": "pass feedpipe.Workers(...) or feedpipe.tuned(...)",
     "output": "pass feedpipe.Output(...) or None",
     "sampler": "pass feedpipe.Sampler(...) or None",
 }
 
-#: the checks by value of the options that are one number (or a range), wherever they are
+#: the checks by value beyond the annotations, by option name (wherever the option is)
 _VALID: dict[str, Callable[[Any], bool]] = {
     **dict.fromkeys(("batch_size", "prefetch_factor", "max_pixels", "max_scans", "epoch_size",
                      "max_pixels_per_byte", "shuffle_window", "shuffle_buffer"), lambda v: v >= 1),
@@ -83,7 +86,9 @@ _VALID: dict[str, Callable[[Any], bool]] = {
     **dict.fromkeys(("batch_timeout", "timeout"), lambda v: v > 0),  # (NaN is not)
     **dict.fromkeys(("min_box_fraction", "hw_decoder_load"), lambda v: 0 <= v <= 1),
     "size": lambda v: min(v) >= 1, "scale": lambda v: 0 < v[0] <= v[1] <= 1,
-    "ratio": lambda v: 0 < v[0] <= v[1]}
+    "ratio": lambda v: 0 < v[0] <= v[1], "transform": callable,
+    "device": lambda v: isinstance(v, str) or hasattr(v, "type"),
+    "batch_transforms": lambda v: callable(v) or isinstance(v, tuple)}
 
 #: torch, imported for type checkers only: any value passes its annotation check here
 _LATE = {"torch": SimpleNamespace(device=object)}
@@ -418,14 +423,6 @@ class LoaderConfig(Options):
         return out
 
     def _check(self) -> None:
-        if not isinstance(self.device, str) and not hasattr(self.device, "type"):
-            self._refuse("device")
-        if self.transform is not None and not callable(self.transform):
-            self._refuse("transform", "pass a function (sample, rng) -> sample or None")
-        if self.batch_transforms is not None and not (
-                callable(self.batch_transforms) or isinstance(self.batch_transforms, tuple)):
-            self._refuse("batch_transforms", "pass a list of batch operations "
-                         "(feedpipe.loader.augment) or functions fn(batch, generator) -> batch")
         if self.sampler.uneven == "mask" and self.drop_last:
             raise ConfigError("uneven='mask' pads the last batch to full size and marks the "
                               "padding in 'valid'; drop_last=True would drop real samples: use "
