@@ -66,7 +66,7 @@ _HOW = {
     "weights": "give one positive weight per mixed dataset, or None (each sample once an epoch)",
     "epoch_size": "use a positive sample count per epoch, or None (the datasets' sizes summed)",
     "mean": "give three per-channel values (RGB, in 0..1 units), or None",
-    "std": "give three per-channel values (RGB, in 0..1 units), or None",
+    "std": "give three positive per-channel values (RGB, in 0..1 units), or None",
     "timeout": "use seconds > 0 to connect or to wait for the next bytes, or None for 30",
     "device": "use a str ('auto', 'cpu', 'cuda[:N]') or a torch.device",
     "transform": "pass a function (sample, rng) -> sample or None",
@@ -88,7 +88,9 @@ _VALID: dict[str, Callable[[Any], bool]] = {
     "size": lambda v: min(v) >= 1, "scale": lambda v: 0 < v[0] <= v[1] <= 1,
     "ratio": lambda v: 0 < v[0] <= v[1], "transform": callable,
     "device": lambda v: isinstance(v, str) or hasattr(v, "type"),
-    "batch_transforms": lambda v: callable(v) or isinstance(v, tuple)}
+    "batch_transforms": lambda v: callable(v) or isinstance(v, tuple),
+    "std": lambda v: min(v) > 0, "weights": lambda w: isinstance(w, tuple) and len(w) > 0 and all(
+        conforms(v, float) for v in w) and min(w) >= 0 and sum(w) > 0}
 
 #: torch, imported for type checkers only: any value passes its annotation check here
 _LATE = {"torch": SimpleNamespace(device=object)}
@@ -254,8 +256,6 @@ class Output(Options):
         if (self.mean is None) != (self.std is None):
             raise ConfigError("mean and std go together: pass both, or mean=None, std=None for "
                               "no normalization", option="mean")
-        if self.std is not None and any(s <= 0 for s in self.std):
-            self._refuse("std", "values must be positive")
 
 
 @checked
@@ -363,12 +363,6 @@ class Mix(Options):
     weights: Sequence[float] | None = None
     epoch_size: int | None = None
     classes: MixClasses = "equal"
-
-    def _check(self) -> None:
-        w = self.weights
-        if w is not None and not (isinstance(w, tuple) and w and all(conforms(v, float) for v in w)
-                                  and min(w) >= 0 and sum(w) > 0):
-            self._refuse("weights")
 
     def opened(self) -> Sequence[Any] | Mapping[str, Any]:
         """The sources, each :class:`Remote` opened (plain paths are opened by the mix)."""
