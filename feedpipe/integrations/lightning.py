@@ -105,18 +105,16 @@ class FeedpipeCallback(pl.Callback):
                            checkpoint: dict[str, Any]) -> None:
         """Save the train loaders' positions at the first batch not yet trained."""
         fit = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
-        loaders = self._train_loaders(trainer)
-        if "combined_loader" not in fit or not loaders:
-            return
-        lag = self._in_flight(trainer)
-        states, mine = list(fit["combined_loader"]), iter(loaders)
         combined = trainer.fit_loop._combined_loader
-        # (`is not None`: a CombinedLoader's truth is its len(), which raises once fit is over)
-        stateful = [ld for ld in combined.flattened
-                    if callable(getattr(ld, "state_dict", None))] if combined is not None else []
-        for k, ld in enumerate(stateful):
-            if isinstance(ld, EpochPosition) and k < len(states):
-                states[k] = next(mine).state_dict(in_flight=lag)
+        # (`is None`: a CombinedLoader's truth is its len(), which raises once fit is over)
+        if "combined_loader" not in fit or combined is None:
+            return
+        lag, states = self._in_flight(trainer), list(fit["combined_loader"])
+        stateful = [ld for ld in combined.flattened  # what Lightning saved a state of, in order
+                    if callable(getattr(ld, "state_dict", None))]
+        for k, ld in enumerate(stateful[:len(states)]):
+            if isinstance(ld, EpochPosition):
+                states[k] = ld.state_dict(in_flight=lag)
         fit["combined_loader"] = states
 
 
