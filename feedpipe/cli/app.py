@@ -110,8 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted; nothing was left that reads as a dataset", file=sys.stderr)
         return 130
     except Exception as exc:
-        # one line for feedpipe's errors, OS errors about a named path and a full disk or quota;
-        # anything else is a bug and keeps its traceback
+        # one line for feedpipe's, path and full-disk errors; anything else is a bug: traceback
         if not isinstance(exc, FeedpipeError) and not (isinstance(exc, OSError) and (
                 exc.filename is not None or isinstance(exc, _PATH_ERRORS) or exc.errno in _FULL)):
             raise

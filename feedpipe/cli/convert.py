@@ -302,8 +302,7 @@ def _summary(res: ConvertResult, args: argparse.Namespace) -> None:
                          f"cannot read them; {reads})"),
                         (res.channels_dropped, "images had alpha or extra channels dropped "
                          "(--extra-channels drop)"),
-                        # a part holds a slice of the classes: `feedpipe merge` names those
-                        # empty in every part
+                        # (a part holds a slice of them: `feedpipe merge` names the empty ones)
                         ([] if args.part else res.empty_classes, "classes have no samples")):
         if names:
             print(f"  {len(names)} {text}: {some(names)}")
