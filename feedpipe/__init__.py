@@ -1,9 +1,7 @@
 """feedpipe: pack image datasets once, then feed PyTorch training at the speed of the hardware.
 
-The public names are imported on first use (PEP 562): ``import feedpipe.schema.codecs``, a
-conversion worker or ``feedpipe convert/info/verify`` never pay for torch (1-2 s at start-up);
-``feedpipe.make_loader`` does. The layers and what may import what: ARCHITECTURE.md.
-"""
+The public names load on first use (PEP 562): a conversion worker or ``feedpipe info`` never
+pays for torch (1-2 s at start-up); ``feedpipe.make_loader`` does. Layers: ARCHITECTURE.md."""
 
 from __future__ import annotations
 

@@ -37,32 +37,27 @@ def conforms(value: object, hint: Any) -> bool:
 
 def describe(hint: Any) -> str:
     """What ``hint`` accepts, in words: ``'pad' or 'drop'``, ``True or False``, ``an int``."""
-    origin, args = get_origin(hint), get_args(hint)
-    if hint is None or hint is type(None):
-        return "None"
-    if origin is Literal:
-        return _either([repr(a) for a in args])
-    if origin is Union or origin is types.UnionType:
-        return _either([w for a in args for w in _words(a)])
-    if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return f"a tuple of {_plain(args[0])}"
-        return "a (" + ", ".join(_plain(a) for a in args) + ") tuple"
-    if hint is bool:
-        return "True or False"
-    return f"{'an' if _plain(hint)[0] in 'aeiou' else 'a'} {_plain(hint)}"
+    words = _words(hint)
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def _words(hint: Any) -> list[str]:
-    """A union member's accepted values, spelled one by one where they are few."""
-    if get_origin(hint) is Literal:
-        return [repr(a) for a in get_args(hint)]
-    return ["True", "False"] if hint is bool else [describe(hint)]
+    """The values ``hint`` accepts, spelled one by one where they are few."""
+    origin, args = get_origin(hint), get_args(hint)
+    if hint is None or hint is type(None):
+        return ["None"]
+    if origin is Literal:
+        return [repr(a) for a in args]
+    if origin is Union or origin is types.UnionType:
+        return [w for a in args for w in _words(a)]
+    if hint is bool:
+        return ["True", "False"]
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return [f"a tuple of {_plain(args[0])}"]
+        return ["a (" + ", ".join(_plain(a) for a in args) + ") tuple"]
+    return [f"{'an' if _plain(hint)[0] in 'aeiou' else 'a'} {_plain(hint)}"]
 
 
 def _plain(hint: Any) -> str:
     return hint.__name__ if isinstance(hint, type) else str(hint)
-
-
-def _either(words: list[str]) -> str:
-    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]

@@ -25,21 +25,17 @@ def cache_dir() -> Path:
 
 
 def url_scheme(location: str | os.PathLike[str]) -> str | None:
-    """The scheme of a URL-looking location (``s3`` for ``s3://bucket/ds``), else None.
-
-    A URL that went through ``pathlib.Path`` (``s3:/bucket/ds``: one slash dropped) counts too,
-    so a remote location is never taken for a local folder named ``s3:``.
-    """
+    """The scheme of a URL-looking location (``s3`` for ``s3://bucket/ds``), else None; also
+    of one that went through ``pathlib.Path`` (``s3:/bucket/ds``), never a local folder."""
     m = _URL.match(os.fspath(location)) or _MANGLED.match(os.fspath(location))
     return m[1].lower() if m else None
 
 
 @contextmanager
 def atomic_writer(path: Path) -> Iterator[BinaryIO]:
-    """A new file to fill in place of ``path``: made by ``mkstemp`` beside it (``O_EXCL``, a
-    random name: never opened through a symlink planted in the folder), flushed to disk and
-    renamed over ``path`` when the block ends, removed when it raises, so that a reader, or a
-    crash, sees the old file or the whole new one. A full disk's error names ``path``."""
+    """A new file to fill in place of ``path``: made by ``mkstemp`` beside it (never through a
+    planted symlink), synced and renamed over ``path`` at the end, removed if the block raises:
+    a reader, or a crash, sees the old file or the whole new one. A full disk names ``path``."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w+b") as fh:

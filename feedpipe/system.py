@@ -1,10 +1,6 @@
-"""What differs between the systems feedpipe runs on, in one place (lowest layer: it imports
-nothing of feedpipe and does not import torch).
-
-Linux is where feedpipe is tested. macOS lacks ``os.sched_getaffinity``; Windows also lacks
-``fcntl``, ``resource`` and signal masks; both start worker processes with ``spawn``
-(docs/install.md). tests/test_platforms.py runs a conversion and a loader with these hidden.
-"""
+"""What differs between the systems feedpipe runs on (Linux; macOS lacks ``sched_getaffinity``,
+Windows also ``resource`` and signal masks: tests/test_platforms.py). The lowest layer: it
+imports nothing of feedpipe, nor torch."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ except ImportError:  # Windows: no file size limit to honour
 
 
 def usable_cores() -> int:
-    """Cores this process may run on (affinity / cgroup cpusets on Linux), not the machine's
-    total; elsewhere the cores the system reports."""
+    """Cores this process may run on (affinity, cgroup cpusets), not the machine's total."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
@@ -27,8 +22,7 @@ def usable_cores() -> int:
 
 
 def file_size_limit() -> int | None:
-    """The largest file this process may write (``ulimit -f``: RLIMIT_FSIZE), None when
-    unlimited or where the system has no such limit (Windows)."""
+    """The largest file this process may write (``ulimit -f``), None when unlimited or unknown."""
     if resource is None:
         return None
     limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
@@ -36,10 +30,8 @@ def file_size_limit() -> int | None:
 
 
 def try_lock(fd: int) -> bool:
-    """Lock an open file exclusively, at once or not at all (False: another process holds it).
-
-    filelock's portable primitive: ``flock`` on POSIX, ``LockFileEx`` on Windows; the system
-    drops the lock when the holder closes the file or dies."""
+    """Lock an open file exclusively, at once or not at all (False: another process holds it),
+    with filelock's portable primitive; the system drops it when the holder closes or dies."""
     import filelock  # here: readers and conversion workers never lock, nor pay for its import
 
     return filelock.lock_descriptor(fd, blocking=False)

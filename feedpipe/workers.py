@@ -9,13 +9,9 @@ import sys
 
 
 def single_threaded(*, ignore_sigint: bool = False) -> None:
-    """One thread per worker: the workers are the parallelism, nested threads only contend.
-
-    Sets ``OMP_NUM_THREADS=1`` for libraries loaded later and, when torch is already imported
-    (DataLoader workers), its intra-op threads to 1. ``ignore_sigint``: Ctrl-C reaches the whole
-    process group and the main process handles it (a pool's owner ends the pool and cleans up),
-    so the workers must not each print a KeyboardInterrupt traceback.
-    """
+    """One thread per worker (OpenMP's and torch's): the workers are the parallelism, nested
+    threads only contend. ``ignore_sigint``: the main process handles the group's Ctrl-C, so the
+    workers do not each print a KeyboardInterrupt traceback."""
     os.environ["OMP_NUM_THREADS"] = "1"
     torch = sys.modules.get("torch")
     if torch is not None:

@@ -20,10 +20,8 @@ from ..errors import ConfigError, FeedpipeError
 from . import bench, convert, decoders, demo, doctor, index, info, merge, monitor, tune, verify
 from .args import FlagParser
 
-# One module per subcommand, in --help order: its docstring is the command's description, HELP
-# its line in the list of commands, add_arguments its options, run the command. Registering is
-# argparse only: a command imports what it runs (torch for bench, doctor, monitor, tune, demo)
-# when it runs.
+# One module per subcommand, in --help order: its docstring, HELP, add_arguments and run. A
+# command imports what it runs (torch for bench, doctor, ...) only when it runs.
 COMMANDS = (convert, merge, index, info, verify, demo, decoders, monitor, bench, doctor, tune)
 
 
@@ -56,10 +54,8 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)
 
 
 def speak_cli(message: str, option: str | None, flags: dict[str, str]) -> str:
-    """A ConfigError's message in the command's terms, from the option it names (data, not
-    parsed from the text): ``size=0: ...`` becomes ``--size 0: ...``, ``size='a'`` ``--size a``,
-    ``size=(H, W)`` ``--size HxW``, and a Python spelling followed by its flag in brackets keeps
-    the flag only. Messages about an option the command has no flag for stay as they are."""
+    """A ConfigError's message in the command's terms, from the option it names: ``size=0: ...``
+    becomes ``--size 0: ...``, ``size=(H, W)`` ``--size HxW``, ``x (--x)`` ``--x``."""
     flag = flags.get(option or "")
     if flag is None:
         return message
@@ -79,10 +75,8 @@ OURS = tuple(os.path.dirname(m.__file__ or "") + os.sep for m in (converters, fe
 
 @contextlib.contextmanager
 def _plain_warnings(command: str) -> Iterator[None]:
-    """feedpipe's warnings (advice such as "manifest columns ['bbox'] go to the 'meta' field")
-    print as ``feedpipe COMMAND: warning: ...``, the form of the errors, without Python's source
-    line; other libraries' keep Python's form (their source line says whose they are), and
-    library callers get ``warnings.warn``'s own."""
+    """feedpipe's warnings print as ``feedpipe COMMAND: warning: ...``, as its errors do; other
+    libraries' keep Python's form (their source line says whose they are)."""
     python_form = warnings.showwarning
 
     def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
@@ -116,8 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted; nothing was left that reads as a dataset", file=sys.stderr)
         return 130
     except Exception as exc:
-        # one line for feedpipe's errors, OS errors about a named path and a full disk or quota;
-        # anything else is a bug and keeps its traceback
+        # one line for feedpipe's, path and full-disk errors; anything else is a bug: traceback
         if not isinstance(exc, FeedpipeError) and not (isinstance(exc, OSError) and (
                 exc.filename is not None or isinstance(exc, _PATH_ERRORS) or exc.errno in _FULL)):
             raise

@@ -1,6 +1,5 @@
-"""What the subcommands share: the parser (one-line usage errors; it knows each option's flag),
-argument types (byte sizes ``2GB``, image sizes ``HxW``, ``--storage-option``) and the summary's
-ways of listing."""
+"""What the subcommands share: the parser, argument types (``2GB``, ``HxW``,
+``--storage-option``) and the summaries' ways of listing."""
 
 from __future__ import annotations
 
@@ -15,7 +14,7 @@ from ..storage.sizes import parse_size
 
 class FlagParser(argparse.ArgumentParser):
     """An ArgumentParser that reports a usage mistake in one line, and knows each option's flag
-    by its ``dest`` (the Python option's name), for errors in the command's terms."""
+    by its ``dest``, for errors in the command's terms."""
 
     commands: dict[str, FlagParser]  # subcommand -> its parser (build_parser)
 
@@ -26,16 +25,14 @@ class FlagParser(argparse.ArgumentParser):
                 for a in self._actions if a.option_strings}
 
     def error(self, message: str) -> NoReturn:
-        """A usage mistake (``--to lmbd``, a missing ``-o``) in one line and where the options
-        are, not argparse's whole usage block before it; exit status 2, as argparse's."""
+        """A usage mistake (``--to lmbd``) in one line, not argparse's usage block; exit 2."""
         print(f"{self.prog}: error: {message}\nrun `{self.prog} --help` for the options",
               file=sys.stderr)
         raise SystemExit(2)
 
 
 def size_arg(text: str) -> int:
-    """argparse ``type=`` for byte-size options (``256MB``, ``2GiB``: feedpipe.storage.sizes),
-    checked at parse time so that argparse names the flag."""
+    """argparse ``type=`` for byte sizes (``256MB``, ``2GiB``): argparse names the flag."""
     try:
         return parse_size(text)
     except ConfigError as exc:
@@ -56,8 +53,7 @@ def hw_size(text: str) -> int | tuple[int, int]:
 
 
 def add_storage_args(p: argparse.ArgumentParser) -> None:
-    """``--storage-option KEY=VALUE`` (repeatable): fsspec options for a URL dataset
-    (credentials and endpoints otherwise come from the environment)."""
+    """``--storage-option KEY=VALUE`` (repeatable): fsspec options for a URL dataset."""
     p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                    type=_storage_pair, help="fsspec option for a URL (repeatable), e.g. "
                    "endpoint_url=http://host:9000 or client_kwargs.region_name=eu-west-1; values "
@@ -109,7 +105,6 @@ def print_first(lines: Sequence[str], n: int, more: str = "more") -> None:
 
 
 def given(args: argparse.Namespace, dests: Sequence[str]) -> list[str]:
-    """The flags of the options ``dests`` set to other than their defaults (``args.parser``:
-    the parser that read them)."""
+    """The flags of the options ``dests`` set to other than their defaults."""
     parser: FlagParser = args.parser
     return [parser.flags[d] for d in dests if getattr(args, d) != parser.get_default(d)]

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import get_args
 
-from ..loader.config import Crop, Dtype
+from ..loader.config import Crop, Dtype, Output
 from .args import hw_size, size_arg
 
 HELP = ("measure num_workers/prefetch for a dataset and cache the choice "
@@ -33,7 +33,6 @@ def add_arguments(t: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..loader.config import Output
     from ..tools.tune.autotune import autotune  # torch: only when the command runs
 
     size = {"size": args.size} if args.size else {}

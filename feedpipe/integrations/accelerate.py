@@ -1,21 +1,6 @@
-"""accelerate: feedpipe loaders in accelerate's training and evaluation loops.
-
-``train, val = feedpipe.integrations.accelerate.prepare(accelerator, train, val)`` (or
-``prepare(accelerator, model, optimizer, train, val)``: other objects go to
-``accelerator.prepare``) returns each feedpipe loader as an :class:`AcceleratedLoader`, which
-
-- takes part in accelerate's ``GradientState``: ``end_of_dataloader`` is True for the epoch's last
-  batch, so ``accelerator.accumulate`` syncs and steps on it, and ``gather_for_metrics`` trims the
-  padding of an ``Sampler(uneven="mask")`` loader (its ``remainder``), counting every sample once;
-- is registered for checkpointing: ``save_state``/``load_state`` carry its position, and the next
-  iteration resumes at the first batch not yet handed out, at any world size; ``skip_first_batches``
-  works too (and is harmless after ``load_state``);
-- logs the epoch's data-wait share to accelerate's trackers (``accelerator.log``) when
-  ``log_data_wait`` and trackers are set up (``Accelerator(log_with=...)``).
-
-The loader itself is not a ``DataLoader``, so ``accelerator.prepare`` alone leaves it as it is: it
-already shards by rank and moves batches to the device.
-"""
+"""accelerate: ``train, val = prepare(accelerator, model, optimizer, train, val)`` makes each
+feedpipe loader an :class:`AcceleratedLoader`; other objects go to ``accelerator.prepare``
+(docs/trainers.md)."""
 
 from __future__ import annotations
 
@@ -44,21 +29,16 @@ class AcceleratedLoader:
     def __init__(self, loader: EpochPosition, accelerator: Any = None,
                  log_data_wait: bool = True, rename: dict[str, str | None] | None = None) -> None:
         self.loader, self.accelerator, self.rename = loader, accelerator, rename or {}
-        self.gradient_state = GradientState()
-        self.log_data_wait = log_data_wait
-        self.meter = StallMeter(cuda_sync=False)
-        self.epochs_logged = 0
-        # its own surface, so that a DataLoader rebuilt around it (skip_first_batches) yields
-        # this wrapper's batches: renamed, in the gradient state, measured
+        self.gradient_state, self.log_data_wait = GradientState(), log_data_wait
+        self.meter, self.epochs_logged = StallMeter(cuda_sync=False), 0
+        # its own surface: a DataLoader rebuilt around it (skip_first_batches) yields its batches
         self.sampler = self.batch_sampler = LoaderSampler(self)  # type: ignore[arg-type]
         self.dataset = LoaderBatches(self)  # type: ignore[arg-type]
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        # the loader's end_of_dataloader, remainder, set_epoch, state_dict/load_state_dict,
-        # describe(), classes ...
-        return getattr(self.loader, name)
+        return getattr(self.loader, name)  # end_of_dataloader, set_epoch, state_dict, classes...
 
     def __len__(self) -> int:
         return len(self.loader)
@@ -68,8 +48,7 @@ class AcceleratedLoader:
         self.meter.reset()
         epoch = self.loader.position()[0]
         try:
-            for batch in self.meter.wrap(self.loader):
-                # a None name drops the field
+            for batch in self.meter.wrap(self.loader):  # a None name drops the field
                 yield {self.rename.get(k, k): v for k, v in batch.items()
                        if self.rename.get(k, k) is not None} if self.rename else batch
         finally:
@@ -91,11 +70,7 @@ def prepare(accelerator: Any, *objects: Any, log_data_wait: bool = True) -> Any:
     out = []
     for obj in objects:
         if isinstance(obj, EpochPosition):
-            wrapped = AcceleratedLoader(obj, accelerator, log_data_wait)
-            accelerator.register_for_checkpointing(wrapped)
-            out.append(wrapped)
-        elif isinstance(obj, AcceleratedLoader):
-            out.append(obj)
-        else:
-            out.append(next(prepared))
+            obj = AcceleratedLoader(obj, accelerator, log_data_wait)
+            accelerator.register_for_checkpointing(obj)
+        out.append(obj if isinstance(obj, AcceleratedLoader) else next(prepared))
     return out[0] if len(out) == 1 else tuple(out)

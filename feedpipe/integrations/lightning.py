@@ -1,15 +1,6 @@
-"""PyTorch Lightning: a ``LightningDataModule`` over feedpipe datasets.
-
-``FeedpipeDataModule(train="packed/", val="val/", batch_size=64, size=224, ...)`` makes the
-loaders for the trainer's rank and world size and adds :class:`FeedpipeCallback`, which keeps
-exact what Lightning alone does not: a mid-epoch checkpoint resumes at the first batch not yet
-trained (Lightning fetches one ahead); an elastic resume (2 ranks on 1, 1 on 2) counts in this
-world's batches; and each epoch's data-wait share reaches the trainer's logger as
-``feedpipe/data_wait_share`` and friends.
-
-Evaluation loaders use ``Sampler(uneven="mask")``: count ``batch["valid"]``
-(``self.log(..., reduce_fx="sum", sync_dist=True)``) and every sample counts once across ranks.
-"""
+"""PyTorch Lightning: :class:`FeedpipeDataModule`, a ``LightningDataModule`` over feedpipe
+datasets, and :class:`FeedpipeCallback`, which keeps resume exact and logs the data-wait share
+(docs/trainers.md)."""
 
 from __future__ import annotations
 
@@ -19,9 +10,8 @@ from typing import Any
 
 from ..errors import ConfigError, MissingDependencyError
 from ..loader.api import make_loader
-from ..loader.config import Sampler
+from ..loader.config import Sampler, World
 from ..loader.position import EpochPosition
-from ..loader.sampler import World
 from ..tools.monitor import LoaderInfo, StallMeter, batch_rows
 
 try:
@@ -85,9 +75,9 @@ class FeedpipeCallback(pl.Callback):
         progress.ready = progress.started = index + 1
         progress.processed = progress.completed = index
         fetcher = trainer.fit_loop._data_fetcher  # counts fetched batches to find the last one
-        if fetcher is not None and isinstance(getattr(type(fetcher), "fetched", None), property):
-            return  # a fetcher that derives it from another
-        if fetcher is not None:
+        # (unless a property: a fetcher that derives it from another)
+        if fetcher is not None and not isinstance(getattr(type(fetcher), "fetched", None),
+                                                  property):
             fetcher.fetched = upcoming
 
     def on_train_batch_start(self, trainer: "pl.Trainer", pl_module: "pl.LightningModule",
@@ -115,18 +105,16 @@ class FeedpipeCallback(pl.Callback):
                            checkpoint: dict[str, Any]) -> None:
         """Save the train loaders' positions at the first batch not yet trained."""
         fit = checkpoint.get("loops", {}).get("fit_loop", {}).get("state_dict", {})
-        loaders = self._train_loaders(trainer)
-        if "combined_loader" not in fit or not loaders:
-            return
-        lag = self._in_flight(trainer)
-        states, mine = list(fit["combined_loader"]), iter(loaders)
         combined = trainer.fit_loop._combined_loader
-        # (`is not None`: a CombinedLoader's truth is its len(), which raises once fit is over)
-        stateful = [ld for ld in combined.flattened
-                    if callable(getattr(ld, "state_dict", None))] if combined is not None else []
-        for k, ld in enumerate(stateful):
-            if isinstance(ld, EpochPosition) and k < len(states):
-                states[k] = next(mine).state_dict(in_flight=lag)
+        # (`is None`: a CombinedLoader's truth is its len(), which raises once fit is over)
+        if "combined_loader" not in fit or combined is None:
+            return
+        lag, states = self._in_flight(trainer), list(fit["combined_loader"])
+        stateful = [ld for ld in combined.flattened  # what Lightning saved a state of, in order
+                    if callable(getattr(ld, "state_dict", None))]
+        for k, ld in enumerate(stateful[:len(states)]):
+            if isinstance(ld, EpochPosition):
+                states[k] = ld.state_dict(in_flight=lag)
         fit["combined_loader"] = states
 
 

@@ -1,16 +1,5 @@
-"""The Hugging Face ``Trainer`` on feedpipe loaders.
-
-``FeedpipeTrainer(model=..., args=..., train_loader=make_loader(...),
-eval_loader=make_loader(..., sampler=Sampler(uneven="mask")))`` trains and evaluates on feedpipe
-loaders: the loaders shard by rank themselves, ``resume_from_checkpoint`` resumes mid-epoch
-exactly (the Trainer's ``skip_first_batches`` starts the loader at the batch, reading none of the
-skipped ones), evaluation with ``Sampler(uneven="mask")`` counts every sample once
-(``gather_for_metrics`` trims the padding), and each
-training epoch's data-wait share is logged with the Trainer's other metrics.
-
-Batches reach ``model(**batch)`` with HF's names: ``image`` as ``pixel_values`` and ``label`` as
-``labels``; ``valid`` and ``index`` are dropped (``rename=`` changes this).
-"""
+"""The Hugging Face ``Trainer`` on feedpipe loaders: :class:`FeedpipeTrainer`
+(docs/trainers.md)."""
 
 from __future__ import annotations
 
@@ -31,7 +20,9 @@ HF_NAMES: dict[str, str | None] = {"image": "pixel_values", "label": "labels", "
 
 
 class FeedpipeTrainer(Trainer):
-    """``transformers.Trainer`` whose train, eval and test data are feedpipe loaders."""
+    """``transformers.Trainer`` whose train, eval and test data are feedpipe loaders; batches
+    reach ``model(**batch)`` with HF's names (``image`` as ``pixel_values``, ``label`` as
+    ``labels``; ``valid`` and ``index`` dropped): ``rename=`` changes them."""
 
     def __init__(self, *args: Any, train_loader: EpochPosition | None = None,
                  eval_loader: EpochPosition | None = None,

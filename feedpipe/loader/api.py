@@ -58,8 +58,8 @@ def make_loader(source: Source, batch_size: int, *, shuffle: bool = True, seed: 
     """Batches of ``source`` as dicts of tensors on ``device``: ``image`` N×C×H×W, ``label``
     N int64, and any other ``fields``. The call that replaces ``DataLoader(...)``.
 
-    Every option is checked (a ConfigError names it; a typo gets the closest name); "auto"
-    values are resolved for the machine and the data (:func:`resolve`).
+    Every option is checked (a ConfigError names it); "auto" values are resolved for the machine
+    and the data (:func:`resolve`).
 
     Args:
         source: A packed dataset's path or URL, an opened dataset (``open_dataset``,
@@ -138,15 +138,8 @@ _PLAIN = {k: p.default for k, p in inspect.signature(make_loader).parameters.ite
 
 def resolve(cfg: LoaderConfig, reader: DatasetReader) -> LoaderConfig:
     """``cfg`` with every "auto" replaced, from the machine and ``reader``: the one place they
-    are decided, and what ``loader.config`` shows.
-
-    The device is CUDA when there is one. The backend is torch: DALI has yet to feed a training
-    step faster on a GPU run (benchmarks/RESULTS.md); it is there to be chosen, and measured. The
-    torch backend's workers decode JPEGs (nvJPEG when asked, ``decode_on="device"``); DALI
-    decodes on its device. Workers as :func:`auto_workers` says, each :data:`PREFETCH_DECODE`
-    batches ahead when they decode, else 2; DALI: no reader processes, 2 batches ahead. Batches
-    are pinned for CUDA.
-    """
+    are decided, and what ``loader.config`` shows. The backend is torch: DALI has yet to feed a
+    training step faster on a GPU run (benchmarks/RESULTS.md); it decodes on its device."""
     if str(cfg.device) == "auto":
         device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
             else torch.device("cpu")
@@ -200,10 +193,8 @@ def _build(reader: DatasetReader, cfg: LoaderConfig, world: World) -> Loader:
 
 
 def _warn_meta(reader: DatasetReader, cfg: LoaderConfig, images: Sequence[ImageField]) -> None:
-    """Warn when the ``meta`` JSON passthrough (manifest columns nobody declared, served
-    unchanged in stored-image pixels) is read beside images the transforms move: a flip, or a
-    crop/resize to ``size`` (not ``crop="none"``, nor a resize of fixed-shape raw images to their
-    own size), so coordinates in it no longer match. Typed fields follow the image instead."""
+    """Warn when the ``meta`` passthrough (undeclared manifest columns, in stored-image pixels) is
+    read beside images that a flip, crop or resize moves: its coordinates no longer match."""
     meta = reader.schema["meta"] if "meta" in reader.schema else None
     if not (images and isinstance(meta, JsonField) and "meta" in cfg.fields_in(reader.schema)):
         return

@@ -1,12 +1,6 @@
-"""The loader's configuration: :class:`LoaderConfig`, ``make_loader``'s options in one frozen
-object with its option groups nested (``cfg.workers.prefetch_factor``, ``cfg.output.dtype``),
-and the sources that take options (:class:`Remote`, :class:`Mix`).
-
-Each group checks its own fields when built: each against its annotation (``flip="yes"`` and
-``batch_size=2.0`` are refused, naming the option and what it accepts), then by value, and a
-misspelt field gets the closest name. "auto" values stay until ``loader.api.resolve`` replaces
-them, once, from the machine and the dataset.
-"""
+"""The loader's configuration: :class:`LoaderConfig`, ``make_loader``'s options with its groups
+nested (``cfg.workers.prefetch_factor``), and the sources that take options (:class:`Remote`,
+:class:`Mix`). Each checks its fields when built; "auto" stays until ``loader.api.resolve``."""
 
 from __future__ import annotations
 
@@ -56,44 +50,56 @@ _HOW = {
     "batch_size": "use a positive integer",
     "seed": "use a non-negative integer",
     "size": "use an int (square) or (height, width) of positive ints",
-    "decode_on": "use 'cpu' (workers decode), 'device' (nvJPEG on the CUDA device through "
-                 "torchvision) or 'auto' (the CPU workers, until a GPU run shows nvJPEG feeds "
-                 "the step more: benchmarks/RESULTS.md)",
-    "num_workers": "use 'auto' or an int >= 0 (0 loads in the main process); for measured "
-                   "trials, workers=feedpipe.tuned()",
+    "decode_on": "use 'cpu' (the workers decode), 'device' (nvJPEG on the CUDA device) or 'auto'",
+    "num_workers": "use 'auto' or an int >= 0 (0: the main process), or workers=feedpipe.tuned()",
     "prefetch_factor": "use 'auto' or an int >= 1",
     "shuffle_window": "use a positive shard count, or None for the shuffle buffer",
-    "max_pixels": "use a positive pixel count (width x height) or None for the dataset's own "
-                  "limit",
-    "max_scans": "use a positive count of JPEG scans or None for the dataset's own limit",
-    "max_pixels_per_byte": "use a positive count of pixels a JPEG may declare per byte of file, "
-                           "or None for the dataset's own limit",
+    "shuffle_buffer": "use a positive sample count",
+    "batch_timeout": "use seconds > 0, or None to wait (named in a warning)",
+    "hw_decoder_load": "use a float, the fraction in [0, 1] of JPEGs for the hardware decoder",
+    "scale": "use a (float, float) tuple, 0 < min <= max <= 1 (fractions of the image area)",
+    "ratio": "use a (float, float) tuple, 0 < min <= max (width / height)",
+    "max_pixels": "use a positive pixel count (width x height), or None for the dataset's limit",
+    "max_scans": "use a positive count of JPEG scans, or None for the dataset's limit",
+    "max_pixels_per_byte": "use a positive count of pixels per byte, or None for the dataset's",
     "min_box_fraction": "use a fraction in [0, 1] of a box's area that must stay in the crop",
-    "weights": "give one positive weight per mixed dataset (feedpipe.Mix([a, b], weights=...)), "
-               "or None (each sample once per epoch)",
+    "weights": "give one positive weight per mixed dataset, or None (each sample once an epoch)",
     "epoch_size": "use a positive sample count per epoch, or None (the datasets' sizes summed)",
     "mean": "give three per-channel values (RGB, in 0..1 units), or None",
-    "std": "give three per-channel values (RGB, in 0..1 units), or None",
-    "timeout": "use seconds > 0 (each request to a URL's store waits that long to connect or "
-               "for its next bytes), or None for 30",
+    "std": "give three positive per-channel values (RGB, in 0..1 units), or None",
+    "timeout": "use seconds > 0 to connect or to wait for the next bytes, or None for 30",
     "device": "use a str ('auto', 'cpu', 'cuda[:N]') or a torch.device",
-    "affine": "pass feedpipe.loader.transforms.RandomAffine(degrees, translate, scale, shear) "
-              "or None",
+    "transform": "pass a function (sample, rng) -> sample or None",
+    "batch_transforms": "pass a list of batch operations (feedpipe.loader.augment) or functions "
+                        "fn(batch, generator) -> batch",
+    "affine": "pass feedpipe.loader.transforms.RandomAffine(...) or None",
     "workers": "pass feedpipe.Workers(...) or feedpipe.tuned(...)",
     "output": "pass feedpipe.Output(...) or None",
     "sampler": "pass feedpipe.Sampler(...) or None",
 }
 
-#: torch, imported for type checkers only (it loads with a loader, not with its configuration):
-#: any value passes its annotation check here.
+#: the checks by value beyond the annotations, by option name (wherever the option is)
+_VALID: dict[str, Callable[[Any], bool]] = {
+    **dict.fromkeys(("batch_size", "prefetch_factor", "max_pixels", "max_scans", "epoch_size",
+                     "max_pixels_per_byte", "shuffle_window", "shuffle_buffer"), lambda v: v >= 1),
+    **dict.fromkeys(("seed", "num_workers"), lambda v: v >= 0),
+    **dict.fromkeys(("batch_timeout", "timeout"), lambda v: v > 0),  # (NaN is not)
+    **dict.fromkeys(("min_box_fraction", "hw_decoder_load"), lambda v: 0 <= v <= 1),
+    "size": lambda v: min(v) >= 1, "scale": lambda v: 0 < v[0] <= v[1] <= 1,
+    "ratio": lambda v: 0 < v[0] <= v[1], "transform": callable,
+    "device": lambda v: isinstance(v, str) or hasattr(v, "type"),
+    "batch_transforms": lambda v: callable(v) or isinstance(v, tuple),
+    "std": lambda v: min(v) > 0, "weights": lambda w: isinstance(w, tuple) and len(w) > 0 and all(
+        conforms(v, float) for v in w) and min(w) >= 0 and sum(w) > 0}
+
+#: torch, imported for type checkers only: any value passes its annotation check here
 _LATE = {"torch": SimpleNamespace(device=object)}
 _HINTS: dict[type, dict[str, Any]] = {}  # each class's annotations, evaluated once
 
 
 def checked(target: T) -> T:
-    """A typo in a keyword of ``target``, a function or a class (``make_loader(flp=True)``,
-    ``Workers(prefech_factor=2)``), gets a did-you-mean ConfigError (else the list of those with
-    defaults); ``inspect.signature`` and ``help()`` still see its own signature."""
+    """A mistyped keyword of the function or class ``target`` (``make_loader(flp=True)``) gets a
+    did-you-mean ConfigError; ``inspect.signature`` and ``help()`` still see its signature."""
     t: Any = target
     is_class = isinstance(t, type)
     fn = t.__init__ if is_class else t
@@ -142,9 +148,8 @@ class World:
 
 
 class Options:
-    """The checks every option group shares, when it is built: its fields in their kept
-    spelling (lists as tuples, numbers as floats where floats are asked for, and
-    :meth:`_spellings`), each against its annotation; then :meth:`_check`, by value."""
+    """An option group's checks when built: each field in its kept spelling (lists as tuples,
+    :meth:`_spellings`) against its annotation, then :meth:`_check`, by value."""
 
     def __post_init__(self) -> None:
         hints = _HINTS.get(type(self)) or _HINTS.setdefault(
@@ -161,6 +166,8 @@ class Options:
             object.__setattr__(self, f.name, value)
             if not conforms(value, hint):
                 self._refuse(f.name, _HOW.get(f.name) or f"use {describe(hint)}")
+            if f.name in _VALID and value not in (None, "auto") and not _VALID[f.name](value):
+                self._refuse(f.name)
         self._check()
 
     def _spellings(self) -> dict[str, Any]:
@@ -178,10 +185,8 @@ class Options:
 @checked
 @dataclass(frozen=True)
 class Workers(Options):
-    """``workers=Workers(...)``: the loading processes (``num_workers`` of them, a
-    ``make_loader`` option), with DataLoader's names where DataLoader has the setting. They live
-    as long as the loader (``loader.close()`` or ``del loader`` ends them), so an epoch's end
-    never waits for them to drain or start again.
+    """``workers=Workers(...)``: the loading processes, with DataLoader's names. They live as long
+    as the loader (``loader.close()`` ends them), so an epoch's end never waits for them.
 
     Args:
         prefetch_factor: Batches each worker keeps ahead; "auto": 4 when they decode, else 2.
@@ -193,13 +198,11 @@ class Workers(Options):
         on_error: "raise", or "skip" a corrupt sample: counted, named (``loader.skipped``) and
             replaced.
         max_pixels: The decompression-bomb limit; None: the dataset's own.
-        batch_timeout: Seconds a worker may take over one batch before the loader raises a
-            LoaderError naming it and stops the workers (a ``transform=`` that never
-            returns); None: wait (after 60 s the batch is named in a warning, each minute).
+        batch_timeout: Seconds a worker may take over one batch before a LoaderError names it;
+            None: wait (naming the batch in a warning each minute).
         max_scans: A JPEG's scans at most (scan bombs); None: the dataset's own.
-        max_pixels_per_byte: Pixels a JPEG may declare per byte of its file (a file cut short,
-            or claiming a size it cannot hold); None: the dataset's own. These bounds are checked
-            from the header, before anything is decoded (``imaging.check_jpeg``).
+        max_pixels_per_byte: Pixels a JPEG may declare per byte of its file (one cut short);
+            None: the dataset's own. Checked from the header, before decoding.
     """
 
     prefetch_factor: int | Auto = "auto"
@@ -211,15 +214,6 @@ class Workers(Options):
     batch_timeout: float | None = None
     max_scans: int | None = None
     max_pixels_per_byte: int | None = None
-
-    def _check(self) -> None:
-        if isinstance(self.prefetch_factor, int) and self.prefetch_factor < 1:
-            self._refuse("prefetch_factor")
-        for limit in ("max_pixels", "max_scans", "max_pixels_per_byte"):
-            if getattr(self, limit) is not None and getattr(self, limit) < 1:
-                self._refuse(limit)
-        if self.batch_timeout is not None and not self.batch_timeout > 0:
-            self._refuse("batch_timeout", "use seconds > 0, or None to wait (named in a warning)")
 
 
 @checked
@@ -262,10 +256,6 @@ class Output(Options):
         if (self.mean is None) != (self.std is None):
             raise ConfigError("mean and std go together: pass both, or mean=None, std=None for "
                               "no normalization", option="mean")
-        if self.std is not None and any(s <= 0 for s in self.std):
-            self._refuse("std", "values must be positive")
-        if not 0.0 <= self.min_box_fraction <= 1.0:
-            self._refuse("min_box_fraction")
 
 
 @checked
@@ -289,12 +279,6 @@ class Sampler(Options):
     shuffle_window: int | None = 8
     shuffle_buffer: int = 1000
 
-    def _check(self) -> None:
-        if self.shuffle_window is not None and self.shuffle_window < 1:
-            self._refuse("shuffle_window")
-        if self.shuffle_buffer < 1:
-            self._refuse("shuffle_buffer", "use a positive sample count")
-
 
 @checked
 @dataclass(frozen=True)
@@ -308,12 +292,6 @@ class RandomResizedCrop(Options):
 
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)
-
-    def _check(self) -> None:
-        if not 0 < self.scale[0] <= self.scale[1] <= 1:
-            self._refuse("scale", "use 0 < min <= max <= 1 (fractions of the image area)")
-        if not 0 < self.ratio[0] <= self.ratio[1]:
-            self._refuse("ratio", "use 0 < min <= max (width / height)")
 
 
 @checked
@@ -330,16 +308,12 @@ class Dali(Options):
     reader: DaliReader = "plan"
     hw_decoder_load: float = 0.65
 
-    def _check(self) -> None:
-        if not 0.0 <= self.hw_decoder_load <= 1.0:
-            self._refuse("hw_decoder_load", "use a fraction in [0, 1]")
-
 
 @checked
 @dataclass(frozen=True)
 class Remote(Options):
-    """``source=Remote(url, ...)``: a dataset in object storage, read through a node-local
-    cache (docs/remote.md).
+    """``source=Remote(url, ...)``: a dataset in object storage, through a local cache
+    (docs/remote.md).
 
     Args:
         url: s3://, gs://, https:// or hf:// (a local path works too).
@@ -362,8 +336,6 @@ class Remote(Options):
         if not isinstance(self.storage_options, (Mapping, type(None))):
             self._refuse("storage_options", "use a dict of the filesystem's options, or None")
         parse_limit(self.cache_limit)  # "200GB", bytes or None; a ConfigError names it
-        if self.timeout is not None and not self.timeout > 0:
-            self._refuse("timeout")
 
     def open(self) -> DatasetReader:
         """The dataset, through the cache."""
@@ -392,14 +364,6 @@ class Mix(Options):
     epoch_size: int | None = None
     classes: MixClasses = "equal"
 
-    def _check(self) -> None:
-        w = self.weights
-        if w is not None and not (isinstance(w, tuple) and w and all(conforms(v, float) for v in w)
-                                  and min(w) >= 0 and sum(w) > 0):
-            self._refuse("weights")
-        if self.epoch_size is not None and self.epoch_size < 1:
-            self._refuse("epoch_size")
-
     def opened(self) -> Sequence[Any] | Mapping[str, Any]:
         """The sources, each :class:`Remote` opened (plain paths are opened by the mix)."""
         def one(s: Any) -> Any:
@@ -416,14 +380,9 @@ class Mix(Options):
 @checked
 @dataclass(frozen=True)
 class LoaderConfig(Options):
-    """What to load, how to augment it, where to put it, and how to parallelize:
-    ``make_loader``'s options (see there) with its groups nested, checked when built.
-
-    ``make_loader``'s spellings are taken: an int ``size`` is a square, a group left None has
-    its defaults, ``crop=RandomResizedCrop(...)`` sets ``random_resized_crop`` and
-    ``backend=Dali(...)`` sets ``dali``. ``mix`` is a ``Mix`` source's (its weights, epoch size
-    and classes plan each epoch). ``loader.config`` is this object with every "auto" resolved.
-    """
+    """``make_loader``'s options (see there) with its groups nested, in its spellings (an int
+    ``size``, a group None, ``crop=RandomResizedCrop(...)``, ``backend=Dali(...)``); ``mix``: a
+    ``Mix`` source's. ``loader.config`` is this with every "auto" resolved."""
 
     batch_size: int
     shuffle: bool = True
@@ -458,22 +417,6 @@ class LoaderConfig(Options):
         return out
 
     def _check(self) -> None:
-        if self.batch_size < 1:
-            self._refuse("batch_size")
-        if self.seed < 0:
-            self._refuse("seed")
-        if self.size is not None and min(self.size) < 1:
-            self._refuse("size")
-        if isinstance(self.num_workers, int) and self.num_workers < 0:
-            self._refuse("num_workers")
-        if not isinstance(self.device, str) and not hasattr(self.device, "type"):
-            self._refuse("device")
-        if self.transform is not None and not callable(self.transform):
-            self._refuse("transform", "pass a function (sample, rng) -> sample or None")
-        if self.batch_transforms is not None and not (
-                callable(self.batch_transforms) or isinstance(self.batch_transforms, tuple)):
-            self._refuse("batch_transforms", "pass a list of batch operations "
-                         "(feedpipe.loader.augment) or functions fn(batch, generator) -> batch")
         if self.sampler.uneven == "mask" and self.drop_last:
             raise ConfigError("uneven='mask' pads the last batch to full size and marks the "
                               "padding in 'valid'; drop_last=True would drop real samples: use "
@@ -487,10 +430,8 @@ class LoaderConfig(Options):
 
 
 def auto_workers(decodes: bool, cores: int | None = None, local_procs: int | None = None) -> int:
-    """``num_workers="auto"``: one worker per core of this process's share of the usable cores
-    (``LOCAL_WORLD_SIZE`` processes share them): decoding is CPU-bound. Raw data is memory-bound:
-    at most :data:`RAW_WORKERS`, which load it faster than the main process
-    (``benchmarks/bench_kernel.py --groups raw``: benchmarks/RESULTS.md)."""
+    """``num_workers="auto"``: a worker per core of this process's share (``LOCAL_WORLD_SIZE``)
+    of the usable cores when decoding (CPU-bound), else at most :data:`RAW_WORKERS`."""
     cores = cores or usable_cores()
     local = local_procs or int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     share = max(1, cores // max(1, local))

@@ -1,9 +1,5 @@
-"""Conversion on Ray Data: ``feedpipe.ray.convert(paths_or_dataset, out, to="wds")``.
-
-Each Ray task packs one part (``feedpipe convert --part i/N``) with feedpipe's own converter into
-``out/parts/``; the driver then merges them as ``feedpipe merge`` does, so the result has the
-same schema and bytes as the CLI's from the same input. Needs ``pip install feedpipe[ray]``.
-"""
+"""Conversion on Ray Data: ``feedpipe.ray.convert(paths_or_dataset, out, to="wds")``: each task
+packs one part (``convert --part i/N``), then the parts merge, so the bytes are the CLI's."""
 
 from __future__ import annotations
 
@@ -19,15 +15,6 @@ from feedpipe.errors import ConfigError, MissingDependencyError
 
 if TYPE_CHECKING:
     import ray.data
-
-
-def _ray() -> Any:
-    try:
-        import ray
-    except ImportError as exc:
-        raise MissingDependencyError("feedpipe.ray needs Ray Data: pip install 'feedpipe[ray]'") \
-            from exc
-    return ray
 
 
 def source_of(data: str | os.PathLike[str] | Sequence[str] | ray.data.Dataset) -> Source:
@@ -75,7 +62,11 @@ def convert(data: str | os.PathLike[str] | Sequence[str] | ray.data.Dataset,
     ``targets``, ``writer_options``...); ``workers`` and ``val_fraction`` are not taken (Ray
     runs the parts in parallel; a part is one slice of the whole source).
     """
-    ray = _ray()
+    try:
+        import ray
+    except ImportError as exc:
+        raise MissingDependencyError("feedpipe.ray needs Ray Data: pip install 'feedpipe[ray]'") \
+            from exc
     for bad in ("workers", "val_fraction", "part"):
         if bad in options:
             raise ConfigError(f"feedpipe.ray.convert: {bad}= is not taken (Ray runs the parts; "
@@ -92,11 +83,11 @@ def convert(data: str | os.PathLike[str] | Sequence[str] | ray.data.Dataset,
     # part tasks back (measured: docs/distributed-conversion.md, benchmarks/RESULTS.md)
     ctx.op_resource_reservation_enabled = False
     try:
-        ds = ray.data.from_items([{"part": i} for i in range(parts)], override_num_blocks=parts)
-        ds = ds.map_batches(_pack, batch_size=1, num_cpus=1, fn_kwargs={
+        ds: Any = ray.data.from_items([{"part": i} for i in range(parts)],
+                                      override_num_blocks=parts)
+        ds.map_batches(_pack, batch_size=1, num_cpus=1, fn_kwargs={
             "source": source, "out": os.fspath(out), "to": to, "count": parts,
-            "options": options})
-        ds.materialize()
+            "options": options}).materialize()
     finally:
         ctx.op_resource_reservation_enabled = reserve
     return merge(out)
