@@ -13,7 +13,7 @@ import stat
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from feedpipe.errors import BadInputError, ConfigError, NotRegularFileError
 from feedpipe.paths import KINDS
@@ -318,11 +318,7 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]
     with open(path, newline="", encoding="utf-8") as fh:
         if path.suffix.lower() == ".csv":
             reader = csv.DictReader(fh)
-            twice = sorted(h for h, n in Counter(reader.fieldnames or ()).items() if n > 1)
-            if twice:
-                raise BadInputError(f"{path}: the header names {', '.join(map(repr, twice))} more "
-                                    "than once; one of each would be lost: give every column "
-                                    "its own name", file=path)
+            check_header(path, reader.fieldnames or ())
             for r in reader:
                 rows.append(dict(r))
                 lines.append(reader.line_num)
@@ -338,6 +334,17 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]
 
 
 _INT = re.compile(r"[+-]?\d+")
+
+
+def check_header(path: Path, header: Sequence[str]) -> None:
+    """Refuse a CSV header that names a column twice (one of each would be lost)."""
+    twice = [h for h, n in Counter(header).items() if n > 1]
+    if twice:
+        where = ", ".join(f"{h!r} (columns "
+                          f"{', '.join(str(j + 1) for j, g in enumerate(header) if g == h)})"
+                          for h in twice)
+        raise BadInputError(f"{path}: the header names {where} more than once; one of each "
+                            "would be lost: give every column its own name", file=path)
 
 
 class Twice(Exception):
