@@ -141,34 +141,26 @@ def _field(name: str, arr: np.ndarray, block: bool = False) -> Field:
 
 # --- missing values ---------------------------------------------------------------------------------
 
-def missing_report(cols: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """NaN and infinities per field: values (``infinite`` of them, when any), rows, and the
-    first rows holding one (fields without: absent)."""
-    out: dict[str, Any] = {}
+def missing_report(cols: Mapping[str, np.ndarray], report: dict[str, Any] | None = None,
+                   first_row: int = 0) -> dict[str, Any]:
+    """NaN and infinities per field of the rows ``cols`` (row ``first_row`` first), added to
+    ``report``: values (``infinite`` of them, when any), rows, and the first rows holding one
+    (fields without: absent)."""
+    out: dict[str, Any] = {} if report is None else report
     for k, a in cols.items():
         if a.dtype.kind not in "fc" or not len(a):
             continue
-        rows = (~np.isfinite(a)).reshape(len(a), -1).any(axis=1)
+        gaps = ~np.isfinite(a)
+        rows = gaps.reshape(len(a), -1).any(axis=1)
         if rows.any():
-            inf = int(np.isinf(a).sum())
-            out[k] = {"values": int((~np.isfinite(a)).sum()), "rows": int(rows.sum()),
-                      "first_rows": np.flatnonzero(rows)[:FIRST_ROWS].tolist(),
-                      **({"infinite": inf} if inf else {})}
-    return out
-
-
-def _add_missing(report: dict[str, Any], k: int, values: Mapping[str, Any]) -> None:
-    """Sample ``k`` added to :func:`missing_report`'s report (iterable sources)."""
-    for name, v in values.items():
-        if isinstance(v, np.ndarray) and v.dtype.kind in "fc" and \
-                (n := int((~np.isfinite(v)).sum())):
-            entry = report.setdefault(name, {"values": 0, "rows": 0, "first_rows": []})
-            entry["values"] += n
-            entry["rows"] += 1
-            if inf := int(np.isinf(v).sum()):
+            entry = out.setdefault(k, {"values": 0, "rows": 0, "first_rows": []})
+            entry["values"] += int(gaps.sum())
+            entry["rows"] += int(rows.sum())
+            entry["first_rows"] += (np.flatnonzero(rows)[:FIRST_ROWS - len(entry["first_rows"])]
+                                    + first_row).tolist()
+            if inf := int(np.isinf(a).sum()):
                 entry["infinite"] = entry.get("infinite", 0) + inf
-            if len(entry["first_rows"]) < FIRST_ROWS:
-                entry["first_rows"].append(k)
+    return out
 
 
 # --- sources ----------------------------------------------------------------------------------------
@@ -207,8 +199,7 @@ def _samples(data: Iterable[Mapping[str, Any]], roots: tuple[Path, ...], info: d
         if a.dtype.kind == TEXT and a.ndim:
             raise BadInputError(f"{where}: sample 0 {k!r} is text of shape {a.shape}; text is "
                                 "stored one string per sample")
-    fields = tuple(ArrayField(k, dtype=a.dtype.str, shape=a.shape) if a.dtype.kind != TEXT
-                   else JsonField(k) for k, a in head.items())
+    fields = tuple(_field(k, a[None]) for k, a in head.items())
     count = len(data) if hasattr(data, "__len__") else 0  # type: ignore[arg-type]
     info["missing"] = {}
 
@@ -217,7 +208,8 @@ def _samples(data: Iterable[Mapping[str, Any]], roots: tuple[Path, ...], info: d
         for k, sample in enumerate(chain([first], it)):
             values, why = _sample(sample, head, k)
             if why is None:
-                _add_missing(info["missing"], k, values)
+                missing_report({n: v[None] for n, v in values.items()
+                                if isinstance(v, np.ndarray)}, info["missing"], k)
             yield Record(f"sample {k}", values=values, problem=why)
         info["inputs"] = k + 1
 

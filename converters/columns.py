@@ -131,7 +131,7 @@ def apply_columns(source: Source, cols: LabelColumns | None) -> Source:
     if cols.text:
         fields.append(TextField(cols.text, vocab=cols.vocab))
     for n in cols.arrays:
-        arrs = [_array_row(v, source, n, k, bad) for k, v in enumerate(values[n])]
+        arrs = [_array(v, source, n, k, bad) for k, v in enumerate(values[n])]
         good = [a for k, a in enumerate(arrs) if k not in bad]
         fields.append(ArrayField(n, good[0].dtype.str if good else "float32", _shape(good)))
         values[n] = arrs
@@ -264,29 +264,29 @@ def _boxes(v: Any, name: str, k: int, bad: dict[int, str]) -> dict[str, np.ndarr
     return {"boxes": r[:, :4], "labels": r[:, 4].astype(np.int64)}
 
 
-def _array_row(v: Any, source: Source, name: str, k: int, bad: dict[int, str]) -> np.ndarray:
+def _array(value: Any, source: Source, name: str, k: int, bad: dict[int, str]) -> np.ndarray:
+    """A ``.npy`` path (read without pickle) or a JSON list as a numeric array; a bad one refuses
+    row ``k``."""
+    what = f"column {name!r}"
     try:
-        return _array(v, source, f"column {name!r}")
+        if isinstance(value, str):
+            path = source.root / value
+            why = outside(source.root, value) if source.contained else None
+            if why is not None:
+                raise BadInputError(f"{what}: {value}: {why}")
+            try:
+                with os.fdopen(open_regular(path), "rb") as fh:  # never a FIFO or a device
+                    arr = np.load(fh, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise BadInputError(f"{path}: {what}: cannot read a .npy without pickle: "
+                                    f"{exc}") from exc
+        else:
+            arr = np.asarray(value)
+        if arr.dtype.hasobject or arr.dtype.kind not in "biuf":
+            raise BadInputError(f"{what}: arrays must be numeric, got {arr.dtype}")
     except (BadInputError, TypeError, ValueError) as exc:
         bad.setdefault(k, str(exc))
         return np.zeros(0)
-
-
-def _array(value: Any, source: Source, what: str) -> np.ndarray:
-    if isinstance(value, str):
-        path = source.root / value
-        why = outside(source.root, value) if source.contained else None
-        if why is not None:
-            raise BadInputError(f"{what}: {value}: {why}")
-        try:
-            with os.fdopen(open_regular(path), "rb") as fh:  # never a FIFO or a device
-                arr = np.load(fh, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise BadInputError(f"{path}: {what}: cannot read a .npy without pickle: {exc}") from exc
-    else:
-        arr = np.asarray(value)
-    if arr.dtype.hasobject or arr.dtype.kind not in "biuf":
-        raise BadInputError(f"{what}: arrays must be numeric, got {arr.dtype}")
     return arr
 
 

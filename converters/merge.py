@@ -71,7 +71,6 @@ class MergeTarget:
     def __init__(self, out: str | os.PathLike[str],
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.store: Store = open_store(out, storage_options)
-        self.options = storage_options
         self.parts = self.store.where(PARTS_DIR)
         if self.store.remote:  # two merges of one URL on this machine
             where = cache_dir() / "merge"
@@ -87,12 +86,6 @@ class MergeTarget:
         names = {n.split("/")[1] for n in self.store.names()
                  if n.startswith(PARTS_DIR + "/") and n.count("/") >= 2}
         return [self.part_path(n) for n in sorted(names) if fnmatch.fnmatch(n, "part-*-of-*")]
-
-    def read_part(self, where: str | os.PathLike[str]) -> PartInfo:
-        """The part at ``where`` (a folder, or a URL in this store's object store)."""
-        if self.store.remote:
-            return read_part(str(where).rstrip("/"), read_manifest(str(where), self.options))
-        return read_part(Path(where))
 
     def check_target(self, names: set[str]) -> None:
         """OUT may hold only its parts and what an interrupted merge of it left."""
@@ -166,9 +159,10 @@ def expand(parts: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return out
 
 
-def read_part(path: Path | str, manifest: Manifest | None = None) -> PartInfo:
-    """A part's manifest (complete, or BadInputError naming it) and its part entry."""
-    m = Manifest.read(path) if manifest is None else manifest
+def read_part(path: Path | str, storage_options: Mapping[str, Any] | None = None) -> PartInfo:
+    """A part's manifest (complete, or BadInputError naming it) and its part entry; ``path``: a
+    folder, or a URL with its ``storage_options``."""
+    m = read_manifest(path, storage_options)
     p = m.conversion.get("part")
     if not isinstance(p, dict):
         raise BadInputError(f"{path}: not a part of a split conversion (its manifest has no "
@@ -256,9 +250,11 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
     target = MergeTarget(out, storage_options)
     seen: dict[str, str | Path] = {}
     for p in [*target.listed_parts(), *(expand(parts) if not target.store.remote else parts)]:
-        key = str(p).rstrip("/") if target.store.remote else str(Path(p).resolve())
-        seen.setdefault(key, p)
-    infos = [target.read_part(p) for p in seen.values()]
+        if target.store.remote:
+            seen.setdefault(str(p).rstrip("/"), str(p).rstrip("/"))
+        else:
+            seen.setdefault(str(Path(p).resolve()), Path(p))
+    infos = [read_part(p, storage_options) for p in seen.values()]
     if not target.store.remote:
         target.out.parent.mkdir(parents=True, exist_ok=True)
     ordered, schema = check_parts(infos)
