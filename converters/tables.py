@@ -159,11 +159,7 @@ def _npz(p: Path, max_bytes: int) -> dict[str, np.ndarray]:
         for k in z.files:
             info = z.zip.getinfo(names[k])
             what = f"{p}: array {k!r}"
-            if info.file_size > max_bytes:
-                raise BadInputError(f"{what} holds {info.file_size:,} bytes ({info.compress_size:,} "
-                                    f"stored), over the bound of {max_bytes:,} for one array of "
-                                    "a table, which is read whole into memory (max_member_bytes, "
-                                    "--max-member-size); raise it for a real large array")
+            _bound(what, info.file_size, max_bytes, f" ({info.compress_size:,} stored)")
             try:
                 out[k] = as_array(npy_decode(z.zip.read(names[k]), what), what)
             except (zipfile.BadZipFile, CorruptRecordError, UnsafeDataError, OSError) as exc:
@@ -222,7 +218,7 @@ def _read_parquet(p: Path, columns: Sequence[str] | None, max_bytes: int) -> Any
     for name in names:
         t = schema.field(name).type
         if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-            _bound(p, name, rows * max(1, t.bit_width // 8), max_bytes)
+            _bound(f"{p}: column {name!r}", rows * max(1, t.bit_width // 8), max_bytes)
         else:
             fixed = False
     if fixed:
@@ -231,17 +227,17 @@ def _read_parquet(p: Path, columns: Sequence[str] | None, max_bytes: int) -> Any
     for batch in pf.iter_batches(batch_size=1 << 16, columns=names):
         for name, col in zip(batch.schema.names, batch.columns, strict=True):
             sizes[name] += col.nbytes
-            _bound(p, name, sizes[name], max_bytes)
+            _bound(f"{p}: column {name!r}", sizes[name], max_bytes, " or more")
         batches.append(batch)
     return pa.Table.from_batches(batches) if batches else pf.read(columns=names)
 
 
-def _bound(p: Path, name: str, nbytes: int, max_bytes: int) -> None:
+def _bound(what: str, nbytes: int, max_bytes: int, detail: str = "") -> None:
     if nbytes > max_bytes:
-        raise BadInputError(f"{p}: column {name!r} holds over {max_bytes:,} bytes, the bound for "
-                            "one array of a table, which is read whole into memory "
-                            "(max_member_bytes, --max-member-size); raise it for a real large "
-                            "column")
+        raise BadInputError(f"{what} holds {nbytes:,} bytes{detail}, over the bound of "
+                            f"{max_bytes:,} for one array of a table, which is read whole into "
+                            "memory (max_member_bytes, --max-member-size); raise it for a real "
+                            "large array")
 
 
 def _arrow_nulls(col: Any, what: str) -> None:
