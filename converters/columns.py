@@ -23,6 +23,7 @@ from feedpipe.schema.fields import ArrayField, Field
 from feedpipe.schema.geometric import BoxesField, KeypointsField, TextField
 
 from .sources import Source, SourceItem, open_regular, outside
+from .swap import shown
 
 GEOMETRIC_NAMES = frozenset({"keypoints", "landmarks", "points", "bbox", "bboxes", "box", "boxes",
                              "x", "y", "x1", "y1", "x2", "y2", "polygon", "segmentation"})
@@ -175,7 +176,6 @@ class KeypointCheck:
     stored visibility of 0 do not count (COCO writes them as 0, 0). Per sample only references
     are kept; the check runs once, vectorized, in :meth:`warn`."""
 
-    SHOWN = 5  # files named per finding
     CHUNK = 1 << 16  # samples judged at once (bounded memory)
 
     def __init__(self, fields: Sequence[Field]) -> None:
@@ -206,14 +206,14 @@ class KeypointCheck:
             if unit.any():
                 rels = [r for r, u in zip(self.rels, unit, strict=True) if u]
                 said.append(f"{where}: keypoints {f.name!r} of {len(rels)} of {n} samples all "
-                            f"lie in [0, 1] ({self._some(rels)}): normalized coordinates? They "
+                            f"lie in [0, 1] ({shown(rels)}): normalized coordinates? They "
                             "are read as pixels of the image as decoded: multiply x by its "
                             "width and y by its height")
             if far.any():
                 rels = [f"{r} ({w}x{h}: {o} of {c})" for r, (w, h), o, c, x
                         in zip(self.rels, self.sizes, out, count, far, strict=True) if x]
                 said.append(f"{where}: keypoints {f.name!r}: most points of {len(rels)} of {n} "
-                            f"samples lie outside their image ({self._some(rels)} outside): x "
+                            f"samples lie outside their image ({shown(rels)} outside): x "
                             "and y swapped, or coordinates of another image size? They are "
                             "pixels of the image as decoded (EXIF orientation applied)")
         for text in said:
@@ -233,9 +233,6 @@ class KeypointCheck:
         unit = (count > 0) & ~beyond & (top > 0) & (wh.max((1, 2)) > 2)
         out = (judged & ((xy < 0) | (xy > wh)).any(-1)).sum(1)
         return unit, out, count
-
-    def _some(self, rels: list[str]) -> str:
-        return ", ".join(rels[:self.SHOWN]) + (" ..." if len(rels) > self.SHOWN else "")
 
 
 def _keypoints(cells: list[Any], name: str, bad: dict[int, str]) -> list[np.ndarray]:

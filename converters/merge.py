@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -335,7 +335,7 @@ def _wds_index(store: Store, parts: list[Manifest], dirs: list[str], schema: Sch
     def load(name: str) -> np.ndarray:
         return np.load(io.BytesIO(store.read_bytes(name)), allow_pickle=False)
 
-    cols: list[list[np.ndarray]] = [[], [], [], []]
+    cols: list[list[np.ndarray]] = [[], [], [], []]  # offsets, shard of, keys, CRCs
     shards: list[str] = []
     kept = parts[0].extra.get("index_fields")
     in_index = np.asarray([f.name in (kept or ()) for f in schema], bool)
@@ -344,31 +344,26 @@ def _wds_index(store: Store, parts: list[Manifest], dirs: list[str], schema: Sch
     for m, d in zip(parts, dirs, strict=True):
         if m.extra.get("index_fields") != kept:
             raise BadInputError(f"{d}: index fields {m.extra.get('index_fields')}, the first "
-                             f"part has {kept}; convert every part with the same options")
-        arrays = [load(f"{d}/{n}") for n in INDEX_FILES]
-        crc = load(f"{d}/{CRC_FILE}")
-        arrays[1] = arrays[1].astype(np.int32) + len(shards)
+                                f"part has {kept}; convert every part with the same options")
+        offsets, shard_of, keys, crcs = (load(f"{d}/{n}") for n in (*INDEX_FILES, CRC_FILE))
         if kept:  # spans of index fields point into the packed values: shift them
-            arrays[0] = np.array(arrays[0], np.int64)
-            arrays[0][:, in_index, 0] += packed
+            offsets = np.array(offsets, np.int64)
+            offsets[:, in_index, 0] += packed
             values.append(load(f"{d}/{VALUES_FILE}"))
             packed += len(values[-1])
-        for col, a in zip(cols, [*arrays, crc], strict=True):
+        for col, a in zip(cols, (offsets, shard_of.astype(np.int32) + len(shards), keys, crcs),
+                          strict=True):
             col.append(a)
         shards += [f"{d}/{s}" for s in m.extra.get("shards", [])]
-    offsets, shard_of, keys, crcs = (np.concatenate(c) for c in cols)
-    keys = keys.astype(f"S{max(1, max((k.dtype.itemsize for k in cols[2]), default=1))}")
+    arrays = [np.concatenate(c) for c in cols]  # keys: the widest parts' byte strings
+    keys = arrays[2]
     if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()):
         k = int(np.flatnonzero(keys[1:] <= keys[:-1])[0])
         raise BadInputError(f"key {keys[k + 1].decode()} follows {keys[k].decode()}: keys "
-                         "repeat or leave the source order across parts; convert every part "
-                         "with this feedpipe's --part")
-    arrays = [offsets, shard_of, keys, crcs]
+                            "repeat or leave the source order across parts; convert every part "
+                            "with this feedpipe's --part")
     if kept:
         arrays.append(np.concatenate(values).astype(np.uint8))
-    written = []
-    for name, arr in zip(WDS_NAMES, arrays, strict=True):
-        def save(fh: BinaryIO, arr: np.ndarray = arr) -> None:
-            np.save(fh, arr, allow_pickle=False)
-        written.append(FileEntry(name, *store.write(name, save)))
+    written = [FileEntry(n, *store.write(n, lambda fh, a=a: np.save(fh, a, allow_pickle=False)))
+               for n, a in zip(WDS_NAMES, arrays, strict=True)]
     return written, {"shards": shards, **({"index_fields": kept} if kept else {})}
