@@ -272,7 +272,7 @@ def _array(value: Any, source: Source, name: str, k: int, bad: dict[int, str]) -
             if why is not None:
                 raise BadInputError(f"{what}: {value}: {why}")
             try:
-                with os.fdopen(open_regular(path), "rb") as fh:  # never a FIFO or a device
+                with os.fdopen(open_regular(path)[0], "rb") as fh:  # never a FIFO or a device
                     arr = np.load(fh, allow_pickle=False)
             except (OSError, ValueError) as exc:
                 raise BadInputError(f"{path}: {what}: cannot read a .npy without pickle: "

@@ -71,7 +71,6 @@ class MergeTarget:
     def __init__(self, out: str | os.PathLike[str],
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.store: Store = open_store(out, storage_options)
-        self.parts = self.store.where(PARTS_DIR)
         if self.store.remote:  # two merges of one URL on this machine
             where = cache_dir() / "merge"
             where.mkdir(parents=True, exist_ok=True)
@@ -111,8 +110,9 @@ class MergeTarget:
             if str(src).rstrip("/") == dest:
                 return False
             raise BadInputError(f"{src}: on object storage a merge takes only the parts already "
-                             f"under {self.parts}/ (it never copies shards); convert them with "
-                             f"`feedpipe convert ... -o {self.store.url} --part i/N`")
+                                f"under {self.store.where(PARTS_DIR)}/ (it never copies shards); "
+                                f"convert them with `feedpipe convert ... -o {self.store.url} "
+                                "--part i/N`")
         src, to = Path(src), Path(dest)
         if src.resolve() == to.resolve():
             return False

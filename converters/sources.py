@@ -77,15 +77,11 @@ class Source:
         return [{"path": p, "reason": r} for p, r in (*self.refused, *self.ignored)]
 
 
-def open_regular(path: str | os.PathLike[str]) -> int:
-    """A read-only descriptor of ``path`` when it is a regular file (symlinks followed). It is
-    opened non-blocking (opening a FIFO waits for a writer, forever) and checked with ``fstat``:
-    a FIFO, a device (``/dev/zero`` never ends), a socket or a folder is closed again and refused
-    with :class:`NotRegularFileError` before a byte is read."""
-    return _open_regular(path)[0]
-
-
-def _open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of ``path`` and its ``fstat`` when it is a regular file (symlinks
+    followed). It is opened non-blocking (opening a FIFO waits for a writer, forever): a FIFO, a
+    device (``/dev/zero`` never ends), a socket or a folder is closed again and refused with
+    :class:`NotRegularFileError` before a byte is read."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -105,7 +101,7 @@ def read_regular(path: str | os.PathLike[str]) -> bytes:
     """A whole regular file (:func:`open_regular`'s check) in four system calls
     (``Path.read_bytes`` takes eight: buffered open's isatty and seeks, and a second read to see
     the end; ~10 µs an image in a passthrough conversion)."""
-    fd, st = _open_regular(path)
+    fd, st = open_regular(path)
     try:
         size = st.st_size
         data = os.read(fd, size + 1)
@@ -347,10 +343,6 @@ def check_header(path: Path, header: Sequence[str]) -> None:
                             "would be lost: give every column its own name", file=path)
 
 
-class Twice(Exception):
-    """A JSON object that gives a key twice (``json`` would keep the last value only)."""
-
-
 def json_lines(path: Path, invalid: str, **decode: Any) -> Iterator[tuple[int, Any, str | None]]:
     """Each non-blank line of a JSONL file: (line number, value, None), or (line number, None,
     why) for a line that is not JSON (``invalid``: the reason's start) or gives a key twice."""
@@ -361,7 +353,7 @@ def json_lines(path: Path, invalid: str, **decode: Any) -> Iterator[tuple[int, A
                 continue
             try:
                 yield n, decoder.decode(line), None
-            except Twice as exc:
+            except KeyError as exc:  # from json_object
                 yield n, None, (f"key {exc.args[0]!r} is given twice in this object (one value "
                                 "would be lost)")
             except ValueError as exc:
@@ -369,10 +361,11 @@ def json_lines(path: Path, invalid: str, **decode: Any) -> Iterator[tuple[int, A
 
 
 def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json``'s object hook that refuses a key given twice."""
+    """``json``'s object hook that refuses a key given twice (a KeyError naming it): ``json``
+    would keep the last value only."""
     d = dict(pairs)
     if len(d) != len(pairs):
-        raise Twice(next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1))
+        raise KeyError(next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1))
     return d
 
 
@@ -381,10 +374,9 @@ def manifest_labels(path: Path, rows: list[dict[str, Any]], how: LabelsAs = "aut
     """Each row's label index (-1: none) and the class names, read one way for every row
     (``labels=``, docs/convert.md). A column mixing integers and names is refused under "auto",
     naming the rows of the smaller kind: one ``unknown`` among 0..11 would renumber every class."""
-    where = (f"labels={how!r}", f"unlabeled={unlabeled!r}")
     if how not in ("auto", "ints", "names") or unlabeled not in ("refuse", "keep"):
-        raise ConfigError(f"{', '.join(where)}: use labels='auto', 'ints' or 'names' and "
-                          "unlabeled='refuse' or 'keep'",
+        raise ConfigError(f"labels={how!r}, unlabeled={unlabeled!r}: use labels='auto', 'ints' or "
+                          "'names' and unlabeled='refuse' or 'keep'",
                           option="labels" if how not in ("auto", "ints", "names") else "unlabeled")
     kinds: dict[str, list[int]] = {"empty": [], "int": [], "name": [], "bad": []}
     for n, r in enumerate(rows):
