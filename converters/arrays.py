@@ -6,7 +6,6 @@ for :class:`feedpipe.dataset.windows.Windows`."""
 
 from __future__ import annotations
 
-import re
 import warnings
 from dataclasses import replace
 from itertools import chain
@@ -28,7 +27,6 @@ TEXT = "U"  # numpy str: stored as JSON text
 RESERVED = ("image", "path")  # image fields and source paths have their own meaning
 FIRST_ROWS = 10  # rows named per field in the missing-value report
 BLOCK_BYTES = 1 << 20  # series blocks of about this many bytes
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 Arrays = Mapping[str, Any]
 
@@ -89,7 +87,7 @@ def pack_arrays(data: Arrays | Iterable[Mapping[str, Any]], out: str | Path, *, 
 
 def check_name(name: object, where: str) -> str:
     """A key as a field name: an identifier, not one of :data:`RESERVED`."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not (name.isascii() and name.isidentifier()):
         raise BadInputError(f"{where}: key {name!r} is not a field name (letters, digits and _, "
                             "not starting with a digit); rename it")
     if name in RESERVED:

@@ -1,11 +1,7 @@
 """Typed manifest columns: a CSV/JSONL manifest's keypoints, boxes, text and array columns become
 fields of their own (which the loader transforms with the image) instead of the ``meta`` JSON
-passthrough. Columns left in ``meta`` whose names look geometric get a warning.
-
-Values: JSON (a CSV cell holds JSON text) — keypoints ``[[x, y], ...]`` or ``[[x, y, v], ...]``;
-boxes ``[[x1, y1, x2, y2, label], ...]`` (xyxy pixels of the stored image); text a string; an
-array a path to a ``.npy`` file (relative to the manifest; read without pickle) or a JSON list.
-"""
+passthrough (:class:`LabelColumns`). Columns left in ``meta`` whose names look geometric get a
+warning."""
 
 from __future__ import annotations
 
@@ -32,13 +28,15 @@ GEOMETRIC_NAMES = frozenset({"keypoints", "landmarks", "points", "bbox", "bboxes
 @dataclass(frozen=True)
 class LabelColumns:
     """``convert(..., columns=LabelColumns(...))``: which manifest columns hold typed labels
-    (``--keypoints-column`` and the like; docs/fields.md).
+    (``--keypoints-column`` and the like; docs/fields.md). Values are JSON (a CSV cell holds
+    JSON text); coordinates are pixels of the stored image.
 
     Args:
         keypoints: A column of ``[[x, y(, v)], ...]`` (the same K in every row).
         boxes: A column of ``[[x1, y1, x2, y2, label], ...]``.
         text: A column of text (CTC-ready when ``vocab`` is given).
-        arrays: Columns of ``.npy`` paths (relative to the manifest) or JSON lists.
+        arrays: Columns of ``.npy`` paths (relative to the manifest; read without pickle) or
+            JSON lists.
         flip_indices: For each landmark, the one it becomes under a horizontal flip.
         vocab: The text's characters: character ``c`` is stored as ``vocab.index(c) + 1`` (0 is
             CTC's blank and the padding).
@@ -51,7 +49,7 @@ class LabelColumns:
     arrays: tuple[str, ...] = ()
     flip_indices: tuple[int, ...] | None = None
     vocab: str | None = None
-    classes: tuple[str, ...] | None = None  # box category names (labels are indices into them)
+    classes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         flip = self.flip_indices
