@@ -187,8 +187,7 @@ def _samples(data: Iterable[Mapping[str, Any]], roots: tuple[Path, ...], info: d
     try:
         first = next(it)
     except StopIteration:
-        raise BadInputError(f"{where}: wrote 0 samples: the source holds no "
-                            "samples") from None
+        raise BadInputError(f"{where}: wrote 0 samples: the source holds no samples") from None
     if not isinstance(first, Mapping) or not first:
         raise BadInputError(f"{where}: sample 0 is {type(first).__name__}, not a dict of values")
     head = {check_name(k, where): as_array(v, f"{where}: sample 0 {k!r}")

@@ -251,9 +251,8 @@ def _pack_files(source: Source, target: PackTarget, opts: PackOptions,
             part, source, target.out, target.to, opts, val_fraction, target.storage_options)
         items = items[target.key0:stop]
     val_mask = split_indices(len(items), val_fraction, seed) if val_fraction else None
-    names: list[str] = ["train", "val"] if val_mask is not None else [""]
-    if source.split_by == "separate":
-        names = list(source.split_names)
+    names = list(source.split_names) if source.split_by == "separate" else \
+        ["train", "val"] if val_mask is not None else [""]
     result = ConvertResult(target.out, ignored=len(source.not_taken),
                            ignored_files=source.not_taken,
                            unmatched_masks=list(source.unmatched_masks), image_codec=codec,
