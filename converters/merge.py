@@ -250,10 +250,8 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
     target = MergeTarget(out, storage_options)
     seen: dict[str, str | Path] = {}
     for p in [*target.listed_parts(), *(expand(parts) if not target.store.remote else parts)]:
-        if target.store.remote:
-            seen.setdefault(str(p).rstrip("/"), str(p).rstrip("/"))
-        else:
-            seen.setdefault(str(Path(p).resolve()), Path(p))
+        key = str(p).rstrip("/") if target.store.remote else str(Path(p).resolve())
+        seen.setdefault(key, key if target.store.remote else Path(p))
     infos = [read_part(p, storage_options) for p in seen.values()]
     if not target.store.remote:
         target.out.parent.mkdir(parents=True, exist_ok=True)
@@ -284,8 +282,7 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
                            "start": i.start, "stop": i.stop,
                            **{k: v for k, v in i.manifest.extra.items() if k == "dataset_id"}}
                           for d, i in zip(dirs, adopted, strict=True)]
-        manifest = _merged_manifest(adopted, schema, files, extra, result)
-        target.commit(manifest)
+        target.commit(_merged_manifest(adopted, schema, files, extra, result))
     finally:
         target.lock.release()
     result.seconds = time.perf_counter() - t0

@@ -274,14 +274,12 @@ def _csv(p: Path, skipped: list[dict[str, str]], strict: bool) -> dict[str, np.n
         cells: list[list[str]] = []
         lines: list[int] = []
         for row in reader:
-            if len(row) != len(header):
-                if not row:
-                    continue
+            if len(row) == len(header):
+                cells.append(row)
+                lines.append(reader.line_num)
+            elif row:  # a blank line is no row
                 _skip(p, reader.line_num, f"{len(row)} cells, the header has {len(header)}",
                       skipped, strict)
-                continue
-            cells.append(row)
-            lines.append(reader.line_num)
     if not cells:
         raise BadInputError(f"{p}: the table has a header but no rows")
     return {h: _column([r[j] for r in cells], f"{p}: column {h!r}", lines)
