@@ -214,10 +214,10 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
         source = attach_masks(source, masks)
     palette, left_out = resolve_palette(mask_palette, [i.mask for i in source.items if i.mask],
                                         options.max_pixels)
-    for given, name, why in ((mask_palette is not None, "mask_palette", "maps colour masks"),
-                             (options.ignore_index is not None, "ignore_index", "is a mask value"),
-                             (options.targets, "targets", "are computed from masks")):
-        if given and not source.masked:
+    for used, name, why in ((mask_palette is not None, "mask_palette", "maps colour masks"),
+                            (options.ignore_index is not None, "ignore_index", "is a mask value"),
+                            (options.targets, "targets", "are computed from masks")):
+        if used and not source.masked:
             raise ConfigError(f"{name} {why}: pass masks=DIR (--masks) or a manifest with a "
                               "'mask' column", option=name)
     opts = replace(options, masks=source.masked, mask_palette=palette)
