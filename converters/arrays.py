@@ -6,7 +6,6 @@ for :class:`feedpipe.dataset.windows.Windows`."""
 
 from __future__ import annotations
 
-import re
 import warnings
 from dataclasses import replace
 from itertools import chain
@@ -28,7 +27,6 @@ TEXT = "U"  # numpy str: stored as JSON text
 RESERVED = ("image", "path")  # image fields and source paths have their own meaning
 FIRST_ROWS = 10  # rows named per field in the missing-value report
 BLOCK_BYTES = 1 << 20  # series blocks of about this many bytes
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 Arrays = Mapping[str, Any]
 
@@ -89,7 +87,7 @@ def pack_arrays(data: Arrays | Iterable[Mapping[str, Any]], out: str | Path, *, 
 
 def check_name(name: object, where: str) -> str:
     """A key as a field name: an identifier, not one of :data:`RESERVED`."""
-    if not isinstance(name, str) or not _NAME.match(name):
+    if not isinstance(name, str) or not (name.isascii() and name.isidentifier()):
         raise BadInputError(f"{where}: key {name!r} is not a field name (letters, digits and _, "
                             "not starting with a digit); rename it")
     if name in RESERVED:
@@ -141,34 +139,26 @@ def _field(name: str, arr: np.ndarray, block: bool = False) -> Field:
 
 # --- missing values ---------------------------------------------------------------------------------
 
-def missing_report(cols: Mapping[str, np.ndarray]) -> dict[str, Any]:
-    """NaN and infinities per field: values (``infinite`` of them, when any), rows, and the
-    first rows holding one (fields without: absent)."""
-    out: dict[str, Any] = {}
+def missing_report(cols: Mapping[str, np.ndarray], report: dict[str, Any] | None = None,
+                   first_row: int = 0) -> dict[str, Any]:
+    """NaN and infinities per field of the rows ``cols`` (row ``first_row`` first), added to
+    ``report``: values (``infinite`` of them, when any), rows, and the first rows holding one
+    (fields without: absent)."""
+    out: dict[str, Any] = {} if report is None else report
     for k, a in cols.items():
         if a.dtype.kind not in "fc" or not len(a):
             continue
-        rows = (~np.isfinite(a)).reshape(len(a), -1).any(axis=1)
+        gaps = ~np.isfinite(a)
+        rows = gaps.reshape(len(a), -1).any(axis=1)
         if rows.any():
-            inf = int(np.isinf(a).sum())
-            out[k] = {"values": int((~np.isfinite(a)).sum()), "rows": int(rows.sum()),
-                      "first_rows": np.flatnonzero(rows)[:FIRST_ROWS].tolist(),
-                      **({"infinite": inf} if inf else {})}
-    return out
-
-
-def _add_missing(report: dict[str, Any], k: int, values: Mapping[str, Any]) -> None:
-    """Sample ``k`` added to :func:`missing_report`'s report (iterable sources)."""
-    for name, v in values.items():
-        if isinstance(v, np.ndarray) and v.dtype.kind in "fc" and \
-                (n := int((~np.isfinite(v)).sum())):
-            entry = report.setdefault(name, {"values": 0, "rows": 0, "first_rows": []})
-            entry["values"] += n
-            entry["rows"] += 1
-            if inf := int(np.isinf(v).sum()):
+            entry = out.setdefault(k, {"values": 0, "rows": 0, "first_rows": []})
+            entry["values"] += int(gaps.sum())
+            entry["rows"] += int(rows.sum())
+            entry["first_rows"] += (np.flatnonzero(rows)[:FIRST_ROWS - len(entry["first_rows"])]
+                                    + first_row).tolist()
+            if inf := int(np.isinf(a).sum()):
                 entry["infinite"] = entry.get("infinite", 0) + inf
-            if len(entry["first_rows"]) < FIRST_ROWS:
-                entry["first_rows"].append(k)
+    return out
 
 
 # --- sources ----------------------------------------------------------------------------------------
@@ -197,8 +187,7 @@ def _samples(data: Iterable[Mapping[str, Any]], roots: tuple[Path, ...], info: d
     try:
         first = next(it)
     except StopIteration:
-        raise BadInputError(f"{where}: wrote 0 samples: the source holds no "
-                            "samples") from None
+        raise BadInputError(f"{where}: wrote 0 samples: the source holds no samples") from None
     if not isinstance(first, Mapping) or not first:
         raise BadInputError(f"{where}: sample 0 is {type(first).__name__}, not a dict of values")
     head = {check_name(k, where): as_array(v, f"{where}: sample 0 {k!r}")
@@ -207,8 +196,7 @@ def _samples(data: Iterable[Mapping[str, Any]], roots: tuple[Path, ...], info: d
         if a.dtype.kind == TEXT and a.ndim:
             raise BadInputError(f"{where}: sample 0 {k!r} is text of shape {a.shape}; text is "
                                 "stored one string per sample")
-    fields = tuple(ArrayField(k, dtype=a.dtype.str, shape=a.shape) if a.dtype.kind != TEXT
-                   else JsonField(k) for k, a in head.items())
+    fields = tuple(_field(k, a[None]) for k, a in head.items())
     count = len(data) if hasattr(data, "__len__") else 0  # type: ignore[arg-type]
     info["missing"] = {}
 
@@ -217,7 +205,8 @@ def _samples(data: Iterable[Mapping[str, Any]], roots: tuple[Path, ...], info: d
         for k, sample in enumerate(chain([first], it)):
             values, why = _sample(sample, head, k)
             if why is None:
-                _add_missing(info["missing"], k, values)
+                missing_report({n: v[None] for n, v in values.items()
+                                if isinstance(v, np.ndarray)}, info["missing"], k)
             yield Record(f"sample {k}", values=values, problem=why)
         info["inputs"] = k + 1
 

@@ -1,11 +1,7 @@
 """Typed manifest columns: a CSV/JSONL manifest's keypoints, boxes, text and array columns become
 fields of their own (which the loader transforms with the image) instead of the ``meta`` JSON
-passthrough. Columns left in ``meta`` whose names look geometric get a warning.
-
-Values: JSON (a CSV cell holds JSON text) — keypoints ``[[x, y], ...]`` or ``[[x, y, v], ...]``;
-boxes ``[[x1, y1, x2, y2, label], ...]`` (xyxy pixels of the stored image); text a string; an
-array a path to a ``.npy`` file (relative to the manifest; read without pickle) or a JSON list.
-"""
+passthrough (:class:`LabelColumns`). Columns left in ``meta`` whose names look geometric get a
+warning."""
 
 from __future__ import annotations
 
@@ -23,6 +19,7 @@ from feedpipe.schema.fields import ArrayField, Field
 from feedpipe.schema.geometric import BoxesField, KeypointsField, TextField
 
 from .sources import Source, SourceItem, open_regular, outside
+from .swap import shown
 
 GEOMETRIC_NAMES = frozenset({"keypoints", "landmarks", "points", "bbox", "bboxes", "box", "boxes",
                              "x", "y", "x1", "y1", "x2", "y2", "polygon", "segmentation"})
@@ -31,13 +28,15 @@ GEOMETRIC_NAMES = frozenset({"keypoints", "landmarks", "points", "bbox", "bboxes
 @dataclass(frozen=True)
 class LabelColumns:
     """``convert(..., columns=LabelColumns(...))``: which manifest columns hold typed labels
-    (``--keypoints-column`` and the like; docs/fields.md).
+    (``--keypoints-column`` and the like; docs/fields.md). Values are JSON (a CSV cell holds
+    JSON text); coordinates are pixels of the stored image.
 
     Args:
         keypoints: A column of ``[[x, y(, v)], ...]`` (the same K in every row).
         boxes: A column of ``[[x1, y1, x2, y2, label], ...]``.
         text: A column of text (CTC-ready when ``vocab`` is given).
-        arrays: Columns of ``.npy`` paths (relative to the manifest) or JSON lists.
+        arrays: Columns of ``.npy`` paths (relative to the manifest; read without pickle) or
+            JSON lists.
         flip_indices: For each landmark, the one it becomes under a horizontal flip.
         vocab: The text's characters: character ``c`` is stored as ``vocab.index(c) + 1`` (0 is
             CTC's blank and the padding).
@@ -50,7 +49,7 @@ class LabelColumns:
     arrays: tuple[str, ...] = ()
     flip_indices: tuple[int, ...] | None = None
     vocab: str | None = None
-    classes: tuple[str, ...] | None = None  # box category names (labels are indices into them)
+    classes: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         flip = self.flip_indices
@@ -131,7 +130,7 @@ def apply_columns(source: Source, cols: LabelColumns | None) -> Source:
     if cols.text:
         fields.append(TextField(cols.text, vocab=cols.vocab))
     for n in cols.arrays:
-        arrs = [_array_row(v, source, n, k, bad) for k, v in enumerate(values[n])]
+        arrs = [_array(v, source, n, k, bad) for k, v in enumerate(values[n])]
         good = [a for k, a in enumerate(arrs) if k not in bad]
         fields.append(ArrayField(n, good[0].dtype.str if good else "float32", _shape(good)))
         values[n] = arrs
@@ -175,7 +174,6 @@ class KeypointCheck:
     stored visibility of 0 do not count (COCO writes them as 0, 0). Per sample only references
     are kept; the check runs once, vectorized, in :meth:`warn`."""
 
-    SHOWN = 5  # files named per finding
     CHUNK = 1 << 16  # samples judged at once (bounded memory)
 
     def __init__(self, fields: Sequence[Field]) -> None:
@@ -206,14 +204,14 @@ class KeypointCheck:
             if unit.any():
                 rels = [r for r, u in zip(self.rels, unit, strict=True) if u]
                 said.append(f"{where}: keypoints {f.name!r} of {len(rels)} of {n} samples all "
-                            f"lie in [0, 1] ({self._some(rels)}): normalized coordinates? They "
+                            f"lie in [0, 1] ({shown(rels)}): normalized coordinates? They "
                             "are read as pixels of the image as decoded: multiply x by its "
                             "width and y by its height")
             if far.any():
                 rels = [f"{r} ({w}x{h}: {o} of {c})" for r, (w, h), o, c, x
                         in zip(self.rels, self.sizes, out, count, far, strict=True) if x]
                 said.append(f"{where}: keypoints {f.name!r}: most points of {len(rels)} of {n} "
-                            f"samples lie outside their image ({self._some(rels)} outside): x "
+                            f"samples lie outside their image ({shown(rels)} outside): x "
                             "and y swapped, or coordinates of another image size? They are "
                             "pixels of the image as decoded (EXIF orientation applied)")
         for text in said:
@@ -233,9 +231,6 @@ class KeypointCheck:
         unit = (count > 0) & ~beyond & (top > 0) & (wh.max((1, 2)) > 2)
         out = (judged & ((xy < 0) | (xy > wh)).any(-1)).sum(1)
         return unit, out, count
-
-    def _some(self, rels: list[str]) -> str:
-        return ", ".join(rels[:self.SHOWN]) + (" ..." if len(rels) > self.SHOWN else "")
 
 
 def _keypoints(cells: list[Any], name: str, bad: dict[int, str]) -> list[np.ndarray]:
@@ -264,29 +259,29 @@ def _boxes(v: Any, name: str, k: int, bad: dict[int, str]) -> dict[str, np.ndarr
     return {"boxes": r[:, :4], "labels": r[:, 4].astype(np.int64)}
 
 
-def _array_row(v: Any, source: Source, name: str, k: int, bad: dict[int, str]) -> np.ndarray:
+def _array(value: Any, source: Source, name: str, k: int, bad: dict[int, str]) -> np.ndarray:
+    """A ``.npy`` path (read without pickle) or a JSON list as a numeric array; a bad one refuses
+    row ``k``."""
+    what = f"column {name!r}"
     try:
-        return _array(v, source, f"column {name!r}")
+        if isinstance(value, str):
+            path = source.root / value
+            why = outside(source.root, value) if source.contained else None
+            if why is not None:
+                raise BadInputError(f"{what}: {value}: {why}")
+            try:
+                with os.fdopen(open_regular(path)[0], "rb") as fh:  # never a FIFO or a device
+                    arr = np.load(fh, allow_pickle=False)
+            except (OSError, ValueError) as exc:
+                raise BadInputError(f"{path}: {what}: cannot read a .npy without pickle: "
+                                    f"{exc}") from exc
+        else:
+            arr = np.asarray(value)
+        if arr.dtype.hasobject or arr.dtype.kind not in "biuf":
+            raise BadInputError(f"{what}: arrays must be numeric, got {arr.dtype}")
     except (BadInputError, TypeError, ValueError) as exc:
         bad.setdefault(k, str(exc))
         return np.zeros(0)
-
-
-def _array(value: Any, source: Source, what: str) -> np.ndarray:
-    if isinstance(value, str):
-        path = source.root / value
-        why = outside(source.root, value) if source.contained else None
-        if why is not None:
-            raise BadInputError(f"{what}: {value}: {why}")
-        try:
-            with os.fdopen(open_regular(path), "rb") as fh:  # never a FIFO or a device
-                arr = np.load(fh, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise BadInputError(f"{path}: {what}: cannot read a .npy without pickle: {exc}") from exc
-    else:
-        arr = np.asarray(value)
-    if arr.dtype.hasobject or arr.dtype.kind not in "biuf":
-        raise BadInputError(f"{what}: arrays must be numeric, got {arr.dtype}")
     return arr
 
 

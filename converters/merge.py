@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -71,8 +71,6 @@ class MergeTarget:
     def __init__(self, out: str | os.PathLike[str],
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.store: Store = open_store(out, storage_options)
-        self.options = storage_options
-        self.parts = self.store.where(PARTS_DIR)
         if self.store.remote:  # two merges of one URL on this machine
             where = cache_dir() / "merge"
             where.mkdir(parents=True, exist_ok=True)
@@ -87,12 +85,6 @@ class MergeTarget:
         names = {n.split("/")[1] for n in self.store.names()
                  if n.startswith(PARTS_DIR + "/") and n.count("/") >= 2}
         return [self.part_path(n) for n in sorted(names) if fnmatch.fnmatch(n, "part-*-of-*")]
-
-    def read_part(self, where: str | os.PathLike[str]) -> PartInfo:
-        """The part at ``where`` (a folder, or a URL in this store's object store)."""
-        if self.store.remote:
-            return read_part(str(where).rstrip("/"), read_manifest(str(where), self.options))
-        return read_part(Path(where))
 
     def check_target(self, names: set[str]) -> None:
         """OUT may hold only its parts and what an interrupted merge of it left."""
@@ -118,8 +110,9 @@ class MergeTarget:
             if str(src).rstrip("/") == dest:
                 return False
             raise BadInputError(f"{src}: on object storage a merge takes only the parts already "
-                             f"under {self.parts}/ (it never copies shards); convert them with "
-                             f"`feedpipe convert ... -o {self.store.url} --part i/N`")
+                                f"under {self.store.where(PARTS_DIR)}/ (it never copies shards); "
+                                f"convert them with `feedpipe convert ... -o {self.store.url} "
+                                "--part i/N`")
         src, to = Path(src), Path(dest)
         if src.resolve() == to.resolve():
             return False
@@ -166,9 +159,10 @@ def expand(parts: Sequence[str | os.PathLike[str]]) -> list[Path]:
     return out
 
 
-def read_part(path: Path | str, manifest: Manifest | None = None) -> PartInfo:
-    """A part's manifest (complete, or BadInputError naming it) and its part entry."""
-    m = Manifest.read(path) if manifest is None else manifest
+def read_part(path: Path | str, storage_options: Mapping[str, Any] | None = None) -> PartInfo:
+    """A part's manifest (complete, or BadInputError naming it) and its part entry; ``path``: a
+    folder, or a URL with its ``storage_options``."""
+    m = read_manifest(path, storage_options)
     p = m.conversion.get("part")
     if not isinstance(p, dict):
         raise BadInputError(f"{path}: not a part of a split conversion (its manifest has no "
@@ -257,8 +251,8 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
     seen: dict[str, str | Path] = {}
     for p in [*target.listed_parts(), *(expand(parts) if not target.store.remote else parts)]:
         key = str(p).rstrip("/") if target.store.remote else str(Path(p).resolve())
-        seen.setdefault(key, p)
-    infos = [target.read_part(p) for p in seen.values()]
+        seen.setdefault(key, key if target.store.remote else Path(p))
+    infos = [read_part(p, storage_options) for p in seen.values()]
     if not target.store.remote:
         target.out.parent.mkdir(parents=True, exist_ok=True)
     ordered, schema = check_parts(infos)
@@ -288,8 +282,7 @@ def merge(out: str | os.PathLike[str], parts: Sequence[str | os.PathLike[str]] =
                            "start": i.start, "stop": i.stop,
                            **{k: v for k, v in i.manifest.extra.items() if k == "dataset_id"}}
                           for d, i in zip(dirs, adopted, strict=True)]
-        manifest = _merged_manifest(adopted, schema, files, extra, result)
-        target.commit(manifest)
+        target.commit(_merged_manifest(adopted, schema, files, extra, result))
     finally:
         target.lock.release()
     result.seconds = time.perf_counter() - t0
@@ -339,7 +332,7 @@ def _wds_index(store: Store, parts: list[Manifest], dirs: list[str], schema: Sch
     def load(name: str) -> np.ndarray:
         return np.load(io.BytesIO(store.read_bytes(name)), allow_pickle=False)
 
-    cols: list[list[np.ndarray]] = [[], [], [], []]
+    cols: list[list[np.ndarray]] = [[], [], [], []]  # offsets, shard of, keys, CRCs
     shards: list[str] = []
     kept = parts[0].extra.get("index_fields")
     in_index = np.asarray([f.name in (kept or ()) for f in schema], bool)
@@ -348,31 +341,26 @@ def _wds_index(store: Store, parts: list[Manifest], dirs: list[str], schema: Sch
     for m, d in zip(parts, dirs, strict=True):
         if m.extra.get("index_fields") != kept:
             raise BadInputError(f"{d}: index fields {m.extra.get('index_fields')}, the first "
-                             f"part has {kept}; convert every part with the same options")
-        arrays = [load(f"{d}/{n}") for n in INDEX_FILES]
-        crc = load(f"{d}/{CRC_FILE}")
-        arrays[1] = arrays[1].astype(np.int32) + len(shards)
+                                f"part has {kept}; convert every part with the same options")
+        offsets, shard_of, keys, crcs = (load(f"{d}/{n}") for n in (*INDEX_FILES, CRC_FILE))
         if kept:  # spans of index fields point into the packed values: shift them
-            arrays[0] = np.array(arrays[0], np.int64)
-            arrays[0][:, in_index, 0] += packed
+            offsets = np.array(offsets, np.int64)
+            offsets[:, in_index, 0] += packed
             values.append(load(f"{d}/{VALUES_FILE}"))
             packed += len(values[-1])
-        for col, a in zip(cols, [*arrays, crc], strict=True):
+        for col, a in zip(cols, (offsets, shard_of.astype(np.int32) + len(shards), keys, crcs),
+                          strict=True):
             col.append(a)
         shards += [f"{d}/{s}" for s in m.extra.get("shards", [])]
-    offsets, shard_of, keys, crcs = (np.concatenate(c) for c in cols)
-    keys = keys.astype(f"S{max(1, max((k.dtype.itemsize for k in cols[2]), default=1))}")
+    arrays = [np.concatenate(c) for c in cols]  # keys: the widest parts' byte strings
+    keys = arrays[2]
     if len(keys) > 1 and not bool((keys[1:] > keys[:-1]).all()):
         k = int(np.flatnonzero(keys[1:] <= keys[:-1])[0])
         raise BadInputError(f"key {keys[k + 1].decode()} follows {keys[k].decode()}: keys "
-                         "repeat or leave the source order across parts; convert every part "
-                         "with this feedpipe's --part")
-    arrays = [offsets, shard_of, keys, crcs]
+                            "repeat or leave the source order across parts; convert every part "
+                            "with this feedpipe's --part")
     if kept:
         arrays.append(np.concatenate(values).astype(np.uint8))
-    written = []
-    for name, arr in zip(WDS_NAMES, arrays, strict=True):
-        def save(fh: BinaryIO, arr: np.ndarray = arr) -> None:
-            np.save(fh, arr, allow_pickle=False)
-        written.append(FileEntry(name, *store.write(name, save)))
+    written = [FileEntry(n, *store.write(n, lambda fh, a=a: np.save(fh, a, allow_pickle=False)))
+               for n, a in zip(WDS_NAMES, arrays, strict=True)]
     return written, {"shards": shards, **({"index_fields": kept} if kept else {})}

@@ -110,15 +110,13 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
     """Pack a source into ``out`` as ``to``, once: parallel, atomic (``.<out>.partial``, then
     one swap), lossless (docs/convert.md). ``feedpipe convert`` is this function.
 
-    Bad inputs are skipped and listed with the reason, and so are files not taken (``strict=True``
-    raises instead). The options of image files only (masks, labels, part...) are refused for a
-    record source. Every option after ``out`` is keyword-only and checked by type and value (a
-    ``ConfigError`` names it).
+    Bad inputs and files not taken are skipped and listed with the reason (``strict=True``
+    raises instead). Every option after ``out`` is keyword-only and checked (a ``ConfigError``
+    names it); those of image files only (masks, labels, part...) are refused for a record source.
 
     Args:
         src: A folder, an ImageFolder tree or a CSV/JSONL manifest of image files, or a
-            ``RecordSource`` (foreign WebDataset shards, a Hugging Face dataset, arrays:
-            ``converters.records``).
+            ``RecordSource`` (foreign WebDataset shards, a Hugging Face dataset, arrays).
         out: The dataset folder to write, or a URL (``s3://bucket/ds``: staged locally,
             uploaded shard by shard, committed by its manifest, uploaded last).
         to: "lmdb", "hdf5" or "wds" (WebDataset).
@@ -129,27 +127,25 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
         codec: "auto" keeps lossless inputs lossless (JPEG and PNG byte for byte, other
             lossless formats as PNG); "jpeg", "png" or "webp" re-encode every other input.
         quality: For lossy (re-)encoding only.
-        check: "decode" (the default: every JPEG read whole, every scan at 1/8 scale, so one cut
-            short or damaged is refused by name) or "header" (markers and end of image only).
+        check: "decode" (every JPEG read whole, every scan at 1/8 scale: one cut short or
+            damaged is refused by name) or "header" (markers and end of image only).
         strict: Raise on the first bad or refused input, and on a class left empty.
-        val_fraction: > 0 writes ``out/train`` and ``out/val`` from a seeded split.
+        val_fraction: > 0 writes ``out/train`` and ``out/val`` from a split seeded by ``seed``.
         seed: The split's seed.
         overwrite: Replace a dataset feedpipe wrote at ``out`` (nothing else).
         writer_options: The format's own (``shard_size``, ``shard_count``, ``compression``).
         progress: Called with (done, total) as samples are written.
-        masks: Segmentation masks: a folder matched to the images by file name (a manifest
-            may give a ``mask`` column instead); adds a lossless ``mask`` field.
+        masks: A folder of segmentation masks matched to the images by file name (a manifest
+            may give a ``mask`` column instead): a lossless ``mask`` field.
         mask_store: "raw" (no decode when loading) or "png" (smaller).
         mask_dtype: "uint8" or "uint16".
-        num_classes: Classes in the masks; None: the largest index + 1 (``ignore_index``
-            left out).
-        ignore_index: A mask value of no class (e.g. 255, VOC's "void" band): left out of
-            ``num_classes``, seen as background by the targets, recorded in the mask field.
-            Masks must be lossless: a JPEG or lossy WebP mask is skipped, named.
+        num_classes: Classes in the masks; None: the largest index + 1 (not ``ignore_index``).
+        ignore_index: A mask value of no class (e.g. 255, VOC's "void"): left out of
+            ``num_classes``, background to the targets. A JPEG or lossy WebP mask is skipped.
         targets: Computed from each mask in the workers and stored as fields of their names:
             ``["distance_map", "boundary"]``, ``Target``s, or ``{"name": fn}``.
-        extra_channels: Transparent alpha, channels beyond RGB, 16-bit RGB: "refuse" (skip
-            by name) or "drop" what 8-bit RGB cannot hold.
+        extra_channels: Alpha, channels beyond RGB, 16-bit RGB: "refuse" (skip by name) or
+            "drop" what 8-bit RGB cannot hold.
         max_pixels: Refuse images declaring more pixels (decompression bombs).
         layout: "auto" (an ImageFolder tree when a sub-folder holds images), "imagefolder" or
             "flat".
@@ -163,15 +159,13 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
         storage_options: For a URL ``out``'s fsspec filesystem (endpoint, credentials).
         part: Pack only this contiguous slice of the sorted sources into
             ``out/parts/part-IIIII-of-NNNNN``; ``feedpipe merge`` joins the parts.
-        labels: How a manifest's ``label`` column is read: "auto" (integers are indices,
-            other values class names; a column mixing both is refused), "ints" or "names".
-        unlabeled: A labelled manifest's rows with an empty label: "refuse" or "keep" (as -1,
-            counted).
+        labels: A manifest's ``label`` column: "auto" (integers are indices, other values
+            class names; a mix is refused), "ints" or "names".
+        unlabeled: A labelled manifest's rows with an empty label: "refuse" or "keep" (-1).
         jpeg: Progressive JPEGs: "baseline" (the same DCT coefficients re-coded as baseline,
             checked per file; ~3× faster to decode) or "keep" (byte for byte).
         contained: Refuse, by name, every file a source names or links to outside its folder
-            (a manifest's: its own folder): for manifests from untrusted hands. Default: files
-            may lie anywhere the user can read (absolute paths, ``..``, symlinks).
+            (for manifests from untrusted hands); by default files may lie anywhere.
 
     Returns:
         What was written, skipped and not taken, with the reasons.
@@ -220,14 +214,12 @@ def convert(src: str | Path | Source | RecordSource, out: str | Path, *, to: For
         source = attach_masks(source, masks)
     palette, left_out = resolve_palette(mask_palette, [i.mask for i in source.items if i.mask],
                                         options.max_pixels)
-    if mask_palette is not None and not source.masked:
-        raise ConfigError("mask_palette maps colour masks: pass masks=DIR (--masks) too")
-    if options.ignore_index is not None and not source.masked:
-        raise ConfigError("ignore_index is a mask value: pass masks=DIR (--masks) or a "
-                          "manifest with a 'mask' column", option="ignore_index")
-    if options.targets and not source.masked:
-        raise ConfigError("targets are computed from masks: pass masks=DIR (--masks) or a "
-                          "manifest with a 'mask' column")
+    for used, name, why in ((mask_palette is not None, "mask_palette", "maps colour masks"),
+                            (options.ignore_index is not None, "ignore_index", "is a mask value"),
+                            (options.targets, "targets", "are computed from masks")):
+        if used and not source.masked:
+            raise ConfigError(f"{name} {why}: pass masks=DIR (--masks) or a manifest with a "
+                              "'mask' column", option=name)
     opts = replace(options, masks=source.masked, mask_palette=palette)
     if opts.resize is not None and any(f.kind in ("keypoints", "boxes") for f in source.typed):
         raise ConfigError("resize= with keypoints or boxes: their pixel coordinates refer to the "
@@ -259,9 +251,8 @@ def _pack_files(source: Source, target: PackTarget, opts: PackOptions,
             part, source, target.out, target.to, opts, val_fraction, target.storage_options)
         items = items[target.key0:stop]
     val_mask = split_indices(len(items), val_fraction, seed) if val_fraction else None
-    names: list[str] = ["train", "val"] if val_mask is not None else [""]
-    if source.split_by == "separate":
-        names = list(source.split_names)
+    names = list(source.split_names) if source.split_by == "separate" else \
+        ["train", "val"] if val_mask is not None else [""]
     result = ConvertResult(target.out, ignored=len(source.not_taken),
                            ignored_files=source.not_taken,
                            unmatched_masks=list(source.unmatched_masks), image_codec=codec,
@@ -394,15 +385,13 @@ def _pack_records(src: RecordSource, target: PackTarget, opts: PackOptions,
         settled = settle_codec(schema, result) if target.to != "wds" and src.images else schema
         return conversion, settled
 
-    def why(skipped: list[dict[str, str]]) -> str:
-        return "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3]) \
-            or "the source holds no samples"
-
     target.skip_bad_values = True
     return write_samples(
         target, result, claim=None, split_names=["train", "val"] if val is not None else [""],
         schema=schema, classes=src.classes, samples=samples(), total=src.count, finish=finish,
-        where=str(src.roots[0] if src.roots else src.kind), why_empty=why)
+        where=str(src.roots[0] if src.roots else src.kind),
+        why_empty=lambda skipped: "; ".join(f"{s['path']}: {s['reason']}" for s in skipped[:3])
+        or "the source holds no samples")
 
 
 def settle_codec(schema: Schema, result: ConvertResult) -> Schema:

@@ -82,7 +82,7 @@ def refuse_lossy(data: bytes) -> None:
 def _rgb(path: Path, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray | None:
     """A colour mask's H×W×3 pixels; None for an index mask (L, P, 1, I;16). One declaring
     over ``max_pixels`` is a CorruptRecordError naming it, from its header, undecoded."""
-    with os.fdopen(open_regular(path), "rb") as fh, Image.open(fh) as im:
+    with os.fdopen(open_regular(path)[0], "rb") as fh, Image.open(fh) as im:
         if im.mode not in ("RGB", "RGBA"):
             return None
         check_pixels(im.size[0], im.size[1], max_pixels, f"mask {path.name}", CorruptRecordError)

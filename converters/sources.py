@@ -13,7 +13,7 @@ import stat
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from feedpipe.errors import BadInputError, ConfigError, NotRegularFileError
 from feedpipe.paths import KINDS
@@ -77,15 +77,11 @@ class Source:
         return [{"path": p, "reason": r} for p, r in (*self.refused, *self.ignored)]
 
 
-def open_regular(path: str | os.PathLike[str]) -> int:
-    """A read-only descriptor of ``path`` when it is a regular file (symlinks followed). It is
-    opened non-blocking (opening a FIFO waits for a writer, forever) and checked with ``fstat``:
-    a FIFO, a device (``/dev/zero`` never ends), a socket or a folder is closed again and refused
-    with :class:`NotRegularFileError` before a byte is read."""
-    return _open_regular(path)[0]
-
-
-def _open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+def open_regular(path: str | os.PathLike[str]) -> tuple[int, os.stat_result]:
+    """A read-only descriptor of ``path`` and its ``fstat`` when it is a regular file (symlinks
+    followed). It is opened non-blocking (opening a FIFO waits for a writer, forever): a FIFO, a
+    device (``/dev/zero`` never ends), a socket or a folder is closed again and refused with
+    :class:`NotRegularFileError` before a byte is read."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
         st = os.fstat(fd)
@@ -105,7 +101,7 @@ def read_regular(path: str | os.PathLike[str]) -> bytes:
     """A whole regular file (:func:`open_regular`'s check) in four system calls
     (``Path.read_bytes`` takes eight: buffered open's isatty and seeks, and a second read to see
     the end; ~10 µs an image in a passthrough conversion)."""
-    fd, st = _open_regular(path)
+    fd, st = open_regular(path)
     try:
         size = st.st_size
         data = os.read(fd, size + 1)
@@ -318,11 +314,7 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]
     with open(path, newline="", encoding="utf-8") as fh:
         if path.suffix.lower() == ".csv":
             reader = csv.DictReader(fh)
-            twice = sorted(h for h, n in Counter(reader.fieldnames or ()).items() if n > 1)
-            if twice:
-                raise BadInputError(f"{path}: the header names {', '.join(map(repr, twice))} more "
-                                    "than once; one of each would be lost: give every column "
-                                    "its own name", file=path)
+            check_header(path, reader.fieldnames or ())
             for r in reader:
                 rows.append(dict(r))
                 lines.append(reader.line_num)
@@ -340,8 +332,15 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]
 _INT = re.compile(r"[+-]?\d+")
 
 
-class Twice(Exception):
-    """A JSON object that gives a key twice (``json`` would keep the last value only)."""
+def check_header(path: Path, header: Sequence[str]) -> None:
+    """Refuse a CSV header that names a column twice (one of each would be lost)."""
+    twice = [h for h, n in Counter(header).items() if n > 1]
+    if twice:
+        where = ", ".join(f"{h!r} (columns "
+                          f"{', '.join(str(j + 1) for j, g in enumerate(header) if g == h)})"
+                          for h in twice)
+        raise BadInputError(f"{path}: the header names {where} more than once; one of each "
+                            "would be lost: give every column its own name", file=path)
 
 
 def json_lines(path: Path, invalid: str, **decode: Any) -> Iterator[tuple[int, Any, str | None]]:
@@ -354,7 +353,7 @@ def json_lines(path: Path, invalid: str, **decode: Any) -> Iterator[tuple[int, A
                 continue
             try:
                 yield n, decoder.decode(line), None
-            except Twice as exc:
+            except KeyError as exc:  # from json_object
                 yield n, None, (f"key {exc.args[0]!r} is given twice in this object (one value "
                                 "would be lost)")
             except ValueError as exc:
@@ -362,10 +361,11 @@ def json_lines(path: Path, invalid: str, **decode: Any) -> Iterator[tuple[int, A
 
 
 def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """``json``'s object hook that refuses a key given twice."""
+    """``json``'s object hook that refuses a key given twice (a KeyError naming it): ``json``
+    would keep the last value only."""
     d = dict(pairs)
     if len(d) != len(pairs):
-        raise Twice(next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1))
+        raise KeyError(next(k for k, n in Counter(k for k, _ in pairs).items() if n > 1))
     return d
 
 
@@ -374,10 +374,9 @@ def manifest_labels(path: Path, rows: list[dict[str, Any]], how: LabelsAs = "aut
     """Each row's label index (-1: none) and the class names, read one way for every row
     (``labels=``, docs/convert.md). A column mixing integers and names is refused under "auto",
     naming the rows of the smaller kind: one ``unknown`` among 0..11 would renumber every class."""
-    where = (f"labels={how!r}", f"unlabeled={unlabeled!r}")
     if how not in ("auto", "ints", "names") or unlabeled not in ("refuse", "keep"):
-        raise ConfigError(f"{', '.join(where)}: use labels='auto', 'ints' or 'names' and "
-                          "unlabeled='refuse' or 'keep'",
+        raise ConfigError(f"labels={how!r}, unlabeled={unlabeled!r}: use labels='auto', 'ints' or "
+                          "'names' and unlabeled='refuse' or 'keep'",
                           option="labels" if how not in ("auto", "ints", "names") else "unlabeled")
     kinds: dict[str, list[int]] = {"empty": [], "int": [], "name": [], "bad": []}
     for n, r in enumerate(rows):

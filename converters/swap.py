@@ -74,10 +74,6 @@ def _refuse_unless_ours(path: Path, what: str) -> None:
                             f"feedpipe did not make ({shown(foreign)}); move them out first.")
 
 
-def _inside(a: Path, b: Path) -> bool:
-    return a == b or b in a.parents
-
-
 def check_not_source(source: Source, out: Path) -> None:
     """Refuse an output that is, contains or lies inside the source (symlinks resolved): a folder
     source's tree; for a manifest, every folder holding a listed image, and the manifest's own
@@ -87,16 +83,16 @@ def check_not_source(source: Source, out: Path) -> None:
     trees = {root}
     if source.kind == "manifest":
         trees = {Path(os.path.realpath(d)) for d in {i.path.parent for i in source.items}}
-        if _inside(root, o):
+        if root.is_relative_to(o):
             raise BadInputError(f"{out}: the output is or contains {root}, the folder of "
                                      "the source manifest. Choose an -o outside it.")
     for t in sorted(trees):
-        if _inside(o, t):
+        if o.is_relative_to(t):
             rel = "is" if o == t else "lies inside"
             raise BadInputError(f"{out}: the output {rel} the source {t}; writing there "
                                      "would mix the dataset into (or delete) your images. Choose "
                                      "an -o outside the source.")
-        if _inside(t, o):
+        if t.is_relative_to(o):
             raise BadInputError(f"{out}: the output contains the source {t}; --overwrite "
                                      "would delete your images. Choose an -o outside the source.")
 

@@ -25,7 +25,7 @@ from feedpipe.errors import (
 from feedpipe.schema.codecs import npy_decode
 
 from .arrays import RESERVED, as_array
-from .sources import json_lines
+from .sources import check_header, json_lines
 
 TABLE_SUFFIXES = (".npy", ".npz", ".parquet", ".pq")
 ROW_SUFFIXES = (".csv", ".jsonl", ".ndjson")
@@ -159,11 +159,7 @@ def _npz(p: Path, max_bytes: int) -> dict[str, np.ndarray]:
         for k in z.files:
             info = z.zip.getinfo(names[k])
             what = f"{p}: array {k!r}"
-            if info.file_size > max_bytes:
-                raise BadInputError(f"{what} holds {info.file_size:,} bytes ({info.compress_size:,} "
-                                    f"stored), over the bound of {max_bytes:,} for one array of "
-                                    "a table, which is read whole into memory (max_member_bytes, "
-                                    "--max-member-size); raise it for a real large array")
+            _bound(what, info.file_size, max_bytes, f" ({info.compress_size:,} stored)")
             try:
                 out[k] = as_array(npy_decode(z.zip.read(names[k]), what), what)
             except (zipfile.BadZipFile, CorruptRecordError, UnsafeDataError, OSError) as exc:
@@ -222,7 +218,7 @@ def _read_parquet(p: Path, columns: Sequence[str] | None, max_bytes: int) -> Any
     for name in names:
         t = schema.field(name).type
         if pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t):
-            _bound(p, name, rows * max(1, t.bit_width // 8), max_bytes)
+            _bound(f"{p}: column {name!r}", rows * max(1, t.bit_width // 8), max_bytes)
         else:
             fixed = False
     if fixed:
@@ -231,17 +227,17 @@ def _read_parquet(p: Path, columns: Sequence[str] | None, max_bytes: int) -> Any
     for batch in pf.iter_batches(batch_size=1 << 16, columns=names):
         for name, col in zip(batch.schema.names, batch.columns, strict=True):
             sizes[name] += col.nbytes
-            _bound(p, name, sizes[name], max_bytes)
+            _bound(f"{p}: column {name!r}", sizes[name], max_bytes, " or more")
         batches.append(batch)
     return pa.Table.from_batches(batches) if batches else pf.read(columns=names)
 
 
-def _bound(p: Path, name: str, nbytes: int, max_bytes: int) -> None:
+def _bound(what: str, nbytes: int, max_bytes: int, detail: str = "") -> None:
     if nbytes > max_bytes:
-        raise BadInputError(f"{p}: column {name!r} holds over {max_bytes:,} bytes, the bound for "
-                            "one array of a table, which is read whole into memory "
-                            "(max_member_bytes, --max-member-size); raise it for a real large "
-                            "column")
+        raise BadInputError(f"{what} holds {nbytes:,} bytes{detail}, over the bound of "
+                            f"{max_bytes:,} for one array of a table, which is read whole into "
+                            "memory (max_member_bytes, --max-member-size); raise it for a real "
+                            "large array")
 
 
 def _arrow_nulls(col: Any, what: str) -> None:
@@ -274,24 +270,16 @@ def _csv(p: Path, skipped: list[dict[str, str]], strict: bool) -> dict[str, np.n
         header = next(reader, None)
         if not header:
             raise BadInputError(f"{p}: empty file (no header row)")
-        twice = [h for h, n in Counter(header).items() if n > 1]
-        if twice:
-            where = ", ".join(f"{h!r} (columns "
-                              f"{', '.join(str(j + 1) for j, g in enumerate(header) if g == h)})"
-                              for h in twice)
-            raise BadInputError(f"{p}: the header names {where} more than once; one of each "
-                                "would be lost: give every column its own name")
+        check_header(p, header)
         cells: list[list[str]] = []
         lines: list[int] = []
         for row in reader:
-            if len(row) != len(header):
-                if not row:
-                    continue
+            if len(row) == len(header):
+                cells.append(row)
+                lines.append(reader.line_num)
+            elif row:  # a blank line is no row
                 _skip(p, reader.line_num, f"{len(row)} cells, the header has {len(header)}",
                       skipped, strict)
-                continue
-            cells.append(row)
-            lines.append(reader.line_num)
     if not cells:
         raise BadInputError(f"{p}: the table has a header but no rows")
     return {h: _column([r[j] for r in cells], f"{p}: column {h!r}", lines)
@@ -346,10 +334,8 @@ def _leaves(values: list[Any]) -> Iterator[Any]:
 
 def _numbers(values: list[Any], what: str, lines: list[int] | None) -> np.ndarray:
     """JSON scalars (int, float, bool, None) as one array, or BadInputError naming the line of a
-    value the array could not hold as given: ``true`` among numbers, a bool column with nulls,
-    an integer beyond int64, one beyond 2^53 where the column is float64 (it holds fractions or
-    nulls), or a number literal that overflowed to infinity. ``lines``: each value's line
-    (None: values are counted instead)."""
+    value the array could not hold as given (docs/arrays.md). ``lines``: each value's line (None:
+    values are counted instead)."""
     kinds = set(map(type, values))
 
     def at(k: int) -> str:
@@ -374,16 +360,18 @@ def _numbers(values: list[Any], what: str, lines: list[int] | None) -> np.ndarra
         except OverflowError:
             big = next(v for v in ints if not -(1 << 63) <= v < 1 << 63)
             raise BadInputError(f"{what}: {big} ({line(lambda v: v == big)}) does not fit int64; "
-                                "write it as a string to keep it (a text column, named with "
-                                "--columns) or leave the column out with --columns") from None
+                                "write it as text (a JSON string, kept when --columns names the "
+                                "column) or leave the column out with --columns") from None
         if ints is values:
             return arr
         inexact = np.flatnonzero((arr > EXACT) | (arr < -EXACT))
         if len(inexact):
             v = ints[int(inexact[0])]
-            raise BadInputError(f"{what}: {v} ({line(lambda x: x == v)}) among fractions or "
-                                "nulls: the column is float64 (null: NaN), which cannot hold it "
-                                "exactly; fill the nulls, or leave the column out with --columns")
+            why = (f"with a missing value ({line(lambda x: x is None)}): a column with missing "
+                   "values" if type(None) in kinds else "among fractions: the column")
+            raise BadInputError(f"{what}: {v} ({line(lambda x: x == v)}) {why} is float64 "
+                                "(missing: NaN), which cannot hold it exactly; fill the gaps, or "
+                                "leave the column out with --columns")
     if type(None) in kinds:
         values = [np.nan if v is None else v for v in values]
     arr = as_array(values, what)
@@ -391,7 +379,8 @@ def _numbers(values: list[Any], what: str, lines: list[int] | None) -> np.ndarra
         for k in np.flatnonzero(np.isinf(arr)).tolist():
             if type(values[k]) is float:  # not the Infinity constant: a literal that overflowed
                 raise BadInputError(f"{what}: a number ({at(k)}) does not fit float64 (it would "
-                                    "read as infinity); write Infinity for an infinite value")
+                                    "read as infinity); write inf or Infinity for an infinite "
+                                    "value")
     return arr
 
 
@@ -409,54 +398,26 @@ def _skip(p: Path, line: int, why: str, skipped: list[dict[str, str]], strict: b
 
 
 def _column(cells: list[str], what: str, lines: list[int]) -> np.ndarray:
-    """CSV cells as int64, else float64 (missing: NaN), else text. A number the column's dtype
-    cannot hold as written is refused, naming its line (see :func:`_numbers`); a cell that is
-    not a plain ASCII number (``1_000``, other scripts' digits: ``int`` and ``float`` take them)
-    makes the column text."""
-    na = np.fromiter((c.strip() in NA for c in cells), bool, len(cells))
-    if na.all():
-        return np.full(len(cells), np.nan)
-    given = [c for c, m in zip(cells, na, strict=True) if not m] if na.any() else cells
-    where = np.flatnonzero(~na)  # the row of each given cell
+    """CSV cells read as JSON values and checked by :func:`_numbers`: an empty or NA cell is null,
+    ``inf``/``Infinity`` the constant. A cell that is not a plain ASCII number (``1_000``, other
+    scripts' digits: ``int`` and ``float`` take them) makes the column text."""
+    na = [c.strip() in NA for c in cells]
+    given = [c for c, m in zip(cells, na, strict=True) if not m] if any(na) else cells
     joined = "".join(given)
     if not joined.isascii() or "_" in joined:
         return np.array(cells, dtype=str)
-
-    def refuse(j: int, why: str) -> BadInputError:
-        return BadInputError(f"{what}: {given[j].strip()} (line {lines[where[j]]}) {why}")
-
     try:
-        ints = np.array(given, dtype=np.int64)
-    except OverflowError:
-        j = next(j for j, c in enumerate(given) if _INT.fullmatch(c) and
-                 not -(1 << 63) <= int(c) < 1 << 63)
-        raise refuse(j, "does not fit int64; leave the column out with --columns, or quote it "
-                     "as text") from None
-    except ValueError:  # not all integers
-        pass
-    else:
-        if not na.any():
-            return ints
-        big = np.flatnonzero((ints > EXACT) | (ints < -EXACT))
-        if len(big):
-            raise refuse(int(big[0]), f"with an empty cell (line {lines[int(np.flatnonzero(na)[0])]}"
-                         "): a column with missing values is float64 (missing: NaN), which "
-                         "cannot hold it exactly; fill the empty cells, or leave the column out "
-                         "with --columns")
-        out = np.full(len(cells), np.nan)
-        out[where] = ints
-        return out
-    try:
-        vals = np.array(given, dtype=np.float64)
+        nums: list[Any] = list(map(int, given))
     except ValueError:
-        return np.array(cells, dtype=str)
-    for j in np.flatnonzero(np.isinf(vals)).tolist():
-        if given[j].strip().lstrip("+-").lower() not in ("inf", "infinity"):
-            raise refuse(j, "does not fit float64 (it would read as infinity)")
-    for j in np.flatnonzero(np.abs(vals) >= EXACT).tolist():  # 2^53 + 1 reads as 2^53
-        if _INT.fullmatch(given[j]) and abs(int(given[j])) > EXACT:
-            raise refuse(j, "among fractions: the column is float64, which cannot hold it "
-                         "exactly; leave the column out with --columns, or quote it as text")
-    out = np.full(len(cells), np.nan)
-    out[where] = vals
-    return out
+        try:
+            nums = list(map(float, given))
+        except ValueError:
+            return np.array(cells, dtype=str)
+        for j in np.flatnonzero(~(np.abs(np.array(nums)) < EXACT)).tolist():  # inf, big, NaN
+            c = given[j].strip()
+            nums[j] = int(c) if _INT.fullmatch(c) else \
+                _Constant(c) if c.lstrip("+-").lower() in ("inf", "infinity") else nums[j]
+    if given is not cells:
+        it = iter(nums)
+        nums = [None if m else next(it) for m in na]
+    return _numbers(nums, what, lines)

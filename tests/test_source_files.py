@@ -164,7 +164,8 @@ def test_contained_from_the_cli_and_for_folders_arrays_and_coco(tmp_path, escapi
 
 def test_an_image_manifest_never_drops_a_column_or_a_value(tmp_path, src):
     (src / "twice.csv").write_text("path,note,note\na.jpg,x,y\n")
-    with pytest.raises(BadInputError, match=r"the header names 'note' more than once"):
+    with pytest.raises(BadInputError,
+                       match=r"the header names 'note' \(columns 2, 3\) more than once"):
         convert(src / "twice.csv", tmp_path / "o", to="lmdb", workers=0)
     (src / "twice.jsonl").write_text('{"path": "a.jpg", "note": 1, "note": 2}\n'
                                      '{"path": "b.jpg", "note": 3}\n')

@@ -52,13 +52,13 @@ def test_a_jsonl_row_giving_a_key_twice_is_skipped_and_named(tmp_path):
 
 
 def test_integers_float64_cannot_hold_are_refused_with_a_gap_or_fractions(tmp_path):
-    with pytest.raises(BadInputError, match=rf"column 'id': {BIG} \(line 2\) with an empty cell "
+    with pytest.raises(BadInputError, match=rf"column 'id': {BIG} \(line 2\) with a missing value "
                        r"\(line 3\): a column with missing values is float64"):
         read_table(_write(tmp_path / "gap.csv", f"id,v\n{BIG},1\n,2\n"))
     with pytest.raises(BadInputError, match=rf"{BIG} \(line 3\) among fractions"):
         read_table(_write(tmp_path / "mix.csv", f"id\n1.5\n{BIG}\n"))
-    with pytest.raises(BadInputError, match=rf"column 'id': {BIG} \(line 1\) among fractions "
-                       "or nulls"):
+    with pytest.raises(BadInputError, match=rf"column 'id': {BIG} \(line 1\) with a missing "
+                       r"value \(line 2\)"):
         read_table(_write(tmp_path / "gap.jsonl", f'{{"id": {BIG}}}\n{{"id": null}}\n'))
     # small integers with a gap still read exactly, as float64 with NaN
     cols, _, _ = read_table(_write(tmp_path / "ok.csv", f"id,v\n{2**53},1\n,2\n-3,3\n"))
@@ -98,7 +98,8 @@ def test_values_beyond_int64_or_float64_are_one_line_errors(tmp_path, capsys):
     rc, _, err = cli_main(capsys, "convert", src, "--to", "lmdb", "-o", tmp_path / "o")
     assert rc == 2 and err.count("\n") == 1
     assert "column 'id': 99999999999999999999 (line 3) does not fit int64" in err
-    with pytest.raises(BadInputError, match=r"column 'v': 1e400 \(line 3\) does not fit float64"):
+    with pytest.raises(BadInputError, match=r"column 'v': a number \(line 3\) does not fit "
+                       "float64"):
         read_table(_write(tmp_path / "f.csv", "v\n1.5\n1e400\n"))
     with pytest.raises(BadInputError, match=r"column 'v': a number \(line 3\) does not fit "
                        "float64"):
@@ -150,11 +151,12 @@ def test_npz_members_are_bounded_before_they_are_decompressed(tmp_path, capsys):
 
 def test_parquet_columns_are_bounded_from_metadata_and_while_read(tmp_path):
     pq.write_table(pa.table({"a": np.arange(100_000)}), tmp_path / "a.parquet")
-    with pytest.raises(BadInputError, match="column 'a' holds over 100,000 bytes"):
+    with pytest.raises(BadInputError, match="column 'a' holds 800,000 bytes, over the bound of 100,000"):
         read_table(tmp_path / "a.parquet", max_member_bytes=100_000)
     pq.write_table(pa.table({"l": [[0] * 1000] * 1000}), tmp_path / "l.parquet")
     assert (tmp_path / "l.parquet").stat().st_size < 100_000
-    with pytest.raises(BadInputError, match="column 'l' holds over 1,000,000 bytes"):
+    with pytest.raises(BadInputError,
+                       match=r"column 'l' holds [\d,]+ bytes or more, over the bound of 1,000,000"):
         read_table(tmp_path / "l.parquet", max_member_bytes=1_000_000)
 
 
