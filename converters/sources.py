@@ -313,11 +313,16 @@ def _read_rows(path: Path) -> tuple[list[dict[str, Any]], list[int], list[Entry]
     bad: list[Entry] = []
     with open(path, newline="", encoding="utf-8") as fh:
         if path.suffix.lower() == ".csv":
-            reader = csv.DictReader(fh)
-            check_header(path, reader.fieldnames or ())
+            reader = csv.reader(fh)
+            header = next(reader, [])
+            check_header(path, header)
             for r in reader:
-                rows.append(dict(r))
-                lines.append(reader.line_num)
+                if len(r) == len(header):
+                    rows.append(dict(zip(header, r, strict=True)))
+                    lines.append(reader.line_num)
+                elif r:  # a blank line is no row; a ragged one would lose or misplace a cell
+                    bad.append((f"{path.name}:{reader.line_num}",
+                                f"{len(r)} cells, the header has {len(header)}"))
             return rows, lines, bad
     for n, r, why in json_lines(path, "not a JSON line"):
         if why is None and isinstance(r, dict):

@@ -167,6 +167,11 @@ def test_an_image_manifest_never_drops_a_column_or_a_value(tmp_path, src):
     with pytest.raises(BadInputError,
                        match=r"the header names 'note' \(columns 2, 3\) more than once"):
         convert(src / "twice.csv", tmp_path / "o", to="lmdb", workers=0)
+    (src / "ragged.csv").write_text("path,note\na.jpg,x,lost\nb.jpg,y\n\na.jpg\n")
+    res = convert(src / "ragged.csv", tmp_path / "r", to="lmdb", workers=0)
+    assert res.written == 1 and res.ignored_files == [
+        {"path": "ragged.csv:2", "reason": "3 cells, the header has 2"},
+        {"path": "ragged.csv:5", "reason": "1 cells, the header has 2"}]
     (src / "twice.jsonl").write_text('{"path": "a.jpg", "note": 1, "note": 2}\n'
                                      '{"path": "b.jpg", "note": 3}\n')
     res = convert(src / "twice.jsonl", tmp_path / "j", to="lmdb", workers=0)
