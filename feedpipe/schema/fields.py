@@ -19,10 +19,10 @@ import numpy as np
 
 from ..errors import CorruptRecordError
 from .codecs import Buffer, check_dtype, npy_decode, npy_encode, npy_header
-from .imaging import CODEC_EXT, decode_rgb
 
 ImageCodec = Literal["jpeg", "png", "webp", "mixed", "raw"]
 IMAGE_CODECS = ("jpeg", "png", "webp", "mixed", "raw")
+CODEC_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "mixed": "img"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -137,6 +137,8 @@ class ImageField(Field):
         max_pixels_per_byte), e.g. those the dataset's converter recorded."""
         if self.codec == "raw":
             return np.array(value)
+        from .imaging import decode_rgb  # Pillow: loaded by the first decode
+
         try:
             return decode_rgb(value, self.codec, what, **(limits or {}))
         except Exception as exc:

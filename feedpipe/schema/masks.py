@@ -12,7 +12,6 @@ import numpy as np
 from ..errors import CorruptRecordError
 from .codecs import Buffer, npy_decode, npy_encode, npy_header
 from .fields import ArrayField, Field
-from .imaging import decode_mask_png, encode_mask_png
 
 MaskCodec = Literal["png", "raw"]
 
@@ -61,6 +60,7 @@ class MaskField(Field):
     def validate(self, value: Any) -> Any:
         if self.codec == "png" and isinstance(value, (bytes, bytearray, memoryview)):
             return bytes(value)
+        from .imaging import encode_mask_png  # Pillow: loaded by the first mask encoded
         arr = np.asarray(value)
         if arr.ndim != 2 or arr.dtype != np.dtype(self.dtype):
             raise ValueError(f"field {self.name!r}: mask must be H×W {np.dtype(self.dtype)}, got "
@@ -92,6 +92,8 @@ class MaskField(Field):
         """The H×W index array (PNG decoded without any colour conversion)."""
         if self.codec == "raw":
             return np.array(value)
+        from .imaging import decode_mask_png  # Pillow: loaded by the first mask decoded
+
         arr = decode_mask_png(value, what)
         if arr.dtype != np.dtype(self.dtype):
             raise CorruptRecordError(f"{what}: mask PNG holds {arr.dtype}, schema says "
