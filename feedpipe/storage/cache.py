@@ -18,7 +18,6 @@ world-writable with the sticky bit, as ``/tmp``) is private; a group-writable se
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import os
 import re
@@ -32,7 +31,7 @@ from ..errors import CorruptRecordError, StorageError
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .sizes import parse_size
 from .store import file_digest
-from .transfer import CHUNK, FULL, download
+from .transfer import CHUNK, FULL, download, open_plain
 
 try:
     import fcntl  # shared and exclusive locks on open files (flock): POSIX
@@ -95,28 +94,17 @@ class Trust:
             os.chmod(folder, stat.S_IMODE(st.st_mode) | stat.S_ISGID | 0o070)
 
     def open(self, path: Path, flags: int, write: bool = False) -> int:
-        """``os.open`` of a cache entry: never through a symlink, only a regular file a trusted
-        user made, and (``write``) never a hard link. A file of this user in a shared cache is
-        made group-writable, so the group's other users can resume or lock it."""
-        try:
-            fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise StorageError(f"{path}: a symlink in the cache; feedpipe never opens one "
-                                   "there (it could lead outside). Remove it.") from exc
-            raise
+        """:func:`open_plain` of a cache entry a trusted user made. A file of this user in a
+        shared cache is made group-writable, so the group's other users can resume or lock it."""
+        fd = open_plain(path, flags, "in the cache", write)
         try:
             st = os.fstat(fd)
-            why = ("is not a regular file" if not stat.S_ISREG(st.st_mode) else
-                   f"was made by user id {st.st_uid}, not by you (nor in the cache's shared "
-                   "group)" if not self.allows(st) else
-                   "is a hard link to another file" if write and st.st_nlink != 1 else None)
-            if why is not None:
-                raise StorageError(f"{path}: in the cache, {why}; feedpipe does not open it. "
-                                   "Remove it, or use a cache_dir of your own.")
+            if not self.allows(st):
+                raise StorageError(f"{path}: in the cache, made by user id {st.st_uid}, not by "
+                                   "you (nor in the cache's shared group); feedpipe does not "
+                                   "open it. Remove it, or use a cache_dir of your own.")
             if self.gid is not None and st.st_uid == self.uid and not st.st_mode & stat.S_IWGRP:
                 os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o060)
-            os.set_blocking(fd, True)
         except BaseException:
             os.close(fd)
             raise
