@@ -1,8 +1,6 @@
 """Safe byte-level codecs: npy without pickle, the LMDB record layout, cheap JPEG integrity checks.
-
-Nothing here can execute stored data: arrays go through the npy format with ``allow_pickle=False``
-and object dtypes are refused on both write and read.
-"""
+Nothing here can execute stored data: npy is read without pickle and object dtypes are refused on
+write and read."""
 
 from __future__ import annotations
 

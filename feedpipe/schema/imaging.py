@@ -1,18 +1,15 @@
 """Image decoding to RGB uint8, format sniffing, and which decoders are installed (pillow,
-pillow-simd, simplejpeg, turbojpeg).
-
-A JPEG is decoded whole or not at all: libjpeg-turbo reports data that ends early (a file cut
-short) or that it cannot follow (a bad Huffman code) as a warning and fills the rest with grey;
-Pillow does the same without a word. Here such a warning makes the image corrupt
-(DamagedImageError); a JPEG goes to a fallback decoder only when simplejpeg cannot read its kind
-(4:1:0 sampling, CMYK). Every JPEG path checks the header first (:func:`check_jpeg`), so what a
-decode may cost is bounded before it starts.
+pillow-simd, simplejpeg, turbojpeg). A JPEG is decoded whole or not at all: libjpeg-turbo reports
+data that ends early (a file cut short) or that it cannot follow (a bad Huffman code) as a warning
+and fills the rest with grey; Pillow does the same without a word. Here such a warning makes the
+image corrupt (DamagedImageError); a JPEG goes to a fallback decoder only when simplejpeg cannot
+read its kind (4:1:0 sampling, CMYK). Every JPEG path checks the header first (:func:`check_jpeg`),
+so what a decode may cost is bounded before it starts.
 
 Non-JPEG data to RGB: EXIF orientation is applied; L, LA, 1, P, PA, CMYK, YCbCr and RGBA go
 through Pillow's ``convert("RGB")`` (alpha dropped, not composited); 16- and 32-bit integer images
 are scaled to 8 bits by their full range and replicated to three channels. (The converter refuses
-sources whose alpha or extra channels carry data unless told to drop them.)
-"""
+sources whose alpha or extra channels carry data unless told to drop them.)"""
 
 from __future__ import annotations
 

@@ -18,13 +18,11 @@ MaskCodec = Literal["png", "raw"]
 
 @dataclass(frozen=True)
 class MaskField(Field):
-    """A segmentation mask: H×W class indices (uint8 or uint16), stored lossless as PNG or raw npy.
-
-    ``num_classes`` is recorded at conversion (the largest index seen + 1 unless given);
-    ``ignore_index`` is a value that marks pixels of no class (VOC's 255 "void" band), left out
-    of ``num_classes`` and of the targets (``loader.ignore_index``, e.g. for ``cross_entropy``).
-    Loaders resize masks with nearest-neighbour sampling so indices are never blended.
-    """
+    """A segmentation mask: H×W class indices (uint8 or uint16), stored lossless as PNG or raw
+    npy; loaders resize it nearest-neighbour, so indices are never blended. ``num_classes`` is
+    recorded at conversion (the largest index seen + 1 unless given); ``ignore_index`` marks
+    pixels of no class (VOC's 255 "void" band), left out of ``num_classes`` and of the targets
+    (``loader.ignore_index``, e.g. for ``cross_entropy``)."""
 
     codec: MaskCodec = "png"
     dtype: str = "|u1"
@@ -115,14 +113,11 @@ def largest_class(mask: np.ndarray, ignore_index: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class TargetField(ArrayField):
-    """A per-pixel target computed from the mask at conversion (H×W or H×W×C), e.g. a distance map.
-
-    Stored as ``dtype`` (float16, or uint8/uint16 quantized: value = stored × ``scale`` +
-    ``offset``); ``to_user`` returns float32. ``interp`` says how loaders resample it under
-    geometric augmentation ("linear" or "nearest"); ``rescale="distance"`` marks values measured in
-    pixels, which loaders multiply by the geometric scale. ``clip`` bounds (truncation) are
-    re-applied after that. ``target`` and ``params`` record how it was computed.
-    """
+    """A per-pixel target computed from the mask at conversion (H×W or H×W×C), e.g. a distance
+    map, stored as ``dtype`` (float16, or uint8/uint16 quantized: stored × ``scale`` + ``offset``;
+    ``to_user`` gives float32). ``interp``: how loaders resample it ("linear" or "nearest");
+    ``rescale="distance"``: values in pixels, multiplied by the geometric scale, then ``clip``ped
+    again. ``target`` and ``params`` record how it was computed."""
 
     target: str = ""
     params: tuple[tuple[str, Any], ...] = ()

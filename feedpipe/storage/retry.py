@@ -2,8 +2,7 @@
 on transient failures (timeouts, 5xx, 429/503 throttling, connections refused or cut), read
 alike from the exceptions of fsspec's clients (aiohttp, botocore, gcsfs, httpx); an immediate,
 typed failure on a missing object (:class:`RemoteNotFoundError`) or refused credentials
-(:class:`AccessDeniedError`, naming where the credential comes from).
-"""
+(:class:`AccessDeniedError`, naming where the credential comes from)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,6 @@
-"""Moving bytes between a store and local files, every request under the retry policy.
-
-Downloads go in ranged chunks (fsspec's ``cat_file(start, end)``), each appended to a partial
-file as it arrives, so a cut connection or a killed process resumes from the bytes on disk.
-"""
+"""Moving bytes between a store and local files, every request under the retry policy. Downloads
+go in ranged chunks, each appended to a partial file as it arrives, so a cut connection or a
+killed process resumes from the bytes on disk."""
 
 from __future__ import annotations
 
