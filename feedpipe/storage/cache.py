@@ -270,28 +270,24 @@ class Cache:
                                    "and workers read at once, plus the prefetch)")
             time.sleep(0.05)
 
-    def _make_room(self, size: int, mine: Path, evict: bool = True) -> bool:
+    def _make_room(self, size: int, mine: Path, evict: bool) -> bool:
+        """Whether ``size`` more bytes fit, after evicting (``evict``) the files no reader holds,
+        least recently used first (``mine``: the download lock whose part file is resumed)."""
         assert self.limit is not None
         entries, total = self._scan(mine)
-        entries.sort(key=lambda e: e[2])
         total += sum(s for _, s, _ in entries)
-        for path, nbytes, _ in entries if evict else ():
+        for path, nbytes, _ in sorted(entries, key=lambda e: e[2]) if evict else ():
             if total + size <= self.limit:
                 break
-            if path.name.endswith(".part") and path.name[:-5] + ".lock" == mine.name:
-                continue  # our own partial download: resumed, not evicted
-            if self._evict(path):
+            if path.name == mine.name[:-5] + ".part":  # our own partial download: resumed
+                continue
+            with _unheld(path) as (free, _):  # False: a reader holds its shared lock
+                if free:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+            if free is not False:
                 total -= nbytes
         return total + size <= self.limit
-
-    @staticmethod
-    def _evict(path: Path) -> bool:
-        """Remove ``path`` unless a reader holds it (its shared lock)."""
-        with _unheld(path) as (free, _):
-            if free:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-            return free is not False
 
     # -- the one entry point -------------------------------------------------------------------
     def open(self, folder: Path, name: str, url: str, size: int, sha256: str, *,
