@@ -13,12 +13,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Literal, TypeVar
 
-from ..errors import (
-    AccessDeniedError,
-    ConfigError,
-    RemoteNotFoundError,
-    StorageError,
-)
+from ..errors import AccessDeniedError, ConfigError, RemoteNotFoundError, StorageError
 from .urls import scheme_of
 
 log = logging.getLogger("feedpipe.storage")
