@@ -249,11 +249,8 @@ def decode_with_pillow(data: Buffer, what: str = "image",
 def jpeg_fast_decodable(data: bytes | memoryview) -> bool:
     """True when simplejpeg (the loader's fast JPEG path) reads this JPEG's header; False when
     only the fallback decoder can (or simplejpeg is not installed)."""
-    if simplejpeg is None:
-        return False
     try:
-        simplejpeg.decode_jpeg_header(data)
-        return True
+        return simplejpeg is not None and bool(simplejpeg.decode_jpeg_header(data))
     except ValueError:
         return False
 
