@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import CorruptRecordError, StorageError
+from ..paths import cache_dir
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .sizes import parse_size
 from .store import file_digest
@@ -117,10 +118,9 @@ def parse_limit(value: str | int | None) -> int | None:
 
 
 def default_cache_dir() -> Path:
-    """``$FEEDPIPE_CACHE``, else ``~/.cache/feedpipe/remote`` (``$XDG_CACHE_HOME`` honoured)."""
+    """``$FEEDPIPE_CACHE``, else ``remote`` in feedpipe's cache folder (``~/.cache/feedpipe``)."""
     env = os.environ.get("FEEDPIPE_CACHE")
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "feedpipe"
-    return Path(env) if env else base / "remote"
+    return Path(env) if env else cache_dir() / "remote"
 
 
 @contextlib.contextmanager
