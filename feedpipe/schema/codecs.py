@@ -72,7 +72,7 @@ def npy_decode(buf: Buffer, what: str = "array",
         end = 10 if major == 1 else 12  # the header's length: a u16 (version 1) or a u32
         if len(mv) < end:
             raise CorruptRecordError(f"{what}: npy header cut short")
-        hlen = int.from_bytes(mv[8:end], "little")
+        (hlen,) = struct.unpack_from("<H" if major == 1 else "<I", mv, 8)
         offset = end + hlen
         try:
             text = bytes(mv[offset - hlen: offset]).decode("latin1")
