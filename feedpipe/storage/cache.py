@@ -193,9 +193,8 @@ class Cache:
 
     # -- accounting --------------------------------------------------------------------------
     def usage(self) -> int:
-        """Bytes the data files, the partial downloads and the active reservations take (read
-        under the cache-wide lock, so a download handing its reservation over to its finished
-        file is never counted twice or not at all)."""
+        """Bytes the data files, partial downloads and active reservations take, read under the
+        cache-wide lock (a reservation becoming its finished file is counted once)."""
         with _flocked(self.root / ".lock", self.trust, shared=True):
             entries, reserved = self._scan()
             return reserved + sum(size for _, size, _ in entries)
@@ -294,12 +293,11 @@ class Cache:
              storage_options: Mapping[str, Any] | None = None,
              policy: RetryPolicy = DEFAULT_POLICY, block: bool = True, evict: bool = True,
              chunk: int = CHUNK, claimed: Callable[[bool], None] | None = None) -> int | None:
-        """A read-only descriptor of ``folder/name``, downloaded from ``url`` first if needed,
-        holding a shared lock (so it is never evicted while open; close it to release). With
-        ``block=False`` (prefetch), None when another process is downloading it or the cache
-        has no room now; with ``evict=False`` it only fills free room. ``claimed``, when it has
-        to download, is told before the download starts whether room was found (False: none
-        now, and None is returned), so that prefetches can take room in plan order."""
+        """A read-only descriptor of ``folder/name`` (downloaded from ``url`` first if needed)
+        holding a shared lock: never evicted while open. ``block=False`` (prefetch): None when
+        another process is downloading it or there is no room now; ``evict=False``: free room
+        only. ``claimed`` is told before a download whether room was found (prefetches take
+        room in plan order)."""
         path = folder / name
         fd = self._open_cached(path)
         if fd is not None:
