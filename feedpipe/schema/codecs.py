@@ -1,8 +1,6 @@
 """Safe byte-level codecs: npy without pickle, the LMDB record layout, cheap JPEG integrity checks.
-
-Nothing here can execute stored data: arrays go through the npy format with ``allow_pickle=False``
-and object dtypes are refused on both write and read.
-"""
+Nothing here can execute stored data: npy is read without pickle and object dtypes are refused on
+write and read."""
 
 from __future__ import annotations
 
@@ -45,7 +43,7 @@ def npy_encode(array: np.ndarray) -> bytes:
 
 
 def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> tuple[bytes, np.dtype, tuple[int, ...]]:
-    """The npy header :func:`npy_encode` writes for this dtype and shape, for npy_decode's fast path."""
+    """(the header :func:`npy_encode` writes, dtype, shape): :func:`npy_decode`'s fast path."""
     out = io.BytesIO()
     np.lib.format.write_array_header_1_0(
         out, {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
@@ -59,11 +57,8 @@ _NPY_HEADER = re.compile(r"\{'descr': '([<>|=][a-zA-Z]\d*)', 'fortran_order': (F
 
 def npy_decode(buf: Buffer, what: str = "array",
                expected: tuple[bytes, np.dtype, tuple[int, ...]] | None = None) -> np.ndarray:
-    """Parse npy bytes into an array that views ``buf`` (zero-copy, read-only).
-
-    ``expected`` = (header bytes, dtype, shape) is the fast path for fixed-shape fields: when the
-    stored header matches it byte for byte the header literal is not parsed again.
-    """
+    """Parse npy bytes into an array that views ``buf`` (zero-copy, read-only); a header equal
+    to ``expected``'s (a fixed-shape field's, :func:`npy_header`) is not parsed again."""
     mv = memoryview(buf)
     if expected is not None and mv[: len(expected[0])] == expected[0]:
         hdr = (expected[2], False, expected[1])
@@ -72,16 +67,13 @@ def npy_decode(buf: Buffer, what: str = "array",
         if bytes(mv[:6]) != _NPY_MAGIC or len(mv) < 10:
             raise CorruptRecordError(f"{what}: not npy data (bad magic)")
         major = mv[6]
-        if major in (2, 3) and len(mv) < 12:
-            raise CorruptRecordError(f"{what}: npy header cut short")
-        if major == 1:
-            (hlen,) = struct.unpack_from("<H", mv, 8)
-            offset = 10 + hlen
-        elif major in (2, 3):
-            (hlen,) = struct.unpack_from("<I", mv, 8)
-            offset = 12 + hlen
-        else:
+        if major not in (1, 2, 3):
             raise CorruptRecordError(f"{what}: unsupported npy version {major}")
+        end = 10 if major == 1 else 12  # the header's length: a u16 (version 1) or a u32
+        if len(mv) < end:
+            raise CorruptRecordError(f"{what}: npy header cut short")
+        (hlen,) = struct.unpack_from("<H" if major == 1 else "<I", mv, 8)
+        offset = end + hlen
         try:
             text = bytes(mv[offset - hlen: offset]).decode("latin1")
             m = _NPY_HEADER.match(text)  # the canonical header numpy writes: no literal parsing
@@ -177,11 +169,8 @@ def unpack_record(buf: Buffer, nfields: int, what: str = "record", *, version: i
 # --- JPEG integrity -----------------------------------------------------------------------------
 
 def jpeg_complete(data: Buffer) -> bool:
-    """Cheap truncation check: an end-of-image marker after the last start-of-scan marker.
-
-    Entropy-coded data byte-stuffs 0xFF, so FFD9 after the last FFDA is the real EOI, not one from
-    an embedded EXIF thumbnail.
-    """
+    """Cheap truncation check: an end-of-image marker after the last start-of-scan marker (data
+    byte-stuffs 0xFF, so that FFD9 is the real EOI, not an embedded EXIF thumbnail's)."""
     b = bytes(data) if not isinstance(data, bytes) else data
     if not b.startswith(b"\xff\xd8"):
         return False
@@ -215,12 +204,8 @@ class JpegHeader(NamedTuple):
 
 
 def jpeg_info(data: Buffer) -> tuple[int, int, int, int] | None:
-    """Parse JPEG markers up to the frame header without decoding anything.
-
-    Returns (width, height, components, EXIF orientation), or None when the header is damaged.
-    Far cheaper than opening the file with Pillow (benchmarks/RESULTS.md), which keeps
-    passthrough I/O-bound.
-    """
+    """(width, height, components, EXIF orientation) of :func:`jpeg_header`; None when the
+    header is damaged. Far cheaper than opening the file with Pillow (benchmarks/RESULTS.md)."""
     header = jpeg_header(data)
     return None if header is None else header[:4]
 
@@ -234,15 +219,10 @@ def jpeg_frame(data: Buffer) -> tuple[int, int, int, int, int] | None:
 
 def jpeg_header(data: Buffer) -> JpegHeader | None:
     """The markers up to the first scan, parsed without decoding anything; None when there is
-    no frame header before the first scan (or the header is damaged).
-
-    ``scans`` counts the start-of-scan markers: entropy-coded data byte-stuffs 0xFF, so every
-    FF DA after the first scan is one (or sits in a comment between scans: an upper bound).
-    A sequential frame whose first scan holds every component cannot have another (libjpeg
-    refuses a second one), so its data is not searched: counting costs nothing for a baseline
-    JPEG. Bytes that are not a marker where one belongs end the parse: scans are then counted
-    from there.
-    """
+    no frame header before the first scan (or the header is damaged). ``scans`` counts FF DA
+    markers (data byte-stuffs 0xFF; one in a comment between scans makes it an upper bound),
+    except after a sequential frame's first scan holding every component: libjpeg refuses a
+    second one, so a baseline JPEG's data is not searched."""
     b = bytes(data) if not isinstance(data, bytes) else data
     if not b.startswith(b"\xff\xd8"):
         return None

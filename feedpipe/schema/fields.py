@@ -1,10 +1,7 @@
-"""The field model: frozen field descriptions, each of which knows how to encode and decode itself.
-
-A sample is a dict of named fields. A field's *stored* value is what a format keeps on disk
-(encoded image bytes, a raw uint8 array, an int, an ndarray, bytes, or a JSON value); its *user*
-value is what ``ds[i]`` returns (images decoded to H×W×3 uint8, everything else unchanged).
-Every field has one canonical byte payload, used by LMDB records and WebDataset members alike.
-"""
+"""The field model: frozen field descriptions, each of which encodes and decodes its values. A
+field's *stored* value is what a format keeps (encoded image bytes, a raw uint8 array, an int, an
+ndarray, bytes, a JSON value); its *user* value is what ``ds[i]`` returns (images decoded to
+H×W×3 uint8). Each value has one canonical byte payload, in LMDB records and WebDataset alike."""
 
 from __future__ import annotations
 
@@ -19,10 +16,10 @@ import numpy as np
 
 from ..errors import CorruptRecordError
 from .codecs import Buffer, check_dtype, npy_decode, npy_encode, npy_header
-from .imaging import CODEC_EXT, decode_rgb
 
 ImageCodec = Literal["jpeg", "png", "webp", "mixed", "raw"]
 IMAGE_CODECS = ("jpeg", "png", "webp", "mixed", "raw")
+CODEC_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "mixed": "img"}
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -78,10 +75,8 @@ class Field(ABC):
 @dataclass(frozen=True)
 class ImageField(Field):
     """An image: encoded bytes (jpeg/png/webp) or raw H×W×3 uint8 (``shape`` fixed, or None).
-
-    ``codec="mixed"``: records hold different encodings (JPEG and PNG, say), told apart by their
-    magic bytes (:func:`~feedpipe.schema.imaging.sniff_codec`); WebDataset members end in ``.img``.
-    """
+    ``codec="mixed"``: records hold different encodings, told apart by their magic bytes
+    (:func:`~feedpipe.schema.imaging.sniff_codec`); WebDataset members end in ``.img``."""
 
     codec: ImageCodec = "jpeg"
     shape: tuple[int, int, int] | None = None
@@ -137,6 +132,8 @@ class ImageField(Field):
         max_pixels_per_byte), e.g. those the dataset's converter recorded."""
         if self.codec == "raw":
             return np.array(value)
+        from .imaging import decode_rgb  # Pillow: loaded by the first decode
+
         try:
             return decode_rgb(value, self.codec, what, **(limits or {}))
         except Exception as exc:

@@ -1,11 +1,7 @@
 """Label fields beyond class labels: keypoints and boxes (which follow the image's crop, resize and
-flip in the loader, ``feedpipe.loader.labels``) and text sequences (CTC targets).
-
-Keypoints are a fixed-shape float32 :class:`~feedpipe.schema.fields.ArrayField` (npy, like any
-array). Boxes and text are variable-length, so they are stored as one opaque payload per sample
-(like encoded images: the HDF5 layout, LMDB record and WebDataset member are the same bytes in
-every format); :meth:`BoxesField.parse` reads a payload back as array views, no copy, no pickle.
-"""
+flip in the loader, ``feedpipe.loader.labels``) and text sequences (CTC targets). Keypoints are a
+fixed-shape float32 array; boxes and text vary in length, so each is one opaque payload per sample
+(the same bytes in every format), which :meth:`BoxesField.parse` reads back as array views."""
 
 from __future__ import annotations
 
@@ -24,11 +20,9 @@ _F32, _I64 = np.dtype("<f4"), np.dtype("<i8")
 @dataclass(frozen=True)
 class KeypointsField(ArrayField):
     """K landmarks per sample, K×2 (x, y) or K×3 (x, y, visibility) float32, in pixel coordinates
-    of the stored image (pixel ``i`` covers ``[i, i+1)``).
-
-    ``flip_indices[i]`` names the landmark that point ``i`` becomes under a horizontal flip (the
-    left eye becomes the right eye); it must be a permutation that is its own inverse. Without it
-    a flip moves the points but keeps their order.
+    of the stored image (pixel ``i`` covers ``[i, i+1)``). ``flip_indices[i]`` names the landmark
+    that point ``i`` becomes under a horizontal flip (the left eye becomes the right eye): a
+    permutation that is its own inverse. Without it a flip moves the points but keeps their order.
     """
 
     flip_indices: tuple[int, ...] | None = None
@@ -61,10 +55,8 @@ class BoxesField(BytesField):
     M int64 category indices (into ``classes`` when given) and one int64 per box for each name in
     ``attrs`` (COCO's ``iscrowd``, say). ``class_ids`` keeps the source's id of each class (COCO
     category ids: ``class_ids[label]``), so results map back for the source's evaluation.
-
-    The user value is a dict ``{"boxes": M×4, "labels": M, **{attr: M}}``. The payload is the
-    little-endian float32 boxes followed by the int64 rows ``[label, *attrs]``: its length alone
-    gives M, and reading it back is two array views.
+    The user value is a dict ``{"boxes": M×4, "labels": M, **{attr: M}}``; the payload is the
+    little-endian float32 boxes, then the int64 rows ``[label, *attrs]`` (its length gives M).
     """
 
     classes: tuple[str, ...] | None = None
@@ -141,12 +133,10 @@ class BoxesField(BytesField):
 
 @dataclass(frozen=True)
 class TextField(BytesField):
-    """A text label (a captcha's characters, an OCR line), stored as UTF-8.
-
-    ``vocab`` (a string of distinct characters) is checked at conversion; the loader then gives
-    index ``vocab.index(c) + 1`` per character, 0 being the CTC blank and the padding. Without
-    it the loader gives Unicode code points (NUL is refused, so 0 still pads).
-    """
+    """A text label (a captcha's characters, an OCR line), stored as UTF-8. ``vocab`` (distinct
+    characters) is checked at conversion; the loader then gives index ``vocab.index(c) + 1`` per
+    character, 0 being the CTC blank and the padding. Without it the loader gives Unicode code
+    points (NUL is refused, so 0 still pads)."""
 
     vocab: str | None = None
     kind: ClassVar[str] = "text"

@@ -1,21 +1,15 @@
-"""Image decoding to RGB uint8, format sniffing, and detection of the decoders installed (pillow,
-pillow-simd, simplejpeg, turbojpeg).
+"""Image decoding to RGB uint8, format sniffing, and which decoders are installed (pillow,
+pillow-simd, simplejpeg, turbojpeg). A JPEG is decoded whole or not at all: libjpeg-turbo reports
+data that ends early (a file cut short) or that it cannot follow (a bad Huffman code) as a warning
+and fills the rest with grey; Pillow does the same without a word. Here such a warning makes the
+image corrupt (DamagedImageError); a JPEG goes to a fallback decoder only when simplejpeg cannot
+read its kind (4:1:0 sampling, CMYK). Every JPEG path checks the header first (:func:`check_jpeg`),
+so what a decode may cost is bounded before it starts.
 
-A JPEG is decoded whole or not at all: libjpeg-turbo reports data that ends before the image does
-(a file cut short, with or without an end marker put back) or that it cannot follow (a bad Huffman
-code) as a warning, fills the rest with grey and carries on; Pillow does the same without a word.
-Here such a warning makes the image corrupt (DamagedImageError, naming it), and a JPEG goes to a
-fallback decoder only when simplejpeg cannot read its kind (4:1:0 sampling, CMYK), never because
-its data is damaged. Every JPEG path checks the header first (:func:`check_jpeg`): what a decode
-may cost is bounded before it starts.
-
-Documented mode conversions (used when decoding stored non-JPEG data to a batch):
-EXIF orientation is applied; grayscale (L, LA, 1), palette (P, PA), CMYK, YCbCr and RGBA go through
-Pillow's ``convert("RGB")`` (alpha is dropped, not composited); 16-bit and 32-bit integer images are
-scaled to 8 bits by their full range (``value >> 8`` for 16-bit) and replicated to three channels.
-The converter refuses inputs whose alpha or extra channels carry data unless told to drop them, so
-the stored bytes hold everything the source held.
-"""
+Non-JPEG data to RGB: EXIF orientation is applied; L, LA, 1, P, PA, CMYK, YCbCr and RGBA go
+through Pillow's ``convert("RGB")`` (alpha dropped, not composited); 16- and 32-bit integer images
+are scaled to 8 bits by their full range and replicated to three channels. (The converter refuses
+sources whose alpha or extra channels carry data unless told to drop them.)"""
 
 from __future__ import annotations
 
@@ -45,8 +39,6 @@ DEFAULT_MAX_SCANS = 100
 # and decoding it would allocate gigabytes for grey. Arithmetic coding has no such floor.
 DEFAULT_MAX_PIXELS_PER_BYTE = 512
 
-CODEC_EXT = {"jpeg": "jpg", "png": "png", "webp": "webp", "mixed": "img"}
-
 try:
     import simplejpeg
 except ImportError:  # optional: Pillow decodes JPEG when it is missing
@@ -62,13 +54,11 @@ T = TypeVar("T")
 @functools.cache
 def pillow_flavor() -> str:
     """'pillow-simd' or 'pillow': which distribution provides the ``PIL`` import."""
-    for dist in ("pillow-simd", "Pillow-SIMD"):
-        try:
-            metadata.version(dist)
-            return "pillow-simd"
-        except metadata.PackageNotFoundError:
-            pass
-    return "pillow"
+    try:
+        metadata.version("pillow-simd")  # names are normalized: finds Pillow-SIMD too
+        return "pillow-simd"
+    except metadata.PackageNotFoundError:
+        return "pillow"
 
 
 def jpeg_path() -> str:
@@ -81,11 +71,9 @@ def jpeg_path() -> str:
 
 def decoder_info() -> dict[str, Any]:
     """Which image libraries are active, for logs, `feedpipe doctor` and benchmark reports."""
-    import PIL
-
     return {
         "pil": pillow_flavor(),
-        "pil_version": PIL.__version__,
+        "pil_version": Image.__version__,
         "jpeg_decoder": "simplejpeg" if simplejpeg is not None else pillow_flavor(),
         "jpeg_fallback": jpeg_fallback(),
         "jpeg_loader_path": jpeg_path(),
@@ -102,18 +90,15 @@ def jpeg_fallback() -> str:
 def pil_to_rgb(img: Image.Image) -> np.ndarray:
     """Apply EXIF orientation and convert any Pillow mode to an H×W×3 uint8 array (rules above)."""
     img = ImageOps.exif_transpose(img)
-    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I"):
+    if img.mode in ("I;16", "I;16B", "I;16L", "I;16N", "I", "F"):
         arr = np.asarray(img)
-        shift = 8 if img.mode.startswith("I;16") or arr.max(initial=0) < 65536 else 24
-        gray = (arr.astype(np.uint32) >> shift).clip(0, 255).astype(np.uint8)
+        if img.mode == "F":
+            gray = np.clip(arr, 0, 255).astype(np.uint8)
+        else:
+            shift = 8 if img.mode.startswith("I;16") or arr.max(initial=0) < 65536 else 24
+            gray = (arr.astype(np.uint32) >> shift).clip(0, 255).astype(np.uint8)
         return np.repeat(gray[:, :, None], 3, axis=2)
-    if img.mode == "F":
-        arr = np.asarray(img)
-        gray = np.clip(arr, 0, 255).astype(np.uint8)
-        return np.repeat(gray[:, :, None], 3, axis=2)
-    if img.mode != "RGB":
-        img = img.convert("RGB")
-    return np.asarray(img)
+    return np.asarray(img if img.mode == "RGB" else img.convert("RGB"))
 
 
 _MAGIC = ((b"\xff\xd8\xff", "jpeg"), (b"\x89PNG\r\n\x1a\n", "png"), (b"GIF87a", "gif"),
@@ -264,11 +249,8 @@ def decode_with_pillow(data: Buffer, what: str = "image",
 def jpeg_fast_decodable(data: bytes | memoryview) -> bool:
     """True when simplejpeg (the loader's fast JPEG path) reads this JPEG's header; False when
     only the fallback decoder can (or simplejpeg is not installed)."""
-    if simplejpeg is None:
-        return False
     try:
-        simplejpeg.decode_jpeg_header(data)
-        return True
+        return simplejpeg is not None and bool(simplejpeg.decode_jpeg_header(data))
     except ValueError:
         return False
 
@@ -317,16 +299,12 @@ def decode_rgb(data: bytes | memoryview, codec: str, what: str = "image",
 
 def encode_rgb(array: np.ndarray, codec: str, quality: int) -> bytes:
     """Encode an H×W×3 uint8 array with Pillow (JPEG at ``quality``, PNG lossless, WebP)."""
-    out = io.BytesIO()
-    img = Image.fromarray(np.ascontiguousarray(array), "RGB")
-    if codec == "jpeg":
-        img.save(out, "JPEG", quality=quality)
-    elif codec == "png":
-        img.save(out, "PNG", compress_level=1)
-    elif codec == "webp":
-        img.save(out, "WEBP", quality=quality)
-    else:
+    options = {"jpeg": {"quality": quality}, "png": {"compress_level": 1},
+               "webp": {"quality": quality}}
+    if codec not in options:
         raise ValueError(f"unknown image codec {codec!r}; use jpeg, png or webp")
+    out = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(array), "RGB").save(out, codec.upper(), **options[codec])
     return out.getvalue()
 
 
@@ -348,11 +326,8 @@ def decode_mask_png(data: Buffer, what: str, *, png_only: bool = True,
             if png_only and im.format != "PNG":
                 raise ValueError(f"not a PNG ({im.format})")
             check_pixels(im.size[0], im.size[1], max_pixels, what, CorruptRecordError)
-            if im.mode in ("L", "P"):
-                indices: np.ndarray = np.asarray(im, dtype=np.uint8).copy()
-                return indices
-            if im.mode == "1":
-                return np.asarray(im, dtype=np.uint8)
+            if im.mode in ("L", "P", "1"):
+                return np.array(im, dtype=np.uint8)
             if im.mode in ("I;16", "I;16B", "I;16L", "I"):
                 arr = np.asarray(im)
                 if arr.size and (arr.min() < 0 or arr.max() > 0xFFFF):

@@ -12,20 +12,17 @@ import numpy as np
 from ..errors import CorruptRecordError
 from .codecs import Buffer, npy_decode, npy_encode, npy_header
 from .fields import ArrayField, Field
-from .imaging import decode_mask_png, encode_mask_png
 
 MaskCodec = Literal["png", "raw"]
 
 
 @dataclass(frozen=True)
 class MaskField(Field):
-    """A segmentation mask: H×W class indices (uint8 or uint16), stored lossless as PNG or raw npy.
-
-    ``num_classes`` is recorded at conversion (the largest index seen + 1 unless given);
-    ``ignore_index`` is a value that marks pixels of no class (VOC's 255 "void" band), left out
-    of ``num_classes`` and of the targets (``loader.ignore_index``, e.g. for ``cross_entropy``).
-    Loaders resize masks with nearest-neighbour sampling so indices are never blended.
-    """
+    """A segmentation mask: H×W class indices (uint8 or uint16), stored lossless as PNG or raw
+    npy; loaders resize it nearest-neighbour, so indices are never blended. ``num_classes`` is
+    recorded at conversion (the largest index seen + 1 unless given); ``ignore_index`` marks
+    pixels of no class (VOC's 255 "void" band), left out of ``num_classes`` and of the targets
+    (``loader.ignore_index``, e.g. for ``cross_entropy``)."""
 
     codec: MaskCodec = "png"
     dtype: str = "|u1"
@@ -61,6 +58,7 @@ class MaskField(Field):
     def validate(self, value: Any) -> Any:
         if self.codec == "png" and isinstance(value, (bytes, bytearray, memoryview)):
             return bytes(value)
+        from .imaging import encode_mask_png  # Pillow: loaded by the first mask encoded
         arr = np.asarray(value)
         if arr.ndim != 2 or arr.dtype != np.dtype(self.dtype):
             raise ValueError(f"field {self.name!r}: mask must be H×W {np.dtype(self.dtype)}, got "
@@ -92,6 +90,8 @@ class MaskField(Field):
         """The H×W index array (PNG decoded without any colour conversion)."""
         if self.codec == "raw":
             return np.array(value)
+        from .imaging import decode_mask_png  # Pillow: loaded by the first mask decoded
+
         arr = decode_mask_png(value, what)
         if arr.dtype != np.dtype(self.dtype):
             raise CorruptRecordError(f"{what}: mask PNG holds {arr.dtype}, schema says "
@@ -113,14 +113,11 @@ def largest_class(mask: np.ndarray, ignore_index: int | None = None) -> int:
 
 @dataclass(frozen=True)
 class TargetField(ArrayField):
-    """A per-pixel target computed from the mask at conversion (H×W or H×W×C), e.g. a distance map.
-
-    Stored as ``dtype`` (float16, or uint8/uint16 quantized: value = stored × ``scale`` +
-    ``offset``); ``to_user`` returns float32. ``interp`` says how loaders resample it under
-    geometric augmentation ("linear" or "nearest"); ``rescale="distance"`` marks values measured in
-    pixels, which loaders multiply by the geometric scale. ``clip`` bounds (truncation) are
-    re-applied after that. ``target`` and ``params`` record how it was computed.
-    """
+    """A per-pixel target computed from the mask at conversion (H×W or H×W×C), e.g. a distance
+    map, stored as ``dtype`` (float16, or uint8/uint16 quantized: stored × ``scale`` + ``offset``;
+    ``to_user`` gives float32). ``interp``: how loaders resample it ("linear" or "nearest");
+    ``rescale="distance"``: values in pixels, multiplied by the geometric scale, then ``clip``ped
+    again. ``target`` and ``params`` record how it was computed."""
 
     target: str = ""
     params: tuple[tuple[str, Any], ...] = ()

@@ -1,20 +1,18 @@
 """The node-local cache of remote dataset files: bounded in bytes, shared by every process on
 the node, one download per file per node, and nothing partial ever read as whole.
 
-Layout: ``<cache_dir>/<name>-<key>/`` per dataset, ``key`` a hash of the URL and the manifest's
-bytes (a re-converted dataset never mixes with a stale copy). In it: the manifest and index
-files (kept, not counted), the data files (counted against ``limit``, evicted least recently
-used first), and per data file ``.NAME.lock`` (the download lock; while held it holds the size
-reserved for the download) and ``.NAME.part`` (the bytes so far).
+``<cache_dir>/<name>-<key>/`` per dataset, ``key`` a hash of the URL and the manifest's bytes (a
+re-converted dataset never mixes with a stale copy), holds the manifest and index files (kept),
+the data files (counted against ``limit``, evicted least recently used first), and per data file
+``.NAME.lock`` (the download lock, holding the bytes reserved) and ``.NAME.part`` (the bytes so
+far). A reader holds a shared ``flock`` on its file, so it is never evicted while open; the kernel
+releases a dead process's locks, and a killed download resumes from its part file.
 
-Protocol (POSIX ``flock``, released by the kernel when a process dies; without it, on Windows,
-a :class:`~feedpipe.errors.StorageError` says so): a reader holds a shared
-lock on a data file, so it is never evicted while open; a downloader takes the file's download
-lock, reserves room under the cache-wide ``.lock`` (evicting unlocked files), appends to the
-part file (resuming a killed download), fsyncs, checks the SHA-256 and renames it into place.
-Every file is opened through :mod:`feedpipe.storage.cachefs` (no symlinks, no files of
-untrusted users). A full disk is a :class:`~feedpipe.errors.StorageError` naming the file and
-its URL, its partial download removed.
+The folder may be reachable by other users: nothing in it is opened through a symlink (a planted
+``.NAME.lock`` link would have its target truncated) or unless it is a regular file (a FIFO
+blocks forever), and only what a trusted user made is used. A root owned by this user (or
+world-writable with the sticky bit, as ``/tmp``) is private; a group-writable setgid root
+(``chmod 2770``) is shared by its group (docs/remote.md); any other root is refused.
 """
 
 from __future__ import annotations
@@ -25,15 +23,16 @@ import os
 import re
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from ..errors import CorruptRecordError, StorageError
-from .cachefs import Trust, trust_of
+from ..paths import cache_dir
 from .retry import DEFAULT_POLICY, RetryPolicy
 from .sizes import parse_size
 from .store import file_digest
-from .transfer import CHUNK, FULL, download
+from .transfer import CHUNK, FULL, download, open_plain
 
 try:
     import fcntl  # shared and exclusive locks on open files (flock): POSIX
@@ -43,16 +42,85 @@ except ImportError:  # Windows: Cache() refuses, naming it
 KEPT = re.compile(r"^(feedpipe\.json|index-.*)$")  # the manifest and index files: never evicted
 
 
+_SHARE = ("a group-shared cache is a folder of that group with the setgid bit: chgrp GROUP DIR "
+          "&& chmod 2770 DIR (docs/remote.md, 'Sharing a cache')")
+
+
+@dataclass(frozen=True)
+class Trust:
+    """The owners a cache's entries may have: this user, and a shared cache's group."""
+
+    uid: int
+    gid: int | None = None  # the group of a group-shared cache; None: private
+
+    @classmethod
+    def of(cls, root: Path) -> Trust:
+        """The trust of an existing cache root (see the module docstring); refuses an unsafe one."""
+        st = os.stat(root)  # the root may be a link the user chose; what lies in it never is
+        mode = stat.S_IMODE(st.st_mode)
+        shared = bool(mode & stat.S_IWGRP and st.st_mode & stat.S_ISGID)
+        trust = cls(os.geteuid(), st.st_gid if shared else None)
+        trust._refuse_open_to_all(root, st, "folder")
+        if st.st_uid != trust.uid and not shared and not (mode & stat.S_IWOTH
+                                                          and st.st_mode & stat.S_ISVTX):
+            raise StorageError(f"{root}: the cache folder belongs to user id {st.st_uid}, not "
+                               "to you: its owner could plant links or files in it. Use a "
+                               f"cache_dir of your own ($FEEDPIPE_CACHE); {_SHARE}")
+        return trust
+
+    def allows(self, st: os.stat_result) -> bool:
+        return st.st_uid == self.uid or (self.gid is not None and st.st_gid == self.gid)
+
+    @staticmethod
+    def _refuse_open_to_all(path: Path, st: os.stat_result, what: str) -> None:
+        if stat.S_IMODE(st.st_mode) & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+            raise StorageError(f"{path}: the cache {what} is writable by every user (mode "
+                               f"{stat.S_IMODE(st.st_mode):o}, no sticky bit): anyone could "
+                               "plant links or files in it. Use a private cache_dir "
+                               f"($FEEDPIPE_CACHE), or chmod o-w {path}; {_SHARE}")
+
+    def check_folder(self, folder: Path, made: bool) -> None:
+        """A dataset folder: a real folder (never a link) a trusted user made; one this process
+        ``made`` in a shared cache becomes group-writable."""
+        st = os.lstat(folder)
+        if not stat.S_ISDIR(st.st_mode):
+            raise StorageError(f"{folder}: in the cache, not a folder (a symlink or a file); "
+                               "feedpipe never follows one there. Remove it and run again.")
+        if not self.allows(st):
+            raise StorageError(f"{folder}: made by user id {st.st_uid}, not by you (nor in "
+                               "the cache's shared group); feedpipe does not use it. Remove "
+                               "it, or use a cache_dir of your own")
+        self._refuse_open_to_all(folder, st, "folder")
+        if made and self.gid is not None:
+            os.chmod(folder, stat.S_IMODE(st.st_mode) | stat.S_ISGID | 0o070)
+
+    def open(self, path: Path, flags: int, write: bool = False) -> int:
+        """:func:`open_plain` of a cache entry a trusted user made. A file of this user in a
+        shared cache is made group-writable, so the group's other users can resume or lock it."""
+        fd = open_plain(path, flags, "in the cache", write)
+        try:
+            st = os.fstat(fd)
+            if not self.allows(st):
+                raise StorageError(f"{path}: in the cache, made by user id {st.st_uid}, not by "
+                                   "you (nor in the cache's shared group); feedpipe does not "
+                                   "open it. Remove it, or use a cache_dir of your own.")
+            if self.gid is not None and st.st_uid == self.uid and not st.st_mode & stat.S_IWGRP:
+                os.fchmod(fd, stat.S_IMODE(st.st_mode) | 0o060)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
 def parse_limit(value: str | int | None) -> int | None:
     """``cache_limit``'s bytes (:func:`~feedpipe.storage.sizes.parse_size`); None: no limit."""
     return None if value is None else parse_size(value, "cache_limit")
 
 
 def default_cache_dir() -> Path:
-    """``$FEEDPIPE_CACHE``, else ``~/.cache/feedpipe/remote`` (``$XDG_CACHE_HOME`` honoured)."""
+    """``$FEEDPIPE_CACHE``, else ``remote`` in feedpipe's cache folder (``~/.cache/feedpipe``)."""
     env = os.environ.get("FEEDPIPE_CACHE")
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "feedpipe"
-    return Path(env) if env else base / "remote"
+    return Path(env) if env else cache_dir() / "remote"
 
 
 @contextlib.contextmanager
@@ -104,7 +172,7 @@ class Cache:
         self.limit = parse_limit(limit)
         self.wait = wait
         self.root.mkdir(parents=True, exist_ok=True)
-        self.trust = trust_of(self.root)  # refuses a folder others could plant files in
+        self.trust = Trust.of(self.root)  # refuses a folder others could plant files in
 
     def __repr__(self) -> str:
         return f"Cache({str(self.root)!r}, limit={self.limit})"
@@ -125,12 +193,11 @@ class Cache:
 
     # -- accounting --------------------------------------------------------------------------
     def usage(self) -> int:
-        """Bytes the data files, the partial downloads and the active reservations take (read
-        under the cache-wide lock, so a download handing its reservation over to its finished
-        file is never counted twice or not at all)."""
+        """Bytes the data files, partial downloads and active reservations take, read under the
+        cache-wide lock (a reservation becoming its finished file is counted once)."""
         with _flocked(self.root / ".lock", self.trust, shared=True):
-            return sum(size for _, size, _ in self._entries()) + sum(
-                self._reservations().values())
+            entries, reserved = self._scan()
+            return reserved + sum(size for _, size, _ in entries)
 
     def _files(self) -> Iterator[tuple[Path, os.stat_result]]:
         """(path, lstat) of every regular file in the dataset folders this process trusts
@@ -154,33 +221,28 @@ class Cache:
                 if stat.S_ISREG(st.st_mode):
                     yield Path(e.path), st
 
-    def _entries(self) -> list[tuple[Path, int, float]]:
-        """(path, size, last use) of every data file and partial download."""
-        out = []
+    def _scan(self, mine: Path | None = None) -> tuple[list[tuple[Path, int, float]], int]:
+        """(path, size, last use) of every data file and idle partial download, and the bytes
+        the active downloads other than ``mine`` reserved in their locks."""
+        entries, reserved = [], 0
         for p, st in self._files():
-            if KEPT.match(p.name) or p.name.endswith(".lock"):
+            name = p.name
+            if name.startswith(".") and name.endswith(".lock"):
+                if p != mine:
+                    with _unheld(p) as (free, fd):
+                        if free is False:  # read from the descriptor checked, not by name
+                            with contextlib.suppress(ValueError):
+                                reserved += int(os.pread(fd, 32, 0) or 0)
                 continue
-            if p.name.startswith(".") and not p.name.endswith(".part"):
+            if KEPT.match(name) or name.endswith(".lock") or (
+                    name.startswith(".") and not name.endswith(".part")):
                 continue
-            if p.name.endswith(".part"):
-                with _unheld(p.with_name(p.name[:-5] + ".lock")) as (free, _):
+            if name.endswith(".part"):
+                with _unheld(p.with_name(name[:-5] + ".lock")) as (free, _):
                     if free is False:
                         continue  # an active download: counted by its reservation
-            out.append((p, st.st_size, st.st_mtime))
-        return out
-
-    def _reservations(self) -> dict[Path, int]:
-        out = {}
-        for lock, _ in self._files():
-            if not (lock.name.startswith(".") and lock.name.endswith(".lock")):
-                continue
-            with _unheld(lock) as (free, fd):
-                if free is False:  # read from the descriptor checked, never by name again
-                    try:
-                        out[lock] = int(os.pread(fd, 32, 0) or 0)
-                    except ValueError:
-                        pass
-        return out
+            entries.append((p, st.st_size, st.st_mtime))
+        return entries, reserved
 
     def _reserve(self, lock_fd: int, lock: Path, size: int, block: bool, evict: bool) -> bool:
         """Make room for ``size`` bytes (evicting unused files, least recently used first) and
@@ -207,40 +269,35 @@ class Cache:
                                    "and workers read at once, plus the prefetch)")
             time.sleep(0.05)
 
-    def _make_room(self, size: int, mine: Path, evict: bool = True) -> bool:
+    def _make_room(self, size: int, mine: Path, evict: bool) -> bool:
+        """Whether ``size`` more bytes fit, after evicting (``evict``) the files no reader holds,
+        least recently used first (``mine``: the download lock whose part file is resumed)."""
         assert self.limit is not None
-        reserved = sum(v for k, v in self._reservations().items() if k != mine)
-        entries = sorted(self._entries(), key=lambda e: e[2])
-        total = reserved + sum(s for _, s, _ in entries)
-        for path, nbytes, _ in entries if evict else ():
+        entries, total = self._scan(mine)
+        total += sum(s for _, s, _ in entries)
+        for path, nbytes, _ in sorted(entries, key=lambda e: e[2]) if evict else ():
             if total + size <= self.limit:
                 break
-            if path.name.endswith(".part") and path.name[:-5] + ".lock" == mine.name:
-                continue  # our own partial download: resumed, not evicted
-            if self._evict(path):
+            if path.name == mine.name[:-5] + ".part":  # our own partial download: resumed
+                continue
+            with _unheld(path) as (free, _):  # False: a reader holds its shared lock
+                if free:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(path)
+            if free is not False:
                 total -= nbytes
         return total + size <= self.limit
-
-    @staticmethod
-    def _evict(path: Path) -> bool:
-        """Remove ``path`` unless a reader holds it (its shared lock)."""
-        with _unheld(path) as (free, _):
-            if free:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
-            return free is not False
 
     # -- the one entry point -------------------------------------------------------------------
     def open(self, folder: Path, name: str, url: str, size: int, sha256: str, *,
              storage_options: Mapping[str, Any] | None = None,
              policy: RetryPolicy = DEFAULT_POLICY, block: bool = True, evict: bool = True,
              chunk: int = CHUNK, claimed: Callable[[bool], None] | None = None) -> int | None:
-        """A read-only descriptor of ``folder/name``, downloaded from ``url`` first if needed,
-        holding a shared lock (so it is never evicted while open; close it to release). With
-        ``block=False`` (prefetch), None when another process is downloading it or the cache
-        has no room now; with ``evict=False`` it only fills free room. ``claimed``, when it has
-        to download, is told before the download starts whether room was found (False: none
-        now, and None is returned), so that prefetches can take room in plan order."""
+        """A read-only descriptor of ``folder/name`` (downloaded from ``url`` first if needed)
+        holding a shared lock: never evicted while open. ``block=False`` (prefetch): None when
+        another process is downloading it or there is no room now; ``evict=False``: free room
+        only. ``claimed`` is told before a download whether room was found (prefetches take
+        room in plan order)."""
         path = folder / name
         fd = self._open_cached(path)
         if fd is not None:

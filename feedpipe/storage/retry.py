@@ -2,8 +2,7 @@
 on transient failures (timeouts, 5xx, 429/503 throttling, connections refused or cut), read
 alike from the exceptions of fsspec's clients (aiohttp, botocore, gcsfs, httpx); an immediate,
 typed failure on a missing object (:class:`RemoteNotFoundError`) or refused credentials
-(:class:`AccessDeniedError`, naming where the credential comes from).
-"""
+(:class:`AccessDeniedError`, naming where the credential comes from)."""
 
 from __future__ import annotations
 
@@ -14,12 +13,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Literal, TypeVar
 
-from ..errors import (
-    AccessDeniedError,
-    ConfigError,
-    RemoteNotFoundError,
-    StorageError,
-)
+from ..errors import AccessDeniedError, ConfigError, RemoteNotFoundError, StorageError
 from .urls import scheme_of
 
 log = logging.getLogger("feedpipe.storage")
@@ -84,21 +78,17 @@ DEFAULT_POLICY = RetryPolicy()
 
 def _status(exc: BaseException) -> int | None:
     """The HTTP status an exception carries (aiohttp, botocore, requests/httpx, gcsfs)."""
-    if type(exc).__module__.startswith("gcsfs"):  # gcsfs.retry.HttpError: the status is ``code``
-        code = getattr(exc, "code", None)
-        return code if isinstance(code, int) else None
     if type(exc) is OSError and str(exc).startswith("Forbidden: "):  # how gcsfs reports a 403
         return 403
-    for obj in (exc, getattr(exc, "response", None)):
-        for name in ("status", "status_code"):
-            value = getattr(obj, name, None)
-            if isinstance(value, int):
-                return value
-    meta = getattr(exc, "response", None)
-    if isinstance(meta, dict):  # botocore ClientError
-        code = meta.get("ResponseMetadata", {}).get("HTTPStatusCode")
-        return code if isinstance(code, int) else None
-    return None
+    response = getattr(exc, "response", None)
+    if type(exc).__module__.startswith("gcsfs"):  # gcsfs.retry.HttpError: the status is ``code``
+        found = [getattr(exc, "code", None)]
+    else:
+        found = [getattr(obj, name, None) for obj in (exc, response)
+                 for name in ("status", "status_code")]
+        if isinstance(response, dict):  # botocore ClientError
+            found.append(response.get("ResponseMetadata", {}).get("HTTPStatusCode"))
+    return next((code for code in found if isinstance(code, int)), None)
 
 
 def classify(exc: BaseException) -> Verdict:
@@ -117,13 +107,12 @@ def classify(exc: BaseException) -> Verdict:
         return "not_found"
     if isinstance(exc, PermissionError):
         return "denied"
-    if isinstance(exc, (TimeoutError, asyncio.TimeoutError, ConnectionError, EOFError)):
-        return "retry"
-    module = type(exc).__module__.split(".")[0]
-    if module in ("aiohttp", "botocore", "aiobotocore", "urllib3", "httpx", "httpx2",
-                  "requests", "fsspec"):  # httpx2: huggingface_hub's HTTP client
-        return "retry"  # connection and protocol errors (client errors with a status are above)
-    return "retry" if isinstance(exc, OSError) else "fatal"
+    # timeouts, cut connections, and the HTTP clients' connection and protocol errors (their
+    # errors with a status are above); httpx2 is huggingface_hub's client
+    client = type(exc).__module__.split(".")[0] in (
+        "aiohttp", "botocore", "aiobotocore", "urllib3", "httpx", "httpx2", "requests", "fsspec")
+    return "retry" if client or isinstance(exc, (OSError, EOFError, asyncio.TimeoutError)) \
+        else "fatal"
 
 
 def typed(exc: BaseException, url: str, what: str) -> StorageError:

@@ -1,13 +1,7 @@
-"""Where a dataset's files live, behind one interface: a local directory (:class:`DirStore`) or an
-object-store prefix (:class:`UrlStore`, an fsspec URL). Tools that read or write a dataset's
-files (merge, verify, doctor, outputs) take a :data:`Store` from :func:`open_store`, so one
-implementation of each serves both.
-
-Names are relative, ``/``-separated paths inside the store. Writes are atomic either way: a local
-file is filled beside its name and renamed over it; an object is uploaded whole (a PUT replaces
-an object atomically). A missing name raises ``FileNotFoundError`` (remote:
-:class:`~feedpipe.errors.RemoteNotFoundError`, a subclass).
-"""
+"""Where a dataset's files live, behind one interface (:data:`Store`): a local directory or an
+object-store prefix (an fsspec URL), so merge, verify, doctor and outputs have one implementation
+for both. Names are relative ``/``-separated paths; writes are atomic either way (a local file
+renamed over its name, an object uploaded whole); a missing name is ``FileNotFoundError``."""
 
 from __future__ import annotations
 
@@ -40,7 +34,7 @@ def file_digest(path: str | os.PathLike[str], flags: int = 0) -> tuple[int, str]
 class DirStore:
     """A local directory (its files are read in place, never copied)."""
 
-    remote = False  # an object store: no renames, no partial files, every read a fetch
+    remote = False  # True: an object store (no renames, no partial files, every read a fetch)
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
@@ -70,10 +64,9 @@ class DirStore:
     def local(self, name: str, into: Path, size: int | None = None) -> Path:
         """A local file holding ``name``'s first ``size`` bytes (default: all): a directory's
         own file, or the object downloaded to ``into / name``."""
-        path = self.root / name
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: missing")
-        return path
+        if not (self.root / name).is_file():
+            raise FileNotFoundError(f"{self.root / name}: missing")
+        return self.root / name
 
     def write(self, name: str, write_fn: Writer) -> tuple[int, str]:
         """Write ``name`` atomically from ``write_fn(file)``; its (size, SHA-256)."""
@@ -82,12 +75,10 @@ class DirStore:
         return file_digest(self.root / name)
 
     def put(self, name: str, staged: Path) -> None:
-        """Publish a finished local file as ``name``, atomically and without a copy: a
-        directory renames it in (same filesystem), an object store uploads it (the staged
-        file stays for the caller to remove)."""
-        dest = self.root / name
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged, dest)
+        """Publish a finished local file as ``name``, atomically: renamed in (same filesystem),
+        or uploaded (the staged file stays for the caller to remove)."""
+        (self.root / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, self.root / name)
 
     def remove(self, names: Iterable[str]) -> None:
         """Delete these names; a missing one is not an error."""
@@ -98,7 +89,7 @@ class DirStore:
 
 class UrlStore:
     """An object-store prefix (s3://, gs://, https://, hf://, memory://) through fsspec, with
-    feedpipe's retries; a write goes through a private temporary file, then one upload."""
+    feedpipe's retries; a write fills a private temporary file, then uploads it once."""
 
     remote = True
 
@@ -157,11 +148,10 @@ class UrlStore:
             with_retries(rm, self.url, "deleting")
 
     def bucket_exists(self) -> bool:
-        """Whether the prefix's bucket (its first path part) exists: writing into a missing
-        one is refused with that said, not as an upload's 404."""
+        """Whether the prefix's bucket (its first path part) exists, so that writing into a
+        missing one is refused saying so, not as an upload's 404."""
         bucket = self.root.split("/")[0]
-        return bool(with_retries(lambda: self.fs.exists(bucket), self.url, "looking for the "
-                                 "bucket"))
+        return bool(with_retries(lambda: self.fs.exists(bucket), self.url, "finding the bucket"))
 
 
 #: a dataset's home: list, read, fetch and atomically write files by relative name

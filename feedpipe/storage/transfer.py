@@ -1,8 +1,6 @@
-"""Moving bytes between a store and local files, every request under the retry policy.
-
-Downloads go in ranged chunks (fsspec's ``cat_file(start, end)``), each appended to a partial
-file as it arrives, so a cut connection or a killed process resumes from the bytes on disk.
-"""
+"""Moving bytes between a store and local files, every request under the retry policy. Downloads
+go in ranged chunks, each appended to a partial file as it arrives, so a cut connection or a
+killed process resumes from the bytes on disk."""
 
 from __future__ import annotations
 
@@ -48,36 +46,25 @@ def upload(local: str | os.PathLike[str], url: str, storage_options: Options = N
           policy)
 
 
-def _ranged_get(url: str, storage_options: Options,
-                timeout: float | None = None) -> Callable[[int, int], bytes]:
-    """``get(start, end)``: one request for exactly those bytes. A filesystem without its own
-    ranged ``cat_file`` (huggingface_hub's) would read through a buffered file whose read-ahead
-    asks for a block more than the range: its file is opened without that cache."""
-    fs, path = filesystem(url, storage_options, timeout)
-    from fsspec import AbstractFileSystem  # installed: filesystem() found it
-
-    # an async filesystem's (s3fs, http) sync cat_file is set on the instance, not the class
-    if getattr(fs.cat_file, "__func__", None) is not AbstractFileSystem.cat_file:
-        return lambda start, end: bytes(fs.cat_file(path, start=start, end=end))
-
-    def get(start: int, end: int) -> bytes:
-        with fs.open(path, "rb", cache_type="none") as fh:
-            fh.seek(start)
-            return bytes(fh.read(end - start))
-
-    return get
-
-
 def download(url: str, part: Path, size: int, storage_options: Options = None,
              policy: RetryPolicy = DEFAULT_POLICY, chunk: int = CHUNK,
              progress: Callable[[int], None] | None = None) -> None:
     """Append ``url``'s bytes to ``part`` from ``part``'s current length up to ``size``, one
     ranged request per ``chunk``, each flushed before the next; the retry budget counts failures
     in a row, so a slow but moving transfer never exhausts it. The caller verifies and renames."""
-    ranged_get = _ranged_get(url, storage_options, policy.timeout)
+    fs, path = filesystem(url, storage_options, policy.timeout)
+    from fsspec import AbstractFileSystem  # installed: filesystem() found it
+
+    # an async filesystem's (s3fs, http) sync cat_file is set on the instance, not the class
+    ranged = getattr(fs.cat_file, "__func__", None) is not AbstractFileSystem.cat_file
 
     def get(start: int, end: int) -> bytes:
-        data = ranged_get(start, end)
+        if ranged:
+            data = bytes(fs.cat_file(path, start=start, end=end))
+        else:  # huggingface_hub's: a buffered file's read-ahead would ask for more than the range
+            with fs.open(path, "rb", cache_type="none") as fh:
+                fh.seek(start)
+                data = bytes(fh.read(end - start))
         if len(data) > end - start:  # a 200 with the whole object: no retry can help
             raise StorageError(
                 f"{url}: asked bytes {start}-{end - 1}, the server answered with {len(data)} "
@@ -89,7 +76,8 @@ def download(url: str, part: Path, size: int, storage_options: Options = None,
         return data
 
     try:
-        with os.fdopen(_open_part(part), "ab") as out:
+        with os.fdopen(open_plain(part, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                                  "as the partial download"), "ab") as out:
             done = out.tell()
             if done > size:
                 raise StorageError(f"{part}: partial download holds {done} bytes, more than the "
@@ -111,21 +99,22 @@ def download(url: str, part: Path, size: int, storage_options: Options = None,
                             file=str(part), errno=exc.errno) from exc
 
 
-def _open_part(part: Path) -> int:
-    """The partial file, appended to: never through a symlink, only a plain file (not a FIFO,
-    not a hard link to another file), so a name planted beside it cannot redirect the write."""
+def open_plain(path: Path, flags: int, where: str, write: bool = True) -> int:
+    """``os.open`` never through a symlink, only of a regular file (a FIFO would block) and, to
+    ``write``, not of a hard link, so a name planted there cannot redirect a read or a write;
+    ``where`` says where the file is, in the StorageError."""
     try:
-        fd = os.open(part, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-                     | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
-        raise StorageError(f"{part}: the partial download is a symlink; feedpipe never writes "
-                           "through one (it could lead outside the folder): remove it") from exc
+        raise StorageError(f"{path}: a symlink {where}; feedpipe never opens one (it could lead "
+                           "outside the folder). Remove it.") from exc
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+    why = ("is not a regular file" if not stat.S_ISREG(st.st_mode) else
+           "is a hard link to another file" if write and st.st_nlink != 1 else None)
+    if why is not None:
         os.close(fd)
-        raise StorageError(f"{part}: the partial download is not a plain file (a FIFO, a device "
-                           "or a hard link to another file); remove it")
+        raise StorageError(f"{path}: {where}, {why}; feedpipe does not open it. Remove it.")
     os.set_blocking(fd, True)
     return fd

@@ -58,11 +58,9 @@ def with_timeout(scheme: str, options: Mapping[str, Any], timeout: float | None
     out = dict(options)
     if timeout is None or scheme not in ("http", "https", "s3", "s3a", "gs", "gcs"):
         return out
-    if scheme in ("s3", "s3a"):
-        config = dict(out.get("config_kwargs") or {})
-        config.setdefault("connect_timeout", timeout)
-        config.setdefault("read_timeout", timeout)
-        out["config_kwargs"] = config
+    if scheme in ("s3", "s3a"):  # the caller's own settings win
+        out["config_kwargs"] = {"connect_timeout": timeout, "read_timeout": timeout,
+                                **(out.get("config_kwargs") or {})}
         return out
     try:
         import aiohttp
@@ -72,9 +70,7 @@ def with_timeout(scheme: str, options: Mapping[str, Any], timeout: float | None
     if scheme in ("gs", "gcs"):
         out.setdefault("requests_timeout", bound)
     else:
-        client = dict(out.get("client_kwargs") or {})
-        client.setdefault("timeout", bound)
-        out["client_kwargs"] = client
+        out["client_kwargs"] = {"timeout": bound, **(out.get("client_kwargs") or {})}
     return out
 
 
