@@ -8,8 +8,7 @@ from typing import Any, Mapping
 from ..errors import DatasetReplacedError
 from ..storage import is_remote, local_path
 from .formats.base import DatasetReader, DatasetWriter, root_identity, sample_key
-from .formats.hdf5 import Hdf5Reader
-from .formats.hdf5_write import Hdf5Writer
+from .formats.hdf5 import Hdf5Reader, Hdf5Writer
 from .formats.lmdb import LmdbReader, LmdbWriter
 from .formats.wds import WdsReader, WdsWriter
 from .manifest import Manifest

@@ -1,13 +1,8 @@
 """LMDB: one environment, zero-padded integer keys, one record per sample (see codecs.pack_record).
 
-Besides the samples, the key ``feedpipe.dataset_id`` holds the dataset id the manifest records
-(``extra.dataset_id``, see :meth:`DatasetWriter.dataset_id`); the reader compares the two, and
-``data.mdb``'s size with the manifest's, when it opens the environment, so another dataset's
-``data.mdb`` copied in is refused before a record is read. Datasets converted before the id have
-neither and are not checked for it.
-
-A merged dataset (``feedpipe merge``) is several environments, its parts' (``extra.parts``, each
-with its part's id), read as one: global index ``i`` is key ``i - start`` of the part holding it.
+The key ``feedpipe.dataset_id`` holds the manifest's ``extra.dataset_id``; the reader compares
+the two, and ``data.mdb``'s size, at open, so another dataset's ``data.mdb`` copied in is refused.
+A merged dataset is its parts' environments (``extra.parts``) read as one.
 """
 
 from __future__ import annotations
@@ -49,10 +44,9 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (mallo
 
 
 def keep_freed_heap() -> None:
-    """Ask glibc to keep up to 64 MiB of freed heap and to serve blocks up to 32 MiB from it,
-    instead of returning memory to the system at every free and faulting it in again at the next
-    allocation (a writer frees and reallocates the same sizes all the time). Process-wide and
-    harmless elsewhere; a no-op off glibc."""
+    """Ask glibc to keep up to 64 MiB of freed heap and serve blocks up to 32 MiB from it, not
+    return memory at every free and fault it in again (a writer reallocates the same sizes all
+    the time). Process-wide; a no-op off glibc."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
@@ -98,11 +92,9 @@ ID_KEY = b"feedpipe.dataset_id"  # sorts after every sample key: appended last
 class LmdbWriter(DatasetWriter):
     """Writes records in batched transactions and grows ``map_size`` itself on MDB_MAP_FULL.
 
-    Each transaction is committed on a helper thread while this one packs the next batch:
-    py-lmdb releases the GIL in ``commit``, whose copy into the page cache is about a third of
-    a passthrough conversion's CPU time, so it runs on the second core. Puts stay here, so one
-    thread at a time uses a transaction (the environment is opened without LMDB's lock file:
-    the output's own lock keeps other writers out, and nothing reads a partial output).
+    Each transaction is committed on a helper thread while this one packs the next (py-lmdb
+    releases the GIL in ``commit``, a third of a passthrough conversion's CPU time); one thread
+    at a time uses a transaction. No LMDB lock file: the output's own lock keeps writers out.
     """
 
     format_name = "lmdb"
@@ -158,21 +150,18 @@ class LmdbWriter(DatasetWriter):
             job.result()
 
     def close(self) -> tuple[list[str], dict[str, Any]]:
-        if self._env is None:
-            return ["data.mdb"], {"dataset_id": self._id}
-        try:
-            self._id = self.dataset_id()
-            self._pending.append((ID_KEY, self._id.encode()))
-            self._flush()
-            self._wait()
-            self._env.sync(True)
-        finally:
-            self._committer.shutdown(wait=True)  # nothing uses the environment after this
-            self._env.close()
-            self._env = None
-        lock = self.root / "lock.mdb"
-        if lock.exists():  # readers open with lock=False; the lock file is the writer's only
-            lock.unlink()
+        if self._env is not None:
+            try:
+                self._id = self.dataset_id()
+                self._pending.append((ID_KEY, self._id.encode()))
+                self._flush()
+                self._wait()
+                self._env.sync(True)
+            finally:
+                self._committer.shutdown(wait=True)  # nothing uses the environment after this
+                self._env.close()
+                self._env = None
+            (self.root / "lock.mdb").unlink(missing_ok=True)  # readers open with lock=False
         return ["data.mdb"], {"dataset_id": self._id}
 
 
