@@ -1,9 +1,8 @@
 """The thin template every format fills in: a writer that appends samples, a lazy reader.
 
-Readers implement one primitive, :meth:`DatasetReader._visit`, which hands each requested sample's
-*stored* values to a callback inside one transaction / read call. Values may be zero-copy views
-valid only during the callback; everything else (``ds[i]``, ``get_batch``, ``read_raw``,
-iteration, the loader's batched decode) is built on it here, once.
+Readers implement one primitive, :meth:`DatasetReader._visit`: each sample's *stored* values
+(maybe zero-copy views, valid during the callback) handed to a callback in one read pass;
+everything else (``ds[i]``, ``get_batch``, iteration, the loader's decode) is built on it here.
 """
 
 from __future__ import annotations
@@ -97,12 +96,6 @@ class DatasetWriter(ABC):
         """After a failed conversion (its output is removed): let go of what the writer holds."""
         self.close()
 
-    def __enter__(self) -> "DatasetWriter":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class DatasetReader(ABC):
     """Random-access reader over a finished dataset; opens its files lazily in each process."""
@@ -182,9 +175,8 @@ class DatasetReader(ABC):
         return self.manifest.num_samples
 
     def parts(self, data_file: str) -> tuple[list[str], list[object], np.ndarray]:
-        """The data files read (a merged dataset's parts', ``extra.parts``, else its own
-        ``data_file``) relative to the root, each one's dataset id, and where each one's samples
-        end: global index ``i`` is row ``i - start`` of the part holding it."""
+        """The data files read (a merged dataset's parts', else its own ``data_file``), each
+        one's dataset id, and where each one's samples end (index ``i`` is row ``i - start``)."""
         parts = self.manifest.extra.get("parts") or [
             {"dir": ".", "num_samples": len(self), "dataset_id": self.manifest.extra.get(
                 "dataset_id")}]
@@ -297,9 +289,8 @@ class DatasetReader(ABC):
         return out
 
     def decode_limits(self) -> dict[str, int]:
-        """The bounds on decoding one image that its converter recorded (``max_pixels``,
-        ``max_scans``, ``max_pixels_per_byte``: manifest ``conversion``); the defaults apply to
-        the others."""
+        """The bounds on decoding one image its converter recorded (``max_pixels``,
+        ``max_scans``, ``max_pixels_per_byte``); the defaults apply to the others."""
         recorded = self.manifest.conversion
         return {k: recorded[k] for k in ("max_pixels", "max_scans", "max_pixels_per_byte")
                 if recorded.get(k)}

@@ -1,16 +1,12 @@
 """HDF5: one file, ``data.h5``, one contiguous dataset per stored column (layout: docs/convert.md,
 "On-disk formats"), read as views of the mapped file.
 
-The writer spools each column to a file beside ``data.h5`` while samples come (plain writes: a
-full disk is an ENOSPC like any other), then writes each as one dataset at close.
-Variable-length values are bytes back to back plus an offsets dataset, never an HDF5
-variable-length type: no global heap, whose damage sent libhdf5 into an endless loop. The reader
-opens the file with h5py only to check each dataset (a hard link of the dtype and shape the
-schema writes, neither external nor virtual: HDF5 would read another file's bytes, or fill
-values for a missing one), then serves the mapped bytes as numpy views (``get_offset``):
-libhdf5 reads no sample. The root's ``dataset_id`` and the file's size are compared with the
-manifest's first, so another dataset's ``data.h5`` copied in is refused. A merged dataset is its
-parts' files (``extra.parts``), read as one. Format versions 1 and 2 are refused: re-convert.
+The writer spools each column to a file while samples come (a full disk is a plain ENOSPC), and
+writes the datasets at close. Variable-length values are bytes plus an offsets dataset, never an
+HDF5 variable-length type, whose damaged global heap sent libhdf5 into an endless loop. The
+reader uses h5py only to check each dataset (a hard link of the schema's dtype and shape, not
+external or virtual: HDF5 would read another file) and the root's ``dataset_id``; libhdf5 reads
+no sample. A merged dataset is its parts' files, read as one.
 """
 
 from __future__ import annotations
@@ -52,6 +48,7 @@ Compression = Literal["lzf", "gzip"] | None
 
 
 def fixed_shape(f: Field) -> tuple[int, ...] | None:
+    """The row shape of a field stored as an N×shape dataset, else None."""
     if isinstance(f, (ImageField, MaskField)) and f.codec == "raw":
         return f.shape
     if isinstance(f, ArrayField) and f.fixed:
@@ -154,9 +151,8 @@ class Hdf5Writer(DatasetWriter):
         self.content.update(crcs.tobytes())
 
     def _check_space(self, need: int) -> None:
-        """Refuse a ``data.h5`` of ``need`` bytes the output's filesystem (or the file size
-        limit) cannot hold: the HDF5 library crashes (SIGSEGV) when a write meets a full disk,
-        so it must never get there."""
+        """Refuse a ``data.h5`` of ``need`` bytes the filesystem (or the file size limit) cannot
+        hold: libhdf5 crashes (SIGSEGV) when a write meets a full disk."""
         free = shutil.disk_usage(self.root).free
         limit = file_size_limit()  # a file size limit crashes it too
         if limit is not None:
@@ -174,9 +170,7 @@ class Hdf5Writer(DatasetWriter):
             self._spools = None
 
     def close(self) -> tuple[list[str], dict[str, Any]]:
-        if self._spools is not None:
-            for fh in self._spools.values():
-                fh.flush()
+        if self._spools is not None:  # tell() counts what is still buffered
             self._check_space(_HEADROOM + sum(fh.tell() for fh in self._spools.values()))
             self.discard()
             with h5py.File(self.root / FILE_NAME, "w") as out:
@@ -187,8 +181,8 @@ class Hdf5Writer(DatasetWriter):
         return [FILE_NAME], {"compression": self.compression, "dataset_id": self.dataset_id()}
 
     def _dataset(self, out: h5py.File, name: str, dt: np.dtype, shape: tuple[int, ...]) -> None:
-        """Dataset ``name`` from its spool, which is then removed: contiguous, or chunked one
-        sample a chunk where a fixed-shape field is compressed."""
+        """Dataset ``name`` from its spool (then removed): contiguous, or one sample a chunk where
+        a fixed-shape field is compressed."""
         path = self._spool(name)
         row = dt.itemsize * int(np.prod(shape, dtype=np.int64))
         n = path.stat().st_size // row
@@ -255,9 +249,8 @@ class Hdf5Reader(DatasetReader):
 
     def _dataset(self, h5: h5py.File, raw: np.ndarray, name: str, n: int,
                  path: Path) -> np.ndarray | h5py.Dataset:
-        """Dataset ``name``, refused before HDF5 follows or reads it if it is a link (an external
-        one names another file), virtual or kept in external files, or not of the dtype and
-        shape this schema writes; a view of the mapped file ``raw`` where it is contiguous."""
+        """Dataset ``name`` as a view of the mapped file ``raw`` (h5py's where compressed), refused
+        before HDF5 reads it if it is a link, virtual, external, or not the schema's layout."""
         link = h5.get(name, getlink=True)
         if isinstance(link, h5py.ExternalLink):
             raise DamagedDataError(f"{path}: {name!r} is an external link to "
