@@ -16,7 +16,7 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -135,18 +135,16 @@ class RemoteWdsReader(WdsReader):
     read one shard at a time, each released before the next is opened, so a process holds (and
     keeps from eviction) one shard at a most: a cache of a few shards per process never stalls."""
 
+    # the prefetch threads: this process's own
+    _handles: ClassVar[tuple[str, ...]] = (*WdsReader._handles, "_pool", "_turn")
+    _pool: tuple[int, _Prefetcher] | None
+    _turn: _Turn | None
+
     def __init__(self, root: Path, manifest: Manifest, source: RemoteSource,
                  prefetch: int = 2, **options: Any) -> None:
         self.source, self.prefetch = source, prefetch
-        self._pool: tuple[int, _Prefetcher] | None = None
-        self._queued: set[int] = set()
-        self._turn: _Turn | None = None
+        self._queued: set[int] = set()  # reset with each process's new pool
         super().__init__(root, manifest, **options)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state.update(_pool=None, _queued=set(), _turn=None)
-        return state
 
     def describe(self, index: int) -> str:
         return f"{self.source.url} (wds, cached in {self.root}) shard " \

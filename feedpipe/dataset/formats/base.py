@@ -12,7 +12,7 @@ import hashlib
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Sequence, TypeVar
+from typing import Any, Callable, ClassVar, Iterator, NoReturn, Sequence, TypeVar
 
 import numpy as np
 
@@ -137,11 +137,8 @@ class DatasetReader(ABC):
         (a stat at open; hashing it is ``feedpipe verify``'s job)."""
         entry = next((f for f in self.manifest.files if f.name == name), None)
         if entry is not None and entry.size != size:
-            raise DataFileMismatchError(
-                f"{self.root / name}: {size:,} bytes, its manifest says {entry.size:,}: the file "
-                "was cut short, grown or replaced (another dataset's file copied in?); refused "
-                "before reading it. Restore the file or re-convert the dataset",
-                dataset=self.root, file=self.root / name)
+            self._mismatch(name, f"{size:,} bytes, its manifest says {entry.size:,}: the file "
+                           "was cut short, grown or replaced (another dataset's file copied in?)")
 
     def check_id(self, name: str, found: object, expected: object) -> None:
         """Refuse data file ``name`` unless the id ``found`` in it (None if absent) is the one its
@@ -151,11 +148,13 @@ class DatasetReader(ABC):
         if expected is None or found == expected:
             return
         held = f"holds dataset id {found}" if found is not None else "holds no dataset id"
-        raise DataFileMismatchError(
-            f"{self.root / name}: {held}, its manifest records {expected}: the file belongs to "
-            "another dataset (copied in from another conversion?); refused before reading it. "
-            "Restore the file or re-convert the dataset", dataset=self.root,
-            file=self.root / name)
+        self._mismatch(name, f"{held}, its manifest records {expected}: the file belongs to "
+                       "another dataset (copied in from another conversion?)")
+
+    def _mismatch(self, name: str, detail: str) -> NoReturn:
+        raise DataFileMismatchError(f"{self.root / name}: {detail}; refused before reading it. "
+                                    "Restore the file or re-convert the dataset",
+                                    dataset=self.root, file=self.root / name)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -343,3 +342,22 @@ class DatasetReader(ABC):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({str(self.root)!r}, samples={len(self)}, "
                 f"fields={self.schema.names})")
+
+
+class ReaderOver(DatasetReader):
+    """A reader over opened readers (``sources``: a mix, windows): no file of its own."""
+
+    sources: tuple[DatasetReader, ...]
+    _root_id, _pid = None, None
+
+    def _open(self) -> None:
+        """Each source opens its own files when first read."""
+
+    def check_root(self) -> None:
+        for s in self.sources:
+            s.check_root()
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()
+        super().close()

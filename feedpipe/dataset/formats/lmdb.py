@@ -60,30 +60,18 @@ _ENVS: dict[tuple[int, int, int], list[Any]] = {}
 _ENVS_LOCK = threading.RLock()  # re-entrant: a collected reader gives its envs back mid-open
 
 
-class _EnvUse:
-    """The environments one reader uses in this process, given back by :meth:`close` or when
-    the reader is garbage collected."""
-
-    def __init__(self, owner: object) -> None:
-        self.pid, self.keys = os.getpid(), list[tuple[int, int, int]]()
-        self._final = weakref.finalize(owner, self._give_back)
-        self._final.atexit = False
-
-    def _give_back(self) -> None:
-        keys, self.keys = self.keys, []
-        if self.pid != os.getpid():  # a forked child's copy: the parent's to give back
-            return
-        with _ENVS_LOCK:
-            for key in keys:
-                entry = _ENVS.get(key)
-                if entry is not None:
-                    entry[1] -= 1
-                    if entry[1] <= 0:
-                        del _ENVS[key]
-                        entry[0].close()
-
-    def close(self) -> None:
-        self._final()
+def _give_back(pid: int, keys: list[tuple[int, int, int]]) -> None:
+    """A reader's environments (``_ENVS`` keys), given back when it is closed or collected."""
+    if pid != os.getpid():  # a forked child's copy: the parent's to give back
+        return
+    with _ENVS_LOCK:
+        for key in keys:
+            entry = _ENVS.get(key)
+            if entry is not None:
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    del _ENVS[key]
+                    entry[0].close()
 
 
 ID_KEY = b"feedpipe.dataset_id"  # sorts after every sample key: appended last
@@ -169,8 +157,8 @@ class LmdbReader(DatasetReader):
     """Opens lazily per process (``readonly=True, lock=False``) and reads zero-copy buffers."""
 
     format_name = "lmdb"
-    _handles = ("_envs", "_use")
-    _use: _EnvUse | None
+    _handles = ("_envs", "_keys", "_use")
+    _use: weakref.finalize | None
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None, *,
                  readahead: bool = True) -> None:
@@ -182,8 +170,10 @@ class LmdbReader(DatasetReader):
 
     def _open(self) -> None:
         if self._use is not None:  # a forked child's copy (gives nothing back there)
-            self._use.close()
-        self._use = _EnvUse(self)
+            self._use()
+        self._keys: list[tuple[int, int, int]] = []
+        self._use = weakref.finalize(self, _give_back, os.getpid(), self._keys)
+        self._use.atexit = False
         self._envs = [self._open_env(d, name, id_)
                       for d, name, id_ in zip(self._dirs, self._files, self._ids, strict=True)]
 
@@ -194,10 +184,9 @@ class LmdbReader(DatasetReader):
         st = os.stat(root / "data.mdb")
         self.check_size(name, st.st_size)
         key = (os.getpid(), st.st_dev, st.st_ino)
-        assert self._use is not None
         with _ENVS_LOCK:
             env = self._shared_env(root, key, st.st_size)
-            self._use.keys.append(key)
+            self._keys.append(key)
         try:
             with env.begin() as txn:
                 found = txn.get(ID_KEY)
@@ -281,9 +270,8 @@ class LmdbReader(DatasetReader):
     def stray_entries(self) -> list[str]:
         self._ensure_open()
         out: list[str] = []
-        starts = [0, *self._ends[:-1].tolist()]
-        for d, env, start, end in zip(self._dirs, self._envs, starts, self._ends.tolist(), strict=True):
-            n = end - start
+        sizes = np.diff(self._ends, prepend=0).tolist()
+        for d, env, n in zip(self._dirs, self._envs, sizes, strict=True):
             try:
                 with env.begin() as txn:
                     for key in txn.cursor().iternext(values=False):
@@ -300,6 +288,6 @@ class LmdbReader(DatasetReader):
     def close(self) -> None:
         self._envs = None
         if self._use is not None:  # closed once no other reader of these files uses them
-            self._use.close()
+            self._use()
         self._use = None
         super().close()

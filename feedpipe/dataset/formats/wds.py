@@ -19,7 +19,7 @@ import os
 import re
 import tarfile
 from pathlib import Path
-from typing import Any, BinaryIO, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, BinaryIO, Callable, ClassVar, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -231,7 +231,7 @@ class WdsReader(DatasetReader):
     most ``max_open_shards`` shards open at once per process (:class:`OpenFiles`)."""
 
     format_name = "wds"
-    _handles = ("_fds",)
+    _handles: ClassVar[tuple[str, ...]] = ("_fds",)
     _fds: OpenFiles | None
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None, *,
