@@ -82,24 +82,15 @@ class Manifest:
             object.__setattr__(self, "format_version", FORMAT_VERSIONS[self.format])
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "feedpipe_manifest": MANIFEST_VERSION,
-            "feedpipe_version": __version__,
-            "format": self.format,
-            "format_version": self.format_version,
-            "num_samples": self.num_samples,
-            "schema": self.schema.to_json(),
-            "classes": list(self.classes),
-            "files": [vars(f) for f in self.files],
-            "conversion": self.conversion,
-            "skipped": list(self.skipped),
-            "extra": self.extra,
-            "complete": True,
-        }
+        return {"feedpipe_manifest": MANIFEST_VERSION, "feedpipe_version": __version__,
+                "format": self.format, "format_version": self.format_version,
+                "num_samples": self.num_samples, "schema": self.schema.to_json(),
+                "classes": list(self.classes), "files": [vars(f) for f in self.files],
+                "conversion": self.conversion, "skipped": list(self.skipped),
+                "extra": self.extra, "complete": True}
 
     def write(self, root: Path) -> None:
-        """Write atomically (:func:`feedpipe.paths.write_atomic`): the last step of every
-        conversion."""
+        """Write atomically: the last step of every conversion."""
         write_atomic(Path(root) / MANIFEST_NAME, self.encoded())
 
     def encoded(self) -> bytes:

@@ -67,10 +67,6 @@ class RemoteSource:
         assert fd is not None
         return fd
 
-    def fetch(self, name: str) -> None:
-        """Make sure ``name`` is cached (the index files: kept beside the manifest)."""
-        os.close(self.fd(name))
-
 
 class _Turn:
     """One prefetch's place in plan order: it claims cache room once the prefetch before it
@@ -307,7 +303,7 @@ def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
     if manifest.format == "wds":  # the index files at once: one round trip, not five in a row
         names = [n for n in (*INDEX_FILES, CRC_FILE, VALUES_FILE) if n in source.files]
         with ThreadPoolExecutor(len(names), thread_name_prefix="feedpipe-index") as pool:
-            list(pool.map(source.fetch, names))
+            list(pool.map(lambda name: os.close(source.fd(name)), names))  # cached, not held
         return RemoteWdsReader(folder, manifest, source, prefetch, **options)
     data = FORMAT_FILES[manifest.format][0]
     entry = source.files.get(data)

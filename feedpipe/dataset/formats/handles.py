@@ -24,16 +24,10 @@ DATA_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP,
 _LIVE: weakref.WeakSet[OpenFiles] = weakref.WeakSet()
 
 
-def about_data(exc: OSError) -> bool:
-    """Whether ``exc`` says something about the file (damage to report) rather than about the
-    process or the system (a limit, memory, a stale mount: raised, never skipped)."""
-    return exc.errno in DATA_ERRNOS
-
-
 def open_error(exc: OSError, path: object) -> OSError:
     """``exc`` as it should be raised: itself when it is about the file or already typed, else
     a ResourceError naming ``path`` and what to change."""
-    if about_data(exc) or isinstance(exc, FeedpipeError):
+    if exc.errno in DATA_ERRNOS or isinstance(exc, FeedpipeError):
         return exc
     hint = ("raise the open-file limit (ulimit -n) or lower max_open_shards="
             if exc.errno in (errno.EMFILE, errno.ENFILE) else

@@ -36,7 +36,7 @@ from ...schema.fields import Field, JsonField
 from ...schema.model import Schema
 from ..manifest import Manifest
 from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
-from .handles import MAX_OPEN, OpenFiles, about_data, open_error
+from .handles import DATA_ERRNOS, MAX_OPEN, OpenFiles, open_error
 
 T = TypeVar("T")
 _BAD_KEY = re.compile(r"[./\\\x00\s]")
@@ -259,7 +259,7 @@ class WdsReader(DatasetReader):
             self._crc = load(CRC_FILE)
             self._values = load(VALUES_FILE) if kept else None
         except (OSError, ValueError) as exc:  # missing, cut short, or not plain npy
-            if isinstance(exc, OSError) and not about_data(exc):  # e.g. too many open files
+            if isinstance(exc, OSError) and exc.errno not in DATA_ERRNOS:  # too many open files
                 raise open_error(exc, exc.filename or self.root) from exc
             raise CorruptRecordError(f"{self.root}: damaged WebDataset index ({exc}); re-convert "
                                      "the dataset", dataset=self.root) from exc
@@ -272,24 +272,20 @@ class WdsReader(DatasetReader):
                                      f"{self._offsets.shape[1:]}, manifest says {len(self)} "
                                      f"samples of {nf} fields", dataset=self.root)
         self.check_root()  # the index came from the manifest's directory
-        self._check_index()
         self._fields = list(self.schema)
-
-    def _check_index(self) -> None:
-        """Shard numbers in range and in order, member spans inside their shard's recorded size:
-        a damaged index is refused before it can send a read astray."""
+        # shard numbers in range and in order, member spans inside their shard's recorded size:
+        # a damaged index is refused before it can send a read astray
         sizes = {f.name: f.size for f in self.manifest.files}
         limit = np.asarray([sizes.get(s, 0) for s in self.shards] or [0], np.int64)
         sh = np.asarray(self._shard_of, np.int64)
         off = np.asarray(self._offsets, np.int64)
         end = off[..., 0] + off[..., 1]
-        kept = np.asarray(self._in_index, bool)
+        inx = np.asarray(self._in_index, bool)
         packed = len(self._values) if self._values is not None else 0
         ok = not len(sh) or (
             0 <= sh.min() and sh.max() < len(self.shards) and bool((np.diff(sh) >= 0).all())
-            and off.min() >= 0 and bool((end[:, ~kept].max(axis=1, initial=0)
-                                         <= limit[sh]).all())
-            and end[:, kept].max(initial=0) <= packed)
+            and off.min() >= 0 and bool((end[:, ~inx].max(axis=1, initial=0) <= limit[sh]).all())
+            and end[:, inx].max(initial=0) <= packed)
         if not ok:
             raise CorruptRecordError(f"{self.root}: the WebDataset index points outside its "
                                      "shards; it is damaged: re-convert the dataset",
