@@ -135,17 +135,13 @@ class Manifest:
         check_fields(d, path)
         try:
             manifest = cls(
-                format=fmt,
-                num_samples=int(d["num_samples"]),
-                schema=Schema.from_json(d["schema"]),
+                format=fmt, num_samples=int(d["num_samples"]), schema=Schema.from_json(d["schema"]),
                 classes=tuple(str(c) for c in d.get("classes", [])),
                 files=tuple(FileEntry(str(f["name"]), int(f["size"]), str(f["sha256"]))
                             for f in d.get("files", [])),
                 conversion=dict(d.get("conversion", {})),
                 skipped=tuple(dict(s) for s in d.get("skipped", [])),
-                extra=dict(d.get("extra", {})),
-                format_version=int(d["format_version"]),
-            )
+                extra=dict(d.get("extra", {})), format_version=int(d["format_version"]))
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise DamagedDataError(f"{path}: malformed manifest: {exc!r}") from exc
         manifest.check_paths(root)

@@ -53,10 +53,8 @@ def read_manifest(source: str | os.PathLike[str] | Store, storage_options: Optio
         raise BadInputError(f"{store.url}: no {MANIFEST_NAME}; its conversion did not "
                             "finish (or is still uploading), or this is not a feedpipe "
                             "dataset. Re-run `feedpipe convert`.") from exc
-    if into is not None:
-        (into / MANIFEST_NAME).write_bytes(raw)
-        return Manifest.read(into)
-    with tempfile.TemporaryDirectory(prefix="feedpipe-manifest-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="feedpipe-manifest-") if into is None \
+            else nullcontext(into) as tmp:
         (Path(tmp) / MANIFEST_NAME).write_bytes(raw)
         return Manifest.read(tmp)
 

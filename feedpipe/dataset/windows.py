@@ -95,13 +95,12 @@ class Windows(ReaderOver):
                 raise ConfigError(_gap_message(base, cols, self.features, self.targets, lo, hi),
                                   option="gaps")
             if gaps == "skip":
-                bad = _touches(xbad, starts, 0, self.length) | _touches(ybad, starts,
-                                                                        self.length, span)
+                bad = _touches(xbad, starts, 0, self.length) | _touches(ybad, starts, self.length,
+                                                                        span)
                 self.left_out = int(bad.sum())
                 starts = starts[~bad]
             else:
-                x, y = _ffill(np.where(np.isinf(x), np.nan, x)), \
-                    _ffill(np.where(np.isinf(y), np.nan, y))
+                x, y = _ffill(x), _ffill(y)
         if normalize:
             if not self.series.get("stats"):
                 raise ConfigError(f"normalize=True: {base.root} holds no normalization "
@@ -249,7 +248,9 @@ def _touches(bad: np.ndarray, starts: np.ndarray, a: int, b: int) -> np.ndarray:
 
 
 def _ffill(a: np.ndarray) -> np.ndarray:
-    """Each column's NaNs replaced by the last value before them (leading NaNs stay)."""
+    """Each column's NaNs and infinities replaced by the last value before them (leading ones
+    become NaN)."""
+    a = np.where(np.isinf(a), np.nan, a)
     nan = np.isnan(a)
     if not nan.any():
         return a
