@@ -47,20 +47,12 @@ _COPY = 64 << 20  # bytes a spool hands HDF5 per write at close
 Compression = Literal["lzf", "gzip"] | None
 
 
-def fixed_shape(f: Field) -> tuple[int, ...] | None:
-    """The row shape of a field stored as an N×shape dataset, else None."""
-    if isinstance(f, (ImageField, MaskField)) and f.codec == "raw":
-        return f.shape
-    if isinstance(f, ArrayField) and f.fixed:
-        return f.shape  # type: ignore[return-value]
-    return None
-
-
 def kind(f: Field) -> int:
     """FIXED (an N×shape dataset), LABEL (int64), or the bytes of each value back to back with
     N+1 offsets (``>= JSON``): JSON (UTF-8), BLOB (encoded images), BYTES, ARRAY (raw values,
     and a shape)."""
-    if fixed_shape(f) is not None:
+    if isinstance(f, (ImageField, MaskField)) and f.codec == "raw" and f.shape is not None \
+            or isinstance(f, ArrayField) and f.fixed:
         return FIXED
     if isinstance(f, LabelField):
         return LABEL
@@ -90,7 +82,7 @@ def columns(schema: Schema) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
     for f in schema:
         k = kind(f)
         if k == FIXED:
-            out[f.name] = base_dtype(f), fixed_shape(f)  # type: ignore[assignment]
+            out[f.name] = base_dtype(f), f.shape  # type: ignore[attr-defined]
         elif k == LABEL:
             out[f.name] = np.dtype(np.int64), ()
         else:
