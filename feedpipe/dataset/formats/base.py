@@ -96,6 +96,12 @@ class DatasetWriter(ABC):
         """After a failed conversion (its output is removed): let go of what the writer holds."""
         self.close()
 
+    def __enter__(self) -> "DatasetWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
 
 class DatasetReader(ABC):
     """Random-access reader over a finished dataset; opens its files lazily in each process."""
