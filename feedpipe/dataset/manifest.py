@@ -1,8 +1,5 @@
-"""The versioned dataset manifest (``feedpipe.json``): written last, it is what makes a directory valid.
-
-A directory without a complete manifest is refused with :class:`BadInputError`, so an
-interrupted conversion never reads as a dataset.
-"""
+"""The versioned dataset manifest (``feedpipe.json``): written last, it is what makes a directory
+valid; without a complete one an interrupted conversion is refused (:class:`BadInputError`)."""
 
 from __future__ import annotations
 
@@ -15,11 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .._version import __version__
-from ..errors import (
-    BadInputError,
-    ConfigError,
-    DamagedDataError,
-)
+from ..errors import BadInputError, ConfigError, DamagedDataError
 from ..paths import KINDS, url_scheme, write_atomic
 from ..schema.model import Schema
 from ..storage.store import file_digest
@@ -89,24 +82,15 @@ class Manifest:
             object.__setattr__(self, "format_version", FORMAT_VERSIONS[self.format])
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "feedpipe_manifest": MANIFEST_VERSION,
-            "feedpipe_version": __version__,
-            "format": self.format,
-            "format_version": self.format_version,
-            "num_samples": self.num_samples,
-            "schema": self.schema.to_json(),
-            "classes": list(self.classes),
-            "files": [vars(f) for f in self.files],
-            "conversion": self.conversion,
-            "skipped": list(self.skipped),
-            "extra": self.extra,
-            "complete": True,
-        }
+        return {"feedpipe_manifest": MANIFEST_VERSION, "feedpipe_version": __version__,
+                "format": self.format, "format_version": self.format_version,
+                "num_samples": self.num_samples, "schema": self.schema.to_json(),
+                "classes": list(self.classes), "files": [vars(f) for f in self.files],
+                "conversion": self.conversion, "skipped": list(self.skipped),
+                "extra": self.extra, "complete": True}
 
     def write(self, root: Path) -> None:
-        """Write atomically (:func:`feedpipe.paths.write_atomic`): the last step of every
-        conversion."""
+        """Write atomically: the last step of every conversion."""
         write_atomic(Path(root) / MANIFEST_NAME, self.encoded())
 
     def encoded(self) -> bytes:
@@ -151,17 +135,13 @@ class Manifest:
         check_fields(d, path)
         try:
             manifest = cls(
-                format=fmt,
-                num_samples=int(d["num_samples"]),
-                schema=Schema.from_json(d["schema"]),
+                format=fmt, num_samples=int(d["num_samples"]), schema=Schema.from_json(d["schema"]),
                 classes=tuple(str(c) for c in d.get("classes", [])),
                 files=tuple(FileEntry(str(f["name"]), int(f["size"]), str(f["sha256"]))
                             for f in d.get("files", [])),
                 conversion=dict(d.get("conversion", {})),
                 skipped=tuple(dict(s) for s in d.get("skipped", [])),
-                extra=dict(d.get("extra", {})),
-                format_version=int(d["format_version"]),
-            )
+                extra=dict(d.get("extra", {})), format_version=int(d["format_version"]))
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
             raise DamagedDataError(f"{path}: malformed manifest: {exc!r}") from exc
         manifest.check_paths(root)
@@ -169,22 +149,13 @@ class Manifest:
 
     def check_paths(self, root: Path) -> None:
         """Refuse every file name this manifest makes a reader open (or a DALI index be written
-        beside) unless it names a file inside ``root``: a plain name, or a relative ``a/b`` path
-        of plain components (a merged dataset names its parts' files, ``parts/part-00000-of-00004/
-        shard-000000.tar``). Absolute paths, ``..``, ``.``, empty components, backslashes and
-        symlinks that resolve outside are refused: a manifest must never lead feedpipe outside
-        its dataset."""
+        beside) unless it is a plain name or relative ``a/b`` path (a merged dataset's parts)
+        inside ``root``: a manifest must never lead feedpipe outside its dataset."""
         path = root / MANIFEST_NAME
         names = [(f"files[{i}].name", f.name) for i, f in enumerate(self.files)]
-        shards = self.extra.get("shards", [])
-        if not isinstance(shards, list):
-            raise DamagedDataError(f"{path}: extra.shards is {type(shards).__name__}, not a list of "
-                                   "shard file names")
-        names += [(f"extra.shards[{i}]", s) for i, s in enumerate(shards)]
-        parts = self.extra.get("parts", [])
-        if not isinstance(parts, list) or not all(isinstance(p, dict) for p in parts):
-            raise DamagedDataError(f"{path}: extra.parts is not a list of part entries")
-        names += [(f"extra.parts[{i}].dir", p.get("dir")) for i, p in enumerate(parts)]
+        names += [(f"extra.shards[{i}]", s) for i, s in enumerate(self.extra.get("shards", []))]
+        names += [(f"extra.parts[{i}].dir", p.get("dir"))  # types checked by check_fields
+                  for i, p in enumerate(self.extra.get("parts", []))]
         names += [(f"{self.format} data file", n) for n in FORMAT_FILES[self.format]]
         inside = root.resolve()
         for what, name in names:
@@ -209,8 +180,7 @@ class Manifest:
 
 def _refuse_special(path: Path, what: str, name: str, real: Path) -> None:
     """Refuse a dataset file that exists but is not a regular file (a FIFO would block every
-    open or read forever); one ``stat`` at open, never per sample. A missing one is left to the
-    reader or ``verify``, which name it."""
+    read forever); a missing one is left to the reader or ``verify``, which name it."""
     try:
         mode = os.stat(real).st_mode
     except OSError:
@@ -225,11 +195,11 @@ def _refuse_special(path: Path, what: str, name: str, real: Path) -> None:
 def _integer(d: dict[str, Any], key: str, what: str, path: Path, low: int, high: int,
              optional: bool = False) -> None:
     """Refuse ``d[key]`` unless it is an int in ``low..high`` (None too when ``optional``)."""
-    if key not in d or (optional and d[key] is None):
-        if optional:
-            return
+    v = d.get(key)
+    if v is None and optional:
+        return
+    if key not in d:
         raise DamagedDataError(f"{path}: {what} is missing", file=path)
-    v = d[key]
     if isinstance(v, bool) or not isinstance(v, int) or not low <= v <= high:
         raise DamagedDataError(f"{path}: {what} is {v!r}: expected an integer from {low:,} to "
                                f"{high:,}", file=path)
@@ -263,17 +233,17 @@ def check_fields(d: dict[str, Any], path: Path) -> None:
     for limit in ("max_pixels", "max_scans", "max_pixels_per_byte"):  # the loader applies them
         _integer(d.get("conversion", {}), limit, f"conversion.{limit}", path, 1, MAX_FILE_BYTES,
                  optional=True)
-    parts = d.get("extra", {}).get("parts")
-    if parts is not None:
-        _typed(parts, list, "extra.parts", path, dict)
-        for i, part in enumerate(parts):
-            _integer(part, "num_samples", f"extra.parts[{i}].num_samples", path, 0, MAX_SAMPLES)
+    extra = d.get("extra", {})
+    _typed(extra.get("shards", []), list, "extra.shards", path)
+    _typed(extra.get("parts", []), list, "extra.parts", path, dict)
+    for i, part in enumerate(extra.get("parts", [])):
+        _integer(part, "num_samples", f"extra.parts[{i}].num_samples", path, 0, MAX_SAMPLES)
 
 
 _IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".webp", ".bmp", ".tif", ".tiff", ".gif"})
 
 
-def _not_a_dataset(root: Path) -> BadInputError | BadInputError:
+def _not_a_dataset(root: Path) -> BadInputError:
     """A folder without a manifest, said for what it is: a folder of datasets (a split root's
     or --val-fraction's output), an image folder, or a conversion that did not finish."""
     inner = sorted(p.parent.name for p in root.glob(f"*/{MANIFEST_NAME}"))

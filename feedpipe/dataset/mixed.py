@@ -1,10 +1,6 @@
-"""Several opened datasets read as one: a concatenated index space with a ``source`` field.
-
-Global index ``g`` of source ``s`` is ``offsets[s] + local``. Any :class:`DatasetReader` is a
-source (LMDB, HDF5, WebDataset, local or remote), so a mix crosses formats freely. The sources
-must agree on the fields read (:func:`agree`); the mixed schema adds ``source`` (int64, the
-source's position in the mix). Which samples an epoch reads, and in what order, is the loader's
-business (``feedpipe.loader.mixing``); this reader only maps indices and checks schemas.
+"""Several opened datasets (any format, local or remote) read as one: a concatenated index space
+with a ``source`` field (int64, the source's position in the mix). Which samples an epoch reads
+is the loader's business (``feedpipe.loader.mixing``); this reader maps indices, checks schemas.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ from ..errors import ConfigError, FeedpipeError
 from ..schema.fields import ArrayField, Field, ImageField
 from ..schema.masks import MaskField, TargetField
 from ..schema.model import Schema
-from .formats.base import DatasetReader, Visitor
+from .formats.base import DatasetReader, ReaderOver, Visitor
 
 SOURCE_FIELD = "source"
 MixClasses = Literal["equal", "union"]
@@ -64,7 +60,7 @@ def agree(name: str, fields: Sequence[Field], names: Sequence[str]) -> Field:
     return first
 
 
-class MixedReader(DatasetReader):
+class MixedReader(ReaderOver):
     """Read-only concatenation of ``sources`` (opened readers), with a ``source`` field.
 
     ``fields`` are the fields a loader will read (checked by :func:`agree`; None: every field all
@@ -90,8 +86,7 @@ class MixedReader(DatasetReader):
                 raise ConfigError(f"dataset {name!r} ({src.root}) has its own {SOURCE_FIELD!r} "
                                   "field, which a mix adds; read it on its own")
             src.require_samples("a mix")
-        sizes = [len(s) for s in self.sources]
-        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.offsets = np.concatenate([[0], np.cumsum(self.sizes())]).astype(np.int64)
         common = [f.name for f in self.sources[0].schema
                   if all(f.name in s.schema for s in self.sources[1:])]
         wanted = [n for n in (fields or common) if n != SOURCE_FIELD]
@@ -109,19 +104,13 @@ class MixedReader(DatasetReader):
                     raise  # asked for: the difference is named
         self.schema = Schema((*picked, _SOURCE))
         self.classes, self._remap = self._classes(classes, "label" in wanted)
-        first = self.sources[0].manifest
-        limits = {}  # each decode bound every source recorded: the largest
-        for key in ("max_pixels", "max_scans", "max_pixels_per_byte"):
-            got = [s.manifest.conversion.get(key) or 0 for s in self.sources]
-            if all(got):
-                limits[key] = max(int(x) for x in got)
-        self.manifest = replace(first, num_samples=int(self.offsets[-1]), schema=self.schema,
-                                classes=self.classes, files=(), skipped=(), extra={},
-                                conversion=limits)
+        got = [s.decode_limits() for s in self.sources]  # each bound all recorded: the largest
+        limits = {k: max(g[k] for g in got) for k in got[0] if all(k in g for g in got)}
+        self.manifest = replace(self.sources[0].manifest, num_samples=int(self.offsets[-1]),
+                                schema=self.schema, classes=self.classes, files=(), skipped=(),
+                                extra={}, conversion=limits)
         self.root = Path("mix(" + " + ".join(f"{n}={s.root}" for n, s in
                                              zip(self.names, self.sources, strict=True)) + ")")
-        self._root_id = None
-        self._pid = None
 
     def _classes(self, how: MixClasses, labeled: bool
                  ) -> tuple[tuple[str, ...], list[np.ndarray] | None]:
@@ -157,13 +146,6 @@ class MixedReader(DatasetReader):
         return [len(s) for s in self.sources]
 
     # -- DatasetReader ---------------------------------------------------------------------------
-    def _open(self) -> None:
-        """Each source opens its own handles when first read."""
-
-    def check_root(self) -> None:
-        for s in self.sources:
-            s.check_root()
-
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         """One read pass per source over its share of ``indices``; ``fn`` gets each sample's
         batch position, so the grouping does not change the batch order."""
@@ -206,10 +188,6 @@ class MixedReader(DatasetReader):
     def corrupt(self, index: int, detail: str, cause: BaseException | None = None) -> Any:
         s, j = self.locate(index)
         return self.sources[s].corrupt(j, f"(mix source {self.names[s]!r}) {detail}", cause)
-
-    def close(self) -> None:
-        for s in self.sources:
-            s.close()
 
 
 __all__ = ["MixClasses", "MixedReader", "SOURCE_FIELD", "agree"]

@@ -8,8 +8,7 @@ from typing import Any, Mapping
 from ..errors import DatasetReplacedError
 from ..storage import is_remote, local_path
 from .formats.base import DatasetReader, DatasetWriter, root_identity, sample_key
-from .formats.hdf5 import Hdf5Reader
-from .formats.hdf5_write import Hdf5Writer
+from .formats.hdf5 import Hdf5Reader, Hdf5Writer
 from .formats.lmdb import LmdbReader, LmdbWriter
 from .formats.wds import WdsReader, WdsWriter
 from .manifest import Manifest
@@ -24,15 +23,12 @@ def open_dataset(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[s
                  storage_options: Mapping[str, Any] | None = None,
                  timeout: float | None = None, **options: Any) -> DatasetReader:
     """Open a packed dataset directory, or a dataset URL (s3://, gs://, https://, hf://,
-    file://); the format comes from its manifest.
+    file://); the format comes from its manifest (BadInputError without a complete one).
 
-    Raises BadInputError when the directory has no complete manifest (an unfinished
-    conversion). ``options`` go to the format's reader (e.g. ``readahead=False`` for LMDB,
-    ``max_open_shards=64`` for WebDataset: the shard files a process keeps open). A URL
-    is read through the node-local cache ``cache_dir`` bounded by ``cache_limit`` (bytes or
-    "200GB"), with ``storage_options`` passed to its fsspec filesystem
-    (:mod:`feedpipe.dataset.remote`); each request to the store waits ``timeout`` seconds
-    (default 30) to connect or for its next bytes, and gives up after four times that.
+    ``options`` go to the format's reader (``readahead=False`` for LMDB, ``max_open_shards=64``
+    for WebDataset). A URL is read through the node-local cache ``cache_dir`` bounded by
+    ``cache_limit`` (bytes or "200GB"), ``storage_options`` going to its fsspec filesystem; each
+    request waits ``timeout`` seconds (default 30) for its next bytes, and four times that in all.
     """
     if is_remote(path):
         return open_remote(str(path), cache_dir=cache_dir, cache_limit=cache_limit,

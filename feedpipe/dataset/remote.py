@@ -1,16 +1,10 @@
 """Datasets in object storage: the manifest and index files are fetched into the node-local
 cache (:class:`feedpipe.storage.cache.Cache`), then a local reader runs on the cache folder.
 
-WebDataset shards are fetched one by one as the reader opens them (:class:`RemoteWdsReader`),
-and ahead of it: the loader's plan tells :meth:`RemoteWdsReader.plan_ahead` which shards come
-next, and a small thread pool downloads them in plan order. LMDB and HDF5 are one file each:
-fetched whole, refused when larger than ``cache_limit`` (``--to wds`` streams instead), and
-held in the cache (a shared lock) while a reader of it lives in a process
-(:class:`RemoteLmdbReader`, :class:`RemoteHdf5Reader`).
-
-Every request is bounded by the retry policy's ``timeout`` (a try) and ``deadline`` (its
-retries): ``open_remote(url, timeout=...)``. The prefetch runs in daemon threads, so a process
-that has finished its work exits even while a prefetch waits on a silent store.
+WebDataset shards are fetched as the reader opens them, and ahead of it in the loader's plan
+order (:meth:`RemoteWdsReader.plan_ahead`). LMDB and HDF5 are one file each: fetched whole,
+refused when larger than ``cache_limit``, and held in the cache (a shared lock) while a reader
+of it lives in a process. Every request is bounded by the retry policy's ``timeout``.
 """
 
 from __future__ import annotations
@@ -22,7 +16,7 @@ import threading
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
@@ -67,11 +61,11 @@ class RemoteSource:
                                storage_options=self.storage_options, policy=self.policy,
                                block=block, evict=evict, claimed=claimed)
 
-    def fetch(self, name: str) -> None:
-        """Make sure ``name`` is cached (the index files: kept beside the manifest)."""
+    def fd(self, name: str) -> int:
+        """:meth:`open`, waiting for the file: a descriptor, never None."""
         fd = self.open(name)
         assert fd is not None
-        os.close(fd)
+        return fd
 
 
 class _Turn:
@@ -137,27 +131,23 @@ class RemoteWdsReader(WdsReader):
     read one shard at a time, each released before the next is opened, so a process holds (and
     keeps from eviction) one shard at a most: a cache of a few shards per process never stalls."""
 
+    # the prefetch threads: this process's own
+    _handles: ClassVar[tuple[str, ...]] = (*WdsReader._handles, "_pool", "_turn")
+    _pool: tuple[int, _Prefetcher] | None
+    _turn: _Turn | None
+
     def __init__(self, root: Path, manifest: Manifest, source: RemoteSource,
                  prefetch: int = 2, **options: Any) -> None:
         self.source, self.prefetch = source, prefetch
-        self._pool: tuple[int, _Prefetcher] | None = None
-        self._queued: set[int] = set()
-        self._turn: _Turn | None = None
+        self._queued: set[int] = set()  # reset with each process's new pool
         super().__init__(root, manifest, **options)
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state.update(_pool=None, _queued=set(), _turn=None)
-        return state
 
     def describe(self, index: int) -> str:
         return f"{self.source.url} (wds, cached in {self.root}) shard " \
                f"{self.shards[int(self._shard_of[index])]} key {self.key_of(index)}"
 
     def _open_shard(self, shard: int) -> int:
-        fd = self.source.open(self.shards[shard])
-        assert fd is not None
-        return fd
+        return self.source.fd(self.shards[shard])
 
     def _release(self) -> None:
         if self._fds is not None:
@@ -181,11 +171,9 @@ class RemoteWdsReader(WdsReader):
             fn(pos, values)
 
     def plan_ahead(self, plan: Sequence[Sequence[int] | np.ndarray], position: int) -> None:
-        """Called by the loader's sampler as it hands out batch ``position`` of ``plan``: fetch
-        the shards of the next batches, up to ``prefetch`` beyond this batch's, in plan order,
-        in a small thread pool. Prefetching only fills free room (it never evicts), takes it in
-        plan order (a later shard never takes the room a sooner one needs), and a cached shard
-        it meets is marked recently used, so the plan's next shards are evicted last."""
+        """Fetch the shards of the next batches, up to ``prefetch`` beyond batch ``position``'s,
+        in plan order, in a small thread pool: only into free room (never evicting), a sooner
+        shard's room before a later's; a cached shard is marked used, so it is evicted last."""
         if self.prefetch <= 0 or not len(plan):
             return
         window: list[int] = []
@@ -261,9 +249,7 @@ class _PinnedReader(DatasetReader):
     def _ensure_open(self) -> None:
         pin = self._pin
         if self._pid != os.getpid() and (pin is None or pin.pid != os.getpid() or not len(pin)):
-            fd = self.source.open(self.data_file)
-            assert fd is not None
-            self.pin(fd)
+            self.pin(self.source.fd(self.data_file))
         super()._ensure_open()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -317,7 +303,7 @@ def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
     if manifest.format == "wds":  # the index files at once: one round trip, not five in a row
         names = [n for n in (*INDEX_FILES, CRC_FILE, VALUES_FILE) if n in source.files]
         with ThreadPoolExecutor(len(names), thread_name_prefix="feedpipe-index") as pool:
-            list(pool.map(source.fetch, names))
+            list(pool.map(lambda name: os.close(source.fd(name)), names))  # cached, not held
         return RemoteWdsReader(folder, manifest, source, prefetch, **options)
     data = FORMAT_FILES[manifest.format][0]
     entry = source.files.get(data)
@@ -327,8 +313,7 @@ def open_remote(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
                            f"{cache.limit:,}, and must be fetched whole. Convert it with "
                            "`feedpipe convert ... --to wds` for remote data (shards stream one "
                            "by one within the limit), or raise cache_limit", url=url)
-    pin = source.open(data)  # held while the reader lives: the file is never evicted under it
-    assert pin is not None
+    pin = source.fd(data)  # held while the reader lives: the file is never evicted under it
     single = RemoteLmdbReader if manifest.format == "lmdb" else RemoteHdf5Reader
     try:
         reader = single(folder, manifest, **options)

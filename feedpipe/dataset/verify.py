@@ -1,18 +1,16 @@
 """``feedpipe verify``: checksums of every file, then every record re-read (and decoded); and
-``feedpipe info``'s manifest read. A dataset folder and a URL go through one implementation: the
-files are listed, sized and fetched through a :class:`~feedpipe.storage.Store`.
+``feedpipe info``'s manifest read. A folder and a URL (its objects fetched into a temporary
+folder) go through one implementation, a :class:`~feedpipe.storage.Store`.
 
-Records are read through the format's reader, so each one's crc32 is checked (format version 2);
-WebDataset shards are also streamed, which finds damaged tar headers and unsafe members, and
-entries no sample owns (an extra LMDB key, HDF5 dataset or tar member) are reported by name. On a
-URL every object is fetched (into a temporary folder under ``workdir``) and problems name its URL.
+Records are read through the format's reader (each one's crc32 checked); WebDataset shards are
+also streamed (damaged tar headers, unsafe members); entries no sample owns are named.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -55,10 +53,8 @@ def read_manifest(source: str | os.PathLike[str] | Store, storage_options: Optio
         raise BadInputError(f"{store.url}: no {MANIFEST_NAME}; its conversion did not "
                             "finish (or is still uploading), or this is not a feedpipe "
                             "dataset. Re-run `feedpipe convert`.") from exc
-    if into is not None:
-        (into / MANIFEST_NAME).write_bytes(raw)
-        return Manifest.read(into)
-    with tempfile.TemporaryDirectory(prefix="feedpipe-manifest-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="feedpipe-manifest-") if into is None \
+            else nullcontext(into) as tmp:
         (Path(tmp) / MANIFEST_NAME).write_bytes(raw)
         return Manifest.read(tmp)
 
@@ -68,21 +64,17 @@ def verify(target: str | os.PathLike[str], *, decode: bool = True, chunk: int = 
     """Check sizes and SHA-256 of the manifest's files, then read every record, of a dataset
     folder or URL (whose objects are fetched into a temporary folder under ``workdir``)."""
     store = open_store(target, storage_options)
-    if not store.remote:  # read in place: no folder to make (or to fail removing, out of fds)
-        root = Path(store.url)
-        manifest = Manifest.read(root)
-        report = _check_files(store, manifest, root)
-        _check_records(root, manifest, report, decode, chunk)
-        return report
-    with tempfile.TemporaryDirectory(prefix="feedpipe-verify-", dir=workdir) as tmp:
+    # a local dataset is read in place: no folder to make (or to fail removing, out of fds)
+    with tempfile.TemporaryDirectory(prefix="feedpipe-verify-", dir=workdir) if store.remote \
+            else nullcontext(store.url) as tmp:
         root = Path(tmp)
         manifest = read_manifest(store, into=root)
         report = _check_files(store, manifest, root)
-        if report.problems:  # records of a missing object would repeat them
-            return report
-        _check_records(root, manifest, report, decode, chunk)
-    report.problems = [p.replace(str(root), store.url) for p in report.problems]
-    report.notes = [n.replace(str(root), store.url) for n in report.notes]
+        if not (store.remote and report.problems):  # records of a missing object repeat them
+            _check_records(root, manifest, report, decode, chunk)
+    if store.remote:
+        report.problems = [p.replace(str(root), store.url) for p in report.problems]
+        report.notes = [n.replace(str(root), store.url) for n in report.notes]
     return report
 
 

@@ -1,16 +1,9 @@
 """Windows cut at load time from a time series stored once: :class:`Windows`.
 
-The series is a dataset whose rows are time steps: one packed with ``series=True``
-(:func:`converters.arrays.pack_arrays`, ``feedpipe convert TABLE --series``: blocks of rows) or
-any dataset of fixed-shape numeric fields, one row per sample. The columns used are read into
-memory once, at open (rows × columns × 4 bytes in float32); window ``i`` is then two slices of
-them, so storing every overlapping window (``length / stride`` times the series) is never needed.
-
-Window ``i`` starting at row ``s``: ``x`` = the feature columns of rows ``s .. s+length-1``
-(length × F), ``y`` = the target columns of rows ``s+length .. s+length+horizon-1``
-(horizon × T), ``start`` = ``s``. Windows lie wholly inside the ``split``'s rows, so training and
-validation windows never share a row. As a :class:`DatasetReader` it goes through
-``make_loader`` like any dataset: shuffled windows, equal batches per rank, exact resume.
+The columns used are read into memory once, at open (rows × columns × 4 bytes in float32);
+window ``i`` is then two slices of them, so overlapping windows (``length / stride`` times the
+series) are never stored. As a :class:`DatasetReader` it goes through ``make_loader`` like any
+dataset: shuffled windows, equal batches per rank, exact resume.
 """
 
 from __future__ import annotations
@@ -24,7 +17,7 @@ import numpy as np
 from ..errors import ConfigError, DamagedDataError
 from ..schema.fields import ArrayField, Field
 from ..schema.model import Schema
-from .formats.base import DatasetReader, Visitor
+from .formats.base import DatasetReader, ReaderOver, Visitor
 from .registry import open_dataset
 
 Gaps = Literal["refuse", "skip", "fill"]
@@ -32,7 +25,7 @@ Split = str | tuple[float, float] | tuple[int, int] | None
 _READ = 8192  # rows read per visit of a row-per-sample dataset
 
 
-class Windows(DatasetReader):
+class Windows(ReaderOver):
     """Fixed-length windows over a stored series, cut at load time (docs/arrays.md): window
     ``i`` is ``{"x": length × F, "y": horizon × T, "start": int64}``, ``x`` the feature columns
     of ``length`` rows from ``start``, ``y`` the target columns of the ``horizon`` rows after
@@ -73,7 +66,7 @@ class Windows(DatasetReader):
         if np.dtype(dtype).kind != "f":
             raise ConfigError(f"dtype={dtype!r}: a float dtype", option="dtype")
         base = source if isinstance(source, DatasetReader) else open_dataset(source)
-        self.base = base
+        self.base, self.sources = base, (base,)
         self.series: dict[str, Any] = base.manifest.conversion.get("series") or {}
         numeric = [f.name for f in base.schema if isinstance(f, ArrayField)
                    and np.dtype(f.dtype).kind in "biuf"]
@@ -102,13 +95,12 @@ class Windows(DatasetReader):
                 raise ConfigError(_gap_message(base, cols, self.features, self.targets, lo, hi),
                                   option="gaps")
             if gaps == "skip":
-                bad = _touches(xbad, starts, 0, self.length) | _touches(ybad, starts,
-                                                                        self.length, span)
+                bad = _touches(xbad, starts, 0, self.length) | _touches(ybad, starts, self.length,
+                                                                        span)
                 self.left_out = int(bad.sum())
                 starts = starts[~bad]
             else:
-                x, y = _ffill(np.where(np.isinf(x), np.nan, x)), \
-                    _ffill(np.where(np.isinf(y), np.nan, y))
+                x, y = _ffill(x), _ffill(y)
         if normalize:
             if not self.series.get("stats"):
                 raise ConfigError(f"normalize=True: {base.root} holds no normalization "
@@ -136,8 +128,6 @@ class Windows(DatasetReader):
                                 classes=(), skipped=(),
                                 conversion={**base.manifest.conversion, "windows": params})
         self.root = base.root
-        self._root_id = base._root_id
-        self._pid = None
 
     def stats(self) -> dict[str, tuple[np.ndarray, np.ndarray]]:
         """(mean, std) per column of x and of y, as stored (to undo ``normalize`` on a
@@ -148,12 +138,6 @@ class Windows(DatasetReader):
                 for k, names in (("x", self.features), ("y", self.targets))}
 
     # -- DatasetReader ---------------------------------------------------------------------------
-    def _open(self) -> None:
-        """Nothing to open: the columns are in memory."""
-
-    def check_root(self) -> None:
-        self.base.check_root()
-
     def _visit(self, indices: Sequence[int], fn: Visitor, fields: list[Field]) -> None:
         names = {f.name for f in fields}
         want_x, want_y, want_start = "x" in names, "y" in names, "start" in names
@@ -174,10 +158,6 @@ class Windows(DatasetReader):
         s = self._starts[index] if 0 <= index < len(self._starts) else -1
         last = s + self.length + self.horizon - 1
         return f"{self.root} (windows) window {index} (rows {s}..{last})"
-
-    def close(self) -> None:
-        self.base.close()
-        super().close()
 
 
 def _names(names: Sequence[str] | str, numeric: list[str], base: DatasetReader,
@@ -268,7 +248,9 @@ def _touches(bad: np.ndarray, starts: np.ndarray, a: int, b: int) -> np.ndarray:
 
 
 def _ffill(a: np.ndarray) -> np.ndarray:
-    """Each column's NaNs replaced by the last value before them (leading NaNs stay)."""
+    """Each column's NaNs and infinities replaced by the last value before them (leading ones
+    become NaN)."""
+    a = np.where(np.isinf(a), np.nan, a)
     nan = np.isnan(a)
     if not nan.any():
         return a

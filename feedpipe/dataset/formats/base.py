@@ -1,9 +1,8 @@
 """The thin template every format fills in: a writer that appends samples, a lazy reader.
 
-Readers implement one primitive, :meth:`DatasetReader._visit`, which hands each requested sample's
-*stored* values to a callback inside one transaction / read call. Values may be zero-copy views
-valid only during the callback; everything else (``ds[i]``, ``get_batch``, ``read_raw``,
-iteration, the loader's batched decode) is built on it here, once.
+Readers implement one primitive, :meth:`DatasetReader._visit`: each sample's *stored* values
+(maybe zero-copy views, valid during the callback) handed to a callback in one read pass;
+everything else (``ds[i]``, ``get_batch``, iteration, the loader's decode) is built on it here.
 """
 
 from __future__ import annotations
@@ -13,7 +12,7 @@ import hashlib
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterator, Sequence
+from typing import Any, Callable, ClassVar, Iterator, NoReturn, Sequence, TypeVar
 
 import numpy as np
 
@@ -34,6 +33,7 @@ from ..manifest import Manifest
 KEY_DIGITS = 9
 UNSAFE_SUFFIXES = frozenset({"pickle", "pkl", "pyd", "pth"})  # what pickle-based tools unpickle
 Visitor = Callable[[int, dict[str, Any]], None]
+E = TypeVar("E", bound=FeedpipeError)
 
 
 def root_identity(root: str | os.PathLike[str]) -> tuple[int, int] | None:
@@ -68,10 +68,8 @@ class DatasetWriter(ABC):
         self.content = hashlib.blake2b(digest_size=16)  # what the records' checksums add up to
 
     def dataset_id(self) -> str:
-        """The id written into the data file and the manifest at close, compared by the reader
-        at open: a digest of what the writer fed :attr:`content` (the records' checksums) and
-        the count, not a random id, so that conversions stay byte-reproducible; two files with
-        one id hold the same records."""
+        """The id written into the data file and the manifest, compared by the reader at open: a
+        digest of the records' checksums and count (not random: conversions stay reproducible)."""
         digest = self.content.copy()
         digest.update(self.count.to_bytes(8, "little"))
         return digest.hexdigest()
@@ -141,30 +139,28 @@ class DatasetReader(ABC):
         """Open file handles in the current process."""
 
     def check_size(self, name: str, size: int) -> None:
-        """Refuse data file ``name`` (relative to the root) if its ``size`` is not the one its
-        manifest recorded: a stat at open, where hashing it is ``feedpipe verify``'s job."""
+        """Refuse data file ``name`` (relative to the root) unless its manifest records ``size``
+        (a stat at open; hashing it is ``feedpipe verify``'s job)."""
         entry = next((f for f in self.manifest.files if f.name == name), None)
         if entry is not None and entry.size != size:
-            raise DataFileMismatchError(
-                f"{self.root / name}: {size:,} bytes, its manifest says {entry.size:,}: the file "
-                "was cut short, grown or replaced (another dataset's file copied in?); refused "
-                "before reading it. Restore the file or re-convert the dataset",
-                dataset=self.root, file=self.root / name)
+            self._mismatch(name, f"{size:,} bytes, its manifest says {entry.size:,}: the file "
+                           "was cut short, grown or replaced (another dataset's file copied in?)")
 
     def check_id(self, name: str, found: object, expected: object) -> None:
-        """Refuse data file ``name`` unless it holds the dataset id its manifest recorded
-        (``found``: as stored, None if absent; nothing to check where the manifest has none,
-        a conversion older than the id)."""
+        """Refuse data file ``name`` unless the id ``found`` in it (None if absent) is the one its
+        manifest recorded (if any: conversions older than the id have none)."""
         if isinstance(found, (bytes, bytearray, memoryview, np.bytes_)):
             found = bytes(found).decode("ascii", "backslashreplace")
         if expected is None or found == expected:
             return
         held = f"holds dataset id {found}" if found is not None else "holds no dataset id"
-        raise DataFileMismatchError(
-            f"{self.root / name}: {held}, its manifest records {expected}: the file belongs to "
-            "another dataset (copied in from another conversion?); refused before reading it. "
-            "Restore the file or re-convert the dataset", dataset=self.root,
-            file=self.root / name)
+        self._mismatch(name, f"{held}, its manifest records {expected}: the file belongs to "
+                       "another dataset (copied in from another conversion?)")
+
+    def _mismatch(self, name: str, detail: str) -> NoReturn:
+        raise DataFileMismatchError(f"{self.root / name}: {detail}; refused before reading it. "
+                                    "Restore the file or re-convert the dataset",
+                                    dataset=self.root, file=self.root / name)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -184,9 +180,8 @@ class DatasetReader(ABC):
         return self.manifest.num_samples
 
     def parts(self, data_file: str) -> tuple[list[str], list[object], np.ndarray]:
-        """The data files read (a merged dataset's parts', ``extra.parts``, else its own
-        ``data_file``) relative to the root, each one's dataset id, and where each one's samples
-        end: global index ``i`` is row ``i - start`` of the part holding it."""
+        """The data files read (a merged dataset's parts', else its own ``data_file``), each
+        one's dataset id, and where each one's samples end (index ``i`` is row ``i - start``)."""
         parts = self.manifest.extra.get("parts") or [
             {"dir": ".", "num_samples": len(self), "dataset_id": self.manifest.extra.get(
                 "dataset_id")}]
@@ -211,9 +206,8 @@ class DatasetReader(ABC):
         return None
 
     def plan_ahead(self, plan: Sequence[Sequence[int] | np.ndarray], position: int) -> None:
-        """Called by the loader's sampler as it hands out batch ``position`` of ``plan`` (this
-        rank's batches of the epoch): a reader whose data lives elsewhere (a remote store) starts
-        fetching what the next batches read. Local data needs nothing: the default does nothing."""
+        """Called as the sampler hands out batch ``position`` of ``plan``: a remote reader starts
+        fetching what the next batches read; local data needs nothing."""
         return None
 
     def describe(self, index: int) -> str:
@@ -234,10 +228,8 @@ class DatasetReader(ABC):
     def visit(self, indices: Sequence[int], fn: Visitor,
               fields: Sequence[str] | None = None) -> None:
         """Call ``fn(position, stored_values)`` for each of ``indices`` (checked), in order, in
-        one read pass; ``fields`` limits what is read.
-
-        A damaged or unsafe record raises with its key and, when its ``path`` field is still
-        readable, the source file it was converted from."""
+        one read pass, reading only ``fields``. A damaged or unsafe record raises with its key
+        and (its ``path`` field still readable) its source file."""
         idx = self.check_indices(indices)
         self._ensure_open()
         try:
@@ -253,18 +245,15 @@ class DatasetReader(ABC):
 
     def source_of(self, index: int) -> str | None:
         """The source file of sample ``index`` (its stored ``path`` field), None if unreadable."""
-        if "path" not in self.schema or getattr(self, "_finding_source", False):
+        if "path" not in self.schema:
             return None
         found: list[Any] = []
-        self._finding_source = True
         try:
             self._ensure_open()
             self._visit([index], lambda _, stored: found.append(stored["path"]),
                         [self.schema["path"]])
         except Exception:  # noqa: BLE001 - a damaged path field only leaves the source unnamed
             return None
-        finally:
-            self._finding_source = False
         return str(found[0]) if found else None
 
     def located(self, exc: FeedpipeError) -> FeedpipeError:
@@ -305,9 +294,8 @@ class DatasetReader(ABC):
         return out
 
     def decode_limits(self) -> dict[str, int]:
-        """The bounds on decoding one image that its converter recorded (``max_pixels``,
-        ``max_scans``, ``max_pixels_per_byte``: manifest ``conversion``); the defaults apply to
-        the others."""
+        """The bounds on decoding one image its converter recorded (``max_pixels``,
+        ``max_scans``, ``max_pixels_per_byte``); the defaults apply to the others."""
         recorded = self.manifest.conversion
         return {k: recorded[k] for k in ("max_pixels", "max_scans", "max_pixels_per_byte")
                 if recorded.get(k)}
@@ -330,25 +318,22 @@ class DatasetReader(ABC):
     def corrupt(self, index: int, detail: str, cause: BaseException | None = None
                 ) -> CorruptRecordError:
         """A CorruptRecordError naming this dataset and key (:meth:`visit` adds the source).
-
-        ``cause``: what failed to decode a record read whole. When its image data is damaged
-        (DamagedImageError) and the record's checksum passed, the damage was in the source file
-        before conversion, and the message says so."""
+        When ``cause`` (what failed to decode the record) is damaged image data behind a passed
+        checksum, the source file was damaged before conversion, and the message says so."""
         while cause is not None and not isinstance(cause, DamagedImageError):
             cause = cause.__cause__
         if cause is not None and self.checksums:
             detail += ("; the record is as conversion wrote it (its checksum matches): the "
                        "source file was already damaged (`feedpipe convert` refuses such "
                        "files unless --check header)")
-        exc = CorruptRecordError(f"{self.describe(index)}: {detail}", dataset=self.root,
-                                 key=self.key_of(index))
-        exc.index = index  # type: ignore[attr-defined]
-        return exc
+        return self._named(CorruptRecordError, index, detail)
 
     def unsafe(self, index: int, cause: Exception) -> UnsafeDataError:
         """An UnsafeDataError naming this dataset and key: refused, never skipped."""
-        exc = UnsafeDataError(f"{self.describe(index)}: {cause}", dataset=self.root,
-                              key=self.key_of(index))
+        return self._named(UnsafeDataError, index, str(cause))
+
+    def _named(self, cls: type[E], index: int, detail: str) -> E:
+        exc = cls(f"{self.describe(index)}: {detail}", dataset=self.root, key=self.key_of(index))
         exc.index = index  # type: ignore[attr-defined]
         return exc
 
@@ -363,3 +348,22 @@ class DatasetReader(ABC):
     def __repr__(self) -> str:
         return (f"{type(self).__name__}({str(self.root)!r}, samples={len(self)}, "
                 f"fields={self.schema.names})")
+
+
+class ReaderOver(DatasetReader):
+    """A reader over opened readers (``sources``: a mix, windows): no file of its own."""
+
+    sources: tuple[DatasetReader, ...]
+    _root_id, _pid = None, None
+
+    def _open(self) -> None:
+        """Each source opens its own files when first read."""
+
+    def check_root(self) -> None:
+        for s in self.sources:
+            s.check_root()
+
+    def close(self) -> None:
+        for s in self.sources:
+            s.close()
+        super().close()

@@ -1,12 +1,9 @@
 """Descriptors a reader holds in one process: bounded, closed with the reader, never inherited.
 
-A sharded reader opens its files lazily, per process. :class:`OpenFiles` keeps at most ``limit``
-of them open (the least recently used is closed first: a dataset of thousands of shards never
-meets the process's open-file limit), closes them when its reader is closed or garbage
-collected, and closes a forked child's copies at the fork (they would stay open, unused, for the
-child's life). :func:`open_error` tells an OSError about the file (missing, unreadable: the
-caller names it as damage) from one about the process or the system (too many open files, no
-memory): that one is a :class:`~feedpipe.errors.ResourceError`, never counted as damage.
+:class:`OpenFiles` keeps at most ``limit`` open (least recently used closed first: thousands of
+shards never meet the open-file limit), closes them with its reader, and closes a forked child's
+copies at the fork. :func:`open_error` tells an OSError about the file (damage, named by the
+caller) from one about the process or system: a :class:`~feedpipe.errors.ResourceError`.
 """
 
 from __future__ import annotations
@@ -15,7 +12,6 @@ import errno
 import os
 import weakref
 from collections import OrderedDict
-from typing import Iterator
 
 from ...errors import FeedpipeError, ResourceError
 
@@ -28,16 +24,10 @@ DATA_ERRNOS = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.ELOOP,
 _LIVE: weakref.WeakSet[OpenFiles] = weakref.WeakSet()
 
 
-def about_data(exc: OSError) -> bool:
-    """Whether ``exc`` says something about the file (damage to report) rather than about the
-    process or the system (a limit, memory, a stale mount: raised, never skipped)."""
-    return exc.errno in DATA_ERRNOS
-
-
 def open_error(exc: OSError, path: object) -> OSError:
     """``exc`` as it should be raised: itself when it is about the file or already typed, else
     a ResourceError naming ``path`` and what to change."""
-    if about_data(exc) or isinstance(exc, FeedpipeError):
+    if exc.errno in DATA_ERRNOS or isinstance(exc, FeedpipeError):
         return exc
     hint = ("raise the open-file limit (ulimit -n) or lower max_open_shards="
             if exc.errno in (errno.EMFILE, errno.ENFILE) else
@@ -75,9 +65,6 @@ class OpenFiles:
         while len(self._fds) > self.limit:
             os.close(self._fds.popitem(last=False)[1])
 
-    def __iter__(self) -> Iterator[int]:
-        return iter(list(self._fds))
-
     def __len__(self) -> int:
         return len(self._fds)
 
@@ -98,13 +85,8 @@ def _after_fork() -> None:
     """A forked child closes its copies of its parent's descriptors (the parent keeps its own,
     and the shared locks a remote reader holds on them)."""
     for files in list(_LIVE):
-        for fd in files._fds.values():
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        files._fds.clear()
         files.pid = os.getpid()
+        files.clear()
 
 
 os.register_at_fork(after_in_child=_after_fork)

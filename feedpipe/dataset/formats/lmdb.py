@@ -1,13 +1,8 @@
 """LMDB: one environment, zero-padded integer keys, one record per sample (see codecs.pack_record).
 
-Besides the samples, the key ``feedpipe.dataset_id`` holds the dataset id the manifest records
-(``extra.dataset_id``, see :meth:`DatasetWriter.dataset_id`); the reader compares the two, and
-``data.mdb``'s size with the manifest's, when it opens the environment, so another dataset's
-``data.mdb`` copied in is refused before a record is read. Datasets converted before the id have
-neither and are not checked for it.
-
-A merged dataset (``feedpipe merge``) is several environments, its parts' (``extra.parts``, each
-with its part's id), read as one: global index ``i`` is key ``i - start`` of the part holding it.
+The key ``feedpipe.dataset_id`` holds the manifest's ``extra.dataset_id``; the reader compares
+the two, and ``data.mdb``'s size, at open, so another dataset's ``data.mdb`` copied in is refused.
+A merged dataset is its parts' environments (``extra.parts``) read as one.
 """
 
 from __future__ import annotations
@@ -49,10 +44,9 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (mallo
 
 
 def keep_freed_heap() -> None:
-    """Ask glibc to keep up to 64 MiB of freed heap and to serve blocks up to 32 MiB from it,
-    instead of returning memory to the system at every free and faulting it in again at the next
-    allocation (a writer frees and reallocates the same sizes all the time). Process-wide and
-    harmless elsewhere; a no-op off glibc."""
+    """Ask glibc to keep up to 64 MiB of freed heap and serve blocks up to 32 MiB from it, not
+    return memory at every free and fault it in again (a writer reallocates the same sizes all
+    the time). Process-wide; a no-op off glibc."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
     except (OSError, AttributeError):
@@ -66,30 +60,18 @@ _ENVS: dict[tuple[int, int, int], list[Any]] = {}
 _ENVS_LOCK = threading.RLock()  # re-entrant: a collected reader gives its envs back mid-open
 
 
-class _EnvUse:
-    """The environments one reader uses in this process, given back by :meth:`close` or when
-    the reader is garbage collected."""
-
-    def __init__(self, owner: object) -> None:
-        self.pid, self.keys = os.getpid(), list[tuple[int, int, int]]()
-        self._final = weakref.finalize(owner, self._give_back)
-        self._final.atexit = False
-
-    def _give_back(self) -> None:
-        keys, self.keys = self.keys, []
-        if self.pid != os.getpid():  # a forked child's copy: the parent's to give back
-            return
-        with _ENVS_LOCK:
-            for key in keys:
-                entry = _ENVS.get(key)
-                if entry is not None:
-                    entry[1] -= 1
-                    if entry[1] <= 0:
-                        del _ENVS[key]
-                        entry[0].close()
-
-    def close(self) -> None:
-        self._final()
+def _give_back(pid: int, keys: list[tuple[int, int, int]]) -> None:
+    """A reader's environments (``_ENVS`` keys), given back when it is closed or collected."""
+    if pid != os.getpid():  # a forked child's copy: the parent's to give back
+        return
+    with _ENVS_LOCK:
+        for key in keys:
+            entry = _ENVS.get(key)
+            if entry is not None:
+                entry[1] -= 1
+                if entry[1] <= 0:
+                    del _ENVS[key]
+                    entry[0].close()
 
 
 ID_KEY = b"feedpipe.dataset_id"  # sorts after every sample key: appended last
@@ -98,11 +80,9 @@ ID_KEY = b"feedpipe.dataset_id"  # sorts after every sample key: appended last
 class LmdbWriter(DatasetWriter):
     """Writes records in batched transactions and grows ``map_size`` itself on MDB_MAP_FULL.
 
-    Each transaction is committed on a helper thread while this one packs the next batch:
-    py-lmdb releases the GIL in ``commit``, whose copy into the page cache is about a third of
-    a passthrough conversion's CPU time, so it runs on the second core. Puts stay here, so one
-    thread at a time uses a transaction (the environment is opened without LMDB's lock file:
-    the output's own lock keeps other writers out, and nothing reads a partial output).
+    Each transaction is committed on a helper thread while this one packs the next (py-lmdb
+    releases the GIL in ``commit``, a third of a passthrough conversion's CPU time); one thread
+    at a time uses a transaction. No LMDB lock file: the output's own lock keeps writers out.
     """
 
     format_name = "lmdb"
@@ -158,21 +138,18 @@ class LmdbWriter(DatasetWriter):
             job.result()
 
     def close(self) -> tuple[list[str], dict[str, Any]]:
-        if self._env is None:
-            return ["data.mdb"], {"dataset_id": self._id}
-        try:
-            self._id = self.dataset_id()
-            self._pending.append((ID_KEY, self._id.encode()))
-            self._flush()
-            self._wait()
-            self._env.sync(True)
-        finally:
-            self._committer.shutdown(wait=True)  # nothing uses the environment after this
-            self._env.close()
-            self._env = None
-        lock = self.root / "lock.mdb"
-        if lock.exists():  # readers open with lock=False; the lock file is the writer's only
-            lock.unlink()
+        if self._env is not None:
+            try:
+                self._id = self.dataset_id()
+                self._pending.append((ID_KEY, self._id.encode()))
+                self._flush()
+                self._wait()
+                self._env.sync(True)
+            finally:
+                self._committer.shutdown(wait=True)  # nothing uses the environment after this
+                self._env.close()
+                self._env = None
+            (self.root / "lock.mdb").unlink(missing_ok=True)  # readers open with lock=False
         return ["data.mdb"], {"dataset_id": self._id}
 
 
@@ -180,8 +157,8 @@ class LmdbReader(DatasetReader):
     """Opens lazily per process (``readonly=True, lock=False``) and reads zero-copy buffers."""
 
     format_name = "lmdb"
-    _handles = ("_envs", "_use")
-    _use: _EnvUse | None
+    _handles = ("_envs", "_keys", "_use")
+    _use: weakref.finalize | None
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None, *,
                  readahead: bool = True) -> None:
@@ -193,8 +170,10 @@ class LmdbReader(DatasetReader):
 
     def _open(self) -> None:
         if self._use is not None:  # a forked child's copy (gives nothing back there)
-            self._use.close()
-        self._use = _EnvUse(self)
+            self._use()
+        self._keys: list[tuple[int, int, int]] = []
+        self._use = weakref.finalize(self, _give_back, os.getpid(), self._keys)
+        self._use.atexit = False
         self._envs = [self._open_env(d, name, id_)
                       for d, name, id_ in zip(self._dirs, self._files, self._ids, strict=True)]
 
@@ -205,10 +184,9 @@ class LmdbReader(DatasetReader):
         st = os.stat(root / "data.mdb")
         self.check_size(name, st.st_size)
         key = (os.getpid(), st.st_dev, st.st_ino)
-        assert self._use is not None
         with _ENVS_LOCK:
             env = self._shared_env(root, key, st.st_size)
-            self._use.keys.append(key)
+            self._keys.append(key)
         try:
             with env.begin() as txn:
                 found = txn.get(ID_KEY)
@@ -292,9 +270,8 @@ class LmdbReader(DatasetReader):
     def stray_entries(self) -> list[str]:
         self._ensure_open()
         out: list[str] = []
-        starts = [0, *self._ends[:-1].tolist()]
-        for d, env, start, end in zip(self._dirs, self._envs, starts, self._ends.tolist(), strict=True):
-            n = end - start
+        sizes = np.diff(self._ends, prepend=0).tolist()
+        for d, env, n in zip(self._dirs, self._envs, sizes, strict=True):
             try:
                 with env.begin() as txn:
                     for key in txn.cursor().iternext(values=False):
@@ -311,6 +288,6 @@ class LmdbReader(DatasetReader):
     def close(self) -> None:
         self._envs = None
         if self._use is not None:  # closed once no other reader of these files uses them
-            self._use.close()
+            self._use()
         self._use = None
         super().close()

@@ -1,20 +1,25 @@
 """WebDataset tar shards (``prefix-000000.tar``…) plus a random-access index (layout:
-docs/convert.md, "On-disk formats"; the tar parts: :mod:`.wds_tar`).
+docs/convert.md, "On-disk formats").
 
 The shards stay readable by ``webdataset`` and DALI unchanged; the index gives O(1) reads with
 ``os.pread``, every member checked against its crc32. The source ``path`` stays in the index,
-not the tars (format version 3; older ones are refused): a member costs a 512-byte header plus
-padding, ~1 kB for a 30-byte path, 2.7% of a 39 kB photo. Members that would need unpickling
-are refused, never opened. No dataset id is written: the index binds every member by offset,
-size and crc32, and each shard and index file is compared with its manifest size when opened.
+not the tars (format version 3): a member costs ~1 kB of header and padding, 2.7% of a 39 kB
+photo. Members that would need unpickling are refused, never opened. No dataset id is written:
+the index binds every member by offset, size and crc32.
+
+The tar streaming and grouping are feedpipe's own rather than ``webdataset.tariterators``: they
+stream faster with the same checks (``benchmarks/bench_wds_stream.py``), and webdataset's skip
+members silently and raise untyped errors, where feedpipe names the shard and key of every
+problem.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tarfile
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Sequence
+from typing import Any, BinaryIO, Callable, ClassVar, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 
@@ -30,19 +35,99 @@ from ...schema.codecs import crc32
 from ...schema.fields import Field, JsonField
 from ...schema.model import Schema
 from ..manifest import Manifest
-from .base import DatasetReader, DatasetWriter, Visitor, sample_key
-from .handles import MAX_OPEN, OpenFiles, about_data, open_error
-from .wds_tar import (
-    CRC_FILE,
-    INDEX_FIELDS,
-    INDEX_FILES,
-    VALUES_FILE,
-    check_key,
-    group_by_key,
-    tar_members,
-    ustar_header,
-    write_index,
-)
+from .base import DatasetReader, DatasetWriter, Visitor, sample_key, unsafe_name
+from .handles import DATA_ERRNOS, MAX_OPEN, OpenFiles, open_error
+
+T = TypeVar("T")
+_BAD_KEY = re.compile(r"[./\\\x00\s]")
+INDEX_FILES = ("index-offsets.npy", "index-shards.npy", "index-keys.npy")
+CRC_FILE = "index-crc32.npy"
+VALUES_FILE = "index-values.npy"  # version 3: index fields' encoded values, packed
+INDEX_FIELDS = ("path",)  # JSON fields kept in the index, not the tars, by default
+
+
+def check_key(key: str) -> str:
+    """Reject keys that would break WebDataset grouping (dots, slashes, '..', whitespace)."""
+    if not key or _BAD_KEY.search(key):
+        raise ConfigError(f"WebDataset key {key!r} must be non-empty and contain no '.', '/', "
+                          "'\\', whitespace or NUL (the first '.' separates key and suffix)")
+    return key
+
+
+def write_index(root: Path, nf: int, offsets: list[list[tuple[int, int]]], shard_of: list[int],
+                keys: list[bytes], crcs: list[list[int]], save: Any = None) -> None:
+    """The index files beside the shards (also written for foreign shards indexed in place by
+    ``feedpipe index``); ``save(path, array)`` defaults to ``np.save``."""
+    save = save or (lambda path, arr: np.save(path, arr, allow_pickle=False))
+    save(root / INDEX_FILES[0], np.asarray(offsets, dtype=np.int64).reshape(len(offsets), nf, 2))
+    save(root / INDEX_FILES[1], np.asarray(shard_of, np.int32))
+    save(root / INDEX_FILES[2], np.asarray(keys, dtype="S").reshape(-1) if keys
+         else np.zeros(0, "S1"))
+    save(root / CRC_FILE, np.asarray(crcs, np.uint32).reshape(-1, nf))
+
+
+_USTAR_TAIL = (b"0" + bytes(100) + tarfile.POSIX_MAGIC + bytes(32 + 32 + 8 + 8 + 155 + 12))
+
+
+def ustar_header(name: str, size: int) -> bytes:
+    """The ustar header block ``tarfile`` writes for a regular file (mode 0444, uid/gid/mtime 0),
+    byte for byte, built directly: ``TarInfo.tobuf`` took about half a WebDataset conversion's
+    time (benchmarks/RESULTS.md)."""
+    raw = name.encode(tarfile.ENCODING, "surrogateescape")
+    if len(raw) > 100:
+        raise ConfigError(f"WebDataset member {name}: name is too long (ustar names hold at most "
+                         "100 bytes)")
+    if not 0 <= size < 8 ** 11:
+        raise ConfigError(f"WebDataset member {name}: {size} bytes do not fit a ustar member")
+    head = b"%s0000444\x000000000\x000000000\x00%011o\x0000000000000\x00        %s" % (
+        raw.ljust(100, b"\x00"), size, _USTAR_TAIL)
+    return b"%s%06o\x00 %s" % (head[:148], sum(head), head[156:])
+
+
+def tar_members(fh: BinaryIO, path: Path) -> Iterator[tuple[str, bytes]]:
+    """Yield ``(member name, data)`` for the regular files of a tar stream; a damaged header or
+    a cut-short member is a CorruptRecordError naming the last good member."""
+    last = "the first member"
+    try:
+        with tarfile.open(fileobj=fh, mode="r|") as tar:
+            for info in tar:
+                if info.isfile():
+                    data = tar.extractfile(info)
+                    content = data.read() if data else b""
+                    if len(content) != info.size:
+                        raise tarfile.ReadError(f"member {info.name} is cut short "
+                                                f"({len(content)} of {info.size} bytes)")
+                    yield info.name, content
+                    last = f"member {info.name}"
+    except (tarfile.TarError, EOFError, UnicodeError, ValueError, OverflowError) as exc:
+        raise CorruptRecordError(f"{path}: damaged tar shard after {last}: {exc}") from exc
+
+
+def group_by_key(members: Iterable[tuple[str, T]], path: Path | str = "shard",
+                 on_unsafe: Callable[[str], None] | None = None
+                 ) -> Iterator[tuple[str, dict[str, T]]]:
+    """Group consecutive members sharing a key (the name before the first '.'). A member that
+    would need unpickling is never opened: it goes to ``on_unsafe`` (default: an
+    UnsafeDataError)."""
+    key: str | None = None
+    group: dict[str, T] = {}
+    for name, data in members:
+        base = name.rsplit("/", 1)[-1]
+        k, _, suffix = base.partition(".")
+        if unsafe_name(base):
+            if on_unsafe is None:
+                raise UnsafeDataError(f"{path} key {k}: member {name} would need unpickling; "
+                                      "feedpipe never executes stored data", key=k)
+            on_unsafe(name)
+            continue
+        if k != key and group:
+            yield key, group  # type: ignore[misc]
+            group = {}
+        key = k
+        group[suffix] = data
+    if group:
+        yield key, group  # type: ignore[misc]
+
 
 _BLOCK, _RECORD = tarfile.BLOCKSIZE, tarfile.RECORDSIZE
 
@@ -89,8 +174,7 @@ class WdsWriter(DatasetWriter):
         name = f"{self.prefix}-{len(self.shards):06d}.tar"
         self.shards.append(name)
         self._tar = open(self.root / name, "wb")
-        self._offset = 0
-        self._in_shard = 0
+        self._offset = self._in_shard = 0
 
     def _close_shard(self) -> None:
         if self._tar is not None:  # the end-of-archive blocks, padded to whole records, as tarfile
@@ -118,10 +202,7 @@ class WdsWriter(DatasetWriter):
                 self._values += data
                 continue
             pad = (-len(data)) % _BLOCK
-            self._tar.write(head)
-            self._tar.write(data)
-            if pad:
-                self._tar.write(bytes(pad))
+            self._tar.writelines((head, data, bytes(pad)))
             spans.append((self._offset + _BLOCK, len(data)))
             self._offset += _BLOCK + len(data) + pad
         self._offsets.append(spans)
@@ -131,10 +212,9 @@ class WdsWriter(DatasetWriter):
         self._in_shard += 1
 
     def close(self) -> tuple[list[str], dict[str, Any]]:
-        self._close_shard()
         if not self.shards:  # an empty dataset still has one (empty) shard
             self._start_shard()
-            self._close_shard()
+        self._close_shard()
         write_index(self.root, len(self.schema), self._offsets, self._shard_of, self._keys,
                     self._crcs)
         kept = [f.name for f, k in zip(self.schema, self._in_index, strict=True) if k]
@@ -151,7 +231,7 @@ class WdsReader(DatasetReader):
     most ``max_open_shards`` shards open at once per process (:class:`OpenFiles`)."""
 
     format_name = "wds"
-    _handles = ("_fds",)
+    _handles: ClassVar[tuple[str, ...]] = ("_fds",)
     _fds: OpenFiles | None
 
     def __init__(self, root: str | os.PathLike[str], manifest: Manifest | None = None, *,
@@ -179,7 +259,7 @@ class WdsReader(DatasetReader):
             self._crc = load(CRC_FILE)
             self._values = load(VALUES_FILE) if kept else None
         except (OSError, ValueError) as exc:  # missing, cut short, or not plain npy
-            if isinstance(exc, OSError) and not about_data(exc):  # e.g. too many open files
+            if isinstance(exc, OSError) and exc.errno not in DATA_ERRNOS:  # too many open files
                 raise open_error(exc, exc.filename or self.root) from exc
             raise CorruptRecordError(f"{self.root}: damaged WebDataset index ({exc}); re-convert "
                                      "the dataset", dataset=self.root) from exc
@@ -192,24 +272,20 @@ class WdsReader(DatasetReader):
                                      f"{self._offsets.shape[1:]}, manifest says {len(self)} "
                                      f"samples of {nf} fields", dataset=self.root)
         self.check_root()  # the index came from the manifest's directory
-        self._check_index()
         self._fields = list(self.schema)
-
-    def _check_index(self) -> None:
-        """Shard numbers in range and in order, member spans inside their shard's recorded size:
-        a damaged index is refused before it can send a read astray."""
+        # shard numbers in range and in order, member spans inside their shard's recorded size:
+        # a damaged index is refused before it can send a read astray
         sizes = {f.name: f.size for f in self.manifest.files}
         limit = np.asarray([sizes.get(s, 0) for s in self.shards] or [0], np.int64)
         sh = np.asarray(self._shard_of, np.int64)
         off = np.asarray(self._offsets, np.int64)
         end = off[..., 0] + off[..., 1]
-        kept = np.asarray(self._in_index, bool)
+        inx = np.asarray(self._in_index, bool)
         packed = len(self._values) if self._values is not None else 0
         ok = not len(sh) or (
             0 <= sh.min() and sh.max() < len(self.shards) and bool((np.diff(sh) >= 0).all())
-            and off.min() >= 0 and bool((end[:, ~kept].max(axis=1, initial=0)
-                                         <= limit[sh]).all())
-            and end[:, kept].max(initial=0) <= packed)
+            and off.min() >= 0 and bool((end[:, ~inx].max(axis=1, initial=0) <= limit[sh]).all())
+            and end[:, inx].max(initial=0) <= packed)
         if not ok:
             raise CorruptRecordError(f"{self.root}: the WebDataset index points outside its "
                                      "shards; it is damaged: re-convert the dataset",
@@ -238,9 +314,8 @@ class WdsReader(DatasetReader):
         self._fds = OpenFiles(self, self.max_open_shards)
 
     def _open_shard(self, shard: int) -> int:
-        """A read-only descriptor of shard ``shard``; the remote reader
-        (:mod:`feedpipe.dataset.remote`) fetches it into its cache first. A failure that is
-        not about the file (too many open files) is a ResourceError."""
+        """A read-only descriptor of shard ``shard`` (the remote reader fetches it first); a
+        failure not about the file (too many open files) is a ResourceError."""
         path = self.root / self.shards[shard]
         try:
             return os.open(path, os.O_RDONLY)
@@ -279,10 +354,8 @@ class WdsReader(DatasetReader):
             except OSError as exc:  # a missing or unreadable shard: name the sample
                 raise self.corrupt(i, f"cannot open its shard: {exc}") from exc
             stored = {}
-            spans = offsets[pos]
-            crcs = checks[pos]
             for f, c in zip(fields, cols, strict=True):
-                off, size = spans[c]
+                off, size = offsets[pos][c]
                 if self._in_index[c]:
                     data = bytes(self._values[off: off + size])  # type: ignore[index]
                 else:
@@ -290,7 +363,7 @@ class WdsReader(DatasetReader):
                 if len(data) != size:
                     raise self.corrupt(i, f"member {f.wds_suffix} truncated "
                                           f"({len(data)} of {size} bytes)")
-                if crc32(data) != crcs[c]:
+                if crc32(data) != checks[pos][c]:
                     raise self.corrupt(i, f"member {f.wds_suffix} fails its checksum")
                 try:
                     stored[f.name] = f.decode(data, f.wds_suffix)
@@ -325,15 +398,14 @@ class WdsReader(DatasetReader):
                     raise CorruptRecordError(f"{path} key {key}: found where the index has "
                                              f"{want}; the shard is damaged", dataset=self.root,
                                              key=key)
+                crcs = self._crc[i].tolist()
                 for c, suffix in enumerate(names):
                     if self._in_index[c]:  # its span was checked against the packed values
                         off, size = self._offsets[i, c].tolist()
                         group[suffix] = bytes(self._values[off: off + size])  # type: ignore[index]
                     elif suffix not in group:  # e.g. a shard cut short: name the source
                         raise self.located(self.corrupt(i, f"{path}: member .{suffix} missing"))
-                crcs = self._crc[i].tolist()
-                for c, suffix in enumerate(names):
-                    if suffix in group and crc32(group[suffix]) != crcs[c]:
+                    if crc32(group[suffix]) != crcs[c]:
                         raise self.located(self.corrupt(i, f"member {suffix} fails its "
                                                            "checksum"))
                 yield key, {f.name: f.decode(group[f.wds_suffix], f"{path} key {key}")
@@ -348,7 +420,3 @@ class WdsReader(DatasetReader):
         self._fds = None
         super().close()
 
-
-__all__ = ["CRC_FILE", "INDEX_FIELDS", "INDEX_FILES", "VALUES_FILE", "WdsReader", "WdsWriter",
-           "check_key", "group_by_key", "tar_members", "ustar_header",
-           "write_index"]
