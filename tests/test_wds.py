@@ -20,8 +20,7 @@ from converters.merge import read_part
 from feedpipe.dataset.formats.wds import WdsWriter, ustar_header
 from feedpipe.dataset.manifest import FileEntry, Manifest
 from feedpipe.dataset.registry import sample_key
-from feedpipe.errors import (ConfigError, CorruptRecordError, DamagedDataError,
-                             DataFileMismatchError)
+from feedpipe.errors import ConfigError, CorruptRecordError, DamagedDataError, DataFileMismatchError
 from feedpipe.schema.fields import ArrayField, BytesField, JsonField, LabelField
 from feedpipe.schema.model import Schema
 
