@@ -379,10 +379,10 @@ def manifest_labels(path: Path, rows: list[dict[str, Any]], how: LabelsAs = "aut
     """Each row's label index (-1: none) and the class names, read one way for every row
     (``labels=``, docs/convert.md). A column mixing integers and names is refused under "auto",
     naming the rows of the smaller kind: one ``unknown`` among 0..11 would renumber every class."""
-    if how not in ("auto", "ints", "names") or unlabeled not in ("refuse", "keep"):
-        raise ConfigError(f"labels={how!r}, unlabeled={unlabeled!r}: use labels='auto', 'ints' or "
-                          "'names' and unlabeled='refuse' or 'keep'",
-                          option="labels" if how not in ("auto", "ints", "names") else "unlabeled")
+    if how not in ("auto", "ints", "names"):
+        raise ConfigError(f"labels={how!r}: use 'auto', 'ints' or 'names'", option="labels")
+    if unlabeled not in ("refuse", "keep"):
+        raise ConfigError(f"unlabeled={unlabeled!r}: use 'refuse' or 'keep'", option="unlabeled")
     kinds: dict[str, list[int]] = {"empty": [], "int": [], "name": [], "bad": []}
     for n, r in enumerate(rows):
         lab = r.get("label")
