@@ -200,10 +200,10 @@ def run_bench(path: str | Path, cfg: BenchConfig = BenchConfig(),  # noqa: B008 
         trials = []
         for fmt, bs, backend in itertools.product(packed, cfg.batch_sizes, cfg.backends):
             trials += _trials(packed[fmt], fmt, bs, backend, cfg, progress, remote)
-        baseline = None
+        baselines = None
         if cfg.baseline:
-            baseline = _baseline(open_dataset(next(iter(packed.values())), **remote), src, cfg,
-                                 progress)
+            baselines = _baselines(open_dataset(next(iter(packed.values())), **remote), src, cfg,
+                                   progress)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         torch.set_num_threads(threads)
@@ -213,7 +213,7 @@ def run_bench(path: str | Path, cfg: BenchConfig = BenchConfig(),  # noqa: B008 
         trials = [replace(t, best=True) if t is top else t for t in trials]
     desc = machine.describe()
     desc["torch_threads"] = cfg.threads or threads
-    return BenchReport(dataset, cfg, desc, tuple(trials), baseline,
+    return BenchReport(dataset, cfg, desc, tuple(trials), *(baselines or (None, None)),
                        datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -249,13 +249,18 @@ def _trials(path: Path | str, fmt: str, bs: int, backend: str, cfg: BenchConfig,
     return out
 
 
-def _baseline(reader: DatasetReader, src: Any, cfg: BenchConfig,
-              progress: Progress | None) -> Trial:
-    """The naive DataLoader (see :mod:`feedpipe.tools.baseline`) at the first batch size."""
-    bs = cfg.batch_sizes[0]
-    loader, what, nbytes = naive_loader(
-        reader, src.items if src is not None else None, batch_size=bs, size=cfg.size,
-        samples=cfg.batches * bs if cfg.batches else None, seed=cfg.seed)
-    base = Trial("loose" if what == "loose files" else reader.format_name, "DataLoader", bs, "0",
-                 0, source=what)
-    return measure(loader, cfg, base, nbytes, LoaderInfo.from_loader(loader), progress)
+def _baselines(reader: DatasetReader, src: Any, cfg: BenchConfig,
+               progress: Progress | None) -> tuple[Trial, Trial]:
+    """The default DataLoader and the tuned one (:mod:`feedpipe.tools.baseline`), at the first
+    batch size; the tuned one runs as many workers as ``num_workers='auto'`` would."""
+    bs, out = cfg.batch_sizes[0], []
+    for workers in (0, auto_workers(True)):
+        loader, what, nbytes = naive_loader(
+            reader, src.items if src is not None else None, batch_size=bs, size=cfg.size,
+            samples=cfg.batches * bs if cfg.batches else None, seed=cfg.seed, workers=workers)
+        base = Trial("loose" if what == "loose files" else reader.format_name, "DataLoader", bs,
+                     str(workers), workers, source=what)
+        out.append(measure(loader, cfg, base, nbytes, LoaderInfo.from_loader(loader), progress))
+        del loader
+        gc.collect()  # shut the persistent workers down
+    return out[0], out[1]

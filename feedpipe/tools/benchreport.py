@@ -4,15 +4,17 @@ and the up-front check and atomic write of the diagnostic commands' output files
 JSON (:meth:`BenchReport.to_json`, ``schema_version`` 1) holds ``feedpipe_version``, ``created``
 (ISO time, UTC), ``machine`` (:func:`feedpipe.tools.machine.describe`), ``config`` (the BenchConfig),
 ``dataset`` (path, kind "packed"|"folder", format, codec, samples; for folders ``packed``:
-{format: {path, seconds, images, skipped, kept}}), ``trials`` and ``baseline`` (null unless
-asked for), ``best`` (index into trials, null if none ran) and ``speedup_vs_baseline`` (null
-without one).
+{format: {path, seconds, images, skipped, kept}}), ``trials``, ``baseline`` and
+``tuned_baseline`` (the default and the tuned DataLoader; null unless asked for), ``best`` (index
+into trials, null if none ran), ``speedup_vs_baseline`` and ``speedup_vs_tuned`` (null without
+them).
 Each trial holds every :class:`~feedpipe.tools.throughput.Trial` field.
 """
 
 from __future__ import annotations
 
 import io
+import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from .._version import __version__
 from ..errors import ConfigError, MissingDependencyError
 from ..paths import write_atomic
+from .findings import versus_baselines
 from .machine import summary_line
 from .throughput import Trial
 
@@ -38,17 +41,26 @@ class BenchReport:
     machine: dict[str, Any]
     trials: tuple[Trial, ...]
     baseline: Trial | None
+    tuned: Trial | None
     created: str
 
     @property
     def best(self) -> Trial | None:
         return next((t for t in self.trials if t.best), None)
 
+    def _over(self, base: Trial | None) -> float | None:
+        b = self.best
+        return b.samples_per_s / base.samples_per_s if b and base and base.samples_per_s else None
+
     @property
     def speedup(self) -> float | None:
-        """Best trial's samples/s over the baseline's, both from this run."""
-        b, base = self.best, self.baseline
-        return b.samples_per_s / base.samples_per_s if b and base and base.samples_per_s else None
+        """Best trial's samples/s over the default DataLoader's, both from this run."""
+        return self._over(self.baseline)
+
+    @property
+    def speedup_vs_tuned(self) -> float | None:
+        """Best trial's samples/s over the tuned DataLoader's, both from this run."""
+        return self._over(self.tuned)
 
     def to_json(self) -> dict[str, Any]:
         cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.config).items()}
@@ -57,8 +69,9 @@ class BenchReport:
                 "created": self.created, "machine": self.machine, "config": cfg,
                 "dataset": self.dataset, "trials": [asdict(t) for t in self.trials],
                 "baseline": asdict(self.baseline) if self.baseline else None,
+                "tuned_baseline": asdict(self.tuned) if self.tuned else None,
                 "best": self.trials.index(best) if best else None,
-                "speedup_vs_baseline": self.speedup}
+                "speedup_vs_baseline": self.speedup, "speedup_vs_tuned": self.speedup_vs_tuned}
 
 
 COLUMNS = (f"  {'format':<7}{'backend':<11}{'batch':>5}  {'workers':<9}{'samples/s':>10}"
@@ -88,16 +101,16 @@ def format_table(r: BenchReport) -> str:
              f"machine: {summary_line(r.machine)}",
              f"output {cfg.size}x{cfg.size} {cfg.dtype} on {cfg.device}; {steps}", "", COLUMNS]
     lines += [_row(t) for t in r.trials]
-    if r.baseline:
-        lines.append(_row(r.baseline) + f"   <- default DataLoader on {r.baseline.source}")
+    for base, what in ((r.baseline, "default"), (r.tuned, "tuned")):
+        if base:
+            lines.append(_row(base) + f"   <- {what} DataLoader on {base.source}")
     best = r.best
     lines.append("")
     if best:
         lines.append(f"best: {best.format} {best.backend}, batch {best.batch_size}, workers "
                      f"{best.workers_requested}: {best.samples_per_s:,.0f} samples/s")
-        if r.speedup:
-            lines.append(f"{r.speedup:.1f}x faster than a default DataLoader (workers=0, PIL, "
-                         f"{r.baseline.source}) in this run")  # type: ignore[union-attr]
+        if versus := versus_baselines(r):
+            lines.append(f"the best runs at {versus}")
         if cfg.step_ms:
             lines.append(f"with a {cfg.step_ms:g} ms step it waits for data "
                          f"{best.wait_fraction:.0%} of the time ({best.stall.get('verdict')})")
@@ -139,13 +152,14 @@ def plot_report(r: BenchReport, path: str | Path) -> Path:
     for label, ts in lines.items():
         ts.sort(key=lambda t: t.workers or 0)
         ax.plot([t.workers for t in ts], [t.samples_per_s for t in ts], marker="o", label=label)
-    if r.baseline:
-        ax.axhline(r.baseline.samples_per_s, ls="--", color="0.4",
-                   label=f"default DataLoader, workers=0 ({r.baseline.samples_per_s:,.0f}/s)")
+    for base, what, ls in ((r.baseline, "default", "--"), (r.tuned, "tuned", ":")):
+        if base:
+            ax.axhline(base.samples_per_s, ls=ls, color="0.4", label=f"{what} DataLoader, "
+                       f"workers={base.workers} ({base.samples_per_s:,.0f}/s)")
     best = r.best
     if best:
         text = f"best: {best.samples_per_s:,.0f} samples/s"
-        text += f"\n{r.speedup:.1f}x a default DataLoader (workers=0)" if r.speedup else ""
+        text += f"\n{textwrap.fill(versus_baselines(r), 44)}" if r.speedup else ""
         rightmost = best.workers == max(t.workers or 0 for t in r.trials)
         ax.annotate(text, (best.workers, best.samples_per_s),
                     xytext=(-30 if rightmost else 30, -80),
@@ -155,8 +169,8 @@ def plot_report(r: BenchReport, path: str | Path) -> Path:
     xs = sorted({t.workers for t in r.trials if t.workers is not None})
     ax.set_xticks(xs or [0])
     rates = [t.samples_per_s or 0.0 for t in r.trials]  # a skipped trial has no rate
-    base = (r.baseline.samples_per_s or 0.0) if r.baseline else 0.0
-    ax.set_ylim(bottom=0, top=max([*rates, base, 1.0]) * 1.15)
+    rates += [b.samples_per_s or 0.0 for b in (r.baseline, r.tuned) if b]
+    ax.set_ylim(bottom=0, top=max([*rates, 1.0]) * 1.15)
     ax.set_xlabel("DataLoader workers (num_workers)")
     ax.set_ylabel("samples/s (steady state)")
     ax.grid(alpha=0.3)

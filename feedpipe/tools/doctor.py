@@ -26,13 +26,12 @@ from ..dataset.manifest import Manifest
 from ..dataset.verify import read_manifest
 from ..errors import BadInputError, ConfigError
 from ..loader.config import PREFETCH_DECODE, auto_workers
-from ..loader.dali.pipeline import dali_package
 from ..loader.memory import SHM_FLOOR, ring_bytes, shm_fits, shm_wanted
 from ..schema.geometric import BoxesField, KeypointsField
 from ..storage import is_remote
 from . import machine
 from .bench import BenchConfig, is_packed, run_bench
-from .findings import RANK, Finding
+from .findings import RANK, Finding, dali_hint, versus_baselines
 from .network import check_network
 
 SCHEMA_VERSION = 1
@@ -122,10 +121,8 @@ def check_gpu(cuda: bool, gpu_names: list[str], dali_version: str | None,
         return [Finding("gpu", "info", "no CUDA GPU visible to torch: batches stay on the CPU; "
                         "pinned memory and DALI do not apply")]
     if dali_version is None:
-        pkg, how = dali_package(cuda_version)
         return [Finding("gpu", "low", f"CUDA GPU(s) {', '.join(gpu_names)}; NVIDIA DALI is not "
-                        "installed", f"pip install {pkg} and `make_loader(..., backend='dali')` "
-                        f"(the wheel for {how})",
+                        "installed", dali_hint(cuda_version, installed=False),
                         "JPEG decode moves to the GPU when the CPU cores are the limit")]
     return [Finding("gpu", "ok", f"CUDA GPU(s) {', '.join(gpu_names)}; DALI {dali_version}")]
 
@@ -285,27 +282,25 @@ def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:
 
 def measured_gain(findings: list[Finding], report: Any) -> list[Finding]:
     """The loose-files finding's gain as the short bench measured it on this machine: the
-    packed loader against a default DataLoader on the same files."""
+    packed loader against the DataLoaders on the same files."""
     if report is None or not report.speedup or report.baseline.source != "loose files":
         return findings
-    gain = (f"{report.speedup:.1f}x a default DataLoader (workers=0, PIL) on these files, "
-            "measured here by the short bench")
+    gain = f"{versus_baselines(report)}, measured by the short bench"
     return [replace(f, gain=gain) if f.check == "dataset" and f.gain == FOLDER_GAIN else f
             for f in findings]
 
 
 def check_bench(report: Any) -> list[Finding]:
     """The short bench's figures (a :class:`~feedpipe.tools.benchreport.BenchReport`), as information."""
-    best, base = report.best, report.baseline
+    best = report.best
     if best is None:
         return [Finding("bench", "error", "no loader configuration ran")]
     title = (f"{best.batches} batches of {best.batch_size}: {best.samples_per_s:,.0f} samples/s "
              f"with {best.workers_requested} workers, first batch after {best.first_batch_s:.2f} s")
     if report.dataset["kind"] == "folder":
         title += f" (from {report.dataset['samples']} of the images packed to a temporary LMDB)"
-    if base is not None and report.speedup:
-        title += (f"; {report.speedup:.1f}x a default DataLoader (workers=0, PIL) on the "
-                  f"{base.source} ({base.samples_per_s:,.0f} samples/s)")
+    if versus := versus_baselines(report):
+        title += f"; {versus}"
     return [Finding("bench", "info", title, f"feedpipe bench {report.dataset['path']} --baseline "
                     "--plot bench.png: the whole workers sweep, as a table and a plot")]
 

@@ -22,6 +22,7 @@ from ..errors import ConfigError
 from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.protocol import Loader
 from ..system import usable_cores
+from .findings import dali_hint
 from .gpumon import GpuMonitor, GpuStats, GpuSummary
 from .throughput import Throughput, of_meter, throughput
 
@@ -335,11 +336,9 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
         if i.device == "cuda" and not dali:
             import torch
 
-            from ..loader.dali.pipeline import dali_installed, dali_package
+            from ..loader.dali.pipeline import dali_installed
 
-            out.append("decode JPEG on the GPU with NVIDIA DALI (`make_loader(..., backend='dali')`; "
-                       + ("nvidia-dali is installed here)" if dali_installed()
-                          else f"pip install {dali_package(torch.version.cuda)[0]})"))
+            out.append(dali_hint(torch.version.cuda, dali_installed()))
     if i.device == "cuda" and i.pin_memory is False:
         out.append("`make_loader(..., workers=feedpipe.Workers(pin_memory=True))`: host-to-GPU "
                    "copies from pinned memory are faster and overlap with compute")
