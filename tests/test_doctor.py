@@ -20,7 +20,6 @@ from feedpipe.loader.dali import pipeline as dali_pipeline
 from feedpipe.loader.memory import ring_bytes, ring_slots
 from feedpipe.schema.imaging import decoder_info
 from feedpipe.tools import doctor, machine
-from feedpipe.tools.monitor import LoaderInfo, StallSummary, advise
 from feedpipe.tools.doctor import (
     GiB,
     MiB,
@@ -34,6 +33,7 @@ from feedpipe.tools.doctor import (
     dataset_facts,
     run_doctor,
 )
+from feedpipe.tools.monitor import LoaderInfo, StallSummary, advise
 
 N = 72  # conftest.N_PHOTOS
 

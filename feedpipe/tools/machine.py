@@ -69,6 +69,13 @@ def memory() -> dict[str, int | None]:
     return {"total": int(vm.total), "available": int(vm.available)}
 
 
+def host_available_bytes() -> int:
+    """RAM the kernel could give this machine's processes now (MemAvailable), in bytes."""
+    avail = memory()["available"]
+    return avail if avail is not None else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf(
+        "SC_PAGE_SIZE")
+
+
 def shm_usage(path: str = "/dev/shm") -> dict[str, int] | None:
     """Size and free bytes of /dev/shm, through which DataLoader workers hand batches over."""
     try:

@@ -3,29 +3,38 @@
 Short trials through ``make_loader`` grow the worker count (0, 1, 2, … up to the CPU budget)
 until throughput stops improving, then try other prefetch depths for the worker counts near the
 best. The cheapest configuration within ``tolerance`` of the best wins: fewest workers, then least
-batch memory. The choice is cached per dataset and machine, so the next run starts tuned.
+batch memory. The choice is cached per dataset and machine, so the next run starts tuned: one
+JSON file per (dataset, machine, settings), reused only when all of them match.
 (Workers read one whole batch per transaction, so there is no separate read batch size to tune.)
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import logging
 import os
 from dataclasses import asdict, dataclass, field, replace
 from itertools import islice
+from pathlib import Path
 from typing import Any, Iterator, Sequence
 
+import torch
+
+from ..._version import __version__
+from ...dataset.manifest import MANIFEST_NAME
 from ...dataset.registry import DatasetReader, open_dataset
 from ...errors import ConfigError
 from ...loader.api import make_loader
 from ...loader.config import Workers, auto_workers
 from ...loader.memory import ring_bytes
 from ...loader.protocol import Loader
+from ...paths import cache_dir, write_atomic
+from ...system import usable_cores
+from ..machine import cpu_model, host_available_bytes
 from ..monitor import StallMeter
 from ..throughput import Trial, of_meter, warmup_batches
-from .cache import cache_file, cache_key, read_cache, write_cache
-from .memory import host_available_bytes
 
 log = logging.getLogger("feedpipe.tune")
 PREFETCH_DEPTHS = (1, 2, 4)
@@ -194,6 +203,50 @@ class _Search:
                     self.run(w, p)
 
 
+def cache_entry(reader: DatasetReader, batch_size: int,
+                settings: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """What a cached result depends on (the dataset's path, manifest hash and mtime; the CPU
+    model, usable cores, feedpipe and torch versions; every setting) and the file named by its
+    hash."""
+    manifest = reader.root / MANIFEST_NAME
+    key = json.loads(json.dumps({
+        "dataset": str(reader.root.resolve()),
+        "manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest(),
+        "manifest_mtime_ns": manifest.stat().st_mtime_ns,
+        "machine": {"cpu": cpu_model(), "usable_cores": usable_cores(),
+                    "feedpipe": __version__, "torch": torch.__version__},
+        "batch_size": batch_size, "settings": settings,
+    }, sort_keys=True, default=str))
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return key, cache_dir() / f"tune-{digest}.json"
+
+
+def read_cache(path: Path, key: dict[str, Any]) -> TuneResult | None:
+    """The result stored at ``path`` for exactly ``key``, else None (a bad file is logged)."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") != key:
+            return None
+        return replace(TuneResult.from_dict(data["result"]), cached=True, cache_path=str(path))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("autotune: ignoring unreadable cache file %s (damaged, or of another "
+                    "layout: %s); tuning again", path, exc)
+        return None
+
+
+def write_cache(path: Path, key: dict[str, Any], result: dict[str, Any]) -> None:
+    """Write atomically (:func:`write_atomic`); a cache that cannot be written is logged, not
+    raised: the next run simply tunes again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"key": key, "result": result}, indent=1))
+    except OSError as exc:
+        log.warning("autotune: could not write the cache %s (%s); the next run tunes again",
+                    path, exc)
+
+
 def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
              budget_cpus: int | None = None, budget_ram: int | None = None,
              trial_batches: int = 24, tolerance: float = 0.05, repeats: int = 1,
@@ -245,16 +298,10 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
     settings = {"budget_cpus": max_workers, "budget_ram": budget_ram, "depths": depths,
                 "tolerance": tolerance, "trial_batches": trial_batches, "repeats": repeats,
                 "options": {k: v for k, v in loader_options.items() if k != "world"}}
-    key = cache_key(reader, batch_size, settings)
-    path = cache_file(key)
-    if cache and (stored := read_cache(path, key)) is not None:
-        try:
-            hit = replace(TuneResult.from_dict(stored), cached=True, cache_path=str(path))
-        except (KeyError, TypeError) as exc:
-            log.warning("autotune: ignoring cache file %s of another layout (%s)", path, exc)
-        else:
-            log.info("autotune: cache hit %s: %s", path, hit.reason)
-            return hit
+    key, path = cache_entry(reader, batch_size, settings)
+    if cache and (hit := read_cache(path, key)) is not None:
+        log.info("autotune: cache hit %s: %s", path, hit.reason)
+        return hit
     probe = make_loader(reader, batch_size, num_workers=0, **loader_options)  # validates options
     ram_cap = budget_ram if budget_ram is not None else host_available_bytes()
     view = probe.describe()

@@ -1,9 +1,9 @@
 """``find_batch_size``: the batch size that trains within memory, found by real training steps.
 
 Each trial runs forward + backward (+ optimizer step) at one size. On CUDA a trial fails when it
-raises out-of-memory (or exceeds ``memory_budget``); on CPU when the process's peak resident memory
-grows past the budget (see :mod:`feedpipe.tools.tune.memory`). Memory is freed between trials so a failed
-trial does not poison the next, and the model's and optimizer's state are restored afterwards.
+raises out-of-memory (or exceeds ``memory_budget``); on CPU when the process's peak resident
+memory grows past the budget (:class:`~feedpipe.tools.rss.HostPeak`). Memory is freed between
+trials so a failed trial does not poison the next; the model's and optimizer's state are restored.
 On CPU the search has default caps (half the RAM available, :data:`CPU_TIME_BUDGET_S` seconds):
 a CPU trains slowly, so doubling to ``max_size`` unbounded ran for 20 minutes and 9 GB. Each trial
 is shown as it ends (a tqdm line on stderr).
@@ -11,33 +11,26 @@ is shown as it ends (a tqdm line on stderr).
 
 from __future__ import annotations
 
+import gc
 import logging
+import math
 import os
 import statistics
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Literal
 
 import torch
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
 from ...loader.api import make_loader
 from ...loader.config import PREFETCH_DECODE, auto_workers
 from ...loader.memory import ring_bytes
+from ..machine import host_available_bytes
 from ..rss import HostPeak, exact_heap
-from .batches import Batch, cpu_copy, default_step, nbytes, tile, to_device
-from .memory import free_device_memory, host_available_bytes
-from .search import (
-    BatchSizeResult,
-    BatchTrial,
-    Mode,
-    pick_size,
-    progress_bar,
-    search_batch_size,
-    trial_text,
-)
 
 log = logging.getLogger("feedpipe.tune")
 CPU_TIME_BUDGET_S = 120.0  # the search's default time cap on CPU (None on CUDA)
@@ -46,7 +39,155 @@ CPU_MEMORY_SHARE = 0.5  # on CPU the default memory budget: this share of the RA
 #: buffers and the page cache need the rest (on a GPU, the largest fitting batch of a ResNet-50
 #: would otherwise have the loader hold 111 of 128 GiB)
 LOADER_RAM_SHARE = 0.5
+Mode = Literal["largest", "fastest"]
+Batch = Any
 StepFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
+
+
+def default_step(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Forward the batch's input (``image`` of a dict, first of a tuple, or the tensor); the loss is
+    cross-entropy against ``label`` for N×C logits, else the output's mean."""
+    label = None
+    if isinstance(batch, dict):
+        if "image" not in batch:
+            raise ConfigError(f"find_batch_size: the batch has {sorted(batch)}, no 'image'; pass "
+                              "step=lambda model, batch: loss")
+        x, label = batch["image"], batch.get("label")
+    elif isinstance(batch, (tuple, list)):
+        x, label = batch[0], batch[1] if len(batch) > 1 else None
+    else:
+        x = batch
+    out = model(x)
+    if isinstance(label, torch.Tensor) and out.ndim == 2 and not label.is_floating_point():
+        return torch.nn.functional.cross_entropy(out.float(), label)
+    return out.float().mean()
+
+
+def tile(batch: Batch, size: int) -> Batch:
+    """``batch`` repeated along its first dimension to ``size`` rows (tensors, per-sample lists)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[torch.arange(size, device=batch.device) % batch.shape[0]]
+    if isinstance(batch, dict):
+        return {k: tile(v, size) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)) and batch and all(isinstance(v, torch.Tensor)
+                                                          for v in batch):
+        return type(batch)(tile(v, size) for v in batch)
+    if isinstance(batch, list):
+        return [batch[i % len(batch)] for i in range(size)]
+    return batch
+
+
+def cpu_copy(obj: Any) -> Any:
+    return tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu", copy=True), obj)
+
+
+def free_device_memory(device: Any) -> None:
+    """Collect garbage and, on CUDA, return cached blocks and reset the peak counters."""
+    gc.collect()
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+@dataclass(frozen=True)
+class BatchTrial:
+    """One trial at ``size``: its peak memory (bytes; None when not run) and training speed."""
+
+    size: int
+    ok: bool
+    peak_bytes: int | None
+    samples_per_s: float | None
+    note: str = ""
+    seconds: float | None = None  # the trial's wall time (None: not run)
+
+
+@dataclass(frozen=True)
+class BatchSizeResult:
+    """The chosen batch size, the largest that fitted, and every trial that led there."""
+
+    batch_size: int
+    largest_fit: int
+    mode: Mode
+    device: str
+    budget_bytes: int | None
+    loader_ram_bytes: int
+    trials: tuple[BatchTrial, ...]
+    reason: str
+    time_budget_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types."""
+        return asdict(self)
+
+    def report(self) -> str:
+        """The trials as a table, then the choice and why."""
+        rows = [f"{'size':>6} {'peak MiB':>9} {'samples/s':>10}  result"]
+        for t in self.trials:
+            peak = "-" if t.peak_bytes is None else f"{t.peak_bytes / 2**20:.1f}"
+            sps = "-" if t.samples_per_s is None else f"{t.samples_per_s:.0f}"
+            rows.append(f"{t.size:>6} {peak:>9} {sps:>10}  {'ok' if t.ok else 'oom'}"
+                        + (f" ({t.note})" if t.note else ""))
+        return "\n".join(rows + [self.reason])
+
+
+def search_batch_size(fits: Callable[[int], bool], *, max_size: int, start: int = 1,
+                      resolution: float = 1 / 32) -> int:
+    """Largest size in [1, max_size] for which ``fits`` holds (0 if none), assuming it is monotone.
+
+    Doubles from ``start`` until a size fails, then bisects between the last fit and the first
+    failure until the gap is within ``resolution`` of the fitting size. Never tries a size above
+    a known failure.
+    """
+    lo, hi, size = 0, None, start
+    while hi is None:
+        if not fits(size):
+            hi = size
+        elif size >= max_size:
+            return size
+        else:
+            lo, size = size, min(2 * size, max_size)
+    while hi - lo > max(1, int(lo * resolution)):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def pick_size(trials: list[BatchTrial], largest: int, mode: Mode,
+              margin: float) -> tuple[int, str]:
+    """(size, why): ``largest`` less ``margin``, or with ``mode="fastest"`` the trial with the best
+    samples/s among those that fitted at or below that cap."""
+    cap = max(1, math.floor(largest * (1 - margin)))
+    if mode == "fastest":
+        ok = [t for t in trials if t.ok and t.size <= cap and t.samples_per_s]
+        if ok:
+            best = max(ok, key=lambda t: t.samples_per_s or 0.0)
+            return best.size, (f"fastest fitting size within the {margin:.0%} margin (cap {cap}):"
+                               f" {best.size} at {best.samples_per_s:.0f} samples/s")
+    return cap, f"largest fit {largest} less {margin:.0%} margin: {cap}"
+
+
+def progress_bar(device: torch.device, budget: int | None, seconds: float | None) -> Any:
+    """The progress line (stderr): a trial per tick, the last trial's verdict beside it."""
+    from tqdm import tqdm
+
+    caps = [f"{budget / 2**20:,.0f} MiB" if budget else "", f"{seconds:.0f} s" if seconds else ""]
+    caps = [c for c in caps if c]
+    return tqdm(total=None, unit="trial", dynamic_ncols=True, desc=f"find_batch_size on "
+                f"{device.type}" + (f" (within {', '.join(caps)})" if caps else ""))
+
+
+def trial_text(t: BatchTrial) -> str:
+    """One trial for the progress line."""
+    if t.ok:
+        return f"batch {t.size}: ok, {t.samples_per_s:,.0f} samples/s, peak " \
+               f"{(t.peak_bytes or 0) / 2**20:,.0f} MiB"
+    return f"batch {t.size}: does not fit ({t.note or 'out of memory'})"
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -60,8 +201,10 @@ def _batch_source(source: Any, device: torch.device, max_size: int,
     """(size -> batch on ``device``, host bytes per sample the loader holds)."""
     if callable(source) and not isinstance(source, (str, os.PathLike, DatasetReader)):
         probe = source(min(8, max_size))
-        per_sample = nbytes(probe) // max(1, min(8, max_size))
-        return (lambda size: to_device(source(size), device)), per_sample
+        per_sample = sum(t.nbytes for t in tree_leaves(probe) if isinstance(t, torch.Tensor)) \
+            // max(1, min(8, max_size))
+        return (lambda size: tree_map_only(torch.Tensor, lambda t: t.to(device), source(size))), \
+            per_sample
     opts = {"shuffle": False, **loader_options, "num_workers": 0, "device": device}
     loader = make_loader(source, min(64, max_size), **opts)
     base = next(iter(loader))
