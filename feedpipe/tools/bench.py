@@ -41,8 +41,7 @@ from ..storage import is_remote, local_path
 from ..system import usable_cores
 from . import machine
 from .baseline import naive_loader, stored_bytes_per_sample
-from .benchconfig import BenchConfig
-from .benchreport import BenchReport
+from .benchreport import BenchConfig, BenchReport
 from .monitor import LoaderInfo, StallMeter
 from .rss import ProcessTreeSampler
 from .throughput import Trial, of_meter

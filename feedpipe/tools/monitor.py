@@ -1,14 +1,10 @@
 """Where does training time go? ``StallMeter`` splits it into waiting for data versus stepping.
 
-Wrap the loader of a training loop; each batch records the time spent inside ``next(loader)``
-(the wait) and the time from handing the batch out to asking for the next one (the step). The
-summary says what fraction of the steady state was spent waiting, and what to change about it;
-its figures are :mod:`feedpipe.tools.throughput`'s, the ones ``feedpipe bench`` and ``feedpipe
-tune`` report for the same timings (warm-up: the first ``max(1, workers)`` batches).
-The per-batch cost is two clock reads, list appends and a sample count (measured:
-benchmarks/RESULTS.md), cheap enough to leave on; memory under 100 bytes per batch (wait, step,
-samples) until ``reset()``.
-``GpuMonitor`` (``feedpipe.tools.gpumon``) watches the GPU side from NVML.
+Wrapped around a training loop's loader, it times each ``next(loader)`` (the wait) and the time
+from handing the batch out to the next ask (the step); the summary says what share of the steady
+state was waiting (:mod:`feedpipe.tools.throughput`'s figures, as bench and tune report them) and
+what to change. Two clock reads and three appends per batch (benchmarks/RESULTS.md): cheap
+enough to leave on. ``GpuMonitor`` (:mod:`feedpipe.tools.gpumon`) watches the GPU side.
 """
 
 from __future__ import annotations
@@ -269,33 +265,22 @@ def time_epoch(loader: Iterable[Any], workers: int | None = None) -> Throughput:
     return of_meter(meter, workers)
 
 
-def _device(info: LoaderInfo | None) -> str:
-    """Where training runs: the loader's device, else "cuda" only where torch can use one."""
-    if info is not None and info.device:
-        return info.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _resize_arg(size: tuple[int, int] | None) -> str | None:
-    """``feedpipe convert --resize`` for a loader's output size: N for a square, else HxW."""
-    if not size:
-        return None
-    return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
-
-
 def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
     """Concrete changes for a summary, most effective first, as specific as ``info`` allows."""
     out = [] if s.batches >= 20 else [f"only {s.batches} batch(es) measured: measure at least "
                                       "20 for a reliable verdict"]
-    i = replace(info or LoaderInfo(), device=_device(info))
+    i = info or LoaderInfo()
+    if not i.device:  # where training runs: "cuda" only where torch can use one
+        import torch
+
+        i = replace(i, device="cuda" if torch.cuda.is_available() else "cpu")
     if s.verdict == "compute-bound":
         return (*out, "data keeps up: speed up the step itself (mixed precision, channels_last, "
                 "torch.compile, " + ("a larger batch per GPU)" if i.device == "cuda" else
                                      "a larger batch; on CPU, bfloat16 autocast where the CPU "
                                      "supports it)"))
-    resize = _resize_arg(i.size)
+    h, w = i.size or (0, 0)  # convert's --resize for the loader's size: N, or HxW
+    resize = (str(h) if h == w else f"{h}x{w}") if h else None
     cores, n, encoded = i.usable_cores, i.num_workers, i.codec != "raw"
     if info is None:
         out.append("more DataLoader workers (one per usable core), or feedpipe's "
