@@ -25,6 +25,7 @@ from .._version import __version__
 from ..errors import ConfigError, MissingDependencyError
 from ..loader.config import _DTYPES as DTYPES
 from ..paths import write_atomic
+from . import refuse, whole
 from .findings import versus_baselines
 from .machine import summary_line
 from .throughput import Trial
@@ -56,49 +57,41 @@ class BenchConfig:
     threads: int | None = None  # torch intra-op threads of this process during the run
 
     def __post_init__(self) -> None:
-        def bad(option: str, how: str) -> None:
-            raise ConfigError(f"{option}={getattr(self, option)!r}: {how}", option=option)
-
-        for name in ("backends", "workers", "batch_sizes", "formats"):
-            if isinstance(getattr(self, name), str):
-                bad(name, f"pass a tuple, e.g. {name}=('a', 'b')")
-        if (self.batches is None) == (self.epochs is None):
+        c = self
+        refuse(*((name, getattr(c, name), not isinstance(getattr(c, name), str),
+                  f"pass a tuple, e.g. {name}=('a', 'b')")
+                 for name in ("backends", "workers", "batch_sizes", "formats")))
+        if (c.batches is None) == (c.epochs is None):
             raise ConfigError("give either batches (per trial) or epochs, not both",
                               option="batches")
-        for name, least, why, optional in (
-                ("batches", 2, " (the first batch is start-up)", True), ("epochs", 1, "", True),
-                ("size", 1, " (output pixels per side)", False), ("seed", 0, "", False),
-                ("limit", 1, " (images to pack)", True),
-                ("threads", 1, " (None keeps torch's setting)", True)):
-            v = getattr(self, name)
-            if not (v is None and optional) and (isinstance(v, bool) or not isinstance(v, int)
-                                                 or v < least):
-                bad(name, f"use an integer of at least {least}{why}")
-        for b in self.backends:
-            if b not in ("torch", "dali"):
-                raise ConfigError(f"backend {b!r}: use torch and/or dali", option="backends")
-        for w in self.workers or ():
-            if w != "auto" and (isinstance(w, bool) or not isinstance(w, int) or w < 0):
-                raise ConfigError(f"workers {w!r}: use integers >= 0 or 'auto'", option="workers")
-        if not self.batch_sizes or any(isinstance(b, bool) or not isinstance(b, int) or b < 1
-                                       for b in self.batch_sizes):
-            bad("batch_sizes", "use positive integers")
-        if self.device not in ("cpu", "cuda"):
-            bad("device", "use 'cpu' or 'cuda'")
+        refuse(*((name, getattr(c, name), (optional and getattr(c, name) is None)
+                  or whole(getattr(c, name), least), f"use an integer of at least {least}{why}")
+                 for name, least, why, optional in (
+                     ("batches", 2, " (the first batch is start-up)", True),
+                     ("epochs", 1, "", True), ("size", 1, " (output pixels per side)", False),
+                     ("seed", 0, "", False), ("limit", 1, " (images to pack)", True),
+                     ("threads", 1, " (None keeps torch's setting)", True))),
+               ("backends", c.backends, all(b in ("torch", "dali") for b in c.backends),
+                "use torch and/or dali"),
+               ("workers", c.workers, all(w == "auto" or whole(w) for w in c.workers or ()),
+                "use integers >= 0 or 'auto'"),
+               ("batch_sizes", c.batch_sizes, bool(c.batch_sizes)
+                and all(whole(b, 1) for b in c.batch_sizes), "use positive integers"),
+               ("device", c.device, c.device in ("cpu", "cuda"), "use 'cpu' or 'cuda'"),
+               ("dtype", c.dtype, c.dtype in DTYPES, f"use one of {', '.join(DTYPES)}"),
+               ("step_ms", c.step_ms, not isinstance(c.step_ms, bool)
+                and isinstance(c.step_ms, (int, float)) and c.step_ms >= 0,
+                "use a number of milliseconds >= 0"),
+               ("step_kind", c.step_kind, c.step_kind in ("sleep", "busy"),
+                "use 'sleep' (GPU-like) or 'busy' (CPU-bound)"),
+               ("formats", c.formats, bool(c.formats)
+                and all(f in ("lmdb", "hdf5", "wds") for f in c.formats),
+                "use lmdb, hdf5 and/or wds"))
         import torch
 
-        if self.device == "cuda" and not torch.cuda.is_available():
+        if c.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("device='cuda' but torch sees no CUDA device here; use device='cpu'",
                               option="device")
-        if self.dtype not in DTYPES:
-            bad("dtype", f"use one of {', '.join(DTYPES)}")
-        if isinstance(self.step_ms, bool) or not isinstance(self.step_ms, (int, float)) \
-                or not self.step_ms >= 0:
-            bad("step_ms", "use a number of milliseconds >= 0")
-        if self.step_kind not in ("sleep", "busy"):
-            bad("step_kind", "use 'sleep' (GPU-like) or 'busy' (CPU-bound)")
-        if not self.formats or any(f not in ("lmdb", "hdf5", "wds") for f in self.formats):
-            bad("formats", "use lmdb, hdf5 and/or wds")
 
 
 @dataclass(frozen=True)

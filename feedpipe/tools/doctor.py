@@ -1,13 +1,9 @@
 """``feedpipe doctor [PATH|URL]``: what on this machine and in this dataset slows loading, and the fix.
 
-Every check is a function of its inputs (core counts, /dev/shm bytes, environment, dataset facts)
+Each check is a function of its inputs (cores, /dev/shm bytes, environment, dataset facts)
 returning :class:`Finding` s, so tests can simulate bad setups; :func:`run_doctor` gathers the
-inputs from the machine. Findings are sorted by severity (error, high, medium, low, info, ok).
-Exit code of the CLI: 0 when every check ran, whatever it found; 1 when a check itself failed
-(its finding has severity "error"); 2 for a bad PATH or option.
-
-Expected gains carry no figures measured elsewhere: they are computed from this machine's inputs
-(cores, batch bytes), measured here by the short bench, or say which command measures them.
+inputs. Gains carry no figure measured elsewhere: computed from this machine's inputs, measured
+by the short bench, or naming the command that measures them.
 """
 
 from __future__ import annotations
@@ -29,7 +25,7 @@ from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.memory import SHM_FLOOR, ring_bytes, shm_fits, shm_wanted
 from ..schema.geometric import BoxesField, KeypointsField
 from ..storage import is_remote
-from . import machine
+from . import machine, refuse, whole
 from .bench import BenchConfig, is_packed, run_bench
 from .findings import RANK, Finding, dali_hint, versus_baselines
 from .network import check_network
@@ -329,18 +325,13 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
                batches: int = 8, batch_size: int = 64, size: int = 224,
                env: Mapping[str, str] | None = None,
                storage_options: Mapping[str, Any] | None = None) -> DoctorReport:
-    """Run every check on this machine, and on PATH (a folder, packed dataset or dataset URL)
-    with a short bench unless ``bench=False``. A URL also gets the network check (the fetch
-    bandwidth against the decode rate); ``storage_options`` are its filesystem's.
-
-    A bad PATH or option raises (FileNotFoundError / ConfigError); a check that fails becomes an
-    "error" finding and the others still run.
+    """Run every check on this machine, and on PATH (a folder, packed dataset or dataset URL,
+    read with ``storage_options``) with a short bench unless ``bench=False``; a URL also gets the
+    network check. A bad PATH or option raises; a check that fails becomes an "error" finding.
     """
-    for name, value, least in (("batches", batches, 2), ("batch_size", batch_size, 1),
-                               ("size", size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigError(f"{name}={value!r}: use an integer of at least {least}",
-                              option=name)
+    refuse(*((name, value, whole(value, least), f"use an integer of at least {least}")
+             for name, value, least in (("batches", batches, 2), ("batch_size", batch_size, 1),
+                                        ("size", size, 1))))
     m = machine.describe()
     usable, cuda = m["cores_usable"], m["cuda_available"]
     remote = path is not None and is_remote(path)

@@ -16,8 +16,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ConfigError, ResourceError
+from ..errors import ResourceError
 from ..loader.gpu import import_nvml
+from . import refuse
 
 
 @dataclass(frozen=True)
@@ -135,14 +136,12 @@ class GpuMonitor:
     def __init__(self, interval: float = 1.0, sampler: Sampler | None = None,
                  on_sample: Callable[[float, list[GpuSample]], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
-                or not interval > 0:
-            raise ConfigError(f"interval={interval!r}: use a positive number of seconds",
-                              option="interval")
-        for name, fn in (("sampler", sampler), ("on_sample", on_sample), ("clock", clock)):
-            if fn is not None and not callable(fn):
-                raise ConfigError(f"{name}={fn!r}: pass a function (see the GpuMonitor "
-                                  "docstring)", option=name)
+        refuse(("interval", interval, not isinstance(interval, bool)
+                 and isinstance(interval, (int, float)) and interval > 0,
+                 "use a positive number of seconds"),
+               *((name, fn, fn is None or callable(fn), "pass a function (see the GpuMonitor "
+                  "docstring)") for name, fn in (("sampler", sampler), ("on_sample", on_sample),
+                                                 ("clock", clock))))
         self.interval = float(interval)
         self.sampler = sampler if sampler is not None else nvml_sampler()
         self.on_sample, self.clock = on_sample, clock

@@ -18,6 +18,7 @@ from ..errors import ConfigError
 from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.protocol import Loader
 from ..system import usable_cores
+from . import refuse
 from .findings import dali_hint
 from .gpumon import GpuMonitor, GpuStats, GpuSummary
 from .throughput import Throughput, of_meter, throughput
@@ -144,16 +145,13 @@ class StallMeter:
     def __init__(self, cuda_sync: bool | Literal["auto"] = "auto",
                  clock: Callable[[], float] = time.perf_counter,
                  loader_info: LoaderInfo | None = None) -> None:
-        if not callable(clock):
-            raise ConfigError(f"clock={clock!r}: pass a function returning seconds, such as "
-                              "time.perf_counter", option="clock")
-        if loader_info is not None and not isinstance(loader_info, LoaderInfo):
-            raise ConfigError(f"loader_info={loader_info!r}: pass a "
-                              "feedpipe.tools.monitor.LoaderInfo "
-                              "(LoaderInfo.from_loader(loader)) or None", option="loader_info")
-        if cuda_sync not in (True, False, "auto"):
-            raise ConfigError(f"cuda_sync={cuda_sync!r}: use 'auto' (sync when CUDA is in use), "
-                              "True or False", option="cuda_sync")
+        refuse(("clock", clock, callable(clock),
+                "pass a function returning seconds, such as time.perf_counter"),
+               ("loader_info", loader_info, loader_info is None
+                or isinstance(loader_info, LoaderInfo), "pass a feedpipe.tools.monitor."
+                "LoaderInfo (LoaderInfo.from_loader(loader)) or None"),
+               ("cuda_sync", cuda_sync, cuda_sync in (True, False, "auto"),
+                "use 'auto' (sync when CUDA is in use), True or False"))
         self._sync: Callable[[], None] | None = None
         self._auto = cuda_sync == "auto"
         if cuda_sync is True:

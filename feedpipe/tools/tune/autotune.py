@@ -32,6 +32,7 @@ from ...loader.memory import ring_bytes
 from ...loader.protocol import Loader
 from ...paths import cache_dir, write_atomic
 from ...system import usable_cores
+from .. import refuse, whole
 from ..machine import cpu_model, host_available_bytes
 from ..monitor import StallMeter
 from ..throughput import Trial, of_meter, warmup_batches
@@ -277,19 +278,15 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
     """
     if "num_workers" in loader_options:
         raise ConfigError("autotune chooses num_workers: leave it out of the loader options")
-    if budget_cpus is not None and (not isinstance(budget_cpus, int) or budget_cpus < 1):
-        raise ConfigError(f"budget_cpus={budget_cpus!r}: use an int >= 1 (most workers to try)",
-                          option="budget_cpus")
-    if budget_ram is not None and (not isinstance(budget_ram, int) or budget_ram <= 0):
-        raise ConfigError(f"budget_ram={budget_ram!r}: use a positive int number of bytes",
-                          option="budget_ram")
-    if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1 \
-            or not isinstance(trial_batches, int) or trial_batches < 3:
-        raise ConfigError(f"tolerance={tolerance!r}, trial_batches={trial_batches!r}: use "
-                          "0 <= tolerance < 1 and trial_batches >= 3 (three timed windows)",
-                          option="tolerance")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"repeats={repeats!r}: use an int >= 1", option="repeats")
+    refuse(("budget_cpus", budget_cpus, budget_cpus is None or whole(budget_cpus, 1),
+            "use an int >= 1 (most workers to try)"),
+           ("budget_ram", budget_ram, budget_ram is None or whole(budget_ram, 1),
+            "use a positive int number of bytes"),
+           ("tolerance", tolerance, isinstance(tolerance, (int, float)) and 0 <= tolerance < 1,
+            "use 0 <= tolerance < 1"),
+           ("trial_batches", trial_batches, whole(trial_batches, 3),
+            "use an int >= 3 (three timed windows)"),
+           ("repeats", repeats, whole(repeats, 1), "use an int >= 1"))
     fixed = (loader_options.get("workers") or Workers()).prefetch_factor  # Workers checked it
     depths = PREFETCH_DEPTHS if fixed == "auto" else (fixed,)
     max_workers = budget_cpus or auto_workers(True)  # this rank's share of the usable cores

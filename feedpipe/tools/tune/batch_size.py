@@ -29,6 +29,7 @@ from ...errors import ConfigError
 from ...loader.api import make_loader
 from ...loader.config import PREFETCH_DECODE, auto_workers
 from ...loader.memory import ring_bytes
+from .. import refuse, whole
 from ..machine import host_available_bytes
 from ..rss import HostPeak, exact_heap
 
@@ -85,8 +86,6 @@ def free_device_memory(device: Any) -> None:
     """Collect garbage and, on CUDA, return cached blocks and reset the peak counters."""
     gc.collect()
     if getattr(device, "type", None) == "cuda":
-        import torch
-
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
@@ -388,33 +387,24 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
     Returns:
         The size, every trial and why.
     """
-    if mode not in ("largest", "fastest"):
-        raise ConfigError(f"mode={mode!r}: use 'largest' or 'fastest'", option="mode")
     def fraction(x: Any) -> bool:
         return isinstance(x, (int, float)) and 0 <= x < 1
 
-    if not fraction(margin):
-        raise ConfigError(f"margin={margin!r}: use a fraction in [0, 1), e.g. 0.1 for 10% headroom",
-                          option="margin")
-    if not (isinstance(max_size, int) and isinstance(start, int) and 1 <= start <= max_size):
-        raise ConfigError(f"start={start!r}, max_size={max_size!r}: use ints with "
-                          "1 <= start <= max_size", option="start")
-    if not all(isinstance(v, int) and v >= 1 for v in (steps, loader_prefetch)):
-        raise ConfigError(f"steps={steps!r}, loader_prefetch={loader_prefetch!r}: use ints >= 1",
-                          option="steps")
-    if loader_workers is not None and (not isinstance(loader_workers, int) or loader_workers < 0):
-        raise ConfigError(f"loader_workers={loader_workers!r}: use an int >= 0, or None for the "
-                          "loader's default", option="loader_workers")
-    if not fraction(resolution):
-        raise ConfigError(f"resolution={resolution!r}: use a fraction in [0, 1), e.g. 1/32",
-                          option="resolution")
-    if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
-        raise ConfigError(f"memory_budget={memory_budget!r}: use a positive int number of bytes",
-                          option="memory_budget")
-    if not (time_budget in (None, "auto") or (isinstance(time_budget, (int, float))
-                                              and time_budget > 0)):
-        raise ConfigError(f"time_budget={time_budget!r}: use seconds > 0, None or 'auto'",
-                          option="time_budget")
+    refuse(("mode", mode, mode in ("largest", "fastest"), "use 'largest' or 'fastest'"),
+           ("margin", margin, fraction(margin), "use a fraction in [0, 1), e.g. 0.1 for 10% "
+            "headroom"),
+           ("start", start, whole(start, 1) and whole(max_size, 1) and start <= max_size,
+            f"use an int with 1 <= start <= max_size ({max_size!r})"),
+           ("steps", steps, whole(steps, 1), "use an int >= 1"),
+           ("loader_prefetch", loader_prefetch, whole(loader_prefetch, 1), "use an int >= 1"),
+           ("loader_workers", loader_workers, loader_workers is None or whole(loader_workers),
+            "use an int >= 0, or None for the loader's default"),
+           ("resolution", resolution, fraction(resolution), "use a fraction in [0, 1), e.g. 1/32"),
+           ("memory_budget", memory_budget, memory_budget is None or whole(memory_budget, 1),
+            "use a positive int number of bytes"),
+           ("time_budget", time_budget, time_budget in (None, "auto") or (
+               isinstance(time_budget, (int, float)) and time_budget > 0),
+            "use seconds > 0, None or 'auto'"))
     params = list(model.parameters())
     dev = torch.device(device) if device is not None else \
         (params[0].device if params else torch.device("cpu"))
