@@ -26,7 +26,7 @@ import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -34,7 +34,7 @@ from torch.utils.data import DataLoader
 
 from ..dataset.manifest import MANIFEST_NAME, refuse_url
 from ..dataset.registry import DatasetReader, open_dataset
-from ..errors import BadInputError, ConfigError, FeedpipeError
+from ..errors import ConfigError, FeedpipeError
 from ..loader.api import Loader, make_loader
 from ..loader.config import Output, auto_workers
 from ..storage import is_remote, local_path
@@ -42,7 +42,7 @@ from ..system import usable_cores
 from . import machine
 from .baseline import naive_loader, stored_bytes_per_sample
 from .benchreport import BenchConfig, BenchReport
-from .monitor import LoaderInfo, StallMeter
+from .monitor import LoaderInfo, StallMeter, stream
 from .rss import ProcessTreeSampler
 from .throughput import Trial, of_meter
 
@@ -53,25 +53,6 @@ def sweep_workers(cores: int) -> tuple[int, ...]:
     """Default sweep: 0 and the powers of two up to the usable cores, plus the cores."""
     powers = {2 ** k for k in range(cores.bit_length()) if 2 ** k <= cores}
     return tuple(sorted({0, cores} | powers))
-
-
-def _stream(loader: Loader | DataLoader, batches: int | None,
-            epochs: int | None) -> Iterator[Any]:
-    """``batches`` batches (epoch after epoch), or ``epochs`` whole epochs, of a feedpipe loader
-    (either backend, through the loader protocol) or the naive baseline's DataLoader."""
-    def epochs_forever() -> Iterator[Any]:
-        for epoch in itertools.count() if epochs is None else range(epochs):
-            if hasattr(loader, "set_epoch"):
-                loader.set_epoch(epoch)
-            empty = True
-            for batch in loader:
-                empty = False
-                yield batch
-            if empty:  # would spin forever on epochs that yield nothing
-                raise BadInputError(f"the loader yields no batch in epoch {epoch} "
-                                    "(fewer samples than one batch with drop_last?)")
-
-    return itertools.islice(epochs_forever(), batches) if batches is not None else epochs_forever()
 
 
 def _step(cfg: BenchConfig, device: torch.device) -> Callable[[Any], None]:
@@ -100,7 +81,7 @@ def measure(loader: Loader | DataLoader, cfg: BenchConfig, base: Trial, bytes_pe
     total = cfg.batches if cfg.batches is not None else cfg.epochs * len(loader)  # type: ignore
     meter = StallMeter(cuda_sync=device.type == "cuda", loader_info=info)
     with ProcessTreeSampler() as res:
-        for i, batch in enumerate(meter.wrap(_stream(loader, cfg.batches, cfg.epochs))):
+        for i, batch in enumerate(meter.wrap(stream(loader, cfg.batches, cfg.epochs))):
             step(batch)
             if progress:
                 progress(f"{base.label} workers {base.workers_requested}", i + 1, total)

@@ -9,12 +9,13 @@ enough to leave on. ``GpuMonitor`` (:mod:`feedpipe.tools.gpumon`) watches the GP
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
-from ..errors import ConfigError
+from ..errors import BadInputError, ConfigError
 from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.protocol import Loader
 from ..system import usable_cores
@@ -261,6 +262,24 @@ def time_epoch(loader: Iterable[Any], workers: int | None = None) -> Throughput:
     for _ in meter.wrap(loader):
         pass
     return of_meter(meter, workers)
+
+
+def stream(loader: Iterable[Any], batches: int | None, epochs: int | None) -> Iterator[Any]:
+    """``batches`` batches (epoch after epoch), or ``epochs`` whole epochs, of a feedpipe loader
+    or a DataLoader: what bench and tune time."""
+    def epochs_forever() -> Iterator[Any]:
+        for epoch in itertools.count() if epochs is None else range(epochs):
+            if hasattr(loader, "set_epoch"):
+                loader.set_epoch(epoch)
+            empty = True
+            for batch in loader:
+                empty = False
+                yield batch
+            if empty:  # would spin forever on epochs that yield nothing
+                raise BadInputError(f"the loader yields no batch in epoch {epoch} (fewer samples "
+                                    "than one batch with drop_last?); lower batch_size")
+
+    return itertools.islice(epochs_forever(), batches) if batches is not None else epochs_forever()
 
 
 def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:

@@ -16,9 +16,8 @@ import json
 import logging
 import os
 from dataclasses import asdict, dataclass, field, replace
-from itertools import islice
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -29,12 +28,11 @@ from ...errors import ConfigError
 from ...loader.api import make_loader
 from ...loader.config import Workers, auto_workers
 from ...loader.memory import ring_bytes
-from ...loader.protocol import Loader
 from ...paths import cache_dir, write_atomic
 from ...system import usable_cores
 from .. import refuse, whole
 from ..machine import cpu_model, host_available_bytes
-from ..monitor import StallMeter
+from ..monitor import StallMeter, stream
 from ..throughput import Trial, of_meter, warmup_batches
 
 log = logging.getLogger("feedpipe.tune")
@@ -86,21 +84,6 @@ class TuneResult:
         return "\n".join(rows + [self.reason + (" (cached)" if self.cached else "")])
 
 
-def _epochs(loader: Loader) -> Iterator[Any]:
-    """The loader's batches epoch after epoch."""
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        got = 0
-        for batch in loader:
-            got += 1
-            yield batch
-        if not got:
-            raise ConfigError("autotune: the loader yields no batches (dataset smaller than "
-                              "batch_size with drop_last=True?); lower batch_size")
-        epoch += 1
-
-
 def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, workers: int,
             prefetch: int | None, /, *, trial_batches: int = 24, **loader_options: Any) -> Trial:
     """Run one trial: ``trial_batches`` batches after start-up, rated by the one throughput
@@ -110,10 +93,9 @@ def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, wor
         opts["workers"] = replace(opts.get("workers") or Workers(), prefetch_factor=prefetch)
     loader = make_loader(source, batch_size, **opts)
     meter = StallMeter()
-    batches = _epochs(loader)
-    for _ in meter.wrap(islice(batches, warmup_batches(workers) + trial_batches)):
+    batches = stream(loader, warmup_batches(workers) + trial_batches, None)
+    for _ in meter.wrap(batches):
         pass
-    batches.close()
     view = loader.describe()
     ram = ring_bytes(view.sample_bytes * batch_size, workers, prefetch or 0)
     del loader, batches  # shut the workers down before the next trial starts its own
@@ -252,29 +234,21 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
              budget_cpus: int | None = None, budget_ram: int | None = None,
              trial_batches: int = 24, tolerance: float = 0.05, repeats: int = 1,
              cache: bool = True, **loader_options: Any) -> TuneResult:
-    """Measure loader configurations of ``source`` at ``batch_size`` and return the cheapest
-    within ``tolerance`` of the fastest: workers 0, 1, 2, ... until one more no longer pays,
-    then prefetch depths near the best (docs/measure.md). A cache hit (same dataset, machine
-    and settings) runs no trial.
+    """Measure loader configurations of ``source`` (a packed dataset's path or an opened
+    dataset) at ``batch_size`` and return the cheapest within ``tolerance`` of the fastest:
+    workers 0, 1, 2, ... until one more no longer pays, then prefetch depths near the best
+    (docs/measure.md). A cache hit (same dataset, machine and settings) runs no trial.
 
     Args:
-        source: A packed dataset's path or an opened dataset.
-        batch_size: The training's batch size.
-        budget_cpus: The most workers to try; None: the usable cores shared among the local
-            ranks.
-        budget_ram: Bytes of batches the loader may hold (ring and prefetch); None: the RAM
-            available now.
+        budget_cpus: The most workers to try; None: this rank's share of the usable cores.
+        budget_ram: Bytes of batches the loader may hold; None: the RAM available now.
         trial_batches: Batches timed per configuration.
         tolerance: The cheapest configuration within this share of the fastest wins.
-        repeats: > 1 measures each configuration that many times (interleaved) and keeps its
-            fastest, for busy machines.
+        repeats: Measure each configuration this many times, interleaved, keeping its fastest
+            (busy machines).
         cache: Read and write the cached choice.
-        **loader_options: Go to every ``make_loader`` call; a ``prefetch_factor`` in their
+        **loader_options: For every ``make_loader`` call; a ``prefetch_factor`` in their
             ``workers=Workers(...)`` is kept fixed.
-
-    Returns:
-        The choice, every trial and why (``loader_options()``: what to pass to
-        ``make_loader``).
     """
     if "num_workers" in loader_options:
         raise ConfigError("autotune chooses num_workers: leave it out of the loader options")

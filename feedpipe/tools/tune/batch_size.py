@@ -23,6 +23,7 @@ from typing import Any, Callable, Literal
 
 import torch
 from torch.utils._pytree import tree_leaves, tree_map_only
+from tqdm import tqdm
 
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
@@ -171,24 +172,6 @@ def pick_size(trials: list[BatchTrial], largest: int, mode: Mode,
     return cap, f"largest fit {largest} less {margin:.0%} margin: {cap}"
 
 
-def progress_bar(device: torch.device, budget: int | None, seconds: float | None) -> Any:
-    """The progress line (stderr): a trial per tick, the last trial's verdict beside it."""
-    from tqdm import tqdm
-
-    caps = [f"{budget / 2**20:,.0f} MiB" if budget else "", f"{seconds:.0f} s" if seconds else ""]
-    caps = [c for c in caps if c]
-    return tqdm(total=None, unit="trial", dynamic_ncols=True, desc=f"find_batch_size on "
-                f"{device.type}" + (f" (within {', '.join(caps)})" if caps else ""))
-
-
-def trial_text(t: BatchTrial) -> str:
-    """One trial for the progress line."""
-    if t.ok:
-        return f"batch {t.size}: ok, {t.samples_per_s:,.0f} samples/s, peak " \
-               f"{(t.peak_bytes or 0) / 2**20:,.0f} MiB"
-    return f"batch {t.size}: does not fit ({t.note or 'out of memory'})"
-
-
 def _is_oom(exc: BaseException) -> bool:
     text = str(exc)
     return isinstance(exc, torch.cuda.OutOfMemoryError) or "out of memory" in text \
@@ -233,7 +216,10 @@ class _Trials:
         self.model, self.make_batch, self.step, self.optimizer = model, make_batch, step, optimizer
         self.amp, self.device, self.steps, self.budget = amp, device, steps, budget
         self.clock, self.seconds, self.t0 = clock, seconds, clock()
-        self.bar = progress_bar(device, budget, seconds) if progress else None
+        caps = [f"{budget / 2**20:,.0f} MiB" if budget else "", f"{seconds:.0f} s" if seconds else ""]
+        within = f" (within {', '.join(c for c in caps if c)})" if any(caps) else ""
+        self.bar = tqdm(total=None, unit="trial", dynamic_ncols=True, desc=f"find_batch_size on "
+                        f"{device.type}{within}") if progress else None  # a trial per tick
         self.cuda = device.type == "cuda"
         self.host = None if self.cuda else HostPeak()
         self.baseline = 0
@@ -266,7 +252,7 @@ class _Trials:
         self.model.zero_grad(set_to_none=True)
 
     def fits(self, size: int) -> bool:
-        trial = self._skip_predicted(size) or self._skip_slow(size) or self._run(size)
+        trial = self._skip(size) or self._run(size)
         ok, sps = _dist_min([float(trial.ok), trial.samples_per_s or 0.0])
         if trial.ok and not ok:
             trial = replace(trial, ok=False, samples_per_s=None,
@@ -275,36 +261,33 @@ class _Trials:
             trial = replace(trial, samples_per_s=sps)
         log.info("batch size %d: %s, peak %s bytes, %s samples/s %s", size,
                  "ok" if trial.ok else "oom", trial.peak_bytes, trial.samples_per_s, trial.note)
-        if self.bar is not None:
-            self.bar.set_postfix_str(trial_text(trial), refresh=False)
+        if self.bar is not None:  # the last trial's verdict beside the count
+            self.bar.set_postfix_str(f"batch {size}: ok, {trial.samples_per_s:,.0f} samples/s, "
+                                     f"peak {(trial.peak_bytes or 0) / 2**20:,.0f} MiB" if trial.ok
+                                     else f"batch {size}: does not fit "
+                                     f"({trial.note or 'out of memory'})", refresh=False)
             self.bar.update(1)
         self.done.append(trial)
         return trial.ok
 
-    def _skip_predicted(self, size: int) -> BatchTrial | None:
-        """On CPU, a size whose memory (linear in size from the trials that fitted) would exceed
-        the RAM available is not run: the kernel would kill the process, not raise."""
-        rates = [t.peak_bytes / t.size for t in self.done if t.ok and t.peak_bytes]
-        if self.cuda or not rates:
-            return None
-        need, avail = int(max(rates) * size), host_available_bytes()
-        if need <= avail:
-            return None
-        return BatchTrial(size, False, None, None, f"not run: needs ~{need >> 20} MiB, "
-                          f"{avail >> 20} MiB of host RAM available")
-
-    def _skip_slow(self, size: int) -> BatchTrial | None:
-        """A size whose trial would not end within the time budget left is not run (its time
-        predicted from the trials run so far, per sample: a step's time grows with the batch).
-        The first trial always runs: there is nothing to predict from."""
+    def _skip(self, size: int) -> BatchTrial | None:
+        """A size not run, its need predicted linearly in size from the trials so far: on CPU
+        memory over the RAM available (the kernel would kill the process, not raise), or time
+        over the budget left (the first trial always runs: nothing to predict from)."""
+        mem = [t.peak_bytes / t.size for t in self.done if t.ok and t.peak_bytes]
+        if not self.cuda and mem:
+            need, avail = int(max(mem) * size), host_available_bytes()
+            if need > avail:
+                return BatchTrial(size, False, None, None, f"not run: needs ~{need >> 20} MiB, "
+                                  f"{avail >> 20} MiB of host RAM available")
         rates = [t.seconds / t.size for t in self.done if t.seconds]
-        if self.seconds is None or not rates:
-            return None
-        left, need = self.seconds - (self.clock() - self.t0), max(rates) * size
-        if left > 0 and need <= left:
-            return None
-        return BatchTrial(size, False, None, None, f"not run: ~{need:.1f} s, {max(left, 0):.1f} "
-                          f"s of the {self.seconds:.0f} s time budget left")
+        if self.seconds is not None and rates:
+            left, need_s = self.seconds - (self.clock() - self.t0), max(rates) * size
+            if left <= 0 or need_s > left:
+                return BatchTrial(size, False, None, None, f"not run: ~{need_s:.1f} s, "
+                                  f"{max(left, 0):.1f} s of the {self.seconds:.0f} s time budget "
+                                  "left")
+        return None
 
     def _steps(self, size: int) -> float:
         """Run warm-up + timed training steps at ``size``; the median step's samples/s."""
@@ -354,38 +337,26 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
                     **loader_options: Any) -> BatchSizeResult:
     """Find the batch size to train ``model`` with, by trials of real forward + backward +
     optimizer steps (model and optimizer state restored afterwards): doubled, then bisected.
-
     Under torch.distributed all ranks run the same trials and agree on the minimum.
 
     Args:
-        model: The model to train.
         sample_batch_fn_or_source: A function ``size -> batch``, or a packed dataset (path or
             reader, loaded with ``make_loader(..., **loader_options)`` and tiled to each size).
-        optimizer: Stepped in each trial (its state's memory counts), restored afterwards;
-            None: forward and backward only.
+        optimizer: Stepped in each trial (its state's memory counts); None: no step.
         amp: Run the step under autocast (float16 on CUDA, bfloat16 on CPU).
-        margin: ``mode="largest"`` returns the largest fitting size less this share.
-        max_size: The largest size tried.
-        mode: "largest" fitting size, or "fastest": the best samples/s among those.
+        margin: ``mode="largest"`` returns the largest fitting size less this share;
+            ``mode="fastest"`` the best samples/s at or under that.
         device: Where to train; None: the device of the model's parameters.
-        memory_budget: On CPU (default: half the RAM available now) it bounds the growth of
-            this process's peak resident memory; on CUDA it optionally bounds peak reserved
-            memory (a trial also fails on out-of-memory).
-        loader_prefetch: Batches each loader worker holds: ``loader_workers ×
-            loader_prefetch`` batches at the size are capped at half the RAM available.
-        loader_workers: The loader's workers, for that cap; None: the loader's default.
-        step: ``step(model, batch) -> loss``; None: ``default_step``.
-        start: The first size tried.
-        steps: Timed steps per trial.
+        memory_budget: Bounds the growth of peak resident memory on CPU (default: half the RAM
+            available now), of peak reserved memory on CUDA (default: out-of-memory only).
+        loader_workers, loader_prefetch: The loader's workers (None: its default) × prefetch:
+            the batches it holds at the size are capped at half the RAM available.
+        step: ``step(model, batch) -> loss``; None: :func:`default_step`.
+        start, max_size, steps: The first and largest sizes tried; timed steps per trial.
         resolution: The bisection stops within this share of the fitting size.
-        clock: The timer.
         time_budget: Seconds for the whole search: a size whose trial would not end in what
-            is left counts as not fitting; "auto": ``CPU_TIME_BUDGET_S`` on CPU, none on CUDA.
+            is left does not fit; "auto": ``CPU_TIME_BUDGET_S`` on CPU, none on CUDA.
         progress: Show each trial as it ends.
-        **loader_options: For ``make_loader`` when a dataset is given.
-
-    Returns:
-        The size, every trial and why.
     """
     def fraction(x: Any) -> bool:
         return isinstance(x, (int, float)) and 0 <= x < 1
