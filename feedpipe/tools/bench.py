@@ -1,19 +1,11 @@
 """``feedpipe bench``: loader throughput on the user's own data, one trial per configuration.
 
-PATH is a packed dataset, or an image folder / CSV / JSONL source, which is first packed (original
-JPEG bytes) into a temporary dataset per ``formats`` with the converters' Python API: feedpipe
-reads packed data, so that is what a user will train from (``pack_dir`` keeps it). Each trial
-(format × backend × workers × batch size) runs ``make_loader`` wrapped in a
-:class:`~feedpipe.tools.monitor.StallMeter`; ``baseline=True`` adds a naive ImageFolder-style DataLoader
-(workers=0, PIL, default collate) on the loose image files, or on the packed bytes one sample at a
-time when the files are gone.
-
-A URL (s3://, gs://, https://, hf://) names a packed dataset in object storage, read through the
-node-local cache as ``make_loader`` reads it (``cache_dir``, ``cache_limit``, ``storage_options``);
-the storage options stay out of the report, which records the cache only.
-
-Figures and the JSON schema: :mod:`feedpipe.tools.benchreport`. The CLI adds a progress bar, the
-table, ``--json`` and ``--plot``.
+PATH is a packed dataset, a dataset URL (read through the node-local cache as ``make_loader``
+reads it; the storage options stay out of the report), or an image folder / CSV / JSONL source,
+first packed (JPEG bytes unchanged) per ``formats``: packed data is what a user trains from. Each
+trial (format × backend × workers × batch size) runs ``make_loader`` inside a
+:class:`~feedpipe.tools.monitor.StallMeter`; ``baseline=True`` adds the default and the tuned
+DataLoader (:mod:`feedpipe.tools.baseline`). The report: :mod:`feedpipe.tools.benchreport`.
 """
 
 from __future__ import annotations
@@ -114,11 +106,9 @@ def _packed(reader: DatasetReader, path: str | Path) -> dict[str, Any]:
 
 def prepare(path: Path, cfg: BenchConfig, workdir: Path,
             progress: Progress | None = None) -> tuple[dict[str, Path], dict[str, Any], Any]:
-    """Resolve PATH to packed datasets {format: path}, a dataset description and its source.
-
-    A folder (or CSV/JSONL source) is packed into ``cfg.pack_dir`` or ``workdir`` once per format;
-    ``limit`` keeps that many images, evenly spaced over the sorted source.
-    """
+    """PATH as packed datasets {format: path}, its description and its source: a source is
+    packed into ``cfg.pack_dir`` or ``workdir`` per format (``limit``: that many images, evenly
+    spaced)."""
     from converters import convert, scan
 
     if is_packed(path):
@@ -147,10 +137,8 @@ def run_bench(path: str | Path, cfg: BenchConfig = BenchConfig(),  # noqa: B008 
               progress: Progress | None = None, *, cache_dir: str | Path | None = None,
               cache_limit: int | str | None = None,
               storage_options: dict[str, Any] | None = None) -> BenchReport:
-    """Measure every configuration of ``cfg`` on PATH (a folder, packed dataset or dataset URL);
-    see the module docstring for the figures. ``cache_dir``, ``cache_limit`` and
-    ``storage_options`` are make_loader's, for a URL; the storage options (credentials) are
-    passed to the filesystem only, never written into the report."""
+    """Measure every configuration of ``cfg`` on PATH (a folder, packed dataset or dataset URL,
+    read with make_loader's ``cache_dir``, ``cache_limit`` and ``storage_options``)."""
     if not isinstance(cfg, BenchConfig):
         raise ConfigError(f"cfg={cfg!r}: pass a feedpipe.tools.bench.BenchConfig(...)",
                           option="cfg")

@@ -1,10 +1,7 @@
-"""``GpuMonitor``: GPU utilisation and memory sampled from NVML in a background thread.
-
-An input-bound job shows a GPU that swings 0% → 100% → 0% (it computes a batch, then waits for
-the next); a compute-bound one stays high. The summary gives per-GPU statistics and that verdict.
-NVML comes from ``nvidia-ml-py`` (import ``pynvml``), an optional dependency:
-``pip install 'feedpipe[gpu]'``. All NVML access goes through one sampler function, so any
-source of samples (a test series, another library) can stand in for it.
+"""``GpuMonitor``: GPU utilisation and memory sampled from NVML (``pip install 'feedpipe[gpu]'``)
+in a background thread. An input-bound job's GPU swings 0% → 100% → 0% (a batch, then a wait);
+a compute-bound one stays high. All NVML access goes through one sampler function, so any source
+of samples (a test series) can stand in for it.
 """
 
 from __future__ import annotations
@@ -88,8 +85,7 @@ class GpuSummary:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types."""
-        return {"duration_s": self.duration_s, "interval_s": self.interval_s,
-                "gpus": [asdict(g) for g in self.gpus]}
+        return asdict(self)
 
     def __str__(self) -> str:
         return "\n".join(
@@ -126,12 +122,9 @@ def gpu_stats(index: int, util: list[float], used: list[int], total: int) -> Gpu
 
 
 class GpuMonitor:
-    """Samples every GPU each ``interval`` seconds in a daemon thread; ``summary()`` at any time.
-
-    ``with GpuMonitor(interval=0.5) as mon: train()`` then ``mon.summary()``. ``sampler`` defaults
-    to NVML (:func:`nvml_sampler`, which raises if NVML or a GPU is missing); ``on_sample`` is
-    called from the thread after each reading (the CLI prints a live line there).
-    """
+    """Samples every GPU each ``interval`` seconds in a daemon thread (``with GpuMonitor() as
+    mon: train()``, then ``mon.summary()``); ``sampler`` defaults to :func:`nvml_sampler`;
+    ``on_sample`` is called from the thread after each reading."""
 
     def __init__(self, interval: float = 1.0, sampler: Sampler | None = None,
                  on_sample: Callable[[float, list[GpuSample]], None] | None = None,

@@ -1,8 +1,6 @@
-"""What machine a measurement ran on: CPU, usable cores, memory, GPU, /dev/shm, library versions
-(what a process tree used while it ran: :mod:`feedpipe.tools.rss`).
-
-Used by ``feedpipe bench`` (stored next to every figure) and ``feedpipe doctor``. Everything is read
-without side effects and returned as plain JSON types; a probe that fails gives ``None``.
+"""What machine a measurement ran on (CPU, usable cores, memory, GPU, /dev/shm, library versions),
+for bench's reports and doctor: read without side effects, as plain JSON types; a failed probe
+gives ``None``.
 """
 
 from __future__ import annotations

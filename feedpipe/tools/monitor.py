@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
 from ..errors import BadInputError, ConfigError
@@ -51,10 +51,8 @@ class LoaderInfo:
         a torch DataLoader; None for anything else."""
         if isinstance(loader, Loader):
             v = loader.describe()
-            return cls(num_workers=v.num_workers, usable_cores=usable_cores(), codec=v.codec,
-                       format=v.format, batch_size=v.batch_size, pin_memory=v.pin_memory,
-                       device=v.device, prefetch_factor=v.prefetch_factor, backend=v.backend,
-                       size=v.size)
+            return cls(usable_cores=usable_cores(), **{f.name: getattr(v, f.name) for f in
+                                                       fields(cls) if f.name != "usable_cores"})
         if all(hasattr(loader, a) for a in ("num_workers", "batch_size", "pin_memory", "dataset")):
             return cls(num_workers=loader.num_workers, usable_cores=usable_cores(),  # type: ignore
                        batch_size=loader.batch_size, pin_memory=loader.pin_memory,  # type: ignore
@@ -134,14 +132,10 @@ def _cuda_in_use() -> Callable[[], None] | None:
 
 
 class StallMeter:
-    """Per-batch data wait vs step timer around any iterable of batches.
-
-    ``for batch in meter.wrap(loader): step(batch)`` then ``meter.summary()``; also a context
-    manager, whose enter/exit bound ``wall_s``. ``cuda_sync`` synchronizes CUDA before stopping
-    each step timer, so asynchronous GPU work is charged to the step that queued it: ``"auto"``
-    (the default) does so when CUDA is available and in use by the time the first step ends;
-    ``True`` insists (a ConfigError without CUDA), ``False`` never does.
-    """
+    """Per-batch data wait vs step timer: ``for batch in meter.wrap(loader): step(batch)``, then
+    ``meter.summary()`` (as a context manager, its enter/exit bound ``wall_s``). ``cuda_sync``
+    syncs CUDA before each step ends, charging asynchronous GPU work to the step that queued it:
+    "auto" when CUDA is in use by the end of the first step, ``True`` always, ``False`` never."""
 
     def __init__(self, cuda_sync: bool | Literal["auto"] = "auto",
                  clock: Callable[[], float] = time.perf_counter,

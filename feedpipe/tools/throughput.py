@@ -64,10 +64,8 @@ def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[i
 
 @dataclass(frozen=True)
 class Throughput:
-    """One timed run: steady-state ``samples_per_s`` (see the module doc), the start-up
-    (``first_batch_s``), the waiting after warm-up (``wait_s`` against ``step_s``, its share and
-    percentiles), and the whole pass (``epoch_s`` from the first ask to the last arrival,
-    ``epoch_samples_per_s``: start-up included)."""
+    """One timed run's figures: the steady state, the start-up (``first_batch_s``), the waiting
+    after warm-up and the whole pass (``epoch_s``, ``epoch_samples_per_s``)."""
 
     samples_per_s: float
     first_batch_s: float

@@ -135,12 +135,9 @@ class BatchSizeResult:
 
 def search_batch_size(fits: Callable[[int], bool], *, max_size: int, start: int = 1,
                       resolution: float = 1 / 32) -> int:
-    """Largest size in [1, max_size] for which ``fits`` holds (0 if none), assuming it is monotone.
-
-    Doubles from ``start`` until a size fails, then bisects between the last fit and the first
-    failure until the gap is within ``resolution`` of the fitting size. Never tries a size above
-    a known failure.
-    """
+    """Largest size in [1, max_size] for which a monotone ``fits`` holds (0 if none): doubles
+    from ``start`` until a size fails, then bisects until the gap is within ``resolution`` of the
+    fitting size, never above a known failure."""
     lo, hi, size = 0, None, start
     while hi is None:
         if not fits(size):
