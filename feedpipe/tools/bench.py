@@ -47,34 +47,24 @@ def sweep_workers(cores: int) -> tuple[int, ...]:
     return tuple(sorted({0, cores} | powers))
 
 
-def _step(cfg: BenchConfig, device: torch.device) -> Callable[[Any], None]:
-    """The simulated training step: moves naive batches to the device, then sleeps or spins."""
-    seconds = cfg.step_ms / 1000
-
-    def step(batch: Any) -> None:
-        if device.type == "cuda" and isinstance(batch, (list, tuple)):  # naive: copy it over
-            for v in batch:
-                v.to(device, non_blocking=True)
-        if seconds and cfg.step_kind == "sleep":
-            time.sleep(seconds)
-        elif seconds:
-            end = time.perf_counter() + seconds
-            while time.perf_counter() < end:
-                pass
-    return step
-
-
 def measure(loader: Loader | DataLoader, cfg: BenchConfig, base: Trial, bytes_per_sample: float,
             info: LoaderInfo | None, progress: Progress | None = None) -> Trial:
-    """Run one trial: the loader through the meter and the step, resources sampled meanwhile;
-    rated by the one throughput measurement (:mod:`feedpipe.tools.throughput`), as tune is."""
-    device = torch.device(cfg.device)
-    step = _step(cfg, device)
+    """Run one trial: the loader through the meter and the simulated step (a DataLoader's
+    batches copied to the device first), resources sampled meanwhile; rated as tune rates."""
+    device, seconds = torch.device(cfg.device), cfg.step_ms / 1000
     total = cfg.batches if cfg.batches is not None else cfg.epochs * len(loader)  # type: ignore
     meter = StallMeter(cuda_sync=device.type == "cuda", loader_info=info)
     with ProcessTreeSampler() as res:
         for i, batch in enumerate(meter.wrap(stream(loader, cfg.batches, cfg.epochs))):
-            step(batch)
+            if device.type == "cuda" and isinstance(batch, (list, tuple)):  # a DataLoader's
+                for v in batch:
+                    v.to(device, non_blocking=True)
+            if seconds and cfg.step_kind == "sleep":  # the simulated training step
+                time.sleep(seconds)
+            elif seconds:
+                end = time.perf_counter() + seconds
+                while time.perf_counter() < end:
+                    pass
             if progress:
                 progress(f"{base.label} workers {base.workers_requested}", i + 1, total)
     s = meter.summary()
@@ -190,9 +180,8 @@ def _trials(path: Path | str, fmt: str, bs: int, backend: str, cfg: BenchConfig,
     """The worker sweep of one format × batch size × backend; 'auto' merged with its value.
     ``remote``: open_dataset's cache and storage options for a URL (else empty)."""
     reader = open_dataset(path, **remote)
-    image = reader.schema["image"] if "image" in reader.schema else None
-    decodes = image is not None and getattr(image, "codec", "raw") != "raw"
-    auto = auto_workers(decodes)
+    # every dataset bench measures has an image field (_packed checks it)
+    auto = auto_workers(getattr(reader.schema["image"], "codec", "raw") != "raw")
     requested: dict[int, list[str]] = {}
     for w in cfg.workers or sweep_workers(usable_cores()):
         requested.setdefault(auto if w == "auto" else int(w), []).append(str(w))

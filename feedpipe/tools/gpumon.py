@@ -111,10 +111,8 @@ def gpu_verdict(util: np.ndarray) -> str:
 
 
 def gpu_stats(index: int, util: list[float], used: list[int], total: int) -> GpuStats:
-    """Statistics and verdict for one GPU's samples."""
+    """Statistics and verdict for one GPU's samples (at least one)."""
     u, m = np.asarray(util, dtype=np.float64), np.asarray(used, dtype=np.float64)
-    if not u.size:
-        return GpuStats(index, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, total, gpu_verdict(u))
     p10, p90 = np.percentile(u, (10, 90))
     return GpuStats(index, int(u.size), float(u.mean()), float(u.std()), float(p10), float(p90),
                     float(np.mean(u < LOW)), float(np.mean(u >= HIGH)), float(m.mean()),

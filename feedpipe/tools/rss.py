@@ -84,13 +84,9 @@ class HostPeak:
 
     def __init__(self, interval_s: float = 0.001) -> None:
         self.kernel = _kernel_peak_available()
-        self.interval_s = interval_s
-        self._proc: Any = None
-        self._max = 0
+        self.interval_s, self._proc, self._max = interval_s, psutil.Process(), 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if not self.kernel:
-            self._proc = psutil.Process()
 
     def rss(self) -> int:
         """Current resident set size in bytes."""
@@ -125,7 +121,6 @@ class HostPeak:
             self._stop.set()
             self._thread.join()
             self._thread = None
-
 
 
 class ProcessTreeSampler:
