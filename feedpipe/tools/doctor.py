@@ -281,42 +281,6 @@ def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:
     return out or [Finding("dataset", "ok", f"packed {f.format}, {held}, {gb:.2f} GiB")]
 
 
-def _data_files(m: Manifest) -> list[tuple[str, int]]:
-    """(name, size) of the files a loader streams: the shards of a WebDataset, else the biggest
-    file (an LMDB or HDF5 file is fetched whole)."""
-    sizes = {f.name: f.size for f in m.files}
-    shards = [str(s) for s in m.extra.get("shards", []) if str(s) in sizes]
-    if shards:
-        return [(s, sizes[s]) for s in shards]
-    return sorted(sizes.items(), key=lambda kv: -kv[1])[:1]
-
-
-def measure_network(url: str, storage_options: Mapping[str, Any] | None = None,
-            budget: int = NET_BUDGET) -> dict[str, Any]:
-    """Fetch up to ``budget`` bytes of data files and decode the fetched shards' images: the
-    bandwidth (bytes/s), decode rate (images/s on one core) and mean stored sample size."""
-    store = open_store(url, storage_options)
-    m = read_manifest(store)
-    with tempfile.TemporaryDirectory(prefix="feedpipe-doctor-") as tmp:
-        fetched, whole = 0, []
-        t0 = time.perf_counter()
-        for name, size in _data_files(m):
-            take = min(size, budget - fetched)
-            local = store.local(name, Path(tmp), take)
-            fetched += take
-            if take == size:
-                whole.append(local)
-            if fetched >= budget:
-                break
-        seconds = time.perf_counter() - t0
-        decoded, decode_s = _decode_rate(whole, m)
-    total = sum(f.size for f in m.files)
-    return {"url": url, "format": m.format, "samples": m.num_samples, "dataset_bytes": total,
-            "mean_sample_bytes": total / max(m.num_samples, 1), "fetched_bytes": fetched,
-            "fetch_seconds": seconds, "bandwidth": fetched / seconds if seconds else 0.0,
-            "decoded": decoded, "decode_per_s": decoded / decode_s if decode_s else None}
-
-
 def _decode_rate(shards: list[Path], m: Manifest) -> tuple[int, float]:
     """Images decoded and seconds spent, on this core, from whole fetched tar shards."""
     image = m.schema["image"] if "image" in m.schema else None
@@ -346,23 +310,40 @@ def check_network(url: str, storage_options: Mapping[str, Any] | None = None,
     """Is a job on this remote dataset network-bound? The images/s the network delivers (the
     fetch bandwidth from here over the mean stored sample) against what the workers decode: a
     cold (first) epoch runs at the lower of the two; a warm one reads the node-local cache."""
-    r = measure_network(url, storage_options)
+    store = open_store(url, storage_options)
+    m = read_manifest(store)
+    sizes = {f.name: f.size for f in m.files}
+    # the files a loader streams: a WebDataset's shards, else the biggest (an LMDB or HDF5 file)
+    shards = [(str(s), sizes[str(s)]) for s in m.extra.get("shards", []) if str(s) in sizes]
+    with tempfile.TemporaryDirectory(prefix="feedpipe-doctor-") as tmp:
+        fetched, whole, t0 = 0, [], time.perf_counter()
+        for name, size in shards or sorted(sizes.items(), key=lambda kv: -kv[1])[:1]:
+            take = min(size, NET_BUDGET - fetched)
+            local = store.local(name, Path(tmp), take)
+            fetched += take
+            if take == size:
+                whole.append(local)
+            if fetched >= NET_BUDGET:
+                break
+        seconds = time.perf_counter() - t0
+        decoded, decode_s = _decode_rate(whole, m)
+    bandwidth = fetched / seconds if seconds else 0.0
+    mean = sum(sizes.values()) / max(m.num_samples, 1)
     workers = workers or auto_workers(True, usable_cores())
-    net = r["bandwidth"] / r["mean_sample_bytes"]
-    facts = (f"fetched {r['fetched_bytes'] / 1e6:.1f} MB at {r['bandwidth'] / 1e6:.1f} MB/s; "
-             f"mean stored sample {r['mean_sample_bytes'] / 1e3:.1f} kB, so the network "
-             f"delivers ~{net:.0f} images/s")
+    net = bandwidth / mean
+    facts = (f"fetched {fetched / 1e6:.1f} MB at {bandwidth / 1e6:.1f} MB/s; mean stored "
+             f"sample {mean / 1e3:.1f} kB, so the network delivers ~{net:.0f} images/s")
     found = []
-    if r["format"] != "wds":
-        found.append(Finding("network", "medium", f"{url} is {r['format']}: a single file, "
+    if m.format != "wds":
+        found.append(Finding("network", "medium", f"{url} is {m.format}: a single file, "
                              "fetched whole into the cache before the first batch",
                              fix="convert with --to wds for remote data: shards stream, and "
                              "the first batch comes after one shard"))
-    if r["decode_per_s"] is None:
+    if not decode_s:
         return [*found, Finding("network", "info", facts + "; no decode rate (not JPEG/PNG "
                                 "WebDataset shards)")]
-    cpu = r["decode_per_s"] * workers
-    facts += f"; decoding runs ~{r['decode_per_s']:.0f} images/s per core, ~{cpu:.0f} on " \
+    cpu = decoded / decode_s * workers
+    facts += f"; decoding runs ~{decoded / decode_s:.0f} images/s per core, ~{cpu:.0f} on " \
              f"{workers} worker(s)"
     if net < cpu:
         found.append(Finding(
