@@ -79,10 +79,6 @@ def tile(batch: Batch, size: int) -> Batch:
     return batch
 
 
-def cpu_copy(obj: Any) -> Any:
-    return tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu", copy=True), obj)
-
-
 def free_device_memory(device: Any) -> None:
     """Collect garbage and, on CUDA, return cached blocks and reset the peak counters."""
     gc.collect()
@@ -382,8 +378,8 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
         else int(host_available_bytes() * CPU_MEMORY_SHARE)
     seconds = (None if dev.type == "cuda" else CPU_TIME_BUDGET_S) if time_budget == "auto" \
         else time_budget
-    saved = (cpu_copy(model.state_dict()),
-             cpu_copy(optimizer.state_dict()) if optimizer is not None else None)
+    saved = tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu", copy=True),  # to restore
+                          (model.state_dict(), optimizer.state_dict() if optimizer else None))
     was_training = model.training
     model.train()
     trials = _Trials(model, make_batch, step or default_step, optimizer, amp, dev, steps, budget,
