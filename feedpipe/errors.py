@@ -1,11 +1,8 @@
-"""Typed errors, one class per intent a caller can catch (docs/reference/errors.md has the
-table): bad input, damaged data, resources, configuration, remote storage, and the loader or
-the user's code. A leaf class exists only where it carries something a caller uses.
+"""Typed errors, one class per intent a caller can catch (the table: docs/reference/errors.md).
 
-Classes that replace a builtin a caller may already catch keep it as a second base
-(``ConfigError`` is a ``ValueError``). ``dataset``, ``file``, ``key`` and ``url`` say where, when
-known: for a damaged record, the dataset directory, the sample's source file (its stored
-``path`` field) and its key.
+A class that replaces a builtin keeps it as a second base (``ConfigError`` is a ``ValueError``).
+``dataset``, ``file``, ``key`` and ``url`` say where, when known (for a damaged record: the
+dataset directory, the sample's source file and its key).
 """
 
 from __future__ import annotations
@@ -25,8 +22,7 @@ class FeedpipeError(Exception):
         return str(self.args[0]) if self.args else ""
 
     def __reduce__(self) -> tuple[Any, ...]:
-        """Pickled with its attributes, notes and cause (see :func:`_portable`), so an error
-        from a worker process keeps them all."""
+        """Pickled with its attributes, notes and cause, so an error from a worker keeps them."""
         return _rebuild, (type(self), self.args, self.__dict__, _portable(self.__cause__))
 
 
@@ -56,9 +52,8 @@ def _portable(cause: BaseException | None) -> BaseException | None:
 # --- configuration ---------------------------------------------------------------------------
 
 class ConfigError(FeedpipeError, ValueError):
-    """An option has a bad value, or this environment cannot do what it asks; the message says
-    how to fix it. ``option`` is the Python name of the option it is about (``size``), given by
-    the raiser (data, never read back from the message), so the CLI can name its flag."""
+    """An option has a bad value, or this environment cannot do what it asks. ``option``: the
+    Python name of the option (``size``), given by the raiser, so the CLI can name its flag."""
 
     def __init__(self, message: str = "", *, option: str | None = None, **where: Any) -> None:
         super().__init__(message, **where)
@@ -72,14 +67,13 @@ class MissingDependencyError(ConfigError, ImportError):
 # --- bad input -------------------------------------------------------------------------------
 
 class BadInputError(FeedpipeError):
-    """What was given cannot be used as it is: a source file (empty, not an image, unreadable),
-    a path that is not a finished dataset or holds no samples, an output that would destroy data
-    feedpipe did not make, parts that do not merge, a conversion that wrote nothing."""
+    """What was given cannot be used as it is: a source file, a path that is not a finished
+    dataset, an output that would destroy data feedpipe did not make, parts that do not merge."""
 
 
 class NotRegularFileError(BadInputError):
-    """A source file is a FIFO, a device, a socket or a folder: refused before a byte is read
-    (reading it could block forever or never end). ``kind`` says what it is."""
+    """A source file is a FIFO, a device, a socket or a folder (``kind``): refused before a byte
+    is read, which could block forever."""
 
     def __init__(self, message: str = "", *, kind: str = "", **where: Any) -> None:
         super().__init__(message, **where)
@@ -88,50 +82,43 @@ class NotRegularFileError(BadInputError):
 
 class DamagedImageError(BadInputError):
     """An image's coded data is damaged: its decoder stopped before the end and would make up
-    the rest (grey); a record that decodes to it was damaged in its source file."""
+    the rest (grey)."""
 
 
 class SampleError(BadInputError, ValueError):
-    """A sample handed to a writer does not fit the schema (a missing field, a bad value); a
-    conversion with ``skip_bad_values`` skips it like any ValueError."""
+    """A sample does not fit the schema; ``skip_bad_values`` skips it like any ValueError."""
 
 
 # --- damaged data ----------------------------------------------------------------------------
 
 class DamagedDataError(FeedpipeError):
-    """A dataset on disk is not what feedpipe wrote or can read: a malformed or unsupported
-    manifest, a file named outside the dataset or not a regular file (refused before it is
-    opened). Re-convert or restore it."""
+    """A dataset on disk is not what feedpipe wrote or can read (a malformed manifest, a file
+    outside the dataset or not a regular file): re-convert or restore it."""
 
 
 class CorruptRecordError(DamagedDataError):
-    """One stored record cannot be read or decoded, or fails its checksum (also a downloaded
-    file whose SHA-256 differs); ``on_error="skip"`` replaces it. The message names the dataset,
-    the key and (when readable) the sample's source file."""
+    """One stored record (or a downloaded file) cannot be read or fails its checksum;
+    ``on_error="skip"`` replaces it."""
 
 
 class UnsafeDataError(DamagedDataError):
-    """Stored data would need code execution (pickle) or object dtypes to read: refused, never
-    skipped."""
+    """Stored data would need pickle or object dtypes to read: refused, never skipped."""
 
 
 class DataFileMismatchError(DamagedDataError):
-    """A data file is not the one its manifest recorded (size or dataset id): refused when it is
-    opened; not a per-sample error, so ``on_error="skip"`` does not skip it (a WebDataset shard,
-    read alone, loses its samples)."""
+    """A data file is not the one its manifest recorded (size or dataset id): refused when
+    opened, never skipped by ``on_error="skip"``."""
 
 
 class DatasetReplacedError(DamagedDataError):
-    """The dataset directory was replaced (re-converted) after its manifest was read; reopen it
-    (``open_dataset`` does, once)."""
+    """The dataset was re-converted after its manifest was read; reopen it."""
 
 
 # --- resources -------------------------------------------------------------------------------
 
 class ResourceError(FeedpipeError, OSError):
-    """The system cannot give what this needs: disk space (``errno`` ENOSPC), open files,
-    memory, a worker process (it died), a lock another conversion holds, a GPU. Not damage to
-    the data, so never skipped; the message names the file and what to change."""
+    """The system cannot give what this needs (disk space: ``errno`` ENOSPC, open files, memory,
+    a worker process, a lock, a GPU); not damage to the data, so never skipped."""
 
     def __init__(self, message: str = "", *, errno: int | None = None, **where: Any) -> None:
         super().__init__(message, **where)
@@ -141,27 +128,25 @@ class ResourceError(FeedpipeError, OSError):
 # --- remote storage --------------------------------------------------------------------------
 
 class StorageError(FeedpipeError, OSError):
-    """Object storage (s3://, gs://, https://, hf://) or the node-local cache that reads it
-    failed: retries exhausted, a server without Range requests, a full or unsafe cache. The
-    message names the URL (``url``) and what to change."""
+    """Object storage (s3://, gs://, https://, hf://) or its node-local cache failed: retries
+    exhausted, no Range requests, a full or unsafe cache."""
 
 
 class RemoteNotFoundError(StorageError, FileNotFoundError):
-    """The object (or its bucket) does not exist (404): failed at once; check the path."""
+    """The object (or its bucket) does not exist (404): failed at once."""
 
 
 class AccessDeniedError(StorageError, PermissionError):
-    """The store refused the credentials (401/403): failed at once; the message says which
-    credential to check."""
+    """The store refused the credentials (401/403): failed at once."""
 
 
 # --- the loader and the user's code ----------------------------------------------------------
 
 class LoaderError(FeedpipeError, RuntimeError):
-    """A loader broke its own contract (DALI ended an epoch early), or a worker held one batch
-    past ``Workers(batch_timeout=)``."""
+    """A loader broke its own contract, or a worker held one batch past
+    ``Workers(batch_timeout=)``."""
 
 
 class TransformError(FeedpipeError, RuntimeError):
-    """The user's ``transform`` raised on a sample (named by key and source file; the user's
-    exception is the cause, its traceback kept). Never skipped: it is a bug, not bad data."""
+    """The user's ``transform`` raised on a sample (its exception is the cause); never skipped:
+    a bug, not bad data."""

@@ -9,12 +9,14 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 from fp_helpers import cli_main
 
 from converters import LabelColumns, convert
 from feedpipe import Output, Workers
 from feedpipe.errors import ConfigError
 from feedpipe.loader.config import PREFETCH_DECODE
+from feedpipe.loader.dali import pipeline as dali_pipeline
 from feedpipe.loader.memory import ring_bytes, ring_slots
 from feedpipe.schema.imaging import decoder_info
 from feedpipe.tools import doctor, machine
@@ -31,6 +33,7 @@ from feedpipe.tools.doctor import (
     dataset_facts,
     run_doctor,
 )
+from feedpipe.tools.monitor import LoaderInfo, StallSummary, advise
 
 N = 72  # conftest.N_PHOTOS
 
@@ -110,6 +113,18 @@ def test_gpu_dali_and_pinned():
     bad = only(check_pinned(True, "CUDA error: out of memory"))
     assert bad.severity == "high" and "memlock" in bad.fix and "out of memory" in bad.title
     assert only(check_pinned(True, None)).severity == "ok"
+
+
+def test_doctor_and_stallmeter_give_one_dali_hint(monkeypatch):
+    """The DALI hint is decided once: doctor's gpu fix and StallMeter's advice are that text."""
+    monkeypatch.setattr(dali_pipeline, "DALI_MODULE", "nvidia.no_such_dali")  # not installed
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    fix = only(check_gpu(True, ["H100"], None, "12.4")).fix
+    summary = StallSummary(100, 3200, 10.0, 0.1, 6.0, 4.0, 0.6, 50.0, 60.0, 70.0, 320.0,
+                           "input-bound", ())
+    advice = advise(summary, LoaderInfo(num_workers=8, usable_cores=8, codec="jpeg",
+                                        format="lmdb", device="cuda"))
+    assert fix in advice and "backend='dali'" in fix and "nvidia-dali-cuda120" in fix
 
 
 def test_threads_oversubscription():
@@ -240,8 +255,9 @@ def test_clean_run_on_a_packed_dataset(packed):
         sorted(doctor.RANK[f.severity] for f in rep.findings)
     assert only([f for f in rep.findings if f.check == "dataset"]).severity in ("low", "info")
     bench = only([f for f in rep.findings if f.check == "bench"])
-    speedup = rep.bench["speedup_vs_baseline"]
-    assert f"{speedup:.1f}x a default DataLoader" in bench.title
+    speedup, tuned = rep.bench["speedup_vs_baseline"], rep.bench["speedup_vs_tuned"]
+    assert f"{speedup:.1f}x a default DataLoader (workers=0, PIL) and {tuned:.2f}x a tuned " \
+           "one (" in bench.title
     assert rep.bench["trials"][0]["batches"] == 2
 
 
@@ -251,9 +267,12 @@ def test_loose_folder_run_packs_a_sample(photo_dir):
     assert rep.bench["dataset"]["samples"] == 32  # batches × batch size of the images
     assert "temporary LMDB" in only([f for f in rep.findings if f.check == "bench"]).title
     # the gain of packing, measured by that bench on this machine, not a figure from elsewhere
-    speedup = rep.bench["speedup_vs_baseline"]
-    assert rep.findings[0].gain == (f"{speedup:.1f}x a default DataLoader (workers=0, PIL) on "
-                                    "these files, measured here by the short bench")
+    speedup, tuned = rep.bench["speedup_vs_baseline"], rep.bench["speedup_vs_tuned"]
+    workers = rep.bench["tuned_baseline"]["workers"]
+    assert rep.findings[0].gain == (
+        f"{speedup:.1f}x a default DataLoader (workers=0, PIL) and {tuned:.2f}x a tuned one "
+        f"({workers} workers, persistent, prefetch 4) on the loose files, in this run, measured "
+        "by the short bench")
 
 
 def test_gains_carry_no_figures_from_another_machine(photo_dir, packed):

@@ -227,10 +227,10 @@ def test_empty_dataset_is_refused_by_every_tool_at_once(tmp_path, command, fmt):
 
 
 def test_bench_refuses_a_loader_that_yields_no_batch():
-    from feedpipe.tools.bench import _stream
+    from feedpipe.tools.monitor import stream
 
     with pytest.raises(BadInputError, match="no batch"):
-        next(_stream([], batches=5, epochs=None))
+        next(stream([], batches=5, epochs=None))
 
 
 def test_every_feedpipe_error_names_where(tmp_path):

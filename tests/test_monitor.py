@@ -264,7 +264,7 @@ def test_dali_advice_names_the_wheel_for_torchs_cuda(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(torch.version, "cuda", cuda)
     text = "\n".join(advise(_summary(0.6, "input-bound"), LoaderInfo(
         num_workers=8, usable_cores=8, codec="jpeg", format="lmdb", device="cuda")))
-    assert f"pip install {wheel})" in text
+    assert f"pip install {wheel} " in text
 
 
 def test_bad_arguments_name_the_parameter() -> None:

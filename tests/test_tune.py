@@ -26,16 +26,10 @@ from feedpipe.errors import ConfigError
 from feedpipe.loader.config import LoaderConfig, usable_cores
 from feedpipe.loader.memory import ring_bytes, ring_slots
 from feedpipe.tools import rss
-from feedpipe.tools.tune import (
-    BatchTrial,
-    Trial,
-    autotune,
-    choose,
-    find_batch_size,
-    pick_size,
-    search_batch_size,
-    steady_rate,
-)
+from feedpipe.tools.throughput import Trial, steady_rate
+from feedpipe.tools.tune import autotune, find_batch_size
+from feedpipe.tools.tune.autotune import choose
+from feedpipe.tools.tune.batch_size import BatchTrial, pick_size, search_batch_size
 
 # the package exports the function of the same name
 autotune_mod = importlib.import_module("feedpipe.tools.tune.autotune")
@@ -441,8 +435,8 @@ def test_find_batch_size_on_cpu_stays_within_its_time_budget_and_shows_progress(
 def test_find_batch_size_cpu_defaults_cap_time_and_memory():
     """Defaults on CPU: half the RAM available and CPU_TIME_BUDGET_S seconds; no caps on time
     asked for with time_budget=None."""
+    from feedpipe.tools.machine import host_available_bytes
     from feedpipe.tools.tune.batch_size import CPU_TIME_BUDGET_S
-    from feedpipe.tools.tune.memory import host_available_bytes
 
     res = find_batch_size(tiny_cnn(), images, start=8, max_size=16, steps=1, progress=False)
     assert res.time_budget_s == CPU_TIME_BUDGET_S <= 300

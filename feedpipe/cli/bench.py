@@ -38,7 +38,7 @@ def add_arguments(b: argparse.ArgumentParser) -> None:
     b.add_argument("--step-kind", default="sleep", choices=["sleep", "busy"],
                    help="sleep (a GPU step: CPU free) or busy (a CPU-bound step)")
     b.add_argument("--baseline", action="store_true",
-                   help="also run a default DataLoader (workers=0, PIL) on the loose images")
+                   help="also run a default and a tuned DataLoader (PIL) on the loose images")
     b.add_argument("--formats", default="lmdb", help="folder input: formats to pack and compare")
     b.add_argument("--limit", type=int, help="folder input: pack only N images (evenly spaced)")
     b.add_argument("--pack-dir", type=Path, help="folder input: keep the packed data here")

@@ -1,19 +1,11 @@
 """``feedpipe bench``: loader throughput on the user's own data, one trial per configuration.
 
-PATH is a packed dataset, or an image folder / CSV / JSONL source, which is first packed (original
-JPEG bytes) into a temporary dataset per ``formats`` with the converters' Python API: feedpipe
-reads packed data, so that is what a user will train from (``pack_dir`` keeps it). Each trial
-(format × backend × workers × batch size) runs ``make_loader`` wrapped in a
-:class:`~feedpipe.tools.monitor.StallMeter`; ``baseline=True`` adds a naive ImageFolder-style DataLoader
-(workers=0, PIL, default collate) on the loose image files, or on the packed bytes one sample at a
-time when the files are gone.
-
-A URL (s3://, gs://, https://, hf://) names a packed dataset in object storage, read through the
-node-local cache as ``make_loader`` reads it (``cache_dir``, ``cache_limit``, ``storage_options``);
-the storage options stay out of the report, which records the cache only.
-
-Figures and the JSON schema: :mod:`feedpipe.tools.benchreport`. The CLI adds a progress bar, the
-table, ``--json`` and ``--plot``.
+PATH is a packed dataset, a dataset URL (read through the node-local cache as ``make_loader``
+reads it; the storage options stay out of the report), or an image folder / CSV / JSONL source,
+first packed (JPEG bytes unchanged) per ``formats``: packed data is what a user trains from. Each
+trial (format × backend × workers × batch size) runs ``make_loader`` inside a
+:class:`~feedpipe.tools.monitor.StallMeter`; ``baseline=True`` adds the default and the tuned
+DataLoader (:mod:`feedpipe.tools.baseline`). The report: :mod:`feedpipe.tools.benchreport`.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ import time
 from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -34,16 +26,15 @@ from torch.utils.data import DataLoader
 
 from ..dataset.manifest import MANIFEST_NAME, refuse_url
 from ..dataset.registry import DatasetReader, open_dataset
-from ..errors import BadInputError, ConfigError, FeedpipeError
+from ..errors import ConfigError, FeedpipeError
 from ..loader.api import Loader, make_loader
 from ..loader.config import Output, auto_workers
 from ..storage import is_remote, local_path
 from ..system import usable_cores
 from . import machine
 from .baseline import naive_loader, stored_bytes_per_sample
-from .benchconfig import BenchConfig
-from .benchreport import BenchReport
-from .monitor import LoaderInfo, StallMeter
+from .benchreport import BenchConfig, BenchReport
+from .monitor import LoaderInfo, StallMeter, stream
 from .rss import ProcessTreeSampler
 from .throughput import Trial, of_meter
 
@@ -56,53 +47,24 @@ def sweep_workers(cores: int) -> tuple[int, ...]:
     return tuple(sorted({0, cores} | powers))
 
 
-def _stream(loader: Loader | DataLoader, batches: int | None,
-            epochs: int | None) -> Iterator[Any]:
-    """``batches`` batches (epoch after epoch), or ``epochs`` whole epochs, of a feedpipe loader
-    (either backend, through the loader protocol) or the naive baseline's DataLoader."""
-    def epochs_forever() -> Iterator[Any]:
-        for epoch in itertools.count() if epochs is None else range(epochs):
-            if hasattr(loader, "set_epoch"):
-                loader.set_epoch(epoch)
-            empty = True
-            for batch in loader:
-                empty = False
-                yield batch
-            if empty:  # would spin forever on epochs that yield nothing
-                raise BadInputError(f"the loader yields no batch in epoch {epoch} "
-                                    "(fewer samples than one batch with drop_last?)")
-
-    return itertools.islice(epochs_forever(), batches) if batches is not None else epochs_forever()
-
-
-def _step(cfg: BenchConfig, device: torch.device) -> Callable[[Any], None]:
-    """The simulated training step: moves naive batches to the device, then sleeps or spins."""
-    seconds = cfg.step_ms / 1000
-
-    def step(batch: Any) -> None:
-        if device.type == "cuda" and isinstance(batch, (list, tuple)):  # naive: copy it over
-            for v in batch:
-                v.to(device, non_blocking=True)
-        if seconds and cfg.step_kind == "sleep":
-            time.sleep(seconds)
-        elif seconds:
-            end = time.perf_counter() + seconds
-            while time.perf_counter() < end:
-                pass
-    return step
-
-
 def measure(loader: Loader | DataLoader, cfg: BenchConfig, base: Trial, bytes_per_sample: float,
             info: LoaderInfo | None, progress: Progress | None = None) -> Trial:
-    """Run one trial: the loader through the meter and the step, resources sampled meanwhile;
-    rated by the one throughput measurement (:mod:`feedpipe.tools.throughput`), as tune is."""
-    device = torch.device(cfg.device)
-    step = _step(cfg, device)
+    """Run one trial: the loader through the meter and the simulated step (a DataLoader's
+    batches copied to the device first), resources sampled meanwhile; rated as tune rates."""
+    device, seconds = torch.device(cfg.device), cfg.step_ms / 1000
     total = cfg.batches if cfg.batches is not None else cfg.epochs * len(loader)  # type: ignore
     meter = StallMeter(cuda_sync=device.type == "cuda", loader_info=info)
     with ProcessTreeSampler() as res:
-        for i, batch in enumerate(meter.wrap(_stream(loader, cfg.batches, cfg.epochs))):
-            step(batch)
+        for i, batch in enumerate(meter.wrap(stream(loader, cfg.batches, cfg.epochs))):
+            if device.type == "cuda" and isinstance(batch, (list, tuple)):  # a DataLoader's
+                for v in batch:
+                    v.to(device, non_blocking=True)
+            if seconds and cfg.step_kind == "sleep":  # the simulated training step
+                time.sleep(seconds)
+            elif seconds:
+                end = time.perf_counter() + seconds
+                while time.perf_counter() < end:
+                    pass
             if progress:
                 progress(f"{base.label} workers {base.workers_requested}", i + 1, total)
     s = meter.summary()
@@ -134,11 +96,9 @@ def _packed(reader: DatasetReader, path: str | Path) -> dict[str, Any]:
 
 def prepare(path: Path, cfg: BenchConfig, workdir: Path,
             progress: Progress | None = None) -> tuple[dict[str, Path], dict[str, Any], Any]:
-    """Resolve PATH to packed datasets {format: path}, a dataset description and its source.
-
-    A folder (or CSV/JSONL source) is packed into ``cfg.pack_dir`` or ``workdir`` once per format;
-    ``limit`` keeps that many images, evenly spaced over the sorted source.
-    """
+    """PATH as packed datasets {format: path}, its description and its source: a source is
+    packed into ``cfg.pack_dir`` or ``workdir`` per format (``limit``: that many images, evenly
+    spaced)."""
     from converters import convert, scan
 
     if is_packed(path):
@@ -167,10 +127,8 @@ def run_bench(path: str | Path, cfg: BenchConfig = BenchConfig(),  # noqa: B008 
               progress: Progress | None = None, *, cache_dir: str | Path | None = None,
               cache_limit: int | str | None = None,
               storage_options: dict[str, Any] | None = None) -> BenchReport:
-    """Measure every configuration of ``cfg`` on PATH (a folder, packed dataset or dataset URL);
-    see the module docstring for the figures. ``cache_dir``, ``cache_limit`` and
-    ``storage_options`` are make_loader's, for a URL; the storage options (credentials) are
-    passed to the filesystem only, never written into the report."""
+    """Measure every configuration of ``cfg`` on PATH (a folder, packed dataset or dataset URL,
+    read with make_loader's ``cache_dir``, ``cache_limit`` and ``storage_options``)."""
     if not isinstance(cfg, BenchConfig):
         raise ConfigError(f"cfg={cfg!r}: pass a feedpipe.tools.bench.BenchConfig(...)",
                           option="cfg")
@@ -200,10 +158,10 @@ def run_bench(path: str | Path, cfg: BenchConfig = BenchConfig(),  # noqa: B008 
         trials = []
         for fmt, bs, backend in itertools.product(packed, cfg.batch_sizes, cfg.backends):
             trials += _trials(packed[fmt], fmt, bs, backend, cfg, progress, remote)
-        baseline = None
+        baselines = None
         if cfg.baseline:
-            baseline = _baseline(open_dataset(next(iter(packed.values())), **remote), src, cfg,
-                                 progress)
+            baselines = _baselines(open_dataset(next(iter(packed.values())), **remote), src, cfg,
+                                   progress)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         torch.set_num_threads(threads)
@@ -213,7 +171,7 @@ def run_bench(path: str | Path, cfg: BenchConfig = BenchConfig(),  # noqa: B008 
         trials = [replace(t, best=True) if t is top else t for t in trials]
     desc = machine.describe()
     desc["torch_threads"] = cfg.threads or threads
-    return BenchReport(dataset, cfg, desc, tuple(trials), baseline,
+    return BenchReport(dataset, cfg, desc, tuple(trials), *(baselines or (None, None)),
                        datetime.now(timezone.utc).isoformat(timespec="seconds"))
 
 
@@ -222,9 +180,8 @@ def _trials(path: Path | str, fmt: str, bs: int, backend: str, cfg: BenchConfig,
     """The worker sweep of one format × batch size × backend; 'auto' merged with its value.
     ``remote``: open_dataset's cache and storage options for a URL (else empty)."""
     reader = open_dataset(path, **remote)
-    image = reader.schema["image"] if "image" in reader.schema else None
-    decodes = image is not None and getattr(image, "codec", "raw") != "raw"
-    auto = auto_workers(decodes)
+    # every dataset bench measures has an image field (_packed checks it)
+    auto = auto_workers(getattr(reader.schema["image"], "codec", "raw") != "raw")
     requested: dict[int, list[str]] = {}
     for w in cfg.workers or sweep_workers(usable_cores()):
         requested.setdefault(auto if w == "auto" else int(w), []).append(str(w))
@@ -249,13 +206,18 @@ def _trials(path: Path | str, fmt: str, bs: int, backend: str, cfg: BenchConfig,
     return out
 
 
-def _baseline(reader: DatasetReader, src: Any, cfg: BenchConfig,
-              progress: Progress | None) -> Trial:
-    """The naive DataLoader (see :mod:`feedpipe.tools.baseline`) at the first batch size."""
-    bs = cfg.batch_sizes[0]
-    loader, what, nbytes = naive_loader(
-        reader, src.items if src is not None else None, batch_size=bs, size=cfg.size,
-        samples=cfg.batches * bs if cfg.batches else None, seed=cfg.seed)
-    base = Trial("loose" if what == "loose files" else reader.format_name, "DataLoader", bs, "0",
-                 0, source=what)
-    return measure(loader, cfg, base, nbytes, LoaderInfo.from_loader(loader), progress)
+def _baselines(reader: DatasetReader, src: Any, cfg: BenchConfig,
+               progress: Progress | None) -> tuple[Trial, Trial]:
+    """The default DataLoader and the tuned one (:mod:`feedpipe.tools.baseline`), at the first
+    batch size; the tuned one runs as many workers as ``num_workers='auto'`` would."""
+    bs, out = cfg.batch_sizes[0], []
+    for workers in (0, auto_workers(True)):
+        loader, what, nbytes = naive_loader(
+            reader, src.items if src is not None else None, batch_size=bs, size=cfg.size,
+            samples=cfg.batches * bs if cfg.batches else None, seed=cfg.seed, workers=workers)
+        base = Trial("loose" if what == "loose files" else reader.format_name, "DataLoader", bs,
+                     str(workers), workers, source=what)
+        out.append(measure(loader, cfg, base, nbytes, LoaderInfo.from_loader(loader), progress))
+        del loader
+        gc.collect()  # shut the persistent workers down
+    return out[0], out[1]

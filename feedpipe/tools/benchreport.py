@@ -1,32 +1,97 @@
-"""What ``feedpipe bench`` measured: per-trial figures, the JSON report, the table and the plot;
-and the up-front check and atomic write of the diagnostic commands' output files.
+"""What one ``feedpipe bench`` sweep runs (:class:`BenchConfig`, checked when made) and what it
+measured: the JSON report, the table and the plot; and the up-front check of the diagnostic
+commands' output files. Apart from :mod:`feedpipe.tools.bench`, the runner, so that the CLI
+reads a report without importing torch.
 
 JSON (:meth:`BenchReport.to_json`, ``schema_version`` 1) holds ``feedpipe_version``, ``created``
 (ISO time, UTC), ``machine`` (:func:`feedpipe.tools.machine.describe`), ``config`` (the BenchConfig),
 ``dataset`` (path, kind "packed"|"folder", format, codec, samples; for folders ``packed``:
-{format: {path, seconds, images, skipped, kept}}), ``trials`` and ``baseline`` (null unless
-asked for), ``best`` (index into trials, null if none ran) and ``speedup_vs_baseline`` (null
-without one).
+{format: {path, seconds, images, skipped, kept}}), ``trials``, ``baseline`` and
+``tuned_baseline`` (the default and the tuned DataLoader; null unless asked for), ``best`` (index
+into trials, null if none ran), ``speedup_vs_baseline`` and ``speedup_vs_tuned`` (null without
+them).
 Each trial holds every :class:`~feedpipe.tools.throughput.Trial` field.
 """
 
 from __future__ import annotations
 
 import io
+import textwrap
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Literal
 
 from .._version import __version__
 from ..errors import ConfigError, MissingDependencyError
+from ..loader.config import _DTYPES as DTYPES
 from ..paths import write_atomic
+from . import refuse, whole
+from .findings import versus_baselines
 from .machine import summary_line
 from .throughput import Trial
 
-if TYPE_CHECKING:
-    from .benchconfig import BenchConfig
-
 SCHEMA_VERSION = 1
+Workers = int | Literal["auto"]
+Backend = Literal["torch", "dali"]
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One sweep: every backend × workers × batch size (× format, for folder input)."""
+
+    backends: tuple[Backend, ...] = ("torch",)
+    workers: tuple[Workers, ...] | None = None  # None: 0 and powers of two up to usable cores
+    batch_sizes: tuple[int, ...] = (64,)
+    batches: int | None = 50
+    epochs: int | None = None
+    device: str = "cpu"
+    size: int = 224
+    dtype: str = "float32"
+    step_ms: float = 0.0
+    step_kind: Literal["sleep", "busy"] = "sleep"
+    baseline: bool = False
+    formats: tuple[str, ...] = ("lmdb",)
+    limit: int | None = None
+    pack_dir: Path | None = None
+    seed: int = 0
+    threads: int | None = None  # torch intra-op threads of this process during the run
+
+    def __post_init__(self) -> None:
+        c = self
+        refuse(*((name, getattr(c, name), not isinstance(getattr(c, name), str),
+                  f"pass a tuple, e.g. {name}=('a', 'b')")
+                 for name in ("backends", "workers", "batch_sizes", "formats")))
+        if (c.batches is None) == (c.epochs is None):
+            raise ConfigError("give either batches (per trial) or epochs, not both",
+                              option="batches")
+        refuse(*((name, getattr(c, name), (optional and getattr(c, name) is None)
+                  or whole(getattr(c, name), least), f"use an integer of at least {least}{why}")
+                 for name, least, why, optional in (
+                     ("batches", 2, " (the first batch is start-up)", True),
+                     ("epochs", 1, "", True), ("size", 1, " (output pixels per side)", False),
+                     ("seed", 0, "", False), ("limit", 1, " (images to pack)", True),
+                     ("threads", 1, " (None keeps torch's setting)", True))),
+               ("backends", c.backends, all(b in ("torch", "dali") for b in c.backends),
+                "use torch and/or dali"),
+               ("workers", c.workers, all(w == "auto" or whole(w) for w in c.workers or ()),
+                "use integers >= 0 or 'auto'"),
+               ("batch_sizes", c.batch_sizes, bool(c.batch_sizes)
+                and all(whole(b, 1) for b in c.batch_sizes), "use positive integers"),
+               ("device", c.device, c.device in ("cpu", "cuda"), "use 'cpu' or 'cuda'"),
+               ("dtype", c.dtype, c.dtype in DTYPES, f"use one of {', '.join(DTYPES)}"),
+               ("step_ms", c.step_ms, not isinstance(c.step_ms, bool)
+                and isinstance(c.step_ms, (int, float)) and c.step_ms >= 0,
+                "use a number of milliseconds >= 0"),
+               ("step_kind", c.step_kind, c.step_kind in ("sleep", "busy"),
+                "use 'sleep' (GPU-like) or 'busy' (CPU-bound)"),
+               ("formats", c.formats, bool(c.formats)
+                and all(f in ("lmdb", "hdf5", "wds") for f in c.formats),
+                "use lmdb, hdf5 and/or wds"))
+        import torch
+
+        if c.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("device='cuda' but torch sees no CUDA device here; use device='cpu'",
+                              option="device")
 
 
 @dataclass(frozen=True)
@@ -34,21 +99,30 @@ class BenchReport:
     """Everything one ``run_bench`` measured, and where and how."""
 
     dataset: dict[str, Any]
-    config: "BenchConfig"
+    config: BenchConfig
     machine: dict[str, Any]
     trials: tuple[Trial, ...]
     baseline: Trial | None
+    tuned: Trial | None
     created: str
 
     @property
     def best(self) -> Trial | None:
         return next((t for t in self.trials if t.best), None)
 
+    def _over(self, base: Trial | None) -> float | None:
+        b = self.best
+        return b.samples_per_s / base.samples_per_s if b and base and base.samples_per_s else None
+
     @property
     def speedup(self) -> float | None:
-        """Best trial's samples/s over the baseline's, both from this run."""
-        b, base = self.best, self.baseline
-        return b.samples_per_s / base.samples_per_s if b and base and base.samples_per_s else None
+        """Best trial's samples/s over the default DataLoader's, both from this run."""
+        return self._over(self.baseline)
+
+    @property
+    def speedup_vs_tuned(self) -> float | None:
+        """Best trial's samples/s over the tuned DataLoader's, both from this run."""
+        return self._over(self.tuned)
 
     def to_json(self) -> dict[str, Any]:
         cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self.config).items()}
@@ -57,8 +131,9 @@ class BenchReport:
                 "created": self.created, "machine": self.machine, "config": cfg,
                 "dataset": self.dataset, "trials": [asdict(t) for t in self.trials],
                 "baseline": asdict(self.baseline) if self.baseline else None,
+                "tuned_baseline": asdict(self.tuned) if self.tuned else None,
                 "best": self.trials.index(best) if best else None,
-                "speedup_vs_baseline": self.speedup}
+                "speedup_vs_baseline": self.speedup, "speedup_vs_tuned": self.speedup_vs_tuned}
 
 
 COLUMNS = (f"  {'format':<7}{'backend':<11}{'batch':>5}  {'workers':<9}{'samples/s':>10}"
@@ -88,16 +163,16 @@ def format_table(r: BenchReport) -> str:
              f"machine: {summary_line(r.machine)}",
              f"output {cfg.size}x{cfg.size} {cfg.dtype} on {cfg.device}; {steps}", "", COLUMNS]
     lines += [_row(t) for t in r.trials]
-    if r.baseline:
-        lines.append(_row(r.baseline) + f"   <- default DataLoader on {r.baseline.source}")
+    for base, what in ((r.baseline, "default"), (r.tuned, "tuned")):
+        if base:
+            lines.append(_row(base) + f"   <- {what} DataLoader on {base.source}")
     best = r.best
     lines.append("")
     if best:
         lines.append(f"best: {best.format} {best.backend}, batch {best.batch_size}, workers "
                      f"{best.workers_requested}: {best.samples_per_s:,.0f} samples/s")
-        if r.speedup:
-            lines.append(f"{r.speedup:.1f}x faster than a default DataLoader (workers=0, PIL, "
-                         f"{r.baseline.source}) in this run")  # type: ignore[union-attr]
+        if versus := versus_baselines(r):
+            lines.append(f"the best runs at {versus}")
         if cfg.step_ms:
             lines.append(f"with a {cfg.step_ms:g} ms step it waits for data "
                          f"{best.wait_fraction:.0%} of the time ({best.stall.get('verdict')})")
@@ -139,13 +214,14 @@ def plot_report(r: BenchReport, path: str | Path) -> Path:
     for label, ts in lines.items():
         ts.sort(key=lambda t: t.workers or 0)
         ax.plot([t.workers for t in ts], [t.samples_per_s for t in ts], marker="o", label=label)
-    if r.baseline:
-        ax.axhline(r.baseline.samples_per_s, ls="--", color="0.4",
-                   label=f"default DataLoader, workers=0 ({r.baseline.samples_per_s:,.0f}/s)")
+    for base, what, ls in ((r.baseline, "default", "--"), (r.tuned, "tuned", ":")):
+        if base:
+            ax.axhline(base.samples_per_s, ls=ls, color="0.4", label=f"{what} DataLoader, "
+                       f"workers={base.workers} ({base.samples_per_s:,.0f}/s)")
     best = r.best
     if best:
         text = f"best: {best.samples_per_s:,.0f} samples/s"
-        text += f"\n{r.speedup:.1f}x a default DataLoader (workers=0)" if r.speedup else ""
+        text += f"\n{textwrap.fill(versus_baselines(r), 44)}" if r.speedup else ""
         rightmost = best.workers == max(t.workers or 0 for t in r.trials)
         ax.annotate(text, (best.workers, best.samples_per_s),
                     xytext=(-30 if rightmost else 30, -80),
@@ -155,8 +231,8 @@ def plot_report(r: BenchReport, path: str | Path) -> Path:
     xs = sorted({t.workers for t in r.trials if t.workers is not None})
     ax.set_xticks(xs or [0])
     rates = [t.samples_per_s or 0.0 for t in r.trials]  # a skipped trial has no rate
-    base = (r.baseline.samples_per_s or 0.0) if r.baseline else 0.0
-    ax.set_ylim(bottom=0, top=max([*rates, base, 1.0]) * 1.15)
+    rates += [b.samples_per_s or 0.0 for b in (r.baseline, r.tuned) if b]
+    ax.set_ylim(bottom=0, top=max([*rates, 1.0]) * 1.15)
     ax.set_xlabel("DataLoader workers (num_workers)")
     ax.set_ylabel("samples/s (steady state)")
     ax.grid(alpha=0.3)

@@ -1,20 +1,18 @@
 """``feedpipe doctor [PATH|URL]``: what on this machine and in this dataset slows loading, and the fix.
 
-Every check is a function of its inputs (core counts, /dev/shm bytes, environment, dataset facts)
+Each check is a function of its inputs (cores, /dev/shm bytes, environment, dataset facts)
 returning :class:`Finding` s, so tests can simulate bad setups; :func:`run_doctor` gathers the
-inputs from the machine. Findings are sorted by severity (error, high, medium, low, info, ok).
-Exit code of the CLI: 0 when every check ran, whatever it found; 1 when a check itself failed
-(its finding has severity "error"); 2 for a bad PATH or option.
-
-Expected gains carry no figures measured elsewhere: they are computed from this machine's inputs
-(cores, batch bytes), measured here by the short bench, or say which command measures them.
+inputs. Gains carry no figure measured elsewhere: computed from this machine's inputs, measured
+by the short bench, or naming the command that measures them.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import tarfile
 import tempfile
+import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -26,18 +24,20 @@ from ..dataset.manifest import Manifest
 from ..dataset.verify import read_manifest
 from ..errors import BadInputError, ConfigError
 from ..loader.config import PREFETCH_DECODE, auto_workers
-from ..loader.dali.pipeline import dali_package
 from ..loader.memory import SHM_FLOOR, ring_bytes, shm_fits, shm_wanted
 from ..schema.geometric import BoxesField, KeypointsField
-from ..storage import is_remote
-from . import machine
+from ..schema.imaging import decode_rgb
+from ..storage import is_remote, open_store
+from ..system import usable_cores
+from . import machine, refuse, whole
 from .bench import BenchConfig, is_packed, run_bench
-from .findings import RANK, Finding
-from .network import check_network
+from .findings import RANK, Finding, dali_hint, versus_baselines
 
 SCHEMA_VERSION = 1
 NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "lustre", "gpfs", "beegfs")
 GiB, MiB = 1 << 30, 1 << 20
+NET_BUDGET = 64 << 20  # bytes fetched to measure the bandwidth
+DECODE_SECONDS = 2.0
 FOLDER_GAIN = ("`feedpipe bench PATH --baseline` measures it on this machine (the short bench "
                "does, unless --no-bench)")
 
@@ -122,10 +122,8 @@ def check_gpu(cuda: bool, gpu_names: list[str], dali_version: str | None,
         return [Finding("gpu", "info", "no CUDA GPU visible to torch: batches stay on the CPU; "
                         "pinned memory and DALI do not apply")]
     if dali_version is None:
-        pkg, how = dali_package(cuda_version)
         return [Finding("gpu", "low", f"CUDA GPU(s) {', '.join(gpu_names)}; NVIDIA DALI is not "
-                        "installed", f"pip install {pkg} and `make_loader(..., backend='dali')` "
-                        f"(the wheel for {how})",
+                        "installed", dali_hint(cuda_version, installed=False),
                         "JPEG decode moves to the GPU when the CPU cores are the limit")]
     return [Finding("gpu", "ok", f"CUDA GPU(s) {', '.join(gpu_names)}; DALI {dali_version}")]
 
@@ -283,29 +281,103 @@ def check_dataset(f: DatasetFacts, *, size: int = 224) -> list[Finding]:
     return out or [Finding("dataset", "ok", f"packed {f.format}, {held}, {gb:.2f} GiB")]
 
 
+def _decode_rate(shards: list[Path], m: Manifest) -> tuple[int, float]:
+    """Images decoded and seconds spent, on this core, from whole fetched tar shards."""
+    image = m.schema["image"] if "image" in m.schema else None
+    codec = getattr(image, "codec", None)
+    if m.format != "wds" or codec in (None, "raw"):
+        return 0, 0.0
+    suffix = "." + image.wds_suffix  # type: ignore[union-attr]
+    payloads = []
+    for shard in shards:
+        with tarfile.open(shard) as tar:
+            payloads += [tar.extractfile(t).read() for t in tar  # type: ignore[union-attr]
+                         if t.isfile() and t.name.endswith(suffix)]
+    n, t0 = 0, time.perf_counter()
+    for data in payloads:
+        try:
+            decode_rgb(data, codec)
+        except BadInputError:
+            continue
+        n += 1
+        if time.perf_counter() - t0 > DECODE_SECONDS:
+            break
+    return n, time.perf_counter() - t0
+
+
+def check_network(url: str, storage_options: Mapping[str, Any] | None = None,
+                  workers: int | None = None) -> list[Finding]:
+    """Is a job on this remote dataset network-bound? The images/s the network delivers (the
+    fetch bandwidth from here over the mean stored sample) against what the workers decode: a
+    cold (first) epoch runs at the lower of the two; a warm one reads the node-local cache."""
+    store = open_store(url, storage_options)
+    m = read_manifest(store)
+    sizes = {f.name: f.size for f in m.files}
+    # the files a loader streams: a WebDataset's shards, else the biggest (an LMDB or HDF5 file)
+    shards = [(str(s), sizes[str(s)]) for s in m.extra.get("shards", []) if str(s) in sizes]
+    with tempfile.TemporaryDirectory(prefix="feedpipe-doctor-") as tmp:
+        fetched, whole, t0 = 0, [], time.perf_counter()
+        for name, size in shards or sorted(sizes.items(), key=lambda kv: -kv[1])[:1]:
+            take = min(size, NET_BUDGET - fetched)
+            local = store.local(name, Path(tmp), take)
+            fetched += take
+            if take == size:
+                whole.append(local)
+            if fetched >= NET_BUDGET:
+                break
+        seconds = time.perf_counter() - t0
+        decoded, decode_s = _decode_rate(whole, m)
+    bandwidth = fetched / seconds if seconds else 0.0
+    mean = sum(sizes.values()) / max(m.num_samples, 1)
+    workers = workers or auto_workers(True, usable_cores())
+    net = bandwidth / mean
+    facts = (f"fetched {fetched / 1e6:.1f} MB at {bandwidth / 1e6:.1f} MB/s; mean stored "
+             f"sample {mean / 1e3:.1f} kB, so the network delivers ~{net:.0f} images/s")
+    found = []
+    if m.format != "wds":
+        found.append(Finding("network", "medium", f"{url} is {m.format}: a single file, "
+                             "fetched whole into the cache before the first batch",
+                             fix="convert with --to wds for remote data: shards stream, and "
+                             "the first batch comes after one shard"))
+    if not decode_s:
+        return [*found, Finding("network", "info", facts + "; no decode rate (not JPEG/PNG "
+                                "WebDataset shards)")]
+    cpu = decoded / decode_s * workers
+    facts += f"; decoding runs ~{decoded / decode_s:.0f} images/s per core, ~{cpu:.0f} on " \
+             f"{workers} worker(s)"
+    if net < cpu:
+        found.append(Finding(
+            "network", "high", f"network-bound: {facts}. A cold (first) epoch runs at about "
+            f"{net:.0f} images/s", fix="keep the node-local cache between runs "
+            "(Remote(url, cache_dir=..., cache_limit=...) at least the dataset size: warm "
+            "epochs read it at local speed), or train nearer the bucket",
+            gain=f"warm epochs up to {cpu / net:.1f}x faster"))
+    else:
+        found.append(Finding("network", "ok", f"not network-bound: {facts}"))
+    return found
+
+
 def measured_gain(findings: list[Finding], report: Any) -> list[Finding]:
     """The loose-files finding's gain as the short bench measured it on this machine: the
-    packed loader against a default DataLoader on the same files."""
+    packed loader against the DataLoaders on the same files."""
     if report is None or not report.speedup or report.baseline.source != "loose files":
         return findings
-    gain = (f"{report.speedup:.1f}x a default DataLoader (workers=0, PIL) on these files, "
-            "measured here by the short bench")
+    gain = f"{versus_baselines(report)}, measured by the short bench"
     return [replace(f, gain=gain) if f.check == "dataset" and f.gain == FOLDER_GAIN else f
             for f in findings]
 
 
 def check_bench(report: Any) -> list[Finding]:
     """The short bench's figures (a :class:`~feedpipe.tools.benchreport.BenchReport`), as information."""
-    best, base = report.best, report.baseline
+    best = report.best
     if best is None:
         return [Finding("bench", "error", "no loader configuration ran")]
     title = (f"{best.batches} batches of {best.batch_size}: {best.samples_per_s:,.0f} samples/s "
              f"with {best.workers_requested} workers, first batch after {best.first_batch_s:.2f} s")
     if report.dataset["kind"] == "folder":
         title += f" (from {report.dataset['samples']} of the images packed to a temporary LMDB)"
-    if base is not None and report.speedup:
-        title += (f"; {report.speedup:.1f}x a default DataLoader (workers=0, PIL) on the "
-                  f"{base.source} ({base.samples_per_s:,.0f} samples/s)")
+    if versus := versus_baselines(report):
+        title += f"; {versus}"
     return [Finding("bench", "info", title, f"feedpipe bench {report.dataset['path']} --baseline "
                     "--plot bench.png: the whole workers sweep, as a table and a plot")]
 
@@ -334,18 +406,13 @@ def run_doctor(path: str | os.PathLike[str] | None = None, *, bench: bool = True
                batches: int = 8, batch_size: int = 64, size: int = 224,
                env: Mapping[str, str] | None = None,
                storage_options: Mapping[str, Any] | None = None) -> DoctorReport:
-    """Run every check on this machine, and on PATH (a folder, packed dataset or dataset URL)
-    with a short bench unless ``bench=False``. A URL also gets the network check (the fetch
-    bandwidth against the decode rate); ``storage_options`` are its filesystem's.
-
-    A bad PATH or option raises (FileNotFoundError / ConfigError); a check that fails becomes an
-    "error" finding and the others still run.
+    """Run every check on this machine, and on PATH (a folder, packed dataset or dataset URL,
+    read with ``storage_options``) with a short bench unless ``bench=False``; a URL also gets the
+    network check. A bad PATH or option raises; a check that fails becomes an "error" finding.
     """
-    for name, value, least in (("batches", batches, 2), ("batch_size", batch_size, 1),
-                               ("size", size, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise ConfigError(f"{name}={value!r}: use an integer of at least {least}",
-                              option=name)
+    refuse(*((name, value, whole(value, least), f"use an integer of at least {least}")
+             for name, value, least in (("batches", batches, 2), ("batch_size", batch_size, 1),
+                                        ("size", size, 1))))
     m = machine.describe()
     usable, cuda = m["cores_usable"], m["cuda_available"]
     remote = path is not None and is_remote(path)

@@ -1,10 +1,7 @@
-"""``GpuMonitor``: GPU utilisation and memory sampled from NVML in a background thread.
-
-An input-bound job shows a GPU that swings 0% → 100% → 0% (it computes a batch, then waits for
-the next); a compute-bound one stays high. The summary gives per-GPU statistics and that verdict.
-NVML comes from ``nvidia-ml-py`` (import ``pynvml``), an optional dependency:
-``pip install 'feedpipe[gpu]'``. All NVML access goes through one sampler function, so any
-source of samples (a test series, another library) can stand in for it.
+"""``GpuMonitor``: GPU utilisation and memory sampled from NVML (``pip install 'feedpipe[gpu]'``)
+in a background thread. An input-bound job's GPU swings 0% → 100% → 0% (a batch, then a wait);
+a compute-bound one stays high. All NVML access goes through one sampler function, so any source
+of samples (a test series) can stand in for it.
 """
 
 from __future__ import annotations
@@ -16,8 +13,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import ConfigError, ResourceError
+from ..errors import ResourceError
 from ..loader.gpu import import_nvml
+from . import refuse
 
 
 @dataclass(frozen=True)
@@ -87,8 +85,7 @@ class GpuSummary:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types."""
-        return {"duration_s": self.duration_s, "interval_s": self.interval_s,
-                "gpus": [asdict(g) for g in self.gpus]}
+        return asdict(self)
 
     def __str__(self) -> str:
         return "\n".join(
@@ -114,10 +111,8 @@ def gpu_verdict(util: np.ndarray) -> str:
 
 
 def gpu_stats(index: int, util: list[float], used: list[int], total: int) -> GpuStats:
-    """Statistics and verdict for one GPU's samples."""
+    """Statistics and verdict for one GPU's samples (at least one)."""
     u, m = np.asarray(util, dtype=np.float64), np.asarray(used, dtype=np.float64)
-    if not u.size:
-        return GpuStats(index, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0, total, gpu_verdict(u))
     p10, p90 = np.percentile(u, (10, 90))
     return GpuStats(index, int(u.size), float(u.mean()), float(u.std()), float(p10), float(p90),
                     float(np.mean(u < LOW)), float(np.mean(u >= HIGH)), float(m.mean()),
@@ -125,24 +120,19 @@ def gpu_stats(index: int, util: list[float], used: list[int], total: int) -> Gpu
 
 
 class GpuMonitor:
-    """Samples every GPU each ``interval`` seconds in a daemon thread; ``summary()`` at any time.
-
-    ``with GpuMonitor(interval=0.5) as mon: train()`` then ``mon.summary()``. ``sampler`` defaults
-    to NVML (:func:`nvml_sampler`, which raises if NVML or a GPU is missing); ``on_sample`` is
-    called from the thread after each reading (the CLI prints a live line there).
-    """
+    """Samples every GPU each ``interval`` seconds in a daemon thread (``with GpuMonitor() as
+    mon: train()``, then ``mon.summary()``); ``sampler`` defaults to :func:`nvml_sampler`;
+    ``on_sample`` is called from the thread after each reading."""
 
     def __init__(self, interval: float = 1.0, sampler: Sampler | None = None,
                  on_sample: Callable[[float, list[GpuSample]], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
-                or not interval > 0:
-            raise ConfigError(f"interval={interval!r}: use a positive number of seconds",
-                              option="interval")
-        for name, fn in (("sampler", sampler), ("on_sample", on_sample), ("clock", clock)):
-            if fn is not None and not callable(fn):
-                raise ConfigError(f"{name}={fn!r}: pass a function (see the GpuMonitor "
-                                  "docstring)", option=name)
+        refuse(("interval", interval, not isinstance(interval, bool)
+                 and isinstance(interval, (int, float)) and interval > 0,
+                 "use a positive number of seconds"),
+               *((name, fn, fn is None or callable(fn), "pass a function (see the GpuMonitor "
+                  "docstring)") for name, fn in (("sampler", sampler), ("on_sample", on_sample),
+                                                 ("clock", clock))))
         self.interval = float(interval)
         self.sampler = sampler if sampler is not None else nvml_sampler()
         self.on_sample, self.clock = on_sample, clock

@@ -1,8 +1,6 @@
-"""What machine a measurement ran on: CPU, usable cores, memory, GPU, /dev/shm, library versions
-(what a process tree used while it ran: :mod:`feedpipe.tools.rss`).
-
-Used by ``feedpipe bench`` (stored next to every figure) and ``feedpipe doctor``. Everything is read
-without side effects and returned as plain JSON types; a probe that fails gives ``None``.
+"""What machine a measurement ran on (CPU, usable cores, memory, GPU, /dev/shm, library versions),
+for bench's reports and doctor: read without side effects, as plain JSON types; a failed probe
+gives ``None``.
 """
 
 from __future__ import annotations
@@ -67,6 +65,13 @@ def memory() -> dict[str, int | None]:
     except (OSError, RuntimeError):
         return {"total": None, "available": None}
     return {"total": int(vm.total), "available": int(vm.available)}
+
+
+def host_available_bytes() -> int:
+    """RAM the kernel could give this machine's processes now (MemAvailable), in bytes."""
+    avail = memory()["available"]
+    return avail if avail is not None else os.sysconf("SC_AVPHYS_PAGES") * os.sysconf(
+        "SC_PAGE_SIZE")
 
 
 def shm_usage(path: str = "/dev/shm") -> dict[str, int] | None:

@@ -1,27 +1,26 @@
 """Where does training time go? ``StallMeter`` splits it into waiting for data versus stepping.
 
-Wrap the loader of a training loop; each batch records the time spent inside ``next(loader)``
-(the wait) and the time from handing the batch out to asking for the next one (the step). The
-summary says what fraction of the steady state was spent waiting, and what to change about it;
-its figures are :mod:`feedpipe.tools.throughput`'s, the ones ``feedpipe bench`` and ``feedpipe
-tune`` report for the same timings (warm-up: the first ``max(1, workers)`` batches).
-The per-batch cost is two clock reads, list appends and a sample count (measured:
-benchmarks/RESULTS.md), cheap enough to leave on; memory under 100 bytes per batch (wait, step,
-samples) until ``reset()``.
-``GpuMonitor`` (``feedpipe.tools.gpumon``) watches the GPU side from NVML.
+Wrapped around a training loop's loader, it times each ``next(loader)`` (the wait) and the time
+from handing the batch out to the next ask (the step); the summary says what share of the steady
+state was waiting (:mod:`feedpipe.tools.throughput`'s figures, as bench and tune report them) and
+what to change. Two clock reads and three appends per batch (benchmarks/RESULTS.md): cheap
+enough to leave on. ``GpuMonitor`` (:mod:`feedpipe.tools.gpumon`) watches the GPU side.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Callable, Iterable, Iterator, Literal, TypeVar
 
-from ..errors import ConfigError
+from ..errors import BadInputError, ConfigError
 from ..loader.config import PREFETCH_DECODE, auto_workers
 from ..loader.protocol import Loader
 from ..system import usable_cores
+from . import refuse
+from .findings import dali_hint
 from .gpumon import GpuMonitor, GpuStats, GpuSummary
 from .throughput import Throughput, of_meter, throughput
 
@@ -52,10 +51,8 @@ class LoaderInfo:
         a torch DataLoader; None for anything else."""
         if isinstance(loader, Loader):
             v = loader.describe()
-            return cls(num_workers=v.num_workers, usable_cores=usable_cores(), codec=v.codec,
-                       format=v.format, batch_size=v.batch_size, pin_memory=v.pin_memory,
-                       device=v.device, prefetch_factor=v.prefetch_factor, backend=v.backend,
-                       size=v.size)
+            return cls(usable_cores=usable_cores(), **{f.name: getattr(v, f.name) for f in
+                                                       fields(cls) if f.name != "usable_cores"})
         if all(hasattr(loader, a) for a in ("num_workers", "batch_size", "pin_memory", "dataset")):
             return cls(num_workers=loader.num_workers, usable_cores=usable_cores(),  # type: ignore
                        batch_size=loader.batch_size, pin_memory=loader.pin_memory,  # type: ignore
@@ -135,28 +132,21 @@ def _cuda_in_use() -> Callable[[], None] | None:
 
 
 class StallMeter:
-    """Per-batch data wait vs step timer around any iterable of batches.
-
-    ``for batch in meter.wrap(loader): step(batch)`` then ``meter.summary()``; also a context
-    manager, whose enter/exit bound ``wall_s``. ``cuda_sync`` synchronizes CUDA before stopping
-    each step timer, so asynchronous GPU work is charged to the step that queued it: ``"auto"``
-    (the default) does so when CUDA is available and in use by the time the first step ends;
-    ``True`` insists (a ConfigError without CUDA), ``False`` never does.
-    """
+    """Per-batch data wait vs step timer: ``for batch in meter.wrap(loader): step(batch)``, then
+    ``meter.summary()`` (as a context manager, its enter/exit bound ``wall_s``). ``cuda_sync``
+    syncs CUDA before each step ends, charging asynchronous GPU work to the step that queued it:
+    "auto" when CUDA is in use by the end of the first step, ``True`` always, ``False`` never."""
 
     def __init__(self, cuda_sync: bool | Literal["auto"] = "auto",
                  clock: Callable[[], float] = time.perf_counter,
                  loader_info: LoaderInfo | None = None) -> None:
-        if not callable(clock):
-            raise ConfigError(f"clock={clock!r}: pass a function returning seconds, such as "
-                              "time.perf_counter", option="clock")
-        if loader_info is not None and not isinstance(loader_info, LoaderInfo):
-            raise ConfigError(f"loader_info={loader_info!r}: pass a "
-                              "feedpipe.tools.monitor.LoaderInfo "
-                              "(LoaderInfo.from_loader(loader)) or None", option="loader_info")
-        if cuda_sync not in (True, False, "auto"):
-            raise ConfigError(f"cuda_sync={cuda_sync!r}: use 'auto' (sync when CUDA is in use), "
-                              "True or False", option="cuda_sync")
+        refuse(("clock", clock, callable(clock),
+                "pass a function returning seconds, such as time.perf_counter"),
+               ("loader_info", loader_info, loader_info is None
+                or isinstance(loader_info, LoaderInfo), "pass a feedpipe.tools.monitor."
+                "LoaderInfo (LoaderInfo.from_loader(loader)) or None"),
+               ("cuda_sync", cuda_sync, cuda_sync in (True, False, "auto"),
+                "use 'auto' (sync when CUDA is in use), True or False"))
         self._sync: Callable[[], None] | None = None
         self._auto = cuda_sync == "auto"
         if cuda_sync is True:
@@ -268,33 +258,40 @@ def time_epoch(loader: Iterable[Any], workers: int | None = None) -> Throughput:
     return of_meter(meter, workers)
 
 
-def _device(info: LoaderInfo | None) -> str:
-    """Where training runs: the loader's device, else "cuda" only where torch can use one."""
-    if info is not None and info.device:
-        return info.device
-    import torch
+def stream(loader: Iterable[Any], batches: int | None, epochs: int | None) -> Iterator[Any]:
+    """``batches`` batches (epoch after epoch), or ``epochs`` whole epochs, of a feedpipe loader
+    or a DataLoader: what bench and tune time."""
+    def epochs_forever() -> Iterator[Any]:
+        for epoch in itertools.count() if epochs is None else range(epochs):
+            if hasattr(loader, "set_epoch"):
+                loader.set_epoch(epoch)
+            empty = True
+            for batch in loader:
+                empty = False
+                yield batch
+            if empty:  # would spin forever on epochs that yield nothing
+                raise BadInputError(f"the loader yields no batch in epoch {epoch} (fewer samples "
+                                    "than one batch with drop_last?); lower batch_size")
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def _resize_arg(size: tuple[int, int] | None) -> str | None:
-    """``feedpipe convert --resize`` for a loader's output size: N for a square, else HxW."""
-    if not size:
-        return None
-    return str(size[0]) if size[0] == size[1] else f"{size[0]}x{size[1]}"
+    return itertools.islice(epochs_forever(), batches) if batches is not None else epochs_forever()
 
 
 def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
     """Concrete changes for a summary, most effective first, as specific as ``info`` allows."""
     out = [] if s.batches >= 20 else [f"only {s.batches} batch(es) measured: measure at least "
                                       "20 for a reliable verdict"]
-    i = replace(info or LoaderInfo(), device=_device(info))
+    i = info or LoaderInfo()
+    if not i.device:  # where training runs: "cuda" only where torch can use one
+        import torch
+
+        i = replace(i, device="cuda" if torch.cuda.is_available() else "cpu")
     if s.verdict == "compute-bound":
         return (*out, "data keeps up: speed up the step itself (mixed precision, channels_last, "
                 "torch.compile, " + ("a larger batch per GPU)" if i.device == "cuda" else
                                      "a larger batch; on CPU, bfloat16 autocast where the CPU "
                                      "supports it)"))
-    resize = _resize_arg(i.size)
+    h, w = i.size or (0, 0)  # convert's --resize for the loader's size: N, or HxW
+    resize = (str(h) if h == w else f"{h}x{w}") if h else None
     cores, n, encoded = i.usable_cores, i.num_workers, i.codec != "raw"
     if info is None:
         out.append("more DataLoader workers (one per usable core), or feedpipe's "
@@ -335,11 +332,9 @@ def advise(s: StallSummary, info: LoaderInfo | None = None) -> tuple[str, ...]:
         if i.device == "cuda" and not dali:
             import torch
 
-            from ..loader.dali.pipeline import dali_installed, dali_package
+            from ..loader.dali.pipeline import dali_installed
 
-            out.append("decode JPEG on the GPU with NVIDIA DALI (`make_loader(..., backend='dali')`; "
-                       + ("nvidia-dali is installed here)" if dali_installed()
-                          else f"pip install {dali_package(torch.version.cuda)[0]})"))
+            out.append(dali_hint(torch.version.cuda, dali_installed()))
     if i.device == "cuda" and i.pin_memory is False:
         out.append("`make_loader(..., workers=feedpipe.Workers(pin_memory=True))`: host-to-GPU "
                    "copies from pinned memory are faster and overlap with compute")

@@ -1,17 +1,13 @@
-"""Resident memory, measured one way: :class:`HostPeak` (this process's peak) for ``feedpipe
-tune``'s batch-size search, and :class:`ProcessTreeSampler` (this process's peak through
-HostPeak, plus its children's) for ``feedpipe bench``.
+"""Resident memory, measured one way: :class:`HostPeak` (this process's peak) for
+``feedpipe tune``'s batch-size search, :class:`ProcessTreeSampler` (that, plus the children's)
+for ``feedpipe bench``.
 
-CPU trials are judged by the kernel's own high-water mark: on Linux, writing ``5`` to
-``/proc/self/clear_refs`` resets ``VmHWM`` (peak resident set size) to the current RSS, so a trial
-reads its exact peak afterwards, with no sampling thread that could miss a short spike. Between
-trials ``malloc_trim(0)`` hands freed heap pages back to the kernel (the CPU counterpart of
-``torch.cuda.empty_cache``), so memory a large trial freed but glibc kept resident does not
-inflate the next one, and :func:`exact_heap` makes glibc serve every allocation over 64 KiB
-with its own mapping, returned at free: otherwise glibc's adaptive mmap threshold lets the same
-trial's peak wander from run to run (measured: three trials of a tiny CNN at batch 64 read 64, 70
-and 90 MiB with it; 48, 49 and 49 MiB with the threshold fixed). Where ``clear_refs`` is not
-available a thread samples RSS every millisecond with psutil.
+On Linux writing ``5`` to ``/proc/self/clear_refs`` resets ``VmHWM`` (peak RSS), so a trial reads
+its exact peak with no sampling thread to miss a spike; elsewhere a thread samples RSS every
+millisecond. Between trials ``malloc_trim(0)`` hands freed heap back, and :func:`exact_heap` gives
+every allocation over 64 KiB its own mapping: glibc's adaptive mmap threshold otherwise made one
+trial's peak wander (measured: 64, 70 and 90 MiB for three trials of a tiny CNN at batch 64; 48,
+49 and 49 MiB with the threshold fixed).
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..errors import MissingDependencyError
+import psutil
 
 _STATUS = Path("/proc/self/status")
 _CLEAR_REFS = Path("/proc/self/clear_refs")
@@ -58,12 +54,9 @@ def _libc_trim() -> None:
 @contextmanager
 def exact_heap() -> Iterator[None]:
     """Make resident memory track live allocations while measuring (glibc; elsewhere a no-op).
-
-    Afterwards what was freed meanwhile is trimmed (an allocation glibc served from a free chunk
-    of its heap, left by earlier work, stays resident after its free until then), and the
-    thresholds are left where glibc's adaptive ones settle for large tensors (mmap above 32 MiB,
-    trim above 64 MiB): glibc cannot switch adaptation back on.
-    """
+    Afterwards the freed heap is trimmed and the thresholds left where glibc's adaptive ones
+    settle for large tensors (mmap above 32 MiB, trim above 64 MiB): adaptation cannot be
+    switched back on."""
     mallopt = getattr(_libc(), "mallopt", None)
     if mallopt is None:
         yield
@@ -91,19 +84,9 @@ class HostPeak:
 
     def __init__(self, interval_s: float = 0.001) -> None:
         self.kernel = _kernel_peak_available()
-        self.interval_s = interval_s
-        self._proc: Any = None
-        self._max = 0
+        self.interval_s, self._proc, self._max = interval_s, psutil.Process(), 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if not self.kernel:
-            try:
-                import psutil
-            except ImportError as exc:
-                raise MissingDependencyError(
-                    "measuring peak memory on this platform needs psutil: pip install psutil"
-                ) from exc
-            self._proc = psutil.Process()
 
     def rss(self) -> int:
         """Current resident set size in bytes."""
@@ -140,21 +123,13 @@ class HostPeak:
             self._thread = None
 
 
-
 class ProcessTreeSampler:
-    """Peak RSS of this process and of its children, and the tree's CPU time, over a ``with`` block.
-
-    This process's peak is :class:`HostPeak`'s (the kernel's high-water mark where available); a
-    background thread samples the children every ``interval`` s (psutil); only children started
-    inside the block count. Their CPU times are their last sample, so the block must end while
-    they are alive (a loader's workers: before it is deleted). ``peak_workers`` is the peak of
-    the children's summed RSS (shared pages counted in each).
-    """
+    """Peak RSS of this process (:class:`HostPeak`) and of the children started inside a ``with``
+    block (their summed RSS, shared pages counted in each, sampled every ``interval`` s), and the
+    tree's CPU time. A child's CPU time is its last sample: end the block while they live."""
 
     def __init__(self, interval: float = 0.05) -> None:
-        import psutil
-
-        self.psutil, self.interval = psutil, interval
+        self.interval = interval
         self.me = psutil.Process()
         self.host = HostPeak()
         self.peak_main = self.peak_workers = 0
@@ -164,10 +139,9 @@ class ProcessTreeSampler:
         self._thread = threading.Thread(target=self._run, daemon=True, name="feedpipe-sampler")
 
     def _sample(self) -> None:
-        ps = self.psutil
         try:
             kids = self.me.children(recursive=True)
-        except ps.Error:
+        except psutil.Error:
             return
         total = 0
         for k in kids:
@@ -178,7 +152,7 @@ class ProcessTreeSampler:
                     total += k.memory_info().rss
                     t = k.cpu_times()
                     self._cpu[k.pid] = t.user + t.system
-            except ps.Error:  # exited between listing and reading
+            except psutil.Error:  # exited between listing and reading
                 continue
         self.peak_workers = max(self.peak_workers, total)
 

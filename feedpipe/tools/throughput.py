@@ -1,23 +1,17 @@
-"""The one definition of a loader's samples/s, used by ``StallMeter.summary`` (what a training
-run's monitor reports), ``feedpipe bench``, ``feedpipe tune``, ``benchmarks/harness.py`` and the
-peers harness (``benchmarks/peers/``), so that their figures agree by construction.
+"""The one definition of a loader's samples/s, used by ``StallMeter.summary``, ``feedpipe bench``,
+``feedpipe tune`` and the benchmarks' harnesses, so that their figures agree by construction.
 
-A run of batches is timed per batch: the wait for it, the step after it, its sample count
-(:class:`~feedpipe.tools.monitor.StallMeter`). Batch ``i`` *arrives* when its wait ends; before
-the first batch, the *ask* for it (time 0) stands in for an arrival. A rate is always the samples
-that arrived in a window over the window's length, arrival to arrival (:func:`window_rate`):
+A run is timed per batch: the wait for it, the step after it, its samples. Batch ``i`` *arrives*
+when its wait ends (the ask for the first stands in before it); a rate is the samples that
+arrived in a window over its length, arrival to arrival (:func:`window_rate`).
 
-- **Steady state** (``samples_per_s``, the figure every tool reports): start-up is excluded the
-  same way everywhere. The first batch carries it, and with ``w`` workers the next ``w - 1`` were
-  decoded during it and arrive almost at once, so the first ``max(1, w)`` batches are warm-up
-  (:func:`warmup_batches`). The rate is the median of up to three equal windows of the batches
-  after warm-up (:func:`steady_rate`): the median shrugs off one window disturbed by other
-  processes. The wait share and percentiles cover the same batches: their waits, and the steps
-  between their arrivals.
-- **Whole pass** (``epoch_samples_per_s``): the same window with no warm-up, from the ask for the
-  first batch to the arrival of the last, start-up included. The benchmarks compare short epochs
-  side by side with it: when an epoch is only a few batches, those after warm-up were prefetched
-  during it and the steady-state windows would time a queue, not the pipeline.
+- **Steady state** (``samples_per_s``): the first batch carries the start-up, and with ``w``
+  workers the next ``w - 1`` were decoded during it, so the first ``max(1, w)`` batches are
+  warm-up. The rate is the median of up to three equal windows after it, which shrugs off one
+  window disturbed by other processes; the wait share and percentiles cover the same batches.
+- **Whole pass** (``epoch_samples_per_s``): from the ask for the first batch to the last arrival,
+  start-up included. Short epochs are compared with it: after warm-up their batches were
+  prefetched, and the steady-state windows would time a queue, not the pipeline.
 """
 
 from __future__ import annotations
@@ -70,10 +64,8 @@ def steady_rate(waits: Sequence[float], steps: Sequence[float], rows: Sequence[i
 
 @dataclass(frozen=True)
 class Throughput:
-    """One timed run: steady-state ``samples_per_s`` (see the module doc), the start-up
-    (``first_batch_s``), the waiting after warm-up (``wait_s`` against ``step_s``, its share and
-    percentiles), and the whole pass (``epoch_s`` from the first ask to the last arrival,
-    ``epoch_samples_per_s``: start-up included)."""
+    """One timed run's figures: the steady state, the start-up (``first_batch_s``), the waiting
+    after warm-up and the whole pass (``epoch_s``, ``epoch_samples_per_s``)."""
 
     samples_per_s: float
     first_batch_s: float
@@ -98,16 +90,11 @@ class Throughput:
 @dataclass(frozen=True)
 class Trial:
     """One loader configuration as ``feedpipe bench`` and ``feedpipe tune`` record it: measured
-    (status "ok"), over tune's RAM budget ("skipped") or without its backend ("unavailable"),
-    ``reason`` saying why; the latter two carry no figures (tune's: None).
-
-    samples_per_s, first_batch_s and the wait figures are a :class:`Throughput`'s. mb_per_s is
-    stored bytes read per second (mean stored bytes per sample × samples_per_s, in 10⁶ B/s);
-    ``ram_bytes`` tune's estimate of the batches the loader holds (0: not estimated). The RSS
-    peaks (:mod:`feedpipe.tools.rss`): the main process's high-water mark, and the peak of the
-    workers' sum sampled every 50 ms (shared pages counted in each); cpu_util is the process
-    tree's CPU time / wall time / usable cores. ``stall`` holds bench's meter summary, the
-    Throughput and the per-batch timings.
+    (status "ok"), over tune's RAM budget ("skipped") or without its backend ("unavailable", with
+    the ``reason``; no figures). The rates and waits are a :class:`Throughput`'s; ``mb_per_s``
+    stored bytes read (10⁶ B/s); ``ram_bytes`` tune's estimate of the batches held; the RSS peaks
+    :mod:`feedpipe.tools.rss`'s; ``cpu_util`` the tree's CPU time / wall / usable cores; ``stall``
+    bench's meter summary and per-batch timings.
     """
 
     format: str
@@ -165,12 +152,8 @@ class Timings(Protocol):
 
 def throughput(waits: Sequence[float], steps: Sequence[float], rows: Sequence[int],
                workers: int | None) -> Throughput:
-    """The figures of one run from its per-batch waits, steps and sample counts.
-
-    Short runs keep at least one batch after warm-up and use fewer windows (``feedpipe bench``
-    allows 2 batches); ``feedpipe tune`` always has three full windows. Fewer than 2 batches
-    cannot be measured (a ConfigError).
-    """
+    """The figures of one run from its per-batch waits, steps and sample counts; a short run
+    keeps one batch after warm-up and fewer windows (at least 2 batches, else a ConfigError)."""
     n = len(waits)
     if n < 2:
         raise ConfigError(f"{n} batch(es) measured: samples/s needs at least 2 (the first is "

@@ -12,20 +12,9 @@ def tuned(*, budget_cpus: int | None = None, budget_ram: int | None = None,
           trial_batches: int = 24, tolerance: float = 0.05, repeats: int = 1,
           cache: bool = True, workers: Workers | None = None) -> Tuned:
     """``workers=feedpipe.tuned()``: ``num_workers`` and ``prefetch_factor`` measured by
-    :func:`autotune` on the loader's own data before it starts (the choice is cached per dataset
-    and machine: the next run starts tuned).
-
-    Args:
-        budget_cpus: The most workers to try; None: the usable cores shared among the local
-            ranks.
-        budget_ram: Bytes of batches the loader may hold (ring and prefetch); None: the RAM
-            available now.
-        trial_batches: Batches timed per configuration.
-        tolerance: The cheapest configuration within this share of the fastest wins.
-        repeats: Measure each configuration this many times and keep its fastest (busy hosts).
-        cache: Read and write the cached choice.
-        workers: The other worker settings (a ``prefetch_factor`` there is kept fixed).
-    """
+    :func:`autotune` on the loader's own data before it starts, its arguments as there (cached
+    per dataset and machine: the next run starts tuned); ``workers``: the other worker settings
+    (a ``prefetch_factor`` there is kept fixed)."""
     return Tuned(autotune, {"budget_cpus": budget_cpus, "budget_ram": budget_ram,
                             "trial_batches": trial_batches, "tolerance": tolerance,
                             "repeats": repeats, "cache": cache}, workers or Workers())

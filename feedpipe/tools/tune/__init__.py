@@ -4,11 +4,7 @@
 
 from __future__ import annotations
 
-from ..throughput import steady_rate
-from .autotune import Trial, TuneResult, autotune, choose, measure
-from .batch_size import BatchSizeResult, BatchTrial, find_batch_size, pick_size, search_batch_size
-from .batches import default_step
+from .autotune import TuneResult, autotune, measure
+from .batch_size import BatchSizeResult, find_batch_size
 
-__all__ = ["BatchSizeResult", "BatchTrial", "Trial", "TuneResult", "autotune", "choose",
-           "default_step", "find_batch_size", "measure", "pick_size",
-           "search_batch_size", "steady_rate"]
+__all__ = ["BatchSizeResult", "TuneResult", "autotune", "find_batch_size", "measure"]

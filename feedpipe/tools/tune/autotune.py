@@ -3,29 +3,37 @@
 Short trials through ``make_loader`` grow the worker count (0, 1, 2, … up to the CPU budget)
 until throughput stops improving, then try other prefetch depths for the worker counts near the
 best. The cheapest configuration within ``tolerance`` of the best wins: fewest workers, then least
-batch memory. The choice is cached per dataset and machine, so the next run starts tuned.
+batch memory. The choice is cached per dataset and machine, so the next run starts tuned: one
+JSON file per (dataset, machine, settings), reused only when all of them match.
 (Workers read one whole batch per transaction, so there is no separate read batch size to tune.)
 """
 
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import logging
 import os
 from dataclasses import asdict, dataclass, field, replace
-from itertools import islice
-from typing import Any, Iterator, Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
+import torch
+
+from ..._version import __version__
+from ...dataset.manifest import MANIFEST_NAME
 from ...dataset.registry import DatasetReader, open_dataset
 from ...errors import ConfigError
 from ...loader.api import make_loader
 from ...loader.config import Workers, auto_workers
 from ...loader.memory import ring_bytes
-from ...loader.protocol import Loader
-from ..monitor import StallMeter
+from ...paths import cache_dir, write_atomic
+from ...system import usable_cores
+from .. import refuse, whole
+from ..machine import cpu_model, host_available_bytes
+from ..monitor import StallMeter, stream
 from ..throughput import Trial, of_meter, warmup_batches
-from .cache import cache_file, cache_key, read_cache, write_cache
-from .memory import host_available_bytes
 
 log = logging.getLogger("feedpipe.tune")
 PREFETCH_DEPTHS = (1, 2, 4)
@@ -76,21 +84,6 @@ class TuneResult:
         return "\n".join(rows + [self.reason + (" (cached)" if self.cached else "")])
 
 
-def _epochs(loader: Loader) -> Iterator[Any]:
-    """The loader's batches epoch after epoch."""
-    epoch = 0
-    while True:
-        loader.set_epoch(epoch)
-        got = 0
-        for batch in loader:
-            got += 1
-            yield batch
-        if not got:
-            raise ConfigError("autotune: the loader yields no batches (dataset smaller than "
-                              "batch_size with drop_last=True?); lower batch_size")
-        epoch += 1
-
-
 def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, workers: int,
             prefetch: int | None, /, *, trial_batches: int = 24, **loader_options: Any) -> Trial:
     """Run one trial: ``trial_batches`` batches after start-up, rated by the one throughput
@@ -100,10 +93,9 @@ def measure(source: str | os.PathLike[str] | DatasetReader, batch_size: int, wor
         opts["workers"] = replace(opts.get("workers") or Workers(), prefetch_factor=prefetch)
     loader = make_loader(source, batch_size, **opts)
     meter = StallMeter()
-    batches = _epochs(loader)
-    for _ in meter.wrap(islice(batches, warmup_batches(workers) + trial_batches)):
+    batches = stream(loader, warmup_batches(workers) + trial_batches, None)
+    for _ in meter.wrap(batches):
         pass
-    batches.close()
     view = loader.describe()
     ram = ring_bytes(view.sample_bytes * batch_size, workers, prefetch or 0)
     del loader, batches  # shut the workers down before the next trial starts its own
@@ -194,49 +186,81 @@ class _Search:
                     self.run(w, p)
 
 
+def cache_entry(reader: DatasetReader, batch_size: int,
+                settings: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """What a cached result depends on (the dataset's path, manifest hash and mtime; the CPU
+    model, usable cores, feedpipe and torch versions; every setting) and the file named by its
+    hash."""
+    manifest = reader.root / MANIFEST_NAME
+    key = json.loads(json.dumps({
+        "dataset": str(reader.root.resolve()),
+        "manifest_sha256": hashlib.sha256(manifest.read_bytes()).hexdigest(),
+        "manifest_mtime_ns": manifest.stat().st_mtime_ns,
+        "machine": {"cpu": cpu_model(), "usable_cores": usable_cores(),
+                    "feedpipe": __version__, "torch": torch.__version__},
+        "batch_size": batch_size, "settings": settings,
+    }, sort_keys=True, default=str))
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
+    return key, cache_dir() / f"tune-{digest}.json"
+
+
+def read_cache(path: Path, key: dict[str, Any]) -> TuneResult | None:
+    """The result stored at ``path`` for exactly ``key``, else None (a bad file is logged)."""
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") != key:
+            return None
+        return replace(TuneResult.from_dict(data["result"]), cached=True, cache_path=str(path))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        log.warning("autotune: ignoring unreadable cache file %s (damaged, or of another "
+                    "layout: %s); tuning again", path, exc)
+        return None
+
+
+def write_cache(path: Path, key: dict[str, Any], result: dict[str, Any]) -> None:
+    """Write atomically (:func:`write_atomic`); a cache that cannot be written is logged, not
+    raised: the next run simply tunes again."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, json.dumps({"key": key, "result": result}, indent=1))
+    except OSError as exc:
+        log.warning("autotune: could not write the cache %s (%s); the next run tunes again",
+                    path, exc)
+
+
 def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
              budget_cpus: int | None = None, budget_ram: int | None = None,
              trial_batches: int = 24, tolerance: float = 0.05, repeats: int = 1,
              cache: bool = True, **loader_options: Any) -> TuneResult:
-    """Measure loader configurations of ``source`` at ``batch_size`` and return the cheapest
-    within ``tolerance`` of the fastest: workers 0, 1, 2, ... until one more no longer pays,
-    then prefetch depths near the best (docs/measure.md). A cache hit (same dataset, machine
-    and settings) runs no trial.
+    """Measure loader configurations of ``source`` (a packed dataset's path or an opened
+    dataset) at ``batch_size`` and return the cheapest within ``tolerance`` of the fastest:
+    workers 0, 1, 2, ... until one more no longer pays, then prefetch depths near the best
+    (docs/measure.md). A cache hit (same dataset, machine and settings) runs no trial.
 
     Args:
-        source: A packed dataset's path or an opened dataset.
-        batch_size: The training's batch size.
-        budget_cpus: The most workers to try; None: the usable cores shared among the local
-            ranks.
-        budget_ram: Bytes of batches the loader may hold (ring and prefetch); None: the RAM
-            available now.
+        budget_cpus: The most workers to try; None: this rank's share of the usable cores.
+        budget_ram: Bytes of batches the loader may hold; None: the RAM available now.
         trial_batches: Batches timed per configuration.
         tolerance: The cheapest configuration within this share of the fastest wins.
-        repeats: > 1 measures each configuration that many times (interleaved) and keeps its
-            fastest, for busy machines.
+        repeats: Measure each configuration this many times, interleaved, keeping its fastest
+            (busy machines).
         cache: Read and write the cached choice.
-        **loader_options: Go to every ``make_loader`` call; a ``prefetch_factor`` in their
+        **loader_options: For every ``make_loader`` call; a ``prefetch_factor`` in their
             ``workers=Workers(...)`` is kept fixed.
-
-    Returns:
-        The choice, every trial and why (``loader_options()``: what to pass to
-        ``make_loader``).
     """
     if "num_workers" in loader_options:
         raise ConfigError("autotune chooses num_workers: leave it out of the loader options")
-    if budget_cpus is not None and (not isinstance(budget_cpus, int) or budget_cpus < 1):
-        raise ConfigError(f"budget_cpus={budget_cpus!r}: use an int >= 1 (most workers to try)",
-                          option="budget_cpus")
-    if budget_ram is not None and (not isinstance(budget_ram, int) or budget_ram <= 0):
-        raise ConfigError(f"budget_ram={budget_ram!r}: use a positive int number of bytes",
-                          option="budget_ram")
-    if not isinstance(tolerance, (int, float)) or not 0 <= tolerance < 1 \
-            or not isinstance(trial_batches, int) or trial_batches < 3:
-        raise ConfigError(f"tolerance={tolerance!r}, trial_batches={trial_batches!r}: use "
-                          "0 <= tolerance < 1 and trial_batches >= 3 (three timed windows)",
-                          option="tolerance")
-    if not isinstance(repeats, int) or repeats < 1:
-        raise ConfigError(f"repeats={repeats!r}: use an int >= 1", option="repeats")
+    refuse(("budget_cpus", budget_cpus, budget_cpus is None or whole(budget_cpus, 1),
+            "use an int >= 1 (most workers to try)"),
+           ("budget_ram", budget_ram, budget_ram is None or whole(budget_ram, 1),
+            "use a positive int number of bytes"),
+           ("tolerance", tolerance, isinstance(tolerance, (int, float)) and 0 <= tolerance < 1,
+            "use 0 <= tolerance < 1"),
+           ("trial_batches", trial_batches, whole(trial_batches, 3),
+            "use an int >= 3 (three timed windows)"),
+           ("repeats", repeats, whole(repeats, 1), "use an int >= 1"))
     fixed = (loader_options.get("workers") or Workers()).prefetch_factor  # Workers checked it
     depths = PREFETCH_DEPTHS if fixed == "auto" else (fixed,)
     max_workers = budget_cpus or auto_workers(True)  # this rank's share of the usable cores
@@ -245,16 +269,10 @@ def autotune(source: str | os.PathLike[str] | DatasetReader, batch_size: int, *,
     settings = {"budget_cpus": max_workers, "budget_ram": budget_ram, "depths": depths,
                 "tolerance": tolerance, "trial_batches": trial_batches, "repeats": repeats,
                 "options": {k: v for k, v in loader_options.items() if k != "world"}}
-    key = cache_key(reader, batch_size, settings)
-    path = cache_file(key)
-    if cache and (stored := read_cache(path, key)) is not None:
-        try:
-            hit = replace(TuneResult.from_dict(stored), cached=True, cache_path=str(path))
-        except (KeyError, TypeError) as exc:
-            log.warning("autotune: ignoring cache file %s of another layout (%s)", path, exc)
-        else:
-            log.info("autotune: cache hit %s: %s", path, hit.reason)
-            return hit
+    key, path = cache_entry(reader, batch_size, settings)
+    if cache and (hit := read_cache(path, key)) is not None:
+        log.info("autotune: cache hit %s: %s", path, hit.reason)
+        return hit
     probe = make_loader(reader, batch_size, num_workers=0, **loader_options)  # validates options
     ram_cap = budget_ram if budget_ram is not None else host_available_bytes()
     view = probe.describe()

@@ -1,9 +1,9 @@
 """``find_batch_size``: the batch size that trains within memory, found by real training steps.
 
 Each trial runs forward + backward (+ optimizer step) at one size. On CUDA a trial fails when it
-raises out-of-memory (or exceeds ``memory_budget``); on CPU when the process's peak resident memory
-grows past the budget (see :mod:`feedpipe.tools.tune.memory`). Memory is freed between trials so a failed
-trial does not poison the next, and the model's and optimizer's state are restored afterwards.
+raises out-of-memory (or exceeds ``memory_budget``); on CPU when the process's peak resident
+memory grows past the budget (:class:`~feedpipe.tools.rss.HostPeak`). Memory is freed between
+trials so a failed trial does not poison the next; the model's and optimizer's state are restored.
 On CPU the search has default caps (half the RAM available, :data:`CPU_TIME_BUDGET_S` seconds):
 a CPU trains slowly, so doubling to ``max_size`` unbounded ran for 20 minutes and 9 GB. Each trial
 is shown as it ends (a tqdm line on stderr).
@@ -11,33 +11,28 @@ is shown as it ends (a tqdm line on stderr).
 
 from __future__ import annotations
 
+import gc
 import logging
+import math
 import os
 import statistics
 import time
 import warnings
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable, Literal
 
 import torch
+from torch.utils._pytree import tree_leaves, tree_map_only
+from tqdm import tqdm
 
 from ...dataset.registry import DatasetReader
 from ...errors import ConfigError
 from ...loader.api import make_loader
 from ...loader.config import PREFETCH_DECODE, auto_workers
 from ...loader.memory import ring_bytes
+from .. import refuse, whole
+from ..machine import host_available_bytes
 from ..rss import HostPeak, exact_heap
-from .batches import Batch, cpu_copy, default_step, nbytes, tile, to_device
-from .memory import free_device_memory, host_available_bytes
-from .search import (
-    BatchSizeResult,
-    BatchTrial,
-    Mode,
-    pick_size,
-    progress_bar,
-    search_batch_size,
-    trial_text,
-)
 
 log = logging.getLogger("feedpipe.tune")
 CPU_TIME_BUDGET_S = 120.0  # the search's default time cap on CPU (None on CUDA)
@@ -46,7 +41,128 @@ CPU_MEMORY_SHARE = 0.5  # on CPU the default memory budget: this share of the RA
 #: buffers and the page cache need the rest (on a GPU, the largest fitting batch of a ResNet-50
 #: would otherwise have the loader hold 111 of 128 GiB)
 LOADER_RAM_SHARE = 0.5
+Mode = Literal["largest", "fastest"]
+Batch = Any
 StepFn = Callable[[torch.nn.Module, Batch], torch.Tensor]
+
+
+def default_step(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """Forward the batch's input (``image`` of a dict, first of a tuple, or the tensor); the loss is
+    cross-entropy against ``label`` for N×C logits, else the output's mean."""
+    label = None
+    if isinstance(batch, dict):
+        if "image" not in batch:
+            raise ConfigError(f"find_batch_size: the batch has {sorted(batch)}, no 'image'; pass "
+                              "step=lambda model, batch: loss")
+        x, label = batch["image"], batch.get("label")
+    elif isinstance(batch, (tuple, list)):
+        x, label = batch[0], batch[1] if len(batch) > 1 else None
+    else:
+        x = batch
+    out = model(x)
+    if isinstance(label, torch.Tensor) and out.ndim == 2 and not label.is_floating_point():
+        return torch.nn.functional.cross_entropy(out.float(), label)
+    return out.float().mean()
+
+
+def tile(batch: Batch, size: int) -> Batch:
+    """``batch`` repeated along its first dimension to ``size`` rows (tensors, per-sample lists)."""
+    if isinstance(batch, torch.Tensor):
+        return batch[torch.arange(size, device=batch.device) % batch.shape[0]]
+    if isinstance(batch, dict):
+        return {k: tile(v, size) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)) and batch and all(isinstance(v, torch.Tensor)
+                                                          for v in batch):
+        return type(batch)(tile(v, size) for v in batch)
+    if isinstance(batch, list):
+        return [batch[i % len(batch)] for i in range(size)]
+    return batch
+
+
+def free_device_memory(device: Any) -> None:
+    """Collect garbage and, on CUDA, return cached blocks and reset the peak counters."""
+    gc.collect()
+    if getattr(device, "type", None) == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+@dataclass(frozen=True)
+class BatchTrial:
+    """One trial at ``size``: its peak memory (bytes; None when not run) and training speed."""
+
+    size: int
+    ok: bool
+    peak_bytes: int | None
+    samples_per_s: float | None
+    note: str = ""
+    seconds: float | None = None  # the trial's wall time (None: not run)
+
+
+@dataclass(frozen=True)
+class BatchSizeResult:
+    """The chosen batch size, the largest that fitted, and every trial that led there."""
+
+    batch_size: int
+    largest_fit: int
+    mode: Mode
+    device: str
+    budget_bytes: int | None
+    loader_ram_bytes: int
+    trials: tuple[BatchTrial, ...]
+    reason: str
+    time_budget_s: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types."""
+        return asdict(self)
+
+    def report(self) -> str:
+        """The trials as a table, then the choice and why."""
+        rows = [f"{'size':>6} {'peak MiB':>9} {'samples/s':>10}  result"]
+        for t in self.trials:
+            peak = "-" if t.peak_bytes is None else f"{t.peak_bytes / 2**20:.1f}"
+            sps = "-" if t.samples_per_s is None else f"{t.samples_per_s:.0f}"
+            rows.append(f"{t.size:>6} {peak:>9} {sps:>10}  {'ok' if t.ok else 'oom'}"
+                        + (f" ({t.note})" if t.note else ""))
+        return "\n".join(rows + [self.reason])
+
+
+def search_batch_size(fits: Callable[[int], bool], *, max_size: int, start: int = 1,
+                      resolution: float = 1 / 32) -> int:
+    """Largest size in [1, max_size] for which a monotone ``fits`` holds (0 if none): doubles
+    from ``start`` until a size fails, then bisects until the gap is within ``resolution`` of the
+    fitting size, never above a known failure."""
+    lo, hi, size = 0, None, start
+    while hi is None:
+        if not fits(size):
+            hi = size
+        elif size >= max_size:
+            return size
+        else:
+            lo, size = size, min(2 * size, max_size)
+    while hi - lo > max(1, int(lo * resolution)):
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def pick_size(trials: list[BatchTrial], largest: int, mode: Mode,
+              margin: float) -> tuple[int, str]:
+    """(size, why): ``largest`` less ``margin``, or with ``mode="fastest"`` the trial with the best
+    samples/s among those that fitted at or below that cap."""
+    cap = max(1, math.floor(largest * (1 - margin)))
+    if mode == "fastest":
+        ok = [t for t in trials if t.ok and t.size <= cap and t.samples_per_s]
+        if ok:
+            best = max(ok, key=lambda t: t.samples_per_s or 0.0)
+            return best.size, (f"fastest fitting size within the {margin:.0%} margin (cap {cap}):"
+                               f" {best.size} at {best.samples_per_s:.0f} samples/s")
+    return cap, f"largest fit {largest} less {margin:.0%} margin: {cap}"
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -60,8 +176,10 @@ def _batch_source(source: Any, device: torch.device, max_size: int,
     """(size -> batch on ``device``, host bytes per sample the loader holds)."""
     if callable(source) and not isinstance(source, (str, os.PathLike, DatasetReader)):
         probe = source(min(8, max_size))
-        per_sample = nbytes(probe) // max(1, min(8, max_size))
-        return (lambda size: to_device(source(size), device)), per_sample
+        per_sample = sum(t.nbytes for t in tree_leaves(probe) if isinstance(t, torch.Tensor)) \
+            // max(1, min(8, max_size))
+        return (lambda size: tree_map_only(torch.Tensor, lambda t: t.to(device), source(size))), \
+            per_sample
     opts = {"shuffle": False, **loader_options, "num_workers": 0, "device": device}
     loader = make_loader(source, min(64, max_size), **opts)
     base = next(iter(loader))
@@ -91,7 +209,10 @@ class _Trials:
         self.model, self.make_batch, self.step, self.optimizer = model, make_batch, step, optimizer
         self.amp, self.device, self.steps, self.budget = amp, device, steps, budget
         self.clock, self.seconds, self.t0 = clock, seconds, clock()
-        self.bar = progress_bar(device, budget, seconds) if progress else None
+        caps = [f"{budget / 2**20:,.0f} MiB" if budget else "", f"{seconds:.0f} s" if seconds else ""]
+        within = f" (within {', '.join(c for c in caps if c)})" if any(caps) else ""
+        self.bar = tqdm(total=None, unit="trial", dynamic_ncols=True, desc=f"find_batch_size on "
+                        f"{device.type}{within}") if progress else None  # a trial per tick
         self.cuda = device.type == "cuda"
         self.host = None if self.cuda else HostPeak()
         self.baseline = 0
@@ -124,7 +245,7 @@ class _Trials:
         self.model.zero_grad(set_to_none=True)
 
     def fits(self, size: int) -> bool:
-        trial = self._skip_predicted(size) or self._skip_slow(size) or self._run(size)
+        trial = self._skip(size) or self._run(size)
         ok, sps = _dist_min([float(trial.ok), trial.samples_per_s or 0.0])
         if trial.ok and not ok:
             trial = replace(trial, ok=False, samples_per_s=None,
@@ -133,36 +254,33 @@ class _Trials:
             trial = replace(trial, samples_per_s=sps)
         log.info("batch size %d: %s, peak %s bytes, %s samples/s %s", size,
                  "ok" if trial.ok else "oom", trial.peak_bytes, trial.samples_per_s, trial.note)
-        if self.bar is not None:
-            self.bar.set_postfix_str(trial_text(trial), refresh=False)
+        if self.bar is not None:  # the last trial's verdict beside the count
+            self.bar.set_postfix_str(f"batch {size}: ok, {trial.samples_per_s:,.0f} samples/s, "
+                                     f"peak {(trial.peak_bytes or 0) / 2**20:,.0f} MiB" if trial.ok
+                                     else f"batch {size}: does not fit "
+                                     f"({trial.note or 'out of memory'})", refresh=False)
             self.bar.update(1)
         self.done.append(trial)
         return trial.ok
 
-    def _skip_predicted(self, size: int) -> BatchTrial | None:
-        """On CPU, a size whose memory (linear in size from the trials that fitted) would exceed
-        the RAM available is not run: the kernel would kill the process, not raise."""
-        rates = [t.peak_bytes / t.size for t in self.done if t.ok and t.peak_bytes]
-        if self.cuda or not rates:
-            return None
-        need, avail = int(max(rates) * size), host_available_bytes()
-        if need <= avail:
-            return None
-        return BatchTrial(size, False, None, None, f"not run: needs ~{need >> 20} MiB, "
-                          f"{avail >> 20} MiB of host RAM available")
-
-    def _skip_slow(self, size: int) -> BatchTrial | None:
-        """A size whose trial would not end within the time budget left is not run (its time
-        predicted from the trials run so far, per sample: a step's time grows with the batch).
-        The first trial always runs: there is nothing to predict from."""
+    def _skip(self, size: int) -> BatchTrial | None:
+        """A size not run, its need predicted linearly in size from the trials so far: on CPU
+        memory over the RAM available (the kernel would kill the process, not raise), or time
+        over the budget left (the first trial always runs: nothing to predict from)."""
+        mem = [t.peak_bytes / t.size for t in self.done if t.ok and t.peak_bytes]
+        if not self.cuda and mem:
+            need, avail = int(max(mem) * size), host_available_bytes()
+            if need > avail:
+                return BatchTrial(size, False, None, None, f"not run: needs ~{need >> 20} MiB, "
+                                  f"{avail >> 20} MiB of host RAM available")
         rates = [t.seconds / t.size for t in self.done if t.seconds]
-        if self.seconds is None or not rates:
-            return None
-        left, need = self.seconds - (self.clock() - self.t0), max(rates) * size
-        if left > 0 and need <= left:
-            return None
-        return BatchTrial(size, False, None, None, f"not run: ~{need:.1f} s, {max(left, 0):.1f} "
-                          f"s of the {self.seconds:.0f} s time budget left")
+        if self.seconds is not None and rates:
+            left, need_s = self.seconds - (self.clock() - self.t0), max(rates) * size
+            if left <= 0 or need_s > left:
+                return BatchTrial(size, False, None, None, f"not run: ~{need_s:.1f} s, "
+                                  f"{max(left, 0):.1f} s of the {self.seconds:.0f} s time budget "
+                                  "left")
+        return None
 
     def _steps(self, size: int) -> float:
         """Run warm-up + timed training steps at ``size``; the median step's samples/s."""
@@ -212,66 +330,45 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
                     **loader_options: Any) -> BatchSizeResult:
     """Find the batch size to train ``model`` with, by trials of real forward + backward +
     optimizer steps (model and optimizer state restored afterwards): doubled, then bisected.
-
     Under torch.distributed all ranks run the same trials and agree on the minimum.
 
     Args:
-        model: The model to train.
         sample_batch_fn_or_source: A function ``size -> batch``, or a packed dataset (path or
             reader, loaded with ``make_loader(..., **loader_options)`` and tiled to each size).
-        optimizer: Stepped in each trial (its state's memory counts), restored afterwards;
-            None: forward and backward only.
+        optimizer: Stepped in each trial (its state's memory counts); None: no step.
         amp: Run the step under autocast (float16 on CUDA, bfloat16 on CPU).
-        margin: ``mode="largest"`` returns the largest fitting size less this share.
-        max_size: The largest size tried.
-        mode: "largest" fitting size, or "fastest": the best samples/s among those.
+        margin: ``mode="largest"`` returns the largest fitting size less this share;
+            ``mode="fastest"`` the best samples/s at or under that.
         device: Where to train; None: the device of the model's parameters.
-        memory_budget: On CPU (default: half the RAM available now) it bounds the growth of
-            this process's peak resident memory; on CUDA it optionally bounds peak reserved
-            memory (a trial also fails on out-of-memory).
-        loader_prefetch: Batches each loader worker holds: ``loader_workers ×
-            loader_prefetch`` batches at the size are capped at half the RAM available.
-        loader_workers: The loader's workers, for that cap; None: the loader's default.
-        step: ``step(model, batch) -> loss``; None: ``default_step``.
-        start: The first size tried.
-        steps: Timed steps per trial.
+        memory_budget: Bounds the growth of peak resident memory on CPU (default: half the RAM
+            available now), of peak reserved memory on CUDA (default: out-of-memory only).
+        loader_workers, loader_prefetch: The loader's workers (None: its default) × prefetch:
+            the batches it holds at the size are capped at half the RAM available.
+        step: ``step(model, batch) -> loss``; None: :func:`default_step`.
+        start, max_size, steps: The first and largest sizes tried; timed steps per trial.
         resolution: The bisection stops within this share of the fitting size.
-        clock: The timer.
         time_budget: Seconds for the whole search: a size whose trial would not end in what
-            is left counts as not fitting; "auto": ``CPU_TIME_BUDGET_S`` on CPU, none on CUDA.
+            is left does not fit; "auto": ``CPU_TIME_BUDGET_S`` on CPU, none on CUDA.
         progress: Show each trial as it ends.
-        **loader_options: For ``make_loader`` when a dataset is given.
-
-    Returns:
-        The size, every trial and why.
     """
-    if mode not in ("largest", "fastest"):
-        raise ConfigError(f"mode={mode!r}: use 'largest' or 'fastest'", option="mode")
     def fraction(x: Any) -> bool:
         return isinstance(x, (int, float)) and 0 <= x < 1
 
-    if not fraction(margin):
-        raise ConfigError(f"margin={margin!r}: use a fraction in [0, 1), e.g. 0.1 for 10% headroom",
-                          option="margin")
-    if not (isinstance(max_size, int) and isinstance(start, int) and 1 <= start <= max_size):
-        raise ConfigError(f"start={start!r}, max_size={max_size!r}: use ints with "
-                          "1 <= start <= max_size", option="start")
-    if not all(isinstance(v, int) and v >= 1 for v in (steps, loader_prefetch)):
-        raise ConfigError(f"steps={steps!r}, loader_prefetch={loader_prefetch!r}: use ints >= 1",
-                          option="steps")
-    if loader_workers is not None and (not isinstance(loader_workers, int) or loader_workers < 0):
-        raise ConfigError(f"loader_workers={loader_workers!r}: use an int >= 0, or None for the "
-                          "loader's default", option="loader_workers")
-    if not fraction(resolution):
-        raise ConfigError(f"resolution={resolution!r}: use a fraction in [0, 1), e.g. 1/32",
-                          option="resolution")
-    if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
-        raise ConfigError(f"memory_budget={memory_budget!r}: use a positive int number of bytes",
-                          option="memory_budget")
-    if not (time_budget in (None, "auto") or (isinstance(time_budget, (int, float))
-                                              and time_budget > 0)):
-        raise ConfigError(f"time_budget={time_budget!r}: use seconds > 0, None or 'auto'",
-                          option="time_budget")
+    refuse(("mode", mode, mode in ("largest", "fastest"), "use 'largest' or 'fastest'"),
+           ("margin", margin, fraction(margin), "use a fraction in [0, 1), e.g. 0.1 for 10% "
+            "headroom"),
+           ("start", start, whole(start, 1) and whole(max_size, 1) and start <= max_size,
+            f"use an int with 1 <= start <= max_size ({max_size!r})"),
+           ("steps", steps, whole(steps, 1), "use an int >= 1"),
+           ("loader_prefetch", loader_prefetch, whole(loader_prefetch, 1), "use an int >= 1"),
+           ("loader_workers", loader_workers, loader_workers is None or whole(loader_workers),
+            "use an int >= 0, or None for the loader's default"),
+           ("resolution", resolution, fraction(resolution), "use a fraction in [0, 1), e.g. 1/32"),
+           ("memory_budget", memory_budget, memory_budget is None or whole(memory_budget, 1),
+            "use a positive int number of bytes"),
+           ("time_budget", time_budget, time_budget in (None, "auto") or (
+               isinstance(time_budget, (int, float)) and time_budget > 0),
+            "use seconds > 0, None or 'auto'"))
     params = list(model.parameters())
     dev = torch.device(device) if device is not None else \
         (params[0].device if params else torch.device("cpu"))
@@ -281,8 +378,8 @@ def find_batch_size(model: torch.nn.Module, sample_batch_fn_or_source: Any, *,
         else int(host_available_bytes() * CPU_MEMORY_SHARE)
     seconds = (None if dev.type == "cuda" else CPU_TIME_BUDGET_S) if time_budget == "auto" \
         else time_budget
-    saved = (cpu_copy(model.state_dict()),
-             cpu_copy(optimizer.state_dict()) if optimizer is not None else None)
+    saved = tree_map_only(torch.Tensor, lambda t: t.detach().to("cpu", copy=True),  # to restore
+                          (model.state_dict(), optimizer.state_dict() if optimizer else None))
     was_training = model.training
     model.train()
     trials = _Trials(model, make_batch, step or default_step, optimizer, amp, dev, steps, budget,
