@@ -28,14 +28,7 @@ if TYPE_CHECKING:  # for type checkers and the API reference (docs/reference/con
     from .options import PackOptions, parse_resize
     from .pack import ConvertResult, convert
     from .sources import IMAGE_EXTS, Source, SourceItem, attach_masks, scan
-    from .targets import (
-        BUILTINS,
-        Target,
-        boundary,
-        distance_map,
-        make_boundary,
-        make_distance_map,
-    )
+    from .targets import BUILTINS, Target, boundary, distance_map, make_boundary, make_distance_map
 
 
 def __getattr__(name: str) -> Any:

@@ -1,7 +1,6 @@
 """WebDataset shards written by other tools (plain or gzipped, folders or brace patterns) as a
-record source; the schema is inferred from the member suffixes (docs/sources.md). Members are
-read whole, so one over ``max_member_bytes`` is refused from its tar header, and a ``.npy``
-member's header is checked against its size, before anything is allocated."""
+record source, the schema inferred from the member suffixes (docs/sources.md). Members are read
+whole, so their sizes and ``.npy`` headers are checked before anything is allocated."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ from feedpipe.schema.codecs import npy_decode
 from feedpipe.schema.fields import ArrayField, BytesField, Field, JsonField
 from feedpipe.schema.geometric import TextField
 
+from . import hf
 from .records import Record, RecordSource, field_name
 from .sources import IMAGE_EXTS
 
@@ -61,9 +61,8 @@ def find_shards(specs: Sequence[str | Path]) -> tuple[list[Path], list[dict[str,
 
 
 def looks_like_shards(src: str | Path) -> bool:
-    """Whether ``feedpipe convert SRC`` means foreign shards: a shard file, a brace pattern,
-    or a folder holding shards, no image files and no feedpipe manifest (an image folder with a
-    stray .tar stays an image folder; the .tar is listed as not taken)."""
+    """Whether ``feedpipe convert SRC`` means foreign shards: a shard file, a brace pattern, or a
+    folder holding shards, no image files (a stray .tar stays not taken) and no manifest."""
     s = str(src)
     if "{" in s or is_shard(Path(s)):
         return True
@@ -77,8 +76,7 @@ def looks_like_shards(src: str | Path) -> bool:
 
 @dataclass
 class Member:
-    """One regular tar member: its name, the offset of its data in the (uncompressed) stream,
-    and its bytes."""
+    """One regular tar member: its name, its data's offset in the uncompressed stream, its bytes."""
 
     name: str
     offset: int
@@ -86,9 +84,8 @@ class Member:
 
 
 def members(path: Path, max_bytes: int = MAX_MEMBER_BYTES) -> Iterator[Member | str]:
-    """A shard's regular members, streamed (gzip read transparently); a non-regular member
-    (link, device) comes as its name; a damaged tar is a CorruptRecordError naming the shard; a
-    member over ``max_bytes`` a BadInputError naming it, raised before it is read."""
+    """A shard's regular members, streamed (gzip too), a link or device as its name; a damaged
+    tar is a CorruptRecordError, a member over ``max_bytes`` a BadInputError, before it is read."""
     last = "the first member"
     try:
         with open(path, "rb") as fh, tarfile.open(fileobj=fh, mode="r|*") as tar:
@@ -119,8 +116,8 @@ Group = tuple[str, dict[str, Member]]
 
 def samples(path: Path, odd: list[dict[str, str]], max_bytes: int = MAX_MEMBER_BYTES
             ) -> Iterator[Group]:
-    """Consecutive members sharing a key (the base name before its first '.', as feedpipe's
-    own reader groups them); non-regular and unpickle-requiring members go to ``odd``."""
+    """Consecutive members sharing a key, as feedpipe's reader groups them; non-regular and
+    unpickle-requiring members go to ``odd``."""
 
     def regular() -> Iterator[tuple[str, Member]]:
         for m in members(path, max_bytes):
@@ -148,13 +145,11 @@ class Plan:
     labeled: bool
     count: int
     not_taken: list[dict[str, str]]
-    image_suffixes: list[str]
     max_member_bytes: int = MAX_MEMBER_BYTES
 
 
 def _npy(data: bytes, what: str) -> np.ndarray:
-    """A ``.npy`` member as an array viewing ``data``: its header checked against its size
-    before anything is allocated, never unpickled (a CorruptRecordError says why not)."""
+    """A ``.npy`` member as an array viewing ``data``, never unpickled; else CorruptRecordError."""
     try:
         return npy_decode(data, what)
     except (UnsafeDataError, ValueError) as exc:  # object arrays need pickle: refused
@@ -169,14 +164,11 @@ def plan(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES) 
     shards, not_taken = find_shards(specs)
     seen: Counter[str] = Counter()
     npy: dict[str, set[tuple[str, tuple[int, ...]]]] = {}
-    images: Counter[str] = Counter()
     n = 0
     for path in shards:
         for key, group in samples(path, not_taken, max_member_bytes):
             n += 1
             img = _image_suffix(group)
-            if img:
-                images[img] += 1
             for s, m in group.items():
                 if s == img:
                     continue
@@ -210,7 +202,7 @@ def plan(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES) 
             fields[s] = TextField(name)
         else:
             fields[s] = BytesField(name)
-    return Plan(shards, fields, labeled, n, not_taken, sorted(images), max_member_bytes)
+    return Plan(shards, fields, labeled, n, not_taken, max_member_bytes)
 
 
 def _values(path: Path, key: str, group: dict[str, Member], p: Plan
@@ -237,8 +229,8 @@ def _values(path: Path, key: str, group: dict[str, Member], p: Plan
 
 
 def check_text(f: TextField, data: bytes, what: str) -> bytes:
-    """A ``.txt`` member's bytes, unchanged, once they are UTF-8 text the field accepts (no NUL;
-    the loader's CTC padding is 0); else a CorruptRecordError saying why."""
+    """A ``.txt`` member's bytes, unchanged, once they are UTF-8 text without NUL (the loader's
+    CTC padding); else a CorruptRecordError saying why."""
     try:
         f.validate(f.text(data, what))
     except ValueError as exc:
@@ -266,3 +258,15 @@ def source(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES
                         records, tuple(p.not_taken),
                         {"shards": [str(s) for s in p.shards],
                          "members": {f.name: s for s, f in p.fields.items()}})
+
+
+def record_source(src: str | Path, split: str = "train", max_member_bytes: int | None = None
+                  ) -> RecordSource | None:
+    """The in-memory record source ``feedpipe convert SRC`` names (foreign shards or a Hugging
+    Face dataset), or None for the file sources :func:`converters.convert` scans."""
+    s = str(src)
+    if s.startswith("hf://") or hf.is_saved_dataset(Path(s)):
+        return hf.source(s, split)
+    if looks_like_shards(s):
+        return source([s], max_member_bytes or MAX_MEMBER_BYTES)
+    return None
