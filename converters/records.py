@@ -1,6 +1,5 @@
-"""Sources whose samples arrive as bytes in memory (foreign shards, Hugging Face datasets, arrays):
-a :class:`RecordSource` of :class:`Record` objects, packed by :func:`converters.convert` like
-image files."""
+"""Sources whose samples arrive as bytes in memory (foreign shards, Hugging Face datasets, arrays),
+packed by :func:`converters.convert` like image files."""
 
 from __future__ import annotations
 
@@ -26,8 +25,8 @@ class Record:
 
 @dataclass(frozen=True)
 class RecordSource:
-    """What a record source knows before packing: its roots (the output may not lie inside
-    them), the extra fields, class names, files or members not taken, and how to (re)iterate."""
+    """What a record source knows before packing: its roots (the output stays out of them), fields,
+    classes, what was not taken, and how to (re)iterate."""
 
     roots: tuple[Path, ...]
     kind: str
