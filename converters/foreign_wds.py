@@ -37,7 +37,7 @@ def find_shards(specs: Sequence[str | Path]) -> tuple[list[Path], list[dict[str,
     """The shard files named by ``specs`` (folders, searched recursively; files; brace
     patterns), in order, and the other files of those folders (not taken, named)."""
     shards: list[Path] = []
-    other: list[dict[str, str]] = []
+    other: list[dict[str, str]] = []  # the folders' other files
     for spec in specs:
         names = list(braceexpand(str(spec))) if "{" in str(spec) else [str(spec)]
         for name in names:
@@ -205,12 +205,9 @@ def plan(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES) 
     return Plan(shards, fields, labeled, n, not_taken, max_member_bytes)
 
 
-def _values(path: Path, key: str, group: dict[str, Member], p: Plan
-            ) -> tuple[dict[str, Any], int, str | None]:
+def _values(group: dict[str, Member], p: Plan) -> tuple[dict[str, Any], int, str | None]:
     """A sample's stored values, its label, and a reason when it cannot be stored."""
-    missing = [s for s in p.fields if s not in group]
-    if p.labeled and "cls" not in group:
-        missing.insert(0, "cls")
+    missing = [s for s in ["cls"] * p.labeled + list(p.fields) if s not in group]
     if missing:
         return {}, -1, "no " + ", ".join(f".{s}" for s in missing) + " member"
     values: dict[str, Any] = {}
@@ -246,12 +243,12 @@ def source(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES
     def records() -> Iterator[Record]:
         for path in p.shards:
             for key, group in samples(path, [], p.max_member_bytes):
-                name = f"{path.name}/{key}"
                 img = _image_suffix(group)
-                values, label, why = _values(path, key, group, p)
+                values, label, why = _values(group, p)
                 if img is None:
                     why = "no image member (" + ", ".join(f".{s}" for s in group) + ")"
-                yield Record(name, group[img].data if img else None, label, values, why)
+                yield Record(f"{path.name}/{key}", group[img].data if img else None, label, values,
+                             why)
 
     roots = tuple(sorted({s.parent for s in p.shards}))
     return RecordSource(roots, "wds-shards", tuple(p.fields.values()), (), p.labeled, p.count,
