@@ -10,6 +10,7 @@ import selectors
 import signal
 import threading
 from collections import deque
+from itertools import islice
 from multiprocessing.connection import Connection
 from multiprocessing.pool import ExceptionWithTraceback
 from typing import Any, Callable, Iterable, Iterator, NoReturn, Sequence
@@ -39,8 +40,8 @@ class _Worker:
 
 
 class WorkerPool:
-    """``workers`` processes (forkserver where there is one) running ``fn(*args)`` per task; leaving
-    its ``with`` ends every worker at once (after an error or Ctrl-C too)."""
+    """``workers`` processes (forkserver where there is one) running ``fn(*args)`` per task;
+    ``close()`` ends every worker at once."""
 
     def __init__(self, workers: int, initializer: Callable[[], None]) -> None:
         ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods()
@@ -61,12 +62,6 @@ class WorkerPool:
         except BaseException:
             self.close()
             raise
-
-    def __enter__(self) -> WorkerPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def submit(self, fn: Callable[..., Any], tasks: Sequence[Task]) -> list[int]:
         """Queue ``tasks`` as one chunk, run in order by one worker; their job ids."""
@@ -101,7 +96,7 @@ class WorkerPool:
         ahead = (HELD + 1) * len(self._workers) * chunksize
         while True:
             while len(jobs) < ahead:
-                chunk = [t for _, t in zip(range(chunksize), it, strict=False)]
+                chunk = list(islice(it, chunksize))
                 if not chunk:
                     break
                 jobs.extend(self.submit(fn, chunk))

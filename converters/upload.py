@@ -70,9 +70,8 @@ class ManifestCommit:
     def _check_remote(self) -> None:
         held = self.store.names()
         if not held and not self.store.bucket_exists():
-            scheme, _, path = self.url.partition("://")
-            bucket = path.split("/")[0]
-            raise RemoteNotFoundError(f"{scheme}://{bucket}: no such bucket; create it, or check "
+            bucket = "/".join(self.url.split("/")[:3])  # scheme://bucket
+            raise RemoteNotFoundError(f"{bucket}: no such bucket; create it, or check "
                                       f"its name and the endpoint, before writing {self.url}",
                                       url=self.url)
         self.journal = dict(((self._read_json(JOURNAL) if JOURNAL in held else None) or {})
@@ -135,27 +134,26 @@ class ManifestCommit:
             self.store.write(JOURNAL, lambda fh: fh.write(body.encode()))
             self._stored = current
 
-    def _submit(self, path: Path) -> None:
-        assert self._pool is not None
-        self._queued.acquire()  # backpressure: the packer waits when uploads fall behind
-        fut = self._pool.submit(self.publish, path)
-        fut.add_done_callback(lambda _: self._queued.release())
-        self._uploads[path] = fut
+    def _upload(self, path: Path) -> Future[FileEntry]:
+        """``path``'s upload, started unless it was already."""
+        if path not in self._uploads:
+            assert self._pool is not None
+            self._queued.acquire()  # backpressure: the packer waits when uploads fall behind
+            self._uploads[path] = self._pool.submit(self.publish, path)
+            self._uploads[path].add_done_callback(lambda _: self._queued.release())
+        return self._uploads[path]
 
     def after_write(self, root: Path, writer: DatasetWriter) -> None:
         """Upload the shards the writer has finished; a failed upload stops the conversion now."""
         for name in getattr(writer, "shards", [])[:-1]:
-            if root / name not in self._uploads:
-                self._submit(root / name)
+            self._upload(root / name)
         for fut in self._uploads.values():
             if fut.done() and fut.exception() is not None:
                 fut.result()
 
     def entry(self, root: Path, name: str) -> FileEntry:
         """A closed data file's size and SHA-256 for the manifest, once it is uploaded."""
-        if root / name not in self._uploads:
-            self._submit(root / name)
-        return self._uploads[root / name].result()
+        return self._upload(root / name).result()
 
     def _rel(self, path: Path) -> str:
         return path.relative_to(self.staging).as_posix()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
 from functools import partial
 from multiprocessing import resource_tracker
 from pathlib import Path
@@ -130,7 +130,7 @@ def _pool(workers: int) -> Iterator[WorkerPool]:
     except BaseException:
         restore_sigmask(mask)
         raise
-    with pool:
+    with closing(pool):  # ends every worker, after an error or Ctrl-C too
         restore_sigmask(mask)
         yield pool
 
