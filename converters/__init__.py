@@ -1,8 +1,6 @@
-"""Converters: sources (folders, manifests, mask pairs), targets computed from masks, the parallel
-atomic packer, arrays and tables without images (``pack_arrays``), sample photo generation.
-
-Exports load on first use (PEP 562): ``converters.options`` (the option types the CLI builds its
-parser from) imports without numpy or Pillow."""
+"""Converters: sources, targets computed from masks, the parallel atomic packer, arrays and tables
+(``pack_arrays``), sample photos. Exports load on first use (PEP 562), so ``converters.options``
+(for the CLI's parser) imports without numpy or Pillow."""
 
 from __future__ import annotations
 

@@ -87,7 +87,6 @@ def source(src: str, split: str = "train") -> RecordSource:
 
     def records() -> Iterator[Record]:
         for k, row in enumerate(ds):
-            name = f"{split}[{k}]"
             values: dict[str, Any] = {}
             why = None
             try:
@@ -100,7 +99,7 @@ def source(src: str, split: str = "train") -> RecordSource:
             except (OSError, ValueError) as exc:
                 data, why = None, str(exc)
             lab = row[label] if label else -1
-            yield Record(name, data, -1 if lab is None else int(lab), values, why)
+            yield Record(f"{split}[{k}]", data, -1 if lab is None else int(lab), values, why)
 
     root = Path(src) if not src.startswith("hf://") else Path(datasets.config.HF_DATASETS_CACHE)
     return RecordSource((root,), "huggingface", tuple(fields.values()), classes, label is not None,

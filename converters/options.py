@@ -58,9 +58,7 @@ class PackOptions:
     max_pixels_per_byte: int | None = DEFAULT_MAX_PIXELS_PER_BYTE  # a JPEG cut short or hostile
     # colour masks: (r, g, b, class index) per colour (converters.palette); None: index masks only
     mask_palette: tuple[tuple[int, int, int, int], ...] | None = None
-    # progressive JPEGs stored as baseline with the same DCT coefficients (decoded pixels
-    # identical, ~3x faster to decode; converters.progressive), or "keep": byte for byte
-    jpeg: JpegStore = "baseline"
+    jpeg: JpegStore = "baseline"  # progressive JPEGs: losslessly as baseline (converters.progressive)
 
     def __post_init__(self) -> None:
         if isinstance(self.resize, list):

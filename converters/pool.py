@@ -30,9 +30,8 @@ class _Worker:
         task_r, self.tasks = ctx.Pipe(duplex=False)
         self.results, result_w = ctx.Pipe(duplex=False)
         self.current = ctx.RawValue("q", -1)
-        self.proc = ctx.Process(target=_serve, args=(task_r, result_w, self.current,
-                                                     initializer),
-                                daemon=True, name="feedpipe-convert-worker")
+        self.proc = ctx.Process(target=_serve, daemon=True, name="feedpipe-convert-worker",
+                                args=(task_r, result_w, self.current, initializer))
         self.proc.start()
         task_r.close()  # the worker's ends: a dead worker's pipes then read as closed
         result_w.close()

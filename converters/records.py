@@ -12,9 +12,8 @@ from feedpipe.schema.fields import Field
 
 @dataclass
 class Record:
-    """One sample from an in-memory source: a display name (``shard.tar/key``, ``train[17]``),
-    the encoded image, the label (-1: none), other stored values by field name, and a reason
-    when it cannot be stored (it is then skipped and named)."""
+    """One sample from an in-memory source: a display name (``shard.tar/key``), the encoded image,
+    the label (-1: none), other values by field name, and why it cannot be stored, if so."""
 
     name: str
     image: bytes | None = None

@@ -16,7 +16,7 @@ from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
 from feedpipe.errors import BadInputError, CorruptRecordError, UnsafeDataError
 from feedpipe.paths import atomic_writer
 from feedpipe.schema.codecs import crc32
-from feedpipe.schema.fields import ArrayField, Field, ImageField, LabelField
+from feedpipe.schema.fields import ArrayField, ImageField, LabelField
 from feedpipe.schema.geometric import TextField
 from feedpipe.schema.imaging import sniff_codec
 from feedpipe.schema.model import Schema
@@ -86,7 +86,7 @@ def index_shards(root: str | Path, overwrite: bool = False,
     codecs: set[str] = set()
     image_suffixes: set[str] = set()
     unindexed: dict[str, list[str]] = {}
-    order = (["cls"] if p.labeled else []) + list(p.fields)
+    order = ["cls"] * p.labeled + list(p.fields)
     for n, path in enumerate(shards):
         for key, group in fw.samples(path, [], max_member_bytes):
             img = fw._image_suffix(group)
@@ -113,11 +113,8 @@ def index_shards(root: str | Path, overwrite: bool = False,
     if not keys:
         raise BadInputError(f"{root}: no sample can be indexed: " + "; ".join(
             f"{s['path']}: {s['reason']}" for s in res.skipped[:3]))
-    fields: list[Field] = [ImageField("image", codecs.pop() if len(codecs) == 1 else "mixed")]
-    if p.labeled:
-        fields.append(LabelField("label"))
-    fields += list(p.fields.values())
-    schema = Schema(tuple(fields))
+    schema = Schema((ImageField("image", codecs.pop() if len(codecs) == 1 else "mixed"),
+                     *[LabelField("label")] * p.labeled, *p.fields.values()))
     write_index(root, len(schema), offsets, shard_of, keys, crcs, save=_save_atomic)
     members: dict[str, Any] = {"image": sorted(image_suffixes),
                                **({"label": ["cls"]} if p.labeled else {}),
