@@ -21,8 +21,7 @@ from feedpipe.dataset.formats.base import sample_key
 from feedpipe.dataset.manifest import MANIFEST_NAME, Manifest
 from feedpipe.dataset.registry import WRITERS, DatasetWriter
 from feedpipe.errors import BadInputError, ConfigError, ResourceError
-from feedpipe.storage.store import UrlStore, open_store
-from feedpipe.storage.store import is_remote as _is_remote
+from feedpipe.storage.store import UrlStore, is_remote, open_store
 from feedpipe.system import file_size_limit
 
 from .result import ConvertResult, Stored
@@ -31,12 +30,6 @@ from .swap import FULL, SwapCommit, shown
 from .upload import ManifestCommit
 
 _FULL_TEXT = tuple(os.strerror(e) for e in FULL)
-
-
-def is_remote(out: str | os.PathLike[str]) -> bool:
-    """True for an object-storage URL given as a str (feedpipe.storage.is_remote: an unknown
-    scheme raises ConfigError); a pathlib.Path is never one."""
-    return isinstance(out, str) and _is_remote(out)
 
 
 def open_output(out: str | Path, overwrite: bool, storage_options: Mapping[str, Any] | None

@@ -14,10 +14,9 @@ from typing import Any, Mapping
 
 from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.errors import ConfigError
-from feedpipe.storage.store import open_store
+from feedpipe.storage.store import is_remote, open_store
 
 from .options import PackOptions
-from .packer import is_remote
 from .sources import Source
 
 PARTS_DIR = "parts"
