@@ -109,8 +109,7 @@ def distance_map(mask: np.ndarray, *, signed: bool = False, per_class: bool = Fa
         if num_classes is None or num_classes < 2:
             raise ConfigError("distance_map per_class needs num_classes >= 2 (class 0 is the "
                               "background, one channel per class 1..K-1)")
-        maps = [_signed_distance(mask == k, cap) for k in range(1, num_classes)]
-        d = np.stack(maps, axis=-1)
+        d = np.stack([_signed_distance(mask == k, cap) for k in range(1, num_classes)], axis=-1)
     else:
         d = _signed_distance(mask > 0, cap)
     if not signed:
