@@ -63,10 +63,9 @@ def find_shards(specs: Sequence[str | Path]) -> tuple[list[Path], list[dict[str,
 def looks_like_shards(src: str | Path) -> bool:
     """Whether ``feedpipe convert SRC`` means foreign shards: a shard file, a brace pattern, or a
     folder holding shards, no image files (a stray .tar stays not taken) and no manifest."""
-    s = str(src)
-    if "{" in s or is_shard(Path(s)):
+    p = Path(src)
+    if "{" in str(src) or is_shard(p):
         return True
-    p = Path(s)
     if not p.is_dir() or (p / "feedpipe.json").exists():
         return False
     files = [f for f in p.rglob("*") if f.is_file()]

@@ -28,10 +28,8 @@ AUTO_MIN_PIXELS = 16
 def _colour(text: Any, where: str) -> tuple[int, int, int]:
     if isinstance(text, str) and text.startswith("#") and len(text) == 7:
         rgb = tuple(int(text[i:i + 2], 16) for i in (1, 3, 5))
-    elif isinstance(text, str):
-        rgb = tuple(int(p) for p in text.split(","))
     else:
-        rgb = tuple(int(p) for p in text)
+        rgb = tuple(int(p) for p in (text.split(",") if isinstance(text, str) else text))
     if len(rgb) != 3 or not all(0 <= c <= 255 for c in rgb):
         raise ConfigError(f"{where}: colour {text!r} is not r,g,b (0..255) or #rrggbb")
     return rgb  # type: ignore[return-value]
