@@ -1,8 +1,6 @@
-"""Converters: sources (folders, manifests, mask pairs), targets computed from masks, the parallel
-atomic packer, arrays and tables without images (``pack_arrays``), sample photo generation.
-
-Exports load on first use (PEP 562): ``converters.options`` (the option types the CLI builds its
-parser from) imports without numpy or Pillow."""
+"""Converters: sources, targets computed from masks, the parallel atomic packer, arrays and tables
+(``pack_arrays``), sample photos. Exports load on first use (PEP 562), so ``converters.options``
+(for the CLI's parser) imports without numpy or Pillow."""
 
 from __future__ import annotations
 
@@ -28,14 +26,7 @@ if TYPE_CHECKING:  # for type checkers and the API reference (docs/reference/con
     from .options import PackOptions, parse_resize
     from .pack import ConvertResult, convert
     from .sources import IMAGE_EXTS, Source, SourceItem, attach_masks, scan
-    from .targets import (
-        BUILTINS,
-        Target,
-        boundary,
-        distance_map,
-        make_boundary,
-        make_distance_map,
-    )
+    from .targets import BUILTINS, Target, boundary, distance_map, make_boundary, make_distance_map
 
 
 def __getattr__(name: str) -> Any:

@@ -17,9 +17,8 @@ from .sources import Source, SourceItem, outside, read_regular
 
 
 def scan_coco(images: str | Path, instances: str | Path, contained: bool = False) -> Source:
-    """The images of ``instances`` (paths relative to ``images``) with a ``boxes`` field each;
-    ``contained``: an image whose file name leads outside ``images`` is refused by name
-    (:func:`~converters.sources.outside`)."""
+    """The images of ``instances`` (relative to ``images``) with a ``boxes`` field each;
+    ``contained``: a file name leading outside ``images`` is refused by name."""
     images, instances = Path(images), Path(instances)
     try:
         doc = json.loads(read_regular(instances).decode())  # never a FIFO

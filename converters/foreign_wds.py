@@ -1,7 +1,6 @@
 """WebDataset shards written by other tools (plain or gzipped, folders or brace patterns) as a
-record source; the schema is inferred from the member suffixes (docs/sources.md). Members are
-read whole, so one over ``max_member_bytes`` is refused from its tar header, and a ``.npy``
-member's header is checked against its size, before anything is allocated."""
+record source, the schema inferred from the member suffixes (docs/sources.md). Members are read
+whole, so their sizes and ``.npy`` headers are checked before anything is allocated."""
 
 from __future__ import annotations
 
@@ -20,6 +19,7 @@ from feedpipe.schema.codecs import npy_decode
 from feedpipe.schema.fields import ArrayField, BytesField, Field, JsonField
 from feedpipe.schema.geometric import TextField
 
+from . import hf
 from .records import Record, RecordSource, field_name
 from .sources import IMAGE_EXTS
 
@@ -37,7 +37,7 @@ def find_shards(specs: Sequence[str | Path]) -> tuple[list[Path], list[dict[str,
     """The shard files named by ``specs`` (folders, searched recursively; files; brace
     patterns), in order, and the other files of those folders (not taken, named)."""
     shards: list[Path] = []
-    other: list[dict[str, str]] = []
+    other: list[dict[str, str]] = []  # the folders' other files
     for spec in specs:
         names = list(braceexpand(str(spec))) if "{" in str(spec) else [str(spec)]
         for name in names:
@@ -61,13 +61,11 @@ def find_shards(specs: Sequence[str | Path]) -> tuple[list[Path], list[dict[str,
 
 
 def looks_like_shards(src: str | Path) -> bool:
-    """Whether ``feedpipe convert SRC`` means foreign shards: a shard file, a brace pattern,
-    or a folder holding shards, no image files and no feedpipe manifest (an image folder with a
-    stray .tar stays an image folder; the .tar is listed as not taken)."""
-    s = str(src)
-    if "{" in s or is_shard(Path(s)):
+    """Whether ``feedpipe convert SRC`` means foreign shards: a shard file, a brace pattern, or a
+    folder holding shards, no image files (a stray .tar stays not taken) and no manifest."""
+    p = Path(src)
+    if "{" in str(src) or is_shard(p):
         return True
-    p = Path(s)
     if not p.is_dir() or (p / "feedpipe.json").exists():
         return False
     files = [f for f in p.rglob("*") if f.is_file()]
@@ -77,8 +75,7 @@ def looks_like_shards(src: str | Path) -> bool:
 
 @dataclass
 class Member:
-    """One regular tar member: its name, the offset of its data in the (uncompressed) stream,
-    and its bytes."""
+    """One regular tar member: its name, its data's offset in the uncompressed stream, its bytes."""
 
     name: str
     offset: int
@@ -86,9 +83,8 @@ class Member:
 
 
 def members(path: Path, max_bytes: int = MAX_MEMBER_BYTES) -> Iterator[Member | str]:
-    """A shard's regular members, streamed (gzip read transparently); a non-regular member
-    (link, device) comes as its name; a damaged tar is a CorruptRecordError naming the shard; a
-    member over ``max_bytes`` a BadInputError naming it, raised before it is read."""
+    """A shard's regular members, streamed (gzip too), a link or device as its name; a damaged
+    tar is a CorruptRecordError, a member over ``max_bytes`` a BadInputError, before it is read."""
     last = "the first member"
     try:
         with open(path, "rb") as fh, tarfile.open(fileobj=fh, mode="r|*") as tar:
@@ -119,8 +115,8 @@ Group = tuple[str, dict[str, Member]]
 
 def samples(path: Path, odd: list[dict[str, str]], max_bytes: int = MAX_MEMBER_BYTES
             ) -> Iterator[Group]:
-    """Consecutive members sharing a key (the base name before its first '.', as feedpipe's
-    own reader groups them); non-regular and unpickle-requiring members go to ``odd``."""
+    """Consecutive members sharing a key, as feedpipe's reader groups them; non-regular and
+    unpickle-requiring members go to ``odd``."""
 
     def regular() -> Iterator[tuple[str, Member]]:
         for m in members(path, max_bytes):
@@ -148,13 +144,11 @@ class Plan:
     labeled: bool
     count: int
     not_taken: list[dict[str, str]]
-    image_suffixes: list[str]
     max_member_bytes: int = MAX_MEMBER_BYTES
 
 
 def _npy(data: bytes, what: str) -> np.ndarray:
-    """A ``.npy`` member as an array viewing ``data``: its header checked against its size
-    before anything is allocated, never unpickled (a CorruptRecordError says why not)."""
+    """A ``.npy`` member as an array viewing ``data``, never unpickled; else CorruptRecordError."""
     try:
         return npy_decode(data, what)
     except (UnsafeDataError, ValueError) as exc:  # object arrays need pickle: refused
@@ -169,14 +163,11 @@ def plan(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES) 
     shards, not_taken = find_shards(specs)
     seen: Counter[str] = Counter()
     npy: dict[str, set[tuple[str, tuple[int, ...]]]] = {}
-    images: Counter[str] = Counter()
     n = 0
     for path in shards:
         for key, group in samples(path, not_taken, max_member_bytes):
             n += 1
             img = _image_suffix(group)
-            if img:
-                images[img] += 1
             for s, m in group.items():
                 if s == img:
                     continue
@@ -210,15 +201,12 @@ def plan(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES) 
             fields[s] = TextField(name)
         else:
             fields[s] = BytesField(name)
-    return Plan(shards, fields, labeled, n, not_taken, sorted(images), max_member_bytes)
+    return Plan(shards, fields, labeled, n, not_taken, max_member_bytes)
 
 
-def _values(path: Path, key: str, group: dict[str, Member], p: Plan
-            ) -> tuple[dict[str, Any], int, str | None]:
+def _values(group: dict[str, Member], p: Plan) -> tuple[dict[str, Any], int, str | None]:
     """A sample's stored values, its label, and a reason when it cannot be stored."""
-    missing = [s for s in p.fields if s not in group]
-    if p.labeled and "cls" not in group:
-        missing.insert(0, "cls")
+    missing = [s for s in ["cls"] * p.labeled + list(p.fields) if s not in group]
     if missing:
         return {}, -1, "no " + ", ".join(f".{s}" for s in missing) + " member"
     values: dict[str, Any] = {}
@@ -237,8 +225,8 @@ def _values(path: Path, key: str, group: dict[str, Member], p: Plan
 
 
 def check_text(f: TextField, data: bytes, what: str) -> bytes:
-    """A ``.txt`` member's bytes, unchanged, once they are UTF-8 text the field accepts (no NUL;
-    the loader's CTC padding is 0); else a CorruptRecordError saying why."""
+    """A ``.txt`` member's bytes, unchanged, once they are UTF-8 text without NUL (the loader's
+    CTC padding); else a CorruptRecordError saying why."""
     try:
         f.validate(f.text(data, what))
     except ValueError as exc:
@@ -254,15 +242,27 @@ def source(specs: Sequence[str | Path], max_member_bytes: int = MAX_MEMBER_BYTES
     def records() -> Iterator[Record]:
         for path in p.shards:
             for key, group in samples(path, [], p.max_member_bytes):
-                name = f"{path.name}/{key}"
                 img = _image_suffix(group)
-                values, label, why = _values(path, key, group, p)
+                values, label, why = _values(group, p)
                 if img is None:
                     why = "no image member (" + ", ".join(f".{s}" for s in group) + ")"
-                yield Record(name, group[img].data if img else None, label, values, why)
+                yield Record(f"{path.name}/{key}", group[img].data if img else None, label, values,
+                             why)
 
     roots = tuple(sorted({s.parent for s in p.shards}))
     return RecordSource(roots, "wds-shards", tuple(p.fields.values()), (), p.labeled, p.count,
                         records, tuple(p.not_taken),
                         {"shards": [str(s) for s in p.shards],
                          "members": {f.name: s for s, f in p.fields.items()}})
+
+
+def record_source(src: str | Path, split: str = "train", max_member_bytes: int | None = None
+                  ) -> RecordSource | None:
+    """The in-memory record source ``feedpipe convert SRC`` names (foreign shards or a Hugging
+    Face dataset), or None for the file sources :func:`converters.convert` scans."""
+    s = str(src)
+    if s.startswith("hf://") or hf.is_saved_dataset(Path(s)):
+        return hf.source(s, split)
+    if looks_like_shards(s):
+        return source([s], max_member_bytes or MAX_MEMBER_BYTES)
+    return None

@@ -25,8 +25,7 @@ def _datasets() -> Any:
 
 
 def is_saved_dataset(path: Path) -> bool:
-    """A ``save_to_disk`` folder: a Dataset (``state.json``) or a DatasetDict
-    (``dataset_dict.json``)."""
+    """A ``save_to_disk`` folder: a Dataset or a DatasetDict."""
     return path.is_dir() and ((path / "state.json").is_file()
                               or (path / "dataset_dict.json").is_file())
 
@@ -34,9 +33,8 @@ def is_saved_dataset(path: Path) -> bool:
 def _load(src: str, split: str) -> Any:
     datasets = _datasets()
     if src.startswith("hf://"):
-        name = src[len("hf://"):].strip("/")
         try:
-            return datasets.load_dataset(name, split=split)
+            return datasets.load_dataset(src[len("hf://"):].strip("/"), split=split)
         except (FileNotFoundError, ValueError) as exc:
             raise BadInputError(f"{src}: cannot load split {split!r}: {exc}") from exc
     ds = datasets.load_from_disk(src)
@@ -71,8 +69,7 @@ def source(src: str, split: str = "train") -> RecordSource:
         raise BadInputError(f"{src}: no Image column (features: {dict(feats)}); feedpipe packs "
                             "images: cast the image column with datasets.Image()")
     image = image_cols[0]
-    labels = [c for c, f in feats.items() if isinstance(f, datasets.ClassLabel)]
-    label = labels[0] if labels else None
+    label = next((c for c, f in feats.items() if isinstance(f, datasets.ClassLabel)), None)
     classes = tuple(feats[label].names) if label else ()
     for c in image_cols:
         ds = ds.cast_column(c, datasets.Image(decode=False))  # the original encoded bytes
@@ -90,7 +87,6 @@ def source(src: str, split: str = "train") -> RecordSource:
 
     def records() -> Iterator[Record]:
         for k, row in enumerate(ds):
-            name = f"{split}[{k}]"
             values: dict[str, Any] = {}
             why = None
             try:
@@ -103,7 +99,7 @@ def source(src: str, split: str = "train") -> RecordSource:
             except (OSError, ValueError) as exc:
                 data, why = None, str(exc)
             lab = row[label] if label else -1
-            yield Record(name, data, -1 if lab is None else int(lab), values, why)
+            yield Record(f"{split}[{k}]", data, -1 if lab is None else int(lab), values, why)
 
     root = Path(src) if not src.startswith("hf://") else Path(datasets.config.HF_DATASETS_CACHE)
     return RecordSource((root,), "huggingface", tuple(fields.values()), classes, label is not None,

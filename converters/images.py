@@ -49,8 +49,7 @@ def output_codec(kind: str, lossless_webp: bool, opts: PackOptions) -> str:
 
 
 def planned_codec(data: bytes, opts: PackOptions) -> str:
-    """The codec an encoded image will be stored as, from its first bytes (what
-    :func:`store_image` decides)."""
+    """The codec :func:`store_image` will store an encoded image as, from its first bytes."""
     kind = sniff_codec(data)
     return output_codec(kind, kind == "webp" and webp_lossless(data), opts)
 
@@ -74,9 +73,8 @@ def file_codec(path: Path, opts: PackOptions) -> str | None:
 
 
 def image_codec(items: Sequence[SourceItem], opts: PackOptions, sniff: bool = True) -> str:
-    """The image field's codec: the one codec every input is stored as, else "mixed". With
-    ``codec="auto"`` each input's first bytes tell; ``sniff=False`` skips that read per file and
-    answers a provisional "mixed" (:func:`converters.pack.settle_codec` narrows it later)."""
+    """The one codec every input is stored as, else "mixed"; ``sniff=False`` skips reading each
+    file's first bytes and answers a provisional "mixed" (``pack.settle_codec`` narrows it)."""
     if opts.store == "raw":
         return "raw"
     if opts.codec != "auto":
@@ -88,14 +86,13 @@ def image_codec(items: Sequence[SourceItem], opts: PackOptions, sniff: bool = Tr
 
 
 def likely_jpeg(items: Sequence[SourceItem]) -> bool:
-    """Whether every input is named like a JPEG (the cheap guess that keeps passthrough in one
-    process); the stored codec is never decided by it."""
+    """Whether every input is named like a JPEG (a cheap guess; never decides the codec)."""
     return all(it.path.suffix.lower() in JPEG_EXTS for it in items)
 
 
 def geometry(w: int, h: int, opts: PackOptions) -> tuple[tuple[int, int], tuple[float, ...]] | None:
-    """Output (W, H) (Pillow's order) and source box for ``opts.resize``, shared by an image
-    and its mask. ``opts.resize`` as a tuple is (height, width), as the loader's ``size``."""
+    """Output (W, H) and source box for ``opts.resize`` ((height, width) as a tuple), shared by
+    an image and its mask."""
     if opts.resize is None:
         return None
     if isinstance(opts.resize, tuple):
@@ -169,13 +166,9 @@ def _png(img: Image.Image, drop: bool) -> bytes:
 def store_image(data: bytes, opts: PackOptions, transcode: bool = True) -> Stored:
     """Check one input and make its stored value (docs/convert.md); raises Refused.
 
-    A JPEG is checked from its header first (``imaging.jpeg_problem``: 8-bit, a height, the
-    pixel, scan and pixels-a-byte bounds, an end marker), then read whole (every scan, strictly:
-    ``imaging.read_jpeg_whole``) when ``opts.check="decode"``, when simplejpeg cannot read it
-    (so the fallback decoder is known to), and before Pillow re-encodes it. A plain progressive
-    JPEG is transcoded to baseline losslessly (:mod:`converters.progressive`, which reads it
-    whole itself) unless ``opts.jpeg="keep"``; ``transcode=False`` leaves that to the caller (it
-    comes back ``progressive`` with no ``kept`` reason), which hands it to a worker process."""
+    A JPEG is checked from its header, then read whole when ``opts.check="decode"``, when
+    simplejpeg cannot read it, and before Pillow re-encodes it. ``transcode=False`` leaves a
+    progressive JPEG's lossless transcode to baseline to the caller (a worker process)."""
     kind = sniff_codec(data)
     target = output_codec(kind, kind == "webp" and webp_lossless(data), opts)
     keep = opts.store == "passthrough" and opts.resize is None and target == kind

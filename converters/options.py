@@ -1,7 +1,5 @@
-"""Conversion options: the accepted values of each, as ``Literal`` types (the one place they are
-spelled, for :func:`converters.convert`'s signature, its checks and the CLI's ``choices``), and
-:class:`PackOptions`, the image options as one frozen, checked object. No Pillow: the CLI builds
-its parser from here."""
+"""Conversion options: each one's accepted values as a ``Literal`` (spelled once, for the API,
+its checks and the CLI's ``choices``; no Pillow here), and :class:`PackOptions`, checked."""
 
 from __future__ import annotations
 
@@ -41,8 +39,7 @@ RESIZE_HELP = ("an int (the shorter side, e.g. 256) or (height, width) like make
 
 @dataclass(frozen=True)
 class PackOptions:
-    """How each image is stored; every option checked by type and value on creation.
-    :func:`converters.convert` makes it from its keywords (``masks`` from the source)."""
+    """How each image is stored; every option checked by type and value on creation."""
 
     store: Store = "passthrough"
     resize: int | tuple[int, int] | None = None
@@ -61,9 +58,7 @@ class PackOptions:
     max_pixels_per_byte: int | None = DEFAULT_MAX_PIXELS_PER_BYTE  # a JPEG cut short or hostile
     # colour masks: (r, g, b, class index) per colour (converters.palette); None: index masks only
     mask_palette: tuple[tuple[int, int, int, int], ...] | None = None
-    # progressive JPEGs stored as baseline with the same DCT coefficients (decoded pixels
-    # identical, ~3x faster to decode; converters.progressive), or "keep": byte for byte
-    jpeg: JpegStore = "baseline"
+    jpeg: JpegStore = "baseline"  # progressive JPEGs: losslessly as baseline (converters.progressive)
 
     def __post_init__(self) -> None:
         if isinstance(self.resize, list):
@@ -108,7 +103,6 @@ class PackOptions:
 
 
 _HOW = {
-    "store": "use 'passthrough', 'reencode' or 'raw'",
     "resize": f"use {RESIZE_HELP}",
     "codec": "use 'auto' (lossless stays lossless), 'jpeg', 'png' or 'webp'",
     "mask_store": "masks are stored lossless, use 'png' or 'raw'",
@@ -130,8 +124,8 @@ def parse_resize(text: str | None) -> tuple[int, int] | int | None:
 
 def resolve_targets(targets: Sequence[str | Target] | Mapping[str, Any] | None
                     ) -> tuple[Target, ...]:
-    """Built-in names (default parameters), :class:`Target` objects, or {name: function | Target |
-    "module:function"} → the targets to compute."""
+    """Built-in names, :class:`Target` objects or {name: function | Target | "module:function"}
+    → the targets to compute."""
     if not targets:
         return ()
     if isinstance(targets, Mapping):

@@ -42,8 +42,7 @@ from .options import (
     Unlabeled,
     resolve_targets,
 )
-from .output import is_remote, why_empty
-from .packer import PackTarget, Progress, Sample, split_indices, write_samples
+from .packer import PackTarget, Progress, Sample, is_remote, split_indices, why_empty, write_samples
 from .palette import resolve_palette
 from .parts import Part, plan_part
 from .records import RecordSource

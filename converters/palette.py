@@ -1,7 +1,5 @@
 """Colour segmentation masks: RGB colours → class indices, through a palette (a JSON file, an
-earlier dataset's, or ``"auto"``; docs/sources.md). ``auto`` leaves out, by name, a colour on
-fewer than :data:`AUTO_MIN_PIXELS` pixels of every mask: a stray pixel would renumber every class
-that sorts after it."""
+earlier dataset's, or ``"auto"``; docs/sources.md)."""
 
 from __future__ import annotations
 
@@ -22,25 +20,23 @@ from .sources import open_regular, read_regular
 Palette = tuple[tuple[int, int, int, int], ...]  # (r, g, b, class index)
 Rare = tuple[dict[str, Any], ...]  # colours auto left out: {"colour", "pixels", "mask"}
 AUTO_MAX = 256
-#: ``auto`` takes a colour as a class when some mask has it on at least this many pixels
+#: ``auto`` takes a colour on this many pixels of some mask: a stray pixel's colour, named and left
+#: out, would renumber every class after it
 AUTO_MIN_PIXELS = 16
 
 
 def _colour(text: Any, where: str) -> tuple[int, int, int]:
     if isinstance(text, str) and text.startswith("#") and len(text) == 7:
         rgb = tuple(int(text[i:i + 2], 16) for i in (1, 3, 5))
-    elif isinstance(text, str):
-        rgb = tuple(int(p) for p in text.split(","))
     else:
-        rgb = tuple(int(p) for p in text)
+        rgb = tuple(int(p) for p in (text.split(",") if isinstance(text, str) else text))
     if len(rgb) != 3 or not all(0 <= c <= 255 for c in rgb):
         raise ConfigError(f"{where}: colour {text!r} is not r,g,b (0..255) or #rrggbb")
     return rgb  # type: ignore[return-value]
 
 
 def load_palette(path: str | Path) -> Palette:
-    """A palette JSON file, or the palette an earlier dataset (folder or manifest) recorded
-    (see the module docstring)."""
+    """A palette JSON file, or the palette an earlier dataset (folder or manifest) recorded."""
     path = Path(path)
     if path.is_dir():
         path = path / MANIFEST_NAME
@@ -70,8 +66,7 @@ def show_palette(palette: Palette) -> str:
 
 
 def refuse_lossy(data: bytes) -> None:
-    """A mask must be lossless: a JPEG (or lossy WebP) is a ValueError saying why. Its
-    compression moves pixel values along every edge, and each moved value would be a class."""
+    """A JPEG or lossy WebP mask is a ValueError: its artefacts along the edges would be classes."""
     kind = sniff_codec(data)
     if kind == "jpeg" or (kind == "webp" and not webp_lossless(data)):
         raise ValueError(f"a {'JPEG' if kind == 'jpeg' else 'lossy WebP'}: masks must be "
@@ -80,8 +75,8 @@ def refuse_lossy(data: bytes) -> None:
 
 
 def _rgb(path: Path, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray | None:
-    """A colour mask's H×W×3 pixels; None for an index mask (L, P, 1, I;16). One declaring
-    over ``max_pixels`` is a CorruptRecordError naming it, from its header, undecoded."""
+    """A colour mask's H×W×3 pixels, None for an index mask; over ``max_pixels``, undecoded, a
+    CorruptRecordError."""
     with os.fdopen(open_regular(path)[0], "rb") as fh, Image.open(fh) as im:
         if im.mode not in ("RGB", "RGBA"):
             return None
@@ -96,7 +91,7 @@ def _packed(rgb: np.ndarray) -> np.ndarray:
 def auto_palette(masks: Sequence[Path], max_pixels: int | None = DEFAULT_MAX_PIXELS
                  ) -> tuple[Palette, Rare]:
     """The colours on at least AUTO_MIN_PIXELS pixels of some colour mask, sorted, numbered
-    0..K-1 (K ≤ 256); and the colours left out, each with its largest pixel count and mask."""
+    0..K-1; and the colours left out, each with its largest pixel count and mask."""
     most: dict[int, tuple[int, Path]] = {}  # colour → (largest pixel count in one mask, mask)
     for m in masks:
         try:
@@ -124,8 +119,7 @@ def auto_palette(masks: Sequence[Path], max_pixels: int | None = DEFAULT_MAX_PIX
 
 def resolve_palette(spec: Any, masks: Sequence[Path],
                     max_pixels: int | None = DEFAULT_MAX_PIXELS) -> tuple[Palette | None, Rare]:
-    """``"auto"``, a JSON file or dataset path, or an already built palette; and the colours
-    ``auto`` left out (see :func:`auto_palette`)."""
+    """``"auto"``, a JSON file or dataset path, or a built palette; and the colours auto left out."""
     if spec is None:
         return None, ()
     if isinstance(spec, (str, Path)):
@@ -136,8 +130,8 @@ def resolve_palette(spec: Any, masks: Sequence[Path],
 
 def colour_mask(path: Path, palette: Palette, max_pixels: int | None = DEFAULT_MAX_PIXELS
                 ) -> np.ndarray | None:
-    """A colour mask → H×W class indices (uint16 when an index exceeds 255); None for an index
-    mask. A colour missing from the palette is a ValueError naming the file and the colours."""
+    """A colour mask → H×W class indices (uint8, or uint16 past 255); None for an index mask. A
+    colour missing from the palette is a ValueError naming the colours."""
     rgb = _rgb(path, max_pixels)
     if rgb is None:
         return None

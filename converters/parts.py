@@ -7,16 +7,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Mapping
 
 from feedpipe.dataset.manifest import MANIFEST_NAME
 from feedpipe.errors import ConfigError
-from feedpipe.storage.store import open_store
+from feedpipe.storage.store import is_remote, open_store
 
 from .options import PackOptions
-from .output import is_remote
 from .sources import Source
 
 PARTS_DIR = "parts"
@@ -50,13 +50,10 @@ class Part:
 def parse_part(text: str, env: Mapping[str, str] | None = None) -> Part:
     """``"3/8"`` → Part(3, 8); ``"auto/8"`` reads the index from Slurm's or Kubernetes' variable."""
     env = os.environ if env is None else env
-    i, slash, n = text.partition("/")
-    if not slash:
+    m = re.fullmatch(r"\s*(auto|-?\d+)\s*/\s*(\d+)\s*", text)
+    if not m:
         raise ConfigError(f"--part {text}: use i/N (e.g. 0/4) or auto/N")
-    try:
-        count = int(n)
-    except ValueError:
-        raise ConfigError(f"--part {text}: N must be an integer (parts in all)") from None
+    i = m[1]
     if i == "auto":
         found = [(v, env[v]) for v in INDEX_VARS if env.get(v, "").strip()]
         if not found:
@@ -66,18 +63,15 @@ def parse_part(text: str, env: Mapping[str, str] | None = None) -> Part:
         var, i = found[0]
         text = f"{text} (${var}={i})"
     try:
-        index = int(i)
+        return Part(int(i), int(m[2]))
     except ValueError:
-        raise ConfigError(f"--part {text}: the index must be an integer or 'auto'") from None
-    try:
-        return Part(index, count)
+        raise ConfigError(f"--part {text}: the index must be an integer") from None
     except ConfigError as exc:
         raise ConfigError(f"--part {text}: {exc}") from None
 
 
 def fingerprint(source: Source, to: str, options: Mapping[str, Any]) -> str:
-    """SHA-256 of what every part must share: the whole sorted source list (paths and labels),
-    the classes, the format and the conversion options."""
+    """SHA-256 of what every part must share: the sorted source list, classes, format, options."""
     h = hashlib.sha256()
     h.update(json.dumps({"format": to, "classes": list(source.classes), "kind": source.kind,
                          "options": options}, sort_keys=True, default=str).encode())
@@ -90,10 +84,9 @@ def fingerprint(source: Source, to: str, options: Mapping[str, Any]) -> str:
 def plan_part(part: Part, source: Source, out: str | Path, to: str, opts: PackOptions,
               val_fraction: float, storage_options: Mapping[str, Any] | None = None,
               ) -> tuple[str | Path, int, int, dict[str, Any]]:
-    """Check a part conversion and return its directory, slice and the manifest's ``part``
-    entry (what :func:`converters.merge.merge` checks). A part is never converted into an
-    output that is already a merged dataset (a folder or a URL prefix): its manifest lists the
-    parts' files, and replacing one would break it."""
+    """Check a part conversion: its directory, slice and the manifest's ``part`` entry (what
+    :func:`converters.merge.merge` checks). Never into a merged dataset: replacing a part's files
+    would break its manifest."""
     options = {f.name: getattr(opts, f.name) for f in fields(opts) if f.name != "targets"}
     options["targets"] = [[t.name, t.spec, t.params] for t in opts.targets]
 

@@ -1,8 +1,6 @@
-"""The worker processes of a conversion, each fed through pipes of its own. A worker writes the job
-it is on into shared memory, so one that dies (the OOM killer, a decoder crash) is seen at once
-through its sentinel and named in :class:`~feedpipe.errors.ResourceError`:
-``multiprocessing.Pool`` waits forever for a dead worker, and ``ProcessPoolExecutor`` does not
-say which input it held."""
+"""A conversion's worker processes, each with pipes of its own and the job it is on in shared
+memory: one that dies (OOM killer, decoder crash) is seen at once and its input named in a
+ResourceError, where ``multiprocessing.Pool`` waits forever and ``ProcessPoolExecutor`` names none."""
 
 from __future__ import annotations
 
@@ -12,6 +10,7 @@ import selectors
 import signal
 import threading
 from collections import deque
+from itertools import islice
 from multiprocessing.connection import Connection
 from multiprocessing.pool import ExceptionWithTraceback
 from typing import Any, Callable, Iterable, Iterator, NoReturn, Sequence
@@ -24,16 +23,15 @@ _JOIN_S = 5.0  # a worker ended with SIGTERM that is still there after this is k
 
 
 class _Worker:
-    """One worker process, its two pipes, the job it is on (shared memory, -1: none) and the
-    chunks it holds: the (job, file) of each task, per chunk sent and not yet answered."""
+    """One worker process, its pipes, the job it is on (-1: none) and the (job, file) of each task
+    of the chunks sent and not yet answered."""
 
     def __init__(self, ctx: Any, initializer: Callable[[], None]) -> None:
         task_r, self.tasks = ctx.Pipe(duplex=False)
         self.results, result_w = ctx.Pipe(duplex=False)
         self.current = ctx.RawValue("q", -1)
-        self.proc = ctx.Process(target=_serve, args=(task_r, result_w, self.current,
-                                                     initializer),
-                                daemon=True, name="feedpipe-convert-worker")
+        self.proc = ctx.Process(target=_serve, daemon=True, name="feedpipe-convert-worker",
+                                args=(task_r, result_w, self.current, initializer))
         self.proc.start()
         task_r.close()  # the worker's ends: a dead worker's pipes then read as closed
         result_w.close()
@@ -41,9 +39,8 @@ class _Worker:
 
 
 class WorkerPool:
-    """``workers`` processes (forkserver where there is one) that run ``fn(*args)`` per task,
-    each set up by ``initializer``; see the module docstring. Use it in a ``with``: leaving it
-    ends every worker at once (after an error or Ctrl-C too)."""
+    """``workers`` processes (forkserver where there is one) running ``fn(*args)`` per task;
+    ``close()`` ends every worker at once."""
 
     def __init__(self, workers: int, initializer: Callable[[], None]) -> None:
         ctx = mp.get_context("forkserver" if "forkserver" in mp.get_all_start_methods()
@@ -65,12 +62,6 @@ class WorkerPool:
             self.close()
             raise
 
-    def __enter__(self) -> WorkerPool:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     def submit(self, fn: Callable[..., Any], tasks: Sequence[Task]) -> list[int]:
         """Queue ``tasks`` as one chunk, run in order by one worker; their job ids."""
         ids = list(range(self._next, self._next + len(tasks)))
@@ -86,8 +77,8 @@ class WorkerPool:
         return job in self._done
 
     def result(self, job: int) -> Any:
-        """``job``'s result, waited for; the worker's exception (its traceback as the cause)
-        re-raised; :class:`ResourceError` when a worker died meanwhile."""
+        """``job``'s result, waited for; the worker's exception re-raised; ResourceError when a
+        worker died meanwhile."""
         while job not in self._done:
             self._poll(None)
         ok, value = self._done.pop(job)
@@ -97,14 +88,14 @@ class WorkerPool:
 
     def imap(self, fn: Callable[..., Any], tasks: Iterable[Task], chunksize: int
              ) -> Iterator[Any]:
-        """``fn(*args)`` of each task, in order; at most ``HELD + 1`` chunks per worker are
-        submitted past the result awaited, so results that wait for a slow one stay few."""
+        """``fn(*args)`` of each task, in order, with at most ``HELD + 1`` chunks per worker
+        submitted past the result awaited."""
         it = iter(tasks)
         jobs: deque[int] = deque()
         ahead = (HELD + 1) * len(self._workers) * chunksize
         while True:
             while len(jobs) < ahead:
-                chunk = [t for _, t in zip(range(chunksize), it, strict=False)]
+                chunk = list(islice(it, chunksize))
                 if not chunk:
                     break
                 jobs.extend(self.submit(fn, chunk))
@@ -128,10 +119,8 @@ class WorkerPool:
         self._selector.close()
 
     def _dispatch(self) -> None:
-        """Send queued chunks to the workers holding fewest: an idle worker gets one; a busy
-        worker its next one (up to :data:`HELD`) only while a chunk is queued for every worker,
-        so the last chunks go to idle workers (a worker reads its pipe in a thread of its own,
-        so a send never waits for its work)."""
+        """Send queued chunks to the workers holding fewest: a busy one gets its next (up to
+        :data:`HELD`) only while a chunk is queued for every worker, so the last go to idle ones."""
         while self._queue:
             w = min(self._workers, key=lambda w: len(w.chunks))
             if len(w.chunks) >= HELD or (w.chunks and len(self._queue) < len(self._workers)):
@@ -144,8 +133,7 @@ class WorkerPool:
             w.chunks.append([(job, name) for job, (name, _) in chunk])
 
     def _poll(self, timeout: float | None) -> None:
-        """Collect the results that came (waiting up to ``timeout``), notice dead workers, and
-        send the next chunks."""
+        """Collect results (waiting up to ``timeout``), notice dead workers, send next chunks."""
         ready = {(key.data, key.fileobj is key.data.results)
                  for key, _ in self._selector.select(timeout)}
         for w in self._workers:
@@ -185,8 +173,8 @@ def _signal_name(num: int) -> str:
 
 def _serve(tasks: Connection, results: Connection, current: Any,
            initializer: Callable[[], None]) -> None:
-    """A worker's loop: chunks in (read ahead by a thread), each task's ``(ok, result or
-    exception)`` out as one list per chunk; ``current`` holds the job being run."""
+    """A worker's loop: chunks in (read ahead by a thread, so a send never waits for the work),
+    each task's ``(ok, result or exception)`` out as one list per chunk."""
     initializer()
     inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()
     threading.Thread(target=_read, args=(tasks, inbox), daemon=True).start()

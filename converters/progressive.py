@@ -1,9 +1,6 @@
-"""Progressive JPEGs stored as baseline, losslessly (``jpeg="baseline"``, the default): they decode
-~3× slower than baseline with the same pixels (benchmarks/RESULTS.md). libjpeg-turbo's lossless
-transform (``turbojpeg``) rewrites the entropy coding only: the same DCT coefficients, tables and
-markers. Each result is checked (the source read whole, the baseline file read whole and
-declaring the source's size and orientation); a file that fails, or a platform without the
-turbojpeg wheel, keeps its bytes and is named with the reason."""
+"""Progressive JPEGs (~3× slower to decode: benchmarks/RESULTS.md) stored as baseline through
+libjpeg-turbo's lossless transform: the same DCT coefficients, tables and markers. Each result is
+checked; a file that fails, or a platform without turbojpeg, keeps its bytes, named with why."""
 
 from __future__ import annotations
 
@@ -83,7 +80,7 @@ def to_baseline(data: bytes) -> tuple[bytes, None] | tuple[None, str]:
 
 def transcoded(stored: Stored) -> Stored:
     """A progressive JPEG stored as it is → stored as baseline, or kept with the reason in
-    ``kept``; Refused when its data is damaged. Runs in the conversion's worker processes."""
+    ``kept``; Refused when its data is damaged."""
     try:
         out, why = to_baseline(bytes(stored.value))
     except BadInputError as exc:

@@ -1,6 +1,5 @@
-"""Sources whose samples arrive as bytes in memory (foreign shards, Hugging Face datasets, arrays):
-a :class:`RecordSource` of :class:`Record` objects, packed by :func:`converters.convert` like
-image files."""
+"""Sources whose samples arrive as bytes in memory (foreign shards, Hugging Face datasets, arrays),
+packed by :func:`converters.convert` like image files."""
 
 from __future__ import annotations
 
@@ -13,9 +12,8 @@ from feedpipe.schema.fields import Field
 
 @dataclass
 class Record:
-    """One sample from an in-memory source: a display name (``shard.tar/key``, ``train[17]``),
-    the encoded image, the label (-1: none), other stored values by field name, and a reason
-    when it cannot be stored (it is then skipped and named)."""
+    """One sample from an in-memory source: a display name (``shard.tar/key``), the encoded image,
+    the label (-1: none), other values by field name, and why it cannot be stored, if so."""
 
     name: str
     image: bytes | None = None
@@ -26,8 +24,8 @@ class Record:
 
 @dataclass(frozen=True)
 class RecordSource:
-    """What a record source knows before packing: its roots (the output may not lie inside
-    them), the extra fields, class names, files or members not taken, and how to (re)iterate."""
+    """What a record source knows before packing: its roots (the output stays out of them), fields,
+    classes, what was not taken, and how to (re)iterate."""
 
     roots: tuple[Path, ...]
     kind: str

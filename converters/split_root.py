@@ -18,8 +18,7 @@ SplitClasses = Literal["agree", "union"]
 
 def scan_split_root(src: str | Path, mode: SplitRoot, classes: SplitClasses = "agree",
                     contained: bool = False) -> Source:
-    """Scan each split as an ImageFolder tree and merge them (see the module docstring);
-    ``contained`` as for :func:`~converters.sources.scan`."""
+    """Scan each split as an ImageFolder tree and merge them; ``contained`` as for ``scan``."""
     src = Path(src)
     names = split_dirs(src)
     if not names:

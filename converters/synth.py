@@ -1,9 +1,9 @@
-"""Real-looking test photos: random crops of the sample photographs scikit-image ships (no network);
-:func:`make_web_photos` gives them the JPEG properties of web photo collections, at
-the photographs' own resolution or below (never upscaled)."""
+"""Real-looking test photos: random crops of the sample photographs scikit-image ships (no network),
+with :func:`make_web_photos` the JPEG properties of web photo collections."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import TypeVar
 
@@ -36,8 +36,7 @@ def _load_photos(names: tuple[str, ...]) -> list[np.ndarray]:
 
 def _class_folders(out: str | Path, classes: int, seed: int, photos: tuple[str, ...] = PHOTOS
                    ) -> tuple[Path, np.random.Generator, tuple[str, ...], list[np.ndarray]]:
-    """The output tree's class folders (one per source photograph), the generator and the
-    source photographs."""
+    """The output tree's class folders (one per photograph), the generator and the photographs."""
     out = Path(out)
     names = tuple(photos[: max(1, min(classes, len(photos)))])
     for name in names:
@@ -47,11 +46,8 @@ def _class_folders(out: str | Path, classes: int, seed: int, photos: tuple[str, 
 
 def make_photos(out: str | Path, n: int, *, size: tuple[int, int] = (500, 375), classes: int = 4,
                 quality: int = 90, seed: int = 0) -> Path:
-    """Write ``n`` JPEG photos (about ``size`` W×H) into an ImageFolder tree ``out/<class>/``.
-
-    Each class draws crops from its own source photograph, so labels are learnable; crops vary in
-    position, scale, aspect (±8%) and flip.
-    """
+    """Write ``n`` JPEG photos (about ``size`` W×H) into an ImageFolder tree ``out/<class>/``,
+    each class cropped from its own photograph (learnable labels) with varied scale, aspect, flip."""
     out, rng, names, photos = _class_folders(out, classes, seed)
     for i in range(n):
         c = i % len(names)
@@ -102,10 +98,9 @@ def _exif(orientation: int, rng: np.random.Generator) -> bytes:
 
 def make_web_photos(out: str | Path, n: int, *, classes: int = 7, seed: int = 0,
                     scale: float = 1.0, progressive: bool = True) -> Path:
-    """Write ``n`` JPEGs with web photo collections' properties (the ``WEB_*`` tables) into
-    ``out/<class>/``, each class cut from its own :data:`WEB_PHOTOS` photograph at its own
-    resolution or below (upscaled crops would thin out the entropy-coded data). ``scale`` shrinks
-    every size (for tests); ``progressive=False`` writes the same files all baseline."""
+    """Write ``n`` JPEGs with the ``WEB_*`` tables' properties into ``out/<class>/``, each class
+    cut from its own :data:`WEB_PHOTOS` photograph, never upscaled; ``scale`` shrinks every size
+    (for tests); ``progressive=False`` writes the same files all baseline."""
     out, rng, names, photos = _class_folders(out, classes, seed, WEB_PHOTOS)
     for i in range(n):
         c = i % len(names)
@@ -136,10 +131,8 @@ def make_web_photos(out: str | Path, n: int, *, classes: int = 7, seed: int = 0,
 
 
 def _real_pixels(src: np.ndarray, w: int, h: int, rng: np.random.Generator) -> Image.Image:
-    """A ``w``×``h`` image of ``src``'s own pixels: a random crop shrunk by a factor in
-    :data:`WEB_DOWNSCALE` (Lanczos; never enlarged), mirrored edge to edge where the photograph
-    is smaller than the image (no seams: every 8×8 block holds real photo detail), maybe flipped.
-    """
+    """A ``w``×``h`` image of ``src``'s own pixels: a random crop shrunk by :data:`WEB_DOWNSCALE`,
+    mirrored where the photograph is smaller (every 8×8 block holds real detail), maybe flipped."""
     sh, sw = src.shape[:2]
     s = rng.uniform(*WEB_DOWNSCALE)
     cw, ch = min(sw, int(np.ceil(w / s))), min(sh, int(np.ceil(h / s)))
@@ -154,9 +147,8 @@ def _real_pixels(src: np.ndarray, w: int, h: int, rng: np.random.Generator) -> I
 
 
 def jpeg_mix(files: list[Path]) -> dict[str, object]:
-    """What a set of JPEG files holds: the shares of progressive files, chroma subsamplings and
-    EXIF orientations, the longer side (min, median, max) and the bits per pixel; a benchmark
-    records it beside its figures."""
+    """What a set of JPEG files holds (shares of progressive files, subsamplings, orientations;
+    longer side; bits per pixel), recorded by a benchmark beside its figures."""
     sizes, prog, sampling, orient, sides, pixels = 0, 0, [], [], [], 0
     for p in files:
         data = p.read_bytes()
@@ -195,11 +187,8 @@ def blob_mask(h: int, w: int, classes: int, rng: np.random.Generator) -> np.ndar
 
 def make_segmentation(out: str | Path, n: int, *, size: tuple[int, int] = (500, 375),
                       classes: int = 4, quality: int = 90, seed: int = 0) -> tuple[Path, Path]:
-    """Write ``n`` photo/mask pairs: ``out/images/<i>.jpg`` and ``out/masks/<i>.png``.
-
-    Photos as in :func:`make_photos`; each mask holds smooth random blobs, and the photo is tinted
-    inside them (one colour per class) so the objects are visible and learnable.
-    """
+    """Write ``n`` photo/mask pairs, ``out/images/<i>.jpg`` and ``out/masks/<i>.png``: random
+    blobs, the photo tinted inside them (a colour per class) so the objects are learnable."""
     out = Path(out)
     photos_dir = make_photos(out / "_photos", n, size=size, classes=1, quality=quality, seed=seed)
     images, masks = out / "images", out / "masks"
@@ -216,7 +205,5 @@ def make_segmentation(out: str | Path, n: int, *, size: tuple[int, int] = (500, 
         Image.fromarray(rgb.astype(np.uint8)).save(images / f"{i:06d}.jpg", "JPEG",
                                                    quality=quality)
         Image.fromarray(mask, "L").save(masks / f"{i:06d}.png")
-    for p in sorted(photos_dir.rglob("*"), reverse=True):
-        p.unlink() if p.is_file() else p.rmdir()
-    photos_dir.rmdir()
+    shutil.rmtree(photos_dir)
     return images, masks

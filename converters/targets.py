@@ -1,6 +1,5 @@
-"""Targets computed once from each mask at conversion time and stored beside the image: a pure
-function ``mask (H×W class indices) -> ndarray`` plus how to store and resample it. The built-ins,
-``distance_map`` and ``boundary``, are defined in docs/convert.md."""
+"""Targets computed once from each mask at conversion time and stored beside the image: a function
+``mask -> ndarray`` plus how to store and resample it (the built-ins: docs/convert.md)."""
 
 from __future__ import annotations
 
@@ -21,8 +20,7 @@ StoreDtype = Literal["float16", "float32", "uint8", "uint16"]
 
 @dataclass(frozen=True)
 class Target:
-    """A target computation and its storage: ``fn`` must be importable (module level) so the
-    conversion workers can run it."""
+    """A target computation and its storage; ``fn`` is module level, for the worker processes."""
 
     name: str
     fn: TargetFn
@@ -49,8 +47,7 @@ class Target:
         if self.dtype in ("float16", "float32") or self.interp == "nearest" or self.bound is None:
             return 1.0, 0.0
         lo, hi = self.bound
-        steps = 255 if self.dtype == "uint8" else 65535
-        return (hi - lo) / steps, lo
+        return (hi - lo) / np.iinfo(self.dtype).max, lo
 
     def field(self) -> TargetField:
         """The schema field this target is stored as."""
@@ -89,8 +86,6 @@ class Target:
         return np.clip(q, 0, np.iinfo(dt).max).astype(dt)
 
 
-# --- built-in computations -------------------------------------------------------------------
-
 def _signed_distance(obj: np.ndarray, cap: float) -> np.ndarray:
     """±(EDT to the other side − 0.5): negative inside ``obj``; ``cap`` where there is no edge."""
     if obj.all():
@@ -114,8 +109,7 @@ def distance_map(mask: np.ndarray, *, signed: bool = False, per_class: bool = Fa
         if num_classes is None or num_classes < 2:
             raise ConfigError("distance_map per_class needs num_classes >= 2 (class 0 is the "
                               "background, one channel per class 1..K-1)")
-        maps = [_signed_distance(mask == k, cap) for k in range(1, num_classes)]
-        d = np.stack(maps, axis=-1)
+        d = np.stack([_signed_distance(mask == k, cap) for k in range(1, num_classes)], axis=-1)
     else:
         d = _signed_distance(mask > 0, cap)
     if not signed:
@@ -173,11 +167,8 @@ BUILTINS: dict[str, Callable[..., Target]] = {"distance_map": make_distance_map,
 
 
 def user_target(name: str, obj: TargetFn | Target | str) -> Target:
-    """A user target from a function, a :class:`Target`, or a ``"package.module:function"`` spec.
-
-    A plain function is stored float16 and resampled linearly; return a :class:`Target` (or pass
-    one) to choose the dtype, channels and resampling.
-    """
+    """A user target from a function (stored float16, resampled linearly), a :class:`Target`, or
+    a ``"package.module:function"`` spec."""
     spec = ""
     if isinstance(obj, str):
         spec = obj

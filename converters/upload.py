@@ -1,9 +1,7 @@
-"""A conversion into object storage (``s3://``, ``gs://``...): no rename to swap a folder into
-place, so the manifest, uploaded last, is the commit point (docs/remote.md). Each finished shard is
-uploaded as the writer moves on and its staged copy removed, so local disk holds a few shards. An
-upload journal (``.feedpipe-upload.json``) records each object before and after its upload: a
-re-run skips what is done, and a destructive step removes only what the journal or the old
-manifest lists."""
+"""A conversion into object storage: the manifest, uploaded last, is the commit point
+(docs/remote.md); finished shards are uploaded as the writer moves on, so local disk holds a few.
+An upload journal records each object before and after its upload: a re-run skips what is done,
+and only what the journal or the old manifest lists is ever removed."""
 
 from __future__ import annotations
 
@@ -35,11 +33,8 @@ MAX_QUEUED = 4  # staged shards waiting for upload before the packer waits (boun
 
 
 class ManifestCommit:
-    """The object-store commit policy: ``claim()`` checks the URL, locks it on this machine and
-    makes the staging folder; ``after_write()`` uploads the shards a writer has finished (in the
-    background, journaled, each staged copy removed); ``entry()`` a closed file; ``commit()``
-    uploads the manifests last and removes what the new dataset does not list; ``abort()`` keeps
-    what was uploaded (journaled) for a re-run."""
+    """The object-store commit policy (the module docstring); ``abort()`` keeps what was uploaded
+    (journaled) for a re-run."""
 
     def __init__(self, store: UrlStore, overwrite: bool) -> None:
         self.store, self.url, self.overwrite = store, store.url, overwrite
@@ -75,9 +70,8 @@ class ManifestCommit:
     def _check_remote(self) -> None:
         held = self.store.names()
         if not held and not self.store.bucket_exists():
-            scheme, _, path = self.url.partition("://")
-            bucket = path.split("/")[0]
-            raise RemoteNotFoundError(f"{scheme}://{bucket}: no such bucket; create it, or check "
+            bucket = "/".join(self.url.split("/")[:3])  # scheme://bucket
+            raise RemoteNotFoundError(f"{bucket}: no such bucket; create it, or check "
                                       f"its name and the endpoint, before writing {self.url}",
                                       url=self.url)
         self.journal = dict(((self._read_json(JOURNAL) if JOURNAL in held else None) or {})
@@ -124,9 +118,8 @@ class ManifestCommit:
             return self._version
 
     def _save_journal(self, version: int | None = None) -> None:
-        """Store a journal at least as new as ``version`` (None: the state now, even unchanged).
-        One PUT at a time, each of the newest state: uploads that ask meanwhile are covered by
-        one PUT (an older copy never lands after a newer one)."""
+        """Store a journal at least as new as ``version`` (None: the state now), one PUT at a time
+        of the newest state, so an older copy never lands after a newer one."""
         if version is None:
             with self._jlock:
                 self._version += 1
@@ -141,28 +134,26 @@ class ManifestCommit:
             self.store.write(JOURNAL, lambda fh: fh.write(body.encode()))
             self._stored = current
 
-    def _submit(self, path: Path) -> None:
-        assert self._pool is not None
-        self._queued.acquire()  # backpressure: the packer waits when uploads fall behind
-        fut = self._pool.submit(self.publish, path)
-        fut.add_done_callback(lambda _: self._queued.release())
-        self._uploads[path] = fut
+    def _upload(self, path: Path) -> Future[FileEntry]:
+        """``path``'s upload, started unless it was already."""
+        if path not in self._uploads:
+            assert self._pool is not None
+            self._queued.acquire()  # backpressure: the packer waits when uploads fall behind
+            self._uploads[path] = self._pool.submit(self.publish, path)
+            self._uploads[path].add_done_callback(lambda _: self._queued.release())
+        return self._uploads[path]
 
     def after_write(self, root: Path, writer: DatasetWriter) -> None:
-        """Upload every shard the writer has finished (all but the one it writes to); a failed
-        upload stops the conversion now."""
+        """Upload the shards the writer has finished; a failed upload stops the conversion now."""
         for name in getattr(writer, "shards", [])[:-1]:
-            if root / name not in self._uploads:
-                self._submit(root / name)
+            self._upload(root / name)
         for fut in self._uploads.values():
             if fut.done() and fut.exception() is not None:
                 fut.result()
 
     def entry(self, root: Path, name: str) -> FileEntry:
         """A closed data file's size and SHA-256 for the manifest, once it is uploaded."""
-        if root / name not in self._uploads:
-            self._submit(root / name)
-        return self._uploads[root / name].result()
+        return self._upload(root / name).result()
 
     def _rel(self, path: Path) -> str:
         return path.relative_to(self.staging).as_posix()
@@ -194,8 +185,7 @@ class ManifestCommit:
             return None
 
     def commit(self) -> None:
-        """Wait for the uploads, upload the manifests last (the commit point), remove the
-        journaled objects the new manifests do not list and the journal; release the lock."""
+        """Upload the manifests last, then remove the journaled objects they do not list."""
         try:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
@@ -214,8 +204,8 @@ class ManifestCommit:
             self.lock.release()
 
     def abort(self) -> None:
-        """Stop uploading; keep the uploaded objects and the journal (no manifest: nothing reads
-        them as a dataset) for a re-run to resume; remove the staging folder."""
+        """Stop uploading; keep the uploads and the journal (no manifest: not a dataset) for a
+        re-run."""
         try:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)

@@ -1,7 +1,6 @@
 """``feedpipe index DIR``: a manifest and WebDataset index written beside foreign ``.tar`` shards,
-which are read in place and never rewritten (docs/sources.md). Gzipped shards (no random access)
-and members that need unpickling are refused with the ``feedpipe convert`` command instead;
-samples that cannot be read as they stand are left out of the index, named."""
+read in place, never rewritten (docs/sources.md); samples unreadable as they stand are left out,
+named."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from feedpipe.dataset.manifest import MANIFEST_NAME, FileEntry, Manifest
 from feedpipe.errors import BadInputError, CorruptRecordError, UnsafeDataError
 from feedpipe.paths import atomic_writer
 from feedpipe.schema.codecs import crc32
-from feedpipe.schema.fields import ArrayField, Field, ImageField, LabelField
+from feedpipe.schema.fields import ArrayField, ImageField, LabelField
 from feedpipe.schema.geometric import TextField
 from feedpipe.schema.imaging import sniff_codec
 from feedpipe.schema.model import Schema
@@ -69,8 +68,8 @@ def _check_folder(root: Path, overwrite: bool) -> list[Path]:
 
 def index_shards(root: str | Path, overwrite: bool = False,
                  max_member_bytes: int = fw.MAX_MEMBER_BYTES) -> IndexResult:
-    """Index the foreign ``.tar`` shards of ``root`` in place (see the module docstring);
-    ``max_member_bytes``: members are read whole to checksum them, larger ones are refused."""
+    """Index the foreign ``.tar`` shards of ``root`` in place; members are read whole to checksum
+    them, so ones over ``max_member_bytes`` are refused."""
     root = Path(root)
     shards = _check_folder(root, overwrite)
     p = fw.plan([root], max_member_bytes)
@@ -87,7 +86,7 @@ def index_shards(root: str | Path, overwrite: bool = False,
     codecs: set[str] = set()
     image_suffixes: set[str] = set()
     unindexed: dict[str, list[str]] = {}
-    order = (["cls"] if p.labeled else []) + list(p.fields)
+    order = ["cls"] * p.labeled + list(p.fields)
     for n, path in enumerate(shards):
         for key, group in fw.samples(path, [], max_member_bytes):
             img = fw._image_suffix(group)
@@ -114,16 +113,12 @@ def index_shards(root: str | Path, overwrite: bool = False,
     if not keys:
         raise BadInputError(f"{root}: no sample can be indexed: " + "; ".join(
             f"{s['path']}: {s['reason']}" for s in res.skipped[:3]))
-    fields: list[Field] = [ImageField("image", codecs.pop() if len(codecs) == 1 else "mixed")]
-    if p.labeled:
-        fields.append(LabelField("label"))
-    fields += list(p.fields.values())
-    schema = Schema(tuple(fields))
+    schema = Schema((ImageField("image", codecs.pop() if len(codecs) == 1 else "mixed"),
+                     *[LabelField("label")] * p.labeled, *p.fields.values()))
     write_index(root, len(schema), offsets, shard_of, keys, crcs, save=_save_atomic)
-    members: dict[str, Any] = {"image": sorted(image_suffixes)}
-    if p.labeled:
-        members["label"] = ["cls"]
-    members.update({f.name: [s] for s, f in p.fields.items()})
+    members: dict[str, Any] = {"image": sorted(image_suffixes),
+                               **({"label": ["cls"]} if p.labeled else {}),
+                               **{f.name: [s] for s, f in p.fields.items()}}
     names = [*res.shards, *INDEX_FILES, CRC_FILE]
     Manifest("wds", len(keys), schema, (), tuple(FileEntry.of(root, f) for f in names),
              {"source": str(root), "source_kind": "wds-in-place", "ignored": p.not_taken},
@@ -135,9 +130,7 @@ def index_shards(root: str | Path, overwrite: bool = False,
 
 
 def _unreadable(p: fw.Plan, group: dict[str, fw.Member], what: str) -> str | None:
-    """Why a sample's text or array members cannot be read in place as they stand (text not
-    UTF-8 or with a NUL; an npy header that does not fit its bytes or the field), or None: the
-    reader decodes them as they are, so each is checked here, never rewritten."""
+    """Why a sample's text or array members cannot be read in place as they stand, or None."""
     for s, f in p.fields.items():
         try:
             if isinstance(f, TextField):
@@ -150,7 +143,7 @@ def _unreadable(p: fw.Plan, group: dict[str, fw.Member], what: str) -> str | Non
 
 
 def _save_atomic(path: Path, arr: np.ndarray) -> None:
-    """``np.save`` through :func:`atomic_writer`: the folder is the user's, and a fixed temp name
-    could be a planted symlink leading outside it."""
+    """``np.save`` atomically: the folder is the user's, and a fixed temp name could be a planted
+    symlink."""
     with atomic_writer(path) as fh:
         np.save(fh, arr, allow_pickle=False)

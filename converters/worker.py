@@ -1,12 +1,12 @@
-"""The per-image work of a conversion: read, check and store one image (and its mask and
-targets), in this process or in a pool of worker processes. :mod:`converters.pack` writes the
-results in source order."""
+"""The per-image work of a conversion (read, check and store one image, its mask and targets),
+in this process or in a pool of worker processes, in source order."""
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, closing, contextmanager
+from functools import partial
 from multiprocessing import resource_tracker
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -35,10 +35,8 @@ Prepared = tuple[dict[str, Any] | None, str, int]  # (stored values or None, how
 
 def read_mask(path: Path, dtype: str, palette: Palette | None = None,
               max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray:
-    """A mask file → H×W index array (:func:`~feedpipe.schema.fields.decode_mask_png`, any
-    lossless format Pillow reads); colour masks through ``palette`` (converters.palette). A
-    CorruptRecordError names the file; one declaring over ``max_pixels`` is refused undecoded; a
-    JPEG or lossy WebP is a ValueError (:func:`~converters.palette.refuse_lossy`)."""
+    """A lossless mask file → H×W index array, colour masks through ``palette``; a
+    CorruptRecordError names the file, a JPEG or lossy WebP is a ValueError."""
     data = read_regular(path)
     refuse_lossy(data)
     arr = colour_mask(path, palette, max_pixels) if palette is not None else None
@@ -60,11 +58,8 @@ def read_mask(path: Path, dtype: str, palette: Palette | None = None,
 
 def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
                opts: PackOptions) -> str | None:
-    """Add the mask (and the targets computed from it) to ``values``; a reason if it fails.
-
-    ``size`` is the upright image's (W, H) before any resize; the mask must match it and is then
-    resized like the image (nearest-neighbour), so targets are computed at the stored resolution.
-    """
+    """Add the mask (resized like the image, so targets are computed at the stored resolution)
+    and its targets to ``values``; a reason if it fails. ``size``: the upright image's (W, H)."""
     if item.mask is None:
         return "no mask file matches this image"
     try:
@@ -99,9 +94,8 @@ def _with_mask(item: SourceItem, values: dict[str, Any], size: tuple[int, int],
 
 
 def prepare(item: SourceItem, opts: PackOptions, transcode: bool = True) -> Prepared:
-    """Read and check one image (and its mask and targets); (stored values or None, reason or
-    how it was stored, input bytes). ``values[INFO_KEY]`` carries notes for the summary;
-    ``transcode=False``: a progressive JPEG is left to the caller (see :func:`store_image`)."""
+    """Read and check one image, its mask and targets: (stored values or None, how it was stored
+    or why not, input bytes); ``transcode=False`` as for :func:`store_image`."""
     try:
         data = read_regular(item.path)
     except NotRegularFileError as exc:  # a manifest row naming a FIFO or /dev/zero
@@ -122,43 +116,29 @@ def prepare(item: SourceItem, opts: PackOptions, transcode: bool = True) -> Prep
     return values, stored.how, len(data)
 
 
-def _worker_init() -> None:
-    """Worker set-up: one thread; Ctrl-C is the main process's to handle (it ends the pool
-    and removes the partial output)."""
-    single_threaded(ignore_sigint=True)
-
-
 @contextmanager
 def _pool(workers: int) -> Iterator[WorkerPool]:
-    """A pool of ``workers`` single-threaded processes (:mod:`converters.pool`), ended when the
-    ``with`` is left."""
-    # Ctrl-C is blocked while the pool starts: the worker processes (and the forkserver) inherit
-    # the blocked signal, so one still importing before its initializer ignores SIGINT cannot
-    # print a KeyboardInterrupt traceback. It is unblocked only inside the pool's own `with`, so
-    # a Ctrl-C that came meanwhile is raised where leaving the `with` ends the pool (raised
-    # before it, the pool's processes would be left running and keep the process from exiting).
-    # The resource tracker is started first: starting it unblocks SIGINT and SIGTERM after its
-    # own spawn, which let Ctrl-C reach a forkserver still importing (a traceback on stderr).
+    """A pool of ``workers`` single-threaded processes that leave Ctrl-C to this one (it ends the
+    pool and removes the partial output)."""
+    # SIGINT is blocked while the pool starts, so a worker or forkserver still importing cannot
+    # print a KeyboardInterrupt traceback, and unblocked inside the pool's `with`, whose exit ends
+    # the pool. The resource tracker starts first: its start unblocks SIGINT.
     resource_tracker.ensure_running()
     mask = block_sigint()
     try:
-        pool = WorkerPool(workers, _worker_init)
+        pool = WorkerPool(workers, partial(single_threaded, ignore_sigint=True))
     except BaseException:
         restore_sigmask(mask)
         raise
-    with pool:
+    with closing(pool):  # ends every worker, after an error or Ctrl-C too
         restore_sigmask(mask)
         yield pool
 
 
 def results(items: list[SourceItem], opts: PackOptions, workers: int, codec: str
             ) -> Iterator[Prepared]:
-    """Each item prepared, in order: in this process for passthrough, else by a worker pool."""
-    # Passthrough with header checks is I/O-bound: shipping the bytes through worker pipes costs
-    # more than it saves (a worker pool and a read-ahead thread were both slower than this
-    # process alone: benchmarks/RESULTS.md), so only decoding work fans out
-    # (any non-JPEG input is decoded in full to check it). Progressive JPEGs are the exception:
-    # their transcode (~20-40 ms for 1-2 MP) goes to a pool started at the first one.
+    """Each item prepared, in order: decoding work by a worker pool; JPEG passthrough with header
+    checks in this process, being I/O-bound (a pool was slower: benchmarks/RESULTS.md)."""
     decodes = opts.store != "passthrough" or opts.resize is not None or codec != "jpeg" \
         or opts.check == "decode" or opts.masks
     if workers <= 1 or len(items) < 64:
@@ -176,9 +156,8 @@ _INLINE_S = 0.5  # transcodes done in this process before a pool is worth starti
 
 
 def _passthrough(items: list[SourceItem], opts: PackOptions, workers: int) -> Iterator[Prepared]:
-    """Passthrough in this process; progressive JPEGs are transcoded by a worker pool, started
-    once they have taken :data:`_INLINE_S` here, while the files after them are read; all come
-    back in source order."""
+    """Passthrough in this process, in order; progressive JPEGs are transcoded here for the first
+    :data:`_INLINE_S`, then by a worker pool while the files after them are read."""
     queue: deque[tuple[Prepared, int | None]] = deque()  # with its transcode's job, if any
     busy = ahead = 0  # transcodes in flight; bytes held in the queue
     inline = 0.0  # seconds spent transcoding in this process
@@ -187,10 +166,11 @@ def _passthrough(items: list[SourceItem], opts: PackOptions, workers: int) -> It
         for it in items:
             values, how, nbytes = prepare(it, opts, transcode=False)
             job = None
-            if values is not None and pending(values[INFO_KEY], opts):
+            # with transcode=False a progressive JPEG comes back unconverted, with no `kept`
+            if values is not None and opts.jpeg == "baseline" and values[INFO_KEY].progressive:
                 if pool is None and inline < _INLINE_S:  # a few: not worth starting a pool
                     t0 = time.perf_counter()
-                    values, how = _done(values, transcoded, values[INFO_KEY])
+                    values, how = _done(values, partial(transcoded, values[INFO_KEY]))
                     inline += time.perf_counter() - t0
                 else:
                     pool = pool or stack.enter_context(_pool(workers))
@@ -212,22 +192,16 @@ def _finish(entry: tuple[Prepared, int | None], pool: WorkerPool | None) -> Prep
     """A queued image, with its transcode's result (waited for) when it had one."""
     (values, how, nbytes), job = entry
     if job is not None and pool is not None and values is not None:
-        values, how = _done(values, pool.result, job)
+        values, how = _done(values, partial(pool.result, job))
     return values, how, nbytes
 
 
-def _done(values: dict[str, Any], get: Callable[..., Stored], *args: Any
-          ) -> tuple[dict[str, Any] | None, str]:
-    """A prepared sample's values with its transcode's result (``get(*args)``) put in, and how it
-    was stored; (None, the reason) when the transcode refused it (damaged data)."""
+def _done(values: dict[str, Any], get: Callable[[], Stored]) -> tuple[dict[str, Any] | None, str]:
+    """A prepared sample's values with its transcode's result (``get()``) put in, and how it was
+    stored; (None, the reason) when the transcode refused it (damaged data)."""
     try:
-        stored = get(*args)
+        stored = get()
     except Refused as exc:
         return None, str(exc)
     values.update({"image": stored.value, INFO_KEY: stored})
     return values, stored.how
-
-
-def pending(stored: Stored, opts: PackOptions) -> bool:
-    """Whether a prepared image is a progressive JPEG still to be transcoded."""
-    return opts.jpeg == "baseline" and stored.progressive and stored.kept is None

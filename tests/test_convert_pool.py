@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from converters.pool import WorkerPool
-from converters.worker import _worker_init
+from converters.worker import _pool
 from feedpipe.errors import ResourceError
 
 
 def test_results_in_order_and_errors_with_their_traceback():
-    with WorkerPool(2, _worker_init) as pool:
+    with _pool(2) as pool:
         tasks = [(f"f{k}.jpg", (k, 3)) for k in range(40)]
         assert list(pool.imap(pow, tasks, 3)) == [k ** 3 for k in range(40)]
         job = pool.submit(int, [("bad.jpg", ("x",))])[0]
@@ -35,7 +34,7 @@ def started_then_sleep(marker: str) -> None:
 
 def test_sigkill_of_a_busy_worker_names_its_file(tmp_path):
     marker = tmp_path / "started"
-    with WorkerPool(1, _worker_init) as pool:
+    with _pool(1) as pool:
         pid = pool.result(pool.submit(os.getpid, [("first.jpg", ())])[0])
         job = pool.submit(started_then_sleep, [("slow.jpg", (str(marker),))])[0]
         while not marker.exists():

@@ -97,7 +97,7 @@ def test_errors_are_caught_by_intent(tmp_path):
     """Five intents a caller catches (bad input, damaged data, resources, configuration,
     remote): what used to be 33 classes of their own is raised as its intent's class."""
     from converters import convert
-    from converters.output import disk_full
+    from converters.packer import disk_full
     from feedpipe.dataset.formats.handles import open_error
 
     (tmp_path / "plain").mkdir()

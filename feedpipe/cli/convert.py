@@ -262,7 +262,7 @@ def _convert_records(args: argparse.Namespace, writer_options: dict[str, object]
     """Foreign WebDataset shards and Hugging Face datasets (converters.records); None for the
     sources :func:`converters.convert` reads."""
     from converters import convert
-    from converters.external import record_source
+    from converters.foreign_wds import record_source
 
     limit = args.max_member_size
     src = record_source(args.src, args.split, limit)
