@@ -1,8 +1,6 @@
-"""The map-style dataset the DataLoader workers run: one ``__getitems__`` call per batch.
-
-A worker reads the whole batch in one transaction / read call and decodes each image into one
-preallocated uint8 N×H×W×3 buffer, so a batch crosses the process boundary as a handful of
-tensors, never as per-sample Python objects.
+"""The map-style dataset the DataLoader workers run: one ``__getitems__`` call per batch, read in
+one transaction and decoded into preallocated buffers, so a batch crosses the process boundary
+as a handful of tensors, never as per-sample Python objects.
 """
 
 from __future__ import annotations
@@ -48,8 +46,7 @@ SKIPPED_KEY = "_feedpipe_skipped"
 FALLBACK_KEY = "_feedpipe_fallback"  # records whose JPEG only Pillow could decode
 ERROR_KEY = "_feedpipe_error"  # a worker's typed error, sent as its batch (see raise_carried)
 _MAX_REFILL = 16
-#: what reading and decoding a damaged record raises (the decoders' own errors, and the typed
-#: errors feedpipe's readers and decoders turn them into). Anything else from a sample, or a
+#: what reading and decoding a damaged record raises. Anything else from a sample, or a
 #: ConfigError, is a bug or a bad option: it propagates, never a "corrupt" sample that
 #: on_error="skip" would silently replace.
 DECODE_ERRORS = (CorruptRecordError, BadInputError, ValueError, OSError, EOFError, SyntaxError,
@@ -64,29 +61,17 @@ class SlotRef:
     rows: int
 
 
-#: how fill() writes a column's value of a sample (see _Column.role)
-Role = Literal["image", "encoded", "mask", "target", "collect", "stack", "list"]
-
-
 @dataclass(frozen=True)
 class _Column:
     field: Field
     shape: tuple[int, ...] | None  # per-sample shape when the column stacks into one array
-    dtype: np.dtype | None = None  # batch dtype of a stacked column
-    collect: bool = False  # keypoints, boxes, text, padded arrays: see loader/labels.py
+    dtype: np.dtype | None  # batch dtype of a stacked column
+    #: how fill() writes a sample's value (collect: keypoints, boxes, text, padded arrays)
+    role: Literal["image", "encoded", "mask", "target", "collect", "stack", "list"]
 
-    def role(self, encoded_images: bool) -> Role:
-        """How a sample's value of this column is filled in (decided once, not per sample)."""
-        f = self.field
-        if isinstance(f, ImageField):
-            return "encoded" if encoded_images else "image"
-        if isinstance(f, MaskField):
-            return "mask"
-        if isinstance(f, TargetField):
-            return "target"
-        if self.collect:
-            return "collect"
-        return "stack" if self.shape is not None else "list"
+    @property
+    def collect(self) -> bool:
+        return self.role == "collect"
 
 
 def _torch_int(dt: np.dtype) -> np.dtype:
@@ -96,8 +81,7 @@ def _torch_int(dt: np.dtype) -> np.dtype:
 
 def target_batch_dtype(f: TargetField) -> np.dtype:
     """Batch dtype of a target: label-like integer targets keep theirs (uint16 → int32);
-    resampled values travel as float16 when stored float16 (half the bytes between processes),
-    else float32."""
+    resampled values float16 when stored so (half the bytes between processes), else float32."""
     if f.interp == "nearest" and not f.quantized and np.dtype(f.dtype).kind in "ui":
         return _torch_int(np.dtype(f.dtype))
     return np.dtype(np.float16) if np.dtype(f.dtype) == np.float16 else np.dtype(np.float32)
@@ -110,15 +94,14 @@ def _write_back(view: torch.Tensor, value: Any, name: str) -> None:
     if t.shape != view.shape or t.dtype != view.dtype:
         raise ValueError(f"returned {name!r} as {t.dtype} {tuple(t.shape)}; the batch holds "
                          f"{view.dtype} {tuple(view.shape)} (images as C×H×W uint8)")
-    # numpy's copy: one thread (torch's splits a 224² image over its threads, and in-process,
-    # where they are not limited to one, it waited ~12 ms a sample on a busy 2-core machine)
+    # numpy's copy: one thread (torch's splits a 224² image over its threads: ~12 ms a sample
+    # in-process on a busy 2-core machine)
     np.copyto(view.numpy(), t.detach().as_subclass(torch.Tensor).numpy())
 
 
 def _boxes_back(moved: Moved, pos: int, name: str, keys: list[str],
                 values: dict[str, Any]) -> None:
-    """A transform's boxes of sample ``pos`` (any number, the labels and attributes in ``keys``
-    one per box) into the batch's."""
+    """A transform's boxes of sample ``pos`` (with one value per box in each of ``keys``)."""
     boxes = np.asarray(values[name], np.float32)
     if boxes.ndim != 2 or boxes.shape[1] != 4:
         raise ValueError(f"returned {name!r} of shape {boxes.shape}; boxes are M×4 xyxy")
@@ -153,8 +136,7 @@ def _not_given(name: str, given: list[str], collected: Sequence[str]) -> str:
 
 
 def check_fields(reader: DatasetReader, fields: Sequence[str]) -> None:
-    """Refuse field names the dataset lacks, all of them at once (a misspelt one is the error,
-    whatever else is wrong), each with its did-you-mean."""
+    """Refuse field names the dataset lacks, all at once, each with its did-you-mean."""
     unknown = [name for name in fields if name not in reader.schema]
     if unknown:
         near = {n: difflib.get_close_matches(n, reader.schema.names, 1) for n in unknown}
@@ -165,8 +147,7 @@ def check_fields(reader: DatasetReader, fields: Sequence[str]) -> None:
 
 
 def raise_carried(batch: dict[str, Any]) -> None:
-    """Raise the typed error a worker sent in place of a batch (see ``__getitems__``), with its
-    key, file, cause and the worker's traceback (a note)."""
+    """Raise the typed error a worker sent in place of a batch (see ``__getitems__``)."""
     exc = batch.get(ERROR_KEY)
     if exc is not None:
         raise exc
@@ -206,7 +187,9 @@ class BatchDataset(torch.utils.data.Dataset):
         for name in fields:
             f = reader.schema[name]
             dtype: np.dtype | None = None
+            role = "stack"
             if isinstance(f, ImageField):
+                role = "encoded" if encoded_images else "image"
                 shape = (*op.size, 3) if op.size else f.shape
                 if shape is None:
                     raise ConfigError(f"field {name!r}: the dataset records no image size "
@@ -221,6 +204,7 @@ class BatchDataset(torch.utils.data.Dataset):
                 if encoded_images:
                     shape = dtype = None
             elif isinstance(f, (MaskField, TargetField)):
+                role = "mask" if isinstance(f, MaskField) else "target"
                 hw = op.size or (tuple(f.shape[:2]) if f.shape and None not in f.shape[:2]
                                  else None)
                 if hw is None:
@@ -232,24 +216,21 @@ class BatchDataset(torch.utils.data.Dataset):
                     else target_batch_dtype(f)
                 _check_fill(op, name, dtype)
             elif collects(f, ragged):
-                self.columns.append(_Column(f, None, None, True))
-                continue
+                shape, role = None, "collect"
             elif isinstance(f, LabelField):
                 shape, dtype = (), np.dtype(np.int64)
             elif isinstance(f, ArrayField) and f.fixed:
                 shape, dtype = f.shape, np.dtype(f.dtype)  # type: ignore[assignment]
             else:
-                shape = None
-            self.columns.append(_Column(f, shape, dtype))
+                shape, role = None, "list"
+            self.columns.append(_Column(f, shape, dtype, role))  # type: ignore[arg-type]
         check_keys([c.field for c in self.columns], ragged)
         self.transform = None if transform is None \
             else sample_transform(transform, [c.field for c in self.columns])
         # the image goes first: its decode fixes the geometry the masks and targets follow
         self.columns.sort(key=lambda c: not isinstance(c.field, ImageField))
         self.names = [c.field.name for c in self.columns]
-        self._roles: list[tuple[str, Role, Any]] = [(c.field.name, c.role(encoded_images), c.field)
-                                                    for c in self.columns]
-        # the output ring (set by the torch backend): reused pages, not fresh ones every batch
+        self._roles = [(c.field.name, c.role, c.field) for c in self.columns]
         self.slots: dict[str, list[torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -265,8 +246,8 @@ class BatchDataset(torch.utils.data.Dataset):
             worker = torch.utils.data.get_worker_info()
             if worker is None:
                 raise
-            # DataLoader re-raises a worker's exception as its type and traceback text only:
-            # key, file and cause would be lost. Sent as the batch, it is raised whole
+            # DataLoader re-raises a worker's exception as its type and traceback text only
+            # (key, file and cause lost): sent as the batch, it is raised whole
             exc.add_note(f"(raised in DataLoader worker process {worker.id}:)\n"
                          + "".join(traceback.format_exception(exc)).rstrip())
             return {ERROR_KEY: exc}
@@ -296,13 +277,11 @@ class BatchDataset(torch.utils.data.Dataset):
         op, apply = self.op, self.op.apply
         user = self._transformer(req, out) if self.transform is not None else None
         moved: dict[str, Moved] = {}  # keypoints and boxes on the canvas, for transform=
-        # transform= runs once every sample is filled, sample after sample: interleaved with
-        # the decodes, each evicted the other's code and data (the function ran ~12% slower)
+        # transform= runs once every sample is filled (interleaved with the decodes, ~12% slower)
         transformed: dict[int, int] = {}  # batch position -> sample filled in there
 
         def fill(pos: int, stored: dict[str, Any], index: int | None = None) -> None:
-            """Sample ``pos`` of the batch from its stored values; ``index`` names the sample
-            read when it is not ``req[pos]`` (a substitute for a corrupt one)."""
+            """Sample ``pos`` from its stored values; ``index``: a substitute's, not ``req[pos]``."""
             geo: Geometry | None = None
             for name, role, f in self._roles:  # the hot loop: error context only on failure
                 try:
@@ -384,24 +363,23 @@ class BatchDataset(torch.utils.data.Dataset):
         return out
 
     def _decode_batch(self, name: str, n: int, shape: tuple[int, ...]) -> np.ndarray:
-        """This worker's uint8 batch of image ``name``, decoded into before the conversion
-        (reused: no fresh pages per batch)."""
+        """This worker's reused uint8 batch of image ``name``, decoded into before conversion."""
         buf = self._decoded.get(name)
         if buf is None or len(buf) < n:
             buf = self._decoded[name] = np.empty((n, *shape), np.uint8)
         return buf[:n]
 
     def _named(self, index: int) -> str:
-        """A record for a message: where it is stored and, when the dataset keeps it, its source
-        file (one extra read of the ``path`` field, so only for the rare record named)."""
+        """A record for a message: where it is stored and, when kept, its source file (one extra
+        read, so only for the rare record named)."""
         source = getattr(self.reader, "source_of", lambda _: None)(index)
         return self.reader.describe(index) + (f" [source file: {source}]" if source else "")
 
     def _transformer(self, req: BatchRequest, out: dict[str, Any]
                      ) -> Callable[[int, int, dict[str, Moved]], None]:
-        """``transform(pos, index, moved)``: the user's function on batch row ``pos`` (sample
-        ``index``), given tensor views of the row (the image as C×H×W) and of its keypoints and
-        boxes on the canvas (``moved``), and writing back what it returns."""
+        """``transform(pos, index, moved)``: the user's function on views of batch row ``pos``
+        (sample ``index``; the image C×H×W, keypoints and boxes from ``moved``), its results
+        written back."""
         fn, seed, epoch = self.transform, self.seed, req.epoch
         rngs = self._rngs
         stacked = [c.field.name for c in self.columns if c.shape is not None]
