@@ -1,15 +1,11 @@
 """Labels that follow the image (keypoints, boxes) and ragged values (boxes, text, variable-shape
-arrays), gathered per sample and collated once per batch.
+arrays): a :class:`Collector` copies each sample's value with its image's geometry (``put``), and
+``finish`` transforms and pads the whole batch in a few vectorized operations.
 
-A :class:`Collector` copies each sample's value out of the read buffer (``put``) with its image's
-geometry, and ``finish`` transforms and pads the whole batch in a few vectorized operations: a
-batch leaves the worker as a handful of tensors, not an object per sample or box.
-
-Coordinates: pixel ``i`` covers ``[i, i+1)`` (the image resize's ``align_corners=False``). Box
-(top, left, h, w) resized to oh×ow maps ``x → (x - left) * ow / w``, ``y → (y - top) * oh / h``;
-a flip then ``x → ow - x``; an affine then its forward matrix (a box: the enclosing box of its
-moved corners). A point is inside when ``0 <= x <= ow`` and ``0 <= y <= oh`` (closed: a flip never
-changes it), before the affine and after it.
+Coordinates: pixel ``i`` covers ``[i, i+1)``. Box (top, left, h, w) resized to oh×ow maps
+``x → (x - left) * ow / w``, ``y → (y - top) * oh / h``; a flip then ``x → ow - x``; an affine
+then its matrix (a box: the enclosing box of its moved corners). A point is inside when
+``0 <= x <= ow`` and ``0 <= y <= oh`` (closed: a flip never changes it), before and after the affine.
 """
 
 from __future__ import annotations
@@ -34,8 +30,8 @@ _UNKNOWN = (0.0, 0.0, 1.0, 1.0, 0.0, np.inf, np.inf, *_IDENTITY)  # no image: id
 
 @dataclass(frozen=True)
 class RaggedList:
-    """Rows of every sample packed flat (``values``) with a count per sample: crosses the worker
-    boundary as two tensors and becomes a list of per-sample views on the device stage."""
+    """Every sample's rows packed flat with a count per sample: two tensors across the worker
+    boundary, a list of per-sample views on the device stage."""
 
     values: torch.Tensor
     counts: torch.Tensor
@@ -83,8 +79,7 @@ def check_keys(fields: list[Field], ragged: Ragged) -> None:
 
 
 def geometry_row(geo: Geometry | None, size: tuple[int, int] | None) -> tuple[float, ...]:
-    """The sample's geometry as one row: box, flip, output size (the crop's own when unsized),
-    affine matrix (the identity when none)."""
+    """The sample's geometry as one row: box, flip, output size, affine matrix."""
     if geo is None:
         return _UNKNOWN
     oh, ow = size if size is not None else (geo.height, geo.width)
@@ -93,8 +88,8 @@ def geometry_row(geo: Geometry | None, size: tuple[int, int] | None) -> tuple[fl
 
 
 def _affine(x: np.ndarray, y: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Points on the output canvas through each sample's affine (``g``: geometry rows); rows
-    without one keep their values as they are (a NaN y must not reach x through 0 · y)."""
+    """Points through each sample's affine (``g``: geometry rows); rows without one keep their
+    values (a NaN y must not reach x through 0 · y)."""
     moved = (g[..., 7:] != _IDENTITY).any(-1)
     if not moved.any():
         return x, y
@@ -109,8 +104,7 @@ def _inside(x: np.ndarray, y: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 def _map(v: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
-    """x (``axis`` 1) or y (0) in source pixels → output pixels, before any flip (``g``:
-    geometry rows, broadcast)."""
+    """x (``axis`` 1) or y (0) in source pixels → output pixels, before any flip."""
     return (v - g[..., axis]) * (np.where(np.isinf(g[..., 5 + axis]), 1.0,
                                           g[..., 5 + axis] / g[..., 2 + axis]))
 
@@ -144,12 +138,12 @@ class Collector:
 
     @property
     def geometric(self) -> bool:
-        """Whether the values follow the image (keypoints, boxes): a ``transform=`` gets them."""
+        """Whether the values follow the image (keypoints, boxes)."""
         return isinstance(self.field, (KeypointsField, BoxesField))
 
     def moved(self) -> Moved:
-        """Keypoints or boxes on the output canvas, per sample, before batching: what a
-        ``transform=`` may change before :meth:`finish` packs them."""
+        """Keypoints or boxes on the output canvas, per sample: what a ``transform=`` may change
+        before :meth:`finish` packs them."""
         f = self.field
         if isinstance(f, KeypointsField):
             points, visible = self._keypoints_moved(f)
@@ -160,14 +154,13 @@ class Collector:
         return Moved(np.split(boxes, at), ints=np.split(ints, at))
 
     def finish(self, moved: Moved | None = None) -> dict[str, Any]:
-        """The batch's keys of this field; ``moved``: the values :meth:`moved` gave, as a
-        transform left them."""
+        """The batch's keys of this field; ``moved``: :meth:`moved`'s values as a transform left
+        them."""
         f = self.field
         if isinstance(f, KeypointsField):
-            points, visible = self._keypoints_moved(f) if moved is None \
-                else (moved.values, moved.visible)
-            return {f.name: torch.from_numpy(points),
-                    f"{f.name}_visible": torch.from_numpy(visible)}
+            m = moved or self.moved()
+            return {f.name: torch.from_numpy(m.values),
+                    f"{f.name}_visible": torch.from_numpy(m.visible)}  # type: ignore[arg-type]
         if isinstance(f, BoxesField):
             if moved is None:
                 return self._boxes(f, *self._boxes_moved(f))
@@ -189,8 +182,7 @@ class Collector:
         x, y = _map(p[..., 0], g, 1), _map(p[..., 1], g, 0)
         flip = self.geo[:, 4] > 0
         x = np.where(flip[:, None], self.geo[:, None, 6] - x, x)
-        # in the crop, then in the output: a point the crop left out stays out wherever the
-        # affine moves it (what lands there is fill)
+        # in the crop, then in the output: a point the crop left out stays out (there is fill)
         visible = _inside(x, y, g)
         x, y = _affine(x, y, g)
         visible &= _inside(x, y, g)
@@ -205,8 +197,8 @@ class Collector:
 
     # --- boxes ----------------------------------------------------------------------------------
     def _boxes_moved(self, f: BoxesField) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The kept boxes on the output canvas (M×4 float32 xyxy, every sample's in turn), their
-        int rows (label, attrs) and the count per sample."""
+        """The kept boxes on the output canvas (M×4 xyxy, sample after sample), their int rows
+        (label, attrs) and the count per sample."""
         width = 1 + len(f.attrs)
         rows = [r if r is not None else (np.zeros((0, 4), np.float32),
                                          np.zeros((0, width), np.int64)) for r in self.rows]
