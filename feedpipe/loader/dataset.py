@@ -433,30 +433,26 @@ class BatchDataset(torch.utils.data.Dataset):
 
     def _fill_skipping(self, req: BatchRequest, fill: Any, skipped: list[str]) -> None:
         """on_error="skip": replace each corrupt sample by a seeded substitute, keeping the size."""
-        bad: list[int] = []
-        errors: list[CorruptRecordError] = []
+        bad: dict[int, CorruptRecordError] = {}  # by batch position
 
         def guarded(pos: int, stored: dict[str, Any]) -> None:
             try:
                 fill(pos, stored, req[pos])
             except CorruptRecordError as exc:
-                bad.append(pos)
-                errors.append(exc)
+                bad[pos] = exc
 
         try:
             self.reader.visit(req, guarded, self.names)
         except CorruptRecordError:  # the read itself failed: go sample by sample
             bad.clear()
-            errors.clear()
             for pos in range(len(req)):
                 try:
                     self.reader.visit([req[pos]], lambda _, stored, p=pos: guarded(p, stored),
                                       self.names)
                 except CorruptRecordError as exc:
-                    bad.append(pos)
-                    errors.append(exc)
+                    bad[pos] = exc
         # named by key and source file, read after the batch's transaction has ended
-        skipped += [str(self.reader.located(exc)) for exc in errors]
+        skipped += [str(self.reader.located(exc)) for exc in bad.values()]
         rng = rng_for(self.seed, req.epoch, req.rank, req.number, 1)
         for pos in bad:
             for _ in range(_MAX_REFILL):

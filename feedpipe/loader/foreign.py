@@ -137,7 +137,6 @@ def batch_step(step: Any, fields: Sequence[Field] | None) -> Any:
     return _Kornia(step, spec, "batch_transforms")
 
 
-# --- writing the library's results back ---------------------------------------------------------
 def _tensor(value: Any) -> torch.Tensor:
     """A returned array or tensor (a ``tv_tensors`` subclass too) as a plain tensor."""
     return torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) \
@@ -219,7 +218,6 @@ class _Gathered:
         return out
 
 
-# --- albumentations -------------------------------------------------------------------------------
 class _Albumentations:
     """An albumentations transform on each sample: H×W×C uint8 images, masks and targets,
     ``xy`` keypoints and ``pascal_voc`` boxes through an outer Compose."""
@@ -282,7 +280,6 @@ class _Albumentations:
         return out
 
 
-# --- torchvision ----------------------------------------------------------------------------------
 class _Torchvision:
     """A torchvision ``transforms.v2`` transform on each sample (or the batch: one draw for all):
     ``tv_tensors`` in, boxes XYXY with their index as ``labels`` (SanitizeBoundingBoxes drops
@@ -359,7 +356,6 @@ class _Torchvision:
         return t.to(given.dtype)
 
 
-# --- Kornia ---------------------------------------------------------------------------------------
 class _Kornia:
     """A Kornia augmentation on the batch: float images in [0, 1], with masks, targets,
     keypoints and xyxy boxes as an ``AugmentationSequential``'s data keys; boxes off the canvas

@@ -10,6 +10,7 @@ then its matrix (a box: the enclosing box of its moved corners). A point is insi
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -174,7 +175,6 @@ class Collector:
             return self._text(f)
         return self._arrays(f)  # type: ignore[arg-type]
 
-    # --- keypoints ------------------------------------------------------------------------------
     def _keypoints_moved(self, f: KeypointsField) -> tuple[np.ndarray, np.ndarray]:
         """N×K×2 float32 points on the output canvas and N×K visibility."""
         g = self.geo[:, None, :]
@@ -195,7 +195,6 @@ class Collector:
             visible[flip] = visible[flip][:, perm]
         return out, visible
 
-    # --- boxes ----------------------------------------------------------------------------------
     def _boxes_moved(self, f: BoxesField) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The kept boxes on the output canvas (M×4 xyxy, sample after sample), their int rows
         (label, attrs) and the count per sample."""
@@ -247,7 +246,6 @@ class Collector:
         res[keys[-1]] = torch.from_numpy(counts)
         return res
 
-    # --- text -----------------------------------------------------------------------------------
     def _text(self, f: TextField) -> dict[str, Any]:
         rows = [r if r is not None else np.zeros(0, np.int64) for r in self.rows]
         lengths = np.fromiter((len(r) for r in rows), np.int64, self.n)
@@ -263,7 +261,6 @@ class Collector:
         return {f.name: torch.from_numpy(_pad_flat(codes, lengths, 0)),
                 f"{f.name}_lengths": torch.from_numpy(lengths)}
 
-    # --- variable-shape arrays ------------------------------------------------------------------
     def _arrays(self, f: ArrayField) -> dict[str, Any]:
         rows = self.rows
         ranks = {r.ndim for r in rows if r is not None}
@@ -295,14 +292,9 @@ def _pad_flat(flat: np.ndarray, lengths: np.ndarray, fill: int) -> np.ndarray:
     return out
 
 
-_VOCABS: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-
-
+@functools.cache
 def _vocab_table(vocab: str) -> tuple[np.ndarray, np.ndarray]:
     """(sorted code points, their 1-based vocabulary indices) for a searchsorted lookup."""
-    table = _VOCABS.get(vocab)
-    if table is None:
-        cps = np.array([ord(c) for c in vocab], np.int64)
-        order = np.argsort(cps)
-        table = _VOCABS[vocab] = (cps[order], (order + 1).astype(np.int64))
-    return table
+    cps = np.array([ord(c) for c in vocab], np.int64)
+    order = np.argsort(cps)
+    return cps[order], (order + 1).astype(np.int64)

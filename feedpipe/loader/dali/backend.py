@@ -181,8 +181,7 @@ class DaliStream:
     def abort(self) -> None:
         self._it = None
 
-    def close(self) -> None:
-        self._it = None
+    close = abort
 
 
 class DaliLoader(EpochPosition):
