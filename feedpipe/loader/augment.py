@@ -1,9 +1,6 @@
-"""Batch augmentations on the batch's device, with per-sample random parameters, vectorized.
-
-Each operation is ``op(batch, generator) -> batch`` on a dict of tensors (``"image"`` N×C×H×W,
-``"label"`` N int64): ``op.params`` draws from the CPU generator (its state alone fixes the batch,
-so batches reproduce and resume), ``op.apply`` runs where the image is, in float32 (uint8 rounded
-once at the end), in place only on an image an earlier step of :class:`BatchOps` made.
+"""Batch augmentations on the batch's device, with per-sample random parameters, vectorized:
+``op(batch, generator) -> batch`` draws ``op.params`` from the CPU generator (so batches
+reproduce and resume) and runs ``op.apply`` where the image is (float32, uint8 rounded once).
 """
 
 from __future__ import annotations

@@ -69,10 +69,6 @@ class _Column:
     #: how fill() writes a sample's value (collect: keypoints, boxes, text, padded arrays)
     role: Literal["image", "encoded", "mask", "target", "collect", "stack", "list"]
 
-    @property
-    def collect(self) -> bool:
-        return self.role == "collect"
-
 
 def _torch_int(dt: np.dtype) -> np.dtype:
     """uint8 stays; wider unsigned ints become int32 (torch has no general uint16 before 2.3)."""
@@ -272,7 +268,7 @@ class BatchDataset(torch.utils.data.Dataset):
         fallbacks: dict[int, str] = {}  # by batch position: a retried or refilled one replaces
         collected = {c.field.name: Collector(c.field, n, self.op.size, self.ragged,
                                              self.min_box_fraction)
-                     for c in self.columns if c.collect}
+                     for c in self.columns if c.role == "collect"}
 
         op, apply = self.op, self.op.apply
         user = self._transformer(req, out) if self.transform is not None else None
@@ -336,7 +332,7 @@ class BatchDataset(torch.utils.data.Dataset):
             del out[name]
             out.update(collector.finish(moved.get(name)))
         for col in self.columns:  # variable-shape arrays travel as a list of tensors
-            if col.collect:
+            if col.role == "collect":
                 continue
             if col.shape is None and isinstance(col.field, ImageField):
                 files, geos, idx, pixels = zip(*out[col.field.name], strict=True) if n else ((),) * 4
@@ -386,8 +382,8 @@ class BatchDataset(torch.utils.data.Dataset):
         images = {c.field.name for c in self.columns if isinstance(c.field, ImageField)}
         boxes = {c.field.name: batch_keys(c.field, self.ragged)[1:-1] for c in self.columns
                  if isinstance(c.field, BoxesField)}
-        listed = [c.field.name for c in self.columns if c.shape is None and not c.collect]
-        collected = [c.field.name for c in self.columns if c.collect]
+        listed = [c.field.name for c in self.columns if c.shape is None and c.role != "collect"]
+        collected = [c.field.name for c in self.columns if c.role == "collect"]
 
         def row(name: str, pos: int) -> Any:
             v = out[name][pos]

@@ -1,12 +1,7 @@
-"""Augmentations from other libraries, passed as they are: an albumentations transform, a
-torchvision ``transforms.v2`` transform or a Kornia augmentation as ``transform=`` (per sample,
-in the workers) or ``batch_transforms=`` (per batch, on the device), recognised by the module of
-its class, given the image with the masks, targets, keypoints and boxes that follow it.
-
-Seeding: the draws come from feedpipe's per-sample or per-batch generator (albumentations 2's
-through ``set_random_state``; torchvision's and Kornia's under :class:`Seeded`), so batches do
-not depend on ``num_workers`` and a resume repeats them. Coordinates: the libraries put pixel
-centres at integers (feedpipe's pixel ``i`` covers ``[i, i+1)``): a half-pixel shift crosses.
+"""albumentations, torchvision ``transforms.v2`` and Kornia augmentations passed as they are, as
+``transform=`` (per sample) or ``batch_transforms=``, with the fields that follow the image. The
+draws come from feedpipe's generators (:class:`Seeded`), so a resume repeats them; the libraries
+put pixel centres at integers (feedpipe's pixel ``i`` covers ``[i, i+1)``): a half-pixel shift.
 """
 
 from __future__ import annotations
@@ -258,7 +253,6 @@ class _Albumentations:
         spec, keys = self.spec, self.keys
         args = {k: sample[n].permute(1, 2, 0).numpy() if n in spec.images else sample[n].numpy()
                 for n, k in keys.items()}
-        h, w = args["image"].shape[:2]
         if self.geometric:
             g = _Gathered.of(sample, spec)
             if spec.points:

@@ -1,11 +1,8 @@
-"""Labels that follow the image (keypoints, boxes) and ragged values (boxes, text, variable-shape
-arrays): a :class:`Collector` copies each sample's value with its image's geometry (``put``), and
-``finish`` transforms and pads the whole batch in a few vectorized operations.
-
-Coordinates: pixel ``i`` covers ``[i, i+1)``. Box (top, left, h, w) resized to oh×ow maps
-``x → (x - left) * ow / w``, ``y → (y - top) * oh / h``; a flip then ``x → ow - x``; an affine
-then its matrix (a box: the enclosing box of its moved corners). A point is inside when
-``0 <= x <= ow`` and ``0 <= y <= oh`` (closed: a flip never changes it), before and after the affine.
+"""Labels that follow the image (keypoints, boxes) and ragged values (text, variable-shape arrays):
+a :class:`Collector` copies each sample's value with its geometry, then transforms and pads the
+whole batch at once. Pixel ``i`` covers ``[i, i+1)``: box (top, left, h, w) resized to oh×ow maps
+``x → (x - left) * ow / w``, then a flip ``x → ow - x``, then the affine's matrix; a point is
+inside when ``0 <= x <= ow`` and ``0 <= y <= oh``, before and after the affine.
 """
 
 from __future__ import annotations
@@ -161,7 +158,7 @@ class Collector:
         if isinstance(f, KeypointsField):
             m = moved or self.moved()
             return {f.name: torch.from_numpy(m.values),
-                    f"{f.name}_visible": torch.from_numpy(m.visible)}  # type: ignore[arg-type]
+                    f"{f.name}_visible": torch.from_numpy(m.visible)}
         if isinstance(f, BoxesField):
             if moved is None:
                 return self._boxes(f, *self._boxes_moved(f))

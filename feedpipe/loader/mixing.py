@@ -1,9 +1,6 @@
-"""The per-epoch sample order of a mix of datasets (a :class:`MixedReader`).
-
-An epoch of ``epoch_size`` samples is split between the sources by ``weights`` with exact counts
-(largest remainders). Each source is an endless stream of seeded passes and each epoch takes its
-next ``count`` samples, so a down-weighted source sees all its samples before any repeats; a
-seeded shuffle interleaves the sources. :class:`MixOrder` is an ``OrderSpec`` like any other.
+"""The per-epoch order of a mix of datasets: each epoch takes its exact share of samples (by
+``weights``) from each source's endless stream of seeded passes, so a down-weighted source sees
+all its samples before any repeats; a seeded shuffle interleaves the sources.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""An epoch's global sample order, apart from which rank reads it (:mod:`.sampler` deals).
-
-An :class:`OrderSpec` builds ``streams`` lists of indices (one per rank of the world the epoch
-began at); their :func:`interleave` is the global order. After k batches of B on every rank, the
-first ``consumed(lengths, k * B)`` of it are read: a position is one number, and a resume at any
-world size deals the rest anew. Another order is a subclass, as :class:`.mixing.MixOrder`.
+"""An epoch's global sample order: an :class:`OrderSpec` builds one stream per rank; their
+:func:`interleave` is the global order, of which k batches on every rank read the first
+``consumed(lengths, k * B)``, so a resume at any world size deals the rest anew.
 """
 
 from __future__ import annotations

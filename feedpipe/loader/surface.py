@@ -1,10 +1,6 @@
-"""The part of ``torch.utils.data.DataLoader``'s surface a feedpipe loader offers, on purpose.
-
-Lightning calls ``set_epoch`` on ``loader.sampler``; the HF Trainer and accelerate's
-``skip_first_batches`` rebuild ``DataLoader(loader.dataset, batch_sampler=SkipBatchSampler(
-loader.batch_sampler, n), collate_fn=loader.collate_fn)``. So the batch sampler yields a
-:class:`BatchToken` per batch (skipping reads nothing) and ``loader.dataset`` answers a token
-with the loader's own batch. ``loader.dataset[i]`` is refused.
+"""The part of ``DataLoader``'s surface a feedpipe loader offers: Lightning's ``set_epoch`` on
+``loader.sampler``, and the batch sampler's tokens (a ``SkipBatchSampler`` skips them, reading
+nothing) that ``loader.dataset`` answers with the loader's own batches.
 """
 
 from __future__ import annotations

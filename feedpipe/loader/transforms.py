@@ -1,9 +1,6 @@
-"""Decode and geometric augmentation of one image straight into its slot of the batch buffer,
-and the same geometry applied to the sample's mask (nearest) and per-pixel targets.
-
-JPEGs take the fastest path installed: pillow-simd's ``draft`` and SIMD resize, else simplejpeg
-with a power-of-two DCT downscale (its other M/8 factors decode slower than full size) and
-torch's uint8 antialiased resize, Pillow's BILINEAR but faster (benchmarks/RESULTS.md).
+"""Decode and crop/resize/flip one image straight into its slot of the batch, and its geometry
+applied to the sample's mask and targets. JPEGs take the fastest path installed: pillow-simd's
+``draft``, else simplejpeg with a power-of-two DCT downscale and torch's uint8 antialiased resize.
 """
 
 from __future__ import annotations

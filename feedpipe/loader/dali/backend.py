@@ -1,9 +1,6 @@
-"""The DALI backend: the torch backend's interface and batches, decoded and augmented in an NVIDIA
-DALI pipeline (on the GPU when there is one), as a decode stage of the feed engine.
-
-By default (``dali_reader="plan"``) DALI is fed the torch backend's own batch plan, so order,
-sharding, batch counts and resume are the same by construction; other fields are read on the
-host by a :class:`BatchDataset`. ``dali_reader="webdataset"`` is DALI's own reader and order.
+"""The DALI backend: the torch backend's interface and batches, decoded in an NVIDIA DALI pipeline
+as the feed engine's decode stage, fed the torch backend's own batch plan (so order and resume
+are the same) or (``dali_reader="webdataset"``) by DALI's own reader; other fields on the host.
 """
 
 from __future__ import annotations
