@@ -110,15 +110,6 @@ def _boxes_back(moved: Moved, pos: int, name: str, keys: list[str],
     moved.ints[pos] = np.stack(cols, 1)  # type: ignore[index]
 
 
-def _check_fill(op: ImageOp, name: str, dtype: np.dtype) -> None:
-    """An affine's ``mask_fill`` must fit the integer mask / target it fills."""
-    if op.affine is not None and dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        if not info.min <= op.affine.mask_fill <= info.max:
-            raise ConfigError(f"affine: mask_fill={op.affine.mask_fill} does not fit field "
-                              f"{name!r} ({dtype}, {info.min}..{info.max})", option="affine")
-
-
 def _not_given(name: str, given: list[str], collected: Sequence[str]) -> str:
     """Why ``transform=`` may not return ``name``: a typo, or a field collated after it runs."""
     if name in collected:
@@ -210,7 +201,11 @@ class BatchDataset(torch.utils.data.Dataset):
                 shape = (*hw, *extra)  # type: ignore[arg-type]
                 dtype = _torch_int(np.dtype(f.dtype)) if isinstance(f, MaskField) \
                     else target_batch_dtype(f)
-                _check_fill(op, name, dtype)
+                fill = op.affine.mask_fill if op.affine is not None else 0
+                if dtype.kind in "iu" and not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max:
+                    raise ConfigError(f"affine: mask_fill={fill} does not fit field {name!r} "
+                                      f"({dtype}, {np.iinfo(dtype).min}..{np.iinfo(dtype).max})",
+                                      option="affine")
             elif collects(f, ragged):
                 shape, role = None, "collect"
             elif isinstance(f, LabelField):

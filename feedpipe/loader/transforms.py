@@ -10,6 +10,7 @@ import math
 import threading
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -186,8 +187,11 @@ class ImageOp(Framing):
             return
         vals = _as_float(region)  # torch from here on: its vectorized kernels beat numpy's here
         resized = region.shape[:2] != hw
-        if resized:
-            vals = _resize_t(vals, hw)
+        if resized:  # bilinear at pixel centres, no antialiasing
+            y = vals.unsqueeze(-1) if vals.ndim == 2 else vals
+            y = F.interpolate(y.permute(2, 0, 1)[None], size=tuple(hw), mode="bilinear",
+                              align_corners=False)[0].permute(1, 2, 0)
+            vals = y[..., 0] if vals.ndim == 2 else y
         dequantized(vals, field, math.sqrt(hw[0] / geo.height * hw[1] / geo.width) if resized
                     else None)
         torch.from_numpy(out).copy_(vals.flip(1) if geo.flip else vals)
@@ -240,16 +244,11 @@ def _decode_jpeg(data: object, h: int, w: int, f: int, strict: bool = True) -> n
     return simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=buf, strict=strict)
 
 
-def _private_aa() -> object | None:
-    """``F.interpolate(mode="bilinear", antialias=True)``'s op in its ``out=`` form: a private
-    ATen name a torch release may drop (then None)."""
-    try:
-        return torch.ops.aten._upsample_bilinear2d_aa.out
-    except (AttributeError, RuntimeError):
-        return None
-
-
-_UPSAMPLE_AA = _private_aa()
+_UPSAMPLE_AA: Any = None  # F.interpolate(antialias=True)'s op in its out= form: a private name
+try:  # (a torch release may drop it)
+    _UPSAMPLE_AA = torch.ops.aten._upsample_bilinear2d_aa.out
+except (AttributeError, RuntimeError):
+    pass
 
 
 def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
@@ -269,7 +268,7 @@ def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
     dst = _scratch("flip", out.shape) if flip else out
     into = torch.from_numpy(dst).permute(2, 0, 1).unsqueeze(0)
     if _UPSAMPLE_AA is not None:
-        _UPSAMPLE_AA(x, dst.shape[:2], False, None, None, out=into)  # type: ignore[operator]
+        _UPSAMPLE_AA(x, dst.shape[:2], False, None, None, out=into)
     else:
         into.copy_(F.interpolate(x, size=dst.shape[:2], mode="bilinear", antialias=True,
                                  align_corners=False))
@@ -295,16 +294,12 @@ def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
     return buf[:n].reshape(shape)
 
 
-def _axis(n_out: int, n_in: int) -> np.ndarray:
-    """Source coordinate of each output pixel centre along one axis."""
-    return (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
-
-
 @lru_cache(maxsize=1024)
 def _nearest_index(n_out: int, n_in: int) -> np.ndarray:
     """Source index of each output pixel for nearest sampling at pixel centres (cached: building
     it costs as much as using it)."""
-    idx = np.clip(np.floor(_axis(n_out, n_in) + 0.5), 0, n_in - 1).astype(np.intp)
+    centres = (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
+    idx = np.clip(np.floor(centres + 0.5), 0, n_in - 1).astype(np.intp)
     idx.flags.writeable = False
     return idx
 
@@ -322,11 +317,3 @@ def _as_float(region: np.ndarray) -> torch.Tensor:
     if region.dtype == np.uint16:  # no uint16 tensors in older torch
         region = region.astype(np.int32)
     return torch.from_numpy(region).float()
-
-
-def _resize_t(x: torch.Tensor, hw: tuple[int, ...]) -> torch.Tensor:
-    """Bilinear resize at pixel centres, no antialiasing, of an H×W(×C) float tensor."""
-    y = x.unsqueeze(-1) if x.ndim == 2 else x
-    y = F.interpolate(y.permute(2, 0, 1).unsqueeze(0), size=tuple(hw[:2]), mode="bilinear",
-                      align_corners=False)[0].permute(1, 2, 0)
-    return y[..., 0] if x.ndim == 2 else y
