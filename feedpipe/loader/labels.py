@@ -224,22 +224,15 @@ class Collector:
     def _boxes(self, f: BoxesField, out: np.ndarray, ints: np.ndarray,
                counts: np.ndarray) -> dict[str, Any]:
         """Boxes given sample after sample (``counts`` each) padded, or as lists."""
-        width = 1 + len(f.attrs)
-        sample = np.repeat(np.arange(self.n), counts)
         keys = batch_keys(f, self.ragged)
-        cols = [out, *(ints[:, j] for j in range(width))]
+        cols = [out, *(ints[:, j] for j in range(1 + len(f.attrs)))]
         if self.ragged == "list":
             t = torch.from_numpy(counts)
             res: dict[str, Any] = {k: RaggedList(torch.from_numpy(np.ascontiguousarray(c)), t)
                                    for k, c in zip(keys, cols, strict=False)}
         else:
-            rank = np.arange(len(sample)) - (np.cumsum(counts) - counts)[sample]
-            m = int(counts.max()) if self.n else 0
-            res = {}
-            for k, c in zip(keys, cols, strict=False):
-                pad = np.full((self.n, m, *c.shape[1:]), 0 if c is out else PAD_LABEL, c.dtype)
-                pad[sample, rank] = c
-                res[k] = torch.from_numpy(pad)
+            res = {k: torch.from_numpy(_pad_flat(c, counts, 0 if c is out else PAD_LABEL))
+                   for k, c in zip(keys, cols, strict=False)}
         res[keys[-1]] = torch.from_numpy(counts)
         return res
 
@@ -281,9 +274,9 @@ class Collector:
 
 
 def _pad_flat(flat: np.ndarray, lengths: np.ndarray, fill: int) -> np.ndarray:
-    """Rows given flat with their lengths → an N×max(lengths) array padded with ``fill``."""
+    """Rows given flat with their lengths → an N×max(lengths)(×...) array padded with ``fill``."""
     n = len(lengths)
-    out = np.full((n, int(lengths.max()) if n else 0), fill, flat.dtype)
+    out = np.full((n, int(lengths.max()) if n else 0, *flat.shape[1:]), fill, flat.dtype)
     sample = np.repeat(np.arange(n), lengths)
     out[sample, np.arange(len(flat)) - (np.cumsum(lengths) - lengths)[sample]] = flat
     return out
