@@ -38,8 +38,7 @@ def footprint(m: Matrix) -> tuple[float, float]:
 
 @lru_cache(maxsize=64)
 def _centres(oh: int, ow: int) -> tuple[np.ndarray, torch.Tensor]:
-    """(x, y, 1) of every output pixel centre, row-major, in float64 and float32 (exact:
-    half-integers; cached: sizes repeat)."""
+    """(x, y, 1) of every output pixel centre, row-major, in float64 and float32 (cached)."""
     ys, xs = np.mgrid[0:oh, 0:ow]
     out = np.stack([xs + 0.5, ys + 0.5, np.ones((oh, ow))], -1).reshape(-1, 3)
     out.flags.writeable = False
@@ -56,16 +55,14 @@ def _to_region(m: Matrix, flip: bool, oh: int, ow: int, rh: float, rw: float) ->
 
 
 def _grid(m: Matrix, flip: bool, oh: int, ow: int) -> torch.Tensor:
-    """``grid_sample``'s 1×oh×ow×2 grid: the region's normalized coordinates (-1, 1 its edges),
-    the same for any resolution the region is held at (float32: ~1e-4 px)."""
+    """``grid_sample``'s 1×oh×ow×2 grid of the region's normalized coordinates (float32)."""
     t = _to_region(m, flip, oh, ow, 2.0, 2.0)
     t[:, 2] -= 1.0
     return (_centres(oh, ow)[1] @ torch.from_numpy(t.T.astype(np.float32))).view(1, oh, ow, 2)
 
 
 def _coverage(grid: torch.Tensor, oh: int, ow: int) -> torch.Tensor | None:
-    """Share of each output pixel inside the crop, fading over one canvas pixel at its edge (as
-    torchvision's fill mask); None when the four corners (the affine grid's extremes) are in."""
+    """Share of each output pixel inside the crop (fading over one pixel); None if all are."""
     half = torch.tensor([ow / 2, oh / 2], dtype=grid.dtype)
     corners = grid[[0, 0, -1, -1], [0, -1, 0, -1]]
     if bool((half * (1 - corners.abs()) >= 0.4999).all()):  # (float32 at the edge pixels)
@@ -104,8 +101,7 @@ def warp_image(region: np.ndarray, out: np.ndarray, m: Matrix, flip: bool,
 
 def nearest_points(m: Matrix, flip: bool, oh: int, ow: int, rh: int,
                    rw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rows, cols, inside) of the region pixel under each output pixel centre: the mask's
-    nearest sampling, exact in float64; ``inside`` is False where the map leaves the region."""
+    """(rows, cols, inside) of the region pixel under each output pixel centre (float64)."""
     p = (_centres(oh, ow)[0] @ _to_region(m, flip, oh, ow, rh, rw).T).reshape(oh, ow, 2)
     col, row = np.floor(p[..., 0]), np.floor(p[..., 1])
     inside = (col >= 0) & (col < rw) & (row >= 0) & (row < rh)
@@ -123,8 +119,7 @@ def picked_into(out: np.ndarray, picked: np.ndarray, field: TargetField) -> None
 
 
 def dequantized(vals: torch.Tensor, field: TargetField, scale: float | None) -> torch.Tensor:
-    """A target's resampled values dequantized; distances times the map's geometric ``scale``
-    and re-clipped to the truncation bounds (None: the map scales nothing)."""
+    """A target's values dequantized; distances times ``scale`` (None: 1) and re-clipped."""
     if field.scale != 1.0 or field.offset != 0.0:
         vals.mul_(field.scale).add_(field.offset)
     if scale is not None and field.rescale == "distance":
@@ -136,9 +131,8 @@ def dequantized(vals: torch.Tensor, field: TargetField, scale: float | None) -> 
 
 def warp_target(region: np.ndarray, field: TargetField, geo: Geometry, out: np.ndarray,
                 mask_fill: int) -> None:
-    """``ImageOp.apply_target`` under an affine: the crop's target sampled through the composed
-    matrix (``field.interp``), dequantized, distances scaled by the whole map's scale; outside
-    the crop integer label-like targets get ``mask_fill`` and the others 0."""
+    """``ImageOp.apply_target`` under an affine: the crop's target through the composed matrix;
+    outside the crop integer label-like targets get ``mask_fill``, the others 0."""
     m, hw = geo.affine, out.shape[:2]
     assert m is not None
     if field.interp == "nearest":

@@ -76,16 +76,14 @@ def _torch_int(dt: np.dtype) -> np.dtype:
 
 
 def target_batch_dtype(f: TargetField) -> np.dtype:
-    """Batch dtype of a target: label-like integer targets keep theirs (uint16 → int32);
-    resampled values float16 when stored so (half the bytes between processes), else float32."""
+    """Batch dtype of a target: integer label-like keep theirs, else float16 or float32."""
     if f.interp == "nearest" and not f.quantized and np.dtype(f.dtype).kind in "ui":
         return _torch_int(np.dtype(f.dtype))
     return np.dtype(np.float16) if np.dtype(f.dtype) == np.float16 else np.dtype(np.float32)
 
 
 def _write_back(view: torch.Tensor, value: Any, name: str) -> None:
-    """Copy a transform's new value of a stacked field into the batch row: same shape and dtype
-    only (no silent cast or reshape)."""
+    """Copy a transform's value into the batch row: same shape and dtype only (no silent cast)."""
     t = torch.as_tensor(value)
     if t.shape != view.shape or t.dtype != view.dtype:
         raise ValueError(f"returned {name!r} as {t.dtype} {tuple(t.shape)}; the batch holds "
@@ -361,16 +359,13 @@ class BatchDataset(torch.utils.data.Dataset):
         return buf[:n]
 
     def _named(self, index: int) -> str:
-        """A record for a message: where it is stored and, when kept, its source file (one extra
-        read, so only for the rare record named)."""
+        """A record for a message: where it is stored and, when kept, its source file."""
         source = getattr(self.reader, "source_of", lambda _: None)(index)
         return self.reader.describe(index) + (f" [source file: {source}]" if source else "")
 
     def _transformer(self, req: BatchRequest, out: dict[str, Any]
                      ) -> Callable[[int, int, dict[str, Moved]], None]:
-        """``transform(pos, index, moved)``: the user's function on views of batch row ``pos``
-        (sample ``index``; the image C×H×W, keypoints and boxes from ``moved``), its results
-        written back."""
+        """The user's ``transform`` on views of row ``pos`` (sample ``index``), written back."""
         fn, seed, epoch = self.transform, self.seed, req.epoch
         rngs = self._rngs
         stacked = [c.field.name for c in self.columns if c.shape is not None]

@@ -139,8 +139,7 @@ def _tensor(value: Any) -> torch.Tensor:
 
 
 def _image_back(value: Any, hwc: bool) -> torch.Tensor:
-    """A returned image (H×W×C numpy where ``hwc``) as C×H×W uint8, a float one in [0, 1]
-    rounded to levels (normalizing is the loader's)."""
+    """A returned image as C×H×W uint8 (a float one in [0, 1] rounded to levels)."""
     t = _tensor(value)
     if hwc and isinstance(value, np.ndarray) and t.ndim == 3:
         t = t.permute(2, 0, 1)
@@ -173,8 +172,7 @@ def _visible(xy: torch.Tensor, before: torch.Tensor, h: int, w: int) -> torch.Te
 
 @dataclass
 class _Gathered:
-    """A sample's keypoints fields as one K×2 array and its boxes fields as one M×4 array with
-    each box's owner (field and row), as a library takes them."""
+    """A sample's keypoints as one K×2 array, its boxes as one M×4 with each box's owner."""
 
     points: np.ndarray
     boxes: np.ndarray
@@ -192,8 +190,7 @@ class _Gathered:
 
     def back(self, sample: Batch, spec: Fields, points: np.ndarray, boxes: np.ndarray,
              kept: np.ndarray, hw: tuple[int, int]) -> Batch:
-        """The fields' new values from ``points`` and the ``kept`` boxes (indices into the
-        gathered ones) at ``boxes``, their label and attribute rows following."""
+        """The fields' new values from ``points`` and the ``kept`` boxes (with their labels)."""
         out: Batch = {}
         at = 0
         for n in spec.points:
@@ -214,8 +211,7 @@ class _Gathered:
 
 
 class _Albumentations:
-    """An albumentations transform on each sample: H×W×C uint8 images, masks and targets,
-    ``xy`` keypoints and ``pascal_voc`` boxes through an outer Compose."""
+    """An albumentations transform on each sample, through an outer Compose."""
 
     def __init__(self, obj: Any, spec: Fields) -> None:
         import albumentations as A
@@ -275,9 +271,8 @@ class _Albumentations:
 
 
 class _Torchvision:
-    """A torchvision ``transforms.v2`` transform on each sample (or the batch: one draw for all):
-    ``tv_tensors`` in, boxes XYXY with their index as ``labels`` (SanitizeBoundingBoxes drops
-    their labels too)."""
+    """A torchvision ``transforms.v2`` transform on each sample (or the batch: one draw),
+    boxes with their index as ``labels`` (so SanitizeBoundingBoxes drops their labels too)."""
 
     def __init__(self, obj: Any, spec: Fields, option: str, batched: bool) -> None:
         from torchvision import tv_tensors
@@ -351,9 +346,8 @@ class _Torchvision:
 
 
 class _Kornia:
-    """A Kornia augmentation on the batch: float images in [0, 1], with masks, targets,
-    keypoints and xyxy boxes as an ``AugmentationSequential``'s data keys; boxes off the canvas
-    dropped (the rest clipped); the image written back in place."""
+    """A Kornia augmentation on the batch (float images in [0, 1], the rest as data keys);
+    boxes off the canvas dropped, the image written back in place."""
 
     def __init__(self, obj: Any, spec: Fields, option: str) -> None:
         import kornia.augmentation as K
@@ -414,8 +408,7 @@ class _Kornia:
 
 def _kept_boxes(batch: Batch, name: str, int_keys: tuple[str, ...], boxes: torch.Tensor,
                 hw: tuple[int, ...]) -> Batch:
-    """Padded boxes after a transform, clipped to the canvas; those left with no area dropped,
-    the rest (with their labels and attributes) moved up in order."""
+    """Padded boxes clipped to the canvas; those with no area dropped, the rest moved up."""
     h, w = hw
     count = batch[f"{name}_count"]
     box = torch.stack([boxes[..., 0].clamp(0, w), boxes[..., 1].clamp(0, h),

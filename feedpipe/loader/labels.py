@@ -28,8 +28,7 @@ _UNKNOWN = (0.0, 0.0, 1.0, 1.0, 0.0, np.inf, np.inf, *_IDENTITY)  # no image: id
 
 @dataclass(frozen=True)
 class RaggedList:
-    """Every sample's rows packed flat with a count per sample: two tensors across the worker
-    boundary, a list of per-sample views on the device stage."""
+    """Every sample's rows packed flat with a count per sample (two tensors across processes)."""
 
     values: torch.Tensor
     counts: torch.Tensor
@@ -86,8 +85,7 @@ def geometry_row(geo: Geometry | None, size: tuple[int, int] | None) -> tuple[fl
 
 
 def _affine(x: np.ndarray, y: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Points through each sample's affine (``g``: geometry rows); rows without one keep their
-    values (a NaN y must not reach x through 0 · y)."""
+    """Points through each sample's affine; rows without one keep theirs (NaN-safe)."""
     moved = (g[..., 7:] != _IDENTITY).any(-1)
     if not moved.any():
         return x, y
@@ -140,8 +138,7 @@ class Collector:
         return isinstance(self.field, (KeypointsField, BoxesField))
 
     def moved(self) -> Moved:
-        """Keypoints or boxes on the output canvas, per sample: what a ``transform=`` may change
-        before :meth:`finish` packs them."""
+        """Keypoints or boxes on the output canvas, per sample, for a ``transform=`` to change."""
         f = self.field
         if isinstance(f, KeypointsField):
             points, visible = self._keypoints_moved(f)
@@ -152,8 +149,7 @@ class Collector:
         return Moved(np.split(boxes, at), ints=np.split(ints, at))
 
     def finish(self, moved: Moved | None = None) -> dict[str, Any]:
-        """The batch's keys of this field; ``moved``: :meth:`moved`'s values as a transform left
-        them."""
+        """The batch's keys of this field (from ``moved``: as a transform left them)."""
         f = self.field
         if isinstance(f, KeypointsField):
             m = moved or self.moved()
@@ -193,8 +189,7 @@ class Collector:
         return out, visible
 
     def _boxes_moved(self, f: BoxesField) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The kept boxes on the output canvas (M×4 xyxy, sample after sample), their int rows
-        (label, attrs) and the count per sample."""
+        """The kept boxes on the canvas (M×4 xyxy), their (label, attrs) rows and counts."""
         width = 1 + len(f.attrs)
         rows = [r if r is not None else (np.zeros((0, 4), np.float32),
                                          np.zeros((0, width), np.int64)) for r in self.rows]

@@ -37,9 +37,8 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 
 
 class SampleRngs:
-    """:func:`sample_rng`'s generators at a tenth of the cost (a new Philox draws OS entropy it
-    ignores: ~30 µs): the last one again with its state set to the new sample's, unless
-    something else still holds it (a user function kept it): then a fresh one."""
+    """:func:`sample_rng`'s generators at a tenth of the cost: the last one, its state reset,
+    unless something else still holds it (a new Philox draws OS entropy: ~30 µs)."""
 
     def __init__(self) -> None:
         self._gen: np.random.Generator | None = None
@@ -91,16 +90,14 @@ def _concat(shards: Sequence[range]) -> np.ndarray:
 
 
 def window_shuffle(shards: Sequence[range], window: int, rng: np.random.Generator) -> np.ndarray:
-    """The samples of ``shards`` permuted within ``len // window`` consecutive windows of shards
-    as equal as possible (no short last window leaves a shard unmixed)."""
+    """The samples of ``shards`` permuted within ``len // window`` near-equal windows."""
     cuts = np.linspace(0, len(shards), max(1, len(shards) // window) + 1).round().astype(int)
     parts = [rng.permutation(_concat(shards[a:b])) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def interleave(streams: Sequence[np.ndarray]) -> np.ndarray:
-    """The global order of ``streams``: element j of every stream longer than j, by stream, for
-    j = 0, 1, ..."""
+    """The global order of ``streams``: element j of each (that has one), for j = 0, 1, ..."""
     if len(streams) == 1:
         return np.asarray(streams[0], np.int64)
     lengths = [len(s) for s in streams]
@@ -110,8 +107,7 @@ def interleave(streams: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def consumed(lengths: Sequence[int], taken: int) -> int:
-    """Samples of the global order that ``taken`` from the head of each stream cover (padding
-    past a stream's end not counted)."""
+    """Samples of the global order that ``taken`` from the head of each stream cover."""
     return int(np.minimum(np.asarray(lengths, np.int64), taken).sum())
 
 
@@ -164,8 +160,7 @@ class OrderSpec:
 
     def build(self, n: int, shards: Sequence[range] | None, *, seed: int,
               epoch: int, warn: bool = True) -> list[np.ndarray]:
-        """The epoch's streams of sample indices; ``warn``: say when the shards are too few to
-        deal by shard."""
+        """The epoch's streams of sample indices (``warn``: when too few shards to deal)."""
         rng, w = rng_for(seed, epoch), self.streams
         if shards is None or len(shards) == 0:
             order = rng.permutation(n) if self.shuffle else np.arange(n)

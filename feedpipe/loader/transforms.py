@@ -63,8 +63,7 @@ class ImageOp(Framing):
         return super().random or self.affine is not None
 
     def plan(self, h: int, w: int, rng: np.random.Generator | None) -> Geometry:
-        """:meth:`Framing.plan`, then the affine's draws; the DCT downscale keeps the resolution
-        the composed map needs (a zoom by s needs s times the output's)."""
+        """:meth:`Framing.plan`, then the affine's draws, with the DCT downscale it allows."""
         geo = super().plan(h, w, rng)
         if self.affine is None or rng is None:
             return geo
@@ -125,8 +124,7 @@ class ImageOp(Framing):
 
     def _fallback(self, stored: object, out: np.ndarray, rng: np.random.Generator | None,
                   what: str, planned: tuple[tuple[int, int], Geometry] | None = None) -> Geometry:
-        """A JPEG simplejpeg cannot read, decoded by the fallback and cut by ``planned`` (the
-        header's size and plan) or a plan from the decoded size; marked (the dataset counts)."""
+        """A JPEG simplejpeg cannot read, decoded by the fallback, cut, marked as a fallback."""
         src = decode_jpeg_fallback(stored, what, self.max_pixels)  # type: ignore[arg-type]
         if planned is not None and planned[0] == src.shape[:2]:
             geo = planned[1]
@@ -232,8 +230,7 @@ _BUFFERS = threading.local()  # reusable decode / region / flip buffers per thre
 
 
 def _decode_jpeg(data: object, h: int, w: int, f: int, strict: bool = True) -> np.ndarray:
-    """simplejpeg RGB decode at 1/``f`` scale into (a view of) this thread's reused buffer;
-    ``strict``: libjpeg-turbo's warnings (damaged data) raise."""
+    """simplejpeg RGB decode at 1/``f`` scale into this thread's buffer (strict: damage raises)."""
     sh, sw = -(-h // f), -(-w // f)
     buf = getattr(_BUFFERS, "buf", None)
     if buf is None or buf.size < sh * sw * 3:
@@ -252,11 +249,8 @@ except (AttributeError, RuntimeError):
 
 
 def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
-    """Antialiased bilinear resize of an H×W×3 uint8 region into ``out`` (flipped if asked).
-
-    torch's uint8 kernel wants a dense channels-last input (a strided one is slower), so a crop
-    is copied into this thread's reused buffer first; the kernel writes straight into ``out``
-    (private ``out=`` form) or through a scratch image when flipped (no negative strides)."""
+    """Antialiased bilinear resize of an H×W×3 uint8 region into ``out`` (flipped if asked):
+    dense channels-last input (torch's fast kernel), written in place by its ``out=`` form."""
     if not (region.flags.c_contiguous and region.flags.writeable):  # torch wants writable
         dense = _scratch("region", region.shape)
         np.copyto(dense, region)
@@ -277,8 +271,7 @@ def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
 
 
 def _mirror_into(out: np.ndarray, src: np.ndarray) -> None:
-    """``out[:, j] = src[:, W-1-j]``: torch's flip kernel (~16 µs for 224²×3 uint8), not numpy's
-    copy of a negative-stride view (~170 µs)."""
+    """``out[:, j] = src[:, W-1-j]`` by torch's flip (~10× numpy's negative-stride copy)."""
     if not src.flags.writeable:  # a zero-copy view of a read buffer: torch wants writable
         src = np.array(src)
     torch.from_numpy(out).copy_(torch.from_numpy(src).flip(1))
@@ -296,8 +289,7 @@ def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
 
 @lru_cache(maxsize=1024)
 def _nearest_index(n_out: int, n_in: int) -> np.ndarray:
-    """Source index of each output pixel for nearest sampling at pixel centres (cached: building
-    it costs as much as using it)."""
+    """Source index of each output pixel, nearest at pixel centres (cached: costly to build)."""
     centres = (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
     idx = np.clip(np.floor(centres + 0.5), 0, n_in - 1).astype(np.intp)
     idx.flags.writeable = False

@@ -33,8 +33,7 @@ log = logging.getLogger("feedpipe.loader")
 
 
 class DaliStream:
-    """The DALI pipeline as the feed engine's decode stage: DALI's image batches plus the host
-    fields, on the device, from a position on."""
+    """The DALI pipeline as the feed engine's decode stage, plus the host fields."""
 
     def __init__(self, loader: DaliLoader) -> None:
         self.dali, self.reader, self.cfg, self.world = (loader.dali, loader.reader, loader.config,
@@ -156,8 +155,7 @@ class DaliStream:
         return batch
 
     def _explain(self, exc: Exception, epoch: int, number: int) -> Exception:
-        """A DALI failure as a CorruptRecordError naming the sample a host decode of the batches
-        in flight finds damaged; otherwise ``exc`` with a note."""
+        """A DALI failure as a CorruptRecordError naming a damaged sample, else with a note."""
         if isinstance(exc, FeedpipeError):
             return exc
         field = self.reader.schema[self.image]
@@ -182,8 +180,7 @@ class DaliStream:
 
 
 class DaliLoader(EpochPosition):
-    """What ``make_loader(..., backend="dali")`` returns: iterate it once per epoch (a
-    :class:`~feedpipe.loader.protocol.Loader`, as the torch backend's)."""
+    """What ``make_loader(..., backend="dali")`` returns (a ``Loader``, as the torch one)."""
 
     outputs: tuple[str, ...] = ("image",)
     stream_kind: type[DaliStream] = DaliStream
@@ -243,8 +240,7 @@ class DaliLoader(EpochPosition):
 
 
 class DaliWdsStream(DaliStream):
-    """DALI's own WebDataset reader: one pipeline per epoch, each batch carrying DALI's checkpoint
-    of the position after it."""
+    """DALI's own WebDataset reader: one pipeline per epoch, checkpoints with each batch."""
 
     def __init__(self, loader: DaliWdsLoader) -> None:
         super().__init__(loader)

@@ -54,8 +54,7 @@ def dali_installed() -> bool:
 
 
 def import_dali() -> ModuleType:
-    """``nvidia.dali`` with ``fn``, ``types`` and the PyTorch plugin; a MissingDependencyError
-    naming the wheel for this machine's CUDA when it cannot import."""
+    """``nvidia.dali`` and its PyTorch plugin; else an error naming this machine's wheel."""
     try:
         dali = importlib.import_module(DALI_MODULE)
         for sub in ("fn", "types", "plugin.pytorch"):
@@ -141,8 +140,7 @@ def define_graph(dali: ModuleType, spec: GraphSpec, source: Any) -> tuple[Any, .
 
 
 def dali_fields(reader: DatasetReader, cfg: LoaderConfig) -> tuple[str, tuple[str, ...]]:
-    """(the image field DALI decodes, the fields read on the host), or a ConfigError saying why
-    DALI cannot serve this request."""
+    """(the image field DALI decodes, host fields), or a ConfigError saying why not."""
     fields = cfg.fields_in(reader.schema)
     check_fields(reader, fields)
     images = [n for n in fields if isinstance(reader.schema[n], ImageField)]
