@@ -20,10 +20,8 @@ DCT_MARGIN = 1.5  # the DCT-downscaled crop stays this many times the output (se
 
 
 class Geometry(NamedTuple):
-    """Where a sample's output comes from: a box of the full-resolution source, a flip, the DCT
-    downscale a decoder may use, and the affine's forward matrix after the flip (None: none).
-    ``ImageOp.apply`` returns it :meth:`snapped` to the scale decoded, so masks and targets are
-    cut from exactly the region the image shows."""
+    """Where a sample's output comes from: a source box, a flip, the DCT downscale a decoder may
+    use, the affine after the flip; ``ImageOp.apply`` returns it snapped to the scale decoded."""
 
     top: int
     left: int

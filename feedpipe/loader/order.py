@@ -113,10 +113,8 @@ def consumed(lengths: Sequence[int], taken: int) -> int:
 
 @dataclass(frozen=True)
 class OrderSpec:
-    """How an epoch's global order is built (saved in states, so a resume rebuilds it). Map-style
-    data: one seeded permutation. Sharded: shards shuffled and dealt round-robin to ``streams``
-    streams, each shuffled by ``window`` shards or a buffer of ``buffer`` samples; fewer shards
-    than streams split by sample."""
+    """How an epoch's global order is built (saved in states): one seeded permutation, or shards
+    dealt round-robin to ``streams`` streams, each shuffled by ``window`` shards or ``buffer``."""
 
     shuffle: bool = True
     streams: int = 1

@@ -43,8 +43,7 @@ JPEG_PATH = jpeg_path()
 
 @dataclass(frozen=True)
 class ImageOp(Framing):
-    """Executes a :class:`Framing`'s plans on the CPU: :meth:`apply` fills one H×W×3 uint8 slot,
-    :meth:`apply_mask` and :meth:`apply_target` follow the geometry it returns."""
+    """Executes a :class:`Framing`'s plans on the CPU: an image, then its mask and targets."""
 
     max_pixels: int = DEFAULT_MAX_PIXELS  # encoded images declaring more are refused undecoded
     affine: RandomAffine | None = None  # rotation/scale/translate/shear, in the crop's resampling
@@ -78,10 +77,8 @@ class ImageOp(Framing):
 
     def apply(self, stored: object, codec: str, out: np.ndarray,
               rng: np.random.Generator | None, what: str) -> Geometry:
-        """Decode ``stored`` (encoded bytes or a raw H×W×3 array) into ``out`` by the sample's
-        :meth:`plan`; returns the plan as executed. A JPEG is checked from its header first; one
-        simplejpeg cannot read falls back (``Geometry.fallback``); damaged data is a
-        BadInputError, never decoded to grey."""
+        """Decode ``stored`` (encoded, or a raw H×W×3 array) into ``out`` by its :meth:`plan`, as
+        executed; damaged data is a BadInputError, never decoded to grey."""
         if codec == "mixed":
             codec = sniff_codec(stored)  # type: ignore[arg-type]
         if codec == "raw":

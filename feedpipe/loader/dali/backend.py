@@ -294,10 +294,8 @@ class DaliWdsStream(DaliStream):
 
 
 class DaliWdsLoader(DaliLoader):
-    """``dali_reader="webdataset"``: DALI's own ``readers.webdataset`` and order (rank r reads
-    DALI's shard ``(r + epoch) % world_size`` through a shuffle buffer; crops and flips from
-    DALI's random operators), one pipeline per epoch seeded by (seed, epoch, rank); mid-epoch
-    resume restores a DALI checkpoint."""
+    """``dali_reader="webdataset"``: DALI's own reader, order and random crops, one pipeline per
+    epoch seeded by (seed, epoch, rank); a mid-epoch resume restores a DALI checkpoint."""
 
     outputs = ("image", "source")
     elastic = False  # DALI deals its own order: a state resumes at the world size it was saved at

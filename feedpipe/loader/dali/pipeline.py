@@ -194,10 +194,8 @@ def graph_spec(reader: DatasetReader, cfg: LoaderConfig, image: str,
 
 
 class PlanSource:
-    """``external_source`` callback: DALI's ``info.iteration`` → the stored images, crop windows
-    and flips, by the :class:`PlanSampler` plan and the torch backend's generator. Stateless
-    (it runs in DALI's workers too), it runs on across epochs from batch ``start`` of ``epoch``
-    (of ``segment``'s plan after a resume), so the pipeline never drains at an epoch boundary."""
+    """``external_source`` callback: DALI's ``info.iteration`` → the stored images, windows and
+    flips of the torch backend's plan, across epochs (the pipeline never drains), stateless."""
 
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World, field: str,
                  op: Framing, epoch: int, start: int, *, windows: bool,
