@@ -131,15 +131,6 @@ class RandomGrayscale(_Drawn):
         return {**batch, "image": out}
 
 
-def _box_mask(box: torch.Tensor, h: int, w: int, device: torch.device) -> torch.Tensor:
-    """An n×1×H×W mask of each row's box (top, left, height, width)."""
-    top, left, bh, bw = box.to(device).unbind(1)
-    rows, cols = torch.arange(h, device=device), torch.arange(w, device=device)
-    in_rows = (rows >= top[:, None]) & (rows < (top + bh)[:, None])
-    in_cols = (cols >= left[:, None]) & (cols < (left + bw)[:, None])
-    return (in_rows[:, :, None] & in_cols[:, None, :]).unsqueeze(1)
-
-
 @dataclass(frozen=True)
 class RandomErasing(_Drawn):
     """torchvision's RandomErasing per sample (its 10 tries drawn at once; no fit, no erasing):
@@ -272,7 +263,11 @@ class CutMix(_Mix):
 
     def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
         x = _image(batch, "CutMix")
-        mask = _box_mask(params["box"], x.shape[2], x.shape[3], x.device)
+        top, left, bh, bw = params["box"].to(x.device).unbind(1)  # an n×1×H×W mask of the boxes
+        rows, cols = (torch.arange(n, device=x.device) for n in x.shape[2:])
+        in_rows = (rows >= top[:, None]) & (rows < (top + bh)[:, None])
+        in_cols = (cols >= left[:, None]) & (cols < (left + bw)[:, None])
+        mask = (in_rows[:, :, None] & in_cols[:, None, :]).unsqueeze(1)
         return self._mixed(batch, torch.where(mask, x.roll(1, 0), x), params["lam"])
 
 

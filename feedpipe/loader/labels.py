@@ -49,9 +49,8 @@ class Moved:
 
 def collects(f: Field, ragged: Ragged) -> bool:
     """Whether ``f`` is gathered by a :class:`Collector` rather than stacked or listed as is."""
-    if isinstance(f, (KeypointsField, BoxesField, TextField)):
-        return True
-    return isinstance(f, ArrayField) and not f.fixed and ragged == "pad"
+    return isinstance(f, (KeypointsField, BoxesField, TextField)) or (
+        isinstance(f, ArrayField) and not f.fixed and ragged == "pad")
 
 
 def batch_keys(f: Field, ragged: Ragged) -> list[str]:
