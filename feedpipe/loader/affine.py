@@ -6,15 +6,13 @@ bilinearly, in the decoded crop (first reduced, antialiased, where it shrinks by
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..schema.masks import TargetField
-from .geometry import Geometry, Matrix
+from .geometry import Matrix
 
 #: region pixels per output pixel above which the region is first reduced (antialiased) to this
 #: density: the least error of 1, 1.25, 1.5, 2 and none (benchmarks/affine_fidelity.py)
@@ -54,7 +52,7 @@ def _to_region(m: Matrix, flip: bool, oh: int, ow: int, rh: float, rw: float) ->
     return inv * np.array([[rw / ow], [rh / oh]])
 
 
-def _grid(m: Matrix, flip: bool, oh: int, ow: int) -> torch.Tensor:
+def sampling_grid(m: Matrix, flip: bool, oh: int, ow: int) -> torch.Tensor:
     """``grid_sample``'s 1×oh×ow×2 grid of the region's normalized coordinates (float32)."""
     t = _to_region(m, flip, oh, ow, 2.0, 2.0)
     t[:, 2] -= 1.0
@@ -89,7 +87,7 @@ def warp_image(region: np.ndarray, out: np.ndarray, m: Matrix, flip: bool,
         memory_format=torch.channels_last)
     if (th, tw) != (rh, rw):  # the antialiased (triangle) pre-reduction, on uint8
         x = F.interpolate(x, size=(th, tw), mode="bilinear", antialias=True, align_corners=False)
-    grid = _grid(m, flip, oh, ow)
+    grid = sampling_grid(m, flip, oh, ow)
     y = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border",
                       align_corners=False)
     cover = _coverage(grid[0], oh, ow)
@@ -107,48 +105,3 @@ def nearest_points(m: Matrix, flip: bool, oh: int, ow: int, rh: int,
     inside = (col >= 0) & (col < rw) & (row >= 0) & (row < rh)
     return (np.clip(row, 0, rh - 1).astype(np.intp), np.clip(col, 0, rw - 1).astype(np.intp),
             inside)
-
-
-def picked_into(out: np.ndarray, picked: np.ndarray, field: TargetField) -> None:
-    """A target's nearest-sampled values into ``out``: as stored, or dequantized to float."""
-    if out.dtype == picked.dtype:
-        np.copyto(out, picked)
-    else:
-        np.copyto(out, picked.astype(np.float32) * np.float32(field.scale)
-                  + np.float32(field.offset))
-
-
-def dequantized(vals: torch.Tensor, field: TargetField, scale: float | None) -> torch.Tensor:
-    """A target's values dequantized; distances times ``scale`` (None: 1) and re-clipped."""
-    if field.scale != 1.0 or field.offset != 0.0:
-        vals.mul_(field.scale).add_(field.offset)
-    if scale is not None and field.rescale == "distance":
-        vals.mul_(scale)
-        if field.clip is not None:
-            vals.clamp_(field.clip[0], field.clip[1])
-    return vals
-
-
-def warp_target(region: np.ndarray, field: TargetField, geo: Geometry, out: np.ndarray,
-                mask_fill: int) -> None:
-    """``ImageOp.apply_target`` under an affine: the crop's target through the composed matrix;
-    outside the crop integer label-like targets get ``mask_fill``, the others 0."""
-    m, hw = geo.affine, out.shape[:2]
-    assert m is not None
-    if field.interp == "nearest":
-        rows, cols, inside = nearest_points(m, geo.flip, *hw, *region.shape[:2])
-        picked_into(out, region[rows, cols], field)
-        out[~inside] = mask_fill if out.dtype.kind in "iu" else 0
-        return
-    # bilinear, no antialiasing (as the plain resize); distances scale by the resize's geometric
-    # scale times the affine's, √|det|
-    vals = torch.from_numpy(region.astype(np.float32))
-    y = vals.unsqueeze(-1) if vals.ndim == 2 else vals
-    grid = _grid(m, geo.flip, *hw)
-    res = F.grid_sample(y.permute(2, 0, 1)[None], grid, mode="bilinear", padding_mode="border",
-                        align_corners=False)[0].permute(1, 2, 0)
-    vals = res[..., 0] if vals.ndim == 2 else res
-    dequantized(vals, field, math.sqrt(hw[0] / geo.height * hw[1] / geo.width)
-                * math.sqrt(abs(m[0] * m[4] - m[1] * m[3])))
-    vals[(grid[0].abs() > 1).any(-1)] = 0  # outside the region
-    torch.from_numpy(out).copy_(vals)

@@ -31,7 +31,7 @@ from ..schema.imaging import (
     strict_decode,
 )
 from ..schema.masks import TargetField
-from .affine import dequantized, footprint, nearest_points, picked_into, warp_image, warp_target
+from .affine import footprint, nearest_points, sampling_grid, warp_image
 from .affine_params import RandomAffine
 from .config import LoaderConfig
 from .geometry import DCT_MARGIN, Framing, Geometry
@@ -169,27 +169,34 @@ class ImageOp(Framing):
         """Cut ``geo`` from an H×W(×C) target, resample it as ``field.interp`` says (linear: no
         antialiasing, as distance maps are smooth), dequantize, rescale distances into ``out``."""
         region = arr[geo.top: geo.top + geo.height, geo.left: geo.left + geo.width]
-        if geo.affine is not None:  # through the sample's composed matrix (see affine.py)
-            warp_target(region, field, geo, out, self._mask_fill)
-            return
-        hw = out.shape[:2]
-        if region.shape[:2] != hw:
+        hw, m = out.shape[:2], geo.affine
+        if m is None and region.shape[:2] != hw:
             self.check_fits(*arr.shape[:2], what, "target", hw)
         if field.interp == "nearest":
+            if m is not None:  # through the sample's composed matrix (see affine.py)
+                rows, cols, inside = nearest_points(m, geo.flip, *hw, *region.shape[:2])
+                _picked_into(out, region[rows, cols], field)
+                out[~inside] = self._mask_fill if out.dtype.kind in "iu" else 0
+                return
             if region.shape[:2] != hw:
                 region = _nearest(region, hw)
-            picked_into(out, region[:, ::-1] if geo.flip else region, field)
+            _picked_into(out, region[:, ::-1] if geo.flip else region, field)
             return
         vals = _as_float(region)  # torch from here on: its vectorized kernels beat numpy's here
-        resized = region.shape[:2] != hw
-        if resized:  # bilinear at pixel centres, no antialiasing
-            y = vals.unsqueeze(-1) if vals.ndim == 2 else vals
-            y = F.interpolate(y.permute(2, 0, 1)[None], size=tuple(hw), mode="bilinear",
-                              align_corners=False)[0].permute(1, 2, 0)
-            vals = y[..., 0] if vals.ndim == 2 else y
-        dequantized(vals, field, math.sqrt(hw[0] / geo.height * hw[1] / geo.width) if resized
-                    else None)
-        torch.from_numpy(out).copy_(vals.flip(1) if geo.flip else vals)
+        y = (vals.unsqueeze(-1) if vals.ndim == 2 else vals).permute(2, 0, 1)[None]
+        scale = math.sqrt(hw[0] / geo.height * hw[1] / geo.width)  # distances' geometric scale
+        if m is not None:  # bilinear through the composed matrix, also scaling by its √|det|
+            grid = sampling_grid(m, geo.flip, *hw)
+            y = F.grid_sample(y, grid, mode="bilinear", padding_mode="border", align_corners=False)
+            scale *= math.sqrt(abs(m[0] * m[4] - m[1] * m[3]))
+        elif region.shape[:2] != hw:  # bilinear at pixel centres, no antialiasing
+            y = F.interpolate(y, size=tuple(hw), mode="bilinear", align_corners=False)
+        y = y[0].permute(1, 2, 0)
+        vals = _dequantized(y[..., 0] if vals.ndim == 2 else y, field,
+                            scale if m is not None or region.shape[:2] != hw else None)
+        if m is not None:
+            vals[(grid[0].abs() > 1).any(-1)] = 0  # outside the region
+        torch.from_numpy(out).copy_(vals.flip(1) if geo.flip and m is None else vals)
 
     @property
     def _fill(self) -> tuple[int, ...]:
@@ -306,3 +313,23 @@ def _as_float(region: np.ndarray) -> torch.Tensor:
     if region.dtype == np.uint16:  # no uint16 tensors in older torch
         region = region.astype(np.int32)
     return torch.from_numpy(region).float()
+
+
+def _picked_into(out: np.ndarray, picked: np.ndarray, field: TargetField) -> None:
+    """A target's nearest-sampled values into ``out``: as stored, or dequantized to float."""
+    if out.dtype == picked.dtype:
+        np.copyto(out, picked)
+    else:
+        np.copyto(out, picked.astype(np.float32) * np.float32(field.scale)
+                  + np.float32(field.offset))
+
+
+def _dequantized(vals: torch.Tensor, field: TargetField, scale: float | None) -> torch.Tensor:
+    """A target's values dequantized; distances times ``scale`` (None: 1) and re-clipped."""
+    if field.scale != 1.0 or field.offset != 0.0:
+        vals.mul_(field.scale).add_(field.offset)
+    if scale is not None and field.rescale == "distance":
+        vals.mul_(scale)
+        if field.clip is not None:
+            vals.clamp_(field.clip[0], field.clip[1])
+    return vals
