@@ -375,12 +375,9 @@ class BatchDataset(torch.utils.data.Dataset):
         listed = [c.field.name for c in self.columns if c.shape is None and c.role != "collect"]
         collected = [c.field.name for c in self.columns if c.role == "collect"]
 
-        def row(name: str, pos: int) -> Any:
-            v = out[name][pos]
-            return v.permute(2, 0, 1) if name in images else v
-
         def run(pos: int, index: int, moved: dict[str, Moved]) -> None:
-            views = {name: row(name, pos) for name in stacked}
+            views = {name: out[name][pos].permute(2, 0, 1) if name in images else out[name][pos]
+                     for name in stacked}
             geo: dict[str, Any] = {}  # keypoints and boxes: views of the moved values
             for name, m in moved.items():
                 if name in boxes:

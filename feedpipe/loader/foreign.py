@@ -293,12 +293,9 @@ class _Torchvision:
 
     def __call__(self, data: Batch, rng: Any) -> Batch:
         tv, spec, lead = self.tv, self.spec, 1 if self.batched else 0
-        if self.batched:  # (batch, generator): the batch's generator seeds the draws
-            seed = int(torch.randint(0, 1 << 62, (1,), generator=rng))
-        else:
-            seed = int(rng.integers(1 << 62))
-        image = data[spec.images[0]]
-        hw = tuple(image.shape[-2:])
+        seed = int(torch.randint(0, 1 << 62, (1,), generator=rng)) if self.batched \
+            else int(rng.integers(1 << 62))  # the batch's or the sample's generator
+        hw = tuple(data[spec.images[0]].shape[-2:])
         inputs: Batch = {n: tv.Image(data[n]) for n in spec.images}
         for n in spec.spatial:
             m = data[n]
