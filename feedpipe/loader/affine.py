@@ -1,33 +1,23 @@
-"""Rotation, scale, translation and shear (torchvision's ``RandomAffine``), executed in the same
-single resampling step as the crop.
-
-The output is what ``Compose([crop + resize, flip, RandomAffine(...)])`` would give (the affine
-on the output canvas around its centre, ``fill`` where it brings in nothing), but crop, resize,
-flip and affine are one matrix: each output pixel centre is sampled once, bilinearly, in the
-decoded crop. Coordinates are ``labels.py``'s; the forward matrix rides in the sample's
-:class:`~feedpipe.loader.geometry.Geometry`, so keypoints and boxes get exactly the image's.
-
-Bilinear sampling aliases when it reduces: where the map shrinks the region by more than
-:data:`AA_ABOVE` pixels per output pixel along an axis, the region is first reduced to that
-density with the crop path's antialiased filter (docs/transforms.md has the measurements).
+"""torchvision's ``RandomAffine`` in the crop's own resampling step: what ``Compose([crop +
+resize, flip, RandomAffine(...)])`` gives, but as one matrix, each output pixel sampled once,
+bilinearly, in the decoded crop (first reduced, antialiased, where it shrinks by more than
+:data:`AA_ABOVE`). The matrix rides in the sample's ``Geometry`` for keypoints and boxes.
 """
 
 from __future__ import annotations
 
-import math
 from functools import lru_cache
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..schema.masks import TargetField
-from .geometry import Geometry, Matrix
+from .geometry import Matrix
 
 #: region pixels per output pixel above which the region is first reduced (antialiased) to this
-#: density: 1.25 had the least error of 1 (two filters blur), 1.25, 1.5, 2 and none (aliasing)
-#: in ``benchmarks/affine_fidelity.py``; docs/transforms.md has the table
+#: density: the least error of 1, 1.25, 1.5, 2 and none (benchmarks/affine_fidelity.py)
 AA_ABOVE = 1.25
+
 
 def _inverse(m: Matrix) -> np.ndarray:
     """The 2×3 inverse of a forward matrix (float64)."""
@@ -44,18 +34,13 @@ def footprint(m: Matrix) -> tuple[float, float]:
     return float(np.hypot(*inv[0, :2])), float(np.hypot(*inv[1, :2]))
 
 
-def area_scale(m: Matrix) -> float:
-    """The affine's geometric (area) scale √|det|: distances grow by it on average."""
-    return math.sqrt(abs(m[0] * m[4] - m[1] * m[3]))
-
-
 @lru_cache(maxsize=64)
-def _centres(oh: int, ow: int) -> np.ndarray:
-    """(x, y, 1) of every output pixel centre, row-major, float64 (cached: sizes repeat)."""
+def _centres(oh: int, ow: int) -> tuple[np.ndarray, torch.Tensor]:
+    """(x, y, 1) of every output pixel centre, row-major, in float64 and float32 (cached)."""
     ys, xs = np.mgrid[0:oh, 0:ow]
     out = np.stack([xs + 0.5, ys + 0.5, np.ones((oh, ow))], -1).reshape(-1, 3)
     out.flags.writeable = False
-    return out
+    return out, torch.from_numpy(out.astype(np.float32))
 
 
 def _to_region(m: Matrix, flip: bool, oh: int, ow: int, rh: float, rw: float) -> np.ndarray:
@@ -67,29 +52,15 @@ def _to_region(m: Matrix, flip: bool, oh: int, ow: int, rh: float, rw: float) ->
     return inv * np.array([[rw / ow], [rh / oh]])
 
 
-def source_points(m: Matrix, flip: bool, oh: int, ow: int, rh: float, rw: float) -> np.ndarray:
-    """Region coordinates (x, y; float64, oh×ow×2) of every output pixel centre."""
-    return (_centres(oh, ow) @ _to_region(m, flip, oh, ow, rh, rw).T).reshape(oh, ow, 2)
-
-
-@lru_cache(maxsize=64)
-def _centres_t(oh: int, ow: int) -> torch.Tensor:
-    """:func:`_centres` as a float32 tensor (exact: half-integers)."""
-    return torch.from_numpy(_centres(oh, ow).astype(np.float32))
-
-
-def _grid(m: Matrix, flip: bool, oh: int, ow: int) -> torch.Tensor:
-    """``grid_sample``'s 1×oh×ow×2 grid: the region's normalized coordinates (-1, 1 its edges),
-    the same for any resolution the region is held at (float32: ~1e-4 px)."""
+def sampling_grid(m: Matrix, flip: bool, oh: int, ow: int) -> torch.Tensor:
+    """``grid_sample``'s 1×oh×ow×2 grid of the region's normalized coordinates (float32)."""
     t = _to_region(m, flip, oh, ow, 2.0, 2.0)
     t[:, 2] -= 1.0
-    return (_centres_t(oh, ow) @ torch.from_numpy(t.T.astype(np.float32))).view(1, oh, ow, 2)
+    return (_centres(oh, ow)[1] @ torch.from_numpy(t.T.astype(np.float32))).view(1, oh, ow, 2)
 
 
 def _coverage(grid: torch.Tensor, oh: int, ow: int) -> torch.Tensor | None:
-    """Share of each output pixel inside the crop, fading over one canvas pixel at its edge (as
-    torchvision's fill mask); None when every pixel is wholly inside, which the four corner
-    pixels tell (the grid is affine, so its extremes are there)."""
+    """Share of each output pixel inside the crop (fading over one pixel); None if all are."""
     half = torch.tensor([ow / 2, oh / 2], dtype=grid.dtype)
     corners = grid[[0, 0, -1, -1], [0, -1, 0, -1]]
     if bool((half * (1 - corners.abs()) >= 0.4999).all()):  # (float32 at the edge pixels)
@@ -100,9 +71,8 @@ def _coverage(grid: torch.Tensor, oh: int, ow: int) -> torch.Tensor | None:
 
 def warp_image(region: np.ndarray, out: np.ndarray, m: Matrix, flip: bool,
                fill: tuple[int, ...] = (0, 0, 0), aa_above: float | None = None) -> None:
-    """Sample the H×W×3 uint8 ``region`` (the crop, decoded at any scale) into ``out`` through
-    ``m`` once, bilinearly; first reduced (antialiased) to ``aa_above`` pixels per output pixel
-    along an axis that has more (default :data:`AA_ABOVE`)."""
+    """Sample the H×W×3 uint8 crop ``region`` into ``out`` through ``m`` once, bilinearly; first
+    reduced (antialiased) to ``aa_above`` (default :data:`AA_ABOVE`) pixels per output pixel."""
     aa_above = AA_ABOVE if aa_above is None else aa_above
     oh, ow = out.shape[:2]
     rh, rw = region.shape[:2]
@@ -117,7 +87,7 @@ def warp_image(region: np.ndarray, out: np.ndarray, m: Matrix, flip: bool,
         memory_format=torch.channels_last)
     if (th, tw) != (rh, rw):  # the antialiased (triangle) pre-reduction, on uint8
         x = F.interpolate(x, size=(th, tw), mode="bilinear", antialias=True, align_corners=False)
-    grid = _grid(m, flip, oh, ow)
+    grid = sampling_grid(m, flip, oh, ow)
     y = F.grid_sample(x.float(), grid, mode="bilinear", padding_mode="border",
                       align_corners=False)
     cover = _coverage(grid[0], oh, ow)
@@ -129,65 +99,9 @@ def warp_image(region: np.ndarray, out: np.ndarray, m: Matrix, flip: bool,
 
 def nearest_points(m: Matrix, flip: bool, oh: int, ow: int, rh: int,
                    rw: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(rows, cols, inside) of the region pixel under each output pixel centre: the mask's
-    nearest sampling, exact in float64; ``inside`` is False where the map leaves the region."""
-    p = source_points(m, flip, oh, ow, rh, rw)
+    """(rows, cols, inside) of the region pixel under each output pixel centre (float64)."""
+    p = (_centres(oh, ow)[0] @ _to_region(m, flip, oh, ow, rh, rw).T).reshape(oh, ow, 2)
     col, row = np.floor(p[..., 0]), np.floor(p[..., 1])
     inside = (col >= 0) & (col < rw) & (row >= 0) & (row < rh)
     return (np.clip(row, 0, rh - 1).astype(np.intp), np.clip(col, 0, rw - 1).astype(np.intp),
             inside)
-
-
-def warp_linear(vals: torch.Tensor, hw: tuple[int, ...], m: Matrix,
-                flip: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Bilinear sampling of an H×W(×C) float tensor through ``m`` (no antialiasing, as the
-    targets' plain resize), and the oh×ow mask of pixels the map takes outside the region
-    (None when there are none)."""
-    oh, ow = hw[:2]
-    y = vals.unsqueeze(-1) if vals.ndim == 2 else vals
-    grid = _grid(m, flip, oh, ow)
-    res = F.grid_sample(y.permute(2, 0, 1)[None], grid, mode="bilinear", padding_mode="border",
-                        align_corners=False)[0].permute(1, 2, 0)
-    outside = (grid[0].abs() > 1).any(-1)
-    return res[..., 0] if vals.ndim == 2 else res, outside if bool(outside.any()) else None
-
-
-def picked_into(out: np.ndarray, picked: np.ndarray, field: TargetField) -> None:
-    """A target's nearest-sampled values into ``out``: as stored, or dequantized to float."""
-    if out.dtype == picked.dtype:
-        np.copyto(out, picked)
-    else:
-        np.copyto(out, picked.astype(np.float32) * np.float32(field.scale)
-                  + np.float32(field.offset))
-
-
-def dequantized(vals: torch.Tensor, field: TargetField, scale: float | None) -> torch.Tensor:
-    """A target's resampled values dequantized; distances times the map's geometric ``scale``
-    and re-clipped to the truncation bounds (None: the map scales nothing)."""
-    if field.scale != 1.0 or field.offset != 0.0:
-        vals.mul_(field.scale).add_(field.offset)
-    if scale is not None and field.rescale == "distance":
-        vals.mul_(scale)
-        if field.clip is not None:
-            vals.clamp_(field.clip[0], field.clip[1])
-    return vals
-
-
-def warp_target(region: np.ndarray, field: TargetField, geo: Geometry, out: np.ndarray,
-                mask_fill: int) -> None:
-    """``ImageOp.apply_target`` under an affine: the crop's ``region`` of a target sampled
-    through the composed matrix (nearest or bilinear, as ``field.interp`` says), dequantized,
-    distances scaled by the whole map's geometric scale and re-clipped; outside the transformed
-    crop integer label-like targets get ``mask_fill`` and the others 0."""
-    m, hw = geo.affine, out.shape[:2]
-    assert m is not None
-    if field.interp == "nearest":
-        rows, cols, inside = nearest_points(m, geo.flip, *hw, *region.shape[:2])
-        picked_into(out, region[rows, cols], field)
-        out[~inside] = mask_fill if out.dtype.kind in "iu" else 0
-        return
-    vals, outside = warp_linear(torch.from_numpy(region.astype(np.float32)), hw, m, geo.flip)
-    dequantized(vals, field, math.sqrt(hw[0] / geo.height * hw[1] / geo.width) * area_scale(m))
-    if outside is not None:
-        vals[outside] = 0
-    torch.from_numpy(out).copy_(vals)

@@ -1,6 +1,5 @@
 """The parameters of a random affine transform (:class:`RandomAffine`) and its matrix, without
-torch: :mod:`feedpipe.loader.config` checks an ``affine=`` option against it, and
-:mod:`feedpipe.loader.affine` executes it in the crop's resampling."""
+torch (the config checks an ``affine=`` option against it; :mod:`.affine` executes it)."""
 
 from __future__ import annotations
 
@@ -41,20 +40,15 @@ def _pair(name: str, value: object, *, lo: float | None = None, hi: float | None
 
 @dataclass(frozen=True)
 class RandomAffine:
-    """Random rotation, translation, scale and shear with torchvision ``RandomAffine``'s
-    parameters and draws, per sample, from the batch's seeded generator (after its crop box and
-    flip), executed in the crop's own resampling; keypoints, boxes, masks and targets follow.
+    """torchvision ``RandomAffine``'s parameters and draws, per sample (after the crop and flip),
+    executed bilinearly in the crop's own resampling; keypoints, boxes, masks and targets follow.
 
     - ``degrees``: rotation range in degrees, clockwise on screen (y down); ``d`` means (-d, d).
-    - ``translate``: (a, b): horizontal shift drawn in ±a·width, vertical in ±b·height, rounded
-      to whole output pixels (as torchvision does).
+    - ``translate``: (a, b): shifts in ±a·width and ±b·height, rounded to whole pixels.
     - ``scale``: (min, max) zoom factor (> 1 zooms in); None: 1.
     - ``shear``: ``s`` or (min, max): x shear in degrees; (xmin, xmax, ymin, ymax): both.
     - ``fill``: image value (one level or RGB) where the transform brings in nothing;
-      ``mask_fill``: the mask's (and integer label-like targets') value there (e.g. 255 for an
-      ignore index). Float targets get 0 there.
-
-    Interpolation is bilinear (torchvision's default for this transform is nearest).
+      ``mask_fill``: the mask's (and integer targets') value there; float targets get 0.
     """
 
     degrees: float | tuple[float, float]
@@ -92,13 +86,9 @@ class RandomAffine:
                               option="affine")
 
     def draw(self, rng: np.random.Generator, oh: int, ow: int) -> Matrix | None:
-        """This sample's forward matrix on an ``oh``×``ow`` canvas, or None for the identity.
-
-        Draw order and rounding are torchvision's ``RandomAffine.get_params``: angle, then
-        (tx, ty) rounded to whole pixels, then scale, then shear x and y, each
-        ``lo + (hi - lo) * random()`` (numpy's ``uniform`` without its argument parsing). A
-        fixed value (lo == hi) draws nothing, so ``RandomAffine(0)`` leaves every crop and flip
-        of the loader as it was without it."""
+        """This sample's forward matrix on an ``oh``×``ow`` canvas, or None for the identity:
+        draws in torchvision's order (angle, translation, scale, shear x and y); a fixed value
+        draws nothing, so ``RandomAffine(0)`` leaves every crop and flip as it was."""
         lo, hi = self.degrees  # type: ignore[misc]
         angle = _uniform(rng, lo, hi)
         tx = ty = 0
@@ -116,7 +106,7 @@ class RandomAffine:
 
 
 def _uniform(rng: np.random.Generator, lo: float, hi: float) -> float:
-    """A uniform draw in [lo, hi); a fixed value (lo == hi) takes nothing from ``rng``."""
+    """numpy's ``uniform(lo, hi)`` without its parsing; a fixed value takes nothing from ``rng``."""
     return lo if lo == hi else lo + (hi - lo) * rng.random()
 
 

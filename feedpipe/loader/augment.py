@@ -1,13 +1,6 @@
-"""Batch augmentations on the batch's device, with per-sample random parameters, vectorized.
-
-Each operation is a frozen dataclass, ``op(batch, generator) -> batch`` on a dict of tensors
-(``"image"`` N×C×H×W, ``"label"`` N int64): ``op.params`` draws from the CPU generator given (its
-state alone fixes the batch, on any device, so batches reproduce and resume), ``op.apply`` runs
-where the image is. The input is never modified, except by ``apply(..., inplace=True)``, which
-:class:`BatchOps` uses on an image an earlier step made (one new batch per chain, not per step:
-fresh pages cost more than the work). ColorJitter and RandomGrayscale take uint8 or float in
-[0, 1]; the others any dtype. Arithmetic is float32 (float64 stays); uint8 is rounded once at the
-end, where torchvision truncates after each step.
+"""Batch augmentations on the batch's device, with per-sample random parameters, vectorized:
+``op(batch, generator) -> batch`` draws ``op.params`` from the CPU generator (so batches
+reproduce and resume) and runs ``op.apply`` where the image is (float32, uint8 rounded once).
 """
 
 from __future__ import annotations
@@ -68,11 +61,8 @@ def _image(batch: Batch, op: str, rgb: bool = False) -> torch.Tensor:
 class _Drawn:
     """An operation that draws its parameters (``params``), then applies them (``apply``)."""
 
-    def params(self, batch: Batch, generator: torch.Generator) -> Params:
-        raise NotImplementedError
-
-    def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
-        raise NotImplementedError
+    params: Callable[[Batch, torch.Generator], Params]
+    apply: Callable[..., Batch]
 
     def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
         return self.apply(batch, self.params(batch, generator))
@@ -80,10 +70,9 @@ class _Drawn:
 
 @dataclass(frozen=True)
 class ColorJitter(_Drawn):
-    """Brightness, contrast, saturation and hue factors drawn per sample and applied in a random
-    order per sample, with torchvision.transforms.v2.ColorJitter's formulas (torchvision draws one
-    set and one order per call, i.e. per batch). A number b gives factors in [max(0, 1-b), 1+b]
-    (hue h in [0, 0.5]: shifts in [-h, h] turns); a (min, max) pair gives the range; 0 skips it."""
+    """torchvision.transforms.v2.ColorJitter's factors, drawn (with their order) per sample, not
+    per batch. A number b gives factors in [max(0, 1-b), 1+b] (hue h in [0, 0.5]: shifts in
+    [-h, h] turns); a (min, max) pair gives the range; 0 skips it."""
 
     brightness: float | tuple[float, float] = 0.0
     contrast: float | tuple[float, float] = 0.0
@@ -107,8 +96,7 @@ class ColorJitter(_Drawn):
         return out
 
     def params(self, batch: Batch, generator: torch.Generator) -> Params:
-        """Per sample, each active factor (keyed by name) and ``order``: a random permutation of
-        the active factors' positions in :meth:`ranges`, the order they are applied in."""
+        """Per sample, each active factor and ``order``, a permutation of their positions."""
         n = _image(batch, "ColorJitter", rgb=True).shape[0]
         ranges = self.ranges()
         p = {name: _rand(n, generator, lo, hi) for name, (lo, hi) in ranges.items()}
@@ -116,7 +104,6 @@ class ColorJitter(_Drawn):
         return p
 
     def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
-        """Each sample's factors in its own order (:func:`.photometric.jitter`)."""
         x = _image(batch, "ColorJitter", rgb=True)
         return {**batch, "image": jitter(x, params, out=x if inplace else None)}
 
@@ -131,12 +118,10 @@ class RandomGrayscale(_Drawn):
         _require(_real(self.p) and 0 <= self.p <= 1, "p", self.p, "use a probability in [0, 1]")
 
     def params(self, batch: Batch, generator: torch.Generator) -> Params:
-        """Per sample, ``gray``: whether it is turned gray."""
         n = _image(batch, "RandomGrayscale", rgb=True).shape[0]
         return {"gray": _rand(n, generator) < self.p}
 
     def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
-        """Only the samples turned gray are converted and computed (the rows chosen on the CPU)."""
         x = _image(batch, "RandomGrayscale", rgb=True)
         out, rows = x if inplace else x.clone(), params["gray"].nonzero().flatten()
         if len(rows):
@@ -146,20 +131,11 @@ class RandomGrayscale(_Drawn):
         return {**batch, "image": out}
 
 
-def _box_mask(box: torch.Tensor, h: int, w: int, device: torch.device) -> torch.Tensor:
-    """An n×1×H×W mask of each row's box (top, left, height, width)."""
-    top, left, bh, bw = box.to(device).unbind(1)
-    rows, cols = torch.arange(h, device=device), torch.arange(w, device=device)
-    in_rows = (rows >= top[:, None]) & (rows < (top + bh)[:, None])
-    in_cols = (cols >= left[:, None]) & (cols < (left + bw)[:, None])
-    return (in_rows[:, :, None] & in_cols[:, None, :]).unsqueeze(1)
-
-
 @dataclass(frozen=True)
 class RandomErasing(_Drawn):
-    """With probability p per sample, a rectangle of area fraction in ``scale`` and aspect
-    (height/width) in ``ratio`` is set to ``value`` (one number, or one per channel, in the
-    image's units): torchvision's RandomErasing, its 10 tries drawn at once; no fit, no erasing."""
+    """torchvision's RandomErasing per sample (its 10 tries drawn at once; no fit, no erasing):
+    with probability p a box of area fraction in ``scale`` and aspect (height/width) in ``ratio``
+    set to ``value`` (one number, or one per channel, in the image's units)."""
 
     p: float = 0.5
     scale: tuple[float, float] = (0.02, 0.33)
@@ -193,8 +169,7 @@ class RandomErasing(_Drawn):
         return {"box": torch.stack([top, left, bh, bw], 1)}
 
     def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
-        """A copy of the batch, then each erased sample's box filled as a slice: the boxes
-        (on the CPU) name the rows, so no pass over the whole batch builds or applies a mask."""
+        """Each erased box filled as a slice: no pass over the whole batch for a mask."""
         x = _image(batch, "RandomErasing")
         value = torch.as_tensor(self.value, dtype=torch.float64).to(x.dtype).to(x.device)
         if value.numel() not in (1, x.shape[1]):
@@ -254,12 +229,11 @@ class _Mix(_Drawn):
 
 @dataclass(frozen=True)
 class MixUp(_Mix):
-    """Each image blended with the previous one in the batch (the batch rolled by one, as
-    torchvision) as lam·x + (1-lam)·x_prev, lam ~ Beta(alpha, alpha), one per batch as torchvision
-    (``per_sample=True``: one per sample); labels become soft rows mixed alike (summing to 1)."""
+    """torchvision's MixUp: each image blended with the previous one in the batch as
+    lam·x + (1-lam)·x_prev, lam ~ Beta(alpha, alpha) per batch (``per_sample=True``: per sample);
+    labels become soft rows mixed alike."""
 
     def params(self, batch: Batch, generator: torch.Generator) -> Params:
-        """``lam``: one value, or one per sample."""
         n = _image(batch, "MixUp").shape[0] if self.per_sample else 1
         return {"lam": _beta(self.alpha, n, generator)}
 
@@ -273,13 +247,11 @@ class MixUp(_Mix):
 
 @dataclass(frozen=True)
 class CutMix(_Mix):
-    """A box of the previous image in the batch pasted into each (torchvision's CutMix: centre
-    uniform, sides sqrt(1-lam) of the image's, clipped at the edges; lam ~ Beta(alpha, alpha), one
-    box per batch, or one per sample with ``per_sample=True``); labels mixed by the kept area."""
+    """torchvision's CutMix: a box of the previous image pasted into each (one box per batch, or
+    per sample with ``per_sample=True``); labels mixed by the kept area."""
 
     def params(self, batch: Batch, generator: torch.Generator) -> Params:
-        """``box`` (top, left, height, width) and ``lam``, the area fraction kept: one row, or
-        one per sample."""
+        """``box`` (top, left, height, width) and ``lam``, the area fraction kept."""
         n, _, h, w = _image(batch, "CutMix").shape
         n = n if self.per_sample else 1
         r = 0.5 * (1 - _beta(self.alpha, n, generator)).sqrt()
@@ -291,18 +263,20 @@ class CutMix(_Mix):
 
     def apply(self, batch: Batch, params: Params, inplace: bool = False) -> Batch:
         x = _image(batch, "CutMix")
-        mask = _box_mask(params["box"], x.shape[2], x.shape[3], x.device)
+        top, left, bh, bw = params["box"].to(x.device).unbind(1)  # an n×1×H×W mask of the boxes
+        rows, cols = (torch.arange(n, device=x.device) for n in x.shape[2:])
+        in_rows = (rows >= top[:, None]) & (rows < (top + bh)[:, None])
+        in_cols = (cols >= left[:, None]) & (cols < (left + bw)[:, None])
+        mask = (in_rows[:, :, None] & in_cols[:, None, :]).unsqueeze(1)
         return self._mixed(batch, torch.where(mask, x.roll(1, 0), x), params["lam"])
 
 
 @dataclass(frozen=True)
 class BatchOps:
     """Steps run in order on each batch: built-in operations, a Kornia or torchvision.v2
-    augmentation (adapted by :func:`batch_ops`) or the user's own ``fn(batch, generator) ->
-    batch`` (drawing from ``generator`` keeps batches reproducible), e.g. ``lambda b, g: (mixup
-    if torch.rand(1, generator=g) < 0.5 else cutmix)(b, g)``. A step's error is a TransformError naming it.
-    ``owns_input``: the caller hands ``batch["image"]`` over (the loader's is a new tensor each
-    batch), so a first built-in step adjusts it in place too."""
+    augmentation or the user's own ``fn(batch, generator) -> batch``; a step's error is a
+    TransformError naming it. ``owns_input``: the caller hands ``batch["image"]`` over, so a
+    first built-in step adjusts it in place too."""
 
     steps: tuple[Step, ...]
     owns_input: bool = False
@@ -318,8 +292,7 @@ class BatchOps:
         object.__setattr__(self, "steps", tuple(self.steps))
 
     def __call__(self, batch: Batch, generator: torch.Generator) -> Batch:
-        # the image an earlier built-in step made (or the caller's, handed over): nobody else
-        # holds it, so the built-ins after adjust it in place
+        # the image an earlier built-in step made (or handed over): the next adjusts it in place
         made = batch.get("image") if self.owns_input and isinstance(batch, dict) else None
         for i, step in enumerate(self.steps):
             name = f"steps[{i}] ({getattr(step, '__qualname__', type(step).__name__)})"
@@ -345,10 +318,8 @@ _INPLACE = (ColorJitter, RandomGrayscale, RandomErasing)  # apply(inplace=True) 
 
 
 def batch_ops(spec: Any, fields: Sequence[Field] | None = None) -> BatchOps | None:
-    """``make_loader(batch_transforms=...)``: None, one step, a list of steps or a BatchOps, as
-    the loader's pipeline, which owns its input (each batch's image is a new tensor the loader
-    made for the operations). A Kornia or torchvision augmentation among the steps is adapted
-    to the batch of ``fields`` (:mod:`feedpipe.loader.foreign`)."""
+    """``make_loader(batch_transforms=...)`` (None, a step, a list or a BatchOps) as the loader's
+    pipeline, which owns its input; Kornia and torchvision steps adapted to ``fields``."""
     if spec is None:
         return None
     steps = spec.steps if isinstance(spec, BatchOps) else \

@@ -1,8 +1,6 @@
-"""The map-style dataset the DataLoader workers run: one ``__getitems__`` call per batch.
-
-A worker reads the whole batch in one transaction / read call and decodes each image into one
-preallocated uint8 N×H×W×3 buffer, so a batch crosses the process boundary as a handful of
-tensors, never as per-sample Python objects.
+"""The map-style dataset the DataLoader workers run: one ``__getitems__`` call per batch, read in
+one transaction and decoded into preallocated buffers, so a batch crosses the process boundary
+as a handful of tensors, never as per-sample Python objects.
 """
 
 from __future__ import annotations
@@ -48,8 +46,7 @@ SKIPPED_KEY = "_feedpipe_skipped"
 FALLBACK_KEY = "_feedpipe_fallback"  # records whose JPEG only Pillow could decode
 ERROR_KEY = "_feedpipe_error"  # a worker's typed error, sent as its batch (see raise_carried)
 _MAX_REFILL = 16
-#: what reading and decoding a damaged record raises (the decoders' own errors, and the typed
-#: errors feedpipe's readers and decoders turn them into). Anything else from a sample, or a
+#: what reading and decoding a damaged record raises. Anything else from a sample, or a
 #: ConfigError, is a bug or a bad option: it propagates, never a "corrupt" sample that
 #: on_error="skip" would silently replace.
 DECODE_ERRORS = (CorruptRecordError, BadInputError, ValueError, OSError, EOFError, SyntaxError,
@@ -64,29 +61,13 @@ class SlotRef:
     rows: int
 
 
-#: how fill() writes a column's value of a sample (see _Column.role)
-Role = Literal["image", "encoded", "mask", "target", "collect", "stack", "list"]
-
-
 @dataclass(frozen=True)
 class _Column:
     field: Field
     shape: tuple[int, ...] | None  # per-sample shape when the column stacks into one array
-    dtype: np.dtype | None = None  # batch dtype of a stacked column
-    collect: bool = False  # keypoints, boxes, text, padded arrays: see loader/labels.py
-
-    def role(self, encoded_images: bool) -> Role:
-        """How a sample's value of this column is filled in (decided once, not per sample)."""
-        f = self.field
-        if isinstance(f, ImageField):
-            return "encoded" if encoded_images else "image"
-        if isinstance(f, MaskField):
-            return "mask"
-        if isinstance(f, TargetField):
-            return "target"
-        if self.collect:
-            return "collect"
-        return "stack" if self.shape is not None else "list"
+    dtype: np.dtype | None  # batch dtype of a stacked column
+    #: how fill() writes a sample's value (collect: keypoints, boxes, text, padded arrays)
+    role: Literal["image", "encoded", "mask", "target", "collect", "stack", "list"]
 
 
 def _torch_int(dt: np.dtype) -> np.dtype:
@@ -95,30 +76,26 @@ def _torch_int(dt: np.dtype) -> np.dtype:
 
 
 def target_batch_dtype(f: TargetField) -> np.dtype:
-    """Batch dtype of a target: label-like integer targets keep theirs (uint16 → int32);
-    resampled values travel as float16 when stored float16 (half the bytes between processes),
-    else float32."""
+    """Batch dtype of a target: integer label-like keep theirs, else float16 or float32."""
     if f.interp == "nearest" and not f.quantized and np.dtype(f.dtype).kind in "ui":
         return _torch_int(np.dtype(f.dtype))
     return np.dtype(np.float16) if np.dtype(f.dtype) == np.float16 else np.dtype(np.float32)
 
 
 def _write_back(view: torch.Tensor, value: Any, name: str) -> None:
-    """Copy a transform's new value of a stacked field into the batch row: same shape and dtype
-    only (no silent cast or reshape)."""
+    """Copy a transform's value into the batch row: same shape and dtype only (no silent cast)."""
     t = torch.as_tensor(value)
     if t.shape != view.shape or t.dtype != view.dtype:
         raise ValueError(f"returned {name!r} as {t.dtype} {tuple(t.shape)}; the batch holds "
                          f"{view.dtype} {tuple(view.shape)} (images as C×H×W uint8)")
-    # numpy's copy: one thread (torch's splits a 224² image over its threads, and in-process,
-    # where they are not limited to one, it waited ~12 ms a sample on a busy 2-core machine)
+    # numpy's copy: one thread (torch's splits a 224² image over its threads: ~12 ms a sample
+    # in-process on a busy 2-core machine)
     np.copyto(view.numpy(), t.detach().as_subclass(torch.Tensor).numpy())
 
 
 def _boxes_back(moved: Moved, pos: int, name: str, keys: list[str],
                 values: dict[str, Any]) -> None:
-    """A transform's boxes of sample ``pos`` (any number, the labels and attributes in ``keys``
-    one per box) into the batch's."""
+    """A transform's boxes of sample ``pos`` (with one value per box in each of ``keys``)."""
     boxes = np.asarray(values[name], np.float32)
     if boxes.ndim != 2 or boxes.shape[1] != 4:
         raise ValueError(f"returned {name!r} of shape {boxes.shape}; boxes are M×4 xyxy")
@@ -129,15 +106,6 @@ def _boxes_back(moved: Moved, pos: int, name: str, keys: list[str],
                              f"{k!r}: return one per box")
     moved.values[pos] = boxes
     moved.ints[pos] = np.stack(cols, 1)  # type: ignore[index]
-
-
-def _check_fill(op: ImageOp, name: str, dtype: np.dtype) -> None:
-    """An affine's ``mask_fill`` must fit the integer mask / target it fills."""
-    if op.affine is not None and dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        if not info.min <= op.affine.mask_fill <= info.max:
-            raise ConfigError(f"affine: mask_fill={op.affine.mask_fill} does not fit field "
-                              f"{name!r} ({dtype}, {info.min}..{info.max})", option="affine")
 
 
 def _not_given(name: str, given: list[str], collected: Sequence[str]) -> str:
@@ -153,8 +121,7 @@ def _not_given(name: str, given: list[str], collected: Sequence[str]) -> str:
 
 
 def check_fields(reader: DatasetReader, fields: Sequence[str]) -> None:
-    """Refuse field names the dataset lacks, all of them at once (a misspelt one is the error,
-    whatever else is wrong), each with its did-you-mean."""
+    """Refuse field names the dataset lacks, all at once, each with its did-you-mean."""
     unknown = [name for name in fields if name not in reader.schema]
     if unknown:
         near = {n: difflib.get_close_matches(n, reader.schema.names, 1) for n in unknown}
@@ -165,8 +132,7 @@ def check_fields(reader: DatasetReader, fields: Sequence[str]) -> None:
 
 
 def raise_carried(batch: dict[str, Any]) -> None:
-    """Raise the typed error a worker sent in place of a batch (see ``__getitems__``), with its
-    key, file, cause and the worker's traceback (a note)."""
+    """Raise the typed error a worker sent in place of a batch (see ``__getitems__``)."""
     exc = batch.get(ERROR_KEY)
     if exc is not None:
         raise exc
@@ -206,7 +172,9 @@ class BatchDataset(torch.utils.data.Dataset):
         for name in fields:
             f = reader.schema[name]
             dtype: np.dtype | None = None
+            role = "stack"
             if isinstance(f, ImageField):
+                role = "encoded" if encoded_images else "image"
                 shape = (*op.size, 3) if op.size else f.shape
                 if shape is None:
                     raise ConfigError(f"field {name!r}: the dataset records no image size "
@@ -221,6 +189,7 @@ class BatchDataset(torch.utils.data.Dataset):
                 if encoded_images:
                     shape = dtype = None
             elif isinstance(f, (MaskField, TargetField)):
+                role = "mask" if isinstance(f, MaskField) else "target"
                 hw = op.size or (tuple(f.shape[:2]) if f.shape and None not in f.shape[:2]
                                  else None)
                 if hw is None:
@@ -230,26 +199,27 @@ class BatchDataset(torch.utils.data.Dataset):
                 shape = (*hw, *extra)  # type: ignore[arg-type]
                 dtype = _torch_int(np.dtype(f.dtype)) if isinstance(f, MaskField) \
                     else target_batch_dtype(f)
-                _check_fill(op, name, dtype)
+                fill = op.affine.mask_fill if op.affine is not None else 0
+                if dtype.kind in "iu" and not np.iinfo(dtype).min <= fill <= np.iinfo(dtype).max:
+                    raise ConfigError(f"affine: mask_fill={fill} does not fit field {name!r} "
+                                      f"({dtype}, {np.iinfo(dtype).min}..{np.iinfo(dtype).max})",
+                                      option="affine")
             elif collects(f, ragged):
-                self.columns.append(_Column(f, None, None, True))
-                continue
+                shape, role = None, "collect"
             elif isinstance(f, LabelField):
                 shape, dtype = (), np.dtype(np.int64)
             elif isinstance(f, ArrayField) and f.fixed:
                 shape, dtype = f.shape, np.dtype(f.dtype)  # type: ignore[assignment]
             else:
-                shape = None
-            self.columns.append(_Column(f, shape, dtype))
+                shape, role = None, "list"
+            self.columns.append(_Column(f, shape, dtype, role))  # type: ignore[arg-type]
         check_keys([c.field for c in self.columns], ragged)
         self.transform = None if transform is None \
             else sample_transform(transform, [c.field for c in self.columns])
         # the image goes first: its decode fixes the geometry the masks and targets follow
         self.columns.sort(key=lambda c: not isinstance(c.field, ImageField))
         self.names = [c.field.name for c in self.columns]
-        self._roles: list[tuple[str, Role, Any]] = [(c.field.name, c.role(encoded_images), c.field)
-                                                    for c in self.columns]
-        # the output ring (set by the torch backend): reused pages, not fresh ones every batch
+        self._roles = [(c.field.name, c.role, c.field) for c in self.columns]
         self.slots: dict[str, list[torch.Tensor]] = {}
 
     def __len__(self) -> int:
@@ -265,8 +235,8 @@ class BatchDataset(torch.utils.data.Dataset):
             worker = torch.utils.data.get_worker_info()
             if worker is None:
                 raise
-            # DataLoader re-raises a worker's exception as its type and traceback text only:
-            # key, file and cause would be lost. Sent as the batch, it is raised whole
+            # DataLoader re-raises a worker's exception as its type and traceback text only
+            # (key, file and cause lost): sent as the batch, it is raised whole
             exc.add_note(f"(raised in DataLoader worker process {worker.id}:)\n"
                          + "".join(traceback.format_exception(exc)).rstrip())
             return {ERROR_KEY: exc}
@@ -291,18 +261,16 @@ class BatchDataset(torch.utils.data.Dataset):
         fallbacks: dict[int, str] = {}  # by batch position: a retried or refilled one replaces
         collected = {c.field.name: Collector(c.field, n, self.op.size, self.ragged,
                                              self.min_box_fraction)
-                     for c in self.columns if c.collect}
+                     for c in self.columns if c.role == "collect"}
 
         op, apply = self.op, self.op.apply
         user = self._transformer(req, out) if self.transform is not None else None
         moved: dict[str, Moved] = {}  # keypoints and boxes on the canvas, for transform=
-        # transform= runs once every sample is filled, sample after sample: interleaved with
-        # the decodes, each evicted the other's code and data (the function ran ~12% slower)
+        # transform= runs once every sample is filled (interleaved with the decodes, ~12% slower)
         transformed: dict[int, int] = {}  # batch position -> sample filled in there
 
         def fill(pos: int, stored: dict[str, Any], index: int | None = None) -> None:
-            """Sample ``pos`` of the batch from its stored values; ``index`` names the sample
-            read when it is not ``req[pos]`` (a substitute for a corrupt one)."""
+            """Sample ``pos`` from its stored values; ``index``: a substitute's, not ``req[pos]``."""
             geo: Geometry | None = None
             for name, role, f in self._roles:  # the hot loop: error context only on failure
                 try:
@@ -357,7 +325,7 @@ class BatchDataset(torch.utils.data.Dataset):
             del out[name]
             out.update(collector.finish(moved.get(name)))
         for col in self.columns:  # variable-shape arrays travel as a list of tensors
-            if col.collect:
+            if col.role == "collect":
                 continue
             if col.shape is None and isinstance(col.field, ImageField):
                 files, geos, idx, pixels = zip(*out[col.field.name], strict=True) if n else ((),) * 4
@@ -384,39 +352,32 @@ class BatchDataset(torch.utils.data.Dataset):
         return out
 
     def _decode_batch(self, name: str, n: int, shape: tuple[int, ...]) -> np.ndarray:
-        """This worker's uint8 batch of image ``name``, decoded into before the conversion
-        (reused: no fresh pages per batch)."""
+        """This worker's reused uint8 batch of image ``name``, decoded into before conversion."""
         buf = self._decoded.get(name)
         if buf is None or len(buf) < n:
             buf = self._decoded[name] = np.empty((n, *shape), np.uint8)
         return buf[:n]
 
     def _named(self, index: int) -> str:
-        """A record for a message: where it is stored and, when the dataset keeps it, its source
-        file (one extra read of the ``path`` field, so only for the rare record named)."""
+        """A record for a message: where it is stored and, when kept, its source file."""
         source = getattr(self.reader, "source_of", lambda _: None)(index)
         return self.reader.describe(index) + (f" [source file: {source}]" if source else "")
 
     def _transformer(self, req: BatchRequest, out: dict[str, Any]
                      ) -> Callable[[int, int, dict[str, Moved]], None]:
-        """``transform(pos, index, moved)``: the user's function on batch row ``pos`` (sample
-        ``index``), given tensor views of the row (the image as C×H×W) and of its keypoints and
-        boxes on the canvas (``moved``), and writing back what it returns."""
+        """The user's ``transform`` on views of row ``pos`` (sample ``index``), written back."""
         fn, seed, epoch = self.transform, self.seed, req.epoch
         rngs = self._rngs
         stacked = [c.field.name for c in self.columns if c.shape is not None]
         images = {c.field.name for c in self.columns if isinstance(c.field, ImageField)}
         boxes = {c.field.name: batch_keys(c.field, self.ragged)[1:-1] for c in self.columns
                  if isinstance(c.field, BoxesField)}
-        listed = [c.field.name for c in self.columns if c.shape is None and not c.collect]
-        collected = [c.field.name for c in self.columns if c.collect]
-
-        def row(name: str, pos: int) -> Any:
-            v = out[name][pos]
-            return v.permute(2, 0, 1) if name in images else v
+        listed = [c.field.name for c in self.columns if c.shape is None and c.role != "collect"]
+        collected = [c.field.name for c in self.columns if c.role == "collect"]
 
         def run(pos: int, index: int, moved: dict[str, Moved]) -> None:
-            views = {name: row(name, pos) for name in stacked}
+            views = {name: out[name][pos].permute(2, 0, 1) if name in images else out[name][pos]
+                     for name in stacked}
             geo: dict[str, Any] = {}  # keypoints and boxes: views of the moved values
             for name, m in moved.items():
                 if name in boxes:
@@ -455,30 +416,26 @@ class BatchDataset(torch.utils.data.Dataset):
 
     def _fill_skipping(self, req: BatchRequest, fill: Any, skipped: list[str]) -> None:
         """on_error="skip": replace each corrupt sample by a seeded substitute, keeping the size."""
-        bad: list[int] = []
-        errors: list[CorruptRecordError] = []
+        bad: dict[int, CorruptRecordError] = {}  # by batch position
 
         def guarded(pos: int, stored: dict[str, Any]) -> None:
             try:
                 fill(pos, stored, req[pos])
             except CorruptRecordError as exc:
-                bad.append(pos)
-                errors.append(exc)
+                bad[pos] = exc
 
         try:
             self.reader.visit(req, guarded, self.names)
         except CorruptRecordError:  # the read itself failed: go sample by sample
             bad.clear()
-            errors.clear()
             for pos in range(len(req)):
                 try:
                     self.reader.visit([req[pos]], lambda _, stored, p=pos: guarded(p, stored),
                                       self.names)
                 except CorruptRecordError as exc:
-                    bad.append(pos)
-                    errors.append(exc)
+                    bad[pos] = exc
         # named by key and source file, read after the batch's transaction has ended
-        skipped += [str(self.reader.located(exc)) for exc in errors]
+        skipped += [str(self.reader.located(exc)) for exc in bad.values()]
         rng = rng_for(self.seed, req.epoch, req.rank, req.number, 1)
         for pos in bad:
             for _ in range(_MAX_REFILL):

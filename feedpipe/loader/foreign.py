@@ -1,18 +1,7 @@
-"""Augmentations from other libraries, passed as they are: an albumentations transform, a
-torchvision ``transforms.v2`` transform or a Kornia augmentation as ``transform=`` (per sample,
-in the workers) or ``batch_transforms=`` (per batch, on the device).
-
-An object is recognised by the module of its class (a library is imported only once the adapter
-holds one of its objects), given the sample or batch in the layout and dtype it takes, with the
-masks, targets, keypoints and boxes that follow the image, and its results written back.
-
-Seeding: the draws come from feedpipe's per-sample or per-batch generator, so batches do not
-depend on ``num_workers`` and a resume repeats them: albumentations 2 through the generators its
-transforms hold (``set_random_state``, on the adapter's copy); torchvision and Kornia, which draw
-from torch's global generators, under :class:`Seeded` (thread-local), which leaves those alone.
-
-Coordinates: feedpipe's pixel ``i`` covers ``[i, i+1)``; the libraries put keypoints' pixel
-centres (and Kornia box corners) at integers, so those cross with a half-pixel shift.
+"""albumentations, torchvision ``transforms.v2`` and Kornia augmentations passed as they are, as
+``transform=`` (per sample) or ``batch_transforms=``, with the fields that follow the image. The
+draws come from feedpipe's generators (:class:`Seeded`), so a resume repeats them; the libraries
+put pixel centres at integers (feedpipe's pixel ``i`` covers ``[i, i+1)``): a half-pixel shift.
 """
 
 from __future__ import annotations
@@ -44,8 +33,8 @@ _RANDOM = {torch.rand, torch.randn, torch.randint, torch.randperm, torch.rand_li
 
 
 class Seeded(TorchFunctionMode):
-    """Within it (this thread only), torch's random draws made without a generator draw from
-    this mode's, one per device, seeded from ``seed``; the global generators are left alone."""
+    """Within it (this thread only), torch's random draws without a generator draw from this
+    mode's, one per device, seeded from ``seed``; the global generators are left alone."""
 
     def __init__(self, seed: int) -> None:
         super().__init__()
@@ -72,8 +61,7 @@ class Seeded(TorchFunctionMode):
 
 
 def library_of(obj: object) -> str | None:
-    """The library whose class ``obj`` is an instance of (a subclass counts), if one of
-    :data:`LIBRARIES`; a plain function is the user's own."""
+    """The one of :data:`LIBRARIES` whose class (or a base) ``obj`` is an instance of, if any."""
     for cls in type(obj).__mro__:
         top = (getattr(cls, "__module__", None) or "").partition(".")[0]
         if top in LIBRARIES:
@@ -111,7 +99,7 @@ def _refuse(option: str, obj: object, how: str) -> ConfigError:
 
 def sample_transform(fn: Callable[..., Any], fields: Sequence[Field]) -> Callable[..., Any]:
     """``transform=`` as the loader runs it, ``fn(sample, rng) -> values``: the user's own
-    function as it is, another library's transform adapted (a ConfigError where it cannot be)."""
+    function as it is, another library's adapted (a ConfigError where it cannot be)."""
     lib = library_of(fn)
     spec = Fields.of(fields)
     if lib is None:
@@ -128,8 +116,7 @@ def sample_transform(fn: Callable[..., Any], fields: Sequence[Field]) -> Callabl
 
 def batch_step(step: Any, fields: Sequence[Field] | None) -> Any:
     """A ``batch_transforms=`` step as the loader runs it, ``step(batch, generator) -> batch``:
-    feedpipe's operations and the user's functions as they are, a Kornia or torchvision
-    augmentation adapted (a ConfigError for what cannot be)."""
+    Kornia and torchvision augmentations adapted (a ConfigError for what cannot be)."""
     lib = library_of(step)
     if lib is None:
         return step
@@ -145,7 +132,6 @@ def batch_step(step: Any, fields: Sequence[Field] | None) -> Any:
     return _Kornia(step, spec, "batch_transforms")
 
 
-# --- writing the library's results back ---------------------------------------------------------
 def _tensor(value: Any) -> torch.Tensor:
     """A returned array or tensor (a ``tv_tensors`` subclass too) as a plain tensor."""
     return torch.from_numpy(np.ascontiguousarray(value)) if isinstance(value, np.ndarray) \
@@ -153,8 +139,7 @@ def _tensor(value: Any) -> torch.Tensor:
 
 
 def _image_back(value: Any, hwc: bool) -> torch.Tensor:
-    """A returned image as C×H×W uint8: from H×W×C (numpy, ``hwc``) or C×H×W (a tensor); a float
-    image in [0, 1] rounded to levels (normalizing is the loader's: ``Output(mean=, std=)``)."""
+    """A returned image as C×H×W uint8 (a float one in [0, 1] rounded to levels)."""
     t = _tensor(value)
     if hwc and isinstance(value, np.ndarray) and t.ndim == 3:
         t = t.permute(2, 0, 1)
@@ -172,8 +157,7 @@ def _image_back(value: Any, hwc: bool) -> torch.Tensor:
 
 
 def _like(value: Any, view: torch.Tensor) -> torch.Tensor:
-    """A returned mask or target with the row's dtype (a float result of an integer mask is
-    rounded: a library resamples masks in float)."""
+    """A returned mask or target in the row's dtype (float results of integer masks rounded)."""
     t = _tensor(value)
     if t.dtype != view.dtype and t.is_floating_point() and not view.is_floating_point():
         t = t.round()
@@ -188,8 +172,7 @@ def _visible(xy: torch.Tensor, before: torch.Tensor, h: int, w: int) -> torch.Te
 
 @dataclass
 class _Gathered:
-    """A sample's keypoints fields as one K×2 array and its boxes fields as one M×4 array (each
-    box's owner: field and row), the form a library takes them in."""
+    """A sample's keypoints as one K×2 array, its boxes as one M×4 with each box's owner."""
 
     points: np.ndarray
     boxes: np.ndarray
@@ -207,8 +190,7 @@ class _Gathered:
 
     def back(self, sample: Batch, spec: Fields, points: np.ndarray, boxes: np.ndarray,
              kept: np.ndarray, hw: tuple[int, int]) -> Batch:
-        """The fields' new values: ``points`` (K×2, in order) and the ``kept`` boxes (indices
-        into the gathered ones) at ``boxes``, their label and attribute rows following."""
+        """The fields' new values from ``points`` and the ``kept`` boxes (with their labels)."""
         out: Batch = {}
         at = 0
         for n in spec.points:
@@ -228,10 +210,8 @@ class _Gathered:
         return out
 
 
-# --- albumentations -------------------------------------------------------------------------------
 class _Albumentations:
-    """An albumentations transform on each sample: H×W×C uint8 images, masks and targets as
-    ``mask`` targets, ``xy`` keypoints and ``pascal_voc`` boxes through an outer Compose."""
+    """An albumentations transform on each sample, through an outer Compose."""
 
     def __init__(self, obj: Any, spec: Fields) -> None:
         import albumentations as A
@@ -269,7 +249,6 @@ class _Albumentations:
         spec, keys = self.spec, self.keys
         args = {k: sample[n].permute(1, 2, 0).numpy() if n in spec.images else sample[n].numpy()
                 for n, k in keys.items()}
-        h, w = args["image"].shape[:2]
         if self.geometric:
             g = _Gathered.of(sample, spec)
             if spec.points:
@@ -291,11 +270,9 @@ class _Albumentations:
         return out
 
 
-# --- torchvision ----------------------------------------------------------------------------------
 class _Torchvision:
-    """A torchvision ``transforms.v2`` transform on each sample (or the batch: one draw for all,
-    as torchvision): ``tv_tensors`` in, boxes XYXY with their index as ``labels`` (so
-    SanitizeBoundingBoxes drops their labels too)."""
+    """A torchvision ``transforms.v2`` transform on each sample (or the batch: one draw),
+    boxes with their index as ``labels`` (so SanitizeBoundingBoxes drops their labels too)."""
 
     def __init__(self, obj: Any, spec: Fields, option: str, batched: bool) -> None:
         from torchvision import tv_tensors
@@ -316,12 +293,9 @@ class _Torchvision:
 
     def __call__(self, data: Batch, rng: Any) -> Batch:
         tv, spec, lead = self.tv, self.spec, 1 if self.batched else 0
-        if self.batched:  # (batch, generator): the batch's generator seeds the draws
-            seed = int(torch.randint(0, 1 << 62, (1,), generator=rng))
-        else:
-            seed = int(rng.integers(1 << 62))
-        image = data[spec.images[0]]
-        hw = tuple(image.shape[-2:])
+        seed = int(torch.randint(0, 1 << 62, (1,), generator=rng)) if self.batched \
+            else int(rng.integers(1 << 62))  # the batch's or the sample's generator
+        hw = tuple(data[spec.images[0]].shape[-2:])
         inputs: Batch = {n: tv.Image(data[n]) for n in spec.images}
         for n in spec.spatial:
             m = data[n]
@@ -368,11 +342,9 @@ class _Torchvision:
         return t.to(given.dtype)
 
 
-# --- Kornia ---------------------------------------------------------------------------------------
 class _Kornia:
-    """A Kornia augmentation on the batch: float N×C×H×W images in [0, 1], with the masks,
-    targets, keypoints and xyxy boxes as an ``AugmentationSequential``'s data keys. Boxes moved
-    wholly off the canvas are dropped (the rest clipped); the image is written back in place."""
+    """A Kornia augmentation on the batch (float images in [0, 1], the rest as data keys);
+    boxes off the canvas dropped, the image written back in place."""
 
     def __init__(self, obj: Any, spec: Fields, option: str) -> None:
         import kornia.augmentation as K
@@ -423,8 +395,7 @@ class _Kornia:
 
     @staticmethod
     def _into(given: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The result in the batch's dtype, written over the given image when the size is kept
-        (its memory layout, a ring slot's storage)."""
+        """The result in the batch's dtype, over the given image when the size is kept."""
         if given.dtype == torch.uint8:
             x = x.mul(255).round_().clamp_(0, 255)
         if x.shape == given.shape:
@@ -434,8 +405,7 @@ class _Kornia:
 
 def _kept_boxes(batch: Batch, name: str, int_keys: tuple[str, ...], boxes: torch.Tensor,
                 hw: tuple[int, ...]) -> Batch:
-    """Padded boxes after a transform, clipped to the canvas; those left with no area dropped
-    and the rest moved up in order (their labels and attributes with them), padding after."""
+    """Padded boxes clipped to the canvas; those with no area dropped, the rest moved up."""
     h, w = hw
     count = batch[f"{name}_count"]
     box = torch.stack([boxes[..., 0].clamp(0, w), boxes[..., 1].clamp(0, h),
@@ -454,8 +424,7 @@ def _kept_boxes(batch: Batch, name: str, int_keys: tuple[str, ...], boxes: torch
 
 
 class _OneSample:
-    """A batch adapter as ``transform=``: the sample as a batch of one, seeded from the
-    sample's generator."""
+    """A batch adapter as ``transform=``: the sample as a batch of one."""
 
     def __init__(self, step: _Kornia) -> None:
         self.step = step

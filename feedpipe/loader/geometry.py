@@ -1,10 +1,6 @@
-"""One description of a sample's geometry, decided once and executed by every decoder.
-
-:meth:`Framing.plan` turns an image's size (from its header) and the batch's seeded generator into
-a :class:`Geometry`; the CPU path (``transforms.ImageOp``), nvJPEG (``torch/device_decode.py``)
-and DALI (``dali/pipeline.PlanSource``) all execute it, so the same (seed, epoch, rank, batch)
-gives the same crops and flips whichever decodes. Draw order per sample: box, then flip.
-"""
+"""A sample's geometry, decided once (:meth:`Framing.plan`, from the header's size and the batch's
+seeded generator: box, then flip) and executed by every decoder (``transforms.ImageOp``, nvJPEG,
+DALI's ``PlanSource``), so the same (seed, epoch, rank, batch) gives the same crops on each."""
 
 from __future__ import annotations
 
@@ -19,20 +15,13 @@ from .affine_params import Matrix
 from .config import Crop, LoaderConfig
 
 Box = tuple[int, int, int, int]  # top, left, height, width
-#: random-resized-crop tries this many (area, aspect) draws before falling back to a centre crop,
-#: as torchvision's ``RandomResizedCrop`` and DALI's ``num_attempts`` (the DALI reader path)
-CROP_ATTEMPTS = 10
-# DCT-domain downscale margin: the scaled crop stays at least this many times the output (see
-# Framing._dct_factor for the measured error of each choice)
-DCT_MARGIN = 1.5
+CROP_ATTEMPTS = 10  # random-resized-crop draws before a centre crop (torchvision's, DALI's)
+DCT_MARGIN = 1.5  # the DCT-downscaled crop stays this many times the output (see _dct_factor)
 
 
 class Geometry(NamedTuple):
-    """Where a sample's output comes from: a box of the full-resolution source, a flip, the DCT
-    downscale ``dct`` a DCT-scaling decoder may use (nvJPEG and DALI decode at full size), and
-    ``affine``, the forward matrix on the output canvas after the flip (None: none). As a result
-    of ``ImageOp.apply`` the box is :meth:`snapped` to the scale decoded, so masks and targets are
-    cut from exactly the region the image shows."""
+    """Where a sample's output comes from: a source box, a flip, the DCT downscale a decoder may
+    use, the affine after the flip; ``ImageOp.apply`` returns it snapped to the scale decoded."""
 
     top: int
     left: int
@@ -44,8 +33,7 @@ class Geometry(NamedTuple):
     affine: Matrix | None = None
 
     def scaled(self, f: int) -> Box:
-        """The box on the pixel grid of a decode at 1/``f`` scale (scaled pixel i covers source
-        pixels [i*f, (i+1)*f))."""
+        """The box on the pixel grid of a decode at 1/``f`` scale."""
         return self.top // f, self.left // f, self.height // f, self.width // f
 
     def snapped(self, f: int) -> Geometry:
@@ -72,7 +60,7 @@ class Framing:
 
     @classmethod
     def of(cls: type[_F], cfg: LoaderConfig) -> _F:
-        """The loader configuration's framing (both backends build theirs here)."""
+        """The loader configuration's framing."""
         crop = cfg.random_resized_crop
         return cls(cfg.size, cfg.crop, crop.scale, crop.ratio, cfg.flip)
 
@@ -88,11 +76,13 @@ class Framing:
         f = self._dct_factor(ch, cw, self.size, self.dct_margin) if self.size else 1
         return Geometry(top, left, ch, cw, flip, f)
 
-    def check_fits(self, h: int, w: int, what: str) -> None:
-        """crop="none" takes images only at the batch's size: refuse another from its header."""
-        size = self.size
-        if self.crop == "none" and size is not None and (h, w) != tuple(size):
-            raise ValueError(f"{what}: image is {w}x{h}, batch is {size[1]}x{size[0]}; pass "
+    def check_fits(self, h: int, w: int, what: str, kind: str = "image",
+                   out: tuple[int, ...] | None = None) -> None:
+        """crop="none" resizes nothing: refuse a source of another size than the batch's
+        (``out``, default ``size``)."""
+        out = out or self.size
+        if self.crop == "none" and out is not None and (h, w) != tuple(out[:2]):
+            raise ValueError(f"{what}: {kind} is {w}x{h}, batch is {out[1]}x{out[0]}; pass "
                              "size=... to resize")
 
     def box(self, h: int, w: int, rng: np.random.Generator | None) -> Box:
@@ -104,8 +94,7 @@ class Framing:
             area = h * w
             (s_lo, s_span), (r_lo, r_span) = self._draw_ranges
             for _ in range(CROP_ATTEMPTS):  # torchvision's RandomResizedCrop.get_params
-                # lo + span * random() is numpy's uniform(lo, hi) bit for bit (the same double
-                # from the generator, the same two roundings) without its argument parsing
+                # lo + span * random() is numpy's uniform(lo, hi) bit for bit, without its parsing
                 target = area * (s_lo + s_span * rng.random())
                 aspect = math.exp(r_lo + r_span * rng.random())
                 cw = int(round(math.sqrt(target * aspect)))
@@ -129,20 +118,15 @@ class Framing:
 
     @cached_property
     def _draw_ranges(self) -> tuple[tuple[float, float], tuple[float, float]]:
-        """(low, high - low) of the area fraction and of the log aspect ratio that
-        random-resized-crop draws uniformly: worked out once, not per sample."""
+        """(low, high - low) of the area fraction and of the log aspect ratio drawn uniformly."""
         log_r = (math.log(self.ratio[0]), math.log(self.ratio[1]))
         return (self.scale[0], self.scale[1] - self.scale[0]), (log_r[0], log_r[1] - log_r[0])
 
     @staticmethod
     def _dct_factor(ch: int, cw: int, out_hw: tuple[int, ...], margin: float = DCT_MARGIN) -> int:
-        """Largest power-of-two DCT downscale (≤ 8) that keeps the scaled crop at least
-        ``margin`` times the output on both sides, so the final antialiased resize still does
-        part of the reduction (DCT scaling alone is a cruder filter). The margin is chosen by
-        measured error (``benchmarks/dct_fidelity.py``, benchmarks/RESULTS.md section 14): 1× lets
-        the DCT do nearly all of it and strays up to 41 levels on point-like detail; 1.5× keeps
-        the worst pixel near 2×'s while decoding 1280×853 centre crops at 1/2 (2× never does).
-        """
+        """Largest power-of-two DCT downscale (≤ 8) keeping the scaled crop ``margin`` times the
+        output on both sides, so the antialiased resize still does part of the reduction (the
+        margin by measured error: benchmarks/dct_fidelity.py, RESULTS.md section 14)."""
         f = 1
         while f < 8 and ch // (2 * f) >= margin * out_hw[0] and cw // (2 * f) >= margin * out_hw[1]:
             f *= 2

@@ -1,8 +1,5 @@
-"""The one way feedpipe asks about NVIDIA GPUs and their driver: NVML through ``nvidia-ml-py``
-(import ``pynvml``, the optional ``feedpipe[gpu]`` extra) when installed, else ``torch.cuda``.
-
-In the loader layer so the DALI backend can use it; ``feedpipe monitor`` (tools) uses it too.
-"""
+"""The one way feedpipe asks about NVIDIA GPUs and their driver: NVML (``nvidia-ml-py``, the
+``feedpipe[gpu]`` extra) when installed, else ``torch.cuda``; in the loader layer for DALI."""
 
 from __future__ import annotations
 
@@ -28,9 +25,8 @@ def import_nvml() -> ModuleType:
 
 
 def driver_cuda() -> str | None:
-    """The newest CUDA version the installed driver supports (e.g. "12.4"), or None: NVML when
-    installed; else torch's CUDA build when torch can use a GPU (the driver runs at least that);
-    else None (no driver, or nothing here can tell)."""
+    """The newest CUDA version the driver supports (e.g. "12.4"): NVML's, else torch's CUDA build
+    when torch can use a GPU (the driver runs at least that), else None."""
     try:
         nvml = import_nvml()
     except (MissingDependencyError, ResourceError):

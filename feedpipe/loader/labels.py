@@ -1,19 +1,13 @@
-"""Labels that follow the image (keypoints, boxes) and ragged values (boxes, text, variable-shape
-arrays), gathered per sample and collated once per batch.
-
-A :class:`Collector` copies each sample's value out of the read buffer (``put``) with its image's
-geometry, and ``finish`` transforms and pads the whole batch in a few vectorized operations: a
-batch leaves the worker as a handful of tensors, not an object per sample or box.
-
-Coordinates: pixel ``i`` covers ``[i, i+1)`` (the image resize's ``align_corners=False``). Box
-(top, left, h, w) resized to oh×ow maps ``x → (x - left) * ow / w``, ``y → (y - top) * oh / h``;
-a flip then ``x → ow - x``; an affine then its forward matrix (a box: the enclosing box of its
-moved corners). A point is inside when ``0 <= x <= ow`` and ``0 <= y <= oh`` (closed: a flip never
-changes it), before the affine and after it.
+"""Labels that follow the image (keypoints, boxes) and ragged values (text, variable-shape arrays):
+a :class:`Collector` copies each sample's value with its geometry, then transforms and pads the
+whole batch at once. Pixel ``i`` covers ``[i, i+1)``: box (top, left, h, w) resized to oh×ow maps
+``x → (x - left) * ow / w``, then a flip ``x → ow - x``, then the affine's matrix; a point is
+inside when ``0 <= x <= ow`` and ``0 <= y <= oh``, before and after the affine.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,8 +28,7 @@ _UNKNOWN = (0.0, 0.0, 1.0, 1.0, 0.0, np.inf, np.inf, *_IDENTITY)  # no image: id
 
 @dataclass(frozen=True)
 class RaggedList:
-    """Rows of every sample packed flat (``values``) with a count per sample: crosses the worker
-    boundary as two tensors and becomes a list of per-sample views on the device stage."""
+    """Every sample's rows packed flat with a count per sample (two tensors across processes)."""
 
     values: torch.Tensor
     counts: torch.Tensor
@@ -56,9 +49,8 @@ class Moved:
 
 def collects(f: Field, ragged: Ragged) -> bool:
     """Whether ``f`` is gathered by a :class:`Collector` rather than stacked or listed as is."""
-    if isinstance(f, (KeypointsField, BoxesField, TextField)):
-        return True
-    return isinstance(f, ArrayField) and not f.fixed and ragged == "pad"
+    return isinstance(f, (KeypointsField, BoxesField, TextField)) or (
+        isinstance(f, ArrayField) and not f.fixed and ragged == "pad")
 
 
 def batch_keys(f: Field, ragged: Ragged) -> list[str]:
@@ -83,8 +75,7 @@ def check_keys(fields: list[Field], ragged: Ragged) -> None:
 
 
 def geometry_row(geo: Geometry | None, size: tuple[int, int] | None) -> tuple[float, ...]:
-    """The sample's geometry as one row: box, flip, output size (the crop's own when unsized),
-    affine matrix (the identity when none)."""
+    """The sample's geometry as one row: box, flip, output size, affine matrix."""
     if geo is None:
         return _UNKNOWN
     oh, ow = size if size is not None else (geo.height, geo.width)
@@ -93,8 +84,7 @@ def geometry_row(geo: Geometry | None, size: tuple[int, int] | None) -> tuple[fl
 
 
 def _affine(x: np.ndarray, y: np.ndarray, g: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Points on the output canvas through each sample's affine (``g``: geometry rows); rows
-    without one keep their values as they are (a NaN y must not reach x through 0 · y)."""
+    """Points through each sample's affine; rows without one keep theirs (NaN-safe)."""
     moved = (g[..., 7:] != _IDENTITY).any(-1)
     if not moved.any():
         return x, y
@@ -109,8 +99,7 @@ def _inside(x: np.ndarray, y: np.ndarray, g: np.ndarray) -> np.ndarray:
 
 
 def _map(v: np.ndarray, g: np.ndarray, axis: int) -> np.ndarray:
-    """x (``axis`` 1) or y (0) in source pixels → output pixels, before any flip (``g``:
-    geometry rows, broadcast)."""
+    """x (``axis`` 1) or y (0) in source pixels → output pixels, before any flip."""
     return (v - g[..., axis]) * (np.where(np.isinf(g[..., 5 + axis]), 1.0,
                                           g[..., 5 + axis] / g[..., 2 + axis]))
 
@@ -144,12 +133,11 @@ class Collector:
 
     @property
     def geometric(self) -> bool:
-        """Whether the values follow the image (keypoints, boxes): a ``transform=`` gets them."""
+        """Whether the values follow the image (keypoints, boxes)."""
         return isinstance(self.field, (KeypointsField, BoxesField))
 
     def moved(self) -> Moved:
-        """Keypoints or boxes on the output canvas, per sample, before batching: what a
-        ``transform=`` may change before :meth:`finish` packs them."""
+        """Keypoints or boxes on the output canvas, per sample, for a ``transform=`` to change."""
         f = self.field
         if isinstance(f, KeypointsField):
             points, visible = self._keypoints_moved(f)
@@ -160,14 +148,12 @@ class Collector:
         return Moved(np.split(boxes, at), ints=np.split(ints, at))
 
     def finish(self, moved: Moved | None = None) -> dict[str, Any]:
-        """The batch's keys of this field; ``moved``: the values :meth:`moved` gave, as a
-        transform left them."""
+        """The batch's keys of this field (from ``moved``: as a transform left them)."""
         f = self.field
         if isinstance(f, KeypointsField):
-            points, visible = self._keypoints_moved(f) if moved is None \
-                else (moved.values, moved.visible)
-            return {f.name: torch.from_numpy(points),
-                    f"{f.name}_visible": torch.from_numpy(visible)}
+            m = moved or self.moved()
+            return {f.name: torch.from_numpy(m.values),
+                    f"{f.name}_visible": torch.from_numpy(m.visible)}
         if isinstance(f, BoxesField):
             if moved is None:
                 return self._boxes(f, *self._boxes_moved(f))
@@ -181,7 +167,6 @@ class Collector:
             return self._text(f)
         return self._arrays(f)  # type: ignore[arg-type]
 
-    # --- keypoints ------------------------------------------------------------------------------
     def _keypoints_moved(self, f: KeypointsField) -> tuple[np.ndarray, np.ndarray]:
         """N×K×2 float32 points on the output canvas and N×K visibility."""
         g = self.geo[:, None, :]
@@ -189,8 +174,7 @@ class Collector:
         x, y = _map(p[..., 0], g, 1), _map(p[..., 1], g, 0)
         flip = self.geo[:, 4] > 0
         x = np.where(flip[:, None], self.geo[:, None, 6] - x, x)
-        # in the crop, then in the output: a point the crop left out stays out wherever the
-        # affine moves it (what lands there is fill)
+        # in the crop, then in the output: a point the crop left out stays out (there is fill)
         visible = _inside(x, y, g)
         x, y = _affine(x, y, g)
         visible &= _inside(x, y, g)
@@ -203,10 +187,8 @@ class Collector:
             visible[flip] = visible[flip][:, perm]
         return out, visible
 
-    # --- boxes ----------------------------------------------------------------------------------
     def _boxes_moved(self, f: BoxesField) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The kept boxes on the output canvas (M×4 float32 xyxy, every sample's in turn), their
-        int rows (label, attrs) and the count per sample."""
+        """The kept boxes on the canvas (M×4 xyxy), their (label, attrs) rows and counts."""
         width = 1 + len(f.attrs)
         rows = [r if r is not None else (np.zeros((0, 4), np.float32),
                                          np.zeros((0, width), np.int64)) for r in self.rows]
@@ -236,26 +218,18 @@ class Collector:
     def _boxes(self, f: BoxesField, out: np.ndarray, ints: np.ndarray,
                counts: np.ndarray) -> dict[str, Any]:
         """Boxes given sample after sample (``counts`` each) padded, or as lists."""
-        width = 1 + len(f.attrs)
-        sample = np.repeat(np.arange(self.n), counts)
         keys = batch_keys(f, self.ragged)
-        cols = [out, *(ints[:, j] for j in range(width))]
+        cols = [out, *(ints[:, j] for j in range(1 + len(f.attrs)))]
         if self.ragged == "list":
             t = torch.from_numpy(counts)
             res: dict[str, Any] = {k: RaggedList(torch.from_numpy(np.ascontiguousarray(c)), t)
                                    for k, c in zip(keys, cols, strict=False)}
         else:
-            rank = np.arange(len(sample)) - (np.cumsum(counts) - counts)[sample]
-            m = int(counts.max()) if self.n else 0
-            res = {}
-            for k, c in zip(keys, cols, strict=False):
-                pad = np.full((self.n, m, *c.shape[1:]), 0 if c is out else PAD_LABEL, c.dtype)
-                pad[sample, rank] = c
-                res[k] = torch.from_numpy(pad)
+            res = {k: torch.from_numpy(_pad_flat(c, counts, 0 if c is out else PAD_LABEL))
+                   for k, c in zip(keys, cols, strict=False)}
         res[keys[-1]] = torch.from_numpy(counts)
         return res
 
-    # --- text -----------------------------------------------------------------------------------
     def _text(self, f: TextField) -> dict[str, Any]:
         rows = [r if r is not None else np.zeros(0, np.int64) for r in self.rows]
         lengths = np.fromiter((len(r) for r in rows), np.int64, self.n)
@@ -271,7 +245,6 @@ class Collector:
         return {f.name: torch.from_numpy(_pad_flat(codes, lengths, 0)),
                 f"{f.name}_lengths": torch.from_numpy(lengths)}
 
-    # --- variable-shape arrays ------------------------------------------------------------------
     def _arrays(self, f: ArrayField) -> dict[str, Any]:
         rows = self.rows
         ranks = {r.ndim for r in rows if r is not None}
@@ -295,22 +268,17 @@ class Collector:
 
 
 def _pad_flat(flat: np.ndarray, lengths: np.ndarray, fill: int) -> np.ndarray:
-    """Rows given flat with their lengths → an N×max(lengths) array padded with ``fill``."""
+    """Rows given flat with their lengths → an N×max(lengths)(×...) array padded with ``fill``."""
     n = len(lengths)
-    out = np.full((n, int(lengths.max()) if n else 0), fill, flat.dtype)
+    out = np.full((n, int(lengths.max()) if n else 0, *flat.shape[1:]), fill, flat.dtype)
     sample = np.repeat(np.arange(n), lengths)
     out[sample, np.arange(len(flat)) - (np.cumsum(lengths) - lengths)[sample]] = flat
     return out
 
 
-_VOCABS: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-
-
+@functools.cache
 def _vocab_table(vocab: str) -> tuple[np.ndarray, np.ndarray]:
     """(sorted code points, their 1-based vocabulary indices) for a searchsorted lookup."""
-    table = _VOCABS.get(vocab)
-    if table is None:
-        cps = np.array([ord(c) for c in vocab], np.int64)
-        order = np.argsort(cps)
-        table = _VOCABS[vocab] = (cps[order], (order + 1).astype(np.int64))
-    return table
+    cps = np.array([ord(c) for c in vocab], np.int64)
+    order = np.argsort(cps)
+    return cps[order], (order + 1).astype(np.int64)

@@ -1,12 +1,6 @@
-"""The per-epoch sample order of a mix of datasets (a :class:`MixedReader`).
-
-An epoch of ``epoch_size`` samples (default: the sizes summed) is split between the sources by
-``weights`` with exact counts (largest remainders): a plan, not a coin toss. Each source is an
-endless stream of seeded passes (sharded: shards in seeded order, each shuffled within itself),
-and each epoch takes its next ``count`` samples, so a down-weighted source sees all its samples
-before any repeats. A seeded shuffle of the sources' labels interleaves their picks. All of it is
-a pure function of (sizes, weights, epoch_size, seed, epoch): :class:`MixOrder` is an
-:class:`~feedpipe.loader.order.OrderSpec`, dealt, saved and resumed like any other.
+"""The per-epoch order of a mix of datasets: each epoch takes its exact share of samples (by
+``weights``) from each source's endless stream of seeded passes, so a down-weighted source sees
+all its samples before any repeats; a seeded shuffle interleaves the sources.
 """
 
 from __future__ import annotations
@@ -31,12 +25,9 @@ _MIX = 0x6D6978  # "mix": keeps the mix's generators apart from the sampler's
 def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None,
                  epoch_size: int | None) -> list[int]:
     """Samples each source gives one epoch: ``epoch_size`` split by ``weights`` (default: the
-    sizes) with largest remainders (ties to the earlier source), so they sum to the epoch."""
+    sizes) with largest remainders (ties to the earlier source)."""
     total = int(epoch_size) if epoch_size is not None else int(sum(sizes))
-    w = np.asarray(weights if weights is not None else sizes, np.float64)
-    if len(w) != len(sizes):
-        raise ConfigError(f"weights={tuple(weights or ())}: give one weight per dataset "
-                          f"({len(sizes)})", option="weights")
+    w = np.asarray(weights if weights is not None else sizes, np.float64)  # (checked: open_mix)
     quota = total * w / w.sum()
     counts = np.floor(quota).astype(np.int64)
     extra = total - int(counts.sum())
@@ -48,8 +39,8 @@ def epoch_counts(sizes: Sequence[int], weights: Sequence[float] | None,
 
 def _pass(n: int, source: int, p: int, seed: int, shuffle: bool,
           shards: Sequence[range] | None) -> np.ndarray:
-    """Pass ``p`` over one source of ``n`` samples (local indices): a permutation, or for a
-    sharded source its shards in seeded order, each shuffled within itself."""
+    """Pass ``p`` over one source of ``n`` samples: a permutation, or its shards in seeded order,
+    each shuffled within itself."""
     if not shuffle:
         return np.arange(n, dtype=np.int64)
     rng = rng_for(seed, _MIX, source, p)
@@ -61,8 +52,7 @@ def _pass(n: int, source: int, p: int, seed: int, shuffle: bool,
 
 def source_take(n: int, count: int, source: int, *, seed: int, epoch: int, shuffle: bool,
                 shards: Sequence[range] | None = None) -> np.ndarray:
-    """The ``count`` local indices source ``source`` gives epoch ``epoch``: positions
-    ``[epoch * count, (epoch + 1) * count)`` of its stream of passes."""
+    """The ``count`` local indices source ``source`` gives ``epoch``: that slice of its passes."""
     if count == 0:
         return np.zeros(0, np.int64)
     lo, hi = epoch * count, (epoch + 1) * count
@@ -75,9 +65,8 @@ def source_take(n: int, count: int, source: int, *, seed: int, epoch: int, shuff
 
 @dataclass(frozen=True)
 class MixOrder(OrderSpec):
-    """A mix's epoch order: one global order (``streams`` 1, dealt round-robin at any world
-    size) of ``epoch_size`` mixed indices, planned per source by ``weights``. Two mix orders are
-    equal when their sources' names and sizes, weights, epoch size and shuffle are."""
+    """A mix's epoch order: one stream of ``epoch_size`` mixed indices, planned per source by
+    ``weights`` (equal when the sources' names and sizes, weights, epoch size and shuffle are)."""
 
     names: tuple[str, ...] = ()
     sizes: tuple[int, ...] = ()
@@ -96,8 +85,7 @@ class MixOrder(OrderSpec):
 
     def build(self, n: int, shards: Sequence[range] | None, *, seed: int,
               epoch: int, warn: bool = True) -> list[np.ndarray]:
-        """The epoch's global order (mixed indices) as the one stream; the mix's own sizes and
-        shards stand for ``n`` and ``shards`` (``warn``: unused, a mix has nothing to warn of)."""
+        """The epoch's order as the one stream (the mix's own sizes and shards are used)."""
         counts = epoch_counts(self.sizes, self.weights, self.epoch_size)
         offsets = np.concatenate([[0], np.cumsum(self.sizes)]).astype(np.int64)
         takes = [offsets[s] + source_take(size, counts[s], s, seed=seed, epoch=epoch,
@@ -115,12 +103,12 @@ class MixOrder(OrderSpec):
         return [order]
 
     def saved_with(self) -> dict[str, Any]:
-        """The mix a state was saved on: its sources' names and sizes, weights and epoch size."""
+        """The mix a state was saved on."""
         return {"mix": {"names": list(self.names), "sizes": list(self.sizes),
                         "weights": list(self.weights or ()), "epoch_size": self.epoch_size}}
 
     def restore(self, d: Any) -> "MixOrder":
-        """This mix with the shuffle the state was saved with (its ``saved_with`` matched)."""
+        """This mix with the shuffle the state was saved with."""
         base = OrderSpec.from_dict(d)
         if (base.streams, base.window, base.buffer) != (1, None, 0):
             raise ConfigError(f"state 'order'={d!r} is not a mix's order (one stream, no window "

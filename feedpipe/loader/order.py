@@ -1,11 +1,6 @@
-"""An epoch's global sample order: "which samples, in what order", apart from "which rank reads
-them" (:mod:`feedpipe.loader.sampler` deals; :mod:`feedpipe.loader.position` resumes).
-
-An :class:`OrderSpec` builds ``streams`` lists of indices (one per rank of the world the epoch
-began at); their :func:`interleave` is the global order. Every rank yields the same number of
-batches, so after k batches of B all ranks together consumed the first ``consumed(lengths, k * B)``
-of it: a position is one number, and a resume at any world size deals the rest anew. Another
-order is a subclass (``build``, ``restore``, ``saved_with``), as :class:`.mixing.MixOrder`.
+"""An epoch's global sample order: an :class:`OrderSpec` builds one stream per rank; their
+:func:`interleave` is the global order, of which k batches on every rank read the first
+``consumed(lengths, k * B)``, so a resume at any world size deals the rest anew.
 """
 
 from __future__ import annotations
@@ -35,18 +30,15 @@ def _sample_key(seed: int) -> np.ndarray:
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The generator a user ``transform`` gets for sample ``index`` of ``epoch``, whatever rank,
-    worker or batch it lands in: the seed's Philox key with the counter's high words (index,
-    epoch), so no two streams overlap, at a third of the cost of a SeedSequence per sample."""
+    """The generator a user ``transform`` gets for sample ``index`` of ``epoch``, wherever it
+    lands: the seed's Philox key, the counter's high words (index, epoch), so no streams overlap."""
     return np.random.Generator(np.random.Philox(
         key=_sample_key(int(seed)), counter=[0, 0, int(index), int(epoch)]))
 
 
 class SampleRngs:
-    """:func:`sample_rng`'s generators at a tenth of the cost: the last one handed out again with
-    its Philox state set to the new sample's (the same draws), unless something else still holds
-    it (a user function that kept it): then a fresh one. A new Philox draws OS entropy it then
-    ignores (~30 µs a sample in a worker; setting the state ~2)."""
+    """:func:`sample_rng`'s generators at a tenth of the cost: the last one, its state reset,
+    unless something else still holds it (a new Philox draws OS entropy: ~30 µs)."""
 
     def __init__(self) -> None:
         self._gen: np.random.Generator | None = None
@@ -68,8 +60,7 @@ class SampleRngs:
 
 
 def batch_seed(seed: int, epoch: int, rank: int, number: int) -> int:
-    """The seed of the generator batch operations draw from for batch ``number`` of ``epoch`` on
-    ``rank`` (its own stream: the same batch gets the same draws after a resume)."""
+    """The seed batch operations draw from for batch ``number`` of ``epoch`` on ``rank``."""
     ss = np.random.SeedSequence([int(seed), int(epoch), int(rank), int(number)], spawn_key=(2,))
     return int(ss.generate_state(1, np.uint64)[0] >> np.uint64(1))
 
@@ -99,17 +90,14 @@ def _concat(shards: Sequence[range]) -> np.ndarray:
 
 
 def window_shuffle(shards: Sequence[range], window: int, rng: np.random.Generator) -> np.ndarray:
-    """The samples of ``shards`` permuted within consecutive windows of ``window`` shards (only a
-    window's shards open at a time, each read once); ``len // window`` windows as equal as
-    possible, so no short last window leaves a shard unmixed."""
+    """The samples of ``shards`` permuted within ``len // window`` near-equal windows."""
     cuts = np.linspace(0, len(shards), max(1, len(shards) // window) + 1).round().astype(int)
     parts = [rng.permutation(_concat(shards[a:b])) for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
     return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def interleave(streams: Sequence[np.ndarray]) -> np.ndarray:
-    """The global order of ``streams``: element j of every stream longer than j, by stream, for
-    j = 0, 1, ... (a prefix of it is what equal batch counts on every stream consumed)."""
+    """The global order of ``streams``: element j of each (that has one), for j = 0, 1, ..."""
     if len(streams) == 1:
         return np.asarray(streams[0], np.int64)
     lengths = [len(s) for s in streams]
@@ -119,18 +107,14 @@ def interleave(streams: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def consumed(lengths: Sequence[int], taken: int) -> int:
-    """Samples of the global order that ``taken`` samples from the head of each stream cover
-    (streams shorter than ``taken`` were padded past their end: the padding is not counted)."""
+    """Samples of the global order that ``taken`` from the head of each stream cover."""
     return int(np.minimum(np.asarray(lengths, np.int64), taken).sum())
 
 
 @dataclass(frozen=True)
 class OrderSpec:
-    """How an epoch's global order is built; saved in state dicts, so a resume rebuilds the order
-    it was interrupted in whatever its own options. Map-style data: one seeded permutation.
-    Sharded data: shards shuffled and dealt round-robin to ``streams`` streams, each shuffled by
-    ``window`` shards or (None) a buffer of ``buffer`` samples; fewer shards than streams split
-    by sample."""
+    """How an epoch's global order is built (saved in states): one seeded permutation, or shards
+    dealt round-robin to ``streams`` streams, each shuffled by ``window`` shards or ``buffer``."""
 
     shuffle: bool = True
     streams: int = 1
@@ -174,8 +158,7 @@ class OrderSpec:
 
     def build(self, n: int, shards: Sequence[range] | None, *, seed: int,
               epoch: int, warn: bool = True) -> list[np.ndarray]:
-        """The epoch's streams of sample indices (their :func:`interleave` is the global order);
-        ``warn``: say when the shards are too few to deal by shard (once, for the first epoch)."""
+        """The epoch's streams of sample indices (``warn``: when too few shards to deal)."""
         rng, w = rng_for(seed, epoch), self.streams
         if shards is None or len(shards) == 0:
             order = rng.permutation(n) if self.shuffle else np.arange(n)

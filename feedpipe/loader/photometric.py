@@ -1,8 +1,5 @@
-"""The photometric kernels of :mod:`.augment` on N×C×H×W float batches: brightness, contrast,
-saturation and hue with torchvision.transforms.v2's formulas, the luma, and :func:`jitter`, which
-gives each sample its own order of them. Its ``params`` are :meth:`.augment.ColorJitter.params`:
-a factor per sample for each active name, and ``order``.
-"""
+"""The photometric kernels of :mod:`.augment` on N×C×H×W float batches (torchvision's formulas),
+and :func:`jitter`, which gives each sample its own order of them."""
 
 from __future__ import annotations
 
@@ -35,9 +32,8 @@ def gray(x: torch.Tensor) -> torch.Tensor:
 
 
 def contrast(x: torch.Tensor, f: torch.Tensor, bound: float) -> torch.Tensor:
-    """Blend with the mean of the luma (that is, the luma of the channel means): f·x + (1-f)·m
-    as a multiply and an add (``lerp_`` towards an N×1×1×1 end takes torch's slow broadcasting
-    path, ~4× the time on the CPU)."""
+    """Blend with the mean of the luma: f·x + (1-f)·m as a multiply and an add (``lerp_`` towards
+    an N×1×1×1 end takes torch's slow broadcasting path, ~4× the time on the CPU)."""
     m = gray(x.mean(dim=(2, 3), keepdim=True))
     return x.mul_(f).add_((1 - f) * m).clamp_(0, bound)
 
@@ -66,13 +62,10 @@ ADJUST: dict[str, Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]] =
 
 def jitter(x: torch.Tensor, params: Params, out: torch.Tensor | None = None,
            unit: bool = False) -> torch.Tensor:
-    """Each sample's factors in its own order, a block of samples at a time, into ``out`` (a new
-    tensor by default; ``x`` itself works). At each position in the order each factor runs once,
-    on the block's rows that apply it there. On the CPU (:data:`BY_ORDER`) a block is
-    :data:`CPU_BLOCK` bytes of samples sharing an order, adjusted while in the cache (fewest
-    passes over memory); on a GPU, the whole batch (fewest kernel launches). ``unit``: uint8
-    ``x`` is read as ``x.float() * (1 / 255)`` into the float ``out``: the loader's float image
-    without a pass of its own."""
+    """Each sample's factors (``ColorJitter.params``) in its own order, into ``out`` (default new;
+    ``x`` works). On the CPU (:data:`BY_ORDER`) a block is :data:`CPU_BLOCK` bytes of samples
+    sharing an order, adjusted while in cache; on a GPU, the whole batch (fewest launches).
+    ``unit``: uint8 ``x`` is read as ``x.float() / 255`` into the float ``out`` (no extra pass)."""
     names, order = [k for k in params if k != "order"], params["order"]
     out = torch.empty_like(x) if out is None else out
     scaled = unit and x.dtype == torch.uint8
@@ -87,8 +80,7 @@ def jitter(x: torch.Tensor, params: Params, out: torch.Tensor | None = None,
     buf = torch.empty((max(map(len, blocks), default=0), *x.shape[1:]), dtype=dtype,
                       device=x.device)
     for block in blocks:
-        # each row copied in (converted to float N×C×H×W) and back out (to the output's dtype
-        # and layout) in one pass each; rows one after another as one slice
+        # rows copied in (to float) and back out (to the output's dtype) in one pass each
         at = block.tolist()
         run = slice(at[0], at[0] + len(at)) if at[-1] - at[0] == len(at) - 1 else None
         work = buf[: len(at)]

@@ -1,11 +1,6 @@
-"""The part of ``torch.utils.data.DataLoader``'s surface a feedpipe loader offers, on purpose.
-
-Lightning calls ``set_epoch`` on ``loader.sampler`` or ``loader.batch_sampler.sampler``; the HF
-Trainer and ``accelerate.skip_first_batches`` rebuild ``DataLoader(loader.dataset,
-batch_sampler=SkipBatchSampler(loader.batch_sampler, n), collate_fn=loader.collate_fn)``. So the
-batch sampler yields a :class:`BatchToken` per batch of the epoch (skipping reads nothing) and
-``loader.dataset`` answers a token with the loader's own batch: a rebuilt DataLoader yields the
-loader's batches from where its sampler starts. ``loader.dataset[i]`` is refused.
+"""The part of ``DataLoader``'s surface a feedpipe loader offers: Lightning's ``set_epoch`` on
+``loader.sampler``, and the batch sampler's tokens (a ``SkipBatchSampler`` skips them, reading
+nothing) that ``loader.dataset`` answers with the loader's own batches.
 """
 
 from __future__ import annotations
@@ -52,8 +47,7 @@ def batch_as_is(batch: Any) -> Any:
 
 
 class LoaderSampler:
-    """``loader.sampler`` and ``loader.batch_sampler`` (one object, its own ``.sampler``): a
-    :class:`BatchToken` for each batch of the epoch."""
+    """``loader.sampler`` and ``loader.batch_sampler`` (one object): a token per batch."""
 
     def __init__(self, loader: Positioned) -> None:
         self._loader = weakref.proxy(loader)  # no cycle: a dropped loader is freed at once
@@ -77,17 +71,15 @@ class LoaderSampler:
         return len(self._loader)
 
     def __iter__(self) -> Iterator[BatchToken]:
-        """Tokens for every batch of the epoch's plan, numbered from its first: a skip of n starts
-        at batch n, also after ``load_state_dict`` put the loader there (harmless)."""
+        """Tokens for every batch of the epoch's plan, numbered from its first."""
         loader = self._loader
         epoch = loader._epoch
         return (BatchToken(epoch, n) for n in range(len(loader.planner.plan(epoch))))
 
 
 class LoaderBatches(Dataset[Any]):
-    """``loader.dataset``: the batch sampler's tokens answered with the loader's batches, in
-    order from one iteration, which a token out of order (after a skip) restarts there. ``len()``
-    counts samples, as frameworks that count examples expect."""
+    """``loader.dataset``: tokens answered with the loader's batches from one iteration, which a
+    token out of order (after a skip) restarts there. ``len()`` counts samples."""
 
     def __init__(self, loader: Positioned) -> None:
         self._loader = weakref.proxy(loader)
@@ -119,9 +111,8 @@ class LoaderBatches(Dataset[Any]):
 @contextmanager
 def in_gradient_state(loader: Any) -> Iterator[None]:
     """While an epoch is handed out, ``loader`` is accelerate's active dataloader when an
-    ``Accelerator`` exists (so ``gather_for_metrics`` drops ``uneven="mask"``'s padding and
-    ``accumulate`` steps on the last batch, also after a plain ``accelerator.prepare``).
-    accelerate is never imported here."""
+    ``Accelerator`` exists (``gather_for_metrics`` drops the padding, ``accumulate`` steps on
+    the last batch); accelerate is never imported here."""
     module = sys.modules.get("accelerate.state")
     cls = getattr(module, "GradientState", None)
     if cls is None or not getattr(cls, "_shared_state", None):

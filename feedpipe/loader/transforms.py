@@ -1,11 +1,6 @@
-"""Decode and geometric augmentation of one image straight into its slot of the batch buffer,
-and the same geometry applied to the sample's mask (nearest) and per-pixel targets.
-
-JPEGs take the fastest path installed (``imaging.jpeg_path``): pillow-simd's ``draft`` (DCT
-downscale) and SIMD resize, else simplejpeg with the same power-of-two DCT downscale (its other
-M/8 factors decode slower than full size) and torch's uint8 antialiased resize, which matches
-Pillow's BILINEAR faster (benchmarks/RESULTS.md). An affine (``affine.py``) samples the same
-decoded region through one composed matrix instead of the resize.
+"""Decode and crop/resize/flip one image straight into its slot of the batch, and its geometry
+applied to the sample's mask and targets. JPEGs take the fastest path installed: pillow-simd's
+``draft``, else simplejpeg with a power-of-two DCT downscale and torch's uint8 antialiased resize.
 """
 
 from __future__ import annotations
@@ -15,6 +10,7 @@ import math
 import threading
 from dataclasses import dataclass, replace
 from functools import lru_cache
+from typing import Any
 
 import numpy as np
 import torch
@@ -35,7 +31,7 @@ from ..schema.imaging import (
     strict_decode,
 )
 from ..schema.masks import TargetField
-from .affine import dequantized, footprint, nearest_points, picked_into, warp_image, warp_target
+from .affine import footprint, nearest_points, sampling_grid, warp_image
 from .affine_params import RandomAffine
 from .config import LoaderConfig
 from .geometry import DCT_MARGIN, Framing, Geometry
@@ -47,20 +43,17 @@ JPEG_PATH = jpeg_path()
 
 @dataclass(frozen=True)
 class ImageOp(Framing):
-    """Executes a :class:`Framing`'s plans on the CPU: :meth:`apply` fills one H×W×3 uint8 slot,
-    :meth:`apply_mask` and :meth:`apply_target` follow the geometry it returns."""
+    """Executes a :class:`Framing`'s plans on the CPU: an image, then its mask and targets."""
 
     max_pixels: int = DEFAULT_MAX_PIXELS  # encoded images declaring more are refused undecoded
     affine: RandomAffine | None = None  # rotation/scale/translate/shear, in the crop's resampling
-    # JPEG bounds checked from the header (imaging.check_jpeg); None: the dataset's recorded
-    # limit, else the default (resolved by the loader's dataset)
+    # JPEG bounds checked from the header; None: the dataset's recorded limit, else the default
     max_scans: int | None = None
     max_pixels_per_byte: int | None = None
 
     @classmethod
     def of(cls, cfg: LoaderConfig) -> ImageOp:
-        """The configuration's framing plus its ``affine`` option and JPEG bounds (when the config
-        has them)."""
+        """The configuration's framing plus its ``affine`` option and JPEG bounds."""
         return replace(super().of(cfg), affine=cfg.affine, max_scans=cfg.workers.max_scans,
                        max_pixels_per_byte=cfg.workers.max_pixels_per_byte)
 
@@ -69,8 +62,7 @@ class ImageOp(Framing):
         return super().random or self.affine is not None
 
     def plan(self, h: int, w: int, rng: np.random.Generator | None) -> Geometry:
-        """:meth:`Framing.plan`, then the affine's draws; the DCT downscale then keeps the
-        resolution the composed map needs (a zoom by s needs s times the output's)."""
+        """:meth:`Framing.plan`, then the affine's draws, with the DCT downscale it allows."""
         geo = super().plan(h, w, rng)
         if self.affine is None or rng is None:
             return geo
@@ -85,11 +77,8 @@ class ImageOp(Framing):
 
     def apply(self, stored: object, codec: str, out: np.ndarray,
               rng: np.random.Generator | None, what: str) -> Geometry:
-        """Decode ``stored`` (encoded bytes or a raw H×W×3 array) into ``out`` by the sample's
-        :meth:`plan` (made from the header); returns the plan as executed (snapped to the scale
-        decoded). A JPEG is checked from its header first (:meth:`check_jpeg`); one simplejpeg
-        cannot read (4:1:0, a 2×4 image, ...) falls back (``Geometry.fallback``); damaged data is
-        a BadInputError, never decoded to grey."""
+        """Decode ``stored`` (encoded, or a raw H×W×3 array) into ``out`` by its :meth:`plan`, as
+        executed; damaged data is a BadInputError, never decoded to grey."""
         if codec == "mixed":
             codec = sniff_codec(stored)  # type: ignore[arg-type]
         if codec == "raw":
@@ -116,8 +105,8 @@ class ImageOp(Framing):
         return self._cut(src, out, self.plan(src.shape[0], src.shape[1], rng), 1, what)
 
     def decode_planned(self, stored: bytes, geo: Geometry, out: np.ndarray, what: str) -> None:
-        """Decode a JPEG at full size, as strictly as :meth:`apply`, and execute ``geo`` unsnapped:
-        the device path's cut of a progressive JPEG (slow on the device), made in a worker."""
+        """Decode a JPEG at full size, as strictly as :meth:`apply`, and execute ``geo``: the
+        device path's cut of a progressive JPEG (slow on the device), made in a worker."""
         src = None
         if simplejpeg is not None:
             try:
@@ -132,9 +121,7 @@ class ImageOp(Framing):
 
     def _fallback(self, stored: object, out: np.ndarray, rng: np.random.Generator | None,
                   what: str, planned: tuple[tuple[int, int], Geometry] | None = None) -> Geometry:
-        """A JPEG simplejpeg cannot read, decoded at full size by ``imaging.decode_jpeg_fallback``
-        and cut by ``planned`` (the header's size and plan) or, without one, a plan from the
-        decoded size; marked as a fallback (the dataset counts them)."""
+        """A JPEG simplejpeg cannot read, decoded by the fallback, cut, marked as a fallback."""
         src = decode_jpeg_fallback(stored, what, self.max_pixels)  # type: ignore[arg-type]
         if planned is not None and planned[0] == src.shape[:2]:
             geo = planned[1]
@@ -143,21 +130,20 @@ class ImageOp(Framing):
         return self._cut(src, out, geo, 1, what)._replace(fallback=True)
 
     def check_jpeg(self, stored: object, what: str) -> None:
-        """``imaging.check_jpeg`` with this op's bounds (a BadInputError from the header)."""
+        """``imaging.check_jpeg`` with this op's bounds."""
         check_jpeg(stored, what, max_pixels=self.max_pixels,  # type: ignore[arg-type]
                    max_scans=self.max_scans or DEFAULT_MAX_SCANS,
                    max_pixels_per_byte=self.max_pixels_per_byte or DEFAULT_MAX_PIXELS_PER_BYTE)
 
     def _cut(self, src: np.ndarray, out: np.ndarray, geo: Geometry, f: int,
              what: str) -> Geometry:
-        """Execute ``geo`` on ``src`` decoded at 1/``f`` scale: crop, resize into ``out``, flip;
-        returns ``geo`` snapped to that scale (full-resolution source pixels)."""
+        """Execute ``geo`` on ``src`` decoded at 1/``f`` scale into ``out``; returns it snapped."""
         top, left, ch, cw = geo.scaled(f)
         region = src[top: top + ch, left: left + cw]
         if geo.affine is not None:
             warp_image(region, out, geo.affine, geo.flip, self._fill)
         elif region.shape[:2] != out.shape[:2]:
-            self._fits(what, "image", src.shape, out.shape)
+            self.check_fits(*src.shape[:2], what, "image", out.shape)
             _resize_rgb_into(region, out, geo.flip)
         elif geo.flip:
             _mirror_into(out, region)
@@ -174,41 +160,43 @@ class ImageOp(Framing):
             out[~inside] = self._mask_fill
             return
         if region.shape != out.shape:
-            self._fits(what, "mask", mask.shape, out.shape)
+            self.check_fits(*mask.shape[:2], what, "mask", out.shape)
             region = _nearest(region, out.shape)
         np.copyto(out, region[:, ::-1] if geo.flip else region)
 
     def apply_target(self, arr: np.ndarray, field: TargetField, geo: Geometry, out: np.ndarray,
                      what: str) -> None:
-        """Cut ``geo`` from an H×W(×C) target, resample it as ``field.interp`` says, dequantize,
-        rescale distances by the geometric mean of the axes' scales (re-clipped to the truncation
-        bounds) into ``out``. "linear" is bilinear at pixel centres without antialiasing: distance
-        maps are smooth, so point sampling is accurate and cheaper (benchmarks/RESULTS.md)."""
+        """Cut ``geo`` from an H×W(×C) target, resample it as ``field.interp`` says (linear: no
+        antialiasing, as distance maps are smooth), dequantize, rescale distances into ``out``."""
         region = arr[geo.top: geo.top + geo.height, geo.left: geo.left + geo.width]
-        if geo.affine is not None:  # through the sample's composed matrix (see affine.py)
-            warp_target(region, field, geo, out, self._mask_fill)
-            return
-        hw = out.shape[:2]
-        if region.shape[:2] != hw:
-            self._fits(what, "target", arr.shape, hw)
+        hw, m = out.shape[:2], geo.affine
+        if m is None and region.shape[:2] != hw:
+            self.check_fits(*arr.shape[:2], what, "target", hw)
         if field.interp == "nearest":
+            if m is not None:  # through the sample's composed matrix (see affine.py)
+                rows, cols, inside = nearest_points(m, geo.flip, *hw, *region.shape[:2])
+                _picked_into(out, region[rows, cols], field)
+                out[~inside] = self._mask_fill if out.dtype.kind in "iu" else 0
+                return
             if region.shape[:2] != hw:
                 region = _nearest(region, hw)
-            picked_into(out, region[:, ::-1] if geo.flip else region, field)
+            _picked_into(out, region[:, ::-1] if geo.flip else region, field)
             return
         vals = _as_float(region)  # torch from here on: its vectorized kernels beat numpy's here
-        resized = region.shape[:2] != hw
-        if resized:
-            vals = _resize_t(vals, hw)
-        dequantized(vals, field, math.sqrt(hw[0] / geo.height * hw[1] / geo.width) if resized
-                    else None)
-        torch.from_numpy(out).copy_(vals.flip(1) if geo.flip else vals)
-
-    def _fits(self, what: str, kind: str, src: tuple[int, ...], out: tuple[int, ...]) -> None:
-        """crop="none" resizes nothing: a ``src`` of another size than the batch's is refused."""
-        if self.crop == "none":
-            raise ValueError(f"{what}: {kind} is {src[1]}x{src[0]}, batch is {out[1]}x{out[0]}; "
-                             "pass size=... to resize")
+        y = (vals.unsqueeze(-1) if vals.ndim == 2 else vals).permute(2, 0, 1)[None]
+        scale = math.sqrt(hw[0] / geo.height * hw[1] / geo.width)  # distances' geometric scale
+        if m is not None:  # bilinear through the composed matrix, also scaling by its √|det|
+            grid = sampling_grid(m, geo.flip, *hw)
+            y = F.grid_sample(y, grid, mode="bilinear", padding_mode="border", align_corners=False)
+            scale *= math.sqrt(abs(m[0] * m[4] - m[1] * m[3]))
+        elif region.shape[:2] != hw:  # bilinear at pixel centres, no antialiasing
+            y = F.interpolate(y, size=tuple(hw), mode="bilinear", align_corners=False)
+        y = y[0].permute(1, 2, 0)
+        vals = _dequantized(y[..., 0] if vals.ndim == 2 else y, field,
+                            scale if m is not None or region.shape[:2] != hw else None)
+        if m is not None:
+            vals[(grid[0].abs() > 1).any(-1)] = 0  # outside the region
+        torch.from_numpy(out).copy_(vals.flip(1) if geo.flip and m is None else vals)
 
     @property
     def _fill(self) -> tuple[int, ...]:
@@ -246,9 +234,7 @@ _BUFFERS = threading.local()  # reusable decode / region / flip buffers per thre
 
 
 def _decode_jpeg(data: object, h: int, w: int, f: int, strict: bool = True) -> np.ndarray:
-    """simplejpeg RGB decode at 1/``f`` scale into this thread's reused buffer (the result is a
-    view of it, valid until the next decode on this thread); ``strict``: libjpeg-turbo's
-    warnings (damaged data) raise."""
+    """simplejpeg RGB decode at 1/``f`` scale into this thread's buffer (strict: damage raises)."""
     sh, sw = -(-h // f), -(-w // f)
     buf = getattr(_BUFFERS, "buf", None)
     if buf is None or buf.size < sh * sw * 3:
@@ -259,26 +245,16 @@ def _decode_jpeg(data: object, h: int, w: int, f: int, strict: bool = True) -> n
     return simplejpeg.decode_jpeg(data, colorspace="RGB", buffer=buf, strict=strict)
 
 
-def _private_aa() -> object | None:
-    """The op ``F.interpolate(mode="bilinear", antialias=True)`` dispatches to, in its ``out=``
-    form: a private ATen name a torch release may drop or rename (then None)."""
-    try:
-        return torch.ops.aten._upsample_bilinear2d_aa.out
-    except (AttributeError, RuntimeError):
-        return None
-
-
-_UPSAMPLE_AA = _private_aa()
+_UPSAMPLE_AA: Any = None  # F.interpolate(antialias=True)'s op in its out= form: a private name
+try:  # (a torch release may drop it)
+    _UPSAMPLE_AA = torch.ops.aten._upsample_bilinear2d_aa.out
+except (AttributeError, RuntimeError):
+    pass
 
 
 def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
-    """Antialiased bilinear resize of an H×W×3 uint8 region into ``out`` (flipped if asked).
-
-    torch's vectorized uint8 kernel wants a dense channels-last input (a strided one is slower:
-    benchmarks/RESULTS.md), so a crop is copied into this thread's reused buffer first (fresh
-    pages cost twice the CPU). The kernel writes straight into ``out`` through its private
-    ``out=`` form (same pixels, no result tensor to copy), else the public ``F.interpolate``. A
-    flipped sample goes through a scratch image (torch has no negative strides)."""
+    """Antialiased bilinear resize of an H×W×3 uint8 region into ``out`` (flipped if asked):
+    dense channels-last input (torch's fast kernel), written in place by its ``out=`` form."""
     if not (region.flags.c_contiguous and region.flags.writeable):  # torch wants writable
         dense = _scratch("region", region.shape)
         np.copyto(dense, region)
@@ -290,7 +266,7 @@ def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
     dst = _scratch("flip", out.shape) if flip else out
     into = torch.from_numpy(dst).permute(2, 0, 1).unsqueeze(0)
     if _UPSAMPLE_AA is not None:
-        _UPSAMPLE_AA(x, dst.shape[:2], False, None, None, out=into)  # type: ignore[operator]
+        _UPSAMPLE_AA(x, dst.shape[:2], False, None, None, out=into)
     else:
         into.copy_(F.interpolate(x, size=dst.shape[:2], mode="bilinear", antialias=True,
                                  align_corners=False))
@@ -299,17 +275,14 @@ def _resize_rgb_into(region: np.ndarray, out: np.ndarray, flip: bool) -> None:
 
 
 def _mirror_into(out: np.ndarray, src: np.ndarray) -> None:
-    """``out[:, j] = src[:, W-1-j]`` for H×W(×C) arrays: torch's flip kernel (~16 µs for a
-    224²×3 uint8 image) instead of numpy's copy of a negative-stride view (~170 µs: a 3-byte
-    inner loop per pixel)."""
+    """``out[:, j] = src[:, W-1-j]`` by torch's flip (~10× numpy's negative-stride copy)."""
     if not src.flags.writeable:  # a zero-copy view of a read buffer: torch wants writable
         src = np.array(src)
     torch.from_numpy(out).copy_(torch.from_numpy(src).flip(1))
 
 
 def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
-    """A uint8 array of ``shape`` in this thread's reused buffer ``name`` (grown when too
-    small)."""
+    """A uint8 array of ``shape`` in this thread's reused buffer ``name``."""
     n = math.prod(shape)
     buf = getattr(_BUFFERS, name, None)
     if buf is None or buf.size < n:
@@ -318,16 +291,11 @@ def _scratch(name: str, shape: tuple[int, ...]) -> np.ndarray:
     return buf[:n].reshape(shape)
 
 
-def _axis(n_out: int, n_in: int) -> np.ndarray:
-    """Source coordinate of each output pixel centre along one axis."""
-    return (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
-
-
 @lru_cache(maxsize=1024)
 def _nearest_index(n_out: int, n_in: int) -> np.ndarray:
-    """Source index of each output pixel for nearest sampling at pixel centres (cached: crops
-    repeat their sizes, and building the index costs as much as using it)."""
-    idx = np.clip(np.floor(_axis(n_out, n_in) + 0.5), 0, n_in - 1).astype(np.intp)
+    """Source index of each output pixel, nearest at pixel centres (cached: costly to build)."""
+    centres = (np.arange(n_out, dtype=np.float64) + 0.5) * (n_in / n_out) - 0.5
+    idx = np.clip(np.floor(centres + 0.5), 0, n_in - 1).astype(np.intp)
     idx.flags.writeable = False
     return idx
 
@@ -347,9 +315,21 @@ def _as_float(region: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(region).float()
 
 
-def _resize_t(x: torch.Tensor, hw: tuple[int, ...]) -> torch.Tensor:
-    """Bilinear resize at pixel centres, no antialiasing, of an H×W(×C) float tensor."""
-    y = x.unsqueeze(-1) if x.ndim == 2 else x
-    y = F.interpolate(y.permute(2, 0, 1).unsqueeze(0), size=tuple(hw[:2]), mode="bilinear",
-                      align_corners=False)[0].permute(1, 2, 0)
-    return y[..., 0] if x.ndim == 2 else y
+def _picked_into(out: np.ndarray, picked: np.ndarray, field: TargetField) -> None:
+    """A target's nearest-sampled values into ``out``: as stored, or dequantized to float."""
+    if out.dtype == picked.dtype:
+        np.copyto(out, picked)
+    else:
+        np.copyto(out, picked.astype(np.float32) * np.float32(field.scale)
+                  + np.float32(field.offset))
+
+
+def _dequantized(vals: torch.Tensor, field: TargetField, scale: float | None) -> torch.Tensor:
+    """A target's values dequantized; distances times ``scale`` (None: 1) and re-clipped."""
+    if field.scale != 1.0 or field.offset != 0.0:
+        vals.mul_(field.scale).add_(field.offset)
+    if scale is not None and field.rescale == "distance":
+        vals.mul_(scale)
+        if field.clip is not None:
+            vals.clamp_(field.clip[0], field.clip[1])
+    return vals

@@ -1,13 +1,6 @@
-"""The DALI backend: the torch backend's interface and batch dicts, with decode and augmentation
-in an NVIDIA DALI pipeline (on the GPU when there is one, in DALI's CPU threads otherwise).
-
-DALI is a decode stage of the feed engine (:mod:`feedpipe.loader.position`), as the torch backend's
-workers are; position, epochs and hand-out are the engine's and
-:class:`~feedpipe.loader.position.EpochPosition`'s. By default (``dali_reader="plan"``) DALI is fed
-by ``external_source`` from the torch backend's own batch plan, so order, sharding, batch counts
-and resume are the same by construction; the other fields are read on the host by a
-:class:`BatchDataset`. ``dali_reader="webdataset"`` reads the shards with DALI's own reader, in
-DALI's order (:class:`DaliWdsLoader`).
+"""The DALI backend: the torch backend's interface and batches, decoded in an NVIDIA DALI pipeline
+as the feed engine's decode stage, fed the torch backend's own batch plan (so order and resume
+are the same) or (``dali_reader="webdataset"``) by DALI's own reader; other fields on the host.
 """
 
 from __future__ import annotations
@@ -40,8 +33,7 @@ log = logging.getLogger("feedpipe.loader")
 
 
 class DaliStream:
-    """The DALI pipeline as the feed engine's decode stage: DALI's image batches plus the host
-    fields, on the device, from a position on (the pipeline is built there)."""
+    """The DALI pipeline as the feed engine's decode stage, plus the host fields."""
 
     def __init__(self, loader: DaliLoader) -> None:
         self.dali, self.reader, self.cfg, self.world = (loader.dali, loader.reader, loader.config,
@@ -100,8 +92,7 @@ class DaliStream:
         return None
 
     def _ended(self, epoch: int, number: int) -> None:
-        """DALI ended its epoch at batch ``number`` of ``epoch``: the plan source runs on across
-        epochs and ends only where it finds nothing left to plan."""
+        """DALI ended at batch ``number`` of ``epoch``: the plan source ends where nothing is left."""
 
     def _past_epoch(self, it: Any, epoch: int) -> Any:
         """The iterator for the epoch after ``epoch`` (the plan source's runs on)."""
@@ -164,8 +155,7 @@ class DaliStream:
         return batch
 
     def _explain(self, exc: Exception, epoch: int, number: int) -> Exception:
-        """A DALI failure as a CorruptRecordError naming the sample when a host decode of the
-        batches in flight finds one that cannot decode; otherwise ``exc`` with a note."""
+        """A DALI failure as a CorruptRecordError naming a damaged sample, else with a note."""
         if isinstance(exc, FeedpipeError):
             return exc
         field = self.reader.schema[self.image]
@@ -186,13 +176,11 @@ class DaliStream:
     def abort(self) -> None:
         self._it = None
 
-    def close(self) -> None:
-        self._it = None
+    close = abort
 
 
 class DaliLoader(EpochPosition):
-    """What ``make_loader(..., backend="dali")`` returns: iterate it once per epoch (a
-    :class:`~feedpipe.loader.protocol.Loader`, as the torch backend's)."""
+    """What ``make_loader(..., backend="dali")`` returns (a ``Loader``, as the torch one)."""
 
     outputs: tuple[str, ...] = ("image",)
     stream_kind: type[DaliStream] = DaliStream
@@ -230,8 +218,7 @@ class DaliLoader(EpochPosition):
         weakref.finalize(self, self.engine.close)
 
     def describe(self) -> LoaderView:
-        """The resolved settings (see :class:`~feedpipe.loader.protocol.LoaderView`); a sample's
-        bytes are its output image (DALI's prefetched buffers) plus the host fields."""
+        """The resolved settings; a sample's bytes are its output image plus the host fields."""
         cfg, spec = self.config, self.spec
         itemsize = {"float32": 4, "float16": 2, "uint8": 1}[spec.dtype]
         host = sum(int(np.prod(c.shape)) * np.dtype(c.dtype).itemsize for c in self.host.columns
@@ -253,8 +240,7 @@ class DaliLoader(EpochPosition):
 
 
 class DaliWdsStream(DaliStream):
-    """DALI's own WebDataset reader: one pipeline per epoch, seeded by (seed, epoch, rank), each
-    batch carrying DALI's checkpoint of the position after it."""
+    """DALI's own WebDataset reader: one pipeline per epoch, checkpoints with each batch."""
 
     def __init__(self, loader: DaliWdsLoader) -> None:
         super().__init__(loader)
@@ -308,11 +294,8 @@ class DaliWdsStream(DaliStream):
 
 
 class DaliWdsLoader(DaliLoader):
-    """``dali_reader="webdataset"``: DALI's own ``readers.webdataset``, in DALI's order: rank r
-    reads DALI's shard ``(r + epoch) % world_size`` through a shuffle buffer of
-    ``shuffle_buffer``, ranks padded to one batch count; crops and flips from DALI's random
-    operators. Each epoch is a pipeline seeded by (seed, epoch, rank); mid-epoch resume restores
-    a DALI checkpoint."""
+    """``dali_reader="webdataset"``: DALI's own reader, order and random crops, one pipeline per
+    epoch seeded by (seed, epoch, rank); a mid-epoch resume restores a DALI checkpoint."""
 
     outputs = ("image", "source")
     elastic = False  # DALI deals its own order: a state resumes at the world size it was saved at
@@ -361,8 +344,7 @@ class DaliWdsLoader(DaliLoader):
         return resume[2]
 
     def state_dict(self, *, in_flight: int = 0) -> dict[str, Any]:
-        """The position, plus DALI's checkpoint of its reader and random state mid-epoch (of
-        the batches handed out: DALI's checkpoint cannot step back ``in_flight`` batches)."""
+        """The position, plus DALI's checkpoint mid-epoch (which cannot step back ``in_flight``)."""
         if in_flight:
             raise ConfigError("dali_reader='webdataset' checkpoints DALI's own reader, which "
                               "cannot step back over batches fetched ahead; use "

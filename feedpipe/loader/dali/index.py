@@ -1,11 +1,8 @@
 """DALI index files for WebDataset shards, and the way back from a DALI sample to our index.
 
-DALI's ``readers.webdataset`` needs one index per shard (the ``wds2idx`` text format, version
-1.2: a ``v1.2 <samples>`` line, then per sample ``<ext> <data offset> <size> <member name>`` for
-each member). feedpipe already records every member's offset and size (``index-offsets.npy``), so
-the files are written from that without scanning the tars, on first use, next to the shards
-(``shard-000000.idx``), each atomically (:func:`write_atomic`). A read-only dataset gets them in
-the per-user :func:`cache_dir` instead. A damaged index is rewritten, with a warning.
+DALI's ``readers.webdataset`` needs one ``wds2idx`` index per shard (v1.2: a ``v1.2 <samples>``
+line, then per sample ``<ext> <offset> <size> <member>`` per member), written atomically from
+``index-offsets.npy`` on first use, next to the shards or, read-only, in :func:`cache_dir`.
 """
 
 from __future__ import annotations
@@ -48,9 +45,8 @@ class DaliIndex:
         return "\n".join(lines) + "\n"
 
     def paths(self) -> list[Path]:
-        """One index file per shard, in shard order: next to the shards when that directory is
-        writable, else in ``cache_dir() / "dali-index"``; written when missing, older than its
-        shard or damaged."""
+        """One index file per shard, in shard order (see the module docstring); written when
+        missing, older than its shard or damaged."""
         out = []
         for s, name in enumerate(self.reader.shards):
             tar = self.reader.root / name
@@ -70,7 +66,7 @@ class DaliIndex:
 
     def _fresh(self, idx: Path, tar: Path, shard: int) -> bool:
         """An existing index no older than the shard, with its header and one line per sample;
-        a damaged one (the index of another shard, cut short, not text) is logged."""
+        a damaged one is logged."""
         n = len(self.ranges[shard])
         if idx.is_symlink():  # never read through a link (it may lead outside); rewrite it
             log.warning("DALI index %s is a symlink; writing a regular file in its place", idx)
@@ -91,8 +87,7 @@ class DaliIndex:
         return False
 
     def locate(self, source_info: str, field: int = 0) -> int:
-        """Our sample index of a DALI sample, from its ``source_info``
-        (``<shard path>:<data offset>:<member name>``) and the member's schema position."""
+        """Our sample index of a DALI sample's ``source_info`` (``<shard>:<offset>:<member>``)."""
         try:
             path, offset, _ = source_info.rsplit(":", 2)
             shard = self._shard_no[Path(path).name]

@@ -1,9 +1,7 @@
-"""The DALI half of the DALI backend: the lazy import with an install hint, the one pipeline graph,
-and the ``external_source`` callback that feeds it from feedpipe's own batch plan.
-
-One graph serves CPU and GPU (``GraphSpec.device`` only moves the decoder to ``"mixed"`` and the
-rest onto the GPU), so CPU-mode tests run the GPU graph's structure. Crop windows and flips are
-the samples' :meth:`Framing.plan`, so augmentation equals the torch backend's, without checkpoints.
+"""The DALI half of the DALI backend: the lazy import with an install hint, the one pipeline graph
+(CPU and GPU: ``GraphSpec.device`` only moves the decoder to ``"mixed"`` and the rest onto the
+GPU), and the ``external_source`` callback that feeds it feedpipe's own batch plan, crops and
+flips (:meth:`Framing.plan`, as the torch backend's).
 """
 
 from __future__ import annotations
@@ -36,9 +34,8 @@ DALI_MODULE = "nvidia.dali"
 
 def dali_package(torch_cuda: str | None,
                  driver: Callable[[], str | None] | None = None) -> tuple[str, str]:
-    """(pip package, how the CUDA major was found): torch's CUDA build first, then the driver
-    (``driver``, default :func:`feedpipe.loader.gpu.driver_cuda`: NVML, else torch.cuda), else
-    CUDA 13 (DALI has wheels for CUDA 12 and 13)."""
+    """(pip package, how the CUDA major was found): torch's CUDA build, else the driver's
+    (``driver``, default :func:`.gpu.driver_cuda`), else CUDA 13 (DALI has wheels for 12 and 13)."""
     found, how = torch_cuda, "torch.version.cuda"
     if found is None:
         found, how = (driver or driver_cuda)(), "the driver"
@@ -57,8 +54,7 @@ def dali_installed() -> bool:
 
 
 def import_dali() -> ModuleType:
-    """``nvidia.dali`` with ``fn``, ``types`` and the PyTorch plugin loaded; a
-    MissingDependencyError naming the wheel for this machine's CUDA when it cannot import."""
+    """``nvidia.dali`` and its PyTorch plugin; else an error naming this machine's wheel."""
     try:
         dali = importlib.import_module(DALI_MODULE)
         for sub in ("fn", "types", "plugin.pytorch"):
@@ -94,12 +90,9 @@ class GraphSpec:
 
 
 def define_graph(dali: ModuleType, spec: GraphSpec, source: Any) -> tuple[Any, ...]:
-    """The pipeline body: source → decode (+window) → resize → flip + normalize + layout.
-
-    ``source`` is a :class:`PlanSource` (feedpipe's order and crop windows) or, for
-    ``spec.source == "webdataset"``, the ``readers.webdataset`` arguments (DALI's order, windows
-    drawn by DALI's seeded random operators). Returns (images, extra outputs...).
-    """
+    """The pipeline body: source → decode (+window) → resize → flip + normalize + layout, from a
+    :class:`PlanSource` or (``spec.source == "webdataset"``) ``readers.webdataset``'s arguments
+    (DALI's order and random windows). Returns (images, extra outputs...)."""
     fn, types = dali.fn, dali.types
     gpu = spec.device == "gpu"
     decode_args = dict(device="mixed" if gpu else "cpu", output_type=types.RGB,
@@ -147,8 +140,7 @@ def define_graph(dali: ModuleType, spec: GraphSpec, source: Any) -> tuple[Any, .
 
 
 def dali_fields(reader: DatasetReader, cfg: LoaderConfig) -> tuple[str, tuple[str, ...]]:
-    """(the image field DALI decodes, the fields read on the host), or a ConfigError saying why
-    the DALI backend cannot serve this request."""
+    """(the image field DALI decodes, host fields), or a ConfigError saying why not."""
     fields = cfg.fields_in(reader.schema)
     check_fields(reader, fields)
     images = [n for n in fields if isinstance(reader.schema[n], ImageField)]
@@ -202,12 +194,8 @@ def graph_spec(reader: DatasetReader, cfg: LoaderConfig, image: str,
 
 
 class PlanSource:
-    """``external_source`` callback: DALI's batch ``info.iteration`` → the stored image bytes
-    (raw arrays as they are), crop windows and flips, by the :class:`PlanSampler` plan and the
-    torch backend's generator for the batch. Stateless given the BatchInfo (it runs in DALI's
-    worker processes too), it runs on across epochs from batch ``start`` of ``epoch`` (of
-    ``segment``'s plan after a resume at another world), so the pipeline never drains at an
-    epoch boundary; StopIteration only at an epoch with nothing to plan."""
+    """``external_source`` callback: DALI's ``info.iteration`` → the stored images, windows and
+    flips of the torch backend's plan, across epochs (the pipeline never drains), stateless."""
 
     def __init__(self, reader: DatasetReader, cfg: LoaderConfig, world: World, field: str,
                  op: Framing, epoch: int, start: int, *, windows: bool,
@@ -220,7 +208,7 @@ class PlanSource:
         self._lengths: dict[int, int] = {}  # batches of each epoch's plan (computed once)
 
     def batch(self, iteration: int) -> tuple[int, int]:
-        """(feedpipe epoch, batch number) of DALI's ``iteration``, counted from the start."""
+        """(feedpipe epoch, batch number) of DALI's ``iteration``."""
         epoch, number = self.epoch, self.start + iteration
         while True:
             n = self._lengths.get(epoch)
