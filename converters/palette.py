@@ -3,6 +3,7 @@ earlier dataset's, or ``"auto"``; docs/sources.md)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from pathlib import Path
@@ -74,10 +75,12 @@ def refuse_lossy(data: bytes) -> None:
                          "save the masks as PNG from their source")
 
 
-def _rgb(path: Path, max_pixels: int | None = DEFAULT_MAX_PIXELS) -> np.ndarray | None:
-    """A colour mask's H×W×3 pixels, None for an index mask; over ``max_pixels``, undecoded, a
-    CorruptRecordError."""
-    with os.fdopen(open_regular(path)[0], "rb") as fh, Image.open(fh) as im:
+def _rgb(path: Path, max_pixels: int | None = DEFAULT_MAX_PIXELS,
+         data: bytes | None = None) -> np.ndarray | None:
+    """A colour mask's H×W×3 pixels (from ``data`` when read already), None for an index mask;
+    over ``max_pixels``, undecoded, a CorruptRecordError."""
+    with (io.BytesIO(data) if data is not None else os.fdopen(open_regular(path)[0], "rb")) as fh, \
+            Image.open(fh) as im:
         if im.mode not in ("RGB", "RGBA"):
             return None
         check_pixels(im.size[0], im.size[1], max_pixels, f"mask {path.name}", CorruptRecordError)
@@ -95,8 +98,9 @@ def auto_palette(masks: Sequence[Path], max_pixels: int | None = DEFAULT_MAX_PIX
     most: dict[int, tuple[int, Path]] = {}  # colour → (largest pixel count in one mask, mask)
     for m in masks:
         try:
-            refuse_lossy(m.read_bytes())
-            rgb = _rgb(m, max_pixels)
+            data = read_regular(m)  # never a FIFO's open, which waits for a writer forever
+            refuse_lossy(data)
+            rgb = _rgb(m, max_pixels, data)
         except (OSError, ValueError, CorruptRecordError, NotRegularFileError,
                 Image.DecompressionBombError):
             continue  # unreadable, lossy, oversized or special masks are skipped later, by name

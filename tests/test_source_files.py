@@ -72,10 +72,13 @@ def test_rows_naming_a_fifo_a_device_or_a_folder_are_skipped_unread(tmp_path, sr
                        "folder.jpg": "a folder, not a regular file (refused unread)"}
 
 
-def test_a_mask_row_naming_a_fifo_is_skipped_unread(tmp_path, src):
+@pytest.mark.parametrize("palette", [[], ["--mask-palette", "auto"]], ids=["index", "auto"])
+def test_a_mask_row_naming_a_fifo_is_skipped_unread(tmp_path, src, palette):
+    """Also where ``mask_palette="auto"`` reads every mask first, to count its colours."""
     rows = ["path,mask", "a.jpg,a.png", "b.jpg,pipe.jpg"]
     (src / "seg.csv").write_text("\n".join(rows) + "\n")
-    proc = _cli(src / "seg.csv", "--to", "hdf5", "-o", tmp_path / "o", "--workers", "0", "-q")
+    proc = _cli(src / "seg.csv", "--to", "hdf5", "-o", tmp_path / "o", "--workers", "0", "-q",
+                *palette)
     assert proc.returncode == 0, proc.stderr
     ds = feedpipe.open_dataset(tmp_path / "o")
     assert len(ds) == 1 and ds.manifest.skipped[0] == {
