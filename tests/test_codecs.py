@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+import warnings
 import zlib
 
 import numpy as np
@@ -106,6 +107,19 @@ def test_npy_refuses_object_arrays():
     np.save(buf, np.zeros(2, dtype=[("a", "i4"), ("b", "O")]), allow_pickle=True)
     with pytest.raises(UnsafeDataError):
         npy_decode(buf.getvalue())
+
+
+def test_a_damaged_npy_header_is_refused_without_a_python_warning():
+    """A header with an invalid escape reaches ast.literal_eval: a typed error, and no
+    SyntaxWarning about escape sequences printed at the user."""
+    head = b"{'descr': '<f4\\q', 'fortran_order': False, 'shape': (3,), }"
+    head += b" " * (-(len(head) + 11) % 64) + b"\n"
+    data = b"\x93NUMPY\x01\x00" + struct.pack("<H", len(head)) + head + bytes(12)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(CorruptRecordError, match="malformed npy header"):
+            npy_decode(data)
+    assert not said, [str(w.message) for w in said]
 
 
 @fast

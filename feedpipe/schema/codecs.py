@@ -9,6 +9,7 @@ import io
 import math
 import re
 import struct
+import warnings
 from functools import lru_cache
 from typing import NamedTuple, Sequence
 
@@ -81,7 +82,9 @@ def npy_decode(buf: Buffer, what: str = "array",
                 hdr = (tuple(int(d) for d in m[3].split(",") if d.strip()), m[2] == "True",
                        np.dtype(m[1]))
             else:
-                d = ast.literal_eval(text)  # literals only: never executes code
+                with warnings.catch_warnings():  # a damaged header's "\q": no SyntaxWarning
+                    warnings.simplefilter("ignore")
+                    d = ast.literal_eval(text)  # literals only: never executes code
                 hdr = (tuple(d["shape"]), bool(d["fortran_order"]), np.dtype(d["descr"]))
         except UnsafeDataError:
             raise
