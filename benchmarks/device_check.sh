@@ -32,7 +32,7 @@ step() {  # step NAME SECONDS COMMAND...: its output appended to $OUT/steps.log,
 }
 { nvidia-smi -L; nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv
   lscpu | grep -E "Model name|^CPU\(s\)|Thread|NUMA node\(s\)"
-  git log -1 --format="commit %h %cs" 2>/dev/null
+  echo "commit ${COMMIT:-$(git log -1 --format="%h %cs" 2>/dev/null)}"  # COMMIT: where a copy has no history
   $PY -c "import torch, numpy; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'numpy', numpy.__version__, 'cpus', __import__('os').cpu_count())"
   $PY -c "import torchvision; print('torchvision', torchvision.__version__)" 2>&1 | tail -1
   $PY -c "import nvidia.dali as d; print('dali', d.__version__)" 2>&1 | tail -1; } >"$OUT/device.txt" 2>&1
